@@ -1,0 +1,25 @@
+# Flywheel: `make demo` runs the main job, `make test` the whole suite, `make bench` the benchmarks.
+# Each target sets itself up first (virtualenv + Kafka jars cached under $FLYWHEEL_HOME).
+FLYWHEEL_HOME ?= $(HOME)/.cache/flywheel
+export FLYWHEEL_HOME
+VENV := $(FLYWHEEL_HOME)/venv
+PY := $(VENV)/bin/python
+export PYTHONPATH := $(CURDIR)
+PYTEST_ARGS ?=
+
+.PHONY: setup test demo bench clean
+
+setup:
+	@scripts/setup.sh
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+demo: setup
+	$(PY) -m flywheel demo
+
+bench: setup
+	$(PY) -m benchmarks
+
+clean:
+	rm -rf demo_out .pytest_cache

@@ -1,0 +1,1 @@
+"""Flywheel: the command line and the local infrastructure every package shares (cache, broker)."""

@@ -1,0 +1,238 @@
+"""A real single-node Apache Kafka 4 broker (KRaft: broker and controller in one JVM) on loopback.
+
+The jars come from Maven Central through the small Maven project beside this file and are cached
+under $FLYWHEEL_HOME/kafka/<version>/libs. The broker keeps its pid, ports and log under a data dir;
+`start` returns only once the broker answers metadata requests.
+"""
+from __future__ import annotations
+
+import base64
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flywheel.paths import flywheel_home
+from flywheel.procs import free_port, pid_alive, read_state, stop_pid, tail, wait_until, write_state
+
+POM = Path(__file__).resolve().parent / "kafka_maven" / "pom.xml"
+STATE_FILE = "broker.json"  # present while a broker runs
+PORTS_FILE = "ports.json"  # kept: the ports the data dir was formatted with
+
+
+def pinned_version() -> str:
+    """The Kafka version pinned in the Maven project (the one place it is written)."""
+    m = re.search(r"<kafka\.version>([^<]+)</kafka\.version>", POM.read_text())
+    assert m, f"no kafka.version property in {POM}"
+    return m.group(1)
+
+
+@dataclass
+class BrokerConfig:
+    data_dir: Path = field(default_factory=lambda: flywheel_home() / "kafka-data")
+    port: int = 0  # 0: pick a free port
+    controller_port: int = 0
+    heap: str = "512m"
+    num_partitions: int = 4
+    start_timeout_s: float = 120.0
+
+
+@dataclass
+class Broker:
+    pid: int
+    bootstrap: str
+    data_dir: Path
+    log_file: Path
+
+    def stop(self, timeout: float = 30.0) -> bool:
+        ok = stop_pid(self.pid, timeout=timeout)
+        state = read_state(self.data_dir / STATE_FILE)
+        if ok and state and state.get("pid") == self.pid:
+            (self.data_dir / STATE_FILE).unlink(missing_ok=True)
+        return ok
+
+
+def libs_dir(version: str | None = None) -> Path:
+    return flywheel_home() / "kafka" / (version or pinned_version()) / "libs"
+
+
+def fetch_jars(quiet: bool = False) -> Path:
+    """Resolve the broker and its runtime classpath with mvn into the cache (once)."""
+    version = pinned_version()
+    libs = libs_dir(version)
+    marker = libs / ".complete"
+    if marker.exists():
+        return libs
+    if shutil.which("mvn") is None:
+        raise RuntimeError("mvn not found: Maven is needed once to fetch the Kafka broker jars")
+    libs.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix="libs-", dir=libs.parent))
+    cmd = ["mvn", "-B", "-q", "-f", str(POM), f"-Dmaven.repo.local={flywheel_home() / 'm2'}",
+           "dependency:copy-dependencies", "-DincludeScope=runtime", f"-DoutputDirectory={staging}"]
+    if not quiet:
+        print(f"fetching Kafka {version} jars from Maven Central ...", file=sys.stderr)
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise RuntimeError(f"mvn failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    jars = list(staging.glob("*.jar"))
+    if not any(j.name.startswith("kafka_2.13-") for j in jars):
+        raise RuntimeError(f"mvn resolved no kafka_2.13 jar into {staging}")
+    if libs.exists():
+        shutil.rmtree(libs)
+    os.replace(staging, libs)
+    marker.write_text(f"{len(jars)} jars in {time.monotonic() - t0:.1f}s\n")
+    if not quiet:
+        print(f"Kafka {version}: {len(jars)} jars in {libs}", file=sys.stderr)
+    return libs
+
+
+def _cluster_id() -> str:
+    # Kafka's Uuid text form: url-safe base64 of 16 bytes, no padding.
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def _server_properties(cfg: BrokerConfig, port: int, cport: int, log_dirs: Path) -> str:
+    return f"""\
+process.roles=broker,controller
+node.id=1
+controller.quorum.bootstrap.servers=127.0.0.1:{cport}
+listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}
+advertised.listeners=PLAINTEXT://127.0.0.1:{port}
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs={log_dirs}
+num.partitions={cfg.num_partitions}
+default.replication.factor=1
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=4
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+auto.create.topics.enable=true
+log.retention.hours=168
+"""
+
+
+_LOG4J2 = """\
+Configuration:
+  Appenders:
+    File:
+      name: broker
+      fileName: "{log}"
+      PatternLayout:
+        pattern: "[%d] %p %m (%c)%n"
+  Loggers:
+    Root:
+      level: INFO
+      AppenderRef:
+        - ref: broker
+    Logger:
+      - name: kafka
+        level: INFO
+      - name: org.apache.kafka
+        level: INFO
+"""
+
+
+def _java() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and Path(java_home, "bin", "java").exists():
+        return str(Path(java_home, "bin", "java"))
+    java = shutil.which("java")
+    if java is None:
+        raise RuntimeError("java not found: Kafka 4 needs Java 17 or newer")
+    return java
+
+
+def metadata_ok(bootstrap: str, timeout_s: float = 5.0) -> bool:
+    """True when the broker answers a metadata request (and reports itself as a live node)."""
+    import logging
+
+    from kafka import KafkaAdminClient
+
+    log = logging.getLogger("kafka")
+    level = log.level
+    log.setLevel(logging.CRITICAL)  # "connection refused" is the expected answer while a broker starts
+    try:
+        admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000),
+                                 client_id="flywheel-probe")
+        try:
+            return len(admin.describe_cluster().get("brokers", [])) >= 1
+        finally:
+            admin.close()
+    finally:
+        log.setLevel(level)
+
+
+def running(data_dir: Path) -> Broker | None:
+    """The broker recorded in data_dir, if its process is alive."""
+    state = read_state(Path(data_dir) / STATE_FILE)
+    if not state or not pid_alive(state["pid"]):
+        return None
+    return Broker(pid=state["pid"], bootstrap=state["bootstrap"], data_dir=Path(data_dir),
+                  log_file=Path(state["log_file"]))
+
+
+def start(cfg: BrokerConfig | None = None) -> Broker:
+    """Start (formatting on first use) a KRaft broker+controller; wait until it serves metadata."""
+    cfg = cfg or BrokerConfig()
+    data_dir = Path(cfg.data_dir).resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    existing = running(data_dir)
+    if existing is not None:
+        raise RuntimeError(f"a broker is already running from {data_dir} (pid {existing.pid}, "
+                           f"{existing.bootstrap}); stop it first")
+    libs = fetch_jars(quiet=True)
+    log_dirs = data_dir / "logs"
+    formatted = (log_dirs / "meta.properties").exists()
+    # A formatted standalone controller has its endpoint in the metadata log: a restart keeps its ports.
+    previous = (read_state(data_dir / PORTS_FILE) or {}) if formatted else {}
+    port = cfg.port or previous.get("port") or free_port()
+    cport = cfg.controller_port or previous.get("controller_port") or free_port()
+    while cport == port:
+        cport = free_port()
+    props = data_dir / "server.properties"
+    props.write_text(_server_properties(cfg, port, cport, log_dirs))
+    log_file = data_dir / "broker.log"
+    log4j = data_dir / "log4j2.yaml"
+    log4j.write_text(_LOG4J2.format(log=log_file))
+    classpath = f"{libs}/*"
+    java = _java()
+    jvm = [java, f"-Xms{cfg.heap}", f"-Xmx{cfg.heap}", "-XX:+UseG1GC", "-XX:TieredStopAtLevel=1",
+           "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath]
+
+    if not formatted:
+        fmt = subprocess.run(jvm + ["kafka.tools.StorageTool", "format", "--standalone", "-t", _cluster_id(),
+                                    "-c", str(props)], capture_output=True, text=True)
+        if fmt.returncode != 0:
+            raise RuntimeError(f"kafka storage format failed:\n{fmt.stdout}\n{fmt.stderr}")
+    write_state(data_dir / PORTS_FILE, {"port": port, "controller_port": cport})
+
+    stdout = open(data_dir / "broker.stdout", "ab")
+    proc = subprocess.Popen(jvm + ["kafka.Kafka", str(props)], stdout=stdout, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True, cwd=data_dir)
+    stdout.close()
+    bootstrap = f"127.0.0.1:{port}"
+    broker = Broker(pid=proc.pid, bootstrap=bootstrap, data_dir=data_dir, log_file=log_file)
+    write_state(data_dir / STATE_FILE, {"pid": proc.pid, "bootstrap": bootstrap, "port": port,
+                                        "controller_port": cport, "log_file": str(log_file),
+                                        "version": pinned_version(), "started": time.time()})
+    try:
+        wait_until(lambda: metadata_ok(bootstrap, 3.0), cfg.start_timeout_s, interval=0.5,
+                   what=f"Kafka broker on {bootstrap}", alive=lambda: proc.poll() is None)
+    except (TimeoutError, RuntimeError) as e:
+        broker.stop()
+        raise RuntimeError(f"{e}\n--- broker.stdout ---\n{tail(data_dir / 'broker.stdout')}\n"
+                           f"--- broker.log ---\n{tail(log_file)}") from None
+    return broker

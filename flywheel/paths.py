@@ -1,0 +1,14 @@
+"""Where Flywheel keeps what outlives a checkout: the virtualenv, Kafka jars, built models."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def flywheel_home() -> Path:
+    """$FLYWHEEL_HOME, default ~/.cache/flywheel; created on first use."""
+    home = Path(os.environ.get("FLYWHEEL_HOME") or Path.home() / ".cache" / "flywheel")
+    home.mkdir(parents=True, exist_ok=True)
+    return home

@@ -1,0 +1,1 @@
+"""The trainer side of Flywheel: the model, its bootstrap, tasks and sandbox, and (later) the RL daemon."""

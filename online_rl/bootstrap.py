@@ -1,0 +1,326 @@
+"""Make the base model here: a byte-level BPE tokenizer and a tiny Qwen3-MoE mid-trained on the task corpus.
+
+`flywheel model bootstrap --preset test|demo` writes a Hugging Face checkpoint directory (config.json,
+model.safetensors in bf16, tokenizer.json and friends) that SGLang and transformers both load. The same
+preset and seed give the same bytes; results are cached under $FLYWHEEL_HOME/models by preset, seed
+and a digest of the code and settings that produced them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from online_rl import tasks as T
+from online_rl.model import ModelConfig
+
+CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                    "special_tokens_map.json", "generation_config.json")
+REPORT_FILE = "bootstrap_report.json"  # timings and pass rates: not part of the deterministic bytes
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 300
+    batch_size: int = 16
+    seq_len: int = 128
+    lr: float = 3e-3
+    warmup_steps: int = 30
+    weight_decay: float = 0.1
+    aux_loss_coef: float = 0.01
+    grad_clip: float = 1.0
+    threads: int = 2  # fixed so that the same seed gives the same bytes on any machine
+
+
+@dataclass
+class EvalConfig:
+    tasks: int = 64  # held-out tasks evaluated (all of them when larger than the split)
+    samples: int = 4  # samples per task at temperature 1
+    max_new_tokens: int = 40
+
+
+@dataclass
+class BootstrapConfig:
+    preset: str = "test"
+    seed: int = 0
+    vocab_size: int = 384
+    corpus: T.CorpusConfig = field(default_factory=lambda: T.CorpusConfig(documents=6000))
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64))
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+PRESETS: dict[str, BootstrapConfig] = {
+    # Seconds on 2 cores: enough to load and serve, and to make mostly well-formed code.
+    "test": BootstrapConfig(),
+    # Minutes on 2 cores: about half of temperature-1 samples pass held-out tests, which leaves RL room.
+    "demo": BootstrapConfig(
+        preset="demo", vocab_size=768, corpus=T.CorpusConfig(documents=40_000),
+        model=ModelConfig(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                          head_dim=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128),
+        train=TrainConfig(steps=2400, batch_size=16, seq_len=128, lr=2e-3, warmup_steps=100),
+        eval=EvalConfig(tasks=176, samples=8)),
+}
+
+
+def preset(name: str, seed: int = 0) -> BootstrapConfig:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
+    cfg = dataclasses.replace(PRESETS[name], seed=seed)
+    cfg.corpus = dataclasses.replace(cfg.corpus, seed=seed)
+    return cfg
+
+
+def cache_key(cfg: BootstrapConfig) -> str:
+    """Digest of the settings and of the code that turns them into bytes."""
+    h = hashlib.sha256(json.dumps(dataclasses.asdict(cfg), sort_keys=True).encode())
+    here = Path(__file__).resolve().parent
+    for name in ("bootstrap.py", "model.py", "tasks.py"):
+        h.update((here / name).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def cached_dir(cfg: BootstrapConfig) -> Path:
+    from flywheel.paths import flywheel_home
+
+    return flywheel_home() / "models" / f"{cfg.preset}-seed{cfg.seed}-{cache_key(cfg)}"
+
+
+# --------------------------------------------------------------------------------------------- tokenizer
+
+def train_tokenizer(docs: list[str], vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=T.SPECIAL_TOKENS, min_frequency=2,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    plain = [_strip_special(d) for d in docs]
+    tok.train_from_iterator(plain, trainer=trainer)
+    # Every document in the packed training stream follows an <|endoftext|>; the served prompt starts
+    # with one too (BOS = EOS, GPT-2 style), so position 0 looks the same in training and serving.
+    eos_id = tok.token_to_id(T.EOS)
+    tok.post_processor = processors.TemplateProcessing(single=f"{T.EOS} $A", pair=f"{T.EOS} $A {T.EOS} $B",
+                                                       special_tokens=[(T.EOS, eos_id)])
+    return tok
+
+
+def _strip_special(doc: str) -> str:
+    for s in T.SPECIAL_TOKENS:
+        doc = doc.replace(s, "\n")
+    return doc
+
+
+def save_tokenizer(tok, out: Path, model_max_length: int) -> None:
+    tok.save(str(out / "tokenizer.json"))
+    eos = T.EOS
+    (out / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos, "pad_token": eos, "bos_token": eos,
+        "unk_token": None, "model_max_length": model_max_length, "clean_up_tokenization_spaces": False,
+        "additional_special_tokens": T.SPECIAL_TOKENS[1:],
+    }, indent=2, sort_keys=True) + "\n")
+    (out / "special_tokens_map.json").write_text(json.dumps({
+        "eos_token": eos, "pad_token": eos, "bos_token": eos, "additional_special_tokens": T.SPECIAL_TOKENS[1:]},
+        indent=2, sort_keys=True) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------- training
+
+def _packed_batches(ids: list[int], cfg: TrainConfig, seed: int):
+    """Endless (B, T+1) windows over the packed token stream, reshuffled each epoch."""
+    import torch
+
+    n = (len(ids) - 1) // cfg.seq_len
+    data = torch.tensor(ids[: n * cfg.seq_len + 1], dtype=torch.long)
+    starts = list(range(0, n * cfg.seq_len, cfg.seq_len))
+    rng = random.Random(seed)
+    while True:
+        rng.shuffle(starts)
+        for i in range(0, len(starts) - cfg.batch_size + 1, cfg.batch_size):
+            yield torch.stack([data[s: s + cfg.seq_len + 1] for s in starts[i: i + cfg.batch_size]])
+
+
+def train_model(cfg: BootstrapConfig, ids: list[int], progress: bool = True):
+    import math
+
+    import torch
+    from tqdm import tqdm
+
+    from online_rl.model import MoECoder
+
+    torch.manual_seed(cfg.seed)
+    model = MoECoder(cfg.model)
+    model.init_weights(cfg.seed)
+    tc = cfg.train
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": tc.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=tc.lr, betas=(0.9, 0.95))
+
+    def lr_at(step: int) -> float:
+        if step < tc.warmup_steps:
+            return tc.lr * (step + 1) / tc.warmup_steps
+        frac = (step - tc.warmup_steps) / max(1, tc.steps - tc.warmup_steps)
+        return tc.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+    batches = _packed_batches(ids, tc, cfg.seed)
+    losses = []
+    bar = tqdm(range(tc.steps), desc=f"bootstrap {cfg.preset}", unit="step", disable=not progress,
+               dynamic_ncols=True)
+    for step in bar:
+        xy = next(batches)
+        out = model(xy[:, :-1])
+        loss = torch.nn.functional.cross_entropy(out.logits.reshape(-1, cfg.model.vocab_size), xy[:, 1:].reshape(-1))
+        total = loss + tc.aux_loss_coef * out.aux_loss
+        opt.zero_grad(set_to_none=True)
+        total.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step)
+        opt.step()
+        losses.append(loss.item())
+        if step % 10 == 0:
+            bar.set_postfix(loss=f"{sum(losses[-10:]) / len(losses[-10:]):.3f}")
+    return model, losses
+
+
+# -------------------------------------------------------------------------------------------- evaluation
+
+def evaluate(model, tok, cfg: BootstrapConfig, progress: bool = True) -> dict:
+    """Pass rate on held-out tasks (never in the corpus): greedy, and per sample at temperature 1."""
+    import torch
+    from tqdm import tqdm
+
+    from online_rl import sandbox
+
+    held = T.tasks("heldout", cfg.seed, cfg.corpus.heldout_share)
+    held = random.Random(cfg.seed).sample(held, min(cfg.eval.tasks, len(held)))
+    gen = torch.Generator().manual_seed(cfg.seed)
+    stop = {tok.token_to_id(s) for s in T.SPECIAL_TOKENS}
+    by_len: dict[int, list] = {}
+    for task in held:
+        ids = tok.encode(task.prompt).ids  # with the leading <|endoftext|>, as the server tokenizes
+        by_len.setdefault(len(ids), []).append((task, ids))
+    greedy, sampled = [], []
+    bar = tqdm(total=len(held), desc="eval held-out", unit="task", disable=not progress, dynamic_ncols=True)
+    for group in by_len.values():
+        tasks_, prompts = [t for t, _ in group], [p for _, p in group]
+        for task, g in zip(tasks_, model.generate(prompts, cfg.eval.max_new_tokens, 0.0, stop)):
+            greedy.append(sandbox.candidate_for(task, tok.decode(g)))
+        many = [p for p in prompts for _ in range(cfg.eval.samples)]
+        outs = model.generate(many, cfg.eval.max_new_tokens, 1.0, stop, generator=gen)
+        for i, s in enumerate(outs):
+            sampled.append(sandbox.candidate_for(tasks_[i // cfg.eval.samples], tok.decode(s)))
+        bar.update(len(group))
+    bar.close()
+    vg, vs = sandbox.run(greedy), sandbox.run(sampled)
+    return {"heldout_tasks": len(held), "samples_per_task": cfg.eval.samples,
+            "pass_rate_greedy": round(sum(v.ok for v in vg) / len(vg), 4),
+            "pass_rate_t1": round(sum(v.ok for v in vs) / len(vs), 4),
+            "example": greedy[0].code}
+
+
+# ------------------------------------------------------------------------------------------------- build
+
+def build(cfg: BootstrapConfig, out: Path, progress: bool = True, evaluate_model: bool = True) -> dict:
+    """Build the checkpoint into `out` (a fresh directory); returns the report."""
+    import torch
+
+    from online_rl.model import save_pretrained
+
+    torch.set_num_threads(cfg.train.threads)
+    torch.use_deterministic_algorithms(True)
+    timings = {}
+    t0 = time.monotonic()
+    docs = T.corpus(cfg.corpus)
+    tok = train_tokenizer(docs, cfg.vocab_size)
+    cfg.model.vocab_size = tok.get_vocab_size()
+    cfg.model.eos_token_id = cfg.model.bos_token_id = tok.token_to_id(T.EOS)
+    eos_id = tok.token_to_id(T.EOS)
+    ids = [eos_id] + [i for enc in tok.encode_batch(docs, add_special_tokens=False) for i in enc.ids]
+    timings["corpus_and_tokenizer_s"] = round(time.monotonic() - t0, 2)
+
+    t1 = time.monotonic()
+    model, losses = train_model(cfg, ids, progress)
+    timings["train_s"] = round(time.monotonic() - t1, 2)
+
+    out.mkdir(parents=True, exist_ok=True)
+    save_pretrained(model, out, torch.bfloat16)
+    save_tokenizer(tok, out, cfg.model.max_position_embeddings)
+    (out / "generation_config.json").write_text(json.dumps(
+        {"eos_token_id": cfg.model.eos_token_id, "pad_token_id": cfg.model.eos_token_id, "do_sample": False},
+        indent=2, sort_keys=True) + "\n")
+
+    report = {"preset": cfg.preset, "seed": cfg.seed, "cache_key": cache_key(cfg),
+              "parameters": sum(p.numel() for p in model.parameters()),
+              "corpus_documents": len(docs), "corpus_tokens": len(ids), "vocab_size": cfg.model.vocab_size,
+              "train_steps": cfg.train.steps, "tokens_trained": cfg.train.steps * cfg.train.batch_size * cfg.train.seq_len,
+              "final_loss": round(sum(losses[-20:]) / len(losses[-20:]), 4), "timings": timings}
+    if evaluate_model:
+        from online_rl.model import load_pretrained
+
+        t2 = time.monotonic()
+        served = load_pretrained(out, torch.float32)  # the bf16 weights serving will see
+        report["eval"] = evaluate(served, tok, cfg, progress)
+        timings["eval_s"] = round(time.monotonic() - t2, 2)
+    timings["total_s"] = round(time.monotonic() - t0, 2)
+    report["loss_curve"] = [round(x, 4) for x in losses[:: max(1, len(losses) // 200)]]
+    (out / REPORT_FILE).write_text(json.dumps(report, indent=2) + "\n")
+    _plot_loss(losses, out / "bootstrap_loss.png", cfg.preset)
+    return report
+
+
+def _plot_loss(losses: list[float], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(losses, lw=0.8)
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy")
+    ax.set_title(f"bootstrap mid-training ({title})")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def bootstrap(preset_name: str = "test", seed: int = 0, out: Path | None = None, progress: bool = True,
+              force: bool = False) -> Path:
+    """The checkpoint for a preset and seed: from the cache, or built once and cached. Returns its dir."""
+    cfg = preset(preset_name, seed)
+    cache = cached_dir(cfg)
+    if force or not (cache / ".complete").exists():
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{cache.name}-", dir=cache.parent))
+        try:
+            build(cfg, staging, progress)
+            (staging / ".complete").write_text("ok\n")
+            if cache.exists():
+                shutil.rmtree(cache)
+            os.replace(staging, cache)  # atomic: a half-built model is never visible
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    if out is None or Path(out).resolve() == cache.resolve():
+        return cache
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in (*CHECKPOINT_FILES, REPORT_FILE, "bootstrap_loss.png"):
+        shutil.copy2(cache / name, out / name)
+    return out
+
+
+def report(path: Path) -> dict:
+    return json.loads((Path(path) / REPORT_FILE).read_text())

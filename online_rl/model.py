@@ -1,0 +1,296 @@
+"""The trainer's model: a compact Qwen3-MoE in one file, loading and saving the Hugging Face layout.
+
+Same architecture and parameter names as transformers' `Qwen3MoeForCausalLM` (and SGLang's
+`qwen3_moe`), so one checkpoint serves on SGLang and trains here:
+  token embedding -> L x [RMSNorm -> GQA attention (per-head q/k RMSNorm, RoPE) -> residual,
+                          RMSNorm -> sparse MoE (softmax router, top-k, renormalised) -> residual]
+  -> RMSNorm -> lm_head.
+The forward returns the experts every token was routed to, and takes `replay_experts` to force
+given experts instead (router replay): the gate's probabilities of the forced experts still weight
+their outputs, so the router keeps learning while the routing matches what serving did.
+
+Shapes: B batch, T tokens, D hidden, H query heads, G kv heads, Dh head dim, E experts, K top-k,
+L layers, V vocab.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 1024
+    hidden_size: int = 128
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 32
+    num_experts: int = 8
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int = 128
+    max_position_embeddings: int = 512
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    norm_topk_prob: bool = True
+    tie_word_embeddings: bool = False
+    bos_token_id: int = 0
+    eos_token_id: int = 0
+
+    def hf_config(self, torch_dtype: str = "bfloat16") -> dict:
+        """config.json for the Hugging Face layout (architecture Qwen3MoeForCausalLM)."""
+        d = asdict(self)
+        d.update(
+            architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", hidden_act="silu",
+            intermediate_size=self.moe_intermediate_size * self.num_experts_per_tok,  # dense MLP: unused
+            decoder_sparse_step=1, mlp_only_layers=[], attention_bias=False, attention_dropout=0.0,
+            use_sliding_window=False, sliding_window=None, max_window_layers=self.num_hidden_layers,
+            rope_scaling=None, router_aux_loss_coef=0.001, output_router_logits=False, use_cache=True,
+            initializer_range=0.02, torch_dtype=torch_dtype, pad_token_id=self.eos_token_id,
+        )
+        return d
+
+    @classmethod
+    def from_hf(cls, d: dict) -> "ModelConfig":
+        known = {f.name for f in fields(cls)}
+        d = dict(d)
+        if "rope_theta" not in d and isinstance(d.get("rope_parameters"), dict):
+            d["rope_theta"] = d["rope_parameters"].get("rope_theta", cls.rope_theta)
+        if d.get("model_type") != "qwen3_moe":
+            raise ValueError(f"not a qwen3_moe config: model_type={d.get('model_type')!r}")
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_cache(cfg: ModelConfig, T: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin of shape (T, Dh), in the rotate-half layout transformers uses."""
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.int64, device=device).float()
+                                         / cfg.head_dim))
+    t = torch.arange(T, device=device, dtype=torch.int64).float()
+    freqs = torch.outer(t, inv_freq)  # (T, Dh/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (T, Dh)
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: (B, heads, T, Dh); cos/sin: (T, Dh)
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        D, H, G, Dh = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = nn.Linear(D, H * Dh, bias=False)
+        self.k_proj = nn.Linear(D, G * Dh, bias=False)
+        self.v_proj = nn.Linear(D, G * Dh, bias=False)
+        self.o_proj = nn.Linear(H * Dh, D, bias=False)
+        self.q_norm = RMSNorm(Dh, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(Dh, cfg.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        Dh = self.cfg.head_dim
+        q = self.q_norm(self.q_proj(x).view(B, T, -1, Dh)).transpose(1, 2)  # (B, H, T, Dh)
+        k = self.k_norm(self.k_proj(x).view(B, T, -1, Dh)).transpose(1, 2)  # (B, G, T, Dh)
+        v = self.v_proj(x).view(B, T, -1, Dh).transpose(1, 2)  # (B, G, T, Dh)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # (B, H, T, Dh)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class Expert(nn.Module):
+    def __init__(self, D: int, I: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(D, I, bias=False)
+        self.up_proj = nn.Linear(D, I, bias=False)
+        self.down_proj = nn.Linear(I, D, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class SparseMoE(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
+        self.experts = nn.ModuleList(Expert(cfg.hidden_size, cfg.moe_intermediate_size)
+                                     for _ in range(cfg.num_experts))
+
+    def forward(self, x: torch.Tensor, replay: torch.Tensor | None = None):
+        """x: (N, D); replay: (N, K) expert ids or None. Returns y (N, D), ids (N, K), probs (N, E)."""
+        probs = F.softmax(self.gate(x), dim=-1, dtype=torch.float32)  # (N, E)
+        if replay is None:
+            weights, ids = torch.topk(probs, self.cfg.num_experts_per_tok, dim=-1)  # (N, K)
+        else:
+            ids = replay.long()
+            weights = probs.gather(-1, ids)
+        if self.cfg.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights = weights.to(x.dtype)
+        y = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            token, slot = torch.where(ids == e)
+            if token.numel() == 0:
+                continue
+            y.index_add_(0, token, expert(x[token]) * weights[token, slot, None])
+        return y, ids, probs
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = SparseMoE(cfg)
+
+    def forward(self, x, cos, sin, replay=None):
+        B, T, D = x.shape
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        y, ids, probs = self.mlp(self.post_attention_layernorm(x).view(B * T, D),
+                                 None if replay is None else replay.reshape(B * T, -1))
+        return x + y.view(B, T, D), ids.view(B, T, -1), probs.view(B, T, -1)
+
+
+class Backbone(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+
+@dataclass
+class Output:
+    logits: torch.Tensor  # (B, T, V)
+    experts: torch.Tensor  # (B, T, L, K): expert ids each token was routed to, per layer
+    aux_loss: torch.Tensor  # scalar: Switch-style load-balancing loss, mean over layers
+
+
+class MoECoder(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.model = Backbone(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def init_weights(self, seed: int) -> None:
+        """GPT-2 style init: N(0, 0.02), residual output projections scaled by 1/sqrt(2L)."""
+        g = torch.Generator().manual_seed(seed)
+        resid_std = 0.02 / math.sqrt(2 * self.cfg.num_hidden_layers)
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight"):
+                nn.init.ones_(p)
+            else:
+                std = resid_std if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
+                with torch.no_grad():
+                    p.copy_(torch.randn(p.shape, generator=g) * std)
+
+    def forward(self, idx: torch.Tensor, replay_experts: torch.Tensor | None = None) -> Output:
+        """idx: (B, T) token ids; replay_experts: (B, T, L, K) expert ids to force, or None."""
+        B, T = idx.shape
+        cos, sin = rope_cache(self.cfg, T, idx.device)
+        x = self.model.embed_tokens(idx)  # (B, T, D)
+        experts, aux = [], []
+        for i, layer in enumerate(self.model.layers):
+            x, ids, probs = layer(x, cos, sin, None if replay_experts is None else replay_experts[:, :, i])
+            experts.append(ids)
+            aux.append(load_balance_loss(probs, ids, self.cfg.num_experts))
+        logits = self.lm_head(self.model.norm(x))
+        return Output(logits=logits, experts=torch.stack(experts, dim=2), aux_loss=torch.stack(aux).mean())
+
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
+                 stop_ids: set[int] | None = None, generator: torch.Generator | None = None) -> list[list[int]]:
+        """Sample one completion per prompt; prompts must have equal length (no padding, no KV cache:
+        these models and outputs are tiny). A completion ends before the first stop id (default: EOS)."""
+        stop_ids = {self.cfg.eos_token_id} if stop_ids is None else stop_ids
+        assert len({len(p) for p in prompts}) == 1, "prompts of one call must have equal length"
+        idx = torch.tensor(prompts, dtype=torch.long)  # (B, T)
+        done = torch.zeros(len(prompts), dtype=torch.bool)
+        stops = torch.tensor(sorted(stop_ids), dtype=torch.long)
+        for _ in range(max_new_tokens):
+            logits = self(idx[:, -self.cfg.max_position_embeddings:]).logits[:, -1].float()  # (B, V)
+            if temperature <= 0:
+                nxt = logits.argmax(-1)
+            else:
+                nxt = torch.multinomial(F.softmax(logits / temperature, -1), 1, generator=generator)[:, 0]
+            nxt = torch.where(done, stops[0], nxt)
+            idx = torch.cat([idx, nxt[:, None]], dim=1)
+            done |= torch.isin(nxt, stops)
+            if done.all():
+                break
+        out = []
+        for row in idx[:, len(prompts[0]):].tolist():
+            cut = next((i for i, t in enumerate(row) if t in stop_ids), len(row))
+            out.append(row[:cut])
+        return out
+
+
+def load_balance_loss(probs: torch.Tensor, ids: torch.Tensor, E: int) -> torch.Tensor:
+    """E * sum_e (share of routing slots to e) * (mean router prob of e); 1.0 when perfectly balanced."""
+    probs = probs.reshape(-1, E)
+    share = F.one_hot(ids.reshape(-1), E).float().mean(0)
+    return E * (share * probs.mean(0)).sum()
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log p(target) per position: logits (B, T, V), targets (B, T) -> (B, T), computed in fp32."""
+    return torch.gather(F.log_softmax(logits.float(), dim=-1), -1, targets[..., None])[..., 0]
+
+
+def save_pretrained(model: MoECoder, out_dir: Path, dtype: torch.dtype = torch.bfloat16) -> None:
+    """config.json + model.safetensors in the Hugging Face layout (per-expert tensors, as SGLang loads)."""
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sd = {k: v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
+    if model.cfg.tie_word_embeddings:
+        sd.pop("lm_head.weight")
+    save_file(sd, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    dtype_name = str(dtype).removeprefix("torch.")
+    (out_dir / "config.json").write_text(json.dumps(model.cfg.hf_config(dtype_name), indent=2, sort_keys=True) + "\n")
+
+
+def load_pretrained(path: Path, dtype: torch.dtype = torch.float32) -> MoECoder:
+    """Load a checkpoint directory written by save_pretrained (or any Qwen3-MoE in that layout)."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    cfg = ModelConfig.from_hf(json.loads((path / "config.json").read_text()))
+    model = MoECoder(cfg)
+    sd = {}
+    for f in sorted(path.glob("*.safetensors")):
+        sd.update(load_file(str(f)))
+    if cfg.tie_word_embeddings:
+        sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
+    missing, unexpected = model.load_state_dict({k: v.to(dtype) for k, v in sd.items()}, strict=False)
+    if missing or unexpected:
+        raise ValueError(f"checkpoint {path} does not match the model: missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}")
+    return model.to(dtype)

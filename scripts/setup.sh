@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One-time set-up, cached outside the checkout: the virtualenv and the Kafka jars under $FLYWHEEL_HOME.
+# A second run (or a fresh clone) reinstalls nothing unless pyproject.toml changed.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+home=${FLYWHEEL_HOME:-$HOME/.cache/flywheel}
+venv=$home/venv
+python=${FLYWHEEL_PYTHON:-python3.11}
+mkdir -p "$home"
+exec 9>"$home/setup.lock"
+flock 9  # two set-ups at once would race on the venv
+
+if [ ! -x "$venv/bin/python" ]; then
+  echo "setup: creating virtualenv $venv"
+  "$python" -m venv "$venv"
+fi
+deps_want=$(sha256sum "$repo/pyproject.toml" | cut -c1-16)
+if [ "$(cat "$venv/.flywheel-deps" 2>/dev/null)" != "$deps_want" ]; then
+  echo "setup: installing dependencies into $venv (first time: a few minutes, ~11 GB with SGLang and torch)"
+  start=$(date +%s)
+  "$venv/bin/pip" install --progress-bar on -e "$repo"
+  echo "$deps_want" > "$venv/.flywheel-deps"
+  echo "$repo" > "$venv/.flywheel-checkout"
+  echo "setup: dependencies installed in $(( $(date +%s) - start ))s"
+elif [ "$(cat "$venv/.flywheel-checkout" 2>/dev/null)" != "$repo" ]; then
+  # Same dependencies, another checkout: repoint the `flywheel` command at this one.
+  "$venv/bin/pip" install -q --no-deps -e "$repo"
+  echo "$repo" > "$venv/.flywheel-checkout"
+fi
+# Kafka broker jars from Maven Central (cached; no-op when present).
+PYTHONPATH="$repo" "$venv/bin/python" -m flywheel kafka fetch >/dev/null

@@ -1,0 +1,36 @@
+"""The small layer that lets SGLang 0.5.23 serve on a CPU-only machine. Never used on a GPU.
+
+Two measured gaps (shared/notes/facts.md), both on paths SGLang's CPU mode reaches but never runs:
+1. `sglang/srt/layers/rotary_embedding/base.py` imports `vllm._custom_ops.rotary_embedding` when the
+   device is not CUDA; we provide a stub module on the path (the function is never called on the
+   torch-native path, and raises if it ever is).
+2. `--enable-return-routed-experts` allocates its host buffer with cudaHostRegister (the default entry
+   of `ALLOC_MEMORY_FUNCS`); on CPU we register a plain allocation for the "cpu" device instead.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+STUBS = Path(__file__).resolve().parent / "stubs"
+
+
+def plain_alloc(dims, dtype, device, pin_memory, allocator=None, registration_granularity_bytes=None):
+    """Same signature as SGLang's allocators; ordinary pageable memory (there is no GPU to pin for)."""
+    import torch
+
+    return torch.zeros(dims, dtype=dtype, device=device)
+
+
+def apply() -> None:
+    """Patch the running process. Refuses to run where CUDA is available."""
+    import sys
+
+    import torch
+
+    if torch.cuda.is_available():
+        raise RuntimeError("serving.cpu_compat is for CPU-only machines; a GPU is visible here")
+    if str(STUBS) not in sys.path:
+        sys.path.append(str(STUBS))  # after site-packages: a real vllm, if installed, wins
+    from sglang.srt.mem_cache.pool_host import common
+
+    common.ALLOC_MEMORY_FUNCS["cpu"] = plain_alloc

@@ -1,0 +1,141 @@
+"""Launch, find and stop SGLang replicas (one `sglang.launch_server` process tree each).
+
+On a CPU-only machine the replica runs with SGLang's CPU flags, a bounded KV pool and our
+compatibility layer (serving.cpu_compat); on a GPU it runs plain SGLang. A replica records its
+pid, URL and log under $FLYWHEEL_HOME/replicas/<port>.json so `flywheel replica stop` finds it.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flywheel.paths import REPO_ROOT, flywheel_home
+from flywheel.procs import free_port, pid_alive, read_state, stop_pid, tail, wait_until, write_state
+
+CPU_FLAGS = ["--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
+             "--grammar-backend", "none", "--disable-cuda-graph", "--sleep-on-idle"]
+
+
+@dataclass
+class ReplicaConfig:
+    model_path: Path
+    port: int = 0  # 0: a free port
+    host: str = "127.0.0.1"
+    device: str = "cpu"
+    # float32 on CPU: bf16 checkpoints are upcast, so trainer and server compute the same numbers.
+    dtype: str = "float32"
+    # SGLang sizes its KV pool to fill free RAM unless bounded (facts.md: ~14 GB for a tiny model).
+    max_total_tokens: int = 32768
+    max_running_requests: int = 64
+    chunked_prefill_size: int = 4096
+    weight_version: str = "0"
+    random_seed: int = 0
+    extra_args: list[str] = field(default_factory=list)
+    log_dir: Path | None = None
+    start_timeout_s: float = 240.0
+
+
+@dataclass
+class Replica:
+    pid: int
+    port: int
+    url: str
+    log_file: Path
+    model_path: str
+
+    def stop(self, timeout: float = 30.0) -> bool:
+        ok = stop_pid(self.pid, timeout=timeout)
+        state_file = _state_dir() / f"{self.port}.json"
+        state = read_state(state_file)
+        if ok and state and state.get("pid") == self.pid:
+            state_file.unlink(missing_ok=True)
+        return ok
+
+    def alive(self) -> bool:
+        return pid_alive(self.pid)
+
+
+def _state_dir() -> Path:
+    d = flywheel_home() / "replicas"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def command(cfg: ReplicaConfig, port: int) -> list[str]:
+    """The full command line of a replica (module, then SGLang's own flags)."""
+    module = "serving.cpu_compat.launch" if cfg.device == "cpu" else "sglang.launch_server"
+    args = [sys.executable, "-m", module, "--model-path", str(Path(cfg.model_path).resolve()),
+            "--host", cfg.host, "--port", str(port), "--dtype", cfg.dtype,
+            "--max-total-tokens", str(cfg.max_total_tokens), "--max-running-requests", str(cfg.max_running_requests),
+            "--chunked-prefill-size", str(cfg.chunked_prefill_size),
+            "--enable-return-routed-experts", "--enable-metrics", "--weight-version", cfg.weight_version,
+            "--random-seed", str(cfg.random_seed), "--skip-server-warmup", "--log-level", "warning"]
+    if cfg.device == "cpu":
+        args += CPU_FLAGS
+    return args + list(cfg.extra_args)
+
+
+def _env(cfg: ReplicaConfig) -> dict:
+    env = dict(os.environ)
+    # The launcher module must import from this checkout; SGLang's children inherit the path.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    env.setdefault("SGLANG_DISABLE_REQUEST_LOGGING", "1")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if cfg.device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def healthy(url: str, timeout: float = 5.0) -> bool:
+    """True when the server answers /health_generate (the scheduler can run a forward pass)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/health_generate", timeout=timeout) as r:
+        return r.status == 200
+
+
+def start(cfg: ReplicaConfig) -> Replica:
+    """Start a replica and wait until it generates; on failure the log's tail is in the error."""
+    port = cfg.port or free_port(cfg.host)
+    log_dir = Path(cfg.log_dir) if cfg.log_dir else flywheel_home() / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_file = log_dir / f"replica-{port}.log"
+    with open(log_file, "ab") as log:
+        proc = subprocess.Popen(command(cfg, port), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=_env(cfg), cwd=REPO_ROOT, start_new_session=True)
+    url = f"http://{cfg.host}:{port}"
+    replica = Replica(pid=proc.pid, port=port, url=url, log_file=log_file, model_path=str(cfg.model_path))
+    write_state(_state_dir() / f"{port}.json", {"pid": proc.pid, "port": port, "url": url, "log_file": str(log_file),
+                                                "model_path": str(cfg.model_path), "started": time.time()})
+    try:
+        wait_until(lambda: healthy(url), cfg.start_timeout_s, interval=0.5, what=f"SGLang replica on {url}",
+                   alive=lambda: proc.poll() is None)
+    except (TimeoutError, RuntimeError) as e:
+        replica.stop()
+        raise RuntimeError(f"{e}\n--- {log_file} ---\n{tail(log_file, 40)}") from None
+    return replica
+
+
+def find(port: int) -> Replica | None:
+    state = read_state(_state_dir() / f"{port}.json")
+    if not state or not pid_alive(state["pid"]):
+        return None
+    return Replica(pid=state["pid"], port=state["port"], url=state["url"], log_file=Path(state["log_file"]),
+                   model_path=state["model_path"])
+
+
+def running() -> list[Replica]:
+    out = []
+    for f in sorted(_state_dir().glob("*.json")):
+        r = find(int(f.stem))
+        if r is not None:
+            out.append(r)
+        else:
+            f.unlink(missing_ok=True)
+    return out

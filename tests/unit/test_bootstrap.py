@@ -1,0 +1,60 @@
+"""The model is made here, deterministically: same preset and seed, same bytes."""
+import dataclasses
+import json
+
+import pytest
+
+from online_rl import bootstrap as B
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def _short(seed=0):
+    cfg = B.preset("test", seed)
+    cfg.train = dataclasses.replace(cfg.train, steps=25)
+    cfg.corpus = dataclasses.replace(cfg.corpus, documents=1500)
+    return cfg
+
+
+def test_same_seed_same_bytes_other_seed_other_bytes(tmp_path):
+    for name, cfg in (("a", _short()), ("b", _short()), ("c", _short(seed=1))):
+        B.build(cfg, tmp_path / name, progress=False, evaluate_model=False)
+    for f in B.CHECKPOINT_FILES:
+        assert (tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes(), f
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() != (tmp_path / "c" / "model.safetensors").read_bytes()
+
+
+def test_checkpoint_layout_is_qwen3_moe(test_model):
+    cfg = json.loads((test_model / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen3MoeForCausalLM"] and cfg["model_type"] == "qwen3_moe"
+    assert cfg["num_experts"] >= 4 and cfg["num_experts_per_tok"] == 2 and cfg["torch_dtype"] == "bfloat16"
+    from safetensors import safe_open
+
+    with safe_open(str(test_model / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+        assert all(f.get_tensor(k).dtype.is_floating_point for k in keys)
+    assert "model.layers.0.mlp.experts.0.gate_proj.weight" in keys and "model.layers.0.mlp.gate.weight" in keys
+    report = B.report(test_model)
+    assert 0.0 <= report["eval"]["pass_rate_t1"] <= 1.0 and report["eval"]["heldout_tasks"] > 0
+
+
+def test_cached_and_copied_out(test_model, tmp_path):
+    again = B.bootstrap("test", 0, progress=False)
+    assert again == test_model  # a second call reuses the cache
+    out = B.bootstrap("test", 0, out=tmp_path / "copy", progress=False)
+    for f in B.CHECKPOINT_FILES:
+        assert (out / f).read_bytes() == (test_model / f).read_bytes()
+
+
+def test_tokenizer_starts_every_prompt_with_eos_like_training(test_model):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(test_model)
+    ids = tok("def f(x):")["input_ids"]
+    assert ids[0] == tok.eos_token_id == tok.bos_token_id
+    assert tok.decode(ids, skip_special_tokens=True) == "def f(x):"
+
+
+def test_unknown_preset_is_an_error():
+    with pytest.raises(ValueError, match="unknown preset"):
+        B.preset("huge")

@@ -1,0 +1,65 @@
+"""Tasks are judged by running code, and the sandbox holds candidates to their limits."""
+import pytest
+
+from online_rl import sandbox, tasks
+
+
+def test_splits_are_disjoint_and_stable():
+    train = {t.task_id for t in tasks.tasks("train")}
+    held = {t.task_id for t in tasks.tasks("heldout")}
+    assert train and held and not (train & held)
+    assert len(held) / (len(train) + len(held)) == pytest.approx(0.2, abs=0.05)
+    assert held == {t.task_id for t in tasks.tasks("heldout")}
+    assert held != {t.task_id for t in tasks.tasks("heldout", seed=1)}
+
+
+def test_corpus_is_deterministic_and_never_contains_heldout_functions():
+    cfg = tasks.CorpusConfig(seed=3, documents=2000)
+    docs = tasks.corpus(cfg)
+    assert docs == tasks.corpus(cfg)
+    held_names = {(t.name, t.arg) for t in tasks.tasks("heldout", seed=3)}
+    for d in docs:
+        assert d.endswith(tasks.EOS)
+        for name, arg in held_names:
+            assert f"def {name}({arg})" not in d
+
+
+def test_reference_passes_and_every_wrong_body_fails():
+    ts = tasks.tasks("heldout")
+    cands = [sandbox.candidate_for(t, t.reference) for t in ts]
+    wrong = [sandbox.candidate_for(t, w) for t in ts for w in t.wrong_bodies()]
+    verdicts = sandbox.run(cands + wrong)
+    assert all(v.ok for v in verdicts[: len(cands)])
+    assert not any(v.ok for v in verdicts[len(cands):])
+
+
+def test_equivalent_code_passes_regardless_of_text():
+    t = tasks.Task("add", 3, "x")
+    body = "    y = 3\n    return y + x\n"
+    assert body != t.reference
+    assert sandbox.run([sandbox.candidate_for(t, body)])[0].ok
+
+
+@pytest.mark.timeout(60)
+def test_limits_and_isolation():
+    t = tasks.Task("add", 3, "x")
+    bodies = {
+        "loop": "    while True:\n        pass\n",
+        "memory": "    return len(bytearray(10 ** 10))\n",
+        "syntax": "  return (\n",
+        "network": "    import socket\n    socket.create_connection(('93.184.216.34', 80), timeout=2)\n    return x + 3\n",
+        "peek": "    import gc\n    return [o for o in gc.get_objects() if isinstance(o, dict) and 'expected' in o][0]\n",
+    }
+    v = dict(zip(bodies, sandbox.run([sandbox.candidate_for(t, b) for b in bodies.values()],
+                                     sandbox.SandboxConfig(cpu_seconds=1, wall_seconds=3))))
+    assert v["loop"].error in ("cpu time limit", "wall time limit")
+    assert v["memory"].passed == 0
+    assert v["syntax"].error.startswith("does not load")
+    assert v["peek"].passed == 0  # expected outputs never enter the sandbox
+    if sandbox.network_isolated():
+        assert v["network"].passed == 0
+
+
+def test_unknown_split_is_an_error():
+    with pytest.raises(ValueError):
+        tasks.tasks("validation")

@@ -7,6 +7,7 @@ and a digest of the code and settings that produced them.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -75,8 +76,8 @@ PRESETS: dict[str, BootstrapConfig] = {
 def preset(name: str, seed: int = 0) -> BootstrapConfig:
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose from {sorted(PRESETS)}")
-    cfg = dataclasses.replace(PRESETS[name], seed=seed)
-    cfg.corpus = dataclasses.replace(cfg.corpus, seed=seed)
+    cfg = copy.deepcopy(PRESETS[name])
+    cfg.seed = cfg.corpus.seed = seed
     return cfg
 
 
@@ -101,7 +102,11 @@ def train_tokenizer(docs: list[str], vocab_size: int):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    # A newline is always a token of its own: a prompt that ends at a line break (the IDE's cursor at
+    # the start of a line) then tokenizes exactly like the same text inside a training document.
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split("\n", behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=T.SPECIAL_TOKENS, min_frequency=2,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
@@ -242,11 +247,13 @@ def build(cfg: BootstrapConfig, out: Path, progress: bool = True, evaluate_model
     torch.use_deterministic_algorithms(True)
     timings = {}
     t0 = time.monotonic()
+    key = cache_key(cfg)
     docs = T.corpus(cfg.corpus)
     tok = train_tokenizer(docs, cfg.vocab_size)
-    cfg.model.vocab_size = tok.get_vocab_size()
-    cfg.model.eos_token_id = cfg.model.bos_token_id = tok.token_to_id(T.EOS)
     eos_id = tok.token_to_id(T.EOS)
+    # The trained vocabulary decides the embedding size; the caller's config stays as given.
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=tok.get_vocab_size(),
+                                                             eos_token_id=eos_id, bos_token_id=eos_id))
     ids = [eos_id] + [i for enc in tok.encode_batch(docs, add_special_tokens=False) for i in enc.ids]
     timings["corpus_and_tokenizer_s"] = round(time.monotonic() - t0, 2)
 
@@ -261,7 +268,7 @@ def build(cfg: BootstrapConfig, out: Path, progress: bool = True, evaluate_model
         {"eos_token_id": cfg.model.eos_token_id, "pad_token_id": cfg.model.eos_token_id, "do_sample": False},
         indent=2, sort_keys=True) + "\n")
 
-    report = {"preset": cfg.preset, "seed": cfg.seed, "cache_key": cache_key(cfg),
+    report = {"preset": cfg.preset, "seed": cfg.seed, "cache_key": key,
               "parameters": sum(p.numel() for p in model.parameters()),
               "corpus_documents": len(docs), "corpus_tokens": len(ids), "vocab_size": cfg.model.vocab_size,
               "train_steps": cfg.train.steps, "tokens_trained": cfg.train.steps * cfg.train.batch_size * cfg.train.seq_len,

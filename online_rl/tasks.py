@@ -199,7 +199,7 @@ class CorpusConfig:
     documents: int = 20_000
     correct_share: float = 0.5  # the rest get one of the family's plausible wrong bodies
     test_doc_share: float = 0.15  # documents that are a test function instead
-    fim_share: float = 0.15  # documents in fill-in-the-middle form
+    fim_share: float = 0.1  # documents in fill-in-the-middle form
     heldout_share: float = 0.2
     extra: dict = field(default_factory=dict)
 

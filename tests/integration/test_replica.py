@@ -58,7 +58,8 @@ def test_served_routing_and_logprobs_match_the_trainer_model(replica, test_model
         res = model(ids[:, :-1])
     served = torch.tensor([lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]])
     ours = token_logprobs(res.logits, ids[:, 1:])[0, len(prompt_ids) - 1:]
-    assert (ours - served).abs().max().item() < 1e-3
+    # Same float32 arithmetic up to reduction order (the 1e-5 figure with router replay is online_rl's).
+    assert (ours - served).abs().max().item() < 1e-4
     experts = np.frombuffer(base64.b64decode(out["meta_info"]["routed_experts"]), dtype=np.int32)
     experts = torch.from_numpy(experts.copy()).view(ids.shape[1] - 1, model.cfg.num_hidden_layers, -1)
     agree = (experts.sort(-1).values == res.experts[0].sort(-1).values).all(-1).float().mean().item()
@@ -74,7 +75,10 @@ def test_checkpoint_loads_in_transformers_and_greedy_matches_sglang(replica, tes
     for prompt in PROMPTS:
         ids = tok(prompt, return_tensors="pt")["input_ids"]
         with torch.no_grad():
-            hf_out = hf.generate(ids, max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0,
+            # The explicit mask matters: the leading <|endoftext|> doubles as pad, and generate() would
+            # otherwise mask it out.
+            hf_out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False,
+                                 eos_token_id=None, pad_token_id=tok.pad_token_id,
                                  min_new_tokens=24)[0, ids.shape[1]:].tolist()
         sg = _generate(replica.url, {"input_ids": ids[0].tolist(),
                                      "sampling_params": {"max_new_tokens": 24, "temperature": 0.0, "ignore_eos": True}})

@@ -22,9 +22,9 @@ from online_rl import tasks
 from serving.replica import ReplicaConfig, start as start_replica
 
 
-def _du(path: Path) -> float:
+def _du_mb(path: Path) -> float:
     out = subprocess.run(["du", "-sb", str(path)], capture_output=True, text=True).stdout.split()
-    return round(int(out[0]) / 2**30, 2) if out else 0.0
+    return round(int(out[0]) / 2**20, 1) if out else 0.0
 
 
 def _tree_rss_gb(pid: int) -> float:
@@ -67,8 +67,11 @@ def main() -> dict:
         B.build(B.preset("test"), tmp / "test-model", progress=False)
         result["bootstrap_test_preset_s"] = round(time.monotonic() - t, 1)
         t = time.monotonic()
-        demo = B.bootstrap("demo", 0, progress=False)
-        result["bootstrap_demo_cached_lookup_s"] = round(time.monotonic() - t, 2)
+        demo = B.bootstrap("demo", 0, progress=False)  # builds once per cache, else a lookup
+        result["bootstrap_demo_first_call_s"] = round(time.monotonic() - t, 2)
+        t = time.monotonic()
+        B.bootstrap("demo", 0, progress=False)
+        result["bootstrap_demo_cached_s"] = round(time.monotonic() - t, 3)
         rep = B.report(demo)
         result["demo_model"] = {"parameters": rep["parameters"], "build_s": rep["timings"]["total_s"],
                                 "train_s": rep["timings"]["train_s"], **{k: v for k, v in rep["eval"].items()
@@ -97,8 +100,8 @@ def main() -> dict:
         finally:
             replica.stop()
         home = flywheel_home()
-        result["cache_gb"] = {"venv": _du(home / "venv"), "kafka_jars": _du(home / "kafka"), "maven_repo": _du(home / "m2"),
-                              "models": _du(home / "models")}
+        result["cache_mb"] = {"venv": _du_mb(home / "venv"), "kafka_jars": _du_mb(home / "kafka"),
+                              "maven_repo": _du_mb(home / "m2"), "models": _du_mb(home / "models")}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return result

@@ -159,8 +159,8 @@ def train_model(cfg: BootstrapConfig, ids: list[int], progress: bool = True):
     import math
 
     import torch
-    from tqdm import tqdm
 
+    from flywheel.progress import bar as progress_bar
     from online_rl.model import MoECoder
 
     torch.manual_seed(cfg.seed)
@@ -180,8 +180,7 @@ def train_model(cfg: BootstrapConfig, ids: list[int], progress: bool = True):
 
     batches = _packed_batches(ids, tc, cfg.seed)
     losses = []
-    bar = tqdm(range(tc.steps), desc=f"bootstrap {cfg.preset}", unit="step", disable=not progress,
-               dynamic_ncols=True)
+    bar = progress_bar(range(tc.steps), desc=f"bootstrap {cfg.preset}", unit="step", enabled=progress)
     for step in bar:
         xy = next(batches)
         out = model(xy[:, :-1])
@@ -204,8 +203,8 @@ def train_model(cfg: BootstrapConfig, ids: list[int], progress: bool = True):
 def evaluate(model, tok, cfg: BootstrapConfig, progress: bool = True) -> dict:
     """Pass rate on held-out tasks (never in the corpus): greedy, and per sample at temperature 1."""
     import torch
-    from tqdm import tqdm
 
+    from flywheel.progress import bar as progress_bar
     from online_rl import sandbox
 
     held = T.tasks("heldout", cfg.seed, cfg.corpus.heldout_share)
@@ -217,7 +216,7 @@ def evaluate(model, tok, cfg: BootstrapConfig, progress: bool = True) -> dict:
         ids = tok.encode(task.prompt).ids  # with the leading <|endoftext|>, as the server tokenizes
         by_len.setdefault(len(ids), []).append((task, ids))
     greedy, sampled = [], []
-    bar = tqdm(total=len(held), desc="eval held-out", unit="task", disable=not progress, dynamic_ncols=True)
+    bar = progress_bar(total=len(held), desc="eval held-out", unit="task", enabled=progress)
     for group in by_len.values():
         tasks_, prompts = [t for t, _ in group], [p for _, p in group]
         for task, g in zip(tasks_, model.generate(prompts, cfg.eval.max_new_tokens, 0.0, stop)):

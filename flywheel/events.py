@@ -1,0 +1,107 @@
+"""The event contract between serving and online_rl: topics, schemas and their wire format.
+
+Every event is a msgpack map with `schema`, `event_id` and `ts`. Token ids and logprobs travel as
+packed little-endian arrays and routed experts as a packed uint8 array with its shape, never as JSON
+lists of ints. Completions and their feedback are keyed by completion_id, so both land in the same
+partition and a consumer sees a completion before the feedback that follows it.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+
+import msgpack
+import numpy as np
+
+TOPIC_COMPLETIONS = "completions"
+TOPIC_FEEDBACK = "feedback"
+TOPIC_WEIGHTS = "weights"
+
+COMPLETION_SCHEMA = "flywheel.completion.v1"
+FEEDBACK_SCHEMA = "flywheel.feedback.v1"
+
+FEEDBACK_KINDS = ("accept", "reject", "partial")
+SOURCES = ("user", "rollout")  # rollout traffic is tagged so it is never mistaken for a user's
+
+
+def new_event_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass
+class CompletionEvent:
+    completion_id: str
+    choice_index: int
+    tenant: str  # hashed key id, never the key
+    model_version: str  # the version that produced the first output token
+    prompt_ids: np.ndarray  # (P,) int32
+    output_ids: np.ndarray  # (N,) int32
+    logprobs: np.ndarray  # (N,) float32: behaviour logprob of each output token
+    routed_experts: np.ndarray  # (P + N - 1, L, K) uint8: experts of every position the model ran
+    sampling: dict  # temperature, top_p, max_tokens, stop, ...
+    finish_reason: str
+    latency: dict  # ttft_ms, e2e_ms, queue_ms
+    weight_versions: list = field(default_factory=list)  # [{version, start, end}] output-token spans
+    switch_index: int | None = None  # first output token produced by a later version, if any
+    source: str = "user"
+    replica: str = ""
+    event_id: str = field(default_factory=new_event_id)
+    ts: float = field(default_factory=time.time)
+    schema: str = COMPLETION_SCHEMA
+
+    def encode(self) -> bytes:
+        d = asdict(self)
+        experts = np.ascontiguousarray(self.routed_experts, dtype=np.uint8)
+        d.update(prompt_ids=_pack(self.prompt_ids, "<i4"), output_ids=_pack(self.output_ids, "<i4"),
+                 logprobs=_pack(self.logprobs, "<f4"), routed_experts=experts.tobytes(),
+                 routed_experts_shape=list(experts.shape))
+        return msgpack.packb(d, use_bin_type=True)
+
+
+@dataclass
+class FeedbackEvent:
+    completion_id: str
+    choice_index: int
+    tenant: str
+    kind: str  # accept | reject | partial
+    accepted_chars: int | None = None  # for partial: how much of the completion the user kept
+    elapsed_ms: float | None = None  # from showing the completion to the decision
+    origin: str = "feedback"  # feedback | tabby (which API the client used)
+    event_id: str = field(default_factory=new_event_id)
+    ts: float = field(default_factory=time.time)
+    schema: str = FEEDBACK_SCHEMA
+
+    def encode(self) -> bytes:
+        return msgpack.packb(asdict(self), use_bin_type=True)
+
+
+def _pack(a, dtype: str) -> bytes:
+    return np.ascontiguousarray(a, dtype=dtype).tobytes()
+
+
+class SchemaError(ValueError):
+    """A record that is not a valid Flywheel event."""
+
+
+def decode(raw: bytes) -> CompletionEvent | FeedbackEvent:
+    try:
+        d = msgpack.unpackb(raw, raw=False)
+    except Exception as e:
+        raise SchemaError(f"not msgpack: {e}") from None
+    if not isinstance(d, dict):
+        raise SchemaError("event is not a map")
+    schema = d.get("schema")
+    try:
+        if schema == COMPLETION_SCHEMA:
+            shape = tuple(d.pop("routed_experts_shape"))
+            d["prompt_ids"] = np.frombuffer(d["prompt_ids"], "<i4")
+            d["output_ids"] = np.frombuffer(d["output_ids"], "<i4")
+            d["logprobs"] = np.frombuffer(d["logprobs"], "<f4")
+            d["routed_experts"] = np.frombuffer(d["routed_experts"], np.uint8).reshape(shape)
+            return CompletionEvent(**d)
+        if schema == FEEDBACK_SCHEMA:
+            return FeedbackEvent(**d)
+    except (KeyError, TypeError, ValueError) as e:
+        raise SchemaError(f"malformed {schema} event: {e}") from None
+    raise SchemaError(f"unknown schema {schema!r}")

@@ -1,0 +1,3 @@
+"""Locust users shaped like IDE clients, the simulated user population, and SRE scenarios.
+(Grows with the load-test issue.)
+"""

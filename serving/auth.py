@@ -1,0 +1,135 @@
+"""API keys, the admin token, and completion ids that prove who they were issued to.
+
+Keys are stored hashed (sha256); a tenant's id is a prefix of its key's hash, so events carry a stable
+tenant id and never the key. Completion ids are signed: `cmpl-<issued>-<nonce>-<tenant>-<mac>`, with an
+HMAC over the rest, so any gateway holding the id secret can tell an unknown or expired id (404) from
+another tenant's (403) without shared state.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Tenant:
+    id: str  # 16 hex chars of sha256(key)
+    name: str
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def new_key() -> str:
+    return "fw-" + secrets.token_urlsafe(24)
+
+
+class KeyStore:
+    """Maps presented API keys to tenants. Sources: a JSON keys file of hashes, and/or the env."""
+
+    def __init__(self, hashed: dict[str, str]):
+        self._by_hash = {h: Tenant(id=h[:16], name=name) for h, name in hashed.items()}
+
+    @classmethod
+    def load(cls, keys_file: Path | None = None, env_value: str | None = None) -> "KeyStore":
+        """keys_file: {"keys": [{"name": ..., "sha256": ...}]}; env_value: "name:key,name:key"."""
+        hashed: dict[str, str] = {}
+        if keys_file is not None and Path(keys_file).exists():
+            data = json.loads(Path(keys_file).read_text())
+            for entry in data.get("keys", []):
+                hashed[entry["sha256"]] = entry["name"]
+        for item in filter(None, (env_value or "").split(",")):
+            name, _, key = item.strip().partition(":")
+            if not key:
+                raise ValueError("FLYWHEEL_API_KEYS entries are name:key")
+            hashed[hash_key(key)] = name
+        return cls(hashed)
+
+    def lookup(self, key: str | None) -> Tenant | None:
+        if not key:
+            return None
+        return self._by_hash.get(hash_key(key))
+
+    def __len__(self) -> int:
+        return len(self._by_hash)
+
+
+def add_key(keys_file: Path, name: str) -> str:
+    """Create a key for `name`, store only its hash in keys_file, return the key (shown once)."""
+    keys_file = Path(keys_file)
+    data = json.loads(keys_file.read_text()) if keys_file.exists() else {"keys": []}
+    key = new_key()
+    data["keys"].append({"name": name, "sha256": hash_key(key), "created": int(time.time())})
+    keys_file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = keys_file.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, keys_file)
+    return key
+
+
+def bearer(header: str | None) -> str | None:
+    if not header:
+        return None
+    scheme, _, token = header.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def admin_ok(presented: str | None, admin_token: str | None) -> bool:
+    return bool(presented and admin_token and hmac.compare_digest(presented.encode(), admin_token.encode()))
+
+
+class CompletionIds:
+    """Issue and check signed completion ids."""
+
+    def __init__(self, secret: bytes, ttl_s: float = 7 * 24 * 3600):
+        self.secret = secret
+        self.ttl_s = ttl_s
+
+    def _mac(self, body: str) -> str:
+        return hmac.new(self.secret, body.encode(), hashlib.sha256).hexdigest()[:16]
+
+    def issue(self, tenant: Tenant) -> str:
+        body = f"{int(time.time()):x}-{secrets.token_hex(6)}-{tenant.id}"
+        return f"cmpl-{body}-{self._mac(body)}"
+
+    def owner(self, completion_id: str) -> str | None:
+        """The tenant id the id was issued to, or None if it is not an id we issued (or it expired)."""
+        if not isinstance(completion_id, str) or not completion_id.startswith("cmpl-") or len(completion_id) > 128:
+            return None
+        parts = completion_id[5:].split("-")
+        if len(parts) != 4:
+            return None
+        issued, nonce, tenant_id, mac = parts
+        if not hmac.compare_digest(self._mac(f"{issued}-{nonce}-{tenant_id}"), mac):
+            return None
+        try:
+            if time.time() - int(issued, 16) > self.ttl_s:
+                return None
+        except ValueError:
+            return None
+        return tenant_id
+
+
+def load_or_create_secret(path: Path) -> bytes:
+    """The id-signing secret: FLYWHEEL_ID_SECRET, else a file kept beside the gateway's state."""
+    env = os.environ.get("FLYWHEEL_ID_SECRET")
+    if env:
+        return env.encode()
+    path = Path(path)
+    if path.exists():
+        return path.read_bytes()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    secret = secrets.token_bytes(32)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(secret)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+    return secret

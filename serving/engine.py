@@ -1,0 +1,121 @@
+"""Client for one SGLang replica's native /generate API (token ids in, tokens + logprobs + experts out)."""
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+import aiohttp
+import numpy as np
+
+
+class EngineUnavailable(Exception):
+    """The replica failed before answering (connection refused, reset, 5xx before the first byte)."""
+
+
+class EngineError(Exception):
+    """The replica answered with an error for this request."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class EngineResult:
+    output_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[dict[int, float]] | None = None
+    routed_experts: np.ndarray | None = None  # (P + N - 1, L, K) uint8
+    finish: dict | None = None
+    weight_version: str = ""
+    weight_versions: list = field(default_factory=list)
+    prompt_tokens: int = 0
+    queue_ms: float = 0.0
+
+
+def payload(input_ids: list[int], sampling: dict, top_logprobs: int, stream: bool, rid: str) -> dict:
+    return {"input_ids": input_ids, "sampling_params": sampling, "return_logprob": True, "logprob_start_len": -1,
+            "top_logprobs_num": top_logprobs, "return_routed_experts": True, "stream": stream, "rid": rid}
+
+
+def _experts(meta: dict, layers: int, top_k: int) -> np.ndarray | None:
+    raw = meta.get("routed_experts")
+    if not raw:
+        return None
+    a = np.frombuffer(base64.b64decode(raw), dtype=np.int32)
+    return a.reshape(-1, layers, top_k).astype(np.uint8)
+
+
+def _fill(result: EngineResult, out: dict, layers: int, top_k: int) -> None:
+    meta = out.get("meta_info", {})
+    result.output_ids = list(out.get("output_ids", []))
+    result.text = out.get("text", "")
+    result.logprobs = [lp for lp, _, _ in meta.get("output_token_logprobs", [])]
+    tops = meta.get("output_top_logprobs")
+    if tops:
+        result.top_logprobs = [{tid: lp for lp, tid, _ in row} for row in tops]
+    result.finish = meta.get("finish_reason")
+    result.weight_version = str(meta.get("weight_version", ""))
+    result.weight_versions = meta.get("weight_versions", [])
+    result.prompt_tokens = meta.get("prompt_tokens", 0)
+    result.queue_ms = 1000 * (meta.get("queue_time") or 0.0)
+    experts = _experts(meta, layers, top_k)
+    if experts is not None:
+        result.routed_experts = experts
+
+
+async def _error(resp: aiohttp.ClientResponse) -> Exception:
+    text = await resp.text()
+    try:
+        msg = json.loads(text).get("error", {}).get("message") or text
+    except (ValueError, AttributeError):
+        msg = text
+    if resp.status >= 500:
+        return EngineUnavailable(f"replica answered {resp.status}: {msg[:300]}")
+    return EngineError(resp.status, str(msg)[:500])
+
+
+async def generate(session: aiohttp.ClientSession, url: str, body: dict, layers: int, top_k: int,
+                   timeout_s: float) -> EngineResult:
+    try:
+        async with session.post(f"{url}/generate", json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
+            if r.status != 200:
+                raise await _error(r)
+            out = await r.json()
+    except aiohttp.ClientConnectionError as e:
+        raise EngineUnavailable(f"{type(e).__name__}: {e}") from None
+    result = EngineResult()
+    _fill(result, out, layers, top_k)
+    return result
+
+
+async def generate_stream(session: aiohttp.ClientSession, url: str, body: dict, layers: int, top_k: int,
+                          timeout_s: float) -> AsyncIterator[tuple[str, EngineResult]]:
+    """Yields (new_text, cumulative result) per chunk. EngineUnavailable only before the first chunk."""
+    result = EngineResult()
+    got_first = False
+    try:
+        async with session.post(f"{url}/generate", json=body,
+                                timeout=aiohttp.ClientTimeout(total=timeout_s, sock_read=timeout_s)) as r:
+            if r.status != 200:
+                raise await _error(r)
+            async for line in r.content:
+                if not line.startswith(b"data: "):
+                    continue
+                data = line[6:].strip()
+                if data == b"[DONE]":
+                    break
+                out = json.loads(data)
+                if "error" in out:
+                    raise EngineError(400, str(out["error"].get("message", out["error"])))
+                before = len(result.text)
+                _fill(result, out, layers, top_k)
+                got_first = True
+                yield result.text[before:], result
+    except aiohttp.ClientConnectionError as e:
+        if got_first:
+            raise EngineError(502, f"replica stream broke: {type(e).__name__}: {e}") from None
+        raise EngineUnavailable(f"{type(e).__name__}: {e}") from None

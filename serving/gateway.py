@@ -1,0 +1,493 @@
+"""The Flywheel gateway: an OpenAI-compatible API in front of SGLang replicas (aiohttp).
+
+    client --HTTP--> auth -> validate -> tokenize -> pick replica (least outstanding) -> /generate
+                                                   <- tokens, logprobs, routed experts, weight version
+           <-- OpenAI response (+ completion id, model version) --'  '--> completion event -> event log
+
+Feedback (`/v1/feedback`, Tabby's `/v1/events`) becomes feedback events keyed by the same completion id.
+Events go through serving.event_log: the request path never waits on Kafka.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from flywheel import events as ev
+from serving import engine
+from serving.auth import CompletionIds, KeyStore, Tenant, admin_ok, bearer, load_or_create_secret
+from serving.event_log import EventLog, EventLogConfig
+from serving.metrics import GatewayMetrics
+from serving.openai_api import (ApiError, GenerationSpec, Limits, chat_logprobs, completion_logprobs, finish_reason,
+                                parse_chat, parse_completion, parse_json_body)
+from serving.router import Lease, NoReplica, PoolConfig, ReplicaPool, ReplicaState
+
+log = logging.getLogger(__name__)
+
+VERSION_HEADER = "X-Flywheel-Model-Version"
+FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE, EOS = "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|endoftext|>"
+
+
+@dataclass
+class GatewayConfig:
+    replicas: list[str] = field(default_factory=list)
+    model_dir: Path | None = None  # tokenizer.json + config.json of the served model
+    model_name: str = "flywheel-coder"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    state_dir: Path = Path("gateway-state")  # event spool, id secret
+    keys_file: Path | None = None
+    api_keys: str | None = None  # "name:key,..." (FLYWHEEL_API_KEYS)
+    admin_token: str | None = None  # FLYWHEEL_ADMIN_TOKEN
+    kafka_bootstrap: str | None = None  # FLYWHEEL_KAFKA_BOOTSTRAP; None: events stay in the spool
+    log_events: bool = True
+    limits: Limits = field(default_factory=Limits)
+    pool: PoolConfig = field(default_factory=PoolConfig)
+    request_timeout_s: float = 300.0
+    max_attempts: int = 3  # replicas tried for one request that fails before its first byte
+    max_spool_bytes: int = 1 << 30
+
+    @classmethod
+    def from_env(cls, **overrides) -> "GatewayConfig":
+        cfg = cls(**overrides)
+        cfg.api_keys = cfg.api_keys or os.environ.get("FLYWHEEL_API_KEYS")
+        cfg.admin_token = cfg.admin_token or os.environ.get("FLYWHEEL_ADMIN_TOKEN")
+        cfg.kafka_bootstrap = cfg.kafka_bootstrap or os.environ.get("FLYWHEEL_KAFKA_BOOTSTRAP")
+        return cfg
+
+
+class Gateway:
+    def __init__(self, cfg: GatewayConfig):
+        from tokenizers import Tokenizer
+
+        if not cfg.replicas:
+            raise ValueError("the gateway needs at least one replica URL")
+        if cfg.model_dir is None:
+            raise ValueError("the gateway needs the model dir (for its tokenizer and config)")
+        self.cfg = cfg
+        self.tok = Tokenizer.from_file(str(Path(cfg.model_dir) / "tokenizer.json"))
+        model_cfg = json.loads((Path(cfg.model_dir) / "config.json").read_text())
+        self.layers, self.top_k = model_cfg["num_hidden_layers"], model_cfg["num_experts_per_tok"]
+        self.cfg.limits.context_tokens = min(cfg.limits.context_tokens, model_cfg["max_position_embeddings"])
+        # Control tokens end a plain completion: the model must not wander into fill-in-the-middle syntax.
+        self.stop_token_ids = sorted(i for t in (EOS, FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE)
+                                     if (i := self.tok.token_to_id(t)) is not None)
+        self.keys = KeyStore.load(cfg.keys_file, cfg.api_keys)
+        state = Path(cfg.state_dir)
+        state.mkdir(parents=True, exist_ok=True)
+        self.ids = CompletionIds(load_or_create_secret(state / "id_secret"))
+        self.pool = ReplicaPool(cfg.replicas, cfg.pool)
+        self.events = EventLog(EventLogConfig(spool_dir=state / "spool", bootstrap=cfg.kafka_bootstrap,
+                                              max_spool_bytes=cfg.max_spool_bytes))
+        self.metrics = GatewayMetrics(self)
+        self.session: aiohttp.ClientSession | None = None
+        self.app = self._build_app()
+
+    # ------------------------------------------------------------------ app
+    def _build_app(self) -> web.Application:
+        app = web.Application(client_max_size=self.cfg.limits.max_body_bytes, middlewares=[self._errors])
+        app.add_routes([
+            web.post("/v1/completions", self.completions),
+            web.post("/v1/chat/completions", self.chat_completions),
+            web.get("/v1/models", self.models),
+            web.post("/v1/feedback", self.feedback),
+            web.post("/v1/events", self.tabby_events),
+            web.get("/health", self.health),
+            web.get("/metrics", self.prometheus),
+            web.get("/admin/replicas", self.admin_replicas),
+            web.post("/admin/replicas/{replica}/{action}", self.admin_replica_action),
+            web.get("/admin/weights", self.admin_weights),
+        ])
+        app.on_startup.append(self._startup)
+        app.on_cleanup.append(self._cleanup)
+        return app
+
+    async def _startup(self, app) -> None:
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+        self.session = aiohttp.ClientSession(connector=connector)
+        if self.cfg.log_events:
+            self.events.start()
+        await self.pool.start(self.session)
+
+    async def _cleanup(self, app) -> None:
+        await self.pool.stop()
+        if self.session:
+            await self.session.close()
+        if self.cfg.log_events:
+            await asyncio.get_running_loop().run_in_executor(None, self.events.close, 10.0)
+
+    @web.middleware
+    async def _errors(self, request: web.Request, handler):
+        route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unmatched"
+        try:
+            resp = await handler(request)
+        except ApiError as e:
+            resp = _error_response(e)
+        except web.HTTPException as e:  # aiohttp's own: 404 no route, 405 method, 413 body too large
+            if e.status < 400:
+                raise
+            kind = "invalid_request_error" if e.status < 500 else "server_error"
+            code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(e.status)
+            resp = _error_response(ApiError(e.status, e.reason or "error", kind, code=code))
+        except Exception:
+            log.exception("unhandled error on %s %s", request.method, request.path)
+            resp = _error_response(ApiError(500, "internal error", "server_error", code="internal_error"))
+        self.metrics.requests.labels(route, str(resp.status)).inc()
+        return resp
+
+    # ------------------------------------------------------------------ auth helpers
+    def _tenant(self, request: web.Request) -> Tenant:
+        key = bearer(request.headers.get("Authorization")) or request.headers.get("X-Api-Key")
+        tenant = self.keys.lookup(key)
+        if tenant is None:
+            raise ApiError(401, "Incorrect API key provided" if key else "Missing API key: send Authorization: "
+                           "Bearer <key>", "authentication_error", code="invalid_api_key")
+        return tenant
+
+    def _admin(self, request: web.Request) -> None:
+        if not admin_ok(bearer(request.headers.get("Authorization")), self.cfg.admin_token):
+            raise ApiError(401, "admin endpoints need the admin token", "authentication_error",
+                           code="invalid_admin_token")
+
+    # ------------------------------------------------------------------ generation
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        tenant = self._tenant(request)
+        spec = parse_completion(parse_json_body(await request.read()), self.cfg.limits)
+        return await self._generate(request, tenant, spec)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        tenant = self._tenant(request)
+        spec = parse_chat(parse_json_body(await request.read()), self.cfg.limits)
+        return await self._generate(request, tenant, spec)
+
+    def _prompt_ids(self, spec: GenerationSpec) -> list[int]:
+        text = spec.prompt if spec.suffix is None else f"{FIM_PREFIX}{spec.prompt}{FIM_SUFFIX}{spec.suffix}{FIM_MIDDLE}"
+        ids = self.tok.encode(text).ids
+        lim = self.cfg.limits
+        if len(ids) > lim.max_prompt_tokens:
+            raise ApiError(400, f"prompt is {len(ids)} tokens; the limit is {lim.max_prompt_tokens}", param="prompt",
+                           code="context_length_exceeded")
+        if len(ids) + spec.max_tokens > lim.context_tokens:
+            raise ApiError(400, f"prompt ({len(ids)} tokens) plus max_tokens ({spec.max_tokens}) exceeds the "
+                           f"model's context of {lim.context_tokens} tokens", param="max_tokens",
+                           code="context_length_exceeded")
+        return ids
+
+    def _sampling(self, spec: GenerationSpec) -> dict:
+        s = {"max_new_tokens": spec.max_tokens, "temperature": spec.temperature, "top_p": spec.top_p,
+             "stop": spec.stop or None, "stop_token_ids": self.stop_token_ids,
+             "presence_penalty": spec.presence_penalty, "frequency_penalty": spec.frequency_penalty}
+        if spec.seed is not None:
+            s["sampling_seed"] = spec.seed
+        return s
+
+    async def _run_choice(self, body: dict, stream: bool, on_chunk=None) -> tuple[engine.EngineResult, str, dict]:
+        """One choice on one replica; retried on another if the replica fails before its first byte."""
+        tried: set[str] = set()
+        last: Exception | None = None
+        for attempt in range(self.cfg.max_attempts):
+            try:
+                replica = self.pool.pick(exclude=tried)
+            except NoReplica as e:
+                last = e
+                break
+            tried.add(replica.id)
+            if attempt:
+                self.metrics.retries.inc()
+            t0 = time.monotonic()
+            timing = {"ttft_ms": None}
+            try:
+                with Lease(replica):
+                    if not stream:
+                        res = await engine.generate(self.session, replica.url, body, self.layers, self.top_k,
+                                                    self.cfg.request_timeout_s)
+                    else:
+                        res = None
+                        async for delta, res in engine.generate_stream(self.session, replica.url, body, self.layers,
+                                                                       self.top_k, self.cfg.request_timeout_s):
+                            if timing["ttft_ms"] is None:
+                                timing["ttft_ms"] = 1000 * (time.monotonic() - t0)
+                            await on_chunk(delta, res)
+                        if res is None:
+                            raise engine.EngineUnavailable("stream ended before any output")
+            except engine.EngineUnavailable as e:
+                self.pool.mark_failed(replica, str(e))
+                last = e
+                continue
+            except engine.EngineError as e:
+                raise ApiError(400 if e.status < 500 else 502, f"engine: {e}", "invalid_request_error"
+                               if e.status < 500 else "server_error") from None
+            replica.served += 1
+            if res.weight_version:
+                replica.weight_version = res.weight_version
+            timing["e2e_ms"] = 1000 * (time.monotonic() - t0)
+            return res, replica.id, timing
+        raise ApiError(503, f"no replica could serve the request ({last})", "server_error", code="no_replica")
+
+    async def _generate(self, request: web.Request, tenant: Tenant, spec: GenerationSpec) -> web.StreamResponse:
+        prompt_ids = self._prompt_ids(spec)
+        cid = self.ids.issue(tenant)
+        sampling = self._sampling(spec)
+        top_n = spec.logprobs or 0
+        bodies = [engine.payload(prompt_ids, sampling, top_n, spec.stream, f"{cid}-{i}") for i in range(spec.n)]
+        created = int(time.time())
+        if spec.stream:
+            return await self._stream(request, tenant, spec, cid, prompt_ids, bodies, created)
+        t0 = time.monotonic()
+        results = await asyncio.gather(*(self._run_choice(b, False) for b in bodies))
+        choices = []
+        for i, (res, replica_id, timing) in enumerate(results):
+            self._log_completion(tenant, spec, cid, i, prompt_ids, res, replica_id, timing)
+            choices.append(self._choice(spec, i, res))
+        version = results[0][0].weight_version
+        completion_tokens = sum(len(r.output_ids) for r, _, _ in results)
+        body = {"id": cid, "object": "text_completion" if spec.kind == "completion" else "chat.completion",
+                "created": created, "model": spec.model, "choices": choices, "model_version": version,
+                "system_fingerprint": f"flywheel-v{version}",
+                "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": completion_tokens,
+                          "total_tokens": len(prompt_ids) + completion_tokens}}
+        self.metrics.e2e.labels(request.path).observe(time.monotonic() - t0)
+        return web.json_response(body, headers={VERSION_HEADER: version})
+
+    def _token_strings(self, ids: list[int]) -> list[str]:
+        return [self.tok.decode([i], skip_special_tokens=False) for i in ids]
+
+    def _logprobs(self, spec: GenerationSpec, res: engine.EngineResult) -> dict | None:
+        if spec.logprobs is None:
+            return None
+        tokens = self._token_strings(res.output_ids)
+        tops = None
+        if spec.logprobs and res.top_logprobs:
+            tops = [{self.tok.decode([tid], skip_special_tokens=False): lp for tid, lp in row.items()}
+                    for row in res.top_logprobs]
+        if spec.kind == "completion":
+            return completion_logprobs(tokens, res.logprobs, tops, len(spec.prompt))
+        return chat_logprobs(tokens, res.logprobs, tops)
+
+    def _choice(self, spec: GenerationSpec, i: int, res: engine.EngineResult) -> dict:
+        fr = finish_reason(res.finish)
+        if spec.kind == "completion":
+            return {"index": i, "text": res.text, "logprobs": self._logprobs(spec, res), "finish_reason": fr}
+        return {"index": i, "message": {"role": "assistant", "content": res.text}, "logprobs": self._logprobs(spec, res),
+                "finish_reason": fr}
+
+    async def _stream(self, request, tenant, spec, cid, prompt_ids, bodies, created) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                           VERSION_HEADER: self.pool_version()})
+        obj = "text_completion" if spec.kind == "completion" else "chat.completion.chunk"
+        t0 = time.monotonic()
+        last_chunk = [None]
+        write_lock = asyncio.Lock()
+        started = [False]
+
+        async def send(payload: dict) -> None:
+            async with write_lock:
+                if not started[0]:
+                    await resp.prepare(request)
+                    started[0] = True
+                await resp.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
+
+        def chunk(i: int, text: str, fr: str | None, res=None, first=False) -> dict:
+            version = res.weight_version if res is not None else ""
+            if spec.kind == "completion":
+                c = {"index": i, "text": text, "logprobs": None, "finish_reason": fr}
+            else:
+                delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
+                c = {"index": i, "delta": delta, "logprobs": None, "finish_reason": fr}
+            return {"id": cid, "object": obj, "created": created, "model": spec.model, "model_version": version,
+                    "system_fingerprint": f"flywheel-v{version}", "choices": [c]}
+
+        async def run(i: int, body: dict):
+            first = [True]
+
+            async def on_chunk(delta: str, res: engine.EngineResult) -> None:
+                now = time.monotonic()
+                if first[0]:
+                    self.metrics.ttft.labels(request.path).observe(now - t0)
+                elif last_chunk[0] is not None:
+                    self.metrics.itl.labels(request.path).observe(now - last_chunk[0])
+                last_chunk[0] = now
+                if delta or first[0]:
+                    await send(chunk(i, delta, None, res, first[0]))
+                first[0] = False
+
+            res, replica_id, timing = await self._run_choice(body, True, on_chunk)
+            await send(chunk(i, "", finish_reason(res.finish), res))
+            self._log_completion(tenant, spec, cid, i, prompt_ids, res, replica_id, timing)
+            return res
+
+        try:
+            results = await asyncio.gather(*(run(i, b) for i, b in enumerate(bodies)))
+        except ApiError as e:
+            if not started[0]:
+                raise  # nothing sent yet: a normal error response
+            await send(e.body())
+            await resp.write(b"data: [DONE]\n\n")
+            return resp
+        if spec.include_usage:
+            completion_tokens = sum(len(r.output_ids) for r in results)
+            await send({"id": cid, "object": obj, "created": created, "model": spec.model, "choices": [],
+                        "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": completion_tokens,
+                                  "total_tokens": len(prompt_ids) + completion_tokens}})
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        self.metrics.e2e.labels(request.path).observe(time.monotonic() - t0)
+        return resp
+
+    def pool_version(self) -> str:
+        versions = sorted({r.weight_version for r in self.pool.replicas.values()
+                           if r.healthy and r.state == ReplicaState.ACTIVE and r.weight_version is not None})
+        return ",".join(versions)
+
+    def _log_completion(self, tenant: Tenant, spec: GenerationSpec, cid: str, i: int, prompt_ids: list[int],
+                        res: engine.EngineResult, replica_id: str, timing: dict) -> None:
+        if not self.cfg.log_events:
+            return
+        spans = res.weight_versions or []
+        switch = next((s.get("start") for s in spans[1:]), None) if len(spans) > 1 else None
+        experts = res.routed_experts if res.routed_experts is not None else np.zeros((0, self.layers, self.top_k),
+                                                                                     np.uint8)
+        event = ev.CompletionEvent(
+            completion_id=cid, choice_index=i, tenant=tenant.id, model_version=res.weight_version,
+            prompt_ids=np.asarray(prompt_ids, np.int32), output_ids=np.asarray(res.output_ids, np.int32),
+            logprobs=np.asarray(res.logprobs, np.float32), routed_experts=experts, sampling=spec.sampling(),
+            finish_reason=finish_reason(res.finish), latency={**timing, "queue_ms": res.queue_ms},
+            weight_versions=spans, switch_index=switch, source="user", replica=replica_id)
+        self.events.submit(ev.TOPIC_COMPLETIONS, cid, event.encode())
+
+    # ------------------------------------------------------------------ feedback
+    def _check_owner(self, tenant: Tenant, completion_id) -> str:
+        if not isinstance(completion_id, str) or not completion_id:
+            raise ApiError(400, "'completion_id' must be a non-empty string", param="completion_id",
+                           code="invalid_type")
+        owner = self.ids.owner(completion_id)
+        if owner is None:
+            raise ApiError(404, f"unknown completion id {completion_id[:80]!r}", param="completion_id",
+                           code="completion_not_found")
+        if owner != tenant.id:
+            raise ApiError(403, "this completion was issued to another API key", "permission_error",
+                           param="completion_id", code="not_your_completion")
+        return completion_id
+
+    def _log_feedback(self, fb: ev.FeedbackEvent) -> None:
+        self.metrics.feedback.labels(fb.kind).inc()
+        if self.cfg.log_events:
+            self.events.submit(ev.TOPIC_FEEDBACK, fb.completion_id, fb.encode())
+
+    async def feedback(self, request: web.Request) -> web.Response:
+        tenant = self._tenant(request)
+        body = parse_json_body(await request.read())
+        allowed = {"completion_id", "kind", "choice_index", "accepted_chars", "elapsed_ms"}
+        extra = sorted(set(body) - allowed)
+        if extra:
+            raise ApiError(400, f"Unrecognized request argument supplied: {extra[0]}", param=extra[0],
+                           code="unknown_parameter")
+        kind = body.get("kind")
+        if kind not in ev.FEEDBACK_KINDS:
+            raise ApiError(400, f"'kind' must be one of {', '.join(ev.FEEDBACK_KINDS)}", param="kind",
+                           code="invalid_value")
+        choice = body.get("choice_index", 0)
+        if isinstance(choice, bool) or not isinstance(choice, int) or not 0 <= choice < self.cfg.limits.max_n:
+            raise ApiError(400, "'choice_index' must be an integer within n", param="choice_index",
+                           code="invalid_value")
+        accepted = body.get("accepted_chars")
+        if kind == "partial":
+            if isinstance(accepted, bool) or not isinstance(accepted, int) or accepted < 0:
+                raise ApiError(400, "partial feedback needs 'accepted_chars' (a non-negative integer)",
+                               param="accepted_chars", code="invalid_value")
+        elif accepted is not None:
+            raise ApiError(400, "'accepted_chars' only goes with kind=partial", param="accepted_chars")
+        elapsed = body.get("elapsed_ms")
+        if elapsed is not None and (isinstance(elapsed, bool) or not isinstance(elapsed, (int, float))
+                                    or not 0 <= elapsed < 1e10):
+            raise ApiError(400, "'elapsed_ms' must be a non-negative number", param="elapsed_ms",
+                           code="invalid_value")
+        cid = self._check_owner(tenant, body.get("completion_id"))
+        self._log_feedback(ev.FeedbackEvent(completion_id=cid, choice_index=choice, tenant=tenant.id, kind=kind,
+                                            accepted_chars=accepted, elapsed_ms=elapsed))
+        return web.json_response({"status": "ok", "completion_id": cid})
+
+    async def tabby_events(self, request: web.Request) -> web.Response:
+        """Tabby's /v1/events: view | select | dismiss; `?select_kind=line` makes a select partial."""
+        tenant = self._tenant(request)
+        body = parse_json_body(await request.read())
+        etype = body.get("type")
+        if etype not in ("view", "select", "dismiss"):
+            raise ApiError(400, "'type' must be view, select or dismiss", param="type", code="invalid_value")
+        cid = self._check_owner(tenant, body.get("completion_id"))
+        choice = body.get("choice_index", 0)
+        if isinstance(choice, bool) or not isinstance(choice, int) or choice < 0:
+            raise ApiError(400, "'choice_index' must be a non-negative integer", param="choice_index")
+        elapsed = body.get("elapsed")
+        if elapsed is not None and (isinstance(elapsed, bool) or not isinstance(elapsed, (int, float))):
+            raise ApiError(400, "'elapsed' must be a number (ms)", param="elapsed")
+        if etype == "view":  # shown, not yet judged: the trainer's window decides what silence means
+            self.metrics.feedback.labels("view").inc()
+            return web.json_response({"status": "ok"})
+        partial = request.query.get("select_kind") == "line"
+        kind = "reject" if etype == "dismiss" else ("partial" if partial else "accept")
+        self._log_feedback(ev.FeedbackEvent(completion_id=cid, choice_index=choice, tenant=tenant.id, kind=kind,
+                                            elapsed_ms=elapsed, origin="tabby:line" if partial else "tabby"))
+        return web.json_response({"status": "ok"})
+
+    # ------------------------------------------------------------------ misc
+    async def models(self, request: web.Request) -> web.Response:
+        self._tenant(request)
+        return web.json_response({"object": "list", "data": [
+            {"id": self.cfg.model_name, "object": "model", "created": 0, "owned_by": "flywheel"}]})
+
+    async def health(self, request: web.Request) -> web.Response:
+        up = [r for r in self.pool.replicas.values() if r.healthy and r.state == ReplicaState.ACTIVE]
+        body = {"status": "ok" if up else "degraded", "active_healthy_replicas": len(up),
+                "kafka_up": self.events.stats.broker_up, "spool_pending_bytes": self.events.stats.pending_bytes}
+        return web.json_response(body, status=200 if up else 503)
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(self.metrics.registry),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def admin_replicas(self, request: web.Request) -> web.Response:
+        self._admin(request)
+        return web.json_response({"replicas": [r.view() for r in self.pool.replicas.values()]})
+
+    async def admin_replica_action(self, request: web.Request) -> web.Response:
+        self._admin(request)
+        rid, action = request.match_info["replica"], request.match_info["action"]
+        try:
+            replica = self.pool.get(rid)
+        except KeyError:
+            raise ApiError(404, f"no replica {rid!r}", code="replica_not_found") from None
+        target = {"drain": ReplicaState.DRAINING, "activate": ReplicaState.ACTIVE, "borrow": ReplicaState.BORROWED,
+                  "return": ReplicaState.ACTIVE}.get(action)
+        if target is None:
+            raise ApiError(404, f"unknown action {action!r} (drain, activate, borrow, return)", code="not_found")
+        if target != ReplicaState.ACTIVE:
+            others = [r for r in self.pool.replicas.values() if r.id != rid and r.state == ReplicaState.ACTIVE]
+            if not others:
+                raise ApiError(409, f"refusing to {action} {rid}: it is the last active replica", code="last_active")
+        replica.state = target
+        log.info("replica %s -> %s (admin)", rid, target.value)
+        return web.json_response(replica.view())
+
+    async def admin_weights(self, request: web.Request) -> web.Response:
+        self._admin(request)
+        return web.json_response({"replicas": {r.id: r.weight_version for r in self.pool.replicas.values()}})
+
+
+def _error_response(e: ApiError) -> web.Response:
+    return web.json_response(e.body(), status=e.status)
+
+
+def run(cfg: GatewayConfig) -> None:
+    """Serve until interrupted (SIGINT/SIGTERM shut down cleanly: the event log is flushed to its spool)."""
+    gw = Gateway(cfg)
+    web.run_app(gw.app, host=cfg.host, port=cfg.port, access_log=None, print=lambda *a: log.info(*a))

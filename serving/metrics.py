@@ -1,0 +1,64 @@
+"""Prometheus metrics of one gateway (its own registry, so several gateways can live in one process)."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
+
+
+class GatewayMetrics:
+    def __init__(self, gateway) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("flywheel_gateway_requests", "HTTP requests by route and status", ["route", "status"],
+                                registry=r)
+        self.ttft = Histogram("flywheel_gateway_time_to_first_token_seconds", "Time to first token (streaming)",
+                              ["route"], buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("flywheel_gateway_inter_token_latency_seconds", "Time between streamed chunks",
+                             ["route"], buckets=TOKEN_BUCKETS, registry=r)
+        self.e2e = Histogram("flywheel_gateway_e2e_latency_seconds", "Request latency, received to last byte",
+                             ["route"], buckets=LATENCY_BUCKETS, registry=r)
+        self.retries = Counter("flywheel_gateway_replica_retries", "Requests retried on another replica", registry=r)
+        self.feedback = Counter("flywheel_gateway_feedback", "Feedback accepted by kind", ["kind"], registry=r)
+        r.register(_LiveCollector(gateway))
+
+
+class _LiveCollector:
+    """Values read at scrape time: replica state and load, event-log counters."""
+
+    def __init__(self, gateway) -> None:
+        self.gw = gateway
+
+    def collect(self):
+        inflight = GaugeMetricFamily("flywheel_replica_inflight_requests", "User requests in flight per replica",
+                                     labels=["replica"])
+        healthy = GaugeMetricFamily("flywheel_replica_healthy", "1 if the replica passes health checks",
+                                    labels=["replica"])
+        state = GaugeMetricFamily("flywheel_replica_state", "1 for the replica's current state",
+                                  labels=["replica", "state"])
+        version = GaugeMetricFamily("flywheel_replica_weight_version", "Weight version the replica serves",
+                                    labels=["replica"])
+        for rep in self.gw.pool.replicas.values():
+            inflight.add_metric([rep.id], rep.outstanding)
+            healthy.add_metric([rep.id], 1.0 if rep.healthy else 0.0)
+            state.add_metric([rep.id, rep.state.value], 1.0)
+            try:
+                version.add_metric([rep.id], float(rep.weight_version))
+            except (TypeError, ValueError):
+                pass
+        yield from (inflight, healthy, state, version)
+        s = self.gw.events.stats
+        events = CounterMetricFamily("flywheel_events", "Events by what happened to them", labels=["state"])
+        for name, value in (("submitted", s.submitted), ("spooled", s.spooled), ("produced", s.produced),
+                            ("replayed", s.replayed), ("dropped_queue_full", s.dropped_queue_full),
+                            ("dropped_spool_full", s.dropped_spool_full)):
+            events.add_metric([name], value)
+        yield events
+        yield GaugeMetricFamily("flywheel_event_spool_pending_bytes", "Spooled bytes not yet acknowledged by Kafka",
+                                value=s.pending_bytes)
+        yield GaugeMetricFamily("flywheel_event_spool_alarm", "1 while the spool is over its size limit",
+                                value=1.0 if self.gw.events.spool_full else 0.0)
+        yield GaugeMetricFamily("flywheel_kafka_up", "1 if the last delivery to Kafka succeeded",
+                                value=1.0 if s.broker_up else 0.0)

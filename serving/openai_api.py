@@ -1,0 +1,274 @@
+"""OpenAI-compatible request validation and response shapes (completions, chat, errors).
+
+Validation turns a client's JSON into a `GenerationSpec` or raises `ApiError` with the OpenAI error
+body; nothing here talks to an engine. Field names and defaults follow the OpenAI API so existing IDE
+clients (Continue, Cline, Tabby's OpenAI backend, the official SDK) work unchanged.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+@dataclass
+class Limits:
+    max_body_bytes: int = 1 << 20
+    max_prompt_tokens: int = 384
+    max_tokens: int = 256
+    max_n: int = 8
+    max_stop: int = 4
+    context_tokens: int = 512  # the model's positions: prompt + max_tokens must fit
+
+
+@dataclass
+class GenerationSpec:
+    """What one request asks for, independent of which API shape it came in."""
+    kind: str  # "completion" | "chat"
+    model: str
+    prompt: str
+    n: int = 1
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+    logprobs: int | None = None  # completions: top-k count; chat: top_logprobs (0 with logprobs=true)
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    suffix: str | None = None
+    user: str | None = None
+
+    def sampling(self) -> dict:
+        """The sampling parameters as logged with each completion event."""
+        return {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens,
+                "stop": self.stop, "n": self.n, "seed": self.seed, "presence_penalty": self.presence_penalty,
+                "frequency_penalty": self.frequency_penalty, "fim": self.suffix is not None}
+
+
+def parse_json_body(raw: bytes) -> dict:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ApiError(400, f"request body is not valid UTF-8 (byte {e.start})", code="invalid_encoding") from None
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ApiError(400, f"request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}",
+                       code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body must be a JSON object", code="invalid_json")
+    return body
+
+
+# ----------------------------------------------------------------------------- field validators
+
+def _bool(body: dict, name: str, default: bool) -> bool:
+    v = body.get(name, default)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise ApiError(400, f"'{name}' must be a boolean", param=name, code="invalid_type")
+    return v
+
+
+def _int(body: dict, name: str, default, lo: int, hi: int, limit_code: str = "out_of_range"):
+    v = body.get(name, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ApiError(400, f"'{name}' must be an integer", param=name, code="invalid_type")
+    if not lo <= v <= hi:
+        raise ApiError(400, f"'{name}' must be between {lo} and {hi}, got {v}", param=name, code=limit_code)
+    return v
+
+
+def _float(body: dict, name: str, default: float, lo: float, hi: float) -> float:
+    v = body.get(name, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ApiError(400, f"'{name}' must be a number", param=name, code="invalid_type")
+    if not lo <= v <= hi:
+        raise ApiError(400, f"'{name}' must be between {lo} and {hi}, got {v}", param=name, code="out_of_range")
+    return float(v)
+
+
+def _str(body: dict, name: str, required: bool = False, default=None):
+    v = body.get(name, default)
+    if v is None:
+        if required:
+            raise ApiError(400, f"'{name}' is required", param=name, code="missing_required_parameter")
+        return default
+    if not isinstance(v, str):
+        raise ApiError(400, f"'{name}' must be a string", param=name, code="invalid_type")
+    return v
+
+
+def _stop(body: dict, limits: Limits) -> list[str]:
+    v = body.get("stop")
+    if v is None:
+        return []
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not all(isinstance(s, str) and s for s in v):
+        raise ApiError(400, "'stop' must be a non-empty string or a list of them", param="stop", code="invalid_type")
+    if len(v) > limits.max_stop:
+        raise ApiError(400, f"'stop' takes at most {limits.max_stop} sequences", param="stop", code="out_of_range")
+    return v
+
+
+def _unknown(body: dict, allowed: set[str]) -> None:
+    extra = sorted(set(body) - allowed)
+    if extra:
+        raise ApiError(400, f"Unrecognized request argument supplied: {extra[0]}", param=extra[0],
+                       code="unknown_parameter")
+
+
+def _unsupported(body: dict, names: dict[str, object]) -> None:
+    """Fields clients may send with a neutral value; any other value is refused, not silently ignored."""
+    for name, neutral in names.items():
+        if name in body and body[name] not in (None, neutral):
+            raise ApiError(400, f"'{name}' is not supported by this server", param=name, code="unsupported_parameter")
+
+
+COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stop", "stream", "stream_options", "seed",
+          "presence_penalty", "frequency_penalty", "user", "logit_bias"}
+
+
+def _common(body: dict, limits: Limits) -> dict:
+    opts = body.get("stream_options")
+    if opts is not None and (not isinstance(opts, dict) or set(opts) - {"include_usage"}):
+        raise ApiError(400, "'stream_options' must be an object with 'include_usage'", param="stream_options",
+                       code="invalid_type")
+    _unsupported(body, {"logit_bias": {}})
+    out = dict(
+        model=_str(body, "model", required=True),
+        n=_int(body, "n", 1, 1, limits.max_n),
+        temperature=_float(body, "temperature", 1.0, 0.0, 2.0),
+        top_p=_float(body, "top_p", 1.0, 0.0, 1.0),
+        stop=_stop(body, limits),
+        stream=_bool(body, "stream", False),
+        include_usage=bool(opts and _bool(opts, "include_usage", False)),
+        seed=_int(body, "seed", None, -(2**63), 2**63 - 1),
+        presence_penalty=_float(body, "presence_penalty", 0.0, -2.0, 2.0),
+        frequency_penalty=_float(body, "frequency_penalty", 0.0, -2.0, 2.0),
+        user=_str(body, "user"),
+    )
+    if out["top_p"] == 0.0:
+        raise ApiError(400, "'top_p' must be greater than 0", param="top_p", code="out_of_range")
+    if opts is not None and not out["stream"]:
+        raise ApiError(400, "'stream_options' is only allowed with stream=true", param="stream_options")
+    return out
+
+
+def parse_completion(body: dict, limits: Limits) -> GenerationSpec:
+    _unknown(body, COMMON | {"prompt", "suffix", "logprobs", "echo", "best_of"})
+    _unsupported(body, {"echo": False, "best_of": 1})
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]  # clients often wrap a single prompt in a list
+    if isinstance(prompt, list):
+        raise ApiError(400, "'prompt' must be a string (batches of prompts are not supported)", param="prompt",
+                       code="invalid_type")
+    if not isinstance(prompt, str):
+        raise ApiError(400, "'prompt' must be a string", param="prompt",
+                       code="missing_required_parameter" if prompt is None else "invalid_type")
+    suffix = _str(body, "suffix")
+    if not prompt and not suffix:
+        raise ApiError(400, "'prompt' must not be empty", param="prompt", code="empty_prompt")
+    return GenerationSpec(kind="completion", prompt=prompt, suffix=suffix,
+                          max_tokens=_int(body, "max_tokens", 16, 1, limits.max_tokens),
+                          logprobs=_int(body, "logprobs", None, 0, 5), **_common(body, limits))
+
+
+ROLES = ("system", "developer", "user", "assistant")
+
+
+def render_chat(messages: list[dict]) -> str:
+    """Our coder has no chat template: a conversation becomes a Python comment block, and the
+    assistant's reply is the code that follows it."""
+    lines = []
+    for m in messages:
+        for line in m["content"].splitlines() or [""]:
+            lines.append(f"# {m['role']}: {line}".rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def _content(m: dict, i: int) -> str:
+    c = m.get("content")
+    if isinstance(c, str):
+        return c
+    if isinstance(c, list) and all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+                                   for p in c):
+        return "".join(p["text"] for p in c)
+    raise ApiError(400, f"messages[{i}].content must be a string or a list of text parts",
+                   param=f"messages[{i}].content", code="invalid_type")
+
+
+def parse_chat(body: dict, limits: Limits) -> GenerationSpec:
+    _unknown(body, COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
+                             "response_format", "parallel_tool_calls"})
+    _unsupported(body, {"tools": [], "tool_choice": "none", "parallel_tool_calls": False})
+    rf = body.get("response_format")
+    if rf is not None and rf != {"type": "text"}:
+        raise ApiError(400, "only response_format {'type': 'text'} is supported", param="response_format",
+                       code="unsupported_parameter")
+    msgs = body.get("messages")
+    if not isinstance(msgs, list) or not msgs:
+        raise ApiError(400, "'messages' must be a non-empty list", param="messages",
+                       code="missing_required_parameter" if msgs is None else "invalid_type")
+    clean = []
+    for i, m in enumerate(msgs):
+        if not isinstance(m, dict):
+            raise ApiError(400, f"messages[{i}] must be an object", param=f"messages[{i}]", code="invalid_type")
+        if m.get("role") not in ROLES:
+            raise ApiError(400, f"messages[{i}].role must be one of {', '.join(ROLES)}", param=f"messages[{i}].role",
+                           code="invalid_value")
+        clean.append({"role": m["role"], "content": _content(m, i)})
+    if not any(m["content"].strip() for m in clean):
+        raise ApiError(400, "'messages' contain no text", param="messages", code="empty_prompt")
+    max_tokens = _int(body, "max_completion_tokens", None, 1, limits.max_tokens)
+    if max_tokens is None:
+        max_tokens = _int(body, "max_tokens", 16, 1, limits.max_tokens)
+    want_lp = _bool(body, "logprobs", False)
+    top = _int(body, "top_logprobs", None, 0, 5)
+    if top is not None and not want_lp:
+        raise ApiError(400, "'top_logprobs' requires logprobs=true", param="top_logprobs")
+    return GenerationSpec(kind="chat", prompt=render_chat(clean), max_tokens=max_tokens,
+                          logprobs=(top or 0) if want_lp else None, **_common(body, limits))
+
+
+# ----------------------------------------------------------------------------- responses
+
+def finish_reason(sglang_finish: dict | None) -> str:
+    kind = (sglang_finish or {}).get("type")
+    return {"length": "length", "stop": "stop"}.get(kind, "stop")
+
+
+def completion_logprobs(tokens: list[str], logprobs: list[float], tops: list[dict] | None, offset0: int) -> dict:
+    offsets, pos = [], offset0
+    for t in tokens:
+        offsets.append(pos)
+        pos += len(t)
+    return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets}
+
+
+def chat_logprobs(tokens: list[str], logprobs: list[float], tops: list[dict] | None) -> dict:
+    content = []
+    for i, (t, lp) in enumerate(zip(tokens, logprobs)):
+        alts = [{"token": k, "logprob": v, "bytes": list(k.encode())} for k, v in (tops[i] if tops else {}).items()]
+        content.append({"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": alts})
+    return {"content": content, "refusal": None}

@@ -1,0 +1,156 @@
+"""The replica pool: states, health, and least-outstanding-requests routing.
+
+A replica is `active` (takes user traffic), `draining` (finishes what it has, takes nothing new) or
+`borrowed` (lent to the trainer for rollouts; no user traffic). Health checks take a replica that stops
+answering out of rotation and bring it back when it answers again; a request that fails to connect
+marks it unhealthy at once.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+import aiohttp
+
+log = logging.getLogger(__name__)
+
+
+class ReplicaState(str, Enum):
+    ACTIVE = "active"
+    DRAINING = "draining"
+    BORROWED = "borrowed"
+
+
+@dataclass
+class ReplicaHandle:
+    id: str
+    url: str
+    state: ReplicaState = ReplicaState.ACTIVE
+    healthy: bool = False  # until the first health check answers
+    outstanding: int = 0  # user requests in flight (a choice of n counts once each)
+    rollout_outstanding: int = 0
+    weight_version: str | None = None
+    last_error: str | None = None
+    last_check: float = 0.0
+    served: int = 0
+    failures: int = 0
+
+    def view(self) -> dict:
+        return {"id": self.id, "url": self.url, "state": self.state.value, "healthy": self.healthy,
+                "outstanding": self.outstanding, "rollout_outstanding": self.rollout_outstanding,
+                "weight_version": self.weight_version, "served": self.served, "failures": self.failures,
+                "last_error": self.last_error}
+
+
+@dataclass
+class PoolConfig:
+    health_interval_s: float = 2.0
+    health_timeout_s: float = 5.0
+
+
+class NoReplica(Exception):
+    """No healthy active replica can take the request."""
+
+
+class ReplicaPool:
+    def __init__(self, urls: list[str], cfg: PoolConfig | None = None):
+        self.cfg = cfg or PoolConfig()
+        self.replicas: dict[str, ReplicaHandle] = {
+            f"r{i}": ReplicaHandle(id=f"r{i}", url=u.rstrip("/")) for i, u in enumerate(urls)}
+        self._rr = itertools.count()
+        self._task: asyncio.Task | None = None
+        self._session: aiohttp.ClientSession | None = None
+
+    def get(self, replica_id: str) -> ReplicaHandle:
+        if replica_id not in self.replicas:
+            raise KeyError(replica_id)
+        return self.replicas[replica_id]
+
+    def pick(self, exclude: set[str] = frozenset(), rollout: bool = False) -> ReplicaHandle:
+        """Least outstanding requests among healthy replicas in the right state; ties rotate.
+
+        User requests go to active replicas; rollout requests to borrowed ones.
+        """
+        want = ReplicaState.BORROWED if rollout else ReplicaState.ACTIVE
+        candidates = [r for r in self.replicas.values() if r.healthy and r.state == want and r.id not in exclude]
+        if not candidates:
+            raise NoReplica(f"no healthy {want.value} replica")
+        load = (lambda r: r.rollout_outstanding) if rollout else (lambda r: r.outstanding)
+        low = min(load(r) for r in candidates)
+        best = [r for r in candidates if load(r) == low]
+        return best[next(self._rr) % len(best)]
+
+    def mark_failed(self, replica: ReplicaHandle, error: str) -> None:
+        if replica.healthy:
+            log.warning("replica %s (%s) taken out of rotation: %s", replica.id, replica.url, error)
+        replica.healthy = False
+        replica.failures += 1
+        replica.last_error = error
+
+    async def check(self, replica: ReplicaHandle) -> bool:
+        assert self._session is not None
+        try:
+            timeout = aiohttp.ClientTimeout(total=self.cfg.health_timeout_s)
+            async with self._session.get(f"{replica.url}/model_info", timeout=timeout) as r:
+                ok = r.status == 200
+                if ok:
+                    replica.weight_version = str((await r.json()).get("weight_version"))
+        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+            ok = False
+            replica.last_error = f"health check: {type(e).__name__}: {e}"
+        if ok and not replica.healthy:
+            log.info("replica %s (%s) healthy", replica.id, replica.url)
+        elif not ok and replica.healthy:
+            log.warning("replica %s (%s) failed its health check: %s", replica.id, replica.url, replica.last_error)
+        replica.healthy = ok
+        replica.last_check = time.time()
+        return ok
+
+    async def check_all(self) -> None:
+        await asyncio.gather(*(self.check(r) for r in self.replicas.values()))
+
+    async def start(self, session: aiohttp.ClientSession) -> None:
+        self._session = session
+        await self.check_all()
+        self._task = asyncio.create_task(self._loop())
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.health_interval_s)
+            try:
+                await self.check_all()
+            except Exception:  # never let the health loop die
+                log.exception("health check round failed")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+
+@dataclass
+class Lease:
+    """Counts a request against a replica's outstanding load for as long as it is held."""
+    replica: ReplicaHandle
+    rollout: bool = False
+    started: float = field(default_factory=time.monotonic)
+
+    def __enter__(self) -> ReplicaHandle:
+        if self.rollout:
+            self.replica.rollout_outstanding += 1
+        else:
+            self.replica.outstanding += 1
+        return self.replica
+
+    def __exit__(self, *exc) -> None:
+        if self.rollout:
+            self.replica.rollout_outstanding -= 1
+        else:
+            self.replica.outstanding -= 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
 import msgpack
 import numpy as np
@@ -51,7 +51,7 @@ class CompletionEvent:
     schema: str = COMPLETION_SCHEMA
 
     def encode(self) -> bytes:
-        d = asdict(self)
+        d = _fields(self)
         experts = np.ascontiguousarray(self.routed_experts, dtype=np.uint8)
         d.update(prompt_ids=_pack(self.prompt_ids, "<i4"), output_ids=_pack(self.output_ids, "<i4"),
                  logprobs=_pack(self.logprobs, "<f4"), routed_experts=experts.tobytes(),
@@ -73,7 +73,12 @@ class FeedbackEvent:
     schema: str = FEEDBACK_SCHEMA
 
     def encode(self) -> bytes:
-        return msgpack.packb(asdict(self), use_bin_type=True)
+        return msgpack.packb(_fields(self), use_bin_type=True)
+
+
+def _fields(obj) -> dict:
+    # Shallow: dataclasses.asdict deep-copies every list, dict and array, on the request path.
+    return {f.name: getattr(obj, f.name) for f in fields(obj)}
 
 
 def _pack(a, dtype: str) -> bytes:

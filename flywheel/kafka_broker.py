@@ -209,7 +209,7 @@ def start(cfg: BrokerConfig | None = None) -> Broker:
     log4j.write_text(_LOG4J2.format(log=log_file))
     classpath = f"{libs}/*"
     java = _java()
-    jvm = [java, f"-Xms{cfg.heap}", f"-Xmx{cfg.heap}", "-XX:+UseG1GC", "-XX:TieredStopAtLevel=1",
+    jvm = [java, f"-Xms{cfg.heap}", f"-Xmx{cfg.heap}", "-XX:+UseG1GC",
            "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath]
 
     if not formatted:

@@ -319,6 +319,9 @@ def bootstrap(preset_name: str = "test", seed: int = 0, out: Path | None = None,
             os.replace(staging, cache)  # atomic: a half-built model is never visible
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+        for stale in cache.parent.glob(f"{cfg.preset}-seed{cfg.seed}-*"):  # built by older code or settings
+            if stale != cache and (stale / ".complete").exists():
+                shutil.rmtree(stale, ignore_errors=True)
     if out is None or Path(out).resolve() == cache.resolve():
         return cache
     out = Path(out)

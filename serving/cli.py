@@ -24,6 +24,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     st = rsub.add_parser("status", help="replicas started from this machine")
     st.set_defaults(func=_status)
 
+    g = sub.add_parser("serve", help="run the OpenAI-compatible gateway in front of SGLang replicas")
+    g.add_argument("--replica", action="append", default=[], dest="replicas", metavar="URL",
+                   help="replica base URL (repeat); default: every replica started on this machine")
+    g.add_argument("--model", type=Path, default=None, help="model dir (tokenizer); default: the replicas' model")
+    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--port", type=int, default=8000)
+    g.add_argument("--state-dir", type=Path, default=None, help="event spool and id secret "
+                   "(default $FLYWHEEL_HOME/gateway)")
+    g.add_argument("--keys-file", type=Path, default=None, help="hashed API keys (see `flywheel keys add`)")
+    g.add_argument("--kafka", default=None, help="bootstrap servers (default $FLYWHEEL_KAFKA_BOOTSTRAP)")
+    g.add_argument("--no-events", action="store_true", help="do not log events (benchmarks)")
+    g.set_defaults(func=_serve)
+
+    k = sub.add_parser("keys", help="API keys of the gateway (stored hashed)")
+    ksub = k.add_subparsers(dest="keys_cmd", required=True)
+    ka = ksub.add_parser("add", help="create a key for a tenant; prints it once")
+    ka.add_argument("--name", required=True)
+    ka.add_argument("--keys-file", type=Path, default=None, help="default $FLYWHEEL_HOME/gateway/keys.json")
+    ka.set_defaults(func=_keys_add)
+
 
 def _start(args) -> int:
     import time
@@ -67,4 +87,37 @@ def _status(args) -> int:
         except Exception:
             h = False
         print(json.dumps({"url": r.url, "pid": r.pid, "healthy": h, "model": r.model_path, "log": str(r.log_file)}))
+    return 0
+
+
+def _serve(args) -> int:
+    from flywheel.paths import flywheel_home
+    from serving.gateway import GatewayConfig, run
+    from serving.replica import running
+
+    replicas = args.replicas
+    model = args.model
+    if not replicas:
+        local = running()
+        replicas = [r.url for r in local]
+        model = model or (Path(local[0].model_path) if local else None)
+    if not replicas:
+        raise ValueError("no replica: pass --replica URL or start one with `flywheel replica start`")
+    if model is None:
+        raise ValueError("pass --model DIR (the served checkpoint, for its tokenizer)")
+    state = args.state_dir or flywheel_home() / "gateway"
+    keys_file = args.keys_file or state / "keys.json"
+    cfg = GatewayConfig.from_env(replicas=replicas, model_dir=model, host=args.host, port=args.port, state_dir=state,
+                                 keys_file=keys_file, kafka_bootstrap=args.kafka, log_events=not args.no_events)
+    run(cfg)
+    return 0
+
+
+def _keys_add(args) -> int:
+    from flywheel.paths import flywheel_home
+    from serving.auth import add_key
+
+    path = args.keys_file or flywheel_home() / "gateway" / "keys.json"
+    key = add_key(path, args.name)
+    print(key)
     return 0

@@ -8,6 +8,7 @@ from typing import AsyncIterator
 
 import aiohttp
 import numpy as np
+import orjson
 
 
 class EngineUnavailable(Exception):
@@ -84,7 +85,7 @@ async def generate(session: aiohttp.ClientSession, url: str, body: dict, layers:
         async with session.post(f"{url}/generate", json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
             if r.status != 200:
                 raise await _error(r)
-            out = await r.json()
+            out = orjson.loads(await r.read())
     except aiohttp.ClientConnectionError as e:
         raise EngineUnavailable(f"{type(e).__name__}: {e}") from None
     result = EngineResult()
@@ -108,7 +109,7 @@ async def generate_stream(session: aiohttp.ClientSession, url: str, body: dict, 
                 data = line[6:].strip()
                 if data == b"[DONE]":
                     break
-                out = json.loads(data)
+                out = orjson.loads(data)
                 if "error" in out:
                     raise EngineError(400, str(out["error"].get("message", out["error"])))
                 before = len(result.text)

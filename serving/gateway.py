@@ -19,6 +19,7 @@ from pathlib import Path
 
 import aiohttp
 import numpy as np
+import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -256,7 +257,7 @@ class Gateway:
                 "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": completion_tokens,
                           "total_tokens": len(prompt_ids) + completion_tokens}}
         self.metrics.e2e.labels(request.path).observe(time.monotonic() - t0)
-        return web.json_response(body, headers={VERSION_HEADER: version})
+        return _json(body, headers={VERSION_HEADER: version})
 
     def _token_strings(self, ids: list[int]) -> list[str]:
         return [self.tok.decode([i], skip_special_tokens=False) for i in ids]
@@ -294,7 +295,7 @@ class Gateway:
                 if not started[0]:
                     await resp.prepare(request)
                     started[0] = True
-                await resp.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
+                await resp.write(b"data: " + orjson.dumps(payload) + b"\n\n")
 
         def chunk(i: int, text: str, fr: str | None, res=None, first=False) -> dict:
             version = res.weight_version if res is not None else ""
@@ -414,7 +415,7 @@ class Gateway:
         cid = self._check_owner(tenant, body.get("completion_id"))
         self._log_feedback(ev.FeedbackEvent(completion_id=cid, choice_index=choice, tenant=tenant.id, kind=kind,
                                             accepted_chars=accepted, elapsed_ms=elapsed))
-        return web.json_response({"status": "ok", "completion_id": cid})
+        return _json({"status": "ok", "completion_id": cid})
 
     async def tabby_events(self, request: web.Request) -> web.Response:
         """Tabby's /v1/events: view | select | dismiss; `?select_kind=line` makes a select partial."""
@@ -432,24 +433,24 @@ class Gateway:
             raise ApiError(400, "'elapsed' must be a number (ms)", param="elapsed")
         if etype == "view":  # shown, not yet judged: the trainer's window decides what silence means
             self.metrics.feedback.labels("view").inc()
-            return web.json_response({"status": "ok"})
+            return _json({"status": "ok"})
         partial = request.query.get("select_kind") == "line"
         kind = "reject" if etype == "dismiss" else ("partial" if partial else "accept")
         self._log_feedback(ev.FeedbackEvent(completion_id=cid, choice_index=choice, tenant=tenant.id, kind=kind,
                                             elapsed_ms=elapsed, origin="tabby:line" if partial else "tabby"))
-        return web.json_response({"status": "ok"})
+        return _json({"status": "ok"})
 
     # ------------------------------------------------------------------ misc
     async def models(self, request: web.Request) -> web.Response:
         self._tenant(request)
-        return web.json_response({"object": "list", "data": [
+        return _json({"object": "list", "data": [
             {"id": self.cfg.model_name, "object": "model", "created": 0, "owned_by": "flywheel"}]})
 
     async def health(self, request: web.Request) -> web.Response:
         up = [r for r in self.pool.replicas.values() if r.healthy and r.state == ReplicaState.ACTIVE]
         body = {"status": "ok" if up else "degraded", "active_healthy_replicas": len(up),
                 "kafka_up": self.events.stats.broker_up, "spool_pending_bytes": self.events.stats.pending_bytes}
-        return web.json_response(body, status=200 if up else 503)
+        return _json(body, status=200 if up else 503)
 
     async def prometheus(self, request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.metrics.registry),
@@ -457,7 +458,7 @@ class Gateway:
 
     async def admin_replicas(self, request: web.Request) -> web.Response:
         self._admin(request)
-        return web.json_response({"replicas": [r.view() for r in self.pool.replicas.values()]})
+        return _json({"replicas": [r.view() for r in self.pool.replicas.values()]})
 
     async def admin_replica_action(self, request: web.Request) -> web.Response:
         self._admin(request)
@@ -476,18 +477,25 @@ class Gateway:
                 raise ApiError(409, f"refusing to {action} {rid}: it is the last active replica", code="last_active")
         replica.state = target
         log.info("replica %s -> %s (admin)", rid, target.value)
-        return web.json_response(replica.view())
+        return _json(replica.view())
 
     async def admin_weights(self, request: web.Request) -> web.Response:
         self._admin(request)
-        return web.json_response({"replicas": {r.id: r.weight_version for r in self.pool.replicas.values()}})
+        return _json({"replicas": {r.id: r.weight_version for r in self.pool.replicas.values()}})
+
+
+def _json(body, status: int = 200, headers: dict | None = None) -> web.Response:
+    return web.Response(body=orjson.dumps(body), status=status, headers=headers, content_type="application/json")
 
 
 def _error_response(e: ApiError) -> web.Response:
-    return web.json_response(e.body(), status=e.status)
+    return _json(e.body(), status=e.status)
 
 
 def run(cfg: GatewayConfig) -> None:
     """Serve until interrupted (SIGINT/SIGTERM shut down cleanly: the event log is flushed to its spool)."""
+    import uvloop
+
+    uvloop.install()  # measured: a faster loop for the HTTP hop (benchmarks.gateway)
     gw = Gateway(cfg)
     web.run_app(gw.app, host=cfg.host, port=cfg.port, access_log=None, print=lambda *a: log.info(*a))

@@ -6,8 +6,9 @@ clients (Continue, Cline, Tabby's OpenAI backend, the official SDK) work unchang
 """
 from __future__ import annotations
 
-import json
 import math
+
+import orjson
 from dataclasses import dataclass, field
 
 
@@ -64,8 +65,8 @@ def parse_json_body(raw: bytes) -> dict:
     except UnicodeDecodeError as e:
         raise ApiError(400, f"request body is not valid UTF-8 (byte {e.start})", code="invalid_encoding") from None
     try:
-        body = json.loads(text)
-    except json.JSONDecodeError as e:
+        body = orjson.loads(text)
+    except orjson.JSONDecodeError as e:
         raise ApiError(400, f"request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}",
                        code="invalid_json") from None
     if not isinstance(body, dict):

@@ -45,6 +45,20 @@ def test_model() -> Path:
 
 
 @pytest.fixture(scope="session")
+def gateway(replica, test_model, kafka_bootstrap, tmp_path_factory):
+    """A gateway process (`flywheel serve`) in front of the session replica, logging to the session broker."""
+    from serving import gateway_process
+    from tests.helpers import GATEWAY_ADMIN, GATEWAY_KEYS
+
+    gw = gateway_process.start([replica.url], test_model, tmp_path_factory.mktemp("gw"), kafka=kafka_bootstrap,
+                               keys=GATEWAY_KEYS, admin_token=GATEWAY_ADMIN)
+    try:
+        yield gw
+    finally:
+        assert gw.stop(), f"gateway pid {gw.pid} did not stop"
+
+
+@pytest.fixture(scope="session")
 def replica(test_model, tmp_path_factory):
     """One SGLang replica serving the test model for the whole session (start-up costs ~20-40 s)."""
     from serving.replica import ReplicaConfig, start

@@ -1,0 +1,110 @@
+"""The shipper: a child process that delivers the spool to Kafka, so kafka-python never holds the gateway's GIL.
+
+It reads records from the cursor up to the head the writer published, sends them with an idempotent
+producer (acks=all, zstd), and moves the cursor only after every record of the batch is acknowledged. A
+failed batch (broker down, slow, or gone) is sent again from the cursor after a backoff; the producer is
+recreated so its buffer never holds more than one batch.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from serving.event_spool import Spool
+
+log = logging.getLogger(__name__)
+
+# Slots of the shared int64 array between the gateway process and the shipper.
+HEAD_SEG, HEAD_OFF, CUR_SEG, CUR_OFF, PRODUCED, REPLAYED, FAILURES, BROKER_UP, ACKED_BYTES, STOP, OUTAGE = range(11)
+SLOTS = 11
+
+
+def _producer(cfg):
+    from kafka import KafkaProducer
+
+    ms = int(cfg.send_timeout_s * 1000)
+    return KafkaProducer(bootstrap_servers=cfg.bootstrap, acks="all", enable_idempotence=True,
+                         compression_type="zstd", linger_ms=5, max_block_ms=ms, request_timeout_ms=ms,
+                         delivery_timeout_ms=ms + 1000, reconnect_backoff_max_ms=2000, client_id="flywheel-gateway")
+
+
+def _head(shared) -> tuple[int, int]:
+    with shared.get_lock():  # the writer publishes (segment, offset) as a pair
+        return shared[HEAD_SEG], shared[HEAD_OFF]
+
+
+def run(cfg, shared) -> None:
+    """Process entry point. `cfg` is an EventLogConfig; `shared` the int64 array above."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kafka").setLevel(logging.CRITICAL)  # outages are reported here, once
+    spool = Spool(cfg.spool_dir)
+    cursor = (shared[CUR_SEG], shared[CUR_OFF])
+    producer = None
+    saved_at = sent_at = 0.0
+    backlog = False
+    stop_deadline = None
+    while True:
+        head = _head(shared)
+        if shared[STOP]:
+            stop_deadline = stop_deadline or time.monotonic() + cfg.stop_timeout_s
+            if cursor >= head or time.monotonic() > stop_deadline:
+                break
+        if cursor >= head:
+            time.sleep(0.01)
+            continue
+        if not shared[STOP] and not backlog and time.monotonic() - sent_at < cfg.ship_interval_s:
+            # Ship in bursts, not per event: on a machine shared with the engine each send costs the
+            # requests in flight a little (measured in benchmarks.gateway); a full batch goes at once.
+            time.sleep(0.01)
+            continue
+        records, end, nbytes = spool.read(cursor, head, cfg.send_batch)
+        backlog = len(records) == cfg.send_batch
+        sent_at = time.monotonic()
+        if records:
+            try:
+                if producer is None:
+                    producer = _producer(cfg)
+                futures = [producer.send(t, key=k.encode(), value=v) for t, k, v in records]
+                producer.flush(timeout=cfg.send_timeout_s)
+                for fut in futures:
+                    fut.get(timeout=0)
+            except Exception as e:  # keep the batch; try again from the cursor
+                shared[FAILURES] += 1
+                if shared[BROKER_UP] or not shared[OUTAGE]:
+                    log.warning("Kafka unreachable (%s: %s); events stay in the spool at %s",
+                                type(e).__name__, e, spool.dir)
+                shared[BROKER_UP] = 0
+                shared[OUTAGE] = 1
+                if producer is not None:
+                    try:
+                        producer.close(timeout=0)  # drop its buffer: the spool holds every record
+                    except Exception:
+                        pass
+                    producer = None
+                time.sleep(cfg.retry_backoff_s)
+                continue
+            if not shared[BROKER_UP]:
+                log.info("Kafka reachable; delivering from %s", spool.dir)
+            shared[BROKER_UP] = 1
+            shared[PRODUCED] += len(records)
+            if shared[OUTAGE]:
+                shared[REPLAYED] += len(records)
+        cursor = end
+        shared[ACKED_BYTES] += nbytes
+        shared[CUR_SEG], shared[CUR_OFF] = cursor
+        if cursor >= _head(shared):
+            shared[OUTAGE] = 0  # caught up
+        now = time.monotonic()
+        if now - saved_at >= cfg.cursor_save_interval_s:
+            # Saved at intervals, not per batch: after a crash at most that much is sent again
+            # (duplicates, which consumers drop by event_id), never lost.
+            spool.save_cursor(cursor)
+            spool.delete_before(cursor[0])
+            saved_at = now
+    spool.save_cursor(cursor)
+    spool.delete_before(cursor[0])
+    if producer is not None:
+        try:
+            producer.close(timeout=2)
+        except Exception:
+            pass

@@ -1,0 +1,112 @@
+"""Small HTTP helpers and the test gateway's credentials, shared by the integration tests."""
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+GATEWAY_KEYS = {"alice": "key-alice", "bob": "key-bob"}
+GATEWAY_ADMIN = "admin-secret"
+
+
+def post(url, body=None, key=None, raw: bytes | None = None, headers=None, timeout=60):
+    """POST JSON (or raw bytes); returns (status, parsed JSON body or None, headers)."""
+    h = {"Content-Type": "application/json", **(headers or {})}
+    if key:
+        h["Authorization"] = f"Bearer {key}"
+    data = raw if raw is not None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers=h)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            status, payload, hdrs = r.status, r.read(), dict(r.headers)
+    except urllib.error.HTTPError as e:
+        status, payload, hdrs = e.code, e.read(), dict(e.headers)
+    try:
+        parsed = json.loads(payload) if payload else None
+    except ValueError:
+        parsed = payload.decode(errors="replace")
+    return status, parsed, hdrs
+
+
+def get(url, key=None, timeout=30):
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+class TcpProxy:
+    """A loopback TCP forwarder that can be switched off and on, to make a real replica vanish and return."""
+
+    def __init__(self, target_port: int):
+        import socket
+
+        self.target_port = target_port
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self._loop = None
+        self._server = None
+        self._writers = set()
+        import asyncio
+        import threading
+
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _run(self, coro):
+        import asyncio
+
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout=10)
+
+    def start(self) -> None:
+        import asyncio
+
+        async def pipe(reader, writer):
+            try:
+                while data := await reader.read(65536):
+                    writer.write(data)
+                    await writer.drain()
+            except (ConnectionError, asyncio.CancelledError):
+                pass
+            finally:
+                writer.close()
+
+        async def handle(reader, writer):
+            self._writers.add(writer)
+            try:
+                ur, uw = await asyncio.open_connection("127.0.0.1", self.target_port)
+            except OSError:
+                writer.close()
+                return
+            self._writers.add(uw)
+            await asyncio.gather(pipe(reader, uw), pipe(ur, writer))
+
+        async def serve():
+            self._server = await asyncio.start_server(handle, "127.0.0.1", self.port, reuse_address=True)
+
+        self._run(serve())
+
+    def stop(self) -> None:
+        async def close():
+            if self._server is not None:
+                self._server.close()
+                for w in list(self._writers):
+                    w.close()
+                self._writers.clear()
+                await self._server.wait_closed()
+                self._server = None
+
+        self._run(close())
+
+    def shutdown(self) -> None:
+        self.stop()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)

@@ -1,0 +1,224 @@
+"""The gateway against a real SGLang replica and the real broker, through the official openai client."""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import numpy as np
+import openai
+import pytest
+from kafka import KafkaConsumer
+
+from flywheel import events as ev
+from flywheel.procs import free_port
+from serving import gateway_process
+from tests.helpers import GATEWAY_ADMIN, GATEWAY_KEYS, get, post
+
+pytestmark = pytest.mark.timeout(600)
+
+KEYS = GATEWAY_KEYS
+ADMIN = GATEWAY_ADMIN
+PROMPT = 'def add_three(x):\n    """Return x plus 3."""\n'
+
+
+def _client(gw, key="key-alice"):
+    return openai.OpenAI(base_url=f"{gw.url}/v1", api_key=key, max_retries=0)
+
+
+def _engine_greedy(replica, test_model, prompt, max_tokens):
+    from transformers import AutoTokenizer
+
+    ids = AutoTokenizer.from_pretrained(test_model)(prompt)["input_ids"]
+    status, out, _ = post(f"{replica.url}/generate", {
+        "input_ids": ids, "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0.0,
+                                              "stop_token_ids": [0, 1, 2, 3]}})
+    assert status == 200
+    return ids, out
+
+
+def _read_events(bootstrap, topic, want_ids: set[str], timeout_s=30.0):
+    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=f"t-{uuid.uuid4().hex[:8]}",
+                             auto_offset_reset="earliest", enable_auto_commit=False)
+    found: dict[str, list] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline and not want_ids <= set(found):
+            for recs in consumer.poll(timeout_ms=500).values():
+                for r in recs:
+                    e = ev.decode(r.value)
+                    if e.completion_id in want_ids:
+                        found.setdefault(e.completion_id, []).append((r.partition, r.key.decode(), e))
+    finally:
+        consumer.close()
+    return found
+
+
+def test_completions_match_the_engine_and_carry_id_and_version(gateway, replica, test_model):
+    ids, direct = _engine_greedy(replica, test_model, PROMPT, 12)
+    raw = _client(gateway).completions.with_raw_response.create(model="flywheel-coder", prompt=PROMPT,
+                                                                max_tokens=12, temperature=0)
+    r = raw.parse()
+    assert r.choices[0].text == direct["text"]
+    assert r.id.startswith("cmpl-") and raw.headers["x-flywheel-model-version"] == "0"
+    assert r.model_extra["model_version"] == "0"
+    assert r.usage.prompt_tokens == len(ids) and r.usage.completion_tokens == len(direct["output_ids"])
+
+
+def test_streaming_completions_and_chat(gateway, replica, test_model):
+    c = _client(gateway)
+    _, direct = _engine_greedy(replica, test_model, PROMPT, 12)
+    chunks = list(c.completions.create(model="m", prompt=PROMPT, max_tokens=12, temperature=0, stream=True,
+                                       stream_options={"include_usage": True}))
+    assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == direct["text"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(direct["output_ids"])
+    assert len({ch.id for ch in chunks}) == 1
+
+    chat = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "add three to x"}],
+                                     max_tokens=10, temperature=0)
+    stream = list(c.chat.completions.create(model="m", messages=[{"role": "user", "content": "add three to x"}],
+                                            max_tokens=10, temperature=0, stream=True))
+    assert stream[0].choices[0].delta.role == "assistant"
+    assert "".join(ch.choices[0].delta.content or "" for ch in stream) == chat.choices[0].message.content
+    assert stream[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_n_choices_and_logprobs(gateway):
+    r = _client(gateway).completions.create(model="m", prompt=PROMPT, max_tokens=6, n=3, logprobs=2, temperature=1,
+                                            seed=7)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) and all(x <= 0 for x in lp.token_logprobs)
+    assert all(len(t) <= 2 for t in lp.top_logprobs)
+
+
+def test_logged_events_match_what_the_client_saw(gateway, kafka_bootstrap, test_model):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(test_model)
+    c = _client(gateway)
+    r1 = c.completions.create(model="m", prompt=PROMPT, max_tokens=10, temperature=1.0)
+    r2 = c.completions.create(model="m", prompt=PROMPT, max_tokens=10, temperature=1.0, stream=True)
+    r2_id, r2_text = None, ""
+    for ch in r2:
+        r2_id = ch.id
+        r2_text += ch.choices[0].text if ch.choices else ""
+    assert post(f"{gateway.url}/v1/feedback", {"completion_id": r1.id, "kind": "accept", "elapsed_ms": 900},
+                 key="key-alice")[0] == 200
+
+    got = _read_events(kafka_bootstrap, ev.TOPIC_COMPLETIONS, {r1.id, r2_id})
+    cfg = json.loads((test_model / "config.json").read_text())
+    for cid, text in ((r1.id, r1.choices[0].text), (r2_id, r2_text)):
+        assert len(got.get(cid, [])) == 1, f"exactly one completion event for {cid}"
+        partition, key, e = got[cid][0]
+        assert key == cid and e.model_version == "0" and e.source == "user"
+        assert list(e.prompt_ids) == tok(PROMPT)["input_ids"]
+        assert tok.decode(list(e.output_ids), skip_special_tokens=True) == text
+        assert len(e.logprobs) == len(e.output_ids) and np.all(e.logprobs <= 0)
+        assert e.routed_experts.shape == (len(e.prompt_ids) + len(e.output_ids) - 1, cfg["num_hidden_layers"],
+                                          cfg["num_experts_per_tok"])
+        assert e.latency["e2e_ms"] > 0 and e.sampling["max_tokens"] == 10
+    fb = _read_events(kafka_bootstrap, ev.TOPIC_FEEDBACK, {r1.id})
+    (fb_partition, _, f), = fb[r1.id]
+    assert f.kind == "accept" and f.elapsed_ms == 900 and f.tenant == got[r1.id][0][2].tenant
+    assert fb_partition == got[r1.id][0][0], "completion and its feedback share a partition"
+
+
+def test_feedback_ownership_and_tabby_events(gateway):
+    r = _client(gateway).completions.create(model="m", prompt=PROMPT, max_tokens=4)
+    url = f"{gateway.url}/v1/feedback"
+    assert post(url, {"completion_id": r.id, "kind": "reject"}, key="key-bob")[0] == 403
+    status, body, _ = post(url, {"completion_id": "cmpl-1-2-3-4", "kind": "reject"}, key="key-alice")
+    assert status == 404 and body["error"]["code"] == "completion_not_found"
+    assert post(url, {"completion_id": r.id, "kind": "partial"}, key="key-alice")[0] == 400
+    assert post(url, {"completion_id": r.id, "kind": "partial", "accepted_chars": 5}, key="key-alice")[0] == 200
+    tabby = f"{gateway.url}/v1/events"
+    for etype in ("view", "select", "dismiss"):
+        assert post(tabby, {"type": etype, "completion_id": r.id, "choice_index": 0, "elapsed": 10},
+                     key="key-alice")[0] == 200
+    assert post(tabby + "?select_kind=line", {"type": "select", "completion_id": r.id}, key="key-bob")[0] == 403
+
+
+def test_auth_errors_are_openai_shaped(gateway):
+    for key in (None, "nope"):
+        with pytest.raises(openai.AuthenticationError) as e:
+            _client(gateway, key or "").completions.create(model="m", prompt="x", max_tokens=1)
+        assert e.value.status_code == 401 and e.value.body["code"] == "invalid_api_key"
+    assert get(f"{gateway.url}/admin/replicas")[0] == 401
+    assert get(f"{gateway.url}/admin/replicas", key="key-alice")[0] == 401
+    status, body = get(f"{gateway.url}/admin/replicas", key=ADMIN)
+    assert status == 200 and json.loads(body)["replicas"][0]["healthy"] is True
+
+
+def test_admin_refuses_to_drain_the_last_active_replica(gateway):
+    status, body, _ = post(f"{gateway.url}/admin/replicas/r0/drain", {}, key=ADMIN)
+    assert status == 409 and body["error"]["code"] == "last_active"
+    assert post(f"{gateway.url}/admin/replicas/r9/drain", {}, key=ADMIN)[0] == 404
+    status, body = get(f"{gateway.url}/admin/weights", key=ADMIN)
+    assert json.loads(body)["replicas"] == {"r0": "0"}
+
+
+def test_metrics(gateway):
+    _client(gateway).completions.create(model="m", prompt=PROMPT, max_tokens=2, stream=True).close()
+    status, text = get(f"{gateway.url}/metrics")
+    assert status == 200
+    for name in ("flywheel_gateway_requests_total", "flywheel_gateway_time_to_first_token_seconds_bucket",
+                 "flywheel_gateway_e2e_latency_seconds_bucket", "flywheel_replica_inflight_requests",
+                 'flywheel_events_total{state="produced"}', "flywheel_replica_weight_version",
+                 "flywheel_event_spool_pending_bytes"):
+        assert name in text, name
+
+
+def test_dead_replica_is_routed_around_and_its_admin_states(replica, test_model, tmp_path):
+    dead = f"http://127.0.0.1:{free_port()}"
+    gw = gateway_process.start([dead, replica.url], test_model, tmp_path / "gw", keys=KEYS, admin_token=ADMIN)
+    try:
+        c = _client(gw)
+        for _ in range(6):
+            assert c.completions.create(model="m", prompt=PROMPT, max_tokens=3).choices
+        reps = {r["id"]: r for r in json.loads(get(f"{gw.url}/admin/replicas", key=ADMIN)[1])["replicas"]}
+        assert reps["r0"]["healthy"] is False and reps["r0"]["served"] == 0 and reps["r1"]["served"] == 6
+        # Borrowed replicas take no user traffic; with nothing active the gateway says so (503), never hangs.
+        assert post(f"{gw.url}/admin/replicas/r0/activate", {}, key=ADMIN)[0] == 200
+        assert post(f"{gw.url}/admin/replicas/r1/borrow", {}, key=ADMIN)[0] == 200
+        with pytest.raises(openai.InternalServerError) as e:
+            c.completions.create(model="m", prompt=PROMPT, max_tokens=3)
+        assert e.value.status_code == 503
+        assert post(f"{gw.url}/admin/replicas/r1/return", {}, key=ADMIN)[0] == 200
+        assert c.completions.create(model="m", prompt=PROMPT, max_tokens=3).choices
+    finally:
+        assert gw.stop()
+
+
+def test_health_checks_take_a_replica_out_and_bring_it_back(replica, test_model, tmp_path):
+    from tests.helpers import TcpProxy
+
+    proxy = TcpProxy(replica.port)
+    proxy.start()
+    gw = gateway_process.start([proxy.url], test_model, tmp_path / "gw", keys=KEYS, admin_token=ADMIN)
+
+    def healthy():
+        return json.loads(get(f"{gw.url}/admin/replicas", key=ADMIN)[1])["replicas"][0]["healthy"]
+
+    def wait_for(value, timeout=20):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if healthy() is value:
+                return True
+            time.sleep(0.3)
+        return False
+
+    try:
+        c = _client(gw)
+        assert c.completions.create(model="m", prompt=PROMPT, max_tokens=2).choices
+        proxy.stop()
+        assert wait_for(False), "the vanished replica is taken out"
+        assert get(f"{gw.url}/health")[0] == 503
+        with pytest.raises(openai.InternalServerError):
+            c.completions.create(model="m", prompt=PROMPT, max_tokens=2)
+        proxy.start()
+        assert wait_for(True), "the returning replica is brought back"
+        assert c.completions.create(model="m", prompt=PROMPT, max_tokens=2).choices
+    finally:
+        assert gw.stop()
+        proxy.shutdown()

@@ -16,8 +16,12 @@ def main(target: str, port: int) -> None:
                                                headers={"Content-Type": "application/json"}) as r:
             return web.Response(body=await r.read(), status=r.status, content_type="application/json")
 
+    async def stop(app):
+        await app["session"].close()
+
     app = web.Application()
     app.on_startup.append(start)
+    app.on_cleanup.append(stop)
     app.router.add_post("/generate", forward)
     uvloop.install()
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)

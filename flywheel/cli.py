@@ -15,6 +15,7 @@ COMMAND_MODULES = [
     "flywheel.kafka_cli",
     "online_rl.cli",
     "serving.cli",
+    "weight_sync.cli",
     "flywheel.demo",
 ]
 

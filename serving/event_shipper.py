@@ -35,6 +35,14 @@ def _head(shared) -> tuple[int, int]:
 
 def run(cfg, shared) -> None:
     """Process entry point. `cfg` is an EventLogConfig; `shared` the int64 array above."""
+    import os
+    import signal
+
+    # A SIGTERM to the gateway's process group must not kill the shipper before the gateway has flushed the
+    # spool to it: the parent stops it through STOP. If the parent dies, the shipper notices and exits.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = os.getppid()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(logging.CRITICAL)  # outages are reported here, once
     spool = Spool(cfg.spool_dir)
@@ -45,6 +53,8 @@ def run(cfg, shared) -> None:
     stop_deadline = None
     while True:
         head = _head(shared)
+        if os.getppid() != parent:  # orphaned: whatever is unsent stays in the spool for the next start
+            break
         if shared[STOP]:
             stop_deadline = stop_deadline or time.monotonic() + cfg.stop_timeout_s
             if cursor >= head or time.monotonic() > stop_deadline:

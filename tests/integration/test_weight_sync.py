@@ -1,0 +1,292 @@
+"""Weight sync against real replicas: publish, verify, rebuild, hot-switch under load, reject bad versions."""
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import openai
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from flywheel.paths import REPO_ROOT
+from flywheel.procs import free_port, stop_pid, wait_until
+from serving import gateway_process
+from serving.replica import ReplicaConfig, start as start_replica
+from tests.helpers import GATEWAY_ADMIN, get, post
+from weight_sync.agent import Agent, AgentConfig
+from weight_sync.manifest import generate_key
+from weight_sync.publish import PublishConfig, activate, publish
+from weight_sync.store import Store
+
+pytestmark = pytest.mark.timeout(900)
+PROMPT = 'def add_three(x):\n    """Return x plus 3."""\n'
+
+
+def perturbed(src: Path, dst: Path, seed: int, share: float = 0.02, ulps: int = 1) -> Path:
+    """A copy of a checkpoint with `share` of every tensor's bf16 elements moved by a few ULP."""
+    shutil.copytree(src, dst)
+    sd = load_file(str(src / "model.safetensors"))
+    g = torch.Generator().manual_seed(seed)
+    for k, v in sd.items():
+        mask = torch.rand(v.shape, generator=g) < share
+        bits = v.view(torch.int16)
+        sd[k] = torch.where(mask, bits + ulps, bits).view(torch.bfloat16)
+    save_file(sd, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
+@pytest.fixture(scope="module")
+def weights(test_model, tmp_path_factory):
+    """A store with v0 (the test model) and three deltas, its HTTP server, and the signing keys."""
+    root = tmp_path_factory.mktemp("weights")
+    generate_key(root / "signing.pem", root / "signing.pub")
+    cfg = PublishConfig(store=root / "store", private_key=root / "signing.pem")
+    ckpts = [test_model]
+    publish(test_model, cfg)
+    for v in (1, 2, 3):
+        ckpts.append(perturbed(ckpts[-1], root / f"ckpt{v}", seed=v, share=0.02, ulps=40 if v == 2 else 1))
+        publish(ckpts[-1], cfg)
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "flywheel", "weights", "serve", "--store", str(root / "store"),
+                             "--port", str(port)], cwd=REPO_ROOT, env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: get(f"{url}/versions")[0] == 200, 30, what="store server")
+    try:
+        yield {"root": root, "cfg": cfg, "url": url, "ckpts": ckpts}
+    finally:
+        assert stop_pid(proc.pid)
+
+
+@pytest.fixture(scope="module")
+def second_replica(test_model, tmp_path_factory):
+    r = start_replica(ReplicaConfig(model_path=test_model, log_dir=tmp_path_factory.mktemp("r1-logs")))
+    try:
+        yield r
+    finally:
+        assert r.stop()
+
+
+def announce(weights, bootstrap: str, v: int) -> None:
+    """Announce an already published version on the weights topic (what publish() does)."""
+    from weight_sync import codec
+    from weight_sync.manifest import announcement
+    from weight_sync.publish import _kafka_send
+
+    store = Store(weights["root"] / "store")
+    body = (store.version_dir(v) / "manifest.json").read_bytes()
+    _kafka_send(bootstrap, announcement(store.manifest(v), f"{weights['url']}/versions/{v}/manifest.json",
+                                        codec.digest(body)))
+
+
+def completion_events(bootstrap: str, ids: set[str], timeout_s: float = 60.0) -> dict:
+    import uuid
+
+    from kafka import KafkaConsumer
+
+    from flywheel import events as ev
+
+    consumer = KafkaConsumer(ev.TOPIC_COMPLETIONS, bootstrap_servers=bootstrap, group_id=f"t-{uuid.uuid4().hex[:6]}",
+                             auto_offset_reset="earliest", enable_auto_commit=False)
+    found = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline and set(found) != ids:
+            for recs in consumer.poll(timeout_ms=500).values():
+                for r in recs:
+                    e = ev.decode(r.value)
+                    if e.completion_id in ids:
+                        found[e.completion_id] = e
+    finally:
+        consumer.close()
+    return found
+
+
+def _agent(weights, replica, name, work, **kw) -> Agent:
+    return Agent(AgentConfig(name=name, replica_url=replica.url, store_url=weights["url"],
+                             public_key=weights["root"] / "signing.pub", work_dir=work,
+                             initial_model=weights["ckpts"][0], **kw))
+
+
+def _greedy(url: str) -> list:
+    """Greedy tokens and their logprobs: any change of weights shows in the logprobs."""
+    status, out, _ = post(f"{url}/generate", {"text": PROMPT, "return_logprob": True,
+                                              "sampling_params": {"max_new_tokens": 16, "temperature": 0.0}})
+    assert status == 200
+    return [(t, lp) for lp, t, _ in out["meta_info"]["output_token_logprobs"]]
+
+
+def same(a: list, b: list) -> bool:
+    """Same tokens, logprobs equal up to float32 reduction noise (a prefix-cache hit alone moves them ~1e-6)."""
+    return [t for t, _ in a] == [t for t, _ in b] and all(abs(x - y) < 1e-5 for (_, x), (_, y) in zip(a, b))
+
+
+def _version(url: str) -> str:
+    return json.loads(get(f"{url}/model_info")[1])["weight_version"]
+
+
+def test_agent_rebuilds_bit_exact_and_switches(weights, second_replica, tmp_path):
+    agent = _agent(weights, second_replica, "solo", tmp_path / "agent", switch_mode="no_pause")
+    before = _greedy(second_replica.url)
+    report = asyncio.run(agent.apply(2))  # v2 is a delta on v1 on v0: the chain is rebuilt
+    assert report and report["mode"] == "no_pause" and _version(second_replica.url) == "2"
+    rebuilt = load_file(str(agent.local_dir(2) / "model.safetensors"))
+    original = load_file(str(weights["ckpts"][2] / "model.safetensors"))
+    assert rebuilt.keys() == original.keys()
+    for k in original:
+        assert torch.equal(rebuilt[k].view(torch.int16), original[k].view(torch.int16)), k
+    assert not same(_greedy(second_replica.url), before), "v2 answers differently"
+    assert asyncio.run(agent.apply(0)) and _version(second_replica.url) == "0"
+    assert same(_greedy(second_replica.url), before)
+
+
+def _corrupt(store_root: Path, src_version: int, new_version: int, how: str, cfg) -> None:
+    """Copy a published version under a new number, damaged in one way."""
+    from weight_sync.manifest import Manifest, load_private, sign
+
+    src = Store(store_root).version_dir(src_version)
+    dst = Store(store_root).version_dir(new_version)
+    shutil.copytree(src, dst)
+    m = Manifest.parse((dst / "manifest.json").read_bytes())
+    m.version = new_version
+    if how == "wrong_base":
+        m.base_version = 2  # chunks were coded against v0
+    body, sig = sign(m, load_private(cfg.private_key))
+    if how == "bad_signature":
+        body = body.replace(b'"kind":"delta"', b'"kind":"delta" ')
+    (dst / "manifest.json").write_bytes(body)
+    (dst / "manifest.sig").write_bytes(sig)
+    if how == "unsigned":
+        (dst / "manifest.sig").unlink()
+    if how == "truncated_chunk":
+        chunk = sorted((dst / "chunks").iterdir())[0]
+        chunk.write_bytes(chunk.read_bytes()[:-5])
+    if how == "corrupt_chunk":
+        chunk = sorted((dst / "chunks").iterdir())[0]
+        data = bytearray(chunk.read_bytes())
+        data[len(data) // 2] ^= 0x55
+        chunk.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how, reason", [("bad_signature", "bad_manifest"), ("unsigned", "bad_manifest"),
+                                         ("truncated_chunk", "fetch_failed"), ("corrupt_chunk", "fetch_failed"),
+                                         ("wrong_base", "digest_mismatch"), ("unknown", "unknown_version")])
+def test_bad_versions_are_rejected_and_the_replica_keeps_serving(weights, second_replica, tmp_path, how, reason):
+    number = 100 + ["bad_signature", "unsigned", "truncated_chunk", "corrupt_chunk", "wrong_base", "unknown"].index(how)
+    if how != "unknown":
+        _corrupt(weights["root"] / "store", 1, number, how, weights["cfg"])
+    agent = _agent(weights, second_replica, f"bad-{how}", tmp_path / "agent", switch_mode="no_pause")
+    before, version = _greedy(second_replica.url), _version(second_replica.url)
+    assert asyncio.run(agent.apply(number)) is None
+    assert agent.metrics.rejected.labels(reason)._value.get() == 1
+    assert _version(second_replica.url) == version and same(_greedy(second_replica.url), before)
+    assert agent.state["version"] == 0 and not agent.local_dir(number).exists()
+
+
+def test_hot_switch_under_load_through_the_gateway(weights, replica, second_replica, kafka_bootstrap, tmp_path):
+    """Two replicas behind the gateway, one agent each (processes, following Kafka): three versions and a
+    rollback under continuous traffic; nothing fails, every completion names its version."""
+    from tests.helpers import GATEWAY_KEYS
+
+    root = tmp_path
+    gw = gateway_process.start([replica.url, second_replica.url], weights["ckpts"][0], root / "gw",
+                               kafka=kafka_bootstrap, keys=GATEWAY_KEYS, admin_token=GATEWAY_ADMIN)
+    topic_cfg = PublishConfig(store=weights["root"] / "store", private_key=weights["root"] / "signing.pem",
+                              kafka_bootstrap=kafka_bootstrap, store_url=weights["url"])
+    activate(topic_cfg, 0, "test start: serve v0")
+    agents = []
+    for rid, rep in (("r0", replica), ("r1", second_replica)):
+        cmd = [sys.executable, "-m", "flywheel", "weights", "agent", "--name", rid, "--replica", rep.url,
+               "--store-url", weights["url"], "--public-key", str(weights["root"] / "signing.pub"),
+               "--initial-model", str(weights["ckpts"][0]), "--work-dir", str(root / f"agent-{rid}"),
+               "--kafka", kafka_bootstrap, "--gateway", gw.url, "--admin-token", GATEWAY_ADMIN]
+        log = open(root / f"agent-{rid}.log", "wb")
+        agents.append(subprocess.Popen(cmd, cwd=REPO_ROOT, env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"},
+                                       stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+    client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="key-alice", max_retries=0)
+    results, errors, stop = [], [], threading.Event()
+
+    def traffic(stream: bool):
+        while not stop.is_set():
+            try:
+                if stream:
+                    chunks = list(client.completions.create(model="m", prompt=PROMPT, max_tokens=12, stream=True))
+                    fin = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+                    results.append((chunks[0].id, chunks[0].model_extra["model_version"], fin))
+                else:
+                    r = client.completions.create(model="m", prompt=PROMPT, max_tokens=12)
+                    results.append((r.id, r.model_extra["model_version"], [r.choices[0].finish_reason]))
+            except Exception as e:
+                errors.append(repr(e))
+
+    def fleet():
+        return json.loads(get(f"{gw.url}/admin/weights", key=GATEWAY_ADMIN)[1])["replicas"]
+
+    def wait_fleet(v: int, timeout=120):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if set(fleet().values()) == {str(v)}:
+                return True
+            time.sleep(0.3)
+        return False
+
+    threads = [threading.Thread(target=traffic, args=(s,)) for s in (False, False, True)]
+    for t in threads:
+        t.start()
+    try:
+        assert wait_fleet(0)
+        time.sleep(2)
+        for v in (1, 2, 3):
+            announce(weights, kafka_bootstrap, v)
+            assert wait_fleet(v), f"fleet did not reach v{v}: {fleet()}"
+            time.sleep(2)
+        t_rollback = time.time()
+        activate(topic_cfg, 1, "rollback in test")
+        assert wait_fleet(1), f"fleet did not roll back to v1: {fleet()}"
+        time.sleep(2)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+        for a in agents:
+            stop_pid(a.pid)
+        gw.stop()
+    assert not errors, errors[:3]
+    assert len(results) > 30
+    assert all(fin and fin[-1] in ("stop", "length") for _, _, fin in results), "no request cut short"
+    assert {"0", "1", "2", "3"} <= {v for _, v, _ in results}
+    # Each completion event names the replica and version that produced it: per replica, versions only
+    # move forward until the rollback, and the fleet ends on v1.
+    events = completion_events(kafka_bootstrap, {cid for cid, _, _ in results})
+    assert len(events) == len(results)
+    assert all(e.model_version == v for (cid, v, _) in results for e in [events[cid]])
+    for rid in ("r0", "r1"):
+        mine = sorted((e.ts, int(e.model_version)) for e in events.values() if e.replica == rid)
+        before = [v for ts, v in mine if ts < t_rollback]
+        assert before == sorted(before), f"{rid} went back in versions before the rollback"
+        assert all(len(e.weight_versions) == 1 for e in events.values()), "drained switches never mix versions"
+    assert [v for _, v, _ in results][-6:] == ["1"] * 6
+    # Switch back to v0 for whoever uses these replicas next.
+    agent = _agent(weights, replica, "reset", tmp_path / "reset", switch_mode="no_pause")
+    asyncio.run(agent.apply(0))
+
+
+def test_killed_agent_restarts_on_its_last_good_version(weights, second_replica, tmp_path):
+    work = tmp_path / "agent"
+    agent = _agent(weights, second_replica, "restart", work, switch_mode="no_pause")
+    assert asyncio.run(agent.apply(3))
+    # The replica restarts on its launch checkpoint (v0 weights); the agent, restarted, puts v3 back.
+    asyncio.run(_agent(weights, second_replica, "other", tmp_path / "other", switch_mode="no_pause").apply(0))
+    assert _version(second_replica.url) == "0"
+    again = _agent(weights, second_replica, "restart", work, switch_mode="no_pause")
+    assert again.state["version"] == 3
+    asyncio.run(again.ensure_replica_on_current())
+    assert _version(second_replica.url) == "3"

@@ -1,0 +1,144 @@
+"""Manifests are signed and validated; the store publishes atomically and keeps what chains need."""
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from weight_sync import codec
+from weight_sync.checkpoint import CheckpointReader, CheckpointWriter
+from weight_sync.manifest import Manifest, ManifestError, TensorEntry, generate_key, load_private, load_public, sign, verify
+from weight_sync.publish import PublishConfig, activate, publish
+from weight_sync.store import Store
+
+
+def _entry(name="w", dtype="BF16", shape=(4, 3)):
+    bits = np.arange(12, dtype=np.uint16)
+    chunks = codec.encode_tensor(bits, None, chunk_elems=5)
+    return TensorEntry(name=name, dtype=dtype, shape=list(shape), digest=codec.digest(bits),
+                       chunks=[m for m, _ in chunks])
+
+
+@pytest.fixture
+def keys(tmp_path):
+    generate_key(tmp_path / "k.pem", tmp_path / "k.pub")
+    return load_private(tmp_path / "k.pem"), load_public(tmp_path / "k.pub")
+
+
+def test_signature_round_trip_and_tampering(keys, tmp_path):
+    priv, pub = keys
+    m = Manifest(version=3, base_version=2, kind="delta", config_digest="c" * 32, tensors=[_entry()])
+    body, sig = sign(m, priv)
+    assert verify(body, sig, pub).version == 3
+    with pytest.raises(ManifestError, match="not signed"):
+        verify(body, b"", pub)
+    with pytest.raises(ManifestError, match="does not verify"):
+        verify(body.replace(b'"version":3', b'"version":4'), sig, pub)
+    generate_key(tmp_path / "other.pem", tmp_path / "other.pub")
+    with pytest.raises(ManifestError, match="does not verify"):
+        verify(body, sig, load_public(tmp_path / "other.pub"))
+
+
+@pytest.mark.parametrize("mutate, match", [
+    (lambda m: setattr(m.tensors[0], "name", "../../etc/passwd"), "bad tensor name"),
+    (lambda m: setattr(m.tensors[0], "name", "a/b"), "bad tensor name"),
+    (lambda m: setattr(m.tensors[0], "dtype", "F8_WEIRD"), "unknown dtype"),
+    (lambda m: setattr(m.tensors[0], "shape", [4, 4]), "cover"),
+    (lambda m: m.tensors[0].chunks.pop(), "cover"),
+    (lambda m: setattr(m, "base_version", 7), "bad base"),
+    (lambda m: setattr(m, "kind", "weird"), "bad kind"),
+    (lambda m: m.files.update({"../x": "d"}), "bad file name"),
+    (lambda m: m.tensors.append(m.tensors[0]), "twice"),
+])
+def test_structural_checks(mutate, match):
+    m = Manifest(version=3, base_version=2, kind="delta", config_digest="c" * 32, tensors=[_entry()])
+    mutate(m)
+    with pytest.raises(ManifestError, match=match):
+        Manifest.parse(m.canonical())
+
+
+def test_model_checks():
+    m = Manifest(version=1, base_version=0, kind="delta", config_digest="c" * 32, tensors=[_entry()])
+    m.check_model({"w": ("BF16", [4, 3])}, "c" * 32)
+    with pytest.raises(ManifestError, match="another model config"):
+        m.check_model({"w": ("BF16", [4, 3])}, "d" * 32)
+    with pytest.raises(ManifestError, match="disagrees"):
+        m.check_model({"w": ("BF16", [3, 4])}, "c" * 32)
+    with pytest.raises(ManifestError, match="differ"):
+        m.check_model({"w": ("BF16", [4, 3]), "v": ("BF16", [1])}, "c" * 32)
+    with pytest.raises(ManifestError, match="malformed"):
+        Manifest.parse(b'{"schema": "flywheel.manifest.v1"}')
+
+
+def test_checkpoint_writer_matches_safetensors(tmp_path):
+    tensors = {"a": torch.randn(3, 5).to(torch.bfloat16), "b": torch.randn(7), "c": torch.zeros(0, 4).half()}
+    save_file(tensors, str(tmp_path / "ref.safetensors"))
+    (tmp_path / "ckpt").mkdir()
+    save_file(tensors, str(tmp_path / "ckpt" / "model.safetensors"))
+    reader = CheckpointReader(tmp_path / "ckpt")
+    w = CheckpointWriter(tmp_path / "out.safetensors", [(n, *reader.spec(n)) for n in reader.names()])
+    for n in reversed(reader.names()):  # any order
+        w.write(n, reader.bits(n))
+    w.close()
+    back = load_file(str(tmp_path / "out.safetensors"))
+    for k, v in tensors.items():
+        assert torch.equal(back[k].view(torch.uint8), v.view(torch.uint8)) if v.numel() else back[k].shape == v.shape
+
+
+def _ckpt(path, seed, base=None, share=0.02):
+    import json
+
+    path.mkdir(parents=True)
+    g = torch.Generator().manual_seed(seed)
+    if base is None:
+        sd = {"model.w1": torch.randn(64, 32, generator=g).to(torch.bfloat16), "model.w2": torch.randn(100, generator=g)}
+    else:
+        sd = load_file(str(base / "model.safetensors"))
+        m = torch.rand(sd["model.w1"].shape, generator=g) < share
+        sd["model.w1"] = torch.where(m, sd["model.w1"].view(torch.int16) + 1, sd["model.w1"].view(torch.int16)).view(
+            torch.bfloat16)
+    save_file(sd, str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "hidden_size": 32}))
+    return path
+
+
+def test_publish_chain_retention_and_atomicity(keys, tmp_path):
+    from weight_sync.manifest import generate_key
+
+    generate_key(tmp_path / "s.pem", tmp_path / "s.pub")
+    cfg = PublishConfig(store=tmp_path / "store", private_key=tmp_path / "s.pem", full_every=3, keep=2)
+    prev = _ckpt(tmp_path / "c0", 0)
+    kinds = [publish(prev, cfg).kind]
+    for v in range(1, 6):
+        prev = _ckpt(tmp_path / f"c{v}", v, base=prev)
+        kinds.append(publish(prev, cfg).kind)
+    assert kinds == ["full", "delta", "delta", "full", "delta", "delta"]
+    store = Store(tmp_path / "store")
+    assert store.versions() == [3, 4, 5]  # the newest 2, plus the full snapshot their chain needs
+    assert store.chain(5) == [3, 4, 5]
+    assert not list((tmp_path / "store").glob(".staging-*"))
+    with pytest.raises(ValueError, match="not newer"):
+        publish(prev, cfg, version=4)
+    with pytest.raises(ValueError, match="not in the store"):
+        activate(cfg, 1, "too old")
+    rec = activate(cfg, 4, "rollback test")
+    assert rec["type"] == "activate" and store.activations()[-1]["version"] == 4
+    # A staged version is invisible until committed.
+    staging = store.staging(6)
+    assert 6 not in store.versions() and staging.name.startswith(".staging-6-")
+
+
+def test_agent_follows_versions_rollbacks_and_pins(test_model, tmp_path):
+    """The agent's reading of the weights topic (no servers: its decision alone)."""
+    from weight_sync.agent import Agent, AgentConfig
+
+    generate_key(tmp_path / "s.pem", tmp_path / "s.pub")
+    agent = Agent(AgentConfig(name="a", replica_url="http://unused", store_url="http://unused",
+                              public_key=tmp_path / "s.pub", work_dir=tmp_path / "w", initial_model=test_model))
+    v = lambda n: {"type": "version", "version": n}  # noqa: E731
+    assert agent.decide([v(1), v(2), v(3)]) == 3  # a backlog: only the newest matters
+    assert agent.decide([{"type": "activate", "version": 1}]) == 1  # rollback
+    assert agent.decide([v(4)]) == 4  # a newer version after a rollback is followed again
+    assert agent.decide([{"type": "pin", "version": 2}, v(5)]) == 2  # pinned: new versions wait
+    assert agent.decide([{"type": "activate", "version": 3}]) is None
+    assert agent.decide([{"type": "unpin"}]) == 5  # unpinned: the newest seen
+    assert agent.decide([{"type": "version"}, {"type": "bogus", "version": 9}]) is None

@@ -1,0 +1,293 @@
+"""The serving-side agent, one per replica: follow the `weights` topic, rebuild each version, hot-switch.
+
+    weights topic --> decide the target version (newest, or the activated / pinned one)
+                  --> fetch manifest + signature --> verify signature, model, base
+                  --> rebuild tensor by tensor (chunks fetched in parallel, digests checked) into
+                      <work>/versions/<N>/ --> switch the replica (weight_sync.switch) --> record state
+
+Anything wrong with a version (bad signature, digest mismatch, truncated chunk, wrong base, unknown
+version, a replica that will not load it) is rejected with one log line and a metric; the replica keeps
+the version it has. State (<work>/state.json) holds the last good version, so a restarted agent or
+replica comes back on it. Memory: one tensor and a few chunks at a time, whatever the model size.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from flywheel.events import TOPIC_WEIGHTS
+from weight_sync import codec
+from weight_sync.checkpoint import CheckpointReader, CheckpointWriter, config_digest
+from weight_sync.fetch import FetchError, StoreClient
+from weight_sync.manifest import ManifestError, load_public, verify
+from weight_sync.switch import GatewayLink, SwitchError, served_version, switch
+
+log = logging.getLogger(__name__)
+
+
+class Rejected(Exception):
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+@dataclass
+class AgentConfig:
+    name: str
+    replica_url: str
+    store_url: str
+    public_key: Path
+    work_dir: Path
+    initial_model: Path  # the checkpoint the replica was started with
+    initial_version: int = 0
+    kafka_bootstrap: str | None = None
+    gateway_url: str | None = None
+    admin_token: str | None = None
+    gateway_replica_id: str | None = None
+    switch_mode: str = "drain"
+    keep_local: int = 3
+    parallel_downloads: int = 4
+    threads: int = 2
+    metrics_port: int = 0  # 0: no /metrics server
+
+
+class AgentMetrics:
+    def __init__(self):
+        self.registry = r = CollectorRegistry()
+        self.version = Gauge("flywheel_agent_weight_version", "Version the agent's replica serves", registry=r)
+        self.pinned = Gauge("flywheel_agent_pinned", "1 while the fleet is pinned to a version", registry=r)
+        self.rejected = Counter("flywheel_agent_rejected_versions", "Versions rejected, by reason", ["reason"],
+                                registry=r)
+        self.switches = Counter("flywheel_agent_switches", "Completed hot-switches", ["mode"], registry=r)
+        self.phase = Histogram("flywheel_agent_phase_seconds", "Time per phase of applying a version", ["phase"],
+                               buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300), registry=r)
+
+
+class Agent:
+    def __init__(self, cfg: AgentConfig):
+        self.cfg = cfg
+        self.work = Path(cfg.work_dir)
+        self.versions_dir = self.work / "versions"
+        self.versions_dir.mkdir(parents=True, exist_ok=True)
+        self.public = load_public(cfg.public_key)
+        self.metrics = AgentMetrics()
+        self.state = self._load_state()
+        self.expected = CheckpointReader(self.local_dir(self.state["version"])).specs()
+        self.config_digest = config_digest(self.local_dir(self.state["version"]) / "config.json")
+        self.metrics.version.set(self.state["version"])
+        self.metrics.pinned.set(1 if self.state.get("pinned") is not None else 0)
+        self.pool = ThreadPoolExecutor(cfg.threads)
+        self.last_apply: dict = {}
+
+    # ------------------------------------------------------------------ state
+    def _load_state(self) -> dict:
+        path = self.work / "state.json"
+        if path.exists():
+            state = json.loads(path.read_text())
+        else:
+            state = {"version": self.cfg.initial_version, "pinned": None, "latest_seen": self.cfg.initial_version}
+        seed = self.versions_dir / str(self.cfg.initial_version)
+        if not seed.exists():
+            seed.symlink_to(Path(self.cfg.initial_model).resolve(), target_is_directory=True)
+        return state
+
+    def _save_state(self) -> None:
+        tmp = self.work / "state.json.tmp"
+        tmp.write_text(json.dumps(self.state))
+        os.replace(tmp, self.work / "state.json")
+
+    def local_dir(self, version: int) -> Path:
+        return self.versions_dir / str(int(version))
+
+    def local_versions(self) -> list[int]:
+        return sorted(int(p.name) for p in self.versions_dir.iterdir() if p.name.isdigit())
+
+    # ------------------------------------------------------------------ rebuild
+    async def materialize(self, client: StoreClient, version: int, depth: int = 0) -> Path:
+        """A local checkpoint directory of `version`, rebuilt from the store (and its base chain) if needed."""
+        target = self.local_dir(version)
+        if target.exists():
+            return target
+        if depth > 64:
+            raise Rejected("chain_too_long", f"no full snapshot within 64 bases of v{version}")
+        t = time.monotonic()
+        try:
+            body, sig = await client.manifest(version)
+        except FetchError as e:
+            raise Rejected("unknown_version", str(e)) from None
+        try:
+            manifest = verify(body, sig, self.public)
+            manifest.check_model(self.expected, self.config_digest)
+        except ManifestError as e:
+            raise Rejected("bad_manifest", str(e)) from None
+        if manifest.version != version:
+            raise Rejected("bad_manifest", f"asked for v{version}, manifest says v{manifest.version}")
+        self.metrics.phase.labels("verify_manifest").observe(time.monotonic() - t)
+        base_dir = None
+        if manifest.kind == "delta":
+            base_dir = await self.materialize(client, manifest.base_version, depth + 1)
+        t = time.monotonic()
+        staging = self.work / f".build-{version}"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+        base = CheckpointReader(base_dir) if base_dir else None
+        try:
+            writer = CheckpointWriter(staging / "model.safetensors", [(e.name, e.dtype, e.shape) for e in manifest.tensors])
+            loop = asyncio.get_running_loop()
+            for ti, entry in enumerate(manifest.tensors):
+                frames = await asyncio.gather(*(client.chunk(version, ti, ci, c.size, c.digest)
+                                                for ci, c in enumerate(entry.chunks)))
+                base_bits = base.bits(entry.name) if base else None
+                bits = await loop.run_in_executor(None, lambda: codec.decode_tensor(
+                    list(zip(entry.chunks, frames)), codec.bit_view(entry.dtype), entry.numel, base_bits, self.pool))
+                if codec.digest(bits) != entry.digest:
+                    raise Rejected("digest_mismatch", f"tensor {entry.name} of v{version} rebuilds to other bytes "
+                                                      f"(wrong base v{manifest.base_version}?)")
+                writer.write(entry.name, bits)
+                del bits, frames, base_bits
+            writer.close()
+            for name, want in manifest.files.items():
+                (staging / name).write_bytes(await client.file(version, name, want))
+        except FetchError as e:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise Rejected("fetch_failed", str(e)) from None
+        except (ValueError, Rejected) as e:
+            shutil.rmtree(staging, ignore_errors=True)
+            if isinstance(e, Rejected):
+                raise
+            raise Rejected("corrupt_chunk", str(e)) from None
+        finally:
+            if base is not None:
+                base.close()
+        os.replace(staging, target)
+        self.metrics.phase.labels("rebuild").observe(time.monotonic() - t)
+        log.info("rebuilt v%d (%s of v%s) in %.2fs", version, manifest.kind, manifest.base_version, time.monotonic() - t)
+        return target
+
+    def _prune(self) -> None:
+        keep = set(self.local_versions()[-self.cfg.keep_local:]) | {self.state["version"], self.cfg.initial_version}
+        for v in self.local_versions():
+            if v not in keep:
+                p = self.local_dir(v)
+                if p.is_symlink():
+                    p.unlink()
+                else:
+                    shutil.rmtree(p, ignore_errors=True)
+
+    # ------------------------------------------------------------------ apply
+    async def apply(self, version: int) -> dict | None:
+        """Rebuild and switch to `version`. Returns the switch report, or None if it was rejected."""
+        t0 = time.monotonic()
+        try:
+            async with aiohttp.ClientSession() as session:
+                client = StoreClient(self.cfg.store_url, session, self.work / "downloads", self.cfg.parallel_downloads)
+                path = await self.materialize(client, version)
+            gw = None
+            if self.cfg.gateway_url and self.cfg.admin_token and self.cfg.gateway_replica_id:
+                gw = GatewayLink(self.cfg.gateway_url, self.cfg.admin_token, self.cfg.gateway_replica_id)
+            t = time.monotonic()
+            report = await switch(self.cfg.replica_url, str(path.resolve()), version, self.cfg.switch_mode, gw)
+            self.metrics.phase.labels("switch").observe(time.monotonic() - t)
+        except Rejected as e:
+            self.metrics.rejected.labels(e.reason).inc()
+            log.error("rejected v%d: %s; replica %s keeps serving v%d", version, e, self.cfg.name,
+                      self.state["version"])
+            return None
+        except (SwitchError, aiohttp.ClientError, asyncio.TimeoutError) as e:
+            self.metrics.rejected.labels("switch_failed").inc()
+            log.error("switch to v%d failed: %s; replica %s keeps serving v%d", version, e, self.cfg.name,
+                      self.state["version"])
+            return None
+        self.state["version"] = version
+        self._save_state()
+        self.metrics.version.set(version)
+        self.metrics.switches.labels(report["mode"]).inc()
+        report["apply_ms"] = round(1000 * (time.monotonic() - t0), 1)
+        self.last_apply = {"version": version, **report}
+        log.info("replica %s now serves v%d (%s)", self.cfg.name, version, report)
+        self._prune()
+        return report
+
+    async def ensure_replica_on_current(self) -> None:
+        """After a restart (of the agent or of the replica): make the replica serve the last good version."""
+        async with aiohttp.ClientSession() as session:
+            served = await served_version(session, self.cfg.replica_url)
+        if served != str(self.state["version"]):
+            log.info("replica %s serves %s, last good version is v%d: switching back", self.cfg.name, served,
+                     self.state["version"])
+            version = self.state["version"]
+            async with aiohttp.ClientSession() as session:
+                report = await switch(self.cfg.replica_url, str(self.local_dir(version).resolve()), version,
+                                      "no_pause")
+            self.metrics.switches.labels(report["mode"]).inc()
+
+    # ------------------------------------------------------------------ topic
+    def decide(self, records: list[dict]) -> int | None:
+        """Fold a batch of weights records (in topic order) into the version to serve."""
+        target = None
+        for r in records:
+            kind, v = r.get("type"), r.get("version")
+            if not isinstance(v, int) and kind != "unpin":
+                log.error("ignoring a weights record without a version: %s", r)
+                continue
+            if kind == "version":
+                self.state["latest_seen"] = max(self.state.get("latest_seen", 0), v)
+                if self.state.get("pinned") is None:
+                    target = v
+            elif kind == "activate":
+                if self.state.get("pinned") is None:
+                    target = v
+            elif kind == "pin":
+                self.state["pinned"] = v
+                target = v
+            elif kind == "unpin":
+                self.state["pinned"] = None
+                target = self.state.get("latest_seen", self.state["version"])
+            else:
+                log.error("ignoring a weights record of unknown type %r", kind)
+        self.metrics.pinned.set(1 if self.state.get("pinned") is not None else 0)
+        return target
+
+    def run(self, stop=None) -> None:
+        """Follow the weights topic until `stop` (a threading.Event) is set."""
+        from kafka import KafkaConsumer
+
+        if self.cfg.metrics_port:
+            from prometheus_client import start_http_server
+
+            start_http_server(self.cfg.metrics_port, addr="127.0.0.1", registry=self.metrics.registry)
+        asyncio.run(self.ensure_replica_on_current())
+        consumer = KafkaConsumer(TOPIC_WEIGHTS, bootstrap_servers=self.cfg.kafka_bootstrap,
+                                 group_id=f"flywheel-agent-{self.cfg.name}", auto_offset_reset="earliest",
+                                 enable_auto_commit=False, client_id=f"flywheel-agent-{self.cfg.name}")
+        log.info("agent %s following %s (replica %s on v%d)", self.cfg.name, TOPIC_WEIGHTS, self.cfg.replica_url,
+                 self.state["version"])
+        try:
+            while stop is None or not stop.is_set():
+                batch = consumer.poll(timeout_ms=500)
+                records = []
+                for recs in batch.values():
+                    for rec in recs:
+                        try:
+                            records.append(json.loads(rec.value))
+                        except ValueError:
+                            log.error("ignoring a malformed weights record at offset %d", rec.offset)
+                if not records:
+                    continue
+                target = self.decide(records)
+                if target is not None and target != self.state["version"]:
+                    asyncio.run(self.apply(target))
+                self._save_state()
+                consumer.commit()
+        finally:
+            consumer.close()

@@ -1,0 +1,167 @@
+"""`flywheel weights ...`: keys, publish, list, rollback, pin/unpin, the store server, and the agent."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+
+def _home() -> Path:
+    from flywheel.paths import flywheel_home
+
+    return flywheel_home() / "weights"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("weights", help="versions of the served weights: publish, list, rollback, pin, agents")
+    w = p.add_subparsers(dest="weights_cmd", required=True)
+
+    def common(q, kafka=True):
+        q.add_argument("--store", type=Path, default=None, help="store dir (default $FLYWHEEL_HOME/weights/store)")
+        if kafka:
+            q.add_argument("--kafka", default=os.environ.get("FLYWHEEL_KAFKA_BOOTSTRAP"),
+                           help="bootstrap servers for announcements (default $FLYWHEEL_KAFKA_BOOTSTRAP)")
+        q.add_argument("--key", type=Path, default=None, help="signing key (default $FLYWHEEL_HOME/weights/keys/signing.pem)")
+
+    k = w.add_parser("keygen", help="create the trainer's ed25519 signing key pair")
+    k.add_argument("--out", type=Path, default=None, help="default $FLYWHEEL_HOME/weights/keys")
+    k.set_defaults(func=_keygen)
+
+    pub = w.add_parser("publish", help="publish a checkpoint as the next version (what the trainer calls)")
+    pub.add_argument("--checkpoint", type=Path, required=True)
+    pub.add_argument("--full", action="store_true", help="a full snapshot even if a delta is possible")
+    pub.add_argument("--full-every", type=int, default=10)
+    pub.add_argument("--store-url", default=os.environ.get("FLYWHEEL_STORE_URL"), help="where agents fetch from")
+    common(pub)
+    pub.set_defaults(func=_publish)
+
+    ls = w.add_parser("list", help="versions, sizes, ratios, activations, and which replica runs which")
+    ls.add_argument("--gateway", default=os.environ.get("FLYWHEEL_GATEWAY_URL"))
+    ls.add_argument("--admin-token", default=os.environ.get("FLYWHEEL_ADMIN_TOKEN"))
+    common(ls, kafka=False)
+    ls.set_defaults(func=_list)
+
+    rb = w.add_parser("rollback", help="activate an older version on every replica (a new activation)")
+    rb.add_argument("--to", type=int, required=True)
+    rb.add_argument("--reason", default="rollback by SRE")
+    common(rb)
+    rb.set_defaults(func=lambda a: _activate(a, a.to, "activate", a.reason))
+
+    pin = w.add_parser("pin", help="serve version N and stop following new versions")
+    pin.add_argument("version", type=int)
+    common(pin)
+    pin.set_defaults(func=lambda a: _activate(a, a.version, "pin", "pinned by SRE"))
+
+    unpin = w.add_parser("unpin", help="follow new versions again (switch to the newest)")
+    common(unpin)
+    unpin.set_defaults(func=lambda a: _activate(a, -1, "unpin", "unpinned by SRE"))
+
+    srv = w.add_parser("serve", help="serve the store over HTTP (range requests) for the agents")
+    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--port", type=int, default=8100)
+    common(srv, kafka=False)
+    srv.set_defaults(func=_serve)
+
+    ag = w.add_parser("agent", help="run the weight agent of one replica (follows the weights topic)")
+    ag.add_argument("--name", required=True, help="agent name (the replica's id in the gateway, e.g. r0)")
+    ag.add_argument("--replica", required=True, help="replica base URL")
+    ag.add_argument("--store-url", required=True)
+    ag.add_argument("--public-key", type=Path, default=None, help="default $FLYWHEEL_HOME/weights/keys/signing.pub")
+    ag.add_argument("--initial-model", type=Path, required=True, help="the checkpoint the replica started with")
+    ag.add_argument("--work-dir", type=Path, default=None)
+    ag.add_argument("--kafka", default=os.environ.get("FLYWHEEL_KAFKA_BOOTSTRAP"))
+    ag.add_argument("--gateway", default=os.environ.get("FLYWHEEL_GATEWAY_URL"))
+    ag.add_argument("--admin-token", default=os.environ.get("FLYWHEEL_ADMIN_TOKEN"))
+    ag.add_argument("--switch-mode", default="drain", choices=["drain", "no_pause", "retract"])
+    ag.add_argument("--metrics-port", type=int, default=0)
+    ag.set_defaults(func=_agent)
+
+
+def _store(args) -> Path:
+    return args.store or _home() / "store"
+
+
+def _key(args) -> Path:
+    return args.key or _home() / "keys" / "signing.pem"
+
+
+def _keygen(args) -> int:
+    from weight_sync.manifest import generate_key
+
+    out = args.out or _home() / "keys"
+    if (out / "signing.pem").exists():
+        raise ValueError(f"{out / 'signing.pem'} exists; refusing to overwrite a signing key")
+    kid = generate_key(out / "signing.pem", out / "signing.pub")
+    print(json.dumps({"key_id": kid, "private": str(out / "signing.pem"), "public": str(out / "signing.pub")}))
+    return 0
+
+
+def _cfg(args):
+    from weight_sync.publish import PublishConfig
+
+    return PublishConfig(store=_store(args), private_key=_key(args), kafka_bootstrap=getattr(args, "kafka", None),
+                         store_url=getattr(args, "store_url", None), full_every=getattr(args, "full_every", 10),
+                         progress=True)
+
+
+def _publish(args) -> int:
+    from weight_sync.publish import publish
+
+    r = publish(args.checkpoint, _cfg(args), force_full=args.full)
+    print(json.dumps({"version": r.version, "kind": r.kind, "base_version": r.base_version,
+                      "raw_mb": round(r.raw_bytes / 2**20, 2), "published_mb": round(r.published_bytes / 2**20, 3),
+                      "ratio": round(r.ratio, 1), "changed_pct": round(100 * r.changed_share, 2),
+                      "seconds": round(r.seconds, 2)}))
+    return 0
+
+
+def _activate(args, version: int, kind: str, reason: str) -> int:
+    from weight_sync.publish import activate
+
+    print(json.dumps(activate(_cfg(args), version, reason, kind)))
+    return 0
+
+
+def _list(args) -> int:
+    import urllib.request
+
+    from weight_sync.store import Store
+
+    store = Store(_store(args))
+    serving = {}
+    if args.gateway and args.admin_token:
+        req = urllib.request.Request(f"{args.gateway}/admin/weights", headers={"Authorization": f"Bearer {args.admin_token}"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            serving = json.loads(r.read())["replicas"]
+    print(f"{'version':>7} {'kind':5} {'base':>4} {'raw MB':>8} {'sent MB':>8} {'ratio':>7}  replicas")
+    for v in store.versions():
+        m = store.manifest(v)
+        reps = ",".join(sorted(r for r, sv in serving.items() if sv == str(v)))
+        print(f"{v:>7} {m.kind:5} {'' if m.base_version is None else m.base_version:>4} "
+              f"{m.nbytes_raw / 2**20:8.2f} {m.nbytes_compressed / 2**20:8.3f} "
+              f"{m.nbytes_raw / max(1, m.nbytes_compressed):7.1f}  {reps}")
+    for a in store.activations():
+        print(f"activation #{a['seq']}: {a['type']} v{a['version']} ({a['reason']})")
+    return 0
+
+
+def _serve(args) -> int:
+    from aiohttp import web
+
+    from weight_sync.store import Store
+
+    web.run_app(Store(_store(args)).app(), host=args.host, port=args.port, access_log=None)
+    return 0
+
+
+def _agent(args) -> int:
+    from weight_sync.agent import Agent, AgentConfig
+
+    cfg = AgentConfig(name=args.name, replica_url=args.replica, store_url=args.store_url,
+                      public_key=args.public_key or _home() / "keys" / "signing.pub",
+                      work_dir=args.work_dir or _home() / "agents" / args.name, initial_model=args.initial_model,
+                      kafka_bootstrap=args.kafka, gateway_url=args.gateway, admin_token=args.admin_token,
+                      gateway_replica_id=args.name, switch_mode=args.switch_mode, metrics_port=args.metrics_port)
+    Agent(cfg).run()
+    return 0

@@ -1,0 +1,167 @@
+"""Publish a checkpoint as the next version: delta against the previous one (or a full snapshot every K),
+signed, atomically visible in the store, announced on the Kafka `weights` topic."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from flywheel.events import TOPIC_WEIGHTS
+from flywheel.progress import bar
+from weight_sync import codec
+from weight_sync.checkpoint import SIDE_FILES, CheckpointReader, config_digest, weight_files
+from weight_sync.manifest import Manifest, TensorEntry, activation, announcement, load_private, sign
+from weight_sync.store import Store, chunk_name
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PublishConfig:
+    store: Path
+    private_key: Path
+    full_every: int = 10  # every K-th version is a full snapshot, so no chain grows without bound
+    chunk_elems: int = codec.DEFAULT_CHUNK_ELEMS
+    level: int = codec.DEFAULT_LEVEL
+    threads: int = 2
+    keep: int = 10  # versions kept in the store (plus what their chains need)
+    kafka_bootstrap: str | None = None
+    store_url: str | None = None  # where agents fetch from (the announcement's manifest location)
+    progress: bool = False
+
+
+@dataclass
+class PublishResult:
+    version: int
+    base_version: int | None
+    kind: str
+    raw_bytes: int
+    published_bytes: int
+    changed_share: float
+    seconds: float
+
+    @property
+    def ratio(self) -> float:
+        return self.raw_bytes / max(1, self.published_bytes)
+
+
+def _kafka_send(bootstrap: str, record: dict) -> None:
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
+                             compression_type="zstd", client_id="flywheel-publisher")
+    try:
+        # One key for every weights record: a single partition keeps versions and activations in order.
+        producer.send(TOPIC_WEIGHTS, key=b"weights", value=json.dumps(record).encode()).get(timeout=30)
+    finally:
+        producer.close(timeout=5)
+
+
+def _replace_dir(src: Path, dst: Path) -> None:
+    old = dst.with_name(dst.name + ".old")
+    shutil.rmtree(old, ignore_errors=True)
+    if dst.exists():
+        os.replace(dst, old)
+    os.replace(src, dst)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def publish(checkpoint: Path, cfg: PublishConfig, version: int | None = None, force_full: bool = False) -> PublishResult:
+    t0 = time.monotonic()
+    store = Store(cfg.store)
+    key = load_private(cfg.private_key)
+    checkpoint = Path(checkpoint)
+    latest = store.latest()
+    version = (0 if latest is None else latest + 1) if version is None else version
+    if latest is not None and version <= latest:
+        raise ValueError(f"version {version} is not newer than the latest published ({latest})")
+    head = store.root / "head"
+    cdigest = config_digest(checkpoint / "config.json")
+    new = CheckpointReader(checkpoint)
+    base = None
+    kind = "full"
+    if not force_full and latest is not None and head.exists() and version % cfg.full_every != 0:
+        base = CheckpointReader(head)
+        if base.specs() == new.specs() and config_digest(head / "config.json") == cdigest:
+            kind = "delta"
+        else:
+            base.close()
+            base = None
+    staging = store.staging(version)
+    entries, raw_bytes, changed, total = [], 0, 0, 0
+    try:
+        with ThreadPoolExecutor(cfg.threads) as pool:
+            names = sorted(new.names())
+            for t, name in enumerate(bar(names, desc=f"publish v{version} ({kind})", unit="tensor",
+                                         enabled=cfg.progress)):
+                dtype, shape = new.spec(name)
+                bits = new.bits(name)
+                chunks = codec.encode_tensor(bits, base.bits(name) if base else None, cfg.chunk_elems, cfg.level, pool)
+                for c, (meta, frame) in enumerate(chunks):
+                    (staging / "chunks" / chunk_name(t, c)).write_bytes(frame)
+                entries.append(TensorEntry(name=name, dtype=dtype, shape=list(shape), digest=codec.digest(bits),
+                                           chunks=[m for m, _ in chunks]))
+                raw_bytes += bits.nbytes
+                changed += sum(m.changed for m, _ in chunks)
+                total += bits.size
+        files = {}
+        for name in SIDE_FILES:
+            src = checkpoint / name
+            if src.exists():
+                shutil.copyfile(src, staging / "files" / name)
+                files[name] = codec.digest(src.read_bytes())
+        manifest = Manifest(version=version, base_version=latest if kind == "delta" else None, kind=kind,
+                            config_digest=cdigest, tensors=entries, files=files)
+        body, signature = sign(manifest, key)
+        (staging / "manifest.json").write_bytes(body)
+        (staging / "manifest.sig").write_bytes(signature)
+        store.commit(staging, version)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    finally:
+        new.close()
+        if base is not None:
+            base.close()
+
+    # The publisher's copy of the newest version: the base of the next delta.
+    head_new = store.root / ".head-new"
+    shutil.rmtree(head_new, ignore_errors=True)
+    head_new.mkdir()
+    for f in weight_files(checkpoint):
+        shutil.copyfile(f, head_new / f.name)
+    for name in SIDE_FILES:
+        if (checkpoint / name).exists():
+            shutil.copyfile(checkpoint / name, head_new / name)
+    _replace_dir(head_new, head)
+    store.retain(cfg.keep)
+
+    result = PublishResult(version=version, base_version=manifest.base_version, kind=kind, raw_bytes=raw_bytes,
+                           published_bytes=manifest.nbytes_compressed + len(body),
+                           changed_share=changed / max(1, total), seconds=time.monotonic() - t0)
+    if cfg.kafka_bootstrap:
+        location = (f"{cfg.store_url}/versions/{version}/manifest.json" if cfg.store_url
+                    else str(store.version_dir(version) / "manifest.json"))
+        _kafka_send(cfg.kafka_bootstrap, announcement(manifest, location, codec.digest(body)))
+    log.info("published v%d (%s, base %s): %.1f MB -> %.2f MB (%.1fx), %.1f%% changed, %.2fs", version, kind,
+             manifest.base_version, raw_bytes / 2**20, result.published_bytes / 2**20, result.ratio,
+             100 * result.changed_share, result.seconds)
+    return result
+
+
+def activate(cfg: PublishConfig, version: int, reason: str, kind: str = "activate") -> dict:
+    """Announce that the fleet serves `version` from now on (rollback), or pin/unpin it."""
+    store = Store(cfg.store)
+    if kind in ("activate", "pin") and version not in store.versions():
+        raise ValueError(f"version {version} is not in the store (have {store.versions()})")
+    record = activation(version, reason, seq=len(store.activations()) + 1)
+    record["type"] = kind
+    store.record_activation(record)
+    if cfg.kafka_bootstrap:
+        _kafka_send(cfg.kafka_bootstrap, record)
+    return record

@@ -1,0 +1,159 @@
+"""The version store: a directory of published versions, and its HTTP face.
+
+    <root>/versions/<N>/manifest.json     canonical manifest bytes
+                        manifest.sig      ed25519 signature of those bytes
+                        chunks/<t>.<c>    compressed chunk c of tensor t (t: index in the manifest)
+                        files/<name>      side files (config.json, tokenizer files)
+    <root>/.staging-<N>-*/                a version being written; renamed into versions/ when complete
+    <root>/head/                          the publisher's full copy of the newest version (delta base)
+    <root>/activations.jsonl              rollbacks and pins, in order (also announced on Kafka)
+
+Chunk and file paths are derived from indices and validated names, never taken from a manifest, so
+nothing a manifest says can reach outside the store. A version is visible only after the rename, which
+happens after every chunk, file and the signed manifest are on disk.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from pathlib import Path
+
+from aiohttp import web
+
+from weight_sync.manifest import Manifest
+
+_CHUNK = re.compile(r"^\d{1,6}\.\d{1,6}$")
+_FILE = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
+
+
+def chunk_name(tensor_index: int, chunk_index: int) -> str:
+    return f"{tensor_index}.{chunk_index}"
+
+
+class Store:
+    def __init__(self, root: Path):
+        self.root = Path(root)
+        (self.root / "versions").mkdir(parents=True, exist_ok=True)
+
+    def version_dir(self, version: int) -> Path:
+        return self.root / "versions" / str(int(version))
+
+    def versions(self) -> list[int]:
+        return sorted(int(p.name) for p in (self.root / "versions").iterdir() if p.name.isdigit())
+
+    def latest(self) -> int | None:
+        v = self.versions()
+        return v[-1] if v else None
+
+    def manifest(self, version: int) -> Manifest:
+        return Manifest.parse((self.version_dir(version) / "manifest.json").read_bytes())
+
+    def staging(self, version: int) -> Path:
+        import tempfile
+
+        if self.version_dir(version).exists():
+            raise FileExistsError(f"version {version} is already published")
+        d = Path(tempfile.mkdtemp(prefix=f".staging-{version}-", dir=self.root))
+        (d / "chunks").mkdir()
+        (d / "files").mkdir()
+        return d
+
+    def commit(self, staging: Path, version: int) -> Path:
+        """Make a staged version visible (atomic rename)."""
+        import os
+
+        for f in (staging / "chunks").iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        target = self.version_dir(version)
+        os.replace(staging, target)
+        fd = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return target
+
+    def chain(self, version: int) -> list[int]:
+        """The versions needed to rebuild `version`: back to its full snapshot, oldest first."""
+        out = []
+        v: int | None = version
+        while v is not None:
+            out.append(v)
+            m = self.manifest(v)
+            v = m.base_version if m.kind == "delta" else None
+        return out[::-1]
+
+    def retain(self, keep: int, protect: set[int] = frozenset()) -> list[int]:
+        """Delete old versions: keep the newest `keep`, the protected ones, and everything their chains need."""
+        versions = self.versions()
+        wanted = set(versions[-keep:]) | (set(protect) & set(versions))
+        needed = set()
+        for v in wanted:
+            needed.update(self.chain(v))
+        removed = [v for v in versions if v not in needed]
+        for v in removed:
+            shutil.rmtree(self.version_dir(v), ignore_errors=True)
+        for stale in self.root.glob(".staging-*"):  # publishes that died half-way
+            if time.time() - stale.stat().st_mtime > 3600:
+                shutil.rmtree(stale, ignore_errors=True)
+        return removed
+
+    def record_activation(self, record: dict) -> None:
+        with open(self.root / "activations.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def activations(self) -> list[dict]:
+        path = self.root / "activations.jsonl"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+    # ------------------------------------------------------------------ HTTP
+    def app(self) -> web.Application:
+        """GET /versions, /versions/N/manifest.json|manifest.sig, /versions/N/chunks/T.C, /versions/N/files/NAME.
+        File responses honour Range requests, so an interrupted download resumes."""
+
+        def version_of(request) -> Path:
+            v = request.match_info["version"]
+            if not v.isdigit():
+                raise web.HTTPNotFound(reason="bad version")
+            d = self.version_dir(int(v))
+            if not d.is_dir():
+                raise web.HTTPNotFound(reason=f"no version {v}")
+            return d
+
+        async def versions(request):
+            return web.json_response({"versions": self.versions(), "activations": self.activations()})
+
+        async def manifest(request):
+            name = request.match_info["name"]
+            if name not in ("manifest.json", "manifest.sig"):
+                raise web.HTTPNotFound()
+            return web.FileResponse(version_of(request) / name)
+
+        async def chunk(request):
+            name = request.match_info["name"]
+            if not _CHUNK.match(name):
+                raise web.HTTPNotFound(reason="bad chunk name")
+            path = version_of(request) / "chunks" / name
+            if not path.exists():
+                raise web.HTTPNotFound()
+            return web.FileResponse(path)
+
+        async def side_file(request):
+            name = request.match_info["name"]
+            if not _FILE.match(name) or name in (".", ".."):
+                raise web.HTTPNotFound(reason="bad file name")
+            path = version_of(request) / "files" / name
+            if not path.exists():
+                raise web.HTTPNotFound()
+            return web.FileResponse(path)
+
+        app = web.Application()
+        app.add_routes([web.get("/versions", versions), web.get("/versions/{version}/{name}", manifest),
+                        web.get("/versions/{version}/chunks/{name}", chunk),
+                        web.get("/versions/{version}/files/{name}", side_file)])
+        return app

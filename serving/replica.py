@@ -34,6 +34,9 @@ class ReplicaConfig:
     chunked_prefill_size: int = 4096
     weight_version: str = "0"
     random_seed: int = 0
+    # torch intra-op threads; 0: torch's default (all cores). Replicas sharing a CPU machine should split
+    # the cores: two replicas of two threads each on two cores measured a 10x worse p99 (benchmarks.delta).
+    threads: int = 0
     extra_args: list[str] = field(default_factory=list)
     log_dir: Path | None = None
     start_timeout_s: float = 240.0
@@ -89,6 +92,10 @@ def _env(cfg: ReplicaConfig) -> dict:
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     if cfg.device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
+        # OpenMP workers that spin between parallel regions starve every other process on a small machine.
+        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        if cfg.threads:
+            env["OMP_NUM_THREADS"] = str(cfg.threads)
     return env
 
 

@@ -34,8 +34,8 @@ MAX_TOKENS = 8  # throughput rounds
 LATENCY_MAX_TOKENS = 1  # latency rounds: the overhead is per request, and a short engine call is less noisy
 ROUNDS = 300  # sequential requests per path
 CONCURRENCY = 16
-LOAD_ROUND_S = 6.0
-LOAD_ROUNDS = 4  # per gateway, alternating
+LOAD_ROUND_S = 5.0
+LOAD_ROUNDS = 6  # per gateway, alternating
 
 
 def _pct(xs: list[float], q: float) -> float:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flywheel.paths import flywheel_home
-from flywheel.procs import free_port, pid_alive, read_state, stop_pid, tail, wait_until, write_state
+from flywheel.procs import free_port, pid_alive, read_state, stop_recorded, tail, wait_until, write_state
 
 POM = Path(__file__).resolve().parent / "kafka_maven" / "pom.xml"
 STATE_FILE = "broker.json"  # present while a broker runs
@@ -51,11 +51,7 @@ class Broker:
     log_file: Path
 
     def stop(self, timeout: float = 30.0) -> bool:
-        ok = stop_pid(self.pid, timeout=timeout)
-        state = read_state(self.data_dir / STATE_FILE)
-        if ok and state and state.get("pid") == self.pid:
-            (self.data_dir / STATE_FILE).unlink(missing_ok=True)
-        return ok
+        return stop_recorded(self.pid, self.data_dir / STATE_FILE, timeout)
 
 
 def libs_dir(version: str | None = None) -> Path:

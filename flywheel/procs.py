@@ -74,6 +74,15 @@ def stop_pid(pid: int, timeout: float = 20.0) -> bool:
     return not pid_alive(pid)
 
 
+def stop_recorded(pid: int, state_file: Path, timeout: float = 30.0) -> bool:
+    """stop_pid, then forget the state file that recorded this pid (if it still records this one)."""
+    ok = stop_pid(pid, timeout=timeout)
+    state = read_state(state_file)
+    if ok and state and state.get("pid") == pid:
+        state_file.unlink(missing_ok=True)
+    return ok
+
+
 def _reap(pid: int) -> None:
     try:
         os.waitpid(pid, os.WNOHANG)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 NUMBER_WORDS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine"}
 ARG_NAMES = {
@@ -201,7 +201,6 @@ class CorpusConfig:
     test_doc_share: float = 0.15  # documents that are a test function instead
     fim_share: float = 0.1  # documents in fill-in-the-middle form
     heldout_share: float = 0.2
-    extra: dict = field(default_factory=dict)
 
 
 FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE, EOS = "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|endoftext|>"

@@ -60,12 +60,12 @@ def run(cfg, shared) -> None:
             if cursor >= head or time.monotonic() > stop_deadline:
                 break
         if cursor >= head:
-            time.sleep(0.01)
+            time.sleep(0.05)
             continue
         if not shared[STOP] and not backlog and time.monotonic() - sent_at < cfg.ship_interval_s:
             # Ship in bursts, not per event: on a machine shared with the engine each send costs the
             # requests in flight a little (measured in benchmarks.gateway); a full batch goes at once.
-            time.sleep(0.01)
+            time.sleep(0.05)
             continue
         records, end, nbytes = spool.read(cursor, head, cfg.send_batch)
         backlog = len(records) == cfg.send_batch

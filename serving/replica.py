@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flywheel.paths import REPO_ROOT, flywheel_home
-from flywheel.procs import free_port, pid_alive, read_state, stop_pid, tail, wait_until, write_state
+from flywheel.procs import free_port, pid_alive, read_state, stop_recorded, tail, wait_until, write_state
 
 CPU_FLAGS = ["--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
              "--grammar-backend", "none", "--disable-cuda-graph", "--sleep-on-idle"]
@@ -51,12 +51,7 @@ class Replica:
     model_path: str
 
     def stop(self, timeout: float = 30.0) -> bool:
-        ok = stop_pid(self.pid, timeout=timeout)
-        state_file = _state_dir() / f"{self.port}.json"
-        state = read_state(state_file)
-        if ok and state and state.get("pid") == self.pid:
-            state_file.unlink(missing_ok=True)
-        return ok
+        return stop_recorded(self.pid, _state_dir() / f"{self.port}.json", timeout)
 
     def alive(self) -> bool:
         return pid_alive(self.pid)
@@ -92,10 +87,11 @@ def _env(cfg: ReplicaConfig) -> dict:
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     if cfg.device == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
-        # OpenMP workers that spin between parallel regions starve every other process on a small machine.
-        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         if cfg.threads:
             env["OMP_NUM_THREADS"] = str(cfg.threads)
+            # Sharing the machine: OpenMP workers spinning between parallel regions would starve the other
+            # replicas. (Alone, spinning is faster: PASSIVE cut one replica's tokens/s by ~30%, benchmarks.foundation.)
+            env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     return env
 
 

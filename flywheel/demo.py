@@ -49,19 +49,22 @@ def _count_events(bootstrap: str, want: set[str], timeout_s: float = 30.0) -> di
     from kafka import KafkaConsumer
 
     from flywheel import events as ev
+    from flywheel.kafka_broker import quiet_kafka
 
-    consumer = KafkaConsumer(ev.TOPIC_COMPLETIONS, ev.TOPIC_FEEDBACK, bootstrap_servers=bootstrap,
-                             group_id=f"demo-{uuid.uuid4().hex[:6]}", auto_offset_reset="earliest",
-                             enable_auto_commit=False)
     seen: dict[str, set] = {ev.TOPIC_COMPLETIONS: set(), ev.TOPIC_FEEDBACK: set()}
     deadline = time.monotonic() + timeout_s
-    try:
-        while time.monotonic() < deadline and not (want <= seen[ev.TOPIC_COMPLETIONS] and want <= seen[ev.TOPIC_FEEDBACK]):
-            for recs in consumer.poll(timeout_ms=500).values():
-                for r in recs:
-                    seen[r.topic].add(ev.decode(r.value).completion_id)
-    finally:
-        consumer.close()
+    with quiet_kafka():  # a short-lived consumer: its rebalance chatter is noise here
+        consumer = KafkaConsumer(ev.TOPIC_COMPLETIONS, ev.TOPIC_FEEDBACK, bootstrap_servers=bootstrap,
+                                 group_id=f"demo-{uuid.uuid4().hex[:6]}", auto_offset_reset="earliest",
+                                 enable_auto_commit=False)
+        try:
+            while time.monotonic() < deadline and not (want <= seen[ev.TOPIC_COMPLETIONS]
+                                                       and want <= seen[ev.TOPIC_FEEDBACK]):
+                for recs in consumer.poll(timeout_ms=500).values():
+                    for r in recs:
+                        seen[r.topic].add(ev.decode(r.value).completion_id)
+        finally:
+            consumer.close()
     return {topic: len(ids & want) for topic, ids in seen.items()}
 
 

@@ -7,6 +7,8 @@ under $FLYWHEEL_HOME/kafka/<version>/libs. The broker keeps its pid, ports and l
 from __future__ import annotations
 
 import base64
+import contextlib
+import logging
 import os
 import re
 import shutil
@@ -151,24 +153,30 @@ def _java() -> str:
     return java
 
 
-def metadata_ok(bootstrap: str, timeout_s: float = 5.0) -> bool:
-    """True when the broker answers a metadata request (and reports itself as a live node)."""
-    import logging
-
-    from kafka import KafkaAdminClient
-
+@contextlib.contextmanager
+def quiet_kafka():
+    """Silence kafka-python's logging for a block whose failures are expected and handled by the caller
+    (probing a broker that is still starting, a short-lived consumer that is closed mid-refresh)."""
     log = logging.getLogger("kafka")
     level = log.level
-    log.setLevel(logging.CRITICAL)  # "connection refused" is the expected answer while a broker starts
+    log.setLevel(logging.CRITICAL)
     try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def metadata_ok(bootstrap: str, timeout_s: float = 5.0) -> bool:
+    """True when the broker answers a metadata request (and reports itself as a live node)."""
+    from kafka import KafkaAdminClient
+
+    with quiet_kafka():  # "connection refused" is the expected answer while a broker starts
         admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000),
                                  client_id="flywheel-probe")
         try:
             return len(admin.describe_cluster().get("brokers", [])) >= 1
         finally:
             admin.close()
-    finally:
-        log.setLevel(level)
 
 
 def running(data_dir: Path) -> Broker | None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 
@@ -17,6 +18,38 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--quiet", action="store_true", help="no progress bars")
     b.set_defaults(func=_bootstrap)
 
+    n = sub.add_parser("numerics", help="trainer vs served logprobs of the same tokens, router replay on and off")
+    n.add_argument("--replica", default=None, help="replica URL (default: start one on the model)")
+    n.add_argument("--model", type=Path, default=None, help="checkpoint dir (default: the bootstrap preset)")
+    n.add_argument("--preset", default="demo", choices=["test", "demo"])
+    n.add_argument("--prompts", type=int, default=16)
+    n.add_argument("--max-tokens", type=int, default=24)
+    n.add_argument("--json", action="store_true", help="print only the JSON report")
+    n.set_defaults(func=_numerics)
+
+    t = sub.add_parser("train", help="the online RL trainer daemon (Kafka stream + sandbox rollouts)")
+    t.add_argument("--model", type=Path, default=None, help="starting checkpoint (default: the bootstrap preset)")
+    t.add_argument("--preset", default="demo", choices=["test", "demo"])
+    t.add_argument("--work-dir", type=Path, default=None, help="default $FLYWHEEL_HOME/trainer")
+    t.add_argument("--kafka", default=os.environ.get("FLYWHEEL_KAFKA_BOOTSTRAP"))
+    t.add_argument("--gateway", default=os.environ.get("FLYWHEEL_GATEWAY_URL"), help="for rollouts (admin path)")
+    t.add_argument("--admin-token", default=os.environ.get("FLYWHEEL_ADMIN_TOKEN"))
+    t.add_argument("--rollout-tasks", type=int, default=0, help="sandbox tasks per update (0: user feedback only)")
+    t.add_argument("--batch-size", type=int, default=32)
+    t.add_argument("--min-batch", type=int, default=8, help="fewer buffered samples wait (rollouts aside)")
+    t.add_argument("--checkpoint-every", type=int, default=1, help="updates between checkpoints + offset commits")
+    t.add_argument("--lr", type=float, default=3e-5)
+    t.add_argument("--kl", type=float, default=0.05)
+    t.add_argument("--staleness", type=int, default=4)
+    t.add_argument("--publish-interval", type=float, default=3600.0, help="seconds between published versions")
+    t.add_argument("--store", type=Path, default=None, help="weights store to publish into (default: none)")
+    t.add_argument("--key", type=Path, default=None, help="signing key (default $FLYWHEEL_HOME/weights/keys/signing.pem)")
+    t.add_argument("--store-url", default=os.environ.get("FLYWHEEL_STORE_URL"))
+    t.add_argument("--max-steps", type=int, default=None)
+    t.add_argument("--nproc", type=int, default=1, help="data-parallel ranks (gloo on CPU)")
+    t.add_argument("--metrics-port", type=int, default=0)
+    t.set_defaults(func=_train)
+
 
 def _bootstrap(args) -> int:
     from online_rl.bootstrap import bootstrap, report
@@ -26,4 +59,47 @@ def _bootstrap(args) -> int:
     summary = {"path": str(path), "parameters": r["parameters"], "final_loss": r["final_loss"],
                **{k: v for k, v in r.get("eval", {}).items() if k.startswith("pass_rate")}, **r["timings"]}
     print(json.dumps(summary))
+    return 0
+
+
+def _numerics(args) -> int:
+    from online_rl.bootstrap import bootstrap
+    from online_rl.numerics import measure
+
+    model = args.model or bootstrap(args.preset, 0, progress=not args.json)
+    replica = None
+    url = args.replica
+    if url is None:
+        from serving.replica import ReplicaConfig, start
+
+        replica = start(ReplicaConfig(model_path=model))
+        url = replica.url
+    try:
+        report = measure(url, model, args.prompts, args.max_tokens)
+    finally:
+        if replica is not None:
+            replica.stop()
+    print(json.dumps(report) if args.json else json.dumps(report, indent=2))
+    return 0
+
+
+def _train(args) -> int:
+    from flywheel.paths import flywheel_home
+    from online_rl.bootstrap import bootstrap
+    from online_rl.loss import LossConfig
+    from online_rl.rollouts import RolloutConfig
+    from online_rl.trainer import TrainerConfig, run_distributed
+    from online_rl.update import OptimConfig
+
+    cfg = TrainerConfig(
+        model_dir=args.model or bootstrap(args.preset, 0), work_dir=args.work_dir or flywheel_home() / "trainer",
+        kafka_bootstrap=args.kafka, batch_size=args.batch_size, min_batch=args.min_batch,
+        checkpoint_every=args.checkpoint_every, staleness=args.staleness,
+        publish_interval_s=args.publish_interval, publish_store=args.store,
+        publish_key=args.key or flywheel_home() / "weights" / "keys" / "signing.pem", publish_store_url=args.store_url,
+        max_steps=args.max_steps, metrics_port=args.metrics_port, loss=LossConfig(kl_coef=args.kl),
+        optim=OptimConfig(lr=args.lr),
+        rollouts=RolloutConfig(gateway_url=args.gateway, admin_token=args.admin_token,
+                               tasks_per_step=args.rollout_tasks))
+    run_distributed(cfg, args.nproc)
     return 0

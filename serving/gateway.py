@@ -10,6 +10,7 @@ Events go through serving.event_log: the request path never waits on Kafka.
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import logging
 import os
@@ -107,6 +108,7 @@ class Gateway:
             web.get("/admin/replicas", self.admin_replicas),
             web.post("/admin/replicas/{replica}/{action}", self.admin_replica_action),
             web.get("/admin/weights", self.admin_weights),
+            web.post("/admin/rollouts", self.admin_rollouts),
         ])
         app.on_startup.append(self._startup)
         app.on_cleanup.append(self._cleanup)
@@ -191,13 +193,22 @@ class Gateway:
             s["sampling_seed"] = spec.seed
         return s
 
-    async def _run_choice(self, body: dict, stream: bool, on_chunk=None) -> tuple[engine.EngineResult, str, dict]:
+    def _pick(self, tried: set[str], rollout: bool):
+        if not rollout:
+            return self.pool.pick(exclude=tried)
+        try:  # rollouts go to borrowed replicas; until the off-peak scheduler lends some, to any replica
+            return self.pool.pick(exclude=tried, rollout=True)
+        except NoReplica:
+            return self.pool.pick(exclude=tried)
+
+    async def _run_choice(self, body: dict, stream: bool, on_chunk=None,
+                          rollout: bool = False) -> tuple[engine.EngineResult, str, dict]:
         """One choice on one replica; retried on another if the replica fails before its first byte."""
         tried: set[str] = set()
         last: Exception | None = None
         for attempt in range(self.cfg.max_attempts):
             try:
-                replica = self.pool.pick(exclude=tried)
+                replica = self._pick(tried, rollout)
             except NoReplica as e:
                 last = e
                 break
@@ -207,7 +218,7 @@ class Gateway:
             t0 = time.monotonic()
             timing = {"ttft_ms": None}
             try:
-                with Lease(replica):
+                with Lease(replica, rollout=rollout):
                     if not stream:
                         res = await engine.generate(self.session, replica.url, body, self.layers, self.top_k,
                                                     self.cfg.request_timeout_s)
@@ -350,7 +361,7 @@ class Gateway:
         return ",".join(versions)
 
     def _log_completion(self, tenant: Tenant, spec: GenerationSpec, cid: str, i: int, prompt_ids: list[int],
-                        res: engine.EngineResult, replica_id: str, timing: dict) -> None:
+                        res: engine.EngineResult, replica_id: str, timing: dict, source: str = "user") -> None:
         if not self.cfg.log_events:
             return
         spans = res.weight_versions or []
@@ -362,7 +373,7 @@ class Gateway:
             prompt_ids=np.asarray(prompt_ids, np.int32), output_ids=np.asarray(res.output_ids, np.int32),
             logprobs=np.asarray(res.logprobs, np.float32), routed_experts=experts, sampling=spec.sampling(),
             finish_reason=finish_reason(res.finish), latency={**timing, "queue_ms": res.queue_ms},
-            weight_versions=spans, switch_index=switch, source="user", replica=replica_id)
+            weight_versions=spans, switch_index=switch, source=source, replica=replica_id)
         self.events.submit(ev.TOPIC_COMPLETIONS, cid, event.encode())
 
     # ------------------------------------------------------------------ feedback
@@ -478,6 +489,32 @@ class Gateway:
         replica.state = target
         log.info("replica %s -> %s (admin)", rid, target.value)
         return _json(replica.view())
+
+    async def admin_rollouts(self, request: web.Request) -> web.Response:
+        """Trainer-side generation: n samples of one prompt, with token ids, behaviour logprobs, routed
+        experts and version, on replicas lent to rollouts. Logged as source=rollout, never as user traffic."""
+        self._admin(request)
+        body = parse_json_body(await request.read())
+        spec = parse_completion({"model": "rollout", **{k: v for k, v in body.items() if k != "model"}},
+                                self.cfg.limits)
+        if spec.stream:
+            raise ApiError(400, "rollouts do not stream", param="stream")
+        prompt_ids = self._prompt_ids(spec)
+        sampling = self._sampling(spec)
+        rid = f"rollout-{time.time_ns():x}"
+        bodies = [engine.payload(prompt_ids, sampling, 0, False, f"{rid}-{i}") for i in range(spec.n)]
+        results = await asyncio.gather(*(self._run_choice(b, False, rollout=True) for b in bodies))
+        trainer = Tenant(id="trainer", name="trainer")
+        choices = []
+        for i, (res, replica_id, timing) in enumerate(results):
+            self._log_completion(trainer, spec, rid, i, prompt_ids, res, replica_id, timing, source="rollout")
+            experts = res.routed_experts if res.routed_experts is not None else np.zeros((0, self.layers, self.top_k),
+                                                                                         np.uint8)
+            choices.append({"index": i, "text": res.text, "output_ids": res.output_ids, "logprobs": res.logprobs,
+                            "routed_experts": base64.b64encode(experts.tobytes()).decode(),
+                            "routed_experts_shape": list(experts.shape), "weight_version": res.weight_version,
+                            "finish_reason": finish_reason(res.finish), "replica": replica_id})
+        return _json({"id": rid, "prompt_ids": prompt_ids, "choices": choices})
 
     async def admin_weights(self, request: web.Request) -> web.Response:
         self._admin(request)

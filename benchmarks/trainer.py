@@ -1,0 +1,134 @@
+"""The trainer, side by side in one run: update-step throughput on 1 vs 2 data-parallel processes (same
+batch, same 2 cores), stream ingest rate from a real broker, and the train/serve numerics of the demo
+model with router replay on and off. Prints one JSON object as the last line."""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+STEPS = 4
+BATCH = 32
+
+
+def _samples(model_dir: Path, n: int):
+    from tokenizers import Tokenizer
+
+    from online_rl import tasks
+    from online_rl.model import load_pretrained
+    from online_rl.samples import Sample
+    from online_rl.simulate import sample_completions
+
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    model = load_pretrained(model_dir)
+    raw = sample_completions(model, tok, tasks.tasks("heldout")[: n // 4 + 1], 4, torch.Generator().manual_seed(0),
+                             max_tokens=32)[:n]
+    return [Sample(key=str(i), prompt_ids=np.asarray(p), output_ids=np.asarray(o), behaviour_logprobs=lp,
+                   routed_experts=e, reward=float(i % 3 == 0), model_version=0, group=str(i // 8))
+            for i, (p, o, lp, e) in enumerate(raw)]
+
+
+def _rank(rank: int, size: int, port: int, model_dir: str, samples, out: str) -> None:
+    import torch.distributed as dist
+
+    from online_rl.loss import LossConfig, advantages
+    from online_rl.model import load_pretrained
+    from online_rl.update import OptimConfig, make_optimizer, update
+
+    if size > 1:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
+    torch.set_num_threads(max(1, 2 // size))
+    model, ref = load_pretrained(Path(model_dir)), load_pretrained(Path(model_dir)).eval()
+    opt = make_optimizer(model, OptimConfig())
+    adv, _ = advantages(samples, LossConfig(), 0.0)
+    times, tokens = [], 0
+    for step in range(STEPS + 1):
+        m = update(model, ref, opt, samples, adv, LossConfig(), OptimConfig())
+        if step:  # the first step warms up
+            times.append(m["step_s"])
+            tokens += m["tokens"]
+    if rank == 0:
+        Path(out).write_text(json.dumps({"seconds": sum(times), "tokens": tokens, "samples": len(samples) * STEPS}))
+    if size > 1:
+        dist.destroy_process_group()
+
+
+def update_throughput(model_dir: Path, tmp: Path) -> dict:
+    import torch.multiprocessing as mp
+
+    from flywheel.procs import free_port
+
+    samples = _samples(model_dir, BATCH)
+    out = {}
+    for size in (1, 2):
+        path = tmp / f"rank{size}.json"
+        if size == 1:
+            _rank(0, 1, 0, str(model_dir), samples, str(path))
+        else:
+            mp.spawn(_rank, args=(2, free_port(), str(model_dir), samples, str(path)), nprocs=2)
+        r = json.loads(path.read_text())
+        out[f"tokens_per_s_{size}proc"] = round(r["tokens"] / r["seconds"], 1)
+        out[f"samples_per_s_{size}proc"] = round(r["samples"] / r["seconds"], 2)
+    out["update_batch"] = {"samples": len(samples), "mean_tokens": round(float(np.mean([s.n_tokens for s in samples])), 1)}
+    return out
+
+
+def ingest_rate(model_dir: Path, tmp: Path, pairs: int = 3000) -> dict:
+    from flywheel import kafka_broker
+    from online_rl.trainer import Trainer, TrainerConfig
+    from online_rl.simulate import events_for, produce
+
+    broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=tmp / "kafka"))
+    try:
+        one = _samples(model_dir, 8)
+        fake = [one[i % len(one)] for i in range(pairs)]
+        raw = [(s.prompt_ids.tolist(), s.output_ids.tolist(), s.behaviour_logprobs, s.routed_experts) for s in fake]
+        produce(broker.bootstrap, events_for(raw, lambda o: "accept", prefix="ing"))
+        trainer = Trainer(TrainerConfig(model_dir=model_dir, work_dir=tmp / "t", kafka_bootstrap=broker.bootstrap))
+        trainer.consumer()
+        t = time.perf_counter()
+        while trainer.joiner.stats.joined < pairs and time.perf_counter() - t < 300:
+            trainer.ingest()
+        seconds = time.perf_counter() - t
+        return {"ingest_events_per_s": round(2 * trainer.joiner.stats.joined / seconds, 1),
+                "ingest_pairs": trainer.joiner.stats.joined}
+    finally:
+        broker.stop()
+
+
+def numerics(model_dir: Path) -> dict:
+    from online_rl.numerics import measure
+    from serving.replica import ReplicaConfig, start
+
+    replica = start(ReplicaConfig(model_path=model_dir))
+    try:
+        return {"numerics": measure(replica.url, model_dir, prompts=24, max_tokens=32)}
+    finally:
+        replica.stop()
+
+
+def main() -> dict:
+    from online_rl.bootstrap import bootstrap
+
+    model = bootstrap("demo", 0, progress=False)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-trainer-"))
+    try:
+        result = {}
+        result.update(update_throughput(model, tmp))
+        result.update(ingest_rate(model, tmp))
+        result.update(numerics(model))
+        result["targets_met"] = {"replay_logprob_diff_le_1e-5": result["numerics"]["replay"]["max_abs_logprob_diff"]
+                                 <= 1e-5, "replay_routing_disagreement_zero":
+                                 result["numerics"]["replay"]["routing_disagreement"] == 0.0}
+        return result
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    print(json.dumps(main()))

@@ -1,0 +1,119 @@
+"""The policy-gradient update: advantages, batches with router replay, and the loss.
+
+loss = ( sum over sequences and output tokens of  -min(rho_t, C) * A * log pi(t)
+         + beta * (log pi(t) - log pi_ref(t)) ) / number of sequences
+  rho_t = pi(t) / mu(t), mu the behaviour policy whose logprobs serving logged (truncated importance
+  weight, no gradient through it: the sample may come from an older version, asynchronously);
+  A     group-relative for rollouts (reward - group mean), reward - running baseline for user samples,
+        after a concave length penalty on the token count (Composer 2: coef * n ** power);
+  the KL term is the k1 estimator against the frozen reference (the bootstrap model);
+  no length normalisation: tokens are summed, sequences averaged.
+The forward replays the experts serving chose (router replay), so training scores exactly the routes
+that produced the tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from online_rl.model import MoECoder, token_logprobs
+from online_rl.samples import LengthPenalty, Sample
+
+
+@dataclass
+class LossConfig:
+    is_cap: float = 2.0  # C: importance weights above it are truncated
+    kl_coef: float = 0.05  # beta
+    length_penalty: LengthPenalty = field(default_factory=LengthPenalty)
+    group_std: bool = False  # divide group advantages by the group's std (GRPO); off: Dr.GRPO-style
+    baseline_momentum: float = 0.9  # running baseline of user rewards
+    router_replay: bool = True
+
+
+@dataclass
+class Batch:
+    inputs: torch.Tensor  # (B, T) token ids (prompt + output minus the last token), right-padded
+    targets: torch.Tensor  # (B, T) the next tokens
+    mask: torch.Tensor  # (B, T) 1 on output tokens
+    behaviour: torch.Tensor  # (B, T) serving's logprobs at output positions, 0 elsewhere
+    replay: torch.Tensor | None  # (B, T, L, K) experts serving routed each position to
+    advantages: torch.Tensor  # (B,)
+    n_tokens: int
+
+
+def advantages(samples: list[Sample], cfg: LossConfig, baseline: float) -> tuple[np.ndarray, float]:
+    """Per-sample advantages; returns them and the updated user-reward baseline."""
+    shaped = np.array([s.reward - cfg.length_penalty(s.n_tokens) for s in samples], dtype=np.float64)
+    adv = np.zeros(len(samples))
+    groups: dict[str, list[int]] = {}
+    for i, s in enumerate(samples):
+        if s.group is not None:
+            groups.setdefault(s.group, []).append(i)
+    for idx in groups.values():
+        r = shaped[idx]
+        a = r - r.mean()
+        if cfg.group_std and r.std() > 1e-6:
+            a = a / r.std()
+        adv[idx] = a
+    users = [i for i, s in enumerate(samples) if s.group is None]
+    for i in users:
+        adv[i] = shaped[i] - baseline
+    if users:
+        baseline = cfg.baseline_momentum * baseline + (1 - cfg.baseline_momentum) * float(shaped[users].mean())
+    return adv, baseline
+
+
+def make_batch(samples: list[Sample], adv: np.ndarray, replay: bool = True) -> Batch:
+    B = len(samples)
+    T = max(s.prompt_ids.size + s.output_ids.size - 1 for s in samples)
+    L, K = samples[0].routed_experts.shape[1:]
+    inputs = torch.zeros(B, T, dtype=torch.long)
+    targets = torch.zeros(B, T, dtype=torch.long)
+    mask = torch.zeros(B, T)
+    behaviour = torch.zeros(B, T)
+    experts = torch.zeros(B, T, L, K, dtype=torch.long)
+    experts[..., :] = torch.arange(K)  # distinct ids on padding positions (never scored)
+    for b, s in enumerate(samples):
+        seq = np.concatenate([s.prompt_ids, s.output_ids]).astype(np.int64)
+        n, p = seq.size - 1, s.prompt_ids.size
+        inputs[b, :n] = torch.from_numpy(seq[:-1])
+        targets[b, :n] = torch.from_numpy(seq[1:])
+        mask[b, p - 1:n] = 1.0
+        behaviour[b, p - 1:n] = torch.from_numpy(np.asarray(s.behaviour_logprobs, dtype=np.float32))
+        if replay:
+            if s.routed_experts.shape[0] != n:
+                raise ValueError(f"sample {s.key}: {s.routed_experts.shape[0]} routed positions for {n} inputs")
+            experts[b, :n] = torch.from_numpy(s.routed_experts.astype(np.int64))
+    return Batch(inputs, targets, mask, behaviour, experts if replay else None,
+                 torch.tensor(adv, dtype=torch.float32), int(mask.sum().item()))
+
+
+def policy_loss(model: MoECoder, ref: MoECoder | None, batch: Batch, cfg: LossConfig,
+                denominator: int) -> tuple[torch.Tensor, dict]:
+    """Loss of this batch (a data-parallel shard divides by the global number of sequences)."""
+    out = model(batch.inputs, batch.replay)
+    logp = token_logprobs(out.logits, batch.targets)  # (B, T)
+    with torch.no_grad():
+        rho = torch.exp(logp - batch.behaviour) * batch.mask
+        weight = rho.clamp(max=cfg.is_cap)
+    pg = -(weight * batch.advantages[:, None] * logp * batch.mask).sum()
+    loss = pg
+    kl_tok = torch.zeros(())
+    if ref is not None and cfg.kl_coef:
+        with torch.no_grad():
+            ref_logp = token_logprobs(ref(batch.inputs, batch.replay).logits, batch.targets)
+        k1 = (logp - ref_logp) * batch.mask
+        loss = loss + cfg.kl_coef * k1.sum()
+        kl_tok = k1.sum().detach() / max(1, batch.n_tokens)
+    loss = loss / denominator
+    m = batch.mask.bool()
+    metrics = {
+        "kl_per_token": float(kl_tok),
+        "rho_mean": float(rho[m].mean()) if m.any() else 1.0,
+        "truncated_share": float((rho[m] > cfg.is_cap).float().mean()) if m.any() else 0.0,
+        "logprob_mismatch_max": float((logp.detach() - batch.behaviour)[m].abs().max()) if m.any() else 0.0,
+        "tokens": batch.n_tokens,
+    }
+    return loss, metrics

@@ -1,0 +1,60 @@
+"""Completions and their events made with the trainer's own model, shaped as serving logs them: for tests,
+benchmarks and rehearsals of the trainer without a fleet."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from flywheel import events as ev
+from online_rl import tasks
+from online_rl.model import MoECoder, token_logprobs
+
+
+def sample_completions(model: MoECoder, tok, task_list, per_task: int, generator: torch.Generator,
+                       max_tokens: int = 24) -> list[tuple[list[int], list[int], np.ndarray, np.ndarray]]:
+    """(prompt ids, output ids, behaviour logprobs, routed experts) per sample, at temperature 1."""
+    out = []
+    model.eval()
+    for t in task_list:
+        ids = tok.encode(t.prompt).ids
+        for o in model.generate([ids] * per_task, max_tokens, 1.0, {0, 1, 2, 3}, generator=generator):
+            if not o:
+                continue
+            seq = torch.tensor([ids + o])
+            with torch.no_grad():
+                r = model(seq[:, :-1])
+            lp = token_logprobs(r.logits, seq[:, 1:])[0, len(ids) - 1:].numpy().astype(np.float32)
+            out.append((ids, o, lp, r.experts[0].numpy().astype(np.uint8)))
+    model.train()
+    return out
+
+
+def events_for(samples, judge, version: int = 0, prefix: str = "cmpl") -> list[tuple[str, str, bytes]]:
+    """(topic, key, value) for a completion and its feedback per sample; judge(output ids) -> kind."""
+    records = []
+    for i, (ids, o, lp, experts) in enumerate(samples):
+        cid = f"{prefix}-{i}"
+        c = ev.CompletionEvent(completion_id=cid, choice_index=0, tenant="t", model_version=str(version),
+                               prompt_ids=np.asarray(ids, np.int32), output_ids=np.asarray(o, np.int32), logprobs=lp,
+                               routed_experts=experts, sampling={"temperature": 1.0}, finish_reason="stop",
+                               latency={})
+        f = ev.FeedbackEvent(completion_id=cid, choice_index=0, tenant="t", kind=judge(o))
+        records += [(ev.TOPIC_COMPLETIONS, cid, c.encode()), (ev.TOPIC_FEEDBACK, cid, f.encode())]
+    return records
+
+
+def produce(bootstrap: str, records) -> None:
+    from kafka import KafkaProducer
+
+    p = KafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, compression_type="zstd")
+    try:
+        for topic, key, value in records:
+            p.send(topic, key=key.encode(), value=value)
+        p.flush(timeout=60)
+    finally:
+        p.close()
+
+
+def heldout_split(n_train: int = 60, n_eval: int = 60):
+    held = tasks.tasks("heldout")
+    return held[:n_train], held[n_train:n_train + n_eval]

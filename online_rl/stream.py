@@ -1,0 +1,155 @@
+"""Join the completions and feedback streams into rewarded samples.
+
+Completions wait up to `window_s` for their feedback; one that gets none is dropped as "no signal"
+(Cursor Tab's rule: showing a suggestion that is ignored teaches nothing). Feedback that arrives before
+(or without) its completion waits `orphan_wait_s`, then is dropped with a metric. Events are deduplicated
+by event_id (the gateway's at-least-once delivery can repeat one). Rollout completions in the stream are
+tagged and never become user samples. Time is stream time (the newest event's ts), so replaying the same
+records after a restart makes the same decisions; when the consumer is caught up the caller advances it.
+The whole state round-trips through state()/from_state() for the trainer's checkpoint.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from flywheel import events as ev
+from online_rl.samples import RewardTable, Sample
+
+
+@dataclass
+class JoinConfig:
+    window_s: float = 120.0
+    orphan_wait_s: float = 60.0
+    dedupe_capacity: int = 1_000_000  # event ids remembered
+
+
+@dataclass
+class JoinStats:
+    consumed: int = 0
+    duplicates: int = 0
+    joined: int = 0
+    no_signal: int = 0
+    orphan_feedback: int = 0
+    extra_feedback: int = 0
+    rollout_events: int = 0
+    bad_records: int = 0
+
+
+@dataclass
+class Joiner:
+    cfg: JoinConfig = field(default_factory=JoinConfig)
+    rewards: RewardTable = field(default_factory=RewardTable)
+    text_len: Callable[[list[int]], int] | None = None  # chars of a completion (for partial accepts)
+    stats: JoinStats = field(default_factory=JoinStats)
+
+    def __post_init__(self):
+        self.pending: OrderedDict[str, ev.CompletionEvent] = OrderedDict()  # by completion_id:choice
+        self.orphans: OrderedDict[str, ev.FeedbackEvent] = OrderedDict()
+        self.judged: OrderedDict[str, float] = OrderedDict()  # keys already turned into samples (late dupes)
+        self._seen: set[str] = set()
+        self._seen_order: deque[str] = deque()
+        self.now = 0.0
+
+    @staticmethod
+    def _key(completion_id: str, choice: int) -> str:
+        return f"{completion_id}:{choice}"
+
+    def _remember(self, event_id: str) -> bool:
+        """False if the event was seen before."""
+        if event_id in self._seen:
+            self.stats.duplicates += 1
+            return False
+        self._seen.add(event_id)
+        self._seen_order.append(event_id)
+        while len(self._seen_order) > self.cfg.dedupe_capacity:
+            self._seen.discard(self._seen_order.popleft())
+        return True
+
+    def add_raw(self, raw: bytes) -> list[Sample]:
+        try:
+            event = ev.decode(raw)
+        except ev.SchemaError:
+            self.stats.bad_records += 1
+            return []
+        return self.add(event)
+
+    def add(self, event) -> list[Sample]:
+        """Feed one event; returns the samples it completes (zero or one)."""
+        if not self._remember(event.event_id):
+            return []
+        self.stats.consumed += 1
+        self.now = max(self.now, event.ts)
+        if isinstance(event, ev.CompletionEvent):
+            if event.source != "user":
+                self.stats.rollout_events += 1
+                return []
+            key = self._key(event.completion_id, event.choice_index)
+            orphan = self.orphans.pop(key, None)
+            if orphan is not None:
+                return [self._sample(event, orphan)]
+            self.pending[key] = event
+            return []
+        key = self._key(event.completion_id, event.choice_index)
+        completion = self.pending.pop(key, None)
+        if completion is not None:
+            return [self._sample(completion, event)]
+        if key in self.judged or key in self.orphans:
+            self.stats.extra_feedback += 1
+            return []
+        self.orphans[key] = event
+        return []
+
+    def _sample(self, c: ev.CompletionEvent, f: ev.FeedbackEvent) -> Sample:
+        total = self.text_len(list(c.output_ids)) if (self.text_len and f.kind == "partial") else None
+        reward = self.rewards.reward(f.kind, f.accepted_chars, total)
+        key = self._key(c.completion_id, c.choice_index)
+        self.judged[key] = self.now
+        self.stats.joined += 1
+        return Sample(key=key, prompt_ids=c.prompt_ids, output_ids=c.output_ids, behaviour_logprobs=c.logprobs,
+                      routed_experts=c.routed_experts, reward=reward, model_version=int(c.model_version or 0),
+                      source="user", event_ids=(c.event_id, f.event_id))
+
+    def expire(self, now: float | None = None) -> None:
+        """Drop completions past their window and orphan feedback past its wait."""
+        if now is not None:
+            self.now = max(self.now, now)
+        while self.pending:
+            key, c = next(iter(self.pending.items()))
+            if self.now - c.ts <= self.cfg.window_s:
+                break
+            self.pending.popitem(last=False)
+            self.stats.no_signal += 1
+        while self.orphans:
+            key, f = next(iter(self.orphans.items()))
+            if self.now - f.ts <= self.cfg.orphan_wait_s:
+                break
+            self.orphans.popitem(last=False)
+            self.stats.orphan_feedback += 1
+        while self.judged:  # late duplicates of judged feedback only matter within the window
+            key, ts = next(iter(self.judged.items()))
+            if self.now - ts <= self.cfg.window_s + self.cfg.orphan_wait_s:
+                break
+            self.judged.popitem(last=False)
+
+    # ------------------------------------------------------------------ checkpoint
+    def state(self) -> dict:
+        return {"pending": [c.encode() for c in self.pending.values()],
+                "orphans": [f.encode() for f in self.orphans.values()],
+                "judged": list(self.judged.items()), "seen": list(self._seen_order), "now": self.now,
+                "stats": dict(vars(self.stats))}
+
+    def load_state(self, state: dict) -> None:
+        self.__post_init__()
+        for raw in state["pending"]:
+            c = ev.decode(raw)
+            self.pending[self._key(c.completion_id, c.choice_index)] = c
+        for raw in state["orphans"]:
+            f = ev.decode(raw)
+            self.orphans[self._key(f.completion_id, f.choice_index)] = f
+        self.judged = OrderedDict((k, ts) for k, ts in state["judged"])
+        self._seen_order = deque(state["seen"])
+        self._seen = set(self._seen_order)
+        self.now = state["now"]
+        self.stats = JoinStats(**state["stats"])

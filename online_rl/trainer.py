@@ -1,0 +1,412 @@
+"""The trainer daemon (`flywheel train`): a short loop over clear parts.
+
+    while running:
+        ingest   Kafka completions + feedback -> Joiner -> rewarded user samples
+        rollout  held-out tasks on serving replicas -> sandbox -> grouped samples
+        update   staleness filter -> advantages -> policy-gradient step (router replay, TIS, k1 KL)
+        save     model + optimizer + joiner + unconsumed samples + Kafka offsets, atomically;
+                 only then commit the offsets (exactly once across kill -9)
+        publish  every publish_interval: bf16 checkpoint -> weight_sync.publish -> new version
+
+Rank 0 does all I/O; with --nproc N the other ranks join each update (online_rl.update).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from flywheel import events as ev
+from online_rl.loss import LossConfig, advantages
+from online_rl.model import load_pretrained, save_pretrained
+from online_rl.rollouts import RolloutConfig, RolloutSource
+from online_rl.samples import RewardTable, Sample
+from online_rl.stream import JoinConfig, Joiner
+from online_rl.update import OptimConfig, make_optimizer, share_batch, update, world
+
+log = logging.getLogger(__name__)
+SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+              "special_tokens_map.json")
+
+
+@dataclass
+class TrainerConfig:
+    model_dir: Path  # the starting checkpoint, also the KL reference
+    work_dir: Path = Path("trainer")
+    kafka_bootstrap: str | None = None
+    group_id: str = "flywheel-trainer"
+    batch_size: int = 32  # samples per update
+    min_batch: int = 8  # a smaller batch waits for more samples, unless rollouts fill it
+    staleness: int = 4  # eta: samples produced more than this many versions ago are dropped
+    checkpoint_every: int = 1  # updates between checkpoints (offsets are committed at each checkpoint)
+    publish_interval_s: float = 3600.0
+    publish_store: Path | None = None  # weight_sync store; None: do not publish
+    publish_key: Path | None = None
+    publish_store_url: str | None = None
+    max_steps: int | None = None
+    poll_ms: int = 500
+    seed: int = 0
+    threads: int = 0  # torch threads per rank (0: cores / ranks)
+    metrics_port: int = 0
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    join: JoinConfig = field(default_factory=JoinConfig)
+    rewards: RewardTable = field(default_factory=RewardTable)
+    rollouts: RolloutConfig = field(default_factory=RolloutConfig)
+
+
+class TrainerMetrics:
+    def __init__(self):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = r = CollectorRegistry()
+        self.events = Counter("flywheel_trainer_events", "Stream events by outcome", ["outcome"], registry=r)
+        self.samples = Counter("flywheel_trainer_samples", "Samples trained, by source", ["source"], registry=r)
+        self.dropped = Counter("flywheel_trainer_dropped", "Samples dropped before training, by reason", ["reason"],
+                               registry=r)
+        self.reward = Gauge("flywheel_trainer_reward_mean", "Mean reward of trained samples, by version", ["version"],
+                            registry=r)
+        self.acceptance = Gauge("flywheel_trainer_acceptance", "Share of user samples accepted, by version",
+                                ["version"], registry=r)
+        self.kl = Gauge("flywheel_trainer_kl_per_token", "k1 KL to the reference, per token", registry=r)
+        self.mismatch = Gauge("flywheel_trainer_logprob_mismatch_max", "Max |trainer - behaviour| logprob in the last "
+                              "batch", registry=r)
+        self.step_time = Histogram("flywheel_trainer_step_seconds", "Update step time", registry=r,
+                                   buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+        self.tokens_per_s = Gauge("flywheel_trainer_tokens_per_s", "Trained tokens per second, last step", registry=r)
+        self.version = Gauge("flywheel_trainer_published_version", "Newest version published", registry=r)
+        self.step = Gauge("flywheel_trainer_step", "Updates done", registry=r)
+
+
+class Trainer:
+    def __init__(self, cfg: TrainerConfig):
+        self.cfg = cfg
+        self.rank, self.world = world()
+        torch.manual_seed(cfg.seed)
+        torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // self.world))
+        self.work = Path(cfg.work_dir)
+        self.ckpt_root = self.work / "checkpoints"
+        self.ledger = self.work / "ledger"
+        for d in (self.ckpt_root, self.ledger):
+            d.mkdir(parents=True, exist_ok=True)
+        self.ref = load_pretrained(cfg.model_dir).eval() if cfg.loss.kl_coef else None
+        if self.ref is not None:
+            for p in self.ref.parameters():
+                p.requires_grad_(False)
+        self.model = load_pretrained(cfg.model_dir).train()
+        self.opt = make_optimizer(self.model, cfg.optim)
+        self.joiner = Joiner(cfg.join, cfg.rewards, text_len=self._text_len())
+        self.buffer: list[Sample] = []
+        self.offsets: dict[str, int] = {}  # "topic:partition" -> next offset to read
+        self.step = 0
+        self.version = 0  # the newest published version (samples are judged stale against it)
+        self.baseline = 0.0
+        self.last_publish = time.monotonic()
+        self.trained_since_ckpt: list[dict] = []
+        self.history: dict[str, dict] = {}  # version -> reward/acceptance sums for the plot
+        self.metrics = TrainerMetrics()
+        self.rollouts = RolloutSource(cfg.rollouts)
+        self._consumer = None
+        self._resume()
+
+    def _text_len(self):
+        from tokenizers import Tokenizer
+
+        path = Path(self.cfg.model_dir) / "tokenizer.json"
+        if not path.exists():
+            return None
+        tok = Tokenizer.from_file(str(path))
+        return lambda ids: len(tok.decode(ids))
+
+    # ------------------------------------------------------------------ checkpoint (exactly once)
+    def _latest(self) -> Path | None:
+        pointer = self.ckpt_root / "LATEST"
+        if not pointer.exists():
+            return None
+        path = self.ckpt_root / pointer.read_text().strip()
+        return path if path.exists() else None
+
+    def _resume(self) -> None:
+        latest = self._latest()
+        if latest is None:
+            return
+        state = torch.load(latest / "trainer.pt", weights_only=False)
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.joiner.load_state(state["joiner"])
+        self.buffer = state["buffer"]
+        self.offsets = state["offsets"]
+        self.step, self.version, self.baseline = state["step"], state["version"], state["baseline"]
+        self.history = state.get("history", {})
+        # Ledger entries written by a save that never became LATEST belong to work that is redone now.
+        for f in self.ledger.glob("step-*.json"):
+            if int(f.stem.split("-")[1]) > self.step:
+                f.unlink()
+        if self.rank == 0:
+            log.info("resumed at step %d (version %d, %d buffered samples) from %s", self.step, self.version,
+                     len(self.buffer), latest)
+
+    def save(self) -> None:
+        """Everything needed to continue, in one directory made visible by one rename; then commit."""
+        if self.rank != 0:
+            return
+        name = f"step-{self.step:08d}"
+        tmp = self.ckpt_root / f".{name}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        torch.save({"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                    "joiner": self.joiner.state(), "buffer": self.buffer, "offsets": dict(self.offsets),
+                    "step": self.step, "version": self.version, "baseline": self.baseline,
+                    "history": self.history}, tmp / "trainer.pt")
+        (self.ledger / f"{name}.json.tmp").write_text(json.dumps(self.trained_since_ckpt))
+        os.replace(self.ledger / f"{name}.json.tmp", self.ledger / f"{name}.json")
+        final = self.ckpt_root / name
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        pointer_tmp = self.ckpt_root / "LATEST.tmp"
+        pointer_tmp.write_text(name)
+        os.replace(pointer_tmp, self.ckpt_root / "LATEST")  # the commit point of the checkpoint
+        self.trained_since_ckpt = []
+        for old in sorted(self.ckpt_root.glob("step-*"))[:-2]:
+            shutil.rmtree(old, ignore_errors=True)
+        self._commit_offsets()
+
+    def _commit_offsets(self) -> None:
+        if self._consumer is None or not self.offsets:
+            return
+        from kafka import TopicPartition
+        from kafka.structs import OffsetAndMetadata
+
+        offsets = {}
+        for key, offset in self.offsets.items():
+            topic, partition = key.rsplit(":", 1)
+            offsets[TopicPartition(topic, int(partition))] = OffsetAndMetadata(offset, "", -1)
+        try:
+            self._consumer.commit(offsets)
+        except Exception as e:  # the checkpoint holds the offsets; a failed commit only delays monitoring
+            log.warning("offset commit failed (%s); the checkpoint's offsets stay authoritative", e)
+
+    # ------------------------------------------------------------------ ingest
+    def consumer(self):
+        if self._consumer is None and self.cfg.kafka_bootstrap:
+            from kafka import KafkaConsumer, TopicPartition
+
+            c = KafkaConsumer(bootstrap_servers=self.cfg.kafka_bootstrap, group_id=self.cfg.group_id,
+                              enable_auto_commit=False, auto_offset_reset="earliest", client_id="flywheel-trainer",
+                              max_poll_records=2000)
+            parts = []
+            for topic in (ev.TOPIC_COMPLETIONS, ev.TOPIC_FEEDBACK):
+                ids = c.partitions_for_topic(topic)
+                deadline = time.monotonic() + 10
+                while not ids and time.monotonic() < deadline:  # auto-created on first use
+                    c.topics()
+                    time.sleep(0.2)
+                    ids = c.partitions_for_topic(topic)
+                parts += [TopicPartition(topic, p) for p in sorted(ids or [])]
+            c.assign(parts)
+            committed = {tp: c.committed(tp) for tp in parts}
+            for tp in parts:
+                key = f"{tp.topic}:{tp.partition}"
+                if key in self.offsets:  # the checkpoint decides, not the group's committed offset
+                    c.seek(tp, self.offsets[key])
+                elif committed[tp] is not None:
+                    c.seek(tp, committed[tp])
+                else:
+                    c.seek_to_beginning(tp)
+            self._consumer = c
+        return self._consumer
+
+    def ingest(self) -> int:
+        c = self.consumer()
+        if c is None:
+            return 0
+        batch = c.poll(timeout_ms=self.cfg.poll_ms)
+        n = 0
+        for tp, records in batch.items():
+            for r in records:
+                self.buffer.extend(self.joiner.add_raw(r.value))
+                self.offsets[f"{tp.topic}:{tp.partition}"] = r.offset + 1
+                n += 1
+        self.joiner.expire(None if n else time.time())  # caught up: let wall time age the windows
+        s = self.joiner.stats
+        for outcome in ("consumed", "duplicates", "joined", "no_signal", "orphan_feedback", "rollout_events",
+                        "bad_records", "extra_feedback"):
+            counter = self.metrics.events.labels(outcome)
+            counter.inc(max(0, getattr(s, outcome) - counter._value.get()))
+        return n
+
+    # ------------------------------------------------------------------ update
+    def _take_batch(self) -> list[Sample]:
+        fresh, batch = [], []
+        for s in self.buffer:
+            if self.version - s.model_version > self.cfg.staleness:
+                self.metrics.dropped.labels("stale").inc()
+                self.trained_since_ckpt.append({"key": s.key, "events": list(s.event_ids), "dropped": "stale"})
+            else:
+                fresh.append(s)
+        batch, self.buffer = fresh[: self.cfg.batch_size], fresh[self.cfg.batch_size:]
+        return batch
+
+    def train_step(self, force: bool = False) -> dict | None:
+        """Rank 0: one update if there is enough to learn from. Returns its metrics."""
+        rollouts, pass_rates = self.rollouts.samples(self.step)
+        if len(self.buffer) + len(rollouts) < (1 if force else self.cfg.min_batch):
+            return None
+        samples = self._take_batch() + rollouts
+        samples = [s for s in samples if s.n_tokens > 0]
+        if not samples:
+            return None
+        adv, self.baseline = advantages(samples, self.cfg.loss, self.baseline)
+        share_batch(samples, adv)
+        m = update(self.model, self.ref, self.opt, samples, adv, self.cfg.loss, self.cfg.optim)
+        self.step += 1
+        for s in samples:
+            self.metrics.samples.labels(s.source).inc()
+            if s.source == "user":
+                self.trained_since_ckpt.append({"key": s.key, "events": list(s.event_ids)})
+                h = self.history.setdefault(str(s.model_version), {"n": 0, "reward": 0.0, "accepted": 0})
+                h["n"] += 1
+                h["reward"] += s.reward
+                h["accepted"] += int(s.reward > 0)
+        if pass_rates:
+            h = self.history.setdefault(str(self.version), {"n": 0, "reward": 0.0, "accepted": 0})
+            h["rollout_tasks"] = h.get("rollout_tasks", 0) + len(pass_rates)
+            h["rollout_pass"] = h.get("rollout_pass", 0.0) + sum(pass_rates)
+        for v, h in self.history.items():
+            if h["n"]:
+                self.metrics.reward.labels(v).set(h["reward"] / h["n"])
+                self.metrics.acceptance.labels(v).set(h["accepted"] / h["n"])
+        self.metrics.kl.set(m["kl_per_token"])
+        self.metrics.mismatch.set(m["logprob_mismatch_max"])
+        self.metrics.step_time.observe(m["step_s"])
+        self.metrics.tokens_per_s.set(m["tokens_per_s"])
+        self.metrics.step.set(self.step)
+        m.update(step=self.step, user=sum(s.source == "user" for s in samples), rollout=len(rollouts),
+                 rollout_pass=float(np.mean(pass_rates)) if pass_rates else None)
+        return m
+
+    # ------------------------------------------------------------------ publish
+    def publish(self) -> int | None:
+        if self.cfg.publish_store is None or self.rank != 0:
+            return None
+        from weight_sync.publish import PublishConfig, publish
+        from weight_sync.store import Store
+
+        pcfg = PublishConfig(store=self.cfg.publish_store, private_key=self.cfg.publish_key,
+                             kafka_bootstrap=self.cfg.kafka_bootstrap, store_url=self.cfg.publish_store_url)
+        if Store(self.cfg.publish_store).latest() is None:
+            publish(self.cfg.model_dir, pcfg)  # v0 = the starting model, the version the fleet serves first
+        out = self.work / "published" / f"step-{self.step:08d}"
+        shutil.rmtree(out, ignore_errors=True)
+        save_pretrained(self.model, out, torch.bfloat16)
+        for name in SIDE_FILES:
+            if name != "config.json" and (Path(self.cfg.model_dir) / name).exists():
+                shutil.copyfile(Path(self.cfg.model_dir) / name, out / name)
+        shutil.copyfile(Path(self.cfg.model_dir) / "config.json", out / "config.json")  # the served config, as is
+        result = publish(out, pcfg)
+        self.version = result.version
+        self.metrics.version.set(self.version)
+        self.last_publish = time.monotonic()
+        for old in sorted((self.work / "published").glob("step-*"))[:-2]:
+            shutil.rmtree(old, ignore_errors=True)
+        self.plot()
+        log.info("published v%d at step %d (%s, %.1fx)", result.version, self.step, result.kind, result.ratio)
+        return result.version
+
+    def plot(self) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        versions = sorted(self.history, key=int)
+        if not versions:
+            return
+        acc = [self.history[v]["accepted"] / self.history[v]["n"] if self.history[v]["n"] else np.nan for v in versions]
+        rew = [self.history[v]["reward"] / self.history[v]["n"] if self.history[v]["n"] else np.nan for v in versions]
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        ax.plot([int(v) for v in versions], acc, "o-", label="acceptance (user samples)")
+        ax.plot([int(v) for v in versions], rew, "s--", label="mean reward")
+        ax.set_xlabel("model version that produced the samples")
+        ax.legend()
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(self.work / "reward_by_version.png", dpi=100)
+        plt.close(fig)
+
+    # ------------------------------------------------------------------ loop
+    def run(self, stop=None) -> None:
+        if self.cfg.metrics_port and self.rank == 0:
+            from prometheus_client import start_http_server
+
+            start_http_server(self.cfg.metrics_port, addr="127.0.0.1", registry=self.metrics.registry)
+        try:
+            saved_step = self.step
+            while (stop is None or not stop.is_set()) and (self.cfg.max_steps is None or self.step < self.cfg.max_steps):
+                consumed = self.ingest()
+                m = self.train_step()
+                if m is not None:
+                    log.info("step %d: %d user + %d rollout samples, %d tokens, %.0f tok/s, kl %.4f%s", m["step"],
+                             m["user"], m["rollout"], m["tokens"], m["tokens_per_s"], m["kl_per_token"],
+                             f", rollout pass {m['rollout_pass']:.2f}" if m["rollout_pass"] is not None else "")
+                    if self.step % self.cfg.checkpoint_every == 0:
+                        self.save()
+                        saved_step = self.step
+                elif not consumed and self.step != saved_step:
+                    self.save()  # caught up and idle: do not leave trained steps outside a checkpoint
+                    saved_step = self.step
+                if time.monotonic() - self.last_publish >= self.cfg.publish_interval_s:
+                    self.save()
+                    saved_step = self.step
+                    self.publish()
+            if self.step != saved_step:
+                self.save()
+        finally:
+            if self.world > 1:
+                share_batch(None, None)  # tells the other ranks to stop
+            if self._consumer is not None:
+                self._consumer.close()
+
+
+def worker_loop(trainer: Trainer) -> None:
+    """Ranks > 0: take part in every update rank 0 starts, until it sends None."""
+    while True:
+        samples, adv = share_batch(None, None)
+        if samples is None:
+            return
+        update(trainer.model, trainer.ref, trainer.opt, samples, adv, trainer.cfg.loss, trainer.cfg.optim)
+        trainer.step += 1
+
+
+def _rank_main(rank: int, size: int, port: int, cfg: TrainerConfig) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
+    try:
+        trainer = Trainer(cfg)
+        if rank == 0:
+            trainer.run()
+        else:
+            worker_loop(trainer)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_distributed(cfg: TrainerConfig, nproc: int) -> None:
+    """`flywheel train --nproc N`: N ranks over gloo on this machine."""
+    import torch.multiprocessing as mp
+
+    from flywheel.procs import free_port
+
+    if nproc <= 1:
+        Trainer(cfg).run()
+        return
+    mp.spawn(_rank_main, args=(nproc, free_port(), cfg), nprocs=nproc, join=True)

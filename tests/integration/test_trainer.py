@@ -1,0 +1,228 @@
+"""The trainer against a real broker: it learns a preference from feedback events, survives kill -9
+without training a sample twice or skipping one, and 2 data-parallel ranks make the 1-rank update."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from flywheel import kafka_broker
+from flywheel.paths import REPO_ROOT
+from online_rl.loss import LossConfig, advantages
+from online_rl.model import load_pretrained
+from online_rl.samples import Sample
+from online_rl.trainer import Trainer, TrainerConfig
+from online_rl.update import OptimConfig
+from online_rl.simulate import events_for, heldout_split, produce, sample_completions
+
+pytestmark = pytest.mark.timeout(900)
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    """A broker of this module's own: the trainer reads its topics from the beginning."""
+    b = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=tmp_path_factory.mktemp("kafka")))
+    try:
+        yield b
+    finally:
+        assert b.stop()
+
+
+def _tok(model_dir: Path):
+    from tokenizers import Tokenizer
+
+    return Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+
+
+def prefers_plus(tok):
+    """The hidden preference: the user accepts code that uses the + operator."""
+    return lambda out: "accept" if "+" in tok.decode(out) else "reject"
+
+
+def acceptance(model, tok, eval_tasks, seed: int) -> float:
+    judge = prefers_plus(tok)
+    s = sample_completions(model, tok, eval_tasks, 4, torch.Generator().manual_seed(seed))
+    return float(np.mean([judge(o) == "accept" for _, o, _, _ in s]))
+
+
+def test_feedback_events_teach_a_hidden_preference(broker, test_model, tmp_path):
+    tok = _tok(test_model)
+    train_tasks, eval_tasks = heldout_split()
+    cfg = TrainerConfig(model_dir=test_model, work_dir=tmp_path / "trainer", kafka_bootstrap=broker.bootstrap,
+                        group_id="learn", batch_size=32, min_batch=1, loss=LossConfig(kl_coef=0.0),
+                        optim=OptimConfig(lr=3e-4))
+    trainer = Trainer(cfg)
+    before = acceptance(trainer.model, tok, eval_tasks, seed=100)
+    gen = torch.Generator().manual_seed(0)
+    produced = 0
+    for rnd in range(3):  # on-policy rounds: users see the trainer's newest weights
+        samples = sample_completions(trainer.model, tok, train_tasks, 2, gen)
+        produce(broker.bootstrap, events_for(samples, prefers_plus(tok), prefix=f"r{rnd}"))
+        produced += len(samples)
+        deadline = time.monotonic() + 60
+        while trainer.joiner.stats.joined < produced and time.monotonic() < deadline:
+            trainer.ingest()
+        while trainer.buffer:
+            trainer.train_step(force=True)
+        trainer.save()
+    after = acceptance(trainer.model, tok, eval_tasks, seed=100)
+    assert trainer.joiner.stats.joined == produced >= 250
+    assert after - before >= 0.2, f"acceptance of the preference {before:.2f} -> {after:.2f}"
+    assert (tmp_path / "trainer" / "ledger").exists()
+
+
+def _ledger_keys(work: Path) -> list[str]:
+    keys = []
+    for f in sorted((work / "ledger").glob("step-*.json")):
+        keys += [e["key"] for e in json.loads(f.read_text())]
+    return keys
+
+
+def test_kill_9_at_any_moment_trains_every_sample_exactly_once(broker, test_model, tmp_path):
+    tok = _tok(test_model)
+    model = load_pretrained(test_model)
+    train_tasks, _ = heldout_split(n_train=80)
+    samples = sample_completions(model, tok, train_tasks, 3, torch.Generator().manual_seed(1), max_tokens=12)
+    records = events_for(samples, lambda o: random.Random(len(o)).choice(["accept", "reject"]), prefix="k9")
+    records += records[:40]  # re-delivered events (same event ids): must not train twice
+    produce(broker.bootstrap, records)
+    expected = {f"k9-{i}:0" for i in range(len(samples))}
+    work = tmp_path / "trainer"
+    cmd = [sys.executable, "-m", "flywheel", "train", "--model", str(test_model), "--work-dir", str(work),
+           "--kafka", broker.bootstrap, "--batch-size", "8", "--min-batch", "1", "--checkpoint-every", "2",
+           "--lr", "1e-4"]
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    rng = random.Random(7)
+    kills = 0
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+        if kills < 4:
+            time.sleep(rng.uniform(4.0, 9.0))  # somewhere in start-up, ingest, update or save
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            kills += 1
+            continue
+        while time.monotonic() < deadline and set(_ledger_keys(work)) != expected:
+            time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        break
+    keys = _ledger_keys(work)
+    assert kills == 4
+    assert len(keys) == len(set(keys)), "a sample was trained twice"
+    assert set(keys) == expected, f"{len(expected - set(keys))} samples never trained"
+
+
+def _one_update(rank: int, size: int, port: int, model_dir: str, samples, adv, out: str) -> None:
+    import torch.distributed as dist
+
+    from online_rl.update import make_optimizer, update
+
+    if size > 1:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
+    torch.set_num_threads(1)
+    model = load_pretrained(Path(model_dir))
+    ref = load_pretrained(Path(model_dir)).eval()
+    opt = make_optimizer(model, OptimConfig(lr=1e-3))
+    update(model, ref, opt, samples, adv, LossConfig(kl_coef=0.05), OptimConfig(lr=1e-3, micro_batch=4))
+    if rank == 0:
+        torch.save(model.state_dict(), out)
+    if size > 1:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_make_the_same_update_as_one(test_model, tmp_path):
+    import torch.multiprocessing as mp
+
+    from flywheel.procs import free_port
+
+    tok = _tok(test_model)
+    model = load_pretrained(test_model)
+    raw = sample_completions(model, tok, heldout_split()[0][:6], 2, torch.Generator().manual_seed(3))
+    samples = [Sample(key=str(i), prompt_ids=np.asarray(p), output_ids=np.asarray(o), behaviour_logprobs=lp,
+                      routed_experts=e, reward=float(i % 2), model_version=0, group=str(i // 4))
+               for i, (p, o, lp, e) in enumerate(raw)]
+    adv, _ = advantages(samples, LossConfig(), 0.0)
+    _one_update(0, 1, 0, str(test_model), samples, adv, str(tmp_path / "one.pt"))
+    mp.spawn(_one_update, args=(2, free_port(), str(test_model), samples, adv, str(tmp_path / "two.pt")), nprocs=2)
+    one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    base = load_pretrained(test_model).state_dict()
+    moved = max((one[k] - base[k]).abs().max().item() for k in one)
+    diff = max((one[k] - two[k]).abs().max().item() for k in one)
+    assert moved > 1e-4, "the update moved the weights"
+    assert diff < 1e-5 * max(1.0, moved * 100), f"2 ranks differ from 1 by {diff} (update size {moved})"
+
+
+def test_stale_samples_are_dropped(test_model, tmp_path):
+    trainer = Trainer(TrainerConfig(model_dir=test_model, work_dir=tmp_path / "t", staleness=2, min_batch=1))
+    trainer.version = 10
+    mk = lambda v: Sample(key=f"v{v}", prompt_ids=np.array([0, 5]), output_ids=np.array([6]),  # noqa: E731
+                          behaviour_logprobs=np.array([-1.0], np.float32), routed_experts=np.zeros((1, 2, 2), np.uint8),
+                          reward=1.0, model_version=v)
+    trainer.buffer = [mk(7), mk(8), mk(10)]
+    batch = trainer._take_batch()
+    assert [s.key for s in batch] == ["v8", "v10"]
+    assert trainer.metrics.dropped.labels("stale")._value.get() == 1
+
+
+def test_publish_hands_a_delta_to_weight_sync(broker, test_model, tmp_path):
+    import asyncio
+
+    import aiohttp
+    from safetensors.torch import load_file
+
+    from flywheel.procs import free_port, stop_pid, wait_until
+    from tests.helpers import get
+    from weight_sync.agent import Agent, AgentConfig
+    from weight_sync.fetch import StoreClient
+    from weight_sync.manifest import generate_key
+    from weight_sync.store import Store
+
+    generate_key(tmp_path / "k.pem", tmp_path / "k.pub")
+    cfg = TrainerConfig(model_dir=test_model, work_dir=tmp_path / "trainer", kafka_bootstrap=broker.bootstrap,
+                        group_id="publish", min_batch=1, publish_store=tmp_path / "store", publish_key=tmp_path / "k.pem",
+                        optim=OptimConfig(lr=1e-3))
+    trainer = Trainer(cfg)
+    tok = _tok(test_model)
+    samples = sample_completions(trainer.model, tok, heldout_split()[0][:10], 2, torch.Generator().manual_seed(5))
+    produce(broker.bootstrap, events_for(samples, prefers_plus(tok), prefix="pub"))
+    deadline = time.monotonic() + 60
+    while trainer.joiner.stats.joined < len(samples) and time.monotonic() < deadline:
+        trainer.ingest()
+    assert trainer.train_step(force=True) is not None
+    assert trainer.publish() == 1
+    store = Store(tmp_path / "store")
+    assert store.versions() == [0, 1] and store.manifest(1).kind == "delta" and store.manifest(1).base_version == 0
+    assert (tmp_path / "trainer" / "reward_by_version.png").exists()
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "flywheel", "weights", "serve", "--store", str(tmp_path / "store"),
+                             "--port", str(port)], cwd=REPO_ROOT, env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: get(f"{url}/versions")[0] == 200, 30, what="store server")
+        agent = Agent(AgentConfig(name="a", replica_url="http://unused", store_url=url, public_key=tmp_path / "k.pub",
+                                  work_dir=tmp_path / "agent", initial_model=test_model))
+
+        async def rebuild():
+            async with aiohttp.ClientSession() as s:
+                return await agent.materialize(StoreClient(url, s, tmp_path / "dl"), 1)
+
+        path = asyncio.run(rebuild())
+    finally:
+        stop_pid(proc.pid)
+    rebuilt = load_file(str(path / "model.safetensors"))
+    for name, p in trainer.model.state_dict().items():
+        assert torch.equal(rebuilt[name].view(torch.int16), p.detach().to(torch.bfloat16).view(torch.int16)), name

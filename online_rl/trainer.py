@@ -390,6 +390,7 @@ def _rank_main(rank: int, size: int, port: int, cfg: TrainerConfig) -> None:
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("kafka").setLevel(logging.WARNING)
     try:
         trainer = Trainer(cfg)
         if rank == 0:

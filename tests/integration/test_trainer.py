@@ -228,3 +228,33 @@ def test_publish_hands_a_delta_to_weight_sync(broker, test_model, tmp_path):
     rebuilt = load_file(str(path / "model.safetensors"))
     for name, p in trainer.model.state_dict().items():
         assert torch.equal(rebuilt[name].view(torch.int16), p.detach().to(torch.bfloat16).view(torch.int16)), name
+
+
+def test_join_windows_and_duplicates_against_the_broker(broker, test_model, tmp_path):
+    from flywheel import events as ev
+
+    tok = _tok(test_model)
+    model = load_pretrained(test_model)
+    raw = sample_completions(model, tok, heldout_split()[0][:3], 2, torch.Generator().manual_seed(9))
+    recs = events_for(raw, lambda o: "accept", prefix="win")
+    completions = [r for r in recs if r[0] == ev.TOPIC_COMPLETIONS]
+    feedbacks = [r for r in recs if r[0] == ev.TOPIC_FEEDBACK]
+    # 2 completions never get feedback; 1 feedback names a completion that never existed; 3 records twice.
+    orphan = ev.FeedbackEvent(completion_id="win-ghost", choice_index=0, tenant="t", kind="accept")
+    produce(broker.bootstrap, completions + feedbacks[2:] + feedbacks[2:5] +
+            [(ev.TOPIC_FEEDBACK, "win-ghost", orphan.encode())])
+    from online_rl.stream import JoinConfig
+
+    trainer = Trainer(TrainerConfig(model_dir=test_model, work_dir=tmp_path / "t", kafka_bootstrap=broker.bootstrap,
+                                    group_id="windows", join=JoinConfig(window_s=1.0, orphan_wait_s=1.0)))
+    trainer.consumer()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        trainer.ingest()
+        s = trainer.joiner.stats
+        if s.no_signal >= 2 and s.orphan_feedback >= 1:
+            break
+    s = trainer.joiner.stats
+    mine = [x for x in trainer.buffer if x.key.startswith("win-")]
+    assert len(mine) == len(raw) - 2 and s.duplicates >= 3
+    assert s.no_signal >= 2 and s.orphan_feedback >= 1

@@ -48,6 +48,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--max-steps", type=int, default=None)
     t.add_argument("--nproc", type=int, default=1, help="data-parallel ranks (gloo on CPU)")
     t.add_argument("--metrics-port", type=int, default=0)
+    t.add_argument("--offpeak", action="store_true", help="borrow replicas for rollouts while user load is low "
+                   "(rollouts then run on borrowed replicas only)")
+    t.add_argument("--low-water", type=float, default=0.5, help="user requests per active replica to borrow under")
+    t.add_argument("--high-water", type=float, default=2.0, help="user requests per active replica to return over")
+    t.add_argument("--hold", type=float, default=10.0, help="seconds of low load before borrowing")
     t.set_defaults(func=_train)
 
 
@@ -87,6 +92,7 @@ def _train(args) -> int:
     from flywheel.paths import flywheel_home
     from online_rl.bootstrap import bootstrap
     from online_rl.loss import LossConfig
+    from online_rl.offpeak import OffPeakConfig
     from online_rl.rollouts import RolloutConfig
     from online_rl.trainer import TrainerConfig, run_distributed
     from online_rl.update import OptimConfig
@@ -100,6 +106,8 @@ def _train(args) -> int:
         max_steps=args.max_steps, metrics_port=args.metrics_port, loss=LossConfig(kl_coef=args.kl),
         optim=OptimConfig(lr=args.lr),
         rollouts=RolloutConfig(gateway_url=args.gateway, admin_token=args.admin_token,
-                               tasks_per_step=args.rollout_tasks))
+                               tasks_per_step=args.rollout_tasks, replicas="borrowed" if args.offpeak else "any"),
+        offpeak=OffPeakConfig(gateway_url=args.gateway, admin_token=args.admin_token, low_water=args.low_water,
+                              high_water=args.high_water, hold_s=args.hold) if args.offpeak else None)
     run_distributed(cfg, args.nproc)
     return 0

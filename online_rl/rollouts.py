@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import random
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
@@ -23,6 +24,7 @@ class RolloutConfig:
     temperature: float = 1.0
     max_tokens: int = 40
     task_seed: int = 0
+    replicas: str = "any"  # "borrowed": only replicas the off-peak scheduler lent (none lent: no rollouts)
     sandbox: sandbox.SandboxConfig = field(default_factory=sandbox.SandboxConfig)
 
 
@@ -32,24 +34,40 @@ class RolloutSource:
         self.tasks = tasks.tasks("heldout", cfg.task_seed)
         self.rng = random.Random(cfg.task_seed)
         self.generated = 0
+        self.aborted = 0  # samples stopped by a replica's return; their task is redone
+        self.retry: list = []
 
-    def _generate(self, prompt: str) -> dict:
+    def _generate(self, prompt: str) -> dict | None:
         body = json.dumps({"prompt": prompt, "n": self.cfg.group_size, "max_tokens": self.cfg.max_tokens,
-                           "temperature": self.cfg.temperature}).encode()
+                           "temperature": self.cfg.temperature, "replicas": self.cfg.replicas}).encode()
         req = urllib.request.Request(f"{self.cfg.gateway_url}/admin/rollouts", data=body,
                                      headers={"Authorization": f"Bearer {self.cfg.admin_token}",
                                               "Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=300) as r:
-            return json.loads(r.read())
+        try:
+            with urllib.request.urlopen(req, timeout=300) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            if e.code == 503 and self.cfg.replicas == "borrowed":
+                return None  # nothing lent right now
+            raise
 
     def samples(self, step: int) -> tuple[list[Sample], list[float]]:
         """One group per task; returns the samples and the pass rate of each task's group."""
         if not self.cfg.tasks_per_step or not self.cfg.gateway_url:
             return [], []
         out, pass_rates = [], []
-        for task in self.rng.sample(self.tasks, min(self.cfg.tasks_per_step, len(self.tasks))):
+        fresh = self.rng.sample(self.tasks, min(self.cfg.tasks_per_step, len(self.tasks)))
+        todo, self.retry = (self.retry + fresh)[: self.cfg.tasks_per_step], []
+        for task in todo:
             resp = self._generate(task.prompt)
-            choices = resp["choices"]
+            if resp is None:
+                self.retry.append(task)
+                continue
+            choices = [c for c in resp["choices"] if c["finish_reason"] != "abort"]
+            if len(choices) < len(resp["choices"]):  # the replica went back to users mid-rollout
+                self.aborted += len(resp["choices"]) - len(choices)
+                self.retry.append(task)
+                continue
             verdicts = sandbox.run([sandbox.candidate_for(task, c["text"]) for c in choices], self.cfg.sandbox)
             pass_rates.append(sum(v.ok for v in verdicts) / len(verdicts))
             prompt = np.asarray(resp["prompt_ids"], np.int32)

@@ -26,6 +26,7 @@ import torch
 from flywheel import events as ev
 from online_rl.loss import LossConfig, advantages
 from online_rl.model import load_pretrained, save_pretrained
+from online_rl.offpeak import OffPeakConfig, OffPeakScheduler
 from online_rl.rollouts import RolloutConfig, RolloutSource
 from online_rl.samples import RewardTable, Sample
 from online_rl.stream import JoinConfig, Joiner
@@ -60,6 +61,7 @@ class TrainerConfig:
     join: JoinConfig = field(default_factory=JoinConfig)
     rewards: RewardTable = field(default_factory=RewardTable)
     rollouts: RolloutConfig = field(default_factory=RolloutConfig)
+    offpeak: OffPeakConfig | None = None  # borrow serving replicas for rollouts while user load is low
 
 
 class TrainerMetrics:
@@ -347,6 +349,7 @@ class Trainer:
             from prometheus_client import start_http_server
 
             start_http_server(self.cfg.metrics_port, addr="127.0.0.1", registry=self.metrics.registry)
+        scheduler = OffPeakScheduler(self.cfg.offpeak).start() if self.cfg.offpeak and self.rank == 0 else None
         try:
             saved_step = self.step
             while (stop is None or not stop.is_set()) and (self.cfg.max_steps is None or self.step < self.cfg.max_steps):
@@ -369,6 +372,8 @@ class Trainer:
             if self.step != saved_step:
                 self.save()
         finally:
+            if scheduler is not None:
+                scheduler.stop()  # every borrowed replica goes back to users
             if self.world > 1:
                 share_batch(None, None)  # tells the other ranks to stop
             if self._consumer is not None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 
@@ -36,6 +37,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--kafka", default=None, help="bootstrap servers (default $FLYWHEEL_KAFKA_BOOTSTRAP)")
     g.add_argument("--no-events", action="store_true", help="do not log events (benchmarks)")
     g.set_defaults(func=_serve)
+
+    f = sub.add_parser("fleet", help="SRE view of the fleet behind a gateway (admin token)")
+    fsub = f.add_subparsers(dest="fleet_cmd", required=True)
+    for name, doc in (("status", "each replica: state, load, version"), ("borrow", "lend a replica to rollouts"),
+                      ("return", "give a borrowed replica back to users"), ("drain", "stop routing users to it"),
+                      ("activate", "route users to it again")):
+        q = fsub.add_parser(name, help=doc)
+        if name != "status":
+            q.add_argument("replica", help="replica id, e.g. r0")
+        q.add_argument("--gateway", default=os.environ.get("FLYWHEEL_GATEWAY_URL", "http://127.0.0.1:8000"))
+        q.add_argument("--admin-token", default=os.environ.get("FLYWHEEL_ADMIN_TOKEN"))
+        q.set_defaults(func=_fleet)
 
     k = sub.add_parser("keys", help="API keys of the gateway (stored hashed)")
     ksub = k.add_subparsers(dest="keys_cmd", required=True)
@@ -120,4 +133,33 @@ def _keys_add(args) -> int:
     path = args.keys_file or flywheel_home() / "gateway" / "keys.json"
     key = add_key(path, args.name)
     print(key)
+    return 0
+
+
+def _fleet(args) -> int:
+    import urllib.error
+    import urllib.request
+
+    if not args.admin_token:
+        raise ValueError("the admin token is needed: --admin-token or FLYWHEEL_ADMIN_TOKEN")
+    headers = {"Authorization": f"Bearer {args.admin_token}", "Content-Type": "application/json"}
+    if args.fleet_cmd != "status":
+        req = urllib.request.Request(f"{args.gateway}/admin/replicas/{args.replica}/{args.fleet_cmd}", data=b"{}",
+                                     headers=headers, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                print(json.dumps(json.loads(r.read())))
+        except urllib.error.HTTPError as e:
+            raise RuntimeError(json.loads(e.read())["error"]["message"]) from None
+        return 0
+    with urllib.request.urlopen(urllib.request.Request(f"{args.gateway}/admin/load", headers=headers), timeout=10) as r:
+        load = json.loads(r.read())
+    print(f"{'replica':8} {'state':9} {'healthy':7} {'users':>5} {'rollouts':>8} {'queue':>5} {'req/s':>6} version  url")
+    for x in load["replicas"]:
+        state = x["state"] + ("*" if x["borrow_pending"] else "")
+        print(f"{x['id']:8} {state:9} {str(x['healthy']):7} {x['outstanding']:>5} {x['rollout_outstanding']:>8} "
+              f"{x['queue_depth']:>5} {x['request_rate']:>6.2f} {str(x['weight_version']):8} {x['url']}")
+    f = load["fleet"]
+    print(f"fleet: {f['active']} active, {f['borrowed']} borrowed, {f['in_flight']} user requests in flight, "
+          f"{f['load_per_active']:.2f} per active replica   (* = draining before it is borrowed)")
     return 0

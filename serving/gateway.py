@@ -109,6 +109,7 @@ class Gateway:
             web.post("/admin/replicas/{replica}/{action}", self.admin_replica_action),
             web.get("/admin/weights", self.admin_weights),
             web.post("/admin/rollouts", self.admin_rollouts),
+            web.get("/admin/load", self.admin_load),
         ])
         app.on_startup.append(self._startup)
         app.on_cleanup.append(self._cleanup)
@@ -193,22 +194,24 @@ class Gateway:
             s["sampling_seed"] = spec.seed
         return s
 
-    def _pick(self, tried: set[str], rollout: bool):
+    def _pick(self, tried: set[str], rollout: bool, borrowed_only: bool = False):
         if not rollout:
             return self.pool.pick(exclude=tried)
-        try:  # rollouts go to borrowed replicas; until the off-peak scheduler lends some, to any replica
+        try:  # rollouts go to borrowed replicas; without an off-peak scheduler lending some, to any replica
             return self.pool.pick(exclude=tried, rollout=True)
         except NoReplica:
+            if borrowed_only:
+                raise
             return self.pool.pick(exclude=tried)
 
-    async def _run_choice(self, body: dict, stream: bool, on_chunk=None,
-                          rollout: bool = False) -> tuple[engine.EngineResult, str, dict]:
+    async def _run_choice(self, body: dict, stream: bool, on_chunk=None, rollout: bool = False,
+                          borrowed_only: bool = False) -> tuple[engine.EngineResult, str, dict]:
         """One choice on one replica; retried on another if the replica fails before its first byte."""
         tried: set[str] = set()
         last: Exception | None = None
         for attempt in range(self.cfg.max_attempts):
             try:
-                replica = self._pick(tried, rollout)
+                replica = self._pick(tried, rollout, borrowed_only)
             except NoReplica as e:
                 last = e
                 break
@@ -219,18 +222,24 @@ class Gateway:
             timing = {"ttft_ms": None}
             try:
                 with Lease(replica, rollout=rollout):
-                    if not stream:
-                        res = await engine.generate(self.session, replica.url, body, self.layers, self.top_k,
-                                                    self.cfg.request_timeout_s)
-                    else:
-                        res = None
-                        async for delta, res in engine.generate_stream(self.session, replica.url, body, self.layers,
-                                                                       self.top_k, self.cfg.request_timeout_s):
-                            if timing["ttft_ms"] is None:
-                                timing["ttft_ms"] = 1000 * (time.monotonic() - t0)
-                            await on_chunk(delta, res)
-                        if res is None:
-                            raise engine.EngineUnavailable("stream ended before any output")
+                    if rollout:
+                        replica.rollout_rids.add(body["rid"])
+                    try:
+                        if not stream:
+                            res = await engine.generate(self.session, replica.url, body, self.layers, self.top_k,
+                                                        self.cfg.request_timeout_s)
+                        else:
+                            res = None
+                            async for delta, res in engine.generate_stream(self.session, replica.url, body,
+                                                                           self.layers, self.top_k,
+                                                                           self.cfg.request_timeout_s):
+                                if timing["ttft_ms"] is None:
+                                    timing["ttft_ms"] = 1000 * (time.monotonic() - t0)
+                                await on_chunk(delta, res)
+                            if res is None:
+                                raise engine.EngineUnavailable("stream ended before any output")
+                    finally:
+                        replica.rollout_rids.discard(body["rid"])
             except engine.EngineUnavailable as e:
                 self.pool.mark_failed(replica, str(e))
                 last = e
@@ -362,6 +371,8 @@ class Gateway:
 
     def _log_completion(self, tenant: Tenant, spec: GenerationSpec, cid: str, i: int, prompt_ids: list[int],
                         res: engine.EngineResult, replica_id: str, timing: dict, source: str = "user") -> None:
+        self.metrics.completions.labels(source).inc()
+        self.metrics.completion_tokens.labels(source).inc(len(res.output_ids))
         if not self.cfg.log_events:
             return
         spans = res.weight_versions or []
@@ -478,23 +489,65 @@ class Gateway:
             replica = self.pool.get(rid)
         except KeyError:
             raise ApiError(404, f"no replica {rid!r}", code="replica_not_found") from None
-        target = {"drain": ReplicaState.DRAINING, "activate": ReplicaState.ACTIVE, "borrow": ReplicaState.BORROWED,
-                  "return": ReplicaState.ACTIVE}.get(action)
-        if target is None:
+        if action not in ("drain", "activate", "borrow", "return"):
             raise ApiError(404, f"unknown action {action!r} (drain, activate, borrow, return)", code="not_found")
-        if target != ReplicaState.ACTIVE:
+        if action in ("drain", "borrow") and replica.state == ReplicaState.ACTIVE:
             others = [r for r in self.pool.replicas.values() if r.id != rid and r.state == ReplicaState.ACTIVE]
             if not others:
                 raise ApiError(409, f"refusing to {action} {rid}: it is the last active replica", code="last_active")
-        replica.state = target
-        log.info("replica %s -> %s (admin)", rid, target.value)
+        if action == "drain":
+            replica.state, replica.borrow_pending = ReplicaState.DRAINING, False
+        elif action == "borrow":
+            if replica.state != ReplicaState.BORROWED:
+                # Users first: no new user requests from now, the in-flight ones finish, then rollouts may come.
+                replica.state, replica.borrow_pending = ReplicaState.DRAINING, True
+                asyncio.create_task(self._finish_borrow(replica))
+        else:  # activate / return: users come back at once; rollouts in flight are stopped for the trainer to redo
+            replica.state, replica.borrow_pending = ReplicaState.ACTIVE, False
+            await self._abort_rollouts(replica)
+        log.info("replica %s -> %s%s (admin)", rid, replica.state.value, " (borrow pending)" if replica.borrow_pending
+                 else "")
         return _json(replica.view())
+
+    async def _finish_borrow(self, replica, timeout_s: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while replica.borrow_pending and replica.outstanding > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if replica.borrow_pending:  # not returned meanwhile
+            replica.state, replica.borrow_pending = ReplicaState.BORROWED, False
+            log.info("replica %s drained: borrowed for rollouts", replica.id)
+
+    async def _abort_rollouts(self, replica) -> None:
+        for rid in list(replica.rollout_rids):
+            try:
+                async with self.session.post(f"{replica.url}/abort_request", json={"rid": rid},
+                                             timeout=aiohttp.ClientTimeout(total=10)) as r:
+                    await r.read()
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                log.warning("could not abort rollout %s on %s: %s", rid, replica.id, e)
+
+    async def admin_load(self, request: web.Request) -> web.Response:
+        """User load per replica and for the fleet: what the off-peak scheduler decides on."""
+        self._admin(request)
+        reps = list(self.pool.replicas.values())
+        active = [r for r in reps if r.state == ReplicaState.ACTIVE and r.healthy]
+        in_flight = sum(r.outstanding for r in reps)
+        queue = sum(r.queue_depth for r in active)
+        return _json({"replicas": [r.view() for r in reps], "fleet": {
+            "replicas": len(reps), "active": len(active),
+            "borrowed": sum(r.state == ReplicaState.BORROWED for r in reps),
+            "borrow_pending": sum(r.borrow_pending for r in reps),
+            "in_flight": in_flight, "queue_depth": queue, "request_rate": round(sum(r.rate for r in reps), 3),
+            "load_per_active": round((in_flight + queue) / max(1, len(active)), 3)}})
 
     async def admin_rollouts(self, request: web.Request) -> web.Response:
         """Trainer-side generation: n samples of one prompt, with token ids, behaviour logprobs, routed
         experts and version, on replicas lent to rollouts. Logged as source=rollout, never as user traffic."""
         self._admin(request)
         body = parse_json_body(await request.read())
+        where = body.pop("replicas", "any")
+        if where not in ("any", "borrowed"):
+            raise ApiError(400, "'replicas' must be 'any' or 'borrowed'", param="replicas")
         spec = parse_completion({"model": "rollout", **{k: v for k, v in body.items() if k != "model"}},
                                 self.cfg.limits)
         if spec.stream:
@@ -503,7 +556,8 @@ class Gateway:
         sampling = self._sampling(spec)
         rid = f"rollout-{time.time_ns():x}"
         bodies = [engine.payload(prompt_ids, sampling, 0, False, f"{rid}-{i}") for i in range(spec.n)]
-        results = await asyncio.gather(*(self._run_choice(b, False, rollout=True) for b in bodies))
+        results = await asyncio.gather(*(self._run_choice(b, False, rollout=True, borrowed_only=where == "borrowed")
+                                         for b in bodies))
         trainer = Tenant(id="trainer", name="trainer")
         choices = []
         for i, (res, replica_id, timing) in enumerate(results):
@@ -513,7 +567,8 @@ class Gateway:
             choices.append({"index": i, "text": res.text, "output_ids": res.output_ids, "logprobs": res.logprobs,
                             "routed_experts": base64.b64encode(experts.tobytes()).decode(),
                             "routed_experts_shape": list(experts.shape), "weight_version": res.weight_version,
-                            "finish_reason": finish_reason(res.finish), "replica": replica_id})
+                            "finish_reason": "abort" if (res.finish or {}).get("type") == "abort"
+                            else finish_reason(res.finish), "replica": replica_id})
         return _json({"id": rid, "prompt_ids": prompt_ids, "choices": choices})
 
     async def admin_weights(self, request: web.Request) -> web.Response:

@@ -21,6 +21,11 @@ class GatewayMetrics:
         self.e2e = Histogram("flywheel_gateway_e2e_latency_seconds", "Request latency, received to last byte",
                              ["route"], buckets=LATENCY_BUCKETS, registry=r)
         self.retries = Counter("flywheel_gateway_replica_retries", "Requests retried on another replica", registry=r)
+        # User and rollout completions are counted apart: rollouts on borrowed replicas are not user traffic.
+        self.completions = Counter("flywheel_gateway_completions", "Completion choices generated, by source",
+                                   ["source"], registry=r)
+        self.completion_tokens = Counter("flywheel_gateway_completion_tokens", "Tokens generated, by source",
+                                         ["source"], registry=r)
         self.feedback = Counter("flywheel_gateway_feedback", "Feedback accepted by kind", ["kind"], registry=r)
         r.register(_LiveCollector(gateway))
 
@@ -38,17 +43,20 @@ class _LiveCollector:
                                     labels=["replica"])
         state = GaugeMetricFamily("flywheel_replica_state", "1 for the replica's current state",
                                   labels=["replica", "state"])
+        rollouts = GaugeMetricFamily("flywheel_replica_rollout_inflight_requests",
+                                     "Trainer rollout requests in flight per replica", labels=["replica"])
         version = GaugeMetricFamily("flywheel_replica_weight_version", "Weight version the replica serves",
                                     labels=["replica"])
         for rep in self.gw.pool.replicas.values():
             inflight.add_metric([rep.id], rep.outstanding)
+            rollouts.add_metric([rep.id], rep.rollout_outstanding)
             healthy.add_metric([rep.id], 1.0 if rep.healthy else 0.0)
             state.add_metric([rep.id, rep.state.value], 1.0)
             try:
                 version.add_metric([rep.id], float(rep.weight_version))
             except (TypeError, ValueError):
                 pass
-        yield from (inflight, healthy, state, version)
+        yield from (inflight, rollouts, healthy, state, version)
         s = self.gw.events.stats
         events = CounterMetricFamily("flywheel_events", "Events by what happened to them", labels=["state"])
         for name, value in (("submitted", s.submitted), ("spooled", s.spooled), ("produced", s.produced),

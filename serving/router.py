@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from enum import Enum
@@ -38,18 +39,51 @@ class ReplicaHandle:
     last_check: float = 0.0
     served: int = 0
     failures: int = 0
+    borrow_pending: bool = False  # draining on the way to borrowed
+    queue_depth: int = 0  # SGLang's waiting requests (its /metrics), as of the last health check
+    running: int = 0  # SGLang's running requests, same source
+    rollout_rids: set = field(default_factory=set)  # rollout requests in flight here (to abort on return)
+    _rate: float = 0.0  # user requests/s, exponentially decayed
+    _rate_t: float = field(default_factory=time.monotonic)
+
+    RATE_TAU_S = 10.0
+
+    def count_request(self) -> None:
+        now = time.monotonic()
+        self._rate = self._rate * math.exp(-(now - self._rate_t) / self.RATE_TAU_S) + 1.0 / self.RATE_TAU_S
+        self._rate_t = now
+
+    @property
+    def rate(self) -> float:
+        """User requests per second over roughly the last RATE_TAU_S seconds."""
+        return self._rate * math.exp(-(time.monotonic() - self._rate_t) / self.RATE_TAU_S)
 
     def view(self) -> dict:
         return {"id": self.id, "url": self.url, "state": self.state.value, "healthy": self.healthy,
                 "outstanding": self.outstanding, "rollout_outstanding": self.rollout_outstanding,
                 "weight_version": self.weight_version, "served": self.served, "failures": self.failures,
-                "last_error": self.last_error}
+                "last_error": self.last_error, "request_rate": round(self.rate, 3), "queue_depth": self.queue_depth,
+                "running": self.running, "borrow_pending": self.borrow_pending}
 
 
 @dataclass
 class PoolConfig:
     health_interval_s: float = 2.0
     health_timeout_s: float = 5.0
+
+
+def sglang_gauges(text: str) -> dict[str, float]:
+    """Sum the samples of each metric in a Prometheus text page (SGLang labels them per model/engine)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        try:
+            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+        except ValueError:
+            continue
+    return out
 
 
 class NoReplica(Exception):
@@ -99,6 +133,12 @@ class ReplicaPool:
                 ok = r.status == 200
                 if ok:
                     replica.weight_version = str((await r.json()).get("weight_version"))
+            if ok:
+                async with self._session.get(f"{replica.url}/metrics", timeout=timeout) as r:
+                    if r.status == 200:
+                        gauges = sglang_gauges(await r.text())
+                        replica.queue_depth = int(gauges.get("sglang:num_queue_reqs", 0))
+                        replica.running = int(gauges.get("sglang:num_running_reqs", 0))
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
             ok = False
             replica.last_error = f"health check: {type(e).__name__}: {e}"
@@ -147,6 +187,7 @@ class Lease:
             self.replica.rollout_outstanding += 1
         else:
             self.replica.outstanding += 1
+            self.replica.count_request()
         return self.replica
 
     def __exit__(self, *exc) -> None:

@@ -68,3 +68,15 @@ def replica(test_model, tmp_path_factory):
         yield r
     finally:
         assert r.stop(), f"replica pid {r.pid} did not stop"
+
+
+@pytest.fixture(scope="session")
+def second_replica(test_model, tmp_path_factory):
+    """A second replica, for fleet tests (weight switches, borrowing). Two replicas share the 2 cores."""
+    from serving.replica import ReplicaConfig, start
+
+    r = start(ReplicaConfig(model_path=test_model, log_dir=tmp_path_factory.mktemp("replica2-logs")))
+    try:
+        yield r
+    finally:
+        assert r.stop(), f"replica pid {r.pid} did not stop"

@@ -19,7 +19,6 @@ from safetensors.torch import load_file, save_file
 from flywheel.paths import REPO_ROOT
 from flywheel.procs import free_port, stop_pid, wait_until
 from serving import gateway_process
-from serving.replica import ReplicaConfig, start as start_replica
 from tests.helpers import GATEWAY_ADMIN, get, post
 from weight_sync.agent import Agent, AgentConfig
 from weight_sync.manifest import generate_key
@@ -64,15 +63,6 @@ def weights(test_model, tmp_path_factory):
         yield {"root": root, "cfg": cfg, "url": url, "ckpts": ckpts}
     finally:
         assert stop_pid(proc.pid)
-
-
-@pytest.fixture(scope="module")
-def second_replica(test_model, tmp_path_factory):
-    r = start_replica(ReplicaConfig(model_path=test_model, log_dir=tmp_path_factory.mktemp("r1-logs")))
-    try:
-        yield r
-    finally:
-        assert r.stop()
 
 
 def announce(weights, bootstrap: str, v: int) -> None:

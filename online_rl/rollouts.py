@@ -23,6 +23,7 @@ class RolloutConfig:
     group_size: int = 8
     temperature: float = 1.0
     max_tokens: int = 40
+    min_tokens: int = 0  # >0: no end-of-text before this many tokens (long rollouts, e.g. to measure a return)
     task_seed: int = 0
     replicas: str = "any"  # "borrowed": only replicas the off-peak scheduler lent (none lent: no rollouts)
     sandbox: sandbox.SandboxConfig = field(default_factory=sandbox.SandboxConfig)
@@ -39,7 +40,7 @@ class RolloutSource:
 
     def _generate(self, prompt: str) -> dict | None:
         body = json.dumps({"prompt": prompt, "n": self.cfg.group_size, "max_tokens": self.cfg.max_tokens,
-                           "temperature": self.cfg.temperature, "replicas": self.cfg.replicas}).encode()
+                           "min_tokens": self.cfg.min_tokens, "temperature": self.cfg.temperature, "replicas": self.cfg.replicas}).encode()
         req = urllib.request.Request(f"{self.cfg.gateway_url}/admin/rollouts", data=body,
                                      headers={"Authorization": f"Bearer {self.cfg.admin_token}",
                                               "Content-Type": "application/json"})

@@ -192,6 +192,8 @@ class Gateway:
              "presence_penalty": spec.presence_penalty, "frequency_penalty": spec.frequency_penalty}
         if spec.seed is not None:
             s["sampling_seed"] = spec.seed
+        if spec.min_tokens:
+            s["min_new_tokens"] = spec.min_tokens
         return s
 
     def _pick(self, tried: set[str], rollout: bool, borrowed_only: bool = False):

@@ -40,6 +40,7 @@ class GenerationSpec:
     prompt: str
     n: int = 1
     max_tokens: int = 16
+    min_tokens: int = 0  # vLLM's extension: end-of-text and stop tokens are not sampled before this many
     temperature: float = 1.0
     top_p: float = 1.0
     stop: list[str] = field(default_factory=list)
@@ -55,7 +56,7 @@ class GenerationSpec:
     def sampling(self) -> dict:
         """The sampling parameters as logged with each completion event."""
         return {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens,
-                "stop": self.stop, "n": self.n, "seed": self.seed, "presence_penalty": self.presence_penalty,
+                "min_tokens": self.min_tokens, "stop": self.stop, "n": self.n, "seed": self.seed, "presence_penalty": self.presence_penalty,
                 "frequency_penalty": self.frequency_penalty, "fim": self.suffix is not None}
 
 
@@ -145,7 +146,7 @@ def _unsupported(body: dict, names: dict[str, object]) -> None:
             raise ApiError(400, f"'{name}' is not supported by this server", param=name, code="unsupported_parameter")
 
 
-COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "stop", "stream", "stream_options", "seed",
+COMMON = {"model", "max_tokens", "min_tokens", "temperature", "top_p", "n", "stop", "stream", "stream_options", "seed",
           "presence_penalty", "frequency_penalty", "user", "logit_bias"}
 
 
@@ -168,6 +169,7 @@ def _common(body: dict, limits: Limits) -> dict:
         frequency_penalty=_float(body, "frequency_penalty", 0.0, -2.0, 2.0),
         user=_str(body, "user"),
     )
+    out["min_tokens"] = _int(body, "min_tokens", 0, 0, limits.max_tokens)
     if out["top_p"] == 0.0:
         raise ApiError(400, "'top_p' must be greater than 0", param="top_p", code="out_of_range")
     if opts is not None and not out["stream"]:
@@ -190,9 +192,16 @@ def parse_completion(body: dict, limits: Limits) -> GenerationSpec:
     suffix = _str(body, "suffix")
     if not prompt and not suffix:
         raise ApiError(400, "'prompt' must not be empty", param="prompt", code="empty_prompt")
-    return GenerationSpec(kind="completion", prompt=prompt, suffix=suffix,
+    return _lengths(GenerationSpec(kind="completion", prompt=prompt, suffix=suffix,
                           max_tokens=_int(body, "max_tokens", 16, 1, limits.max_tokens),
-                          logprobs=_int(body, "logprobs", None, 0, 5), **_common(body, limits))
+                          logprobs=_int(body, "logprobs", None, 0, 5), **_common(body, limits)))
+
+
+def _lengths(spec: GenerationSpec) -> GenerationSpec:
+    if spec.min_tokens > spec.max_tokens:
+        raise ApiError(400, f"'min_tokens' ({spec.min_tokens}) must not exceed 'max_tokens' ({spec.max_tokens})",
+                       param="min_tokens", code="out_of_range")
+    return spec
 
 
 ROLES = ("system", "developer", "user", "assistant")
@@ -248,8 +257,8 @@ def parse_chat(body: dict, limits: Limits) -> GenerationSpec:
     top = _int(body, "top_logprobs", None, 0, 5)
     if top is not None and not want_lp:
         raise ApiError(400, "'top_logprobs' requires logprobs=true", param="top_logprobs")
-    return GenerationSpec(kind="chat", prompt=render_chat(clean), max_tokens=max_tokens,
-                          logprobs=(top or 0) if want_lp else None, **_common(body, limits))
+    return _lengths(GenerationSpec(kind="chat", prompt=render_chat(clean), max_tokens=max_tokens,
+                                   logprobs=(top or 0) if want_lp else None, **_common(body, limits)))
 
 
 # ----------------------------------------------------------------------------- responses

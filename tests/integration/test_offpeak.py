@@ -139,3 +139,44 @@ def test_fleet_cli_borrow_status_return(replica, second_replica, test_model, tmp
         assert "2 active, 0 borrowed" in capsys.readouterr().out
     finally:
         gw.stop()
+
+
+def test_return_stops_rollouts_in_flight_and_the_trainer_redoes_them(replica, second_replica, test_model, tmp_path):
+    """Rollouts run only where lent; a return aborts the ones in flight there (users untouched), and the
+    trainer's rollout source puts their task back in its queue."""
+    from online_rl.rollouts import RolloutConfig, RolloutSource
+
+    gw = gateway_process.start([replica.url, second_replica.url], test_model, tmp_path / "gw", keys=GATEWAY_KEYS,
+                               admin_token=GATEWAY_ADMIN)
+    try:
+        src = RolloutSource(RolloutConfig(gateway_url=gw.url, admin_token=GATEWAY_ADMIN, tasks_per_step=1,
+                                          group_size=8, max_tokens=256, min_tokens=256, replicas="borrowed"))
+        samples, _ = src.samples(0)  # nothing lent: no rollouts, the task waits
+        assert samples == [] and len(src.retry) == 1
+        waiting = src.retry[0]
+        assert post(f"{gw.url}/admin/replicas/r1/borrow", {}, key=GATEWAY_ADMIN)[0] == 200
+        for _ in range(50):
+            if json.loads(get(f"{gw.url}/admin/load", key=GATEWAY_ADMIN)[1])["fleet"]["borrowed"] == 1:
+                break
+            time.sleep(0.1)
+        result = {}
+        t = threading.Thread(target=lambda: result.update(zip(("samples", "rates"), src.samples(1))))
+        t.start()
+        for _ in range(100):  # wait until the rollout is generating on r1
+            view = {r["id"]: r for r in json.loads(get(f"{gw.url}/admin/load", key=GATEWAY_ADMIN)[1])["replicas"]}
+            if view["r1"]["rollout_outstanding"]:
+                break
+            time.sleep(0.05)
+        assert view["r1"]["rollout_outstanding"] and not view["r0"]["rollout_outstanding"]
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        assert post(f"{gw.url}/admin/replicas/r1/return", {}, key=GATEWAY_ADMIN)[0] == 200
+        status, body, _ = post(f"{gw.url}/v1/completions", {"model": "m", "prompt": PROMPT, "max_tokens": 8},
+                               key="key-alice")
+        assert status == 200, body
+        t.join(timeout=120)
+        assert time.monotonic() - t0 < 10, "the return stopped the rollouts instead of waiting for them"
+        assert result["samples"] == [] and src.aborted > 0
+        assert [task.task_id for task in src.retry] == [waiting.task_id], "the aborted task is queued again"
+    finally:
+        gw.stop()

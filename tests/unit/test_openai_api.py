@@ -12,7 +12,9 @@ def test_valid_completion_and_defaults():
     assert (s.prompt, s.max_tokens, s.stop, s.n, s.stream, s.include_usage, s.logprobs) == \
         ("def f():", 8, ["\n\n"], 2, True, True, 2)
     d = parse_completion({"model": "m", "prompt": ["x"]}, L)
-    assert d.max_tokens == 16 and d.temperature == 1.0 and d.n == 1 and d.logprobs is None
+    assert d.max_tokens == 16 and d.temperature == 1.0 and d.n == 1 and d.logprobs is None and d.min_tokens == 0
+    m = parse_completion({"model": "m", "prompt": "x", "max_tokens": 8, "min_tokens": 8}, L)
+    assert m.min_tokens == 8 and m.sampling()["min_tokens"] == 8
 
 
 def test_fim_suffix_allows_empty_prompt():
@@ -41,6 +43,8 @@ def test_fim_suffix_allows_empty_prompt():
     ({"model": "m", "prompt": "x", "frobnicate": 1}, "frobnicate"),
     ({"model": "m", "prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
     ({"model": "m", "prompt": "x", "logprobs": 9}, "logprobs"),
+    ({"model": "m", "prompt": "x", "min_tokens": -1}, "min_tokens"),
+    ({"model": "m", "prompt": "x", "max_tokens": 4, "min_tokens": 5}, "min_tokens"),
 ])
 def test_bad_completion_requests(body, param):
     with pytest.raises(ApiError) as e:

@@ -1,0 +1,70 @@
+"""The policy loss: importance weights, the trust region that stops stale samples pulling, and k2 KL."""
+import numpy as np
+import pytest
+import torch
+
+from online_rl.loss import LossConfig, make_batch, policy_loss
+from online_rl.model import ModelConfig, MoECoder, token_logprobs
+from online_rl.samples import Sample
+
+TINY = ModelConfig(vocab_size=301, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                   head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+
+
+@pytest.fixture(scope="module")
+def model():
+    m = MoECoder(TINY)
+    m.init_weights(3)
+    return m
+
+
+def sample(model, shift: float) -> Sample:
+    """A sample whose logged behaviour logprobs are the model's own minus `shift`: rho = exp(shift)."""
+    prompt, out = np.array([5, 17, 42], np.int64), np.array([7, 99, 3, 250], np.int64)
+    seq = torch.from_numpy(np.concatenate([prompt, out]))[None]
+    with torch.no_grad():
+        r = model(seq[:, :-1])
+    lp = token_logprobs(r.logits, seq[:, 1:])[0, prompt.size - 1:].numpy()
+    return Sample(key="s", prompt_ids=prompt, output_ids=out, behaviour_logprobs=(lp - shift).astype(np.float32),
+                  routed_experts=r.experts[0].numpy().astype(np.uint8), reward=0.0, model_version=0)
+
+
+def grad_norm(model, s: Sample, advantage: float, cfg: LossConfig) -> float:
+    model.zero_grad()
+    loss, metrics = policy_loss(model, None, make_batch([s], np.array([advantage])), cfg, 1)
+    loss.backward()
+    return float(sum(p.grad.norm() ** 2 for p in model.parameters() if p.grad is not None) ** 0.5), metrics
+
+
+@pytest.mark.parametrize("advantage, shift, pulls", [
+    (-0.5, 0.0, True),  # on policy: rho = 1
+    (-0.5, np.log(0.5), False),  # A < 0 and the policy already halved these tokens' probability: done
+    (-0.5, np.log(1.5), True),  # A < 0, the tokens became likelier: keep pushing down
+    (0.5, np.log(2.0), False),  # A > 0 and already twice as likely: done
+    (0.5, np.log(0.5), True),  # A > 0, less likely than when sampled: keep pulling up
+])
+def test_trust_region_against_the_behaviour_policy(model, advantage, shift, pulls):
+    cfg = LossConfig(kl_coef=0.0)
+    norm, metrics = grad_norm(model, sample(model, shift), advantage, cfg)
+    assert (norm > 1e-6) == pulls, (norm, metrics)
+    assert metrics["clipped_share"] == (0.0 if pulls else 1.0)
+
+
+def test_kl_term_vanishes_at_the_reference_and_pulls_back_elsewhere(model):
+    import copy
+
+    s = sample(model, 0.0)
+    cfg = LossConfig(kl_coef=1.0)
+    ref = copy.deepcopy(model)
+    model.zero_grad()
+    loss, m = policy_loss(model, ref, make_batch([s], np.array([0.0])), cfg, 1)
+    loss.backward()
+    assert m["kl_per_token"] == pytest.approx(0.0, abs=1e-6)
+    assert all(p.grad is None or p.grad.abs().max() < 1e-6 for p in model.parameters())  # k2: zero at pi = ref
+    moved = copy.deepcopy(model)
+    with torch.no_grad():
+        moved.lm_head.weight.add_(0.05 * torch.randn_like(moved.lm_head.weight))
+    moved.zero_grad()
+    loss, m = policy_loss(moved, ref, make_batch([s], np.array([0.0])), cfg, 1)
+    loss.backward()
+    assert moved.lm_head.weight.grad.abs().max() > 1e-6

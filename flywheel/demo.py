@@ -1,20 +1,23 @@
-"""`flywheel demo`: the main job on the embedded default.
+"""`flywheel demo`: the whole loop on one machine, ending by itself.
 
-Today (foundation + gateway): build or reuse the demo model; start a local Kafka broker, one SGLang
-replica on CPU and the gateway (`flywheel serve`); a small simulated IDE user asks the gateway for
-completions of held-out coding tasks through the official openai client, judges each one by running
-its hidden tests in the sandbox and sends accept/reject feedback; the completion and feedback events
-are then read back from Kafka. Everything started here is stopped here, by PID.
+    model      the demo checkpoint (built and cached on first use, ~6 min)
+    fleet      Kafka broker, weight store (v0), 2 SGLang replicas on CPU, the gateway, one agent per replica
+    trainer    `flywheel train`: learns from the completions + feedback stream, publishes every interval
+    users      a simulated IDE population with a hidden preference (loadtests.population)
+    loop       until `versions` new versions are published and served, or the time bound
+    report     a table per version (acceptance, requests, latency, switch pause, delta), demo_out/summary.json,
+               demo_out/acceptance.png; exit 0 when acceptance rose `goal_points` with zero failed requests
+
+Everything started here is stopped here, by PID; the output directory is started afresh each run.
 """
 from __future__ import annotations
 
 import argparse
-import json
-import random
-import secrets
+import dataclasses
+import shutil
+import subprocess
+import sys
 import time
-import urllib.request
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,107 +27,112 @@ class DemoConfig:
     preset: str = "demo"
     seed: int = 0
     out_dir: Path = Path("demo_out")
-    tasks: int = 24
+    users: int = 6
+    versions: int = 6  # new versions to publish and serve before stopping
+    minutes: float = 13.0  # bound on the loop (setup aside); a first run also builds the model (~6 min)
+    publish_interval_s: float = 75.0
+    lr: float = 1e-4
     temperature: float = 1.0
+    replicas: int = 2
+    goal_points: float = 20.0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="run the whole loop on this machine (see README)")
-    p.add_argument("--preset", default=DemoConfig.preset, choices=["test", "demo"])
-    p.add_argument("--seed", type=int, default=DemoConfig.seed)
-    p.add_argument("--out-dir", type=Path, default=DemoConfig.out_dir)
-    p.add_argument("--tasks", type=int, default=DemoConfig.tasks)
-    p.set_defaults(func=lambda a: run(DemoConfig(a.preset, a.seed, a.out_dir, a.tasks)))
+    for f in dataclasses.fields(DemoConfig):
+        flag = "--" + f.name.replace("_", "-")
+        p.add_argument(flag, type=type(f.default) if not isinstance(f.default, Path) else Path, default=f.default)
+    p.set_defaults(func=lambda a: run(DemoConfig(**{f.name: getattr(a, f.name) for f in dataclasses.fields(DemoConfig)})))
 
 
-def _health(url: str) -> dict:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
-            return json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return json.loads(e.read())
+def _trainer(cfg: DemoConfig, fleet, model: Path, out: Path) -> subprocess.Popen:
+    from flywheel.paths import REPO_ROOT
+
+    cmd = [sys.executable, "-m", "flywheel", "train", "--model", str(model), "--work-dir", str(out / "trainer"),
+           "--kafka", fleet.broker.bootstrap, "--publish-interval", str(cfg.publish_interval_s),
+           "--store", str(fleet.store_root), "--key", str(fleet.signing_key), "--store-url", fleet.store_url,
+           "--lr", str(cfg.lr), "--threads", "1"]
+    log = open(out / "logs" / "trainer.log", "ab")
+    return subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
 
 
-def _count_events(bootstrap: str, want: set[str], timeout_s: float = 30.0) -> dict[str, int]:
-    from kafka import KafkaConsumer
+def _line(t0: float, pop, fleet) -> str:
+    from weight_sync.store import Store
 
-    from flywheel import events as ev
-    from flywheel.kafka_broker import quiet_kafka
-
-    seen: dict[str, set] = {ev.TOPIC_COMPLETIONS: set(), ev.TOPIC_FEEDBACK: set()}
-    deadline = time.monotonic() + timeout_s
-    with quiet_kafka():  # a short-lived consumer: its rebalance chatter is noise here
-        consumer = KafkaConsumer(ev.TOPIC_COMPLETIONS, ev.TOPIC_FEEDBACK, bootstrap_servers=bootstrap,
-                                 group_id=f"demo-{uuid.uuid4().hex[:6]}", auto_offset_reset="earliest",
-                                 enable_auto_commit=False)
-        try:
-            while time.monotonic() < deadline and not (want <= seen[ev.TOPIC_COMPLETIONS]
-                                                       and want <= seen[ev.TOPIC_FEEDBACK]):
-                for recs in consumer.poll(timeout_ms=500).values():
-                    for r in recs:
-                        seen[r.topic].add(ev.decode(r.value).completion_id)
-        finally:
-            consumer.close()
-    return {topic: len(ids & want) for topic, ids in seen.items()}
+    recs = pop.snapshot()
+    recent = [r for r in recs[-150:] if r.outcome in ("accept", "reject")]
+    acc = sum(r.outcome == "accept" for r in recent) / len(recent) if recent else float("nan")
+    serving = ",".join(sorted({str(v) for v in fleet.served_versions().values()}))
+    published = max(Store(fleet.store_root).versions(), default=0)
+    failed = sum(r.outcome == "failed" for r in recs)
+    return (f"[{time.monotonic() - t0:5.0f}s] published v{published}, fleet serves v{serving}, {len(recs)} requests "
+            f"({failed} failed), acceptance of the last {len(recent)} judged: {acc:.0%}")
 
 
 def run(cfg: DemoConfig) -> int:
-    import openai
-
-    from flywheel import kafka_broker
-    from online_rl import sandbox, tasks
+    from flywheel import demo_report
+    from flywheel.local_fleet import LocalFleet, LocalFleetConfig
+    from flywheel.procs import stop_pid
+    from loadtests.population import Population, PopulationConfig
     from online_rl.bootstrap import bootstrap, report
-    from serving import gateway_process
-    from serving.replica import ReplicaConfig
-    from serving.replica import start as start_replica
+    from weight_sync.store import Store
 
-    cfg.out_dir.mkdir(parents=True, exist_ok=True)
-    t0 = time.monotonic()
+    out = Path(cfg.out_dir).resolve()
+    if out.exists():
+        shutil.rmtree(out)  # a fresh broker, store and trainer: acceptance starts from the base model
+    (out / "logs").mkdir(parents=True)
+    t_setup = time.monotonic()
     model = bootstrap(cfg.preset, cfg.seed)
     base = report(model)
-    print(f"model   {model}  ({base['parameters']:,} parameters; held-out pass rate "
-          f"greedy {base['eval']['pass_rate_greedy']:.0%}, temperature 1 {base['eval']['pass_rate_t1']:.0%})")
-    started = []
-    key = "fw-demo-" + secrets.token_hex(8)
+    print(f"model   {model}  ({base['parameters']:,} parameters; held-out pass rate greedy "
+          f"{base['eval']['pass_rate_greedy']:.0%}, temperature 1 {base['eval']['pass_rate_t1']:.0%})")
+    trainer = pop = None
+    fleet = LocalFleet(LocalFleetConfig(model=model, out_dir=out / "fleet", replicas=cfg.replicas,
+                                        tenants=cfg.users))
     try:
-        t = time.monotonic()
-        broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=cfg.out_dir / "kafka"))
-        started.append(broker)
-        print(f"kafka   {broker.bootstrap}  (pid {broker.pid}, ready in {time.monotonic() - t:.1f}s)")
-        t = time.monotonic()
-        replica = start_replica(ReplicaConfig(model_path=model, log_dir=cfg.out_dir / "logs"))
-        started.append(replica)
-        print(f"sglang  {replica.url}  (pid {replica.pid}, ready in {time.monotonic() - t:.1f}s)")
-        gw = gateway_process.start([replica.url], model, cfg.out_dir / "gateway", kafka=broker.bootstrap,
-                                   keys={"demo-user": key})
-        started.append(gw)
-        print(f"gateway {gw.url}  (pid {gw.pid}; OpenAI API at {gw.url}/v1)\n")
-
-        client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=key, max_retries=0)
-        issued, accepted = set(), 0
-        held = tasks.tasks("heldout", cfg.seed)
-        for task in random.Random(cfg.seed).sample(held, min(cfg.tasks, len(held))):
-            r = client.completions.create(model="flywheel-coder", prompt=task.prompt, max_tokens=40,
-                                          temperature=cfg.temperature)
-            verdict = sandbox.run([sandbox.candidate_for(task, r.choices[0].text)])[0]
-            kind = "accept" if verdict.ok else "reject"
-            accepted += verdict.ok
-            issued.add(r.id)
-            req = urllib.request.Request(f"{gw.url}/v1/feedback", headers={"Authorization": f"Bearer {key}"},
-                                         data=json.dumps({"completion_id": r.id, "kind": kind}).encode())
-            urllib.request.urlopen(req, timeout=30).close()
-            body = r.choices[0].text.strip().replace("\n", " | ")
-            print(f"{kind:6s} {task.task_id:24s} v{r.model_extra['model_version']}  {body[:70]}")
-        print(f"\nacceptance {accepted}/{len(issued)} = {accepted / max(1, len(issued)):.0%} "
-              f"(temperature {cfg.temperature})")
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and _health(gw.url)["spool_pending_bytes"] > 0:
-            time.sleep(0.5)
-        counts = _count_events(broker.bootstrap, issued)
-        print(f"kafka   {counts['completions']}/{len(issued)} completion events, "
-              f"{counts['feedback']}/{len(issued)} feedback events read back")
+        fleet.start()
+        trainer = _trainer(cfg, fleet, model, out)
+        print(f"trainer pid {trainer.pid}, publishes every {cfg.publish_interval_s:.0f}s (log {out}/logs/trainer.log)")
+        pop = Population(PopulationConfig(users=cfg.users, temperature=cfg.temperature, seed=cfg.seed),
+                         fleet.gateway.url, list(fleet.keys.values())).start()
+        print(f"users   {cfg.users} simulated IDE users (hidden preference: the function passes its hidden tests)")
+        print(f"setup took {time.monotonic() - t_setup:.0f}s; running until v{cfg.versions} is served "
+              f"or {cfg.minutes:.0f} min\n")
+        t0 = time.monotonic()
+        deadline = t0 + 60 * cfg.minutes
+        next_line = t0
+        while time.monotonic() < deadline:
+            if trainer.poll() is not None:
+                raise RuntimeError(f"the trainer exited ({trainer.returncode}); see {out}/logs/trainer.log")
+            if time.monotonic() >= next_line:
+                print(_line(t0, pop, fleet), flush=True)
+                next_line += 15
+            newest = [r for r in pop.snapshot() if r.version == str(cfg.versions) and r.outcome in ("accept", "reject")]
+            if len(newest) >= 60:  # the last version has served enough judged requests to measure
+                break
+            time.sleep(1)
+        print(_line(t0, pop, fleet))
     finally:
-        for thing in reversed(started):
-            thing.stop()
-    print(f"demo finished in {time.monotonic() - t0:.0f}s; gateway, replica and broker stopped")
-    return 0
+        if pop is not None:
+            pop.stop()
+            pop.write(out / "interactions.jsonl")
+        if trainer is not None:
+            stop_pid(trainer.pid, timeout=60)
+        switches = fleet.switch_reports()
+        fleet.stop()
+    store = Store(fleet.store_root)
+    rows = demo_report.summarize(pop.snapshot(), switches, {v: store.manifest(v) for v in store.versions()})
+    verdict = demo_report.verdict(rows, goal_points=cfg.goal_points)
+    demo_report.write(rows, verdict, out)
+    print("\n" + demo_report.table(rows))
+    print(f"\nacceptance v{verdict['base_version']} {_pct(verdict['base_acceptance'])} -> "
+          f"v{verdict['final_version']} {_pct(verdict['final_acceptance'])} ({'-' if verdict['rise_points'] is None else format(verdict['rise_points'], '+')} points; goal "
+          f"+{cfg.goal_points:.0f}), {verdict['failed_requests']} failed requests: "
+          f"{'GOAL MET' if verdict['goal_met'] else 'goal missed'}")
+    print(f"wrote {out}/summary.json, {out}/acceptance.png, {out}/interactions.jsonl; everything started was stopped")
+    return 0 if verdict["goal_met"] else 1
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"

@@ -242,3 +242,26 @@ def start(cfg: BrokerConfig | None = None) -> Broker:
         raise RuntimeError(f"{e}\n--- broker.stdout ---\n{tail(data_dir / 'broker.stdout')}\n"
                            f"--- broker.log ---\n{tail(log_file)}") from None
     return broker
+
+
+def ensure_topics(bootstrap: str, partitions: int = 4) -> None:
+    """Create the event and weights topics if they are missing (weights: one partition, one order), so
+    the first producer does not race the broker's auto-creation."""
+    from kafka.admin import KafkaAdminClient, NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+
+    from flywheel import events as ev
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="flywheel-topics")
+    try:
+        existing = set(admin.list_topics())
+        want = [NewTopic(ev.TOPIC_COMPLETIONS, partitions, 1), NewTopic(ev.TOPIC_FEEDBACK, partitions, 1),
+                NewTopic(ev.TOPIC_WEIGHTS, 1, 1)]
+        missing = [t for t in want if t.name not in existing]
+        if missing:
+            try:
+                admin.create_topics(missing)
+            except TopicAlreadyExistsError:
+                pass
+    finally:
+        admin.close()

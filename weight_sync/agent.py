@@ -214,6 +214,8 @@ class Agent:
         self.metrics.switches.labels(report["mode"]).inc()
         report["apply_ms"] = round(1000 * (time.monotonic() - t0), 1)
         self.last_apply = {"version": version, **report}
+        with open(self.work / "switches.jsonl", "a") as f:  # the switch history operators and the demo read
+            f.write(json.dumps({"version": version, "at": time.time(), **report}) + "\n")
         log.info("replica %s now serves v%d (%s)", self.cfg.name, version, report)
         self._prune()
         return report

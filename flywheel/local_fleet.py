@@ -1,0 +1,206 @@
+"""A whole fleet on this machine, for `flywheel demo` and `flywheel loadtest`: a Kafka broker, a weight
+store (signing keys, v0 = the model, its HTTP server), SGLang replicas on CPU, the gateway, and one weight
+agent per replica following the `weights` topic. Everything lives under one directory and every process
+started here is stopped here, by PID.
+"""
+from __future__ import annotations
+
+import json
+import secrets
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flywheel.paths import REPO_ROOT
+from flywheel.procs import free_port, stop_pid, tail, wait_until
+
+
+@dataclass
+class LocalFleetConfig:
+    model: Path
+    out_dir: Path
+    replicas: int = 2
+    threads: int = 1  # per replica: replicas sharing the cores must split them (README, weight sync)
+    max_total_tokens: int = 32768
+    switch_mode: str = "drain"
+    tenants: int = 8  # API keys made for simulated users: tenant-0 .. tenant-{n-1}
+    admin_token: str = field(default_factory=lambda: "fw-admin-" + secrets.token_hex(8))
+
+
+class LocalFleet:
+    def __init__(self, cfg: LocalFleetConfig, say=print):
+        self.cfg = cfg
+        self.out = Path(cfg.out_dir).resolve()
+        self.say = say
+        self.keys = {f"tenant-{i}": "fw-" + secrets.token_hex(12) for i in range(cfg.tenants)}
+        self.broker = None
+        self.replicas: list = []
+        self.gateway = None
+        self.store_pid: int | None = None
+        self.store_url: str | None = None
+        self.agent_pids: dict[str, int] = {}
+        self.store_root = self.out / "weights" / "store"
+        self.signing_key = self.out / "weights" / "keys" / "signing.pem"
+        self.public_key = self.out / "weights" / "keys" / "signing.pub"
+
+    # ------------------------------------------------------------------ lifecycle
+    def __enter__(self) -> "LocalFleet":
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> "LocalFleet":
+        from serving import gateway_process
+        from serving.replica import ReplicaConfig
+        from serving.replica import start as start_replica
+        from weight_sync.manifest import generate_key
+        from weight_sync.publish import activate, publish
+
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.start_broker()
+        if not self.signing_key.exists():
+            generate_key(self.signing_key, self.public_key)
+        if not self.store_root.exists() or not any(self.store_root.glob("v*")):
+            publish(self.cfg.model, self.publish_config(kafka=False))
+        self.store_url = self._spawn_store()
+        activate(self.publish_config(), 0, "fleet start: serve v0")
+        for i in range(self.cfg.replicas):
+            t = time.monotonic()
+            rep = start_replica(ReplicaConfig(model_path=self.cfg.model, log_dir=self.out / "logs",
+                                              threads=self.cfg.threads, max_total_tokens=self.cfg.max_total_tokens))
+            self.replicas.append(rep)
+            self.say(f"sglang  r{i} {rep.url}  (pid {rep.pid}, ready in {time.monotonic() - t:.1f}s)")
+        self.gateway = gateway_process.start([r.url for r in self.replicas], self.cfg.model, self.out / "gateway",
+                                             kafka=self.broker.bootstrap, keys=self.keys,
+                                             admin_token=self.cfg.admin_token)
+        self.say(f"gateway {self.gateway.url}  (pid {self.gateway.pid}; OpenAI API at {self.gateway.url}/v1)")
+        for i, rep in enumerate(self.replicas):
+            self.agent_pids[f"r{i}"] = self._spawn_agent(f"r{i}", rep.url)
+        self.say(f"agents  {', '.join(f'r{i}' for i in range(len(self.replicas)))} follow the weights topic "
+                 f"(store {self.store_url})")
+        return self
+
+    def stop(self) -> None:
+        for pid in self.agent_pids.values():
+            stop_pid(pid)
+        self.agent_pids.clear()
+        if self.gateway is not None:
+            self.gateway.stop()
+            self.gateway = None
+        for rep in self.replicas:
+            rep.stop()
+        self.replicas.clear()
+        if self.store_pid is not None:
+            stop_pid(self.store_pid)
+            self.store_pid = None
+        self.stop_broker()
+
+    def start_broker(self) -> None:
+        from flywheel import kafka_broker
+
+        t = time.monotonic()
+        self.broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=self.out / "kafka"))
+        kafka_broker.ensure_topics(self.broker.bootstrap)
+        self.say(f"kafka   {self.broker.bootstrap}  (pid {self.broker.pid}, ready in {time.monotonic() - t:.1f}s)")
+
+    def stop_broker(self) -> None:
+        from flywheel import kafka_broker
+
+        # The broker of this data dir now: a scenario may have stopped ours and started another.
+        current = kafka_broker.running(self.out / "kafka")
+        for b in {id(x): x for x in (current, self.broker) if x is not None}.values():
+            b.stop()
+
+    # ------------------------------------------------------------------ helpers
+    def publish_config(self, kafka: bool = True):
+        from weight_sync.publish import PublishConfig
+
+        return PublishConfig(store=self.store_root, private_key=self.signing_key,
+                             kafka_bootstrap=self.broker.bootstrap if kafka else None, store_url=self.store_url)
+
+    def env(self) -> dict[str, str]:
+        """What a process working against this fleet needs (the flywheel CLI reads these)."""
+        return {"FLYWHEEL_GATEWAY_URL": self.gateway.url, "FLYWHEEL_ADMIN_TOKEN": self.cfg.admin_token,
+                "FLYWHEEL_KAFKA_BOOTSTRAP": self.broker.bootstrap, "FLYWHEEL_STORE_URL": self.store_url or "",
+                "FLYWHEEL_WEIGHTS_STORE": str(self.store_root), "FLYWHEEL_SIGNING_KEY": str(self.signing_key),
+                "FLYWHEEL_LOADTEST_KEYS": ",".join(self.keys.values())}
+
+    def admin(self, method: str, path: str) -> dict:
+        req = urllib.request.Request(f"{self.gateway.url}{path}", method=method,
+                                     data=b"{}" if method == "POST" else None,
+                                     headers={"Authorization": f"Bearer {self.cfg.admin_token}",
+                                              "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read())
+
+    def served_versions(self) -> dict[str, str | None]:
+        return self.admin("GET", "/admin/weights")["replicas"]
+
+    def wait_fleet_on(self, version: int, timeout_s: float = 180.0) -> float:
+        """Block until every replica serves `version`; returns the seconds it took."""
+        t = time.monotonic()
+        wait_until(lambda: set(self.served_versions().values()) == {str(version)}, timeout_s, interval=0.5,
+                   what=f"every replica on v{version}")
+        return time.monotonic() - t
+
+    def switch_reports(self) -> list[dict]:
+        out = []
+        for name in sorted(self.agent_pids) or [f"r{i}" for i in range(self.cfg.replicas)]:
+            f = self.out / "agents" / name / "switches.jsonl"
+            if f.exists():
+                out += [{"replica": name, **json.loads(line)} for line in f.read_text().splitlines() if line]
+        return out
+
+    def _python(self, args: list[str], log_name: str) -> subprocess.Popen:
+        (self.out / "logs").mkdir(parents=True, exist_ok=True)
+        with open(self.out / "logs" / log_name, "ab") as log:
+            return subprocess.Popen([sys.executable, "-m", "flywheel", *args], cwd=REPO_ROOT, stdout=log,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                                    env=_child_env())
+
+    def _spawn_store(self) -> str:
+        port = free_port()
+        proc = self._python(["weights", "serve", "--store", str(self.store_root), "--port", str(port)], "store.log")
+        self.store_pid = proc.pid
+        url = f"http://127.0.0.1:{port}"
+
+        def up() -> bool:
+            try:
+                urllib.request.urlopen(f"{url}/versions", timeout=2).close()
+                return True
+            except urllib.error.HTTPError:
+                return True
+            except OSError:
+                return False
+
+        wait_until(up, 30, interval=0.2, what="weight store server", alive=lambda: proc.poll() is None)
+        return url
+
+    def _spawn_agent(self, name: str, replica_url: str) -> int:
+        proc = self._python(["weights", "agent", "--name", name, "--replica", replica_url, "--store-url",
+                             self.store_url, "--public-key", str(self.public_key), "--initial-model",
+                             str(self.cfg.model), "--work-dir", str(self.out / "agents" / name), "--kafka",
+                             self.broker.bootstrap, "--gateway", self.gateway.url, "--admin-token",
+                             self.cfg.admin_token, "--switch-mode", self.cfg.switch_mode], f"agent-{name}.log")
+        time.sleep(0.5)
+        if proc.poll() is not None:
+            raise RuntimeError(f"agent {name} exited at once:\n{tail(self.out / 'logs' / f'agent-{name}.log')}")
+        return proc.pid
+
+
+def _child_env() -> dict[str, str]:
+    import os
+
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    for k in ("FLYWHEEL_KAFKA_BOOTSTRAP", "FLYWHEEL_GATEWAY_URL", "FLYWHEEL_ADMIN_TOKEN"):
+        env.pop(k, None)  # children get this fleet's values by flag, never a stale shell's
+    return env

@@ -1,0 +1,53 @@
+"""After a run: is every completion and feedback event the load test caused in Kafka?"""
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+import uuid
+
+
+def _spool_pending(gateway: str) -> int:
+    try:
+        with urllib.request.urlopen(f"{gateway}/health", timeout=5) as r:
+            return json.loads(r.read())["spool_pending_bytes"]
+    except urllib.error.HTTPError as e:  # 503 (degraded) still reports the spool
+        return json.loads(e.read())["spool_pending_bytes"]
+
+
+def all_delivered(gateway: str, bootstrap: str, completion_ids: set[str], since: float,
+                  timeout_s: float = 180.0) -> dict:
+    """Wait for the gateway's spool to drain, then read both topics from `since` (unix time) on."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    from flywheel import events as ev
+    from flywheel.kafka_broker import quiet_kafka
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and _spool_pending(gateway) > 0:
+        time.sleep(0.5)
+    drained_s = round(timeout_s - (deadline - time.monotonic()), 1)
+    seen = {ev.TOPIC_COMPLETIONS: set(), ev.TOPIC_FEEDBACK: set()}
+    with quiet_kafka():
+        consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=f"loadtest-check-{uuid.uuid4().hex[:6]}",
+                                 enable_auto_commit=False)
+        try:
+            parts = [TopicPartition(t, p) for t in seen for p in sorted(consumer.partitions_for_topic(t) or [])]
+            consumer.assign(parts)
+            starts = consumer.offsets_for_times({tp: int((since - 5) * 1000) for tp in parts})
+            ends = consumer.end_offsets(parts)
+            for tp in parts:
+                if starts.get(tp) is None:
+                    consumer.seek(tp, ends[tp])
+                else:
+                    consumer.seek(tp, starts[tp].offset)
+            while time.monotonic() < deadline and any(consumer.position(tp) < ends[tp] for tp in parts):
+                for tp, recs in consumer.poll(timeout_ms=500).items():
+                    for r in recs:
+                        seen[tp.topic].add(ev.decode(r.value).completion_id)
+        finally:
+            consumer.close()
+    missing_c = len(completion_ids - seen[ev.TOPIC_COMPLETIONS])
+    missing_f = len(completion_ids - seen[ev.TOPIC_FEEDBACK])
+    return {"issued": len(completion_ids), "missing_completions": missing_c, "missing_feedback": missing_f,
+            "spool_drained_s": drained_s, "complete": missing_c == 0 and missing_f == 0}

@@ -1,0 +1,24 @@
+"""rollback: a good version, then a bad one, then `flywheel weights rollback` to the good one, all under
+load; the fleet must end on the good version with zero failed requests."""
+import os
+
+from loadtests import scenario
+from loadtests.ide_users import AutocompleteUser, ChatUser  # noqa: F401  (the users locust runs)
+
+
+def publish_good(state):
+    state["good"] = scenario.publish(scenario.versions()[0])
+    scenario.wait_fleet_on(state["good"])
+
+
+def publish_bad(state):
+    state["bad"] = scenario.publish(scenario.env("FLYWHEEL_LOADTEST_BAD_VERSION"))
+    scenario.wait_fleet_on(state["bad"])
+
+
+def roll_back(state):
+    scenario.rollback(state["good"])
+    scenario.wait_fleet_on(state["good"])
+
+
+scenario.install([(0.25, publish_good), (0.45, publish_bad), (0.65, roll_back)])

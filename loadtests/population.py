@@ -1,0 +1,139 @@
+"""A simulated population of IDE users with a hidden preference.
+
+Each user asks for the body of a function it is writing (a held-out task: signature and docstring, the
+code an IDE sends before the cursor), reads the completion and accepts it only if the function then
+passes that task's hidden tests, run in the sandbox: a criterion the model is never told, judged by
+running code, never by comparing with an answer string. Users also ignore some completions (no feedback
+at all), and each types at its own pace. The official openai client talks to the gateway, one API key
+per user, and every outcome is recorded with the weight version that served it.
+"""
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+import urllib.request
+from dataclasses import asdict, dataclass
+
+from online_rl import sandbox, tasks
+
+
+@dataclass
+class PopulationConfig:
+    users: int = 6
+    temperature: float = 1.0  # IDE sampling; greedy already passes these tasks, so users see samples
+    max_tokens: int = 40
+    ignore_rate: float = 0.1  # share of completions a user neither accepts nor rejects
+    think_s: tuple[float, float] = (0.0, 0.4)  # pause between a user's requests
+    split: str = "heldout"
+    seed: int = 0
+
+
+@dataclass
+class Interaction:
+    user: str
+    task_id: str
+    started: float  # time.time()
+    latency_s: float
+    version: str | None  # weight version that served the completion
+    outcome: str  # accept | reject | ignore | failed
+    error: str | None = None
+
+
+class HiddenTests:
+    """The preference: the completed function passes the task's hidden tests in the sandbox."""
+
+    def __init__(self, cfg: sandbox.SandboxConfig | None = None):
+        self.cfg = cfg or sandbox.SandboxConfig()
+
+    def __call__(self, task: tasks.Task, completion: str) -> bool:
+        return sandbox.run([sandbox.candidate_for(task, completion)], self.cfg)[0].ok
+
+
+class Population:
+    def __init__(self, cfg: PopulationConfig, gateway_url: str, keys: list[str], preference=None):
+        if not keys:
+            raise ValueError("the population needs at least one API key")
+        self.cfg = cfg
+        self.url = gateway_url
+        self.keys = keys
+        self.prefers = preference or HiddenTests()
+        self.tasks = tasks.tasks(cfg.split, cfg.seed)
+        self.records: list[Interaction] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> "Population":
+        self._threads = [threading.Thread(target=self._user, args=(i,), name=f"user-{i}", daemon=True)
+                         for i in range(self.cfg.users)]
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=120)
+
+    def snapshot(self) -> list[Interaction]:
+        with self._lock:
+            return list(self.records)
+
+    def _feedback(self, key: str, completion_id: str, kind: str) -> None:
+        req = urllib.request.Request(f"{self.url}/v1/feedback", data=json.dumps(
+            {"completion_id": completion_id, "kind": kind}).encode(), headers={
+            "Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+        urllib.request.urlopen(req, timeout=30).close()
+
+    def _user(self, i: int) -> None:
+        import openai
+
+        rng = random.Random(f"{self.cfg.seed}/{i}")
+        key = self.keys[i % len(self.keys)]
+        client = openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0, timeout=120)
+        ignore = min(0.9, max(0.0, rng.gauss(self.cfg.ignore_rate, self.cfg.ignore_rate / 2)))
+        while not self._stop.is_set():
+            task = rng.choice(self.tasks)
+            started, t = time.time(), time.monotonic()
+            try:
+                r = client.completions.create(model="flywheel-coder", prompt=task.prompt,
+                                              max_tokens=self.cfg.max_tokens, temperature=self.cfg.temperature,
+                                              user=f"user-{i}")
+                latency = time.monotonic() - t
+                version = (r.model_extra or {}).get("model_version")
+                if rng.random() < ignore:
+                    outcome = "ignore"
+                else:
+                    outcome = "accept" if self.prefers(task, r.choices[0].text) else "reject"
+                    self._feedback(key, r.id, outcome)
+                rec = Interaction(f"user-{i}", task.task_id, started, latency, version, outcome)
+            except Exception as e:  # a failed request is a result, not a crash of the population
+                rec = Interaction(f"user-{i}", task.task_id, started, time.monotonic() - t, None, "failed",
+                                  f"{type(e).__name__}: {e}"[:300])
+            with self._lock:
+                self.records.append(rec)
+            self._stop.wait(rng.uniform(*self.cfg.think_s))
+
+    def write(self, path) -> None:
+        with open(path, "w") as f:
+            for r in self.snapshot():
+                f.write(json.dumps(asdict(r)) + "\n")
+
+
+class HouseStyle:
+    """A cheaper preference, judged by code in-process (for load tests, where a sandbox run per completion
+    would load the machine under test): the function, once completed, parses and its body is a single
+    `return` statement (the house style: one-expression helpers)."""
+
+    def __call__(self, task: tasks.Task, completion: str) -> bool:
+        import ast
+
+        body = completion.split("\n\n", 1)[0]  # the function ends at its first blank line
+        try:
+            fn = ast.parse(task.prompt + body).body[0]
+        except (SyntaxError, IndexError, ValueError):
+            return False
+        stmts = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+        return len(stmts) == 1 and isinstance(stmts[0], ast.Return)

@@ -1,0 +1,114 @@
+"""A scenario's timeline inside a locust run: actions at fractions of the run time, done with the same
+`flywheel` commands an SRE types (in a subprocess, so the load generator's event loop never blocks).
+
+Where the actions act comes from the environment (`flywheel loadtest` sets it for its local fleet; for a
+deployed fleet, set it yourself):
+    FLYWHEEL_GATEWAY_URL, FLYWHEEL_ADMIN_TOKEN         to see which version each replica serves
+    FLYWHEEL_WEIGHTS_STORE, FLYWHEEL_SIGNING_KEY,
+    FLYWHEEL_KAFKA_BOOTSTRAP, FLYWHEEL_STORE_URL         to publish and roll back versions
+    FLYWHEEL_LOADTEST_VERSIONS                           checkpoint dirs to publish, comma-separated
+    FLYWHEEL_LOADTEST_BAD_VERSION                        a checkpoint dir that must be rolled back
+    FLYWHEEL_BROKER_STOP_CMD, FLYWHEEL_BROKER_START_CMD  how to take Kafka down and bring it back
+An action that fails (a command's error, a fleet that never reaches a version) fails the run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+import urllib.request
+
+import gevent
+from locust import events
+
+from loadtests import ide_users
+
+errors = ide_users.errors  # judged with the requests by ide_users' quitting listener
+
+
+def env(name: str) -> str:
+    value = os.environ.get(name)
+    if not value:
+        raise RuntimeError(f"this scenario needs {name} in the environment")
+    return value
+
+
+def flywheel(*args: str, timeout: float = 300) -> str:
+    """Run a `flywheel` command; its stdout. gevent's subprocess waits without blocking the users."""
+    proc = subprocess.run([sys.executable, "-m", "flywheel", *args], capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"flywheel {' '.join(args[:2])} failed: {proc.stderr.strip()[-500:]}")
+    return proc.stdout
+
+
+def shell(cmd: str, timeout: float = 120) -> None:
+    proc = subprocess.run(shlex.split(cmd), capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{cmd!r} failed: {proc.stderr.strip()[-500:]}")
+
+
+def served() -> dict[str, str]:
+    req = urllib.request.Request(f"{env('FLYWHEEL_GATEWAY_URL')}/admin/weights",
+                                 headers={"Authorization": f"Bearer {env('FLYWHEEL_ADMIN_TOKEN')}"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())["replicas"]
+
+
+def wait_fleet_on(version: int, timeout_s: float = 240) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if set(served().values()) == {str(version)}:
+            ide_users.mark(f"fleet on v{version}", version=version)
+            return
+        gevent.sleep(0.5)
+    raise RuntimeError(f"the fleet did not reach v{version} in {timeout_s:.0f}s (serves {served()})")
+
+
+def publish(checkpoint: str) -> int:
+    ide_users.mark("publish", checkpoint=checkpoint)
+    out = flywheel("weights", "publish", "--checkpoint", checkpoint, "--store", env("FLYWHEEL_WEIGHTS_STORE"),
+                   "--key", env("FLYWHEEL_SIGNING_KEY"), "--kafka", env("FLYWHEEL_KAFKA_BOOTSTRAP"),
+                   "--store-url", env("FLYWHEEL_STORE_URL"))
+    version = json.loads(out.strip().splitlines()[-1])["version"]
+    ide_users.marks[-1]["version"] = version
+    return version
+
+
+def rollback(to: int) -> None:
+    ide_users.mark(f"rollback to v{to}", version=to)
+    flywheel("weights", "rollback", "--to", str(to), "--reason", "loadtest rollback", "--store",
+             env("FLYWHEEL_WEIGHTS_STORE"), "--key", env("FLYWHEEL_SIGNING_KEY"), "--kafka",
+             env("FLYWHEEL_KAFKA_BOOTSTRAP"))
+
+
+def versions() -> list[str]:
+    return [v for v in env("FLYWHEEL_LOADTEST_VERSIONS").split(",") if v]
+
+
+def install(steps: list[tuple[float, object]]) -> None:
+    """Run `steps` [(fraction of the run time, callable)] once the test starts; later steps may rely on
+    state earlier ones return through the shared dict they are given."""
+
+    @events.test_start.add_listener
+    def _start(environment, **_kw) -> None:
+        run_time = getattr(environment.parsed_options, "run_time", None) if environment.parsed_options else None
+        if not run_time:
+            errors.append("scenarios need a run time (-t / --duration)")
+            return
+        gevent.spawn(_timeline, environment, steps, float(run_time))
+
+
+def _timeline(environment, steps, run_time: float) -> None:
+    t0 = time.monotonic()
+    state: dict = {}
+    for fraction, action in steps:
+        gevent.sleep(max(0.0, t0 + fraction * run_time - time.monotonic()))
+        try:
+            action(state)
+        except Exception as e:
+            errors.append(f"{getattr(action, '__name__', action)}: {e}")
+            ide_users.mark("action failed", error=str(e)[:300])
+            return

@@ -48,6 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--max-steps", type=int, default=None)
     t.add_argument("--nproc", type=int, default=1, help="data-parallel ranks (gloo on CPU)")
     t.add_argument("--threads", type=int, default=0, help="torch threads per rank (0: cores / ranks)")
+    t.add_argument("--batch-invariant", action="store_true",
+                   help="batch-invariant kernels in the model (slower; a row's logprobs never depend on its batch)")
     t.add_argument("--metrics-port", type=int, default=0)
     t.add_argument("--offpeak", action="store_true", help="borrow replicas for rollouts while user load is low "
                    "(rollouts then run on borrowed replicas only)")
@@ -104,7 +106,7 @@ def _train(args) -> int:
         checkpoint_every=args.checkpoint_every, staleness=args.staleness,
         publish_interval_s=args.publish_interval, publish_store=args.store,
         publish_key=args.key or flywheel_home() / "weights" / "keys" / "signing.pem", publish_store_url=args.store_url,
-        max_steps=args.max_steps, metrics_port=args.metrics_port, threads=args.threads, loss=LossConfig(kl_coef=args.kl),
+        max_steps=args.max_steps, metrics_port=args.metrics_port, threads=args.threads, batch_invariant=args.batch_invariant, loss=LossConfig(kl_coef=args.kl),
         optim=OptimConfig(lr=args.lr),
         rollouts=RolloutConfig(gateway_url=args.gateway, admin_token=args.admin_token,
                                tasks_per_step=args.rollout_tasks, replicas="borrowed" if args.offpeak else "any"),

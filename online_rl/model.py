@@ -17,11 +17,14 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, fields
+from functools import partial
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from kernels import batch_invariant as bi
 
 
 @dataclass
@@ -74,10 +77,19 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if bi.enabled():
+            return bi.rms_norm(x, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
+
+
+class Linear(nn.Linear):
+    """nn.Linear (same parameters, same checkpoint names) that takes the batch-invariant path when on."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return bi.linear(x, self.weight) if bi.enabled() else F.linear(x, self.weight)
 
 
 def rope_cache(cfg: ModelConfig, T: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,6 +99,8 @@ def rope_cache(cfg: ModelConfig, T: int, device=None) -> tuple[torch.Tensor, tor
     t = torch.arange(T, device=device, dtype=torch.int64).float()
     freqs = torch.outer(t, inv_freq)  # (T, Dh/2)
     emb = torch.cat((freqs, freqs), dim=-1)  # (T, Dh)
+    if bi.enabled():  # a position's angle must not depend on how long the batch is
+        return emb.double().cos().float(), emb.double().sin().float()
     return emb.cos(), emb.sin()
 
 
@@ -101,10 +115,10 @@ class Attention(nn.Module):
         super().__init__()
         self.cfg = cfg
         D, H, G, Dh = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.q_proj = nn.Linear(D, H * Dh, bias=False)
-        self.k_proj = nn.Linear(D, G * Dh, bias=False)
-        self.v_proj = nn.Linear(D, G * Dh, bias=False)
-        self.o_proj = nn.Linear(H * Dh, D, bias=False)
+        self.q_proj = Linear(D, H * Dh, bias=False)
+        self.k_proj = Linear(D, G * Dh, bias=False)
+        self.v_proj = Linear(D, G * Dh, bias=False)
+        self.o_proj = Linear(H * Dh, D, bias=False)
         self.q_norm = RMSNorm(Dh, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(Dh, cfg.rms_norm_eps)
 
@@ -115,34 +129,42 @@ class Attention(nn.Module):
         k = self.k_norm(self.k_proj(x).view(B, T, -1, Dh)).transpose(1, 2)  # (B, G, T, Dh)
         v = self.v_proj(x).view(B, T, -1, Dh).transpose(1, 2)  # (B, G, T, Dh)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # (B, H, T, Dh)
+        if bi.enabled():
+            y = bi.causal_attention(q, k, v)  # (B, H, T, Dh)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # (B, H, T, Dh)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
 class Expert(nn.Module):
     def __init__(self, D: int, I: int):
         super().__init__()
-        self.gate_proj = nn.Linear(D, I, bias=False)
-        self.up_proj = nn.Linear(D, I, bias=False)
-        self.down_proj = nn.Linear(I, D, bias=False)
+        self.gate_proj = Linear(D, I, bias=False)
+        self.up_proj = Linear(D, I, bias=False)
+        self.down_proj = Linear(I, D, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        act = bi.silu if bi.enabled() else F.silu
+        return self.down_proj(act(self.gate_proj(x)) * self.up_proj(x))
 
 
 class SparseMoE(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
+        self.gate = Linear(cfg.hidden_size, cfg.num_experts, bias=False)
         self.experts = nn.ModuleList(Expert(cfg.hidden_size, cfg.moe_intermediate_size)
                                      for _ in range(cfg.num_experts))
 
     def forward(self, x: torch.Tensor, replay: torch.Tensor | None = None):
         """x: (N, D); replay: (N, K) expert ids or None. Returns y (N, D), ids (N, K), probs (N, E)."""
-        probs = F.softmax(self.gate(x), dim=-1, dtype=torch.float32)  # (N, E)
+        if bi.enabled():
+            probs = bi.softmax(self.gate(x).float())  # (N, E)
+        else:
+            probs = F.softmax(self.gate(x), dim=-1, dtype=torch.float32)  # (N, E)
         if replay is None:
-            weights, ids = torch.topk(probs, self.cfg.num_experts_per_tok, dim=-1)  # (N, K)
+            top = bi.topk if bi.enabled() else partial(torch.topk, dim=-1)
+            weights, ids = top(probs, self.cfg.num_experts_per_tok)  # (N, K)
         else:
             ids = replay.long()
             weights = probs.gather(-1, ids)
@@ -194,7 +216,7 @@ class MoECoder(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.model = Backbone(cfg)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
@@ -260,7 +282,8 @@ def load_balance_loss(probs: torch.Tensor, ids: torch.Tensor, E: int) -> torch.T
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log p(target) per position: logits (B, T, V), targets (B, T) -> (B, T), computed in fp32."""
-    return torch.gather(F.log_softmax(logits.float(), dim=-1), -1, targets[..., None])[..., 0]
+    logp = bi.log_softmax(logits.float()) if bi.enabled() else F.log_softmax(logits.float(), dim=-1)
+    return torch.gather(logp, -1, targets[..., None])[..., 0]
 
 
 def save_pretrained(model: MoECoder, out_dir: Path, dtype: torch.dtype = torch.bfloat16) -> None:

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from flywheel import events as ev
+from kernels import batch_invariant as bi
 from online_rl.loss import LossConfig, advantages
 from online_rl.model import load_pretrained, save_pretrained
 from online_rl.offpeak import OffPeakConfig, OffPeakScheduler
@@ -55,6 +56,7 @@ class TrainerConfig:
     poll_ms: int = 500
     seed: int = 0
     threads: int = 0  # torch threads per rank (0: cores / ranks)
+    batch_invariant: bool = False  # kernels.batch_invariant in the model: a row's logprobs never depend on its batch
     metrics_port: int = 0
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -92,6 +94,7 @@ class Trainer:
         self.cfg = cfg
         self.rank, self.world = world()
         torch.manual_seed(cfg.seed)
+        bi.set_enabled(cfg.batch_invariant)
         torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // self.world))
         self.work = Path(cfg.work_dir)
         self.ckpt_root = self.work / "checkpoints"

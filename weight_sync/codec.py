@@ -20,6 +20,8 @@ import numpy as np
 import xxhash
 import zstandard
 
+from kernels import delta as delta_kernels
+
 # safetensors dtype name -> unsigned integer view of its bits
 BIT_VIEWS = {"BF16": np.uint16, "F16": np.uint16, "F32": np.uint32, "F64": np.uint64,
              "I8": np.uint8, "U8": np.uint8, "I16": np.uint16, "I32": np.uint32, "I64": np.uint64}
@@ -64,14 +66,9 @@ def bit_view(dtype: str) -> type:
 
 # ---------------------------------------------------------------------------------------------- planes
 
-def split_planes(x: np.ndarray) -> np.ndarray:
-    """(n,) uint -> (itemsize * n,) uint8: byte k of every element, plane after plane."""
-    return np.ascontiguousarray(x.view(np.uint8).reshape(-1, x.itemsize).T).reshape(-1)
-
-
-def join_planes(planes: np.ndarray, view: type, n: int) -> np.ndarray:
-    itemsize = np.dtype(view).itemsize
-    return np.ascontiguousarray(planes.reshape(itemsize, n).T).reshape(-1).view(view)
+# The hot loops live in kernels.delta (numpy here, Triton on a GPU); re-exported under their old names.
+split_planes = delta_kernels.split_planes
+join_planes = delta_kernels.join_planes
 
 
 # ---------------------------------------------------------------------------------------------- chunks
@@ -82,9 +79,9 @@ def _compressor(level: int) -> zstandard.ZstdCompressor:
 
 def encode_chunk(new: np.ndarray, base: np.ndarray | None, level: int = DEFAULT_LEVEL) -> tuple[bytes, str, int]:
     """Code one chunk (uint views of equal length). Returns (frame, encoding, changed elements)."""
-    x = new if base is None else np.bitwise_xor(new, base)
+    x = new if base is None else delta_kernels.xor(new, base)
     n = x.size
-    changed = n if base is None else int(np.count_nonzero(x))
+    changed = n if base is None else delta_kernels.count_changed(x)
     cctx = _compressor(level)
     if base is None or changed > SPARSE_MAX_SHARE * n:
         return cctx.compress(split_planes(x).tobytes()), "planes", changed
@@ -106,7 +103,7 @@ def decode_chunk(frame: bytes, encoding: str, view: type, n: int, base: np.ndarr
         if len(raw) != n * itemsize:
             raise ValueError(f"planes chunk holds {len(raw)} bytes, expected {n * itemsize}")
         x = join_planes(np.frombuffer(raw, np.uint8), view, n)
-        return x if base is None else np.bitwise_xor(x, base)
+        return x if base is None else delta_kernels.xor(x, base)
     if encoding == "sparse":
         if base is None:
             raise ValueError("a sparse chunk needs a base")

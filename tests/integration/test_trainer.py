@@ -258,3 +258,34 @@ def test_join_windows_and_duplicates_against_the_broker(broker, test_model, tmp_
     mine = [x for x in trainer.buffer if x.key.startswith("win-")]
     assert len(mine) == len(raw) - 2 and s.duplicates >= 3
     assert s.no_signal >= 2 and s.orphan_feedback >= 1
+
+
+def test_batch_invariant_switch_makes_logprobs_independent_of_the_batch(test_model, tmp_path):
+    from kernels import batch_invariant as bi
+    from online_rl.loss import make_batch
+    from online_rl.model import token_logprobs
+
+    trainer = Trainer(TrainerConfig(model_dir=test_model, work_dir=tmp_path / "t", batch_invariant=True))
+    try:
+        assert bi.enabled()
+        tok = _tok(test_model)
+        train_tasks, _ = heldout_split()
+        samples = [Sample(key=str(i), prompt_ids=np.asarray(p, np.int32), output_ids=np.asarray(o, np.int32),
+                          behaviour_logprobs=lp, routed_experts=ex, reward=0.0, model_version=0)
+                   for i, (p, o, lp, ex) in enumerate(sample_completions(trainer.model, tok, train_tasks[:3], 2,
+                                                                         torch.Generator().manual_seed(0)))]
+        longest = max(samples, key=lambda s: s.prompt_ids.size + s.output_ids.size)
+        others = [s for s in samples if s is not longest][:4]
+
+        def logprobs(batch_samples, index):
+            b = make_batch(batch_samples, np.zeros(len(batch_samples)))
+            with torch.no_grad():
+                lp = token_logprobs(trainer.model(b.inputs, b.replay).logits, b.targets)
+            n = batch_samples[index].prompt_ids.size + batch_samples[index].output_ids.size - 1
+            return lp[index, :n]
+
+        alone = logprobs([others[0]], 0)
+        assert torch.equal(logprobs(others, 0), alone)
+        assert torch.equal(logprobs([longest, *others], 1), alone)  # padded to the longest: still equal
+    finally:
+        bi.set_enabled(False)

@@ -46,6 +46,7 @@ class CompletionEvent:
     switch_index: int | None = None  # first output token produced by a later version, if any
     source: str = "user"
     replica: str = ""
+    arm: str = ""  # during a canary trial: "canary" or "stable", the arm that served it
     event_id: str = field(default_factory=new_event_id)
     ts: float = field(default_factory=time.time)
     schema: str = COMPLETION_SCHEMA

@@ -47,6 +47,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--store-url", default=os.environ.get("FLYWHEEL_STORE_URL"))
     t.add_argument("--max-steps", type=int, default=None)
     t.add_argument("--nproc", type=int, default=1, help="data-parallel ranks (gloo on CPU)")
+    t.add_argument("--canary", action="store_true",
+                   help="announce new versions as canary candidates (flywheel weights canary judges them)")
+    t.add_argument("--train-on-rolled-back", action="store_true",
+                   help="keep learning from samples of versions a canary trial rolled back")
     t.add_argument("--threads", type=int, default=0, help="torch threads per rank (0: cores / ranks)")
     t.add_argument("--batch-invariant", action="store_true",
                    help="batch-invariant kernels in the model (slower; a row's logprobs never depend on its batch)")
@@ -106,7 +110,8 @@ def _train(args) -> int:
         checkpoint_every=args.checkpoint_every, staleness=args.staleness,
         publish_interval_s=args.publish_interval, publish_store=args.store,
         publish_key=args.key or flywheel_home() / "weights" / "keys" / "signing.pem", publish_store_url=args.store_url,
-        max_steps=args.max_steps, metrics_port=args.metrics_port, threads=args.threads, batch_invariant=args.batch_invariant, loss=LossConfig(kl_coef=args.kl),
+        max_steps=args.max_steps, metrics_port=args.metrics_port, threads=args.threads, batch_invariant=args.batch_invariant,
+        publish_canary=args.canary, train_on_rolled_back=args.train_on_rolled_back, loss=LossConfig(kl_coef=args.kl),
         optim=OptimConfig(lr=args.lr),
         rollouts=RolloutConfig(gateway_url=args.gateway, admin_token=args.admin_token,
                                tasks_per_step=args.rollout_tasks, replicas="borrowed" if args.offpeak else "any"),

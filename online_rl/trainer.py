@@ -52,10 +52,12 @@ class TrainerConfig:
     publish_store: Path | None = None  # weight_sync store; None: do not publish
     publish_key: Path | None = None
     publish_store_url: str | None = None
+    publish_canary: bool = False  # new versions go through a canary trial (weight_sync.canary) before the fleet
     max_steps: int | None = None
     poll_ms: int = 500
     seed: int = 0
     threads: int = 0  # torch threads per rank (0: cores / ranks)
+    train_on_rolled_back: bool = False  # learn from samples of versions a canary trial rolled back
     batch_invariant: bool = False  # kernels.batch_invariant in the model: a row's logprobs never depend on its batch
     metrics_port: int = 0
     loss: LossConfig = field(default_factory=LossConfig)
@@ -116,6 +118,7 @@ class Trainer:
         self.last_publish = time.monotonic()
         self.trained_since_ckpt: list[dict] = []
         self.history: dict[str, dict] = {}  # version -> reward/acceptance sums for the plot
+        self.rolled_back: set[int] = set()  # versions a canary trial rolled back (weights topic)
         self.metrics = TrainerMetrics()
         self.rollouts = RolloutSource(cfg.rollouts)
         self._consumer = None
@@ -150,6 +153,7 @@ class Trainer:
         self.offsets = state["offsets"]
         self.step, self.version, self.baseline = state["step"], state["version"], state["baseline"]
         self.history = state.get("history", {})
+        self.rolled_back = set(state.get("rolled_back", []))
         # Ledger entries written by a save that never became LATEST belong to work that is redone now.
         for f in self.ledger.glob("step-*.json"):
             if int(f.stem.split("-")[1]) > self.step:
@@ -169,7 +173,7 @@ class Trainer:
         torch.save({"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
                     "joiner": self.joiner.state(), "buffer": self.buffer, "offsets": dict(self.offsets),
                     "step": self.step, "version": self.version, "baseline": self.baseline,
-                    "history": self.history}, tmp / "trainer.pt")
+                    "history": self.history, "rolled_back": sorted(self.rolled_back)}, tmp / "trainer.pt")
         (self.ledger / f"{name}.json.tmp").write_text(json.dumps(self.trained_since_ckpt))
         os.replace(self.ledger / f"{name}.json.tmp", self.ledger / f"{name}.json")
         final = self.ckpt_root / name
@@ -207,9 +211,9 @@ class Trainer:
                               enable_auto_commit=False, auto_offset_reset="earliest", client_id="flywheel-trainer",
                               max_poll_records=2000)
             parts = []
-            for topic in (ev.TOPIC_COMPLETIONS, ev.TOPIC_FEEDBACK):
+            for topic in (ev.TOPIC_COMPLETIONS, ev.TOPIC_FEEDBACK, ev.TOPIC_WEIGHTS):
                 ids = c.partitions_for_topic(topic)
-                deadline = time.monotonic() + 10
+                deadline = time.monotonic() + (0 if topic == ev.TOPIC_WEIGHTS else 10)
                 while not ids and time.monotonic() < deadline:  # auto-created on first use
                     c.topics()
                     time.sleep(0.2)
@@ -236,7 +240,10 @@ class Trainer:
         n = 0
         for tp, records in batch.items():
             for r in records:
-                self.buffer.extend(self.joiner.add_raw(r.value))
+                if tp.topic == ev.TOPIC_WEIGHTS:
+                    self._weights_record(r.value)
+                else:
+                    self.buffer.extend(self.joiner.add_raw(r.value))
                 self.offsets[f"{tp.topic}:{tp.partition}"] = r.offset + 1
                 n += 1
         self.joiner.expire(None if n else time.time())  # caught up: let wall time age the windows
@@ -247,11 +254,27 @@ class Trainer:
             counter.inc(max(0, getattr(s, outcome) - counter._value.get()))
         return n
 
+    def _weights_record(self, raw: bytes) -> None:
+        """A canary trial that rolled a version back: its samples stop feeding updates (they remain signals
+        about that version in the stream and the metrics)."""
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            return
+        if record.get("type") == "rollback" and isinstance(record.get("version"), int):
+            if record["version"] not in self.rolled_back:
+                log.info("v%d was rolled back (%s): its samples are %s", record["version"], record.get("reason"),
+                         "still trained" if self.cfg.train_on_rolled_back else "no longer trained")
+            self.rolled_back.add(record["version"])
+
     # ------------------------------------------------------------------ update
     def _take_batch(self) -> list[Sample]:
         fresh, batch = [], []
         for s in self.buffer:
-            if self.version - s.model_version > self.cfg.staleness:
+            if s.model_version in self.rolled_back and not self.cfg.train_on_rolled_back:
+                self.metrics.dropped.labels("rolled_back").inc()
+                self.trained_since_ckpt.append({"key": s.key, "events": list(s.event_ids), "dropped": "rolled_back"})
+            elif self.version - s.model_version > self.cfg.staleness:
                 self.metrics.dropped.labels("stale").inc()
                 self.trained_since_ckpt.append({"key": s.key, "events": list(s.event_ids), "dropped": "stale"})
             else:
@@ -305,7 +328,8 @@ class Trainer:
         from weight_sync.store import Store
 
         pcfg = PublishConfig(store=self.cfg.publish_store, private_key=self.cfg.publish_key,
-                             kafka_bootstrap=self.cfg.kafka_bootstrap, store_url=self.cfg.publish_store_url)
+                             kafka_bootstrap=self.cfg.kafka_bootstrap, store_url=self.cfg.publish_store_url,
+                             canary=self.cfg.publish_canary)
         if Store(self.cfg.publish_store).latest() is None:
             publish(self.cfg.model_dir, pcfg)  # v0 = the starting model, the version the fleet serves first
         out = self.work / "published" / f"step-{self.step:08d}"

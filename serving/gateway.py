@@ -27,6 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from flywheel import events as ev
 from serving import engine
 from serving.auth import CompletionIds, KeyStore, Tenant, admin_ok, bearer, load_or_create_secret
+from serving.canary_split import CanarySplit
 from serving.event_log import EventLog, EventLogConfig
 from serving.metrics import GatewayMetrics
 from serving.openai_api import (ApiError, GenerationSpec, Limits, chat_logprobs, completion_logprobs, finish_reason,
@@ -88,6 +89,7 @@ class Gateway:
         state.mkdir(parents=True, exist_ok=True)
         self.ids = CompletionIds(load_or_create_secret(state / "id_secret"))
         self.pool = ReplicaPool(cfg.replicas, cfg.pool)
+        self.canary: CanarySplit | None = None  # a trial in progress (weight_sync.canary starts and ends it)
         self.events = EventLog(EventLogConfig(spool_dir=state / "spool", bootstrap=cfg.kafka_bootstrap,
                                               max_spool_bytes=cfg.max_spool_bytes))
         self.metrics = GatewayMetrics(self)
@@ -110,6 +112,9 @@ class Gateway:
             web.get("/admin/weights", self.admin_weights),
             web.post("/admin/rollouts", self.admin_rollouts),
             web.get("/admin/load", self.admin_load),
+            web.get("/admin/canary", self.admin_canary),
+            web.put("/admin/canary", self.admin_canary_start),
+            web.delete("/admin/canary", self.admin_canary_end),
         ])
         app.on_startup.append(self._startup)
         app.on_cleanup.append(self._cleanup)
@@ -196,9 +201,14 @@ class Gateway:
             s["min_new_tokens"] = spec.min_tokens
         return s
 
-    def _pick(self, tried: set[str], rollout: bool, borrowed_only: bool = False):
+    def _pick(self, tried: set[str], rollout: bool, borrowed_only: bool = False, tenant: str | None = None):
         if not rollout:
-            return self.pool.pick(exclude=tried)
+            prefer = None
+            if self.canary is not None and tenant is not None:  # a user stays on its arm during a trial
+                ids = set(self.pool.replicas)
+                prefer = (self.canary.replicas if self.canary.arm_of(tenant) == "canary"
+                          else frozenset(ids - self.canary.replicas))
+            return self.pool.pick(exclude=tried, prefer=prefer)
         try:  # rollouts go to borrowed replicas; without an off-peak scheduler lending some, to any replica
             return self.pool.pick(exclude=tried, rollout=True)
         except NoReplica:
@@ -207,13 +217,13 @@ class Gateway:
             return self.pool.pick(exclude=tried)
 
     async def _run_choice(self, body: dict, stream: bool, on_chunk=None, rollout: bool = False,
-                          borrowed_only: bool = False) -> tuple[engine.EngineResult, str, dict]:
+                          borrowed_only: bool = False, tenant: str | None = None) -> tuple[engine.EngineResult, str, dict]:
         """One choice on one replica; retried on another if the replica fails before its first byte."""
         tried: set[str] = set()
         last: Exception | None = None
         for attempt in range(self.cfg.max_attempts):
             try:
-                replica = self._pick(tried, rollout, borrowed_only)
+                replica = self._pick(tried, rollout, borrowed_only, tenant)
             except NoReplica as e:
                 last = e
                 break
@@ -254,6 +264,8 @@ class Gateway:
                 replica.weight_version = res.weight_version
             timing["e2e_ms"] = 1000 * (time.monotonic() - t0)
             return res, replica.id, timing
+        if self.canary is not None and tenant is not None:
+            self.canary.failed(tenant)
         raise ApiError(503, f"no replica could serve the request ({last})", "server_error", code="no_replica")
 
     async def _generate(self, request: web.Request, tenant: Tenant, spec: GenerationSpec) -> web.StreamResponse:
@@ -266,7 +278,7 @@ class Gateway:
         if spec.stream:
             return await self._stream(request, tenant, spec, cid, prompt_ids, bodies, created)
         t0 = time.monotonic()
-        results = await asyncio.gather(*(self._run_choice(b, False) for b in bodies))
+        results = await asyncio.gather(*(self._run_choice(b, False, tenant=tenant.id) for b in bodies))
         choices = []
         for i, (res, replica_id, timing) in enumerate(results):
             self._log_completion(tenant, spec, cid, i, prompt_ids, res, replica_id, timing)
@@ -343,7 +355,7 @@ class Gateway:
                     await send(chunk(i, delta, None, res, first[0]))
                 first[0] = False
 
-            res, replica_id, timing = await self._run_choice(body, True, on_chunk)
+            res, replica_id, timing = await self._run_choice(body, True, on_chunk, tenant=tenant.id)
             await send(chunk(i, "", finish_reason(res.finish), res))
             self._log_completion(tenant, spec, cid, i, prompt_ids, res, replica_id, timing)
             return res
@@ -374,6 +386,9 @@ class Gateway:
     def _log_completion(self, tenant: Tenant, spec: GenerationSpec, cid: str, i: int, prompt_ids: list[int],
                         res: engine.EngineResult, replica_id: str, timing: dict, source: str = "user") -> None:
         self.metrics.completions.labels(source).inc()
+        arm = ""
+        if self.canary is not None and source == "user":
+            arm = self.canary.served(cid, replica_id, timing.get("e2e_ms") or 0.0)
         self.metrics.completion_tokens.labels(source).inc(len(res.output_ids))
         if not self.cfg.log_events:
             return
@@ -386,7 +401,7 @@ class Gateway:
             prompt_ids=np.asarray(prompt_ids, np.int32), output_ids=np.asarray(res.output_ids, np.int32),
             logprobs=np.asarray(res.logprobs, np.float32), routed_experts=experts, sampling=spec.sampling(),
             finish_reason=finish_reason(res.finish), latency={**timing, "queue_ms": res.queue_ms},
-            weight_versions=spans, switch_index=switch, source=source, replica=replica_id)
+            weight_versions=spans, switch_index=switch, source=source, replica=replica_id, arm=arm)
         self.events.submit(ev.TOPIC_COMPLETIONS, cid, event.encode())
 
     # ------------------------------------------------------------------ feedback
@@ -405,6 +420,8 @@ class Gateway:
 
     def _log_feedback(self, fb: ev.FeedbackEvent) -> None:
         self.metrics.feedback.labels(fb.kind).inc()
+        if self.canary is not None:
+            self.canary.feedback(fb.completion_id, fb.kind)
         if self.cfg.log_events:
             self.events.submit(ev.TOPIC_FEEDBACK, fb.completion_id, fb.encode())
 
@@ -572,6 +589,37 @@ class Gateway:
                             "finish_reason": "abort" if (res.finish or {}).get("type") == "abort"
                             else finish_reason(res.finish), "replica": replica_id})
         return _json({"id": rid, "prompt_ids": prompt_ids, "choices": choices})
+
+    async def admin_canary(self, request: web.Request) -> web.Response:
+        self._admin(request)
+        return _json({"canary": None if self.canary is None else self.canary.view()})
+
+    async def admin_canary_start(self, request: web.Request) -> web.Response:
+        """Start a trial: {"version", "replicas": [ids], "share"}: that share of users goes to those replicas."""
+        self._admin(request)
+        body = parse_json_body(await request.read())
+        reps = body.get("replicas")
+        if not isinstance(reps, list) or not reps or not all(isinstance(r, str) for r in reps):
+            raise ApiError(400, "'replicas' must be a non-empty list of replica ids", param="replicas")
+        unknown = [r for r in reps if r not in self.pool.replicas]
+        if unknown:
+            raise ApiError(400, f"unknown replicas {unknown}", param="replicas")
+        if len(reps) >= len(self.pool.replicas):
+            raise ApiError(400, "a canary must leave at least one stable replica", param="replicas")
+        share = body.get("share")
+        if not isinstance(share, (int, float)) or isinstance(share, bool) or not 0 < share < 1:
+            raise ApiError(400, "'share' must be a number between 0 and 1", param="share")
+        version = body.get("version")
+        if not isinstance(version, (str, int)) or isinstance(version, bool):
+            raise ApiError(400, "'version' must be the canary's weight version", param="version")
+        self.canary = CanarySplit(version=str(version), replicas=frozenset(reps), share=float(share))
+        log.info("canary trial of v%s on %s for %.0f%% of users", version, ",".join(reps), 100 * share)
+        return _json({"canary": self.canary.view()})
+
+    async def admin_canary_end(self, request: web.Request) -> web.Response:
+        self._admin(request)
+        ended, self.canary = self.canary, None
+        return _json({"canary": None if ended is None else ended.view()})
 
     async def admin_weights(self, request: web.Request) -> web.Response:
         self._admin(request)

@@ -104,13 +104,17 @@ class ReplicaPool:
             raise KeyError(replica_id)
         return self.replicas[replica_id]
 
-    def pick(self, exclude: set[str] = frozenset(), rollout: bool = False) -> ReplicaHandle:
+    def pick(self, exclude: set[str] = frozenset(), rollout: bool = False,
+             prefer: frozenset[str] | None = None) -> ReplicaHandle:
         """Least outstanding requests among healthy replicas in the right state; ties rotate.
 
-        User requests go to active replicas; rollout requests to borrowed ones.
+        User requests go to active replicas; rollout requests to borrowed ones. `prefer` (a canary arm's
+        replicas) narrows the choice while one of them can serve; otherwise any replica serves.
         """
         want = ReplicaState.BORROWED if rollout else ReplicaState.ACTIVE
         candidates = [r for r in self.replicas.values() if r.healthy and r.state == want and r.id not in exclude]
+        if prefer is not None and any(r.id in prefer for r in candidates):
+            candidates = [r for r in candidates if r.id in prefer]
         if not candidates:
             raise NoReplica(f"no healthy {want.value} replica")
         load = (lambda r: r.rollout_outstanding) if rollout else (lambda r: r.outstanding)

@@ -244,9 +244,15 @@ class Agent:
                 continue
             if kind == "version":
                 self.state["latest_seen"] = max(self.state.get("latest_seen", 0), v)
-                if self.state.get("pinned") is None:
+                if self.state.get("pinned") is None and not r.get("canary"):  # a canary waits for its trial
                     target = v
-            elif kind == "activate":
+            elif kind == "canary":  # a trial: only the replicas named serve the candidate
+                if self.state.get("pinned") is None and self.cfg.name in r.get("replicas", []):
+                    target = v
+            elif kind == "rollback":  # the trial failed: everyone (back) on the stable version
+                if self.state.get("pinned") is None and isinstance(r.get("stable"), int):
+                    target = r["stable"]
+            elif kind in ("activate", "promote"):
                 if self.state.get("pinned") is None:
                     target = v
             elif kind == "pin":

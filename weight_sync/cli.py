@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 from pathlib import Path
 
 
@@ -56,6 +57,30 @@ def register(sub: argparse._SubParsersAction) -> None:
     unpin = w.add_parser("unpin", help="follow new versions again (switch to the newest)")
     common(unpin)
     unpin.set_defaults(func=lambda a: _activate(a, -1, "unpin", "unpinned by SRE"))
+
+    pro = w.add_parser("promote", help="end version N's canary trial now: every replica serves it")
+    pro.add_argument("version", type=int)
+    common(pro)
+    pro.set_defaults(func=lambda a: _activate(a, a.version, "promote", "promoted by SRE override"))
+
+    ab = w.add_parser("abort", help="end version N's canary trial now: back to the stable version")
+    ab.add_argument("version", type=int)
+    common(ab)
+    ab.set_defaults(func=_abort)
+
+    can = w.add_parser("canary", help="run the canary controller: trial each version the trainer publishes "
+                                      "with --canary, then promote or roll back")
+    can.add_argument("--gateway", default=os.environ.get("FLYWHEEL_GATEWAY_URL"), required=False)
+    can.add_argument("--admin-token", default=os.environ.get("FLYWHEEL_ADMIN_TOKEN"))
+    can.add_argument("--replica-share", type=float, default=0.5)
+    can.add_argument("--traffic-share", type=float, default=0.5)
+    can.add_argument("--min-feedback", type=int, default=100, help="feedback events per arm before judging")
+    can.add_argument("--margin", type=float, default=0.05, help="acceptance drop still promoted")
+    can.add_argument("--confidence", type=float, default=0.95)
+    can.add_argument("--p99-ratio", type=float, default=1.5)
+    can.add_argument("--max-trial", type=float, default=900.0, help="seconds before an undecided trial rolls back")
+    common(can)
+    can.set_defaults(func=_canary)
 
     srv = w.add_parser("serve", help="serve the store over HTTP (range requests) for the agents")
     srv.add_argument("--host", default="127.0.0.1")
@@ -116,10 +141,32 @@ def _publish(args) -> int:
     return 0
 
 
-def _activate(args, version: int, kind: str, reason: str) -> int:
+def _activate(args, version: int, kind: str, reason: str, **extra) -> int:
     from weight_sync.publish import activate
 
-    print(json.dumps(activate(_cfg(args), version, reason, kind)))
+    print(json.dumps(activate(_cfg(args), version, reason, kind, **extra)))
+    return 0
+
+
+def _abort(args) -> int:
+    from weight_sync.store import Store
+
+    trials = [a for a in Store(_store(args)).activations() if a["type"] == "canary" and a["version"] == args.version]
+    if not trials:
+        raise ValueError(f"no canary trial of v{args.version} in the store's activations")
+    return _activate(args, args.version, "rollback", "aborted by SRE override", stable=trials[-1]["stable"])
+
+
+def _canary(args) -> int:
+    from weight_sync.canary import CanaryConfig, CanaryController
+
+    if not (args.gateway and args.admin_token and args.kafka):
+        raise ValueError("the canary controller needs --gateway, --admin-token and --kafka (or their env vars)")
+    cfg = CanaryConfig(gateway_url=args.gateway, admin_token=args.admin_token, publish=_cfg(args),
+                       replica_share=args.replica_share, traffic_share=args.traffic_share,
+                       min_feedback=args.min_feedback, margin=args.margin, confidence=args.confidence,
+                       p99_ratio=args.p99_ratio, max_trial_s=args.max_trial)
+    CanaryController(cfg).run()
     return 0
 
 
@@ -142,7 +189,9 @@ def _list(args) -> int:
               f"{m.nbytes_raw / 2**20:8.2f} {m.nbytes_compressed / 2**20:8.3f} "
               f"{m.nbytes_raw / max(1, m.nbytes_compressed):7.1f}  {reps}")
     for a in store.activations():
-        print(f"activation #{a['seq']}: {a['type']} v{a['version']} ({a['reason']})")
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a.get("ts", 0)))
+        extra = "".join(f" {k}={a[k]}" for k in ("replicas", "stable", "trial_s") if k in a)
+        print(f"#{a['seq']} {when} {a['type']:8} v{a['version']}{extra}: {a['reason']}")
     return 0
 
 

@@ -32,6 +32,7 @@ class PublishConfig:
     keep: int = 10  # versions kept in the store (plus what their chains need)
     kafka_bootstrap: str | None = None
     store_url: str | None = None  # where agents fetch from (the announcement's manifest location)
+    canary: bool = False  # announce new versions as canary candidates: agents wait for the canary controller
     progress: bool = False
 
 
@@ -147,20 +148,26 @@ def publish(checkpoint: Path, cfg: PublishConfig, version: int | None = None, fo
     if cfg.kafka_bootstrap:
         location = (f"{cfg.store_url}/versions/{version}/manifest.json" if cfg.store_url
                     else str(store.version_dir(version) / "manifest.json"))
-        _kafka_send(cfg.kafka_bootstrap, announcement(manifest, location, codec.digest(body)))
+        record = announcement(manifest, location, codec.digest(body))
+        if cfg.canary:
+            record["canary"] = True
+        _kafka_send(cfg.kafka_bootstrap, record)
     log.info("published v%d (%s, base %s): %.1f MB -> %.2f MB (%.1fx), %.1f%% changed, %.2fs", version, kind,
              manifest.base_version, raw_bytes / 2**20, result.published_bytes / 2**20, result.ratio,
              100 * result.changed_share, result.seconds)
     return result
 
 
-def activate(cfg: PublishConfig, version: int, reason: str, kind: str = "activate") -> dict:
-    """Announce that the fleet serves `version` from now on (rollback), or pin/unpin it."""
+def activate(cfg: PublishConfig, version: int, reason: str, kind: str = "activate", **extra) -> dict:
+    """Announce that the fleet serves `version` from now on (rollback), pin/unpin it, or a canary trial's
+    start and end (kind canary | promote | rollback; weight_sync.canary). Recorded in the store too, so
+    `flywheel weights list` shows every decision."""
     store = Store(cfg.store)
-    if kind in ("activate", "pin") and version not in store.versions():
+    if kind in ("activate", "pin", "canary", "promote") and version not in store.versions():
         raise ValueError(f"version {version} is not in the store (have {store.versions()})")
     record = activation(version, reason, seq=len(store.activations()) + 1)
     record["type"] = kind
+    record.update(extra)
     store.record_activation(record)
     if cfg.kafka_bootstrap:
         _kafka_send(cfg.kafka_bootstrap, record)

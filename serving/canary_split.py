@@ -1,0 +1,85 @@
+"""The gateway's side of a canary trial: which users go to the canary replicas, and what each arm saw.
+
+A trial names a version, the replicas serving it and the share of users sent there. Users are split by a
+hash of (version, tenant), so a user stays on one arm for the whole trial and a new trial reshuffles. Each
+arm counts requests, errors, latency and the feedback its completions got (a completion id is remembered
+with its arm until the feedback window closes); the canary controller (weight_sync.canary) reads these
+through `GET /admin/canary` and decides.
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+ARMS = ("canary", "stable")
+
+
+@dataclass
+class ArmStats:
+    requests: int = 0
+    errors: int = 0
+    accepts: int = 0
+    rejects: int = 0
+    latencies_ms: collections.deque = field(default_factory=lambda: collections.deque(maxlen=20_000))
+
+    def view(self) -> dict:
+        lat = np.asarray(self.latencies_ms)
+        judged = self.accepts + self.rejects
+        return {"requests": self.requests, "errors": self.errors, "accepts": self.accepts, "rejects": self.rejects,
+                "feedback": judged, "acceptance": self.accepts / judged if judged else None,
+                "p50_ms": float(np.percentile(lat, 50)) if lat.size else None,
+                "p99_ms": float(np.percentile(lat, 99)) if lat.size else None}
+
+
+@dataclass
+class CanarySplit:
+    version: str
+    replicas: frozenset[str]
+    share: float  # of users (tenants) routed to the canary replicas
+    started: float = field(default_factory=time.time)
+    stats: dict[str, ArmStats] = field(default_factory=lambda: {a: ArmStats() for a in ARMS})
+    issued: collections.OrderedDict = field(default_factory=collections.OrderedDict)  # completion id -> arm
+    max_issued: int = 200_000
+
+    def __post_init__(self):
+        if not 0.0 < self.share < 1.0:
+            raise ValueError(f"canary share must be between 0 and 1 (exclusive), got {self.share}")
+        if not self.replicas:
+            raise ValueError("a canary needs at least one replica")
+
+    def arm_of(self, tenant: str) -> str:
+        h = int.from_bytes(hashlib.sha256(f"{self.version}/{tenant}".encode()).digest()[:8], "big")
+        return "canary" if h / 2**64 < self.share else "stable"
+
+    def arm_of_replica(self, replica_id: str) -> str:
+        return "canary" if replica_id in self.replicas else "stable"
+
+    def served(self, completion_id: str, replica_id: str, latency_ms: float) -> str:
+        arm = self.arm_of_replica(replica_id)
+        s = self.stats[arm]
+        s.requests += 1
+        s.latencies_ms.append(latency_ms)
+        self.issued[completion_id] = arm
+        while len(self.issued) > self.max_issued:
+            self.issued.popitem(last=False)
+        return arm
+
+    def failed(self, tenant: str) -> None:
+        self.stats[self.arm_of(tenant)].errors += 1
+
+    def feedback(self, completion_id: str, kind: str) -> None:
+        arm = self.issued.get(completion_id)
+        if arm is None:
+            return  # issued before the trial, or forgotten: it says nothing about either arm
+        if kind == "accept":
+            self.stats[arm].accepts += 1
+        elif kind == "reject":
+            self.stats[arm].rejects += 1
+
+    def view(self) -> dict:
+        return {"version": self.version, "replicas": sorted(self.replicas), "share": self.share,
+                "started": self.started, "arms": {a: s.view() for a, s in self.stats.items()}}

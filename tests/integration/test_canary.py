@@ -1,0 +1,113 @@
+"""Canary trials on two real SGLang replicas with the simulated population: a better version is promoted,
+a worse one rolled back automatically (zero failed requests, the fleet ends on the stable version), a
+neutral one promoted within the margin; every decision is on the weights topic and in `weights list`;
+completions record their arm; the trainer stops learning from a rolled-back version."""
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+from flywheel.local_fleet import LocalFleet, LocalFleetConfig
+from flywheel.procs import wait_until
+from loadtests import versions
+from loadtests.population import HouseStyle, Population, PopulationConfig
+from weight_sync.canary import CanaryConfig, CanaryController
+from weight_sync.publish import publish
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def _arms_in_kafka(bootstrap: str) -> dict[str, int]:
+    from kafka import KafkaConsumer
+
+    from flywheel import events as ev
+    from flywheel.kafka_broker import quiet_kafka
+
+    counts: dict[str, int] = {}
+    deadline = time.monotonic() + 60
+    with quiet_kafka():
+        c = KafkaConsumer(ev.TOPIC_COMPLETIONS, bootstrap_servers=bootstrap, group_id=f"arms-{uuid.uuid4().hex[:6]}",
+                          auto_offset_reset="earliest", enable_auto_commit=False, consumer_timeout_ms=5000)
+        try:
+            for r in c:
+                arm = ev.decode(r.value).arm
+                counts[arm] = counts.get(arm, 0) + 1
+                if time.monotonic() > deadline:
+                    break
+        finally:
+            c.close()
+    return counts
+
+
+def test_better_promoted_worse_rolled_back_neutral_promoted(test_model, tmp_path, capsys):
+    from flywheel.cli import main
+
+    fleet = LocalFleet(LocalFleetConfig(model=test_model, out_dir=tmp_path / "fleet", replicas=2, tenants=12))
+    with fleet:
+        pcfg = fleet.publish_config()
+        # Users start on a degraded copy, so that the base model is a real improvement to trial.
+        stable = publish(versions.noisy(test_model, tmp_path / "degraded", seed=1, scale=0.3), pcfg).version
+        fleet.wait_fleet_on(stable)
+        ctrl = CanaryController(CanaryConfig(gateway_url=fleet.gateway.url, admin_token=fleet.cfg.admin_token,
+                                             publish=pcfg, min_feedback=60, min_requests=40, margin=0.1,
+                                             p99_ratio=3.0, max_trial_s=240, poll_s=1.0)).start()
+        pop = Population(PopulationConfig(users=12, max_tokens=24, think_s=(0.0, 0.2)), fleet.gateway.url,
+                         list(fleet.keys.values()), preference=HouseStyle()).start()
+        canary_cfg = dataclasses.replace(pcfg, canary=True)
+        trials = []
+        try:
+            for ckpt in (test_model, versions.broken(test_model, tmp_path / "bad", seed=9),
+                         versions.nudged(test_model, tmp_path / "same", seed=2)):
+                v = publish(ckpt, canary_cfg).version
+                wait_until(lambda: any(d["version"] == v for d in ctrl.decisions), 300, interval=1.0,
+                           what=f"a decision on v{v}")
+                decision = next(d for d in ctrl.decisions if d["version"] == v)
+                final = v if decision["type"] == "promote" else decision["stable"]
+                fleet.wait_fleet_on(final)
+                trials.append((v, decision["type"], final))
+        finally:
+            pop.stop()
+            ctrl.stop()
+        arms = _arms_in_kafka(fleet.broker.bootstrap)
+        records = pop.snapshot()
+        assert main(["weights", "list", "--store", str(fleet.store_root)]) == 0
+        listing = capsys.readouterr().out
+
+    (v_better, d1, f1), (v_bad, d2, f2), (v_same, d3, f3) = trials
+    assert (d1, d2, d3) == ("promote", "rollback", "promote"), ctrl.decisions
+    assert f2 == v_better and f3 == v_same  # the rollback put everyone back on the stable version
+    assert not [r for r in records if r.outcome == "failed"], "zero failed requests through all trials"
+    bad_seen = [r for r in records if r.version == str(v_bad)]
+    assert bad_seen and np.mean([r.outcome == "accept" for r in bad_seen if r.outcome != "ignore"]) < 0.2
+    assert arms.get("canary", 0) > 0 and arms.get("stable", 0) > 0  # completions record their arm
+    for v, kind in ((v_better, "promote"), (v_bad, "rollback"), (v_same, "promote")):
+        assert any(f" {kind:8} v{v}" in line and "acceptance" in line for line in listing.splitlines()), listing
+    assert listing.count(" canary ") >= 3
+
+
+def test_trainer_stops_learning_from_a_rolled_back_version(test_model, tmp_path):
+    import json
+
+    from online_rl.samples import Sample
+    from online_rl.trainer import Trainer, TrainerConfig
+
+    def sample(v):
+        return Sample(key=f"k{v}", prompt_ids=np.array([1, 2], np.int32), output_ids=np.array([3], np.int32),
+                      behaviour_logprobs=np.zeros(1, np.float32), routed_experts=np.zeros((2, 2, 2), np.uint8),
+                      reward=1.0, model_version=v)
+
+    for keep in (False, True):
+        t = Trainer(TrainerConfig(model_dir=test_model, work_dir=tmp_path / f"t{keep}", train_on_rolled_back=keep))
+        t.version = 3
+        t._weights_record(json.dumps({"type": "rollback", "version": 3, "stable": 2, "reason": "worse"}).encode())
+        t.buffer = [sample(2), sample(3)]
+        batch = t._take_batch()
+        assert [s.model_version for s in batch] == ([2, 3] if keep else [2])
+        if not keep:
+            assert t.trained_since_ckpt[-1]["dropped"] == "rolled_back"
+            t.save()
+            assert Trainer(TrainerConfig(model_dir=test_model, work_dir=tmp_path / "tFalse")).rolled_back == {3}

@@ -1,0 +1,231 @@
+"""Canary trials: a new version reaches a slice of the fleet and of the users first, and is promoted or
+rolled back on measured acceptance, latency and errors, without a person (`flywheel weights canary`).
+
+    weights topic: {"type": "version", "canary": true}  (the trainer publishes with --canary)
+      -> announce {"type": "canary", replicas}: those replicas' agents load the candidate, the others stay
+      -> the gateway splits users by a hash of (version, tenant): `traffic_share` of them to the canary arm
+      -> every `poll_s`: the arms' figures from `GET /admin/canary` -> judge()
+      -> {"type": "promote"} (every agent loads it) or {"type": "rollback", "stable"} (canary replicas go back)
+Every announcement is also a line in the store's activations (`flywheel weights list`). SREs override with
+`flywheel weights promote N | abort N`; a trial still undecided after `max_trial_s` is rolled back.
+
+judge(): acceptance is compared with a one-sided normal-approximation bound on the difference of two
+proportions (canary minus stable, unpooled standard error, `confidence` one-sided): promote when the lower
+bound is above -margin (not worse beyond the margin), roll back when the upper bound is below -margin
+(worse beyond it, with confidence); otherwise wait for more feedback. Before that, with enough requests,
+a canary p99 above `p99_ratio` x stable's, or an error rate above stable's + `error_margin`, rolls back.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from statistics import NormalDist
+
+from flywheel.events import TOPIC_WEIGHTS
+from weight_sync.publish import PublishConfig, activate
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CanaryConfig:
+    gateway_url: str
+    admin_token: str
+    publish: PublishConfig  # store, signing key and Kafka bootstrap of the announcements
+    replica_share: float = 0.5  # replicas given the candidate: at least one, never all (unless only one)
+    traffic_share: float = 0.5  # users routed to the canary arm
+    min_feedback: int = 100  # per arm, before acceptance is judged
+    min_requests: int = 50  # per arm, before latency and errors are judged
+    margin: float = 0.05  # acceptance may be this much lower than stable's and still promote
+    confidence: float = 0.95  # one-sided
+    p99_ratio: float = 1.5
+    error_margin: float = 0.01
+    max_trial_s: float = 900.0
+    poll_s: float = 2.0
+    switch_timeout_s: float = 240.0
+
+
+@dataclass
+class Verdict:
+    decision: str  # promote | rollback | extend
+    reason: str
+    figures: dict = field(default_factory=dict)
+
+
+def judge(canary: dict, stable: dict, cfg: CanaryConfig) -> Verdict:
+    """The decision on the two arms' figures (GET /admin/canary "arms" entries)."""
+    figures = {"canary": {k: canary.get(k) for k in ("requests", "errors", "feedback", "acceptance", "p99_ms")},
+               "stable": {k: stable.get(k) for k in ("requests", "errors", "feedback", "acceptance", "p99_ms")}}
+    if canary["requests"] >= cfg.min_requests and stable["requests"] >= cfg.min_requests:
+        err_c = canary["errors"] / max(1, canary["requests"] + canary["errors"])
+        err_s = stable["errors"] / max(1, stable["requests"] + stable["errors"])
+        figures.update(error_rate_canary=round(err_c, 4), error_rate_stable=round(err_s, 4))
+        if err_c > err_s + cfg.error_margin:
+            return Verdict("rollback", f"error rate {err_c:.1%} vs stable {err_s:.1%}", figures)
+        if canary["p99_ms"] and stable["p99_ms"] and canary["p99_ms"] > cfg.p99_ratio * stable["p99_ms"]:
+            return Verdict("rollback", f"p99 {canary['p99_ms']:.0f} ms vs stable {stable['p99_ms']:.0f} ms "
+                                       f"(> {cfg.p99_ratio}x)", figures)
+    n_c, n_s = canary["feedback"], stable["feedback"]
+    if n_c < cfg.min_feedback or n_s < cfg.min_feedback:
+        return Verdict("extend", f"waiting for feedback ({n_c} canary, {n_s} stable; need {cfg.min_feedback} each)",
+                       figures)
+    p_c, p_s = canary["accepts"] / n_c, stable["accepts"] / n_s
+    diff = p_c - p_s
+    se = math.sqrt(p_c * (1 - p_c) / n_c + p_s * (1 - p_s) / n_s) or 1e-9
+    z = NormalDist().inv_cdf(cfg.confidence)
+    lo, hi = diff - z * se, diff + z * se
+    figures.update(acceptance_diff=round(diff, 4), diff_lower=round(lo, 4), diff_upper=round(hi, 4))
+    if hi < -cfg.margin:
+        return Verdict("rollback", f"acceptance {p_c:.1%} vs stable {p_s:.1%}: worse by more than "
+                                   f"{cfg.margin:.0%} ({cfg.confidence:.0%} bound {hi:+.3f})", figures)
+    if lo > -cfg.margin:
+        return Verdict("promote", f"acceptance {p_c:.1%} vs stable {p_s:.1%}: not worse than {cfg.margin:.0%} "
+                                  f"({cfg.confidence:.0%} bound {lo:+.3f})", figures)
+    return Verdict("extend", f"undecided: difference {diff:+.3f} in [{lo:+.3f}, {hi:+.3f}]", figures)
+
+
+class CanaryController:
+    def __init__(self, cfg: CanaryConfig):
+        self.cfg = cfg
+        self.decisions: list[dict] = []
+        self._mine: set[int] = set()  # seq of the records this controller wrote
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._consumer = None
+
+    # ------------------------------------------------------------------ gateway
+    def _call(self, method: str, path: str, body: dict | None = None) -> dict:
+        req = urllib.request.Request(f"{self.cfg.gateway_url}{path}", method=method,
+                                     data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Authorization": f"Bearer {self.cfg.admin_token}",
+                                              "Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read())
+
+    def served(self) -> dict[str, str | None]:
+        return self._call("GET", "/admin/weights")["replicas"]
+
+    def _announce(self, kind: str, version: int, reason: str, **extra) -> dict:
+        record = activate(self.cfg.publish, version, reason, kind, **extra)
+        self._mine.add(record["seq"])
+        return record
+
+    # ------------------------------------------------------------------ a trial
+    def _wait_served(self, replicas: list[str], version: int) -> bool:
+        deadline = time.monotonic() + self.cfg.switch_timeout_s
+        while time.monotonic() < deadline and not self._stop.is_set():
+            now = self.served()
+            if all(now.get(r) == str(version) for r in replicas):
+                return True
+            time.sleep(0.5)
+        return False
+
+    def trial(self, version: int) -> dict:
+        """Run one version's trial to a decision; returns the decision record."""
+        served = self.served()
+        ids = sorted(served)
+        stable_versions = {v for v in served.values() if v is not None}
+        stable = int(max(stable_versions, key=lambda v: list(served.values()).count(v))) if stable_versions else 0
+        if len(ids) < 2:
+            rec = self._announce("promote", version, "one replica: no stable arm to compare against", stable=stable)
+            return self._decided(rec)
+        n = max(1, min(len(ids) - 1, math.floor(self.cfg.replica_share * len(ids))))
+        replicas = ids[-n:]
+        self._announce("canary", version, f"trial on {','.join(replicas)} for {self.cfg.traffic_share:.0%} of users",
+                       replicas=replicas, stable=stable, share=self.cfg.traffic_share)
+        if not self._wait_served(replicas, version):
+            return self._end(version, stable, Verdict("rollback", "the canary replicas did not load the version"))
+        self._call("PUT", "/admin/canary", {"version": version, "replicas": replicas, "share": self.cfg.traffic_share})
+        t0 = time.monotonic()
+        while not self._stop.is_set():
+            override = self._override(version)
+            if override is not None:
+                self._call("DELETE", "/admin/canary")
+                log.info("v%d: %s by override (%s)", version, override["type"], override.get("reason"))
+                return self._decided(override)
+            arms = (self._call("GET", "/admin/canary")["canary"] or {}).get("arms")
+            if arms:
+                verdict = judge(arms["canary"], arms["stable"], self.cfg)
+                if verdict.decision != "extend":
+                    return self._end(version, stable, verdict, time.monotonic() - t0)
+                if time.monotonic() - t0 > self.cfg.max_trial_s:
+                    return self._end(version, stable, Verdict("rollback", f"undecided after {self.cfg.max_trial_s:.0f}s "
+                                                                          f"({verdict.reason}): the safe choice",
+                                                              verdict.figures), time.monotonic() - t0)
+            self._stop.wait(self.cfg.poll_s)
+        return {}
+
+    def _end(self, version: int, stable: int, verdict: Verdict, elapsed: float = 0.0) -> dict:
+        try:
+            self._call("DELETE", "/admin/canary")
+        except urllib.error.URLError as e:
+            log.warning("could not end the gateway's canary split: %s", e)
+        rec = self._announce(verdict.decision, version, verdict.reason, stable=stable, figures=verdict.figures,
+                             trial_s=round(elapsed, 1))
+        log.info("v%d %s: %s", version, verdict.decision, verdict.reason)
+        return self._decided(rec)
+
+    def _decided(self, rec: dict) -> dict:
+        self.decisions.append(rec)
+        return rec
+
+    # ------------------------------------------------------------------ the topic
+    def _records(self) -> list[dict]:
+        out = []
+        for recs in self._consumer.poll(timeout_ms=200).values():
+            for r in recs:
+                try:
+                    out.append(json.loads(r.value))
+                except ValueError:
+                    log.error("ignoring a malformed weights record at offset %d", r.offset)
+        return out
+
+    def _override(self, version: int) -> dict | None:
+        self._pending = getattr(self, "_pending", [])
+        for rec in self._records():
+            if (rec.get("type") in ("promote", "rollback") and rec.get("version") == version
+                    and rec.get("seq") not in self._mine):
+                return rec
+            self._pending.append(rec)
+        return None
+
+    def run(self) -> None:
+        from kafka import KafkaConsumer
+
+        self._consumer = KafkaConsumer(TOPIC_WEIGHTS, bootstrap_servers=self.cfg.publish.kafka_bootstrap,
+                                       group_id="flywheel-canary", auto_offset_reset="earliest",
+                                       enable_auto_commit=True, client_id="flywheel-canary")
+        self._pending: list[dict] = []
+        decided = {d["version"] for d in self.decisions}
+        try:
+            while not self._stop.is_set():
+                records, self._pending = self._pending + self._records(), []
+                for rec in records:
+                    if rec.get("type") in ("promote", "rollback"):
+                        decided.add(rec.get("version"))
+                for rec in records:
+                    v = rec.get("version")
+                    if rec.get("type") == "version" and rec.get("canary") and v not in decided:
+                        log.info("v%d: canary trial starts", v)
+                        self.trial(v)
+                        decided.add(v)
+                        if self._stop.is_set():
+                            break
+        finally:
+            self._consumer.close()
+
+    def start(self) -> "CanaryController":
+        self._thread = threading.Thread(target=self.run, name="canary", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)

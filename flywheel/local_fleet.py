@@ -152,6 +152,11 @@ class LocalFleet:
                    what=f"every replica on v{version}")
         return time.monotonic() - t
 
+    def store_activations(self) -> list[dict]:
+        from weight_sync.store import Store
+
+        return Store(self.store_root).activations()
+
     def switch_reports(self) -> list[dict]:
         out = []
         for name in sorted(self.agent_pids) or [f"r{i}" for i in range(self.cfg.replicas)]:

@@ -117,9 +117,13 @@ class CanaryController:
         return record
 
     # ------------------------------------------------------------------ a trial
-    def _wait_served(self, replicas: list[str], version: int) -> bool:
+    def _wait_served(self, replicas: list[str], version: int) -> bool | dict:
+        """True once the canary replicas serve `version`; an override record if one ends the trial first."""
         deadline = time.monotonic() + self.cfg.switch_timeout_s
         while time.monotonic() < deadline and not self._stop.is_set():
+            override = self._override(version)
+            if override is not None:
+                return override
             now = self.served()
             if all(now.get(r) == str(version) for r in replicas):
                 return True
@@ -139,7 +143,11 @@ class CanaryController:
         replicas = ids[-n:]
         self._announce("canary", version, f"trial on {','.join(replicas)} for {self.cfg.traffic_share:.0%} of users",
                        replicas=replicas, stable=stable, share=self.cfg.traffic_share)
-        if not self._wait_served(replicas, version):
+        loaded = self._wait_served(replicas, version)
+        if isinstance(loaded, dict):
+            log.info("v%d: %s by override (%s)", version, loaded["type"], loaded.get("reason"))
+            return self._decided(loaded)
+        if not loaded:
             return self._end(version, stable, Verdict("rollback", "the canary replicas did not load the version"))
         self._call("PUT", "/admin/canary", {"version": version, "replicas": replicas, "share": self.cfg.traffic_share})
         t0 = time.monotonic()
@@ -195,12 +203,30 @@ class CanaryController:
             self._pending.append(rec)
         return None
 
-    def run(self) -> None:
-        from kafka import KafkaConsumer
+    def _open(self):
+        """The whole weights topic from its start, by assignment (no group: a rebalance racing the topic's
+        creation once left the controller with no partitions). Decisions already on the topic are known,
+        so a restarted controller only trials the candidates still undecided."""
+        from kafka import KafkaConsumer, TopicPartition
 
-        self._consumer = KafkaConsumer(TOPIC_WEIGHTS, bootstrap_servers=self.cfg.publish.kafka_bootstrap,
-                                       group_id="flywheel-canary", auto_offset_reset="earliest",
-                                       enable_auto_commit=True, client_id="flywheel-canary")
+        c = KafkaConsumer(bootstrap_servers=self.cfg.publish.kafka_bootstrap, enable_auto_commit=False,
+                          client_id="flywheel-canary")
+        deadline = time.monotonic() + 60
+        parts = c.partitions_for_topic(TOPIC_WEIGHTS)
+        while not parts and time.monotonic() < deadline and not self._stop.is_set():
+            c.topics()
+            time.sleep(0.5)
+            parts = c.partitions_for_topic(TOPIC_WEIGHTS)
+        if not parts:
+            c.close()
+            raise RuntimeError(f"no {TOPIC_WEIGHTS} topic on {self.cfg.publish.kafka_bootstrap}")
+        tps = [TopicPartition(TOPIC_WEIGHTS, p) for p in sorted(parts)]
+        c.assign(tps)
+        c.seek_to_beginning(*tps)
+        return c
+
+    def run(self) -> None:
+        self._consumer = self._open()
         self._pending: list[dict] = []
         decided = {d["version"] for d in self.decisions}
         try:

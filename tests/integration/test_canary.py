@@ -69,6 +69,15 @@ def test_better_promoted_worse_rolled_back_neutral_promoted(test_model, tmp_path
                 final = v if decision["type"] == "promote" else decision["stable"]
                 fleet.wait_fleet_on(final)
                 trials.append((v, decision["type"], final))
+            # An SRE ends a trial that would otherwise still be collecting feedback.
+            ctrl.cfg.min_feedback = 10**9
+            v_held = publish(versions.nudged(test_model, tmp_path / "held", seed=3), canary_cfg).version
+            wait_until(lambda: any(a["type"] == "canary" and a["version"] == v_held
+                                   for a in fleet.store_activations()), 120, what=f"the trial of v{v_held}")
+            assert main(["weights", "abort", str(v_held), "--store", str(fleet.store_root), "--key",
+                         str(fleet.signing_key), "--kafka", fleet.broker.bootstrap]) == 0
+            wait_until(lambda: any(d["version"] == v_held for d in ctrl.decisions), 60, what="the override")
+            fleet.wait_fleet_on(trials[-1][2])
         finally:
             pop.stop()
             ctrl.stop()
@@ -86,7 +95,9 @@ def test_better_promoted_worse_rolled_back_neutral_promoted(test_model, tmp_path
     assert arms.get("canary", 0) > 0 and arms.get("stable", 0) > 0  # completions record their arm
     for v, kind in ((v_better, "promote"), (v_bad, "rollback"), (v_same, "promote")):
         assert any(f" {kind:8} v{v}" in line and "acceptance" in line for line in listing.splitlines()), listing
-    assert listing.count(" canary ") >= 3
+    assert listing.count(" canary ") >= 4
+    held = next(d for d in ctrl.decisions if d["version"] == v_held)
+    assert held["type"] == "rollback" and held["reason"] == "aborted by SRE override"
 
 
 def test_trainer_stops_learning_from_a_rolled_back_version(test_model, tmp_path):

@@ -38,10 +38,11 @@ SUFFIX = "\n\n\ndef main():\n    print({name}({arg}))\n"  # code after the curso
 
 _key_cycle = itertools.cycle(range(max(1, len(KEYS))))
 _prefers = HouseStyle()
-requests_log: list[tuple[float, str, float, bool]] = []  # (time.time() at start, name, latency ms, ok)
+requests_log: list[tuple[float, str, float, bool, str]] = []  # (start time.time(), name, ms, ok, version)
 issued: list[dict] = []  # completion ids and the feedback sent for each
 marks: list[dict] = []  # the scenario's actions: {"at": time.time(), "what": ...}
 errors: list[str] = []  # the scenario's actions that failed (each fails the run)
+bad_versions: set[str] = set()  # versions meant to be bad (rollback): their slowness is not the switch's
 
 
 def mark(what: str, **extra) -> None:
@@ -85,8 +86,8 @@ class AutocompleteUser(IdeUser):
         started, t0 = time.time(), time.perf_counter()
         with self.client.post("/v1/completions", json=body, headers=self.headers, name=name, stream=stream,
                               catch_response=True) as r:
-            cid, text, ok = _read(r, stream, t0, self.environment, "TTFT /v1/completions")
-            requests_log.append((started, name, r.request_meta["response_time"], ok))
+            cid, text, ok, version = _read(r, stream, t0, self.environment, "TTFT /v1/completions")
+            requests_log.append((started, name, r.request_meta["response_time"], ok, version))
         if ok:
             self._feedback(cid, text, t)
 
@@ -102,21 +103,22 @@ class ChatUser(IdeUser):
         started, t0 = time.time(), time.perf_counter()
         with self.client.post("/v1/chat/completions", json=body, headers=self.headers, name="/v1/chat/completions",
                               stream=True, catch_response=True) as r:
-            cid, text, ok = _read(r, True, t0, self.environment, "TTFT /v1/chat/completions")
-            requests_log.append((started, "/v1/chat/completions", r.request_meta["response_time"], ok))
+            cid, text, ok, version = _read(r, True, t0, self.environment, "TTFT /v1/chat/completions")
+            requests_log.append((started, "/v1/chat/completions", r.request_meta["response_time"], ok, version))
         if ok:
             self._feedback(cid, text, t)
 
 
-def _read(r, stream: bool, t0: float, env, ttft_name: str) -> tuple[str | None, str, bool]:
-    """Consume a (streamed) completion; records TTFT; marks the request failed on any error."""
+def _read(r, stream: bool, t0: float, env, ttft_name: str) -> tuple[str | None, str, bool, str]:
+    """Consume a (streamed) completion; records TTFT; marks the request failed on any error. Returns the
+    completion id, its text, whether it succeeded, and the weight version that served it."""
     if r.status_code != 200:
         r.failure(f"{r.status_code}: {(r.text or '')[:200]}")
-        return None, "", False
+        return None, "", False, ""
     if not stream:
         doc = r.json()
-        return doc["id"], doc["choices"][0].get("text", ""), True
-    cid, parts, first, done, buf = None, [], None, False, ""
+        return doc["id"], doc["choices"][0].get("text", ""), True, str(doc.get("model_version") or "")
+    cid, parts, first, done, buf, version = None, [], None, False, "", ""
     try:
         for chunk in r.iter_content(chunk_size=4096):
             buf += chunk if isinstance(chunk, str) else chunk.decode()
@@ -132,6 +134,7 @@ def _read(r, stream: bool, t0: float, env, ttft_name: str) -> tuple[str | None, 
                 if "error" in doc:
                     raise RuntimeError(doc["error"].get("message"))
                 cid = doc.get("id", cid)
+                version = str(doc.get("model_version") or version)
                 for c in doc.get("choices", []):
                     piece = c.get("text") or (c.get("delta") or {}).get("content") or ""
                     if piece and first is None:
@@ -141,18 +144,18 @@ def _read(r, stream: bool, t0: float, env, ttft_name: str) -> tuple[str | None, 
                     parts.append(piece)
     except Exception as e:
         r.failure(f"stream broke: {e}")
-        return cid, "", False
+        return cid, "", False, version
     r.request_meta["response_time"] = (time.perf_counter() - t0) * 1000  # the whole stream, not the headers
     if not done:
         r.failure("stream ended without [DONE]")
-        return cid, "", False
-    return cid, "".join(parts), True
+        return cid, "", False, version
+    return cid, "".join(parts), True, version
 
 
 # ---------------------------------------------------------------------------------- pass / fail
 def judge(environment) -> dict:
     """The thresholds, on this run's own requests; returns the result written to result.json."""
-    completions = [(s, ms) for s, name, ms, ok in requests_log if ok]
+    completions = [(s, ms) for s, name, ms, ok, version in requests_log if ok and version not in bad_versions]
     split = marks[0]["at"] if marks else None
     if split is None and completions:  # steady: the second part of the run against the first
         starts = sorted(s for s, _ in completions)
@@ -175,7 +178,8 @@ def judge(environment) -> dict:
             "completions_before": int(before.size), "completions_after": int(after.size),
             "p99_before_ms": p99_before and round(p99_before, 1), "p99_after_ms": p99_after and round(p99_after, 1),
             "p99_ratio": round(p99_after / p99_before, 3) if p99_before and p99_after else None,
-            "p99_multiple_allowed": P99_MULTIPLE, "marks": marks, "passed": not reasons, "reasons": reasons}
+            "p99_multiple_allowed": P99_MULTIPLE, "excluded_bad_versions": sorted(bad_versions), "marks": marks,
+            "passed": not reasons, "reasons": reasons}
 
 
 @events.quitting.add_listener
@@ -185,8 +189,8 @@ def _quitting(environment, **_kw) -> None:
     (OUT / "result.json").write_text(json.dumps(result, indent=1))
     with open(OUT / "requests.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["start", "name", "ms", "ok"])
-        w.writerows([f"{s:.3f}", n, f"{ms:.1f}", int(ok)] for s, n, ms, ok in requests_log)
+        w.writerow(["start", "name", "ms", "ok", "version"])
+        w.writerows([f"{s:.3f}", n, f"{ms:.1f}", int(ok), v] for s, n, ms, ok, v in requests_log)
     with open(OUT / "issued.jsonl", "w") as f:
         f.writelines(json.dumps(x) + "\n" for x in issued)
     verdict = "PASS" if result["passed"] else "FAIL: " + "; ".join(result["reasons"])

@@ -38,7 +38,9 @@ def env(name: str) -> str:
 
 def flywheel(*args: str, timeout: float = 300) -> str:
     """Run a `flywheel` command; its stdout. gevent's subprocess waits without blocking the users."""
-    proc = subprocess.run([sys.executable, "-m", "flywheel", *args], capture_output=True, text=True, timeout=timeout)
+    # Niced: on a shared box the publisher stands in for the trainer's machine, not for serving work.
+    proc = subprocess.run([sys.executable, "-m", "flywheel", *args], capture_output=True, text=True, timeout=timeout,
+                          preexec_fn=lambda: os.nice(10))
     if proc.returncode != 0:
         raise RuntimeError(f"flywheel {' '.join(args[:2])} failed: {proc.stderr.strip()[-500:]}")
     return proc.stdout

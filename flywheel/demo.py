@@ -52,9 +52,9 @@ def _trainer(cfg: DemoConfig, fleet, model: Path, out: Path) -> subprocess.Popen
            "--kafka", fleet.broker.bootstrap, "--publish-interval", str(cfg.publish_interval_s),
            "--store", str(fleet.store_root), "--key", str(fleet.signing_key), "--store-url", fleet.store_url,
            "--lr", str(cfg.lr), "--threads", "1"]
-    log = open(out / "logs" / "trainer.log", "ab")
-    return subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True)
+    with open(out / "logs" / "trainer.log", "ab") as log:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
 
 
 def _line(t0: float, pop, fleet) -> str:

@@ -135,12 +135,9 @@ class LocalFleet:
                 "FLYWHEEL_LOADTEST_KEYS": ",".join(self.keys.values())}
 
     def admin(self, method: str, path: str) -> dict:
-        req = urllib.request.Request(f"{self.gateway.url}{path}", method=method,
-                                     data=b"{}" if method == "POST" else None,
-                                     headers={"Authorization": f"Bearer {self.cfg.admin_token}",
-                                              "Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return json.loads(r.read())
+        from flywheel.admin_client import admin_call
+
+        return admin_call(self.gateway.url, self.cfg.admin_token, method, path)
 
     def served_versions(self) -> dict[str, str | None]:
         return self.admin("GET", "/admin/weights")["replicas"]

@@ -19,11 +19,11 @@ import shlex
 import subprocess
 import sys
 import time
-import urllib.request
 
 import gevent
 from locust import events
 
+from flywheel.admin_client import admin_call
 from loadtests import ide_users
 
 errors = ide_users.errors  # judged with the requests by ide_users' quitting listener
@@ -53,10 +53,7 @@ def shell(cmd: str, timeout: float = 120) -> None:
 
 
 def served() -> dict[str, str]:
-    req = urllib.request.Request(f"{env('FLYWHEEL_GATEWAY_URL')}/admin/weights",
-                                 headers={"Authorization": f"Bearer {env('FLYWHEEL_ADMIN_TOKEN')}"})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return json.loads(r.read())["replicas"]
+    return admin_call(env("FLYWHEEL_GATEWAY_URL"), env("FLYWHEEL_ADMIN_TOKEN"), "GET", "/admin/weights")["replicas"]
 
 
 def wait_fleet_on(version: int, timeout_s: float = 240) -> None:

@@ -14,13 +14,14 @@ then (the low-water mark is halved).
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import threading
 import time
-import urllib.request
+import urllib.error
 from dataclasses import dataclass, field
+
+from flywheel.admin_client import admin_call
 
 log = logging.getLogger(__name__)
 
@@ -61,11 +62,7 @@ class OffPeakScheduler:
 
     # ------------------------------------------------------------------ gateway
     def _call(self, method: str, path: str) -> dict:
-        req = urllib.request.Request(f"{self.cfg.gateway_url}{path}", method=method, data=b"{}" if method == "POST"
-                                     else None, headers={"Authorization": f"Bearer {self.cfg.admin_token}",
-                                                         "Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return json.loads(r.read())
+        return admin_call(self.cfg.gateway_url, self.cfg.admin_token, method, path)
 
     def load(self) -> dict:
         return self._call("GET", "/admin/load")

@@ -207,13 +207,16 @@ class Trainer:
         if self._consumer is None and self.cfg.kafka_bootstrap:
             from kafka import KafkaConsumer, TopicPartition
 
+            from flywheel.kafka_broker import ensure_topics
+
+            ensure_topics(self.cfg.kafka_bootstrap)  # weights too: a rollback announced later must reach us
             c = KafkaConsumer(bootstrap_servers=self.cfg.kafka_bootstrap, group_id=self.cfg.group_id,
                               enable_auto_commit=False, auto_offset_reset="earliest", client_id="flywheel-trainer",
                               max_poll_records=2000)
             parts = []
             for topic in (ev.TOPIC_COMPLETIONS, ev.TOPIC_FEEDBACK, ev.TOPIC_WEIGHTS):
                 ids = c.partitions_for_topic(topic)
-                deadline = time.monotonic() + (0 if topic == ev.TOPIC_WEIGHTS else 10)
+                deadline = time.monotonic() + 10
                 while not ids and time.monotonic() < deadline:  # auto-created on first use
                     c.topics()
                     time.sleep(0.2)

@@ -138,22 +138,19 @@ def _keys_add(args) -> int:
 
 def _fleet(args) -> int:
     import urllib.error
-    import urllib.request
+
+    from flywheel.admin_client import admin_call
 
     if not args.admin_token:
         raise ValueError("the admin token is needed: --admin-token or FLYWHEEL_ADMIN_TOKEN")
-    headers = {"Authorization": f"Bearer {args.admin_token}", "Content-Type": "application/json"}
     if args.fleet_cmd != "status":
-        req = urllib.request.Request(f"{args.gateway}/admin/replicas/{args.replica}/{args.fleet_cmd}", data=b"{}",
-                                     headers=headers, method="POST")
         try:
-            with urllib.request.urlopen(req, timeout=10) as r:
-                print(json.dumps(json.loads(r.read())))
+            print(json.dumps(admin_call(args.gateway, args.admin_token, "POST",
+                                        f"/admin/replicas/{args.replica}/{args.fleet_cmd}")))
         except urllib.error.HTTPError as e:
             raise RuntimeError(json.loads(e.read())["error"]["message"]) from None
         return 0
-    with urllib.request.urlopen(urllib.request.Request(f"{args.gateway}/admin/load", headers=headers), timeout=10) as r:
-        load = json.loads(r.read())
+    load = admin_call(args.gateway, args.admin_token, "GET", "/admin/load")
     print(f"{'replica':8} {'state':9} {'healthy':7} {'users':>5} {'rollouts':>8} {'queue':>5} {'req/s':>6} version  url")
     for x in load["replicas"]:
         state = x["state"] + ("*" if x["borrow_pending"] else "")

@@ -23,10 +23,10 @@ import math
 import threading
 import time
 import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
+from flywheel.admin_client import admin_call
 from flywheel.events import TOPIC_WEIGHTS
 from weight_sync.publish import PublishConfig, activate
 
@@ -98,15 +98,11 @@ class CanaryController:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._consumer = None
+        self._pending: list[dict] = []  # records read while a trial looked for overrides, for the main loop
 
     # ------------------------------------------------------------------ gateway
     def _call(self, method: str, path: str, body: dict | None = None) -> dict:
-        req = urllib.request.Request(f"{self.cfg.gateway_url}{path}", method=method,
-                                     data=None if body is None else json.dumps(body).encode(),
-                                     headers={"Authorization": f"Bearer {self.cfg.admin_token}",
-                                              "Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return json.loads(r.read())
+        return admin_call(self.cfg.gateway_url, self.cfg.admin_token, method, path, body)
 
     def served(self) -> dict[str, str | None]:
         return self._call("GET", "/admin/weights")["replicas"]
@@ -195,7 +191,6 @@ class CanaryController:
         return out
 
     def _override(self, version: int) -> dict | None:
-        self._pending = getattr(self, "_pending", [])
         for rec in self._records():
             if (rec.get("type") in ("promote", "rollback") and rec.get("version") == version
                     and rec.get("seq") not in self._mine):
@@ -227,7 +222,6 @@ class CanaryController:
 
     def run(self) -> None:
         self._consumer = self._open()
-        self._pending: list[dict] = []
         decided = {d["version"] for d in self.decisions}
         try:
             while not self._stop.is_set():

@@ -12,7 +12,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from online_rl import sandbox, tasks
+from online_rl.failures import Failures
 from online_rl.samples import Sample
+
+
+def _local_counter():
+    from prometheus_client import Counter
+
+    return Counter("flywheel_rollout_failures", "Rollout failures by stage and cause", ["stage", "cause"],
+                   registry=None)
 
 
 @dataclass
@@ -30,8 +38,9 @@ class RolloutConfig:
 
 
 class RolloutSource:
-    def __init__(self, cfg: RolloutConfig):
+    def __init__(self, cfg: RolloutConfig, failures: Failures | None = None):
         self.cfg = cfg
+        self.failures = failures or Failures(_local_counter())
         self.tasks = tasks.tasks("heldout", cfg.task_seed)
         self.rng = random.Random(cfg.task_seed)
         self.generated = 0
@@ -53,34 +62,55 @@ class RolloutSource:
             raise
 
     def samples(self, step: int) -> tuple[list[Sample], list[float]]:
-        """One group per task; returns the samples and the pass rate of each task's group."""
-        if not self.cfg.tasks_per_step or not self.cfg.gateway_url:
+        """One group per task; returns the samples and the pass rate of each task's group. A failed HTTP
+        call puts its task back and backs off (transient) or drops the task (not); a group that cannot be
+        judged or read is dropped; either way the trainer goes on with what it has."""
+        if not self.cfg.tasks_per_step or not self.cfg.gateway_url or not self.failures.ready("rollout_http"):
             return [], []
         out, pass_rates = [], []
         fresh = self.rng.sample(self.tasks, min(self.cfg.tasks_per_step, len(self.tasks)))
         todo, self.retry = (self.retry + fresh)[: self.cfg.tasks_per_step], []
-        for task in todo:
-            resp = self._generate(task.prompt)
+        for i, task in enumerate(todo):
+            try:
+                resp = self._generate(task.prompt)
+            except Exception as e:
+                if self.failures.failed("rollout_http", e):
+                    self.retry += todo[i:]  # this task and the rest wait for the backoff
+                    break
+                continue
+            self.failures.succeeded("rollout_http")
             if resp is None:
                 self.retry.append(task)
                 continue
-            choices = [c for c in resp["choices"] if c["finish_reason"] != "abort"]
-            if len(choices) < len(resp["choices"]):  # the replica went back to users mid-rollout
-                self.aborted += len(resp["choices"]) - len(choices)
+            try:
+                group, rate = self._group(task, resp, step)
+            except Exception as e:  # a response we cannot read, or candidates we cannot judge
+                self.failures.failed("rollout_group", e, retry=False)
+                continue
+            if group is None:
                 self.retry.append(task)
                 continue
-            verdicts = sandbox.run([sandbox.candidate_for(task, c["text"]) for c in choices], self.cfg.sandbox)
-            pass_rates.append(sum(v.ok for v in verdicts) / len(verdicts))
-            prompt = np.asarray(resp["prompt_ids"], np.int32)
-            for c, v in zip(choices, verdicts):
-                if not c["output_ids"]:
-                    continue
-                experts = np.frombuffer(base64.b64decode(c["routed_experts"]), np.uint8).reshape(
-                    c["routed_experts_shape"])
-                out.append(Sample(key=f"{resp['id']}-{c['index']}", prompt_ids=prompt,
-                                  output_ids=np.asarray(c["output_ids"], np.int32),
-                                  behaviour_logprobs=np.asarray(c["logprobs"], np.float32), routed_experts=experts,
-                                  reward=v.reward, model_version=int(c["weight_version"] or 0), source="rollout",
-                                  group=f"{step}/{task.task_id}"))
-            self.generated += len(choices)
+            out += group
+            pass_rates.append(rate)
         return out, pass_rates
+
+    def _group(self, task, resp: dict, step: int) -> tuple[list[Sample] | None, float]:
+        """Judge one task's samples in the sandbox; None when the replica went back to users mid-rollout."""
+        choices = [c for c in resp["choices"] if c["finish_reason"] != "abort"]
+        if len(choices) < len(resp["choices"]):
+            self.aborted += len(resp["choices"]) - len(choices)
+            return None, 0.0
+        verdicts = sandbox.run([sandbox.candidate_for(task, c["text"]) for c in choices], self.cfg.sandbox)
+        prompt = np.asarray(resp["prompt_ids"], np.int32)
+        out = []
+        for c, v in zip(choices, verdicts):
+            if not c["output_ids"]:
+                continue
+            experts = np.frombuffer(base64.b64decode(c["routed_experts"]), np.uint8).reshape(c["routed_experts_shape"])
+            out.append(Sample(key=f"{resp['id']}-{c['index']}", prompt_ids=prompt,
+                              output_ids=np.asarray(c["output_ids"], np.int32),
+                              behaviour_logprobs=np.asarray(c["logprobs"], np.float32), routed_experts=experts,
+                              reward=v.reward, model_version=int(c["weight_version"] or 0), source="rollout",
+                              group=f"{step}/{task.task_id}"))
+        self.generated += len(choices)
+        return out, sum(v.ok for v in verdicts) / max(1, len(verdicts))

@@ -4,6 +4,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
+
+
+class InvalidSample(ValueError):
+    """A sample the model cannot be trained on (see Sample.problem)."""
 
 
 @dataclass
@@ -22,6 +27,44 @@ class Sample:
     @property
     def n_tokens(self) -> int:
         return int(self.output_ids.size)
+
+    def problem(self, vocab_size: int, num_layers: int, top_k: int, num_experts: int) -> str | None:
+        """Why this sample cannot be trained on by a model of these dimensions, or None. One bad event
+        (a client's garbage, a serving bug) must cost that sample, never the update or the daemon."""
+        p, n = self.prompt_ids.size, self.output_ids.size
+        if self.prompt_ids.ndim != 1 or self.output_ids.ndim != 1 or p == 0:
+            return "token ids are not two non-empty sequences"
+        ids = np.concatenate([self.prompt_ids, self.output_ids])
+        if ids.min() < 0 or ids.max() >= vocab_size:
+            return f"token id outside the vocabulary [0, {vocab_size})"
+        if self.behaviour_logprobs.shape != (n,) or not np.all(np.isfinite(self.behaviour_logprobs)):
+            return "behaviour logprobs missing or not finite"
+        if np.any(self.behaviour_logprobs > 1e-3):
+            return "behaviour logprob above 0"
+        want = (p + n - 1, num_layers, top_k)
+        if self.routed_experts.shape != want:
+            return f"routed experts of shape {tuple(self.routed_experts.shape)}, want {want}"
+        if self.routed_experts.size and int(self.routed_experts.max()) >= num_experts:
+            return f"routed expert id outside [0, {num_experts})"
+        if not np.isfinite(self.reward):
+            return "reward not finite"
+        return None
+
+    def state(self) -> dict:
+        """Tensors and plain values only: checkpoints load with torch.load(weights_only=True)."""
+        return {"key": self.key, "prompt_ids": torch.from_numpy(np.ascontiguousarray(self.prompt_ids)),
+                "output_ids": torch.from_numpy(np.ascontiguousarray(self.output_ids)),
+                "behaviour_logprobs": torch.from_numpy(np.ascontiguousarray(self.behaviour_logprobs)),
+                "routed_experts": torch.from_numpy(np.ascontiguousarray(self.routed_experts)),
+                "reward": float(self.reward), "model_version": int(self.model_version), "source": self.source,
+                "group": self.group, "event_ids": list(self.event_ids)}
+
+    @classmethod
+    def from_state(cls, d: dict) -> "Sample":
+        return cls(key=d["key"], prompt_ids=d["prompt_ids"].numpy(), output_ids=d["output_ids"].numpy(),
+                   behaviour_logprobs=d["behaviour_logprobs"].numpy(), routed_experts=d["routed_experts"].numpy(),
+                   reward=d["reward"], model_version=d["model_version"], source=d["source"], group=d["group"],
+                   event_ids=tuple(d["event_ids"]))
 
 
 @dataclass

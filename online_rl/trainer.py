@@ -25,11 +25,13 @@ import torch
 
 from flywheel import events as ev
 from kernels import batch_invariant as bi
+from online_rl import sandbox
+from online_rl.failures import Failures, RetryConfig
 from online_rl.loss import LossConfig, advantages
 from online_rl.model import load_pretrained, save_pretrained
 from online_rl.offpeak import OffPeakConfig, OffPeakScheduler
 from online_rl.rollouts import RolloutConfig, RolloutSource
-from online_rl.samples import RewardTable, Sample
+from online_rl.samples import InvalidSample, RewardTable, Sample
 from online_rl.stream import JoinConfig, Joiner
 from online_rl.update import OptimConfig, make_optimizer, share_batch, update, world
 
@@ -66,6 +68,8 @@ class TrainerConfig:
     rewards: RewardTable = field(default_factory=RewardTable)
     rollouts: RolloutConfig = field(default_factory=RolloutConfig)
     offpeak: OffPeakConfig | None = None  # borrow serving replicas for rollouts while user load is low
+    retry: RetryConfig = field(default_factory=RetryConfig)  # backoff of transient failures (Kafka, HTTP, disk)
+    announce_timeout_s: float = 15.0  # one attempt to put a new version on the weights topic
 
 
 class TrainerMetrics:
@@ -89,6 +93,10 @@ class TrainerMetrics:
         self.tokens_per_s = Gauge("flywheel_trainer_tokens_per_s", "Trained tokens per second, last step", registry=r)
         self.version = Gauge("flywheel_trainer_published_version", "Newest version published", registry=r)
         self.step = Gauge("flywheel_trainer_step", "Updates done", registry=r)
+        self.failures = Counter("flywheel_trainer_failures", "Failures the daemon lived through, by stage "
+                                "(ingest, sample, update, rollout_http, rollout_group, publish, announce) and cause",
+                                ["stage", "cause"], registry=r)
+        r.register(sandbox.CONTAINED)  # flywheel_sandbox_contained_total{kind}: reward hacking, contained
 
 
 class Trainer:
@@ -120,7 +128,9 @@ class Trainer:
         self.history: dict[str, dict] = {}  # version -> reward/acceptance sums for the plot
         self.rolled_back: set[int] = set()  # versions a canary trial rolled back (weights topic)
         self.metrics = TrainerMetrics()
-        self.rollouts = RolloutSource(cfg.rollouts)
+        self.failures = Failures(self.metrics.failures, cfg.retry)
+        self.rollouts = RolloutSource(cfg.rollouts, self.failures)
+        self.pending_announcements: list[dict] = []  # published to the store, not yet on the weights topic
         self._consumer = None
         self._resume()
 
@@ -145,11 +155,12 @@ class Trainer:
         latest = self._latest()
         if latest is None:
             return
-        state = torch.load(latest / "trainer.pt", weights_only=False)
+        # Tensors and plain state only: a checkpoint file cannot carry code to run at the next resume.
+        state = torch.load(latest / "trainer.pt", weights_only=True)
         self.model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["optimizer"])
         self.joiner.load_state(state["joiner"])
-        self.buffer = state["buffer"]
+        self.buffer = [Sample.from_state(d) for d in state["buffer"]]
         self.offsets = state["offsets"]
         self.step, self.version, self.baseline = state["step"], state["version"], state["baseline"]
         self.history = state.get("history", {})
@@ -171,7 +182,8 @@ class Trainer:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         torch.save({"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
-                    "joiner": self.joiner.state(), "buffer": self.buffer, "offsets": dict(self.offsets),
+                    "joiner": self.joiner.state(), "buffer": [b.state() for b in self.buffer],
+                    "offsets": dict(self.offsets),
                     "step": self.step, "version": self.version, "baseline": self.baseline,
                     "history": self.history, "rolled_back": sorted(self.rolled_back)}, tmp / "trainer.pt")
         (self.ledger / f"{name}.json.tmp").write_text(json.dumps(self.trained_since_ckpt))
@@ -236,10 +248,18 @@ class Trainer:
         return self._consumer
 
     def ingest(self) -> int:
-        c = self.consumer()
-        if c is None:
+        if not self.failures.ready("ingest"):
+            time.sleep(self.cfg.poll_ms / 1000)
             return 0
-        batch = c.poll(timeout_ms=self.cfg.poll_ms)
+        try:
+            c = self.consumer()
+            if c is None:
+                return 0
+            batch = c.poll(timeout_ms=self.cfg.poll_ms)
+        except Exception as e:  # the broker is away: keep training what is buffered, try again later
+            self.failures.failed("ingest", e)
+            return 0
+        self.failures.succeeded("ingest")
         n = 0
         for tp, records in batch.items():
             for r in records:
@@ -264,6 +284,8 @@ class Trainer:
             record = json.loads(raw)
         except ValueError:
             return
+        if not isinstance(record, dict):
+            return
         if record.get("type") == "rollback" and isinstance(record.get("version"), int):
             if record["version"] not in self.rolled_back:
                 log.info("v%d was rolled back (%s): its samples are %s", record["version"], record.get("reason"),
@@ -271,10 +293,22 @@ class Trainer:
             self.rolled_back.add(record["version"])
 
     # ------------------------------------------------------------------ update
+    def _problem(self, s: Sample) -> str | None:
+        c = self.model.cfg
+        return s.problem(c.vocab_size, c.num_hidden_layers, c.num_experts_per_tok, c.num_experts)
+
+    def _invalid(self, s: Sample, problem: str) -> None:
+        self.metrics.dropped.labels("invalid").inc()
+        self.failures.failed("sample", InvalidSample(f"{s.key}: {problem}"), retry=False)
+        if s.source == "user":
+            self.trained_since_ckpt.append({"key": s.key, "events": list(s.event_ids), "dropped": "invalid"})
+
     def _take_batch(self) -> list[Sample]:
         fresh, batch = [], []
         for s in self.buffer:
-            if s.model_version in self.rolled_back and not self.cfg.train_on_rolled_back:
+            if (problem := self._problem(s)) is not None:
+                self._invalid(s, problem)
+            elif s.model_version in self.rolled_back and not self.cfg.train_on_rolled_back:
                 self.metrics.dropped.labels("rolled_back").inc()
                 self.trained_since_ckpt.append({"key": s.key, "events": list(s.event_ids), "dropped": "rolled_back"})
             elif self.version - s.model_version > self.cfg.staleness:
@@ -290,13 +324,28 @@ class Trainer:
         rollouts, pass_rates = self.rollouts.samples(self.step)
         if len(self.buffer) + len(rollouts) < (1 if force else self.cfg.min_batch):
             return None
-        samples = self._take_batch() + rollouts
+        valid_rollouts = []
+        for s in rollouts:
+            if (problem := self._problem(s)) is not None:
+                self._invalid(s, problem)
+            else:
+                valid_rollouts.append(s)
+        samples = self._take_batch() + valid_rollouts
         samples = [s for s in samples if s.n_tokens > 0]
         if not samples:
             return None
-        adv, self.baseline = advantages(samples, self.cfg.loss, self.baseline)
-        share_batch(samples, adv)
-        m = update(self.model, self.ref, self.opt, samples, adv, self.cfg.loss, self.cfg.optim)
+        try:
+            adv, self.baseline = advantages(samples, self.cfg.loss, self.baseline)
+            share_batch(samples, adv)
+            m = update(self.model, self.ref, self.opt, samples, adv, self.cfg.loss, self.cfg.optim)
+        except Exception as e:  # a batch the checks let through and the update cannot take: skip it, go on
+            self.failures.failed("update", e, retry=False)
+            self.opt.zero_grad(set_to_none=True)
+            for s in samples:
+                if s.source == "user":
+                    self.trained_since_ckpt.append({"key": s.key, "events": list(s.event_ids),
+                                                    "dropped": "update_failed"})
+            return None
         self.step += 1
         for s in samples:
             self.metrics.samples.labels(s.source).inc()
@@ -324,17 +373,24 @@ class Trainer:
         return m
 
     # ------------------------------------------------------------------ publish
-    def publish(self) -> int | None:
-        if self.cfg.publish_store is None or self.rank != 0:
-            return None
-        from weight_sync.publish import PublishConfig, publish
-        from weight_sync.store import Store
+    def _publish_config(self):
+        from weight_sync.publish import PublishConfig
 
-        pcfg = PublishConfig(store=self.cfg.publish_store, private_key=self.cfg.publish_key,
+        return PublishConfig(store=self.cfg.publish_store, private_key=self.cfg.publish_key,
                              kafka_bootstrap=self.cfg.kafka_bootstrap, store_url=self.cfg.publish_store_url,
                              canary=self.cfg.publish_canary)
+
+    def publish(self) -> int | None:
+        """The current weights as the next version in the store; its announcement follows (announce())."""
+        if self.cfg.publish_store is None or self.rank != 0:
+            return None
+        from weight_sync.publish import publish
+        from weight_sync.store import Store
+
+        pcfg = self._publish_config()
         if Store(self.cfg.publish_store).latest() is None:
-            publish(self.cfg.model_dir, pcfg)  # v0 = the starting model, the version the fleet serves first
+            # v0 = the starting model, the version the fleet serves first
+            self.pending_announcements.append(publish(self.cfg.model_dir, pcfg, announce_now=False).announcement)
         out = self.work / "published" / f"step-{self.step:08d}"
         shutil.rmtree(out, ignore_errors=True)
         save_pretrained(self.model, out, torch.bfloat16)
@@ -342,15 +398,35 @@ class Trainer:
             if name != "config.json" and (Path(self.cfg.model_dir) / name).exists():
                 shutil.copyfile(Path(self.cfg.model_dir) / name, out / name)
         shutil.copyfile(Path(self.cfg.model_dir) / "config.json", out / "config.json")  # the served config, as is
-        result = publish(out, pcfg)
+        result = publish(out, pcfg, announce_now=False)
+        self.pending_announcements.append(result.announcement)
         self.version = result.version
         self.metrics.version.set(self.version)
         self.last_publish = time.monotonic()
         for old in sorted((self.work / "published").glob("step-*"))[:-2]:
             shutil.rmtree(old, ignore_errors=True)
-        self.plot()
         log.info("published v%d at step %d (%s, %.1fx)", result.version, self.step, result.kind, result.ratio)
+        self.announce()
+        try:
+            self.plot()
+        except Exception as e:  # a figure is not worth a failed publish
+            log.warning("reward plot not written: %s", e)
         return result.version
+
+    def announce(self) -> bool:
+        """Put published versions on the weights topic, oldest first. One that fails (the broker away)
+        stays pending and is retried after backoff; True when nothing is pending."""
+        from weight_sync.publish import announce
+
+        while self.pending_announcements and self.failures.ready("announce"):
+            try:
+                announce(self._publish_config(), self.pending_announcements[0], self.cfg.announce_timeout_s)
+            except Exception as e:
+                self.failures.failed("announce", e, retry=True)
+                return False
+            self.pending_announcements.pop(0)
+            self.failures.succeeded("announce")
+        return not self.pending_announcements
 
     def plot(self) -> None:
         import matplotlib
@@ -395,10 +471,17 @@ class Trainer:
                 elif not consumed and self.step != saved_step:
                     self.save()  # caught up and idle: do not leave trained steps outside a checkpoint
                     saved_step = self.step
-                if time.monotonic() - self.last_publish >= self.cfg.publish_interval_s:
-                    self.save()
-                    saved_step = self.step
-                    self.publish()
+                if (time.monotonic() - self.last_publish >= self.cfg.publish_interval_s
+                        and self.failures.ready("publish")):
+                    if self.step != saved_step:  # a second save of one step would rewrite its ledger
+                        self.save()
+                        saved_step = self.step
+                    try:
+                        self.publish()
+                        self.failures.succeeded("publish")
+                    except Exception as e:  # store or disk trouble: the weights wait for the next try
+                        self.failures.failed("publish", e, retry=True)
+                self.announce()
             if self.step != saved_step:
                 self.save()
         finally:

@@ -10,6 +10,23 @@ mkdir -p "$home"
 exec 9>"$home/setup.lock"
 flock 9  # two set-ups at once would race on the venv
 
+# System packages from Debian, installed only when missing: bubblewrap for the sandbox that runs
+# model-written code, and Debian's python3.11, the interpreter inside it (one an unprivileged uid can read).
+need=()
+command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
+[ -x /usr/bin/python3.11 ] || need+=(python3.11)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing ${need[*]} from Debian"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  else
+    echo "setup: missing system packages: ${need[*]}. Install them as root (apt-get install ${need[*]});" \
+         "the sandbox refuses to run model-written code without them." >&2
+    exit 1
+  fi
+fi
+
 if [ ! -x "$venv/bin/python" ]; then
   echo "setup: creating virtualenv $venv"
   "$python" -m venv "$venv"

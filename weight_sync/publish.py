@@ -45,22 +45,34 @@ class PublishResult:
     published_bytes: int
     changed_share: float
     seconds: float
+    announcement: dict | None = None  # the weights-topic record (sent unless publish(announce=False))
 
     @property
     def ratio(self) -> float:
         return self.raw_bytes / max(1, self.published_bytes)
 
 
-def _kafka_send(bootstrap: str, record: dict) -> None:
+def _kafka_send(bootstrap: str, record: dict, timeout_s: float = 30.0) -> None:
     from kafka import KafkaProducer
 
+    # Bounded waits: a broker that is down fails this call in about timeout_s, and the caller retries.
+    # The record expires with it (delivery timeout), so close() has nothing left to flush.
+    ms = int(timeout_s * 1000)
     producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
-                             compression_type="zstd", client_id="flywheel-publisher")
+                             compression_type="zstd", client_id="flywheel-publisher", max_block_ms=ms,
+                             request_timeout_ms=ms // 2, delivery_timeout_ms=ms)
     try:
         # One key for every weights record: a single partition keeps versions and activations in order.
-        producer.send(TOPIC_WEIGHTS, key=b"weights", value=json.dumps(record).encode()).get(timeout=30)
+        producer.send(TOPIC_WEIGHTS, key=b"weights", value=json.dumps(record).encode()).get(timeout=timeout_s + 5)
     finally:
         producer.close(timeout=5)
+
+
+def announce(cfg: PublishConfig, record: dict, timeout_s: float = 30.0) -> None:
+    """Put a version's announcement on the weights topic (publish() does this unless told not to; a
+    caller that retries a failed announcement calls it again with the same record)."""
+    if cfg.kafka_bootstrap:
+        _kafka_send(cfg.kafka_bootstrap, record, timeout_s)
 
 
 def _replace_dir(src: Path, dst: Path) -> None:
@@ -72,7 +84,11 @@ def _replace_dir(src: Path, dst: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def publish(checkpoint: Path, cfg: PublishConfig, version: int | None = None, force_full: bool = False) -> PublishResult:
+def publish(checkpoint: Path, cfg: PublishConfig, version: int | None = None, force_full: bool = False,
+            announce_now: bool = True) -> PublishResult:
+    """Publish `checkpoint` as the next version. With announce_now=False the version is in the store but
+    not yet on the weights topic: the caller sends `result.announcement` with announce() (and retries it
+    on its own if the broker is away)."""
     t0 = time.monotonic()
     store = Store(cfg.store)
     key = load_private(cfg.private_key)
@@ -145,13 +161,13 @@ def publish(checkpoint: Path, cfg: PublishConfig, version: int | None = None, fo
     result = PublishResult(version=version, base_version=manifest.base_version, kind=kind, raw_bytes=raw_bytes,
                            published_bytes=manifest.nbytes_compressed + len(body),
                            changed_share=changed / max(1, total), seconds=time.monotonic() - t0)
-    if cfg.kafka_bootstrap:
-        location = (f"{cfg.store_url}/versions/{version}/manifest.json" if cfg.store_url
-                    else str(store.version_dir(version) / "manifest.json"))
-        record = announcement(manifest, location, codec.digest(body))
-        if cfg.canary:
-            record["canary"] = True
-        _kafka_send(cfg.kafka_bootstrap, record)
+    location = (f"{cfg.store_url}/versions/{version}/manifest.json" if cfg.store_url
+                else str(store.version_dir(version) / "manifest.json"))
+    result.announcement = announcement(manifest, location, codec.digest(body))
+    if cfg.canary:
+        result.announcement["canary"] = True
+    if announce_now:
+        announce(cfg, result.announcement)
     log.info("published v%d (%s, base %s): %.1f MB -> %.2f MB (%.1fx), %.1f%% changed, %.2fs", version, kind,
              manifest.base_version, raw_bytes / 2**20, result.published_bytes / 2**20, result.ratio,
              100 * result.changed_share, result.seconds)

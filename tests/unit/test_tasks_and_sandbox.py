@@ -1,4 +1,7 @@
 """Tasks are judged by running code, and the sandbox holds candidates to their limits."""
+import functools
+import json
+
 import pytest
 
 from online_rl import sandbox, tasks
@@ -41,23 +44,43 @@ def test_equivalent_code_passes_regardless_of_text():
 
 
 @pytest.mark.timeout(60)
-def test_limits_and_isolation():
+def test_limits_are_counted_by_kind():
     t = tasks.Task("add", 3, "x")
     bodies = {
         "loop": "    while True:\n        pass\n",
         "memory": "    return len(bytearray(10 ** 10))\n",
         "syntax": "  return (\n",
-        "network": "    import socket\n    socket.create_connection(('93.184.216.34', 80), timeout=2)\n    return x + 3\n",
         "peek": "    import gc\n    return [o for o in gc.get_objects() if isinstance(o, dict) and 'expected' in o][0]\n",
     }
     v = dict(zip(bodies, sandbox.run([sandbox.candidate_for(t, b) for b in bodies.values()],
                                      sandbox.SandboxConfig(cpu_seconds=1, wall_seconds=3))))
     assert v["loop"].error in ("cpu time limit", "wall time limit")
-    assert v["memory"].passed == 0
-    assert v["syntax"].error.startswith("does not load")
-    assert v["peek"].passed == 0  # expected outputs never enter the sandbox
-    if sandbox.network_isolated():
-        assert v["network"].passed == 0
+    assert v["memory"].passed == 0 and "memory" in v["memory"].contained
+    assert v["syntax"].error.startswith("does not load") and v["syntax"].contained == ()
+    assert v["peek"].passed == 0 and "introspection" in v["peek"].contained  # expected outputs never enter
+
+
+def _reply(*messages) -> bytes:
+    return b"".join(json.dumps(m).encode() + b"\n" for m in messages)
+
+
+def test_result_channel_is_judged_like_an_honest_evaluator():
+    """What comes back is parsed, never trusted: literals only, exactly one result, raises by name."""
+    c = sandbox.Candidate("", "f", [1, 2, 3], [repr(4), repr([5]), repr("<raises ValueError>")])
+    judge = functools.partial(sandbox._verdict, c, sandbox.SandboxConfig())
+    ok = {"result": {"outputs": [{"repr": "4"}, {"repr": "[5]"}, {"raises": "ValueError"}]}}
+    assert judge(_reply(ok), 0, None).passed == 3
+    assert judge(_reply({"attempt": "network"}, ok), 0, None).contained == ("network",)
+    fake = {"result": {"outputs": [{"repr": "__import__('os')"}, {"repr": "[5]"}, {"repr": "1"}]}}
+    assert judge(_reply(fake), 0, None).passed == 1  # not a literal: never equal
+    assert judge(_reply(ok, ok), 0, None).error == "more than one result"
+    assert judge(_reply({"result": {"passed": 3}}), 0, None).error == "malformed result"
+    assert judge(b"garbage\n" + _reply(ok), 0, None).contained == ("bad_output",)
+    assert judge(b"", 0, None).contained == ("early_exit",)
+    assert judge(b"", 128 + 24, None).error == "cpu time limit"
+    assert judge(b"", 128 + 11, None).contained == ("crash",)
+    assert judge(_reply({"attempt": "signal"}), 128 + 9, None).contained == ("crash", "signal")
+    assert judge(_reply(ok), 0, "wall_time").reward == 0
 
 
 def test_unknown_split_is_an_error():

@@ -14,8 +14,11 @@ cache, {repo_file} / {repo_dir} the checkout, {ports} loopback ports with real s
 """
 from __future__ import annotations
 
+import hashlib
+import os
 import textwrap
 from dataclasses import dataclass
+from pathlib import Path
 
 from online_rl import tasks
 
@@ -369,3 +372,23 @@ def render(case: Hostile, **values):
     from online_rl import sandbox
 
     return sandbox.candidate_for(TASK, case.completion(**values))
+
+
+def fingerprint(root: Path) -> str:
+    """Every path under `root` with its size, mtime and mode (bytecode caches aside: imports write them)."""
+    h = hashlib.sha256()
+    for top, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in ("__pycache__", ".pytest_cache", ".git"))
+        for name in sorted(files):
+            p = os.path.join(top, name)
+            try:
+                st = os.lstat(p)
+            except FileNotFoundError:
+                continue
+            h.update(f"{p}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_mode}\n".encode())
+    return h.hexdigest()
+
+
+def contained(case: Hostile, verdict) -> bool:
+    """The honest reward, and the attempt seen for what it was."""
+    return verdict.reward == case.honest and (case.kind is None or case.kind in verdict.contained)

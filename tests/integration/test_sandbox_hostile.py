@@ -7,7 +7,6 @@ The broker and the gateway are the real ones of the test session, so "connect to
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import socket
 import time
@@ -20,24 +19,10 @@ import pytest
 from flywheel.paths import REPO_ROOT, flywheel_home
 from online_rl import sandbox
 from tests import hostile_candidates as hc
+from tests.hostile_candidates import fingerprint
 
 pytestmark = pytest.mark.timeout(300)
 CFG = sandbox.SandboxConfig(cpu_seconds=1, wall_seconds=3.0)
-
-
-def fingerprint(root: Path) -> str:
-    """Every path under `root` with its size, mtime and mode (bytecode caches aside: imports write them)."""
-    h = hashlib.sha256()
-    for top, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d not in ("__pycache__", ".pytest_cache", ".git"))
-        for name in sorted(files):
-            p = os.path.join(top, name)
-            try:
-                st = os.lstat(p)
-            except FileNotFoundError:
-                continue
-            h.update(f"{p}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_mode}\n".encode())
-    return h.hexdigest()
 
 
 def sandbox_processes() -> list[psutil.Process]:
@@ -90,7 +75,7 @@ def test_corpus_is_contained(secrets, kafka_bootstrap, gateway):
     elapsed = time.monotonic() - t0
 
     wrong = [(c.name, c.honest, v) for c, v in zip(hc.CASES + hc.LEFTOVER_PAIR, verdicts + pair)
-             if v.reward != c.honest or (c.kind and c.kind not in v.contained)]
+             if not hc.contained(c, v)]
     assert not wrong, "\n".join(f"{n}: honest reward {h}, got {v}" for n, h, v in wrong)
     assert wait_no_sandbox_processes() == []
     assert fingerprint(flywheel_home()) == before["cache"]

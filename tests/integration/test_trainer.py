@@ -291,3 +291,40 @@ def test_batch_invariant_switch_makes_logprobs_independent_of_the_batch(test_mod
         assert torch.equal(logprobs([longest, *others], 1), alone)  # padded to the longest: still equal
     finally:
         bi.set_enabled(False)
+
+
+class _RunsCode:
+    """A pickle that runs a command when loaded with weights_only=False."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_checkpoint_round_trips_as_plain_state_and_refuses_pickled_code(test_model, tmp_path):
+    import pickle
+
+    cfg = TrainerConfig(model_dir=test_model, work_dir=tmp_path / "t")
+    trainer = Trainer(cfg)
+    c = trainer.model.cfg
+    trainer.buffer = [Sample(key="k", prompt_ids=np.array([0, 5], np.int32), output_ids=np.array([6, 7], np.int32),
+                             behaviour_logprobs=np.array([-1.0, -2.0], np.float32),
+                             routed_experts=np.ones((3, c.num_hidden_layers, c.num_experts_per_tok), np.uint8),
+                             reward=0.75, model_version=3, event_ids=("a", "b"))]
+    trainer.step = 5
+    trainer.save()
+    again = Trainer(cfg)
+    (s,) = again.buffer
+    assert again.step == 5 and s.key == "k" and s.event_ids == ("a", "b") and s.model_version == 3
+    assert np.array_equal(s.routed_experts, trainer.buffer[0].routed_experts) and s.routed_experts.dtype == np.uint8
+
+    # A checkpoint that carries code (someone wrote into the trainer's directory): refused, not run.
+    latest = trainer._latest() / "trainer.pt"
+    state = torch.load(latest, weights_only=True)
+    state["history"] = {"0": _RunsCode(tmp_path / "ran")}
+    torch.save(state, latest)
+    with pytest.raises(pickle.UnpicklingError):
+        Trainer(cfg)
+    assert not (tmp_path / "ran").exists()

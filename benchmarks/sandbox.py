@@ -50,7 +50,7 @@ def corpus() -> dict:
         print(f"{'contained' if good else 'ESCAPED  '} {c.name:32s} reward {v.reward:.1f} {','.join(v.contained)}")
     time.sleep(0.5)
     orphans = sum(1 for p in psutil.process_iter(["uids"])
-                  if CFG.outer_uid_base <= p.info["uids"].real < CFG.outer_uid_base + 64 and p.status() != "zombie")
+                  if CFG.outer_uid_base <= p.info["uids"].real < CFG.outer_uid_base + sandbox.UID_SPAN and p.status() != "zombie")
     changed = (hc.fingerprint(flywheel_home()), hc.fingerprint(REPO_ROOT)) != before
     kinds = Counter(k for v in verdicts for k in v.contained)
     return {"cases": len(cases), "contained": sum(ok), "escapes": len(cases) - sum(ok) + int(changed),

@@ -12,10 +12,10 @@ gives. What a hostile candidate tried (or what limit stopped it) is counted by k
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import logging
 import os
-import queue
 import selectors
 import shutil
 import signal
@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 CONTAINED = Counter("flywheel_sandbox_contained", "Hostile candidate attempts the sandbox contained, by kind",
                     ["kind"], registry=None)  # registered by whoever serves /metrics (the trainer)
 STDERR_CAP = 64 << 10
+UID_SPAN = 4096 * 64  # outer uids: 64 concurrent slots for each of 4096 process ids (pid mod 4096)
 
 
 @dataclass
@@ -51,7 +52,7 @@ class SandboxConfig:
     tmpfs_mb: int = 16  # size of each of its tmpfs mounts (work dir, /tmp)
     result_bytes: int = 1 << 20  # the result channel's cap: past it the run is killed
     workers: int = 0  # candidates judged at once (0: one per core)
-    outer_uid_base: int = 3_000_000  # as root: bwrap runs as uid base + slot (unprivileged, one per slot)
+    outer_uid_base: int = 3_000_000  # as root: bwrap runs as an unprivileged uid of [base, base + UID_SPAN)
 
     def limits(self) -> Limits:
         return Limits(cpu_seconds=self.cpu_seconds, memory_mb=self.memory_mb, file_bytes=self.file_bytes,
@@ -262,6 +263,27 @@ def _judge(cand: Candidate, cfg: SandboxConfig, uid: int | None, bare: bool) -> 
     return _verdict(cand, cfg, out, code, why)
 
 
+_slots_lock = threading.Lock()
+_slots_busy: set[int] = set()
+
+
+@contextlib.contextmanager
+def _outer_uid(cfg: SandboxConfig):
+    """The uid bwrap runs as (when we are root): distinct for every sandbox running at once in this
+    process, and apart from other processes' (by pid), so each has its own process limit."""
+    if os.geteuid() != 0:
+        yield None
+        return
+    with _slots_lock:
+        slot = next(i for i in range(len(_slots_busy) + 1) if i not in _slots_busy)
+        _slots_busy.add(slot)
+    try:
+        yield cfg.outer_uid_base + (os.getpid() % 4096) * 64 + slot % 64
+    finally:
+        with _slots_lock:
+            _slots_busy.discard(slot)
+
+
 _checked = threading.Event()
 _check_lock = threading.Lock()
 
@@ -274,8 +296,8 @@ def check(cfg: SandboxConfig | None = None) -> None:
         if _checked.is_set():
             return
         probe = Candidate("def f(x):\n    return x + 1\n", "f", [1], ["2"])
-        uid = (cfg or SandboxConfig()).outer_uid_base if os.geteuid() == 0 else None
-        v = _judge(probe, SandboxConfig(wall_seconds=30), uid, bare=False)
+        with _outer_uid(cfg or SandboxConfig()) as uid:
+            v = _judge(probe, SandboxConfig(wall_seconds=30), uid, bare=False)
         if not v.ok:
             raise SandboxUnavailable(f"the sandbox does not judge a trivial candidate ({v.error})")
         _checked.set()
@@ -292,16 +314,12 @@ def run(candidates: list[Candidate], cfg: SandboxConfig | None = None, *, bare: 
     if not bare:
         check(cfg)
     workers = min(len(candidates), cfg.workers or os.cpu_count() or 1)
-    slots: queue.Queue[int | None] = queue.Queue()
-    for i in range(workers):
-        slots.put(cfg.outer_uid_base + i if (os.geteuid() == 0 and not bare) else None)
 
     def one(c: Candidate) -> Verdict:
-        uid = slots.get()
-        try:
+        if bare:
+            return _judge(c, cfg, None, bare)
+        with _outer_uid(cfg) as uid:
             return _judge(c, cfg, uid, bare)
-        finally:
-            slots.put(uid)
 
     if workers == 1:
         verdicts = [one(c) for c in candidates]

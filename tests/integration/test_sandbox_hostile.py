@@ -30,7 +30,7 @@ def sandbox_processes() -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter(["uids", "status"]):
         try:
-            if low <= p.info["uids"].real < low + 64 and p.info["status"] != psutil.STATUS_ZOMBIE:
+            if low <= p.info["uids"].real < low + sandbox.UID_SPAN and p.info["status"] != psutil.STATUS_ZOMBIE:
                 found.append(p)
         except (psutil.Error, TypeError):
             pass

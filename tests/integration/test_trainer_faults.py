@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -74,7 +73,7 @@ def test_trainer_survives_each_failure_mid_run(test_model, gateway, tmp_path, mo
 
         generate_key(tmp_path / "k.pem", tmp_path / "k.pub")
         work = tmp_path / "trainer"
-        (work).mkdir()
+        work.mkdir()
         (work / "published").write_text("a file where the publisher writes its checkpoint directory")
         cfg = TrainerConfig(
             model_dir=test_model, work_dir=work, kafka_bootstrap=broker.bootstrap, group_id="faults",

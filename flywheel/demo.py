@@ -47,14 +47,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _trainer(cfg: DemoConfig, fleet, model: Path, out: Path) -> subprocess.Popen:
     from flywheel.paths import REPO_ROOT
+    from flywheel.procs import spawn
 
     cmd = [sys.executable, "-m", "flywheel", "train", "--model", str(model), "--work-dir", str(out / "trainer"),
            "--kafka", fleet.broker.bootstrap, "--publish-interval", str(cfg.publish_interval_s),
            "--store", str(fleet.store_root), "--key", str(fleet.signing_key), "--store-url", fleet.store_url,
            "--lr", str(cfg.lr), "--threads", "1"]
     with open(out / "logs" / "trainer.log", "ab") as log:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+        return spawn(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
 def _line(t0: float, pop, fleet) -> str:

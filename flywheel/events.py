@@ -17,6 +17,7 @@ import numpy as np
 TOPIC_COMPLETIONS = "completions"
 TOPIC_FEEDBACK = "feedback"
 TOPIC_WEIGHTS = "weights"
+TOPIC_DEADLETTER = "events.deadletter"  # stubs of events too large for the broker (kept whole on disk)
 
 COMPLETION_SCHEMA = "flywheel.completion.v1"
 FEEDBACK_SCHEMA = "flywheel.feedback.v1"

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flywheel.paths import flywheel_home
-from flywheel.procs import free_port, pid_alive, read_state, stop_recorded, tail, wait_until, write_state
+from flywheel.procs import free_port, identity, read_state, same_process, spawn, stop_recorded, tail, wait_until, write_state
 
 POM = Path(__file__).resolve().parent / "kafka_maven" / "pom.xml"
 STATE_FILE = "broker.json"  # present while a broker runs
@@ -182,7 +182,7 @@ def metadata_ok(bootstrap: str, timeout_s: float = 5.0) -> bool:
 def running(data_dir: Path) -> Broker | None:
     """The broker recorded in data_dir, if its process is alive."""
     state = read_state(Path(data_dir) / STATE_FILE)
-    if not state or not pid_alive(state["pid"]):
+    if not state or not same_process(state):
         return None
     return Broker(pid=state["pid"], bootstrap=state["bootstrap"], data_dir=Path(data_dir),
                   log_file=Path(state["log_file"]))
@@ -226,12 +226,12 @@ def start(cfg: BrokerConfig | None = None) -> Broker:
     write_state(data_dir / PORTS_FILE, {"port": port, "controller_port": cport})
 
     stdout = open(data_dir / "broker.stdout", "ab")
-    proc = subprocess.Popen(jvm + ["kafka.Kafka", str(props)], stdout=stdout, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True, cwd=data_dir)
+    proc = spawn(jvm + ["kafka.Kafka", str(props)], stdout=stdout, stderr=subprocess.STDOUT,
+                 stdin=subprocess.DEVNULL, cwd=data_dir)
     stdout.close()
     bootstrap = f"127.0.0.1:{port}"
     broker = Broker(pid=proc.pid, bootstrap=bootstrap, data_dir=data_dir, log_file=log_file)
-    write_state(data_dir / STATE_FILE, {"pid": proc.pid, "bootstrap": bootstrap, "port": port,
+    write_state(data_dir / STATE_FILE, {**identity(proc.pid), "bootstrap": bootstrap, "port": port,
                                         "controller_port": cport, "log_file": str(log_file),
                                         "version": pinned_version(), "started": time.time()})
     try:
@@ -255,13 +255,21 @@ def ensure_topics(bootstrap: str, partitions: int = 4) -> None:
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="flywheel-topics")
     try:
         existing = set(admin.list_topics())
+        # The weights topic is never aged out: a new agent replays every decision (a pin from last year
+        # included), and its records are a few hundred bytes per version.
         want = [NewTopic(ev.TOPIC_COMPLETIONS, partitions, 1), NewTopic(ev.TOPIC_FEEDBACK, partitions, 1),
-                NewTopic(ev.TOPIC_WEIGHTS, 1, 1)]
+                NewTopic(ev.TOPIC_WEIGHTS, 1, 1, topic_configs={"retention.ms": "-1", "retention.bytes": "-1"}),
+                NewTopic(ev.TOPIC_DEADLETTER, 1, 1)]
         missing = [t for t in want if t.name not in existing]
         if missing:
             try:
                 admin.create_topics(missing)
             except TopicAlreadyExistsError:
                 pass
+        if ev.TOPIC_WEIGHTS in existing:  # made before this rule (or auto-created): set it now
+            from kafka.admin import ConfigResource, ConfigResourceType
+
+            admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, ev.TOPIC_WEIGHTS,
+                                                configs={"retention.ms": "-1", "retention.bytes": "-1"})])
     finally:
         admin.close()

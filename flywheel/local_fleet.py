@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flywheel.paths import REPO_ROOT
-from flywheel.procs import free_port, stop_pid, tail, wait_until
+from flywheel.procs import free_port, spawn, stop_pid, tail, wait_until
 
 
 @dataclass
@@ -165,9 +165,8 @@ class LocalFleet:
     def _python(self, args: list[str], log_name: str) -> subprocess.Popen:
         (self.out / "logs").mkdir(parents=True, exist_ok=True)
         with open(self.out / "logs" / log_name, "ab") as log:
-            return subprocess.Popen([sys.executable, "-m", "flywheel", *args], cwd=REPO_ROOT, stdout=log,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                                    env=_child_env())
+            return spawn([sys.executable, "-m", "flywheel", *args], cwd=REPO_ROOT, stdout=log,
+                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=_child_env())
 
     def _spawn_store(self) -> str:
         port = free_port()

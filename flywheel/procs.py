@@ -1,13 +1,62 @@
 """Process and port helpers for the servers Flywheel starts on loopback (broker, replicas, gateway)."""
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
 import socket
+import subprocess
 import time
 from pathlib import Path
 from typing import Callable
+
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)  # loaded here, never between fork and exec
+
+
+def _die_with(parent: int):
+    """preexec_fn: the child gets SIGTERM when its parent dies, however it dies (kill -9, a second Ctrl-C
+    in pytest, an OOM kill). Checked once more after arming it: the parent may already be gone."""
+    def arm() -> None:
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:
+            os._exit(1)
+    return arm
+
+
+def spawn(cmd: list[str], **kw) -> subprocess.Popen:
+    """Start a server process: its own session (its process group holds its children), and it goes when
+    the process that started it goes. Call it from a thread that lives as long as the server should:
+    Linux ties the parent-death signal to the thread that forked."""
+    return subprocess.Popen(cmd, start_new_session=True, preexec_fn=_die_with(os.getpid()), **kw)
+
+
+def identity(pid: int) -> dict:
+    """What tells this process apart from a later one that reuses its pid: boot id, start time, command."""
+    with open(f"/proc/{pid}/stat") as f:
+        start = int(f.read().rsplit(")", 1)[1].split()[19])
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        boot = f.read().strip()
+    return {"pid": pid, "boot_id": boot, "start_ticks": start, "cmdline": cmd[:500]}
+
+
+def same_process(recorded: dict) -> bool:
+    """True if the process a state file recorded is still the one running under that pid. A state file
+    from before a reboot, or whose process died and whose pid was reused, must not make us kill a
+    stranger. Records without an identity (older state files) are trusted by pid alone."""
+    pid = recorded.get("pid")
+    if not isinstance(pid, int) or not pid_alive(pid):
+        return False
+    if "start_ticks" not in recorded:
+        return True
+    try:
+        now = identity(pid)
+    except OSError:
+        return False
+    return all(now[k] == recorded[k] for k in ("boot_id", "start_ticks", "cmdline"))
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -75,7 +124,12 @@ def stop_pid(pid: int, timeout: float = 20.0) -> bool:
 
 
 def stop_recorded(pid: int, state_file: Path, timeout: float = 30.0) -> bool:
-    """stop_pid, then forget the state file that recorded this pid (if it still records this one)."""
+    """stop_pid, then forget the state file that recorded this pid (if it still records this one). A
+    state file whose process is not the one now running under that pid is forgotten without a kill."""
+    state = read_state(state_file)
+    if state and state.get("pid") == pid and not same_process(state):
+        state_file.unlink(missing_ok=True)
+        return True
     ok = stop_pid(pid, timeout=timeout)
     state = read_state(state_file)
     if ok and state and state.get("pid") == pid:

@@ -26,6 +26,7 @@ import torch
 from flywheel import events as ev
 from kernels import batch_invariant as bi
 from online_rl import sandbox
+from online_rl.checkpoints import Checkpoints
 from online_rl.failures import Failures, RetryConfig
 from online_rl.loss import LossConfig, advantages
 from online_rl.model import load_pretrained, save_pretrained
@@ -107,10 +108,7 @@ class Trainer:
         bi.set_enabled(cfg.batch_invariant)
         torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // self.world))
         self.work = Path(cfg.work_dir)
-        self.ckpt_root = self.work / "checkpoints"
-        self.ledger = self.work / "ledger"
-        for d in (self.ckpt_root, self.ledger):
-            d.mkdir(parents=True, exist_ok=True)
+        self.checkpoints = Checkpoints(self.work)
         self.ref = load_pretrained(cfg.model_dir).eval() if cfg.loss.kl_coef else None
         if self.ref is not None:
             for p in self.ref.parameters():
@@ -145,18 +143,12 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoint (exactly once)
     def _latest(self) -> Path | None:
-        pointer = self.ckpt_root / "LATEST"
-        if not pointer.exists():
-            return None
-        path = self.ckpt_root / pointer.read_text().strip()
-        return path if path.exists() else None
+        return self.checkpoints.latest()
 
     def _resume(self) -> None:
-        latest = self._latest()
-        if latest is None:
+        state = self.checkpoints.load()
+        if state is None:
             return
-        # Tensors and plain state only: a checkpoint file cannot carry code to run at the next resume.
-        state = torch.load(latest / "trainer.pt", weights_only=True)
         self.model.load_state_dict(state["model"])
         self.opt.load_state_dict(state["optimizer"])
         self.joiner.load_state(state["joiner"])
@@ -165,38 +157,21 @@ class Trainer:
         self.step, self.version, self.baseline = state["step"], state["version"], state["baseline"]
         self.history = state.get("history", {})
         self.rolled_back = set(state.get("rolled_back", []))
-        # Ledger entries written by a save that never became LATEST belong to work that is redone now.
-        for f in self.ledger.glob("step-*.json"):
-            if int(f.stem.split("-")[1]) > self.step:
-                f.unlink()
         if self.rank == 0:
             log.info("resumed at step %d (version %d, %d buffered samples) from %s", self.step, self.version,
-                     len(self.buffer), latest)
+                     len(self.buffer), self.checkpoints.latest())
 
     def save(self) -> None:
-        """Everything needed to continue, in one directory made visible by one rename; then commit."""
+        """Everything needed to continue, committed as one new checkpoint (online_rl.checkpoints); then
+        the Kafka offsets it holds are committed to the group too."""
         if self.rank != 0:
             return
-        name = f"step-{self.step:08d}"
-        tmp = self.ckpt_root / f".{name}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        torch.save({"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
-                    "joiner": self.joiner.state(), "buffer": [b.state() for b in self.buffer],
-                    "offsets": dict(self.offsets),
-                    "step": self.step, "version": self.version, "baseline": self.baseline,
-                    "history": self.history, "rolled_back": sorted(self.rolled_back)}, tmp / "trainer.pt")
-        (self.ledger / f"{name}.json.tmp").write_text(json.dumps(self.trained_since_ckpt))
-        os.replace(self.ledger / f"{name}.json.tmp", self.ledger / f"{name}.json")
-        final = self.ckpt_root / name
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        pointer_tmp = self.ckpt_root / "LATEST.tmp"
-        pointer_tmp.write_text(name)
-        os.replace(pointer_tmp, self.ckpt_root / "LATEST")  # the commit point of the checkpoint
+        self.checkpoints.save({"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                               "joiner": self.joiner.state(), "buffer": [b.state() for b in self.buffer],
+                               "offsets": dict(self.offsets), "step": self.step, "version": self.version,
+                               "baseline": self.baseline, "history": self.history,
+                               "rolled_back": sorted(self.rolled_back)}, self.step, self.trained_since_ckpt)
         self.trained_since_ckpt = []
-        for old in sorted(self.ckpt_root.glob("step-*"))[:-2]:
-            shutil.rmtree(old, ignore_errors=True)
         self._commit_offsets()
 
     def _commit_offsets(self) -> None:
@@ -482,7 +457,7 @@ class Trainer:
                     except Exception as e:  # store or disk trouble: the weights wait for the next try
                         self.failures.failed("publish", e, retry=True)
                 self.announce()
-            if self.step != saved_step:
+            if self.step != saved_step or self.trained_since_ckpt:
                 self.save()
         finally:
             if scheduler is not None:

@@ -23,8 +23,14 @@ class Tenant:
     name: str
 
 
+def _raw(text: str) -> bytes:
+    """Header text back to its bytes: aiohttp keeps undecodable bytes as surrogates, which a plain
+    encode() refuses (a key of non-ASCII bytes is simply a wrong key, never a 500)."""
+    return text.encode("utf-8", "surrogateescape")
+
+
 def hash_key(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
+    return hashlib.sha256(_raw(key)).hexdigest()
 
 
 def new_key() -> str:
@@ -83,7 +89,7 @@ def bearer(header: str | None) -> str | None:
 
 
 def admin_ok(presented: str | None, admin_token: str | None) -> bool:
-    return bool(presented and admin_token and hmac.compare_digest(presented.encode(), admin_token.encode()))
+    return bool(presented and admin_token and hmac.compare_digest(_raw(presented), _raw(admin_token)))
 
 
 class CompletionIds:

@@ -36,6 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--keys-file", type=Path, default=None, help="hashed API keys (see `flywheel keys add`)")
     g.add_argument("--kafka", default=None, help="bootstrap servers (default $FLYWHEEL_KAFKA_BOOTSTRAP)")
     g.add_argument("--no-events", action="store_true", help="do not log events (benchmarks)")
+    g.add_argument("--request-timeout", type=float, default=300.0,
+                   help="seconds a replica has for one request before the gateway gives up on it and fails over")
     g.set_defaults(func=_serve)
 
     f = sub.add_parser("fleet", help="SRE view of the fleet behind a gateway (admin token)")
@@ -121,7 +123,8 @@ def _serve(args) -> int:
     state = args.state_dir or flywheel_home() / "gateway"
     keys_file = args.keys_file or state / "keys.json"
     cfg = GatewayConfig.from_env(replicas=replicas, model_dir=model, host=args.host, port=args.port, state_dir=state,
-                                 keys_file=keys_file, kafka_bootstrap=args.kafka, log_events=not args.no_events)
+                                 keys_file=keys_file, kafka_bootstrap=args.kafka, log_events=not args.no_events,
+                                 request_timeout_s=args.request_timeout)
     run(cfg)
     return 0
 

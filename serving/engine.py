@@ -1,6 +1,7 @@
 """Client for one SGLang replica's native /generate API (token ids in, tokens + logprobs + experts out)."""
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from dataclasses import dataclass, field
@@ -21,6 +22,14 @@ class EngineError(Exception):
     def __init__(self, status: int, message: str):
         super().__init__(message)
         self.status = status
+
+
+class ReplicaBroke(EngineError):
+    """The replica failed after output had started (connection lost, timed out): the request cannot move
+    to another replica, and the replica is suspect."""
+
+    def __init__(self, message: str):
+        super().__init__(502, message)
 
 
 @dataclass
@@ -88,6 +97,8 @@ async def generate(session: aiohttp.ClientSession, url: str, body: dict, layers:
             out = orjson.loads(await r.read())
     except aiohttp.ClientConnectionError as e:
         raise EngineUnavailable(f"{type(e).__name__}: {e}") from None
+    except asyncio.TimeoutError:
+        raise EngineUnavailable(f"no answer within {timeout_s:g} s") from None
     result = EngineResult()
     _fill(result, out, layers, top_k)
     return result
@@ -116,7 +127,8 @@ async def generate_stream(session: aiohttp.ClientSession, url: str, body: dict, 
                 _fill(result, out, layers, top_k)
                 got_first = True
                 yield result.text[before:], result
-    except aiohttp.ClientConnectionError as e:
+    except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as e:
+        why = f"no answer within {timeout_s:g} s" if isinstance(e, asyncio.TimeoutError) else f"{type(e).__name__}: {e}"
         if got_first:
-            raise EngineError(502, f"replica stream broke: {type(e).__name__}: {e}") from None
-        raise EngineUnavailable(f"{type(e).__name__}: {e}") from None
+            raise ReplicaBroke(f"replica stream broke: {why}") from None
+        raise EngineUnavailable(why) from None

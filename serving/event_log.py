@@ -5,7 +5,9 @@
                              shipper process (serving.event_shipper) <--'  reads from its cursor
                                    '-> KafkaProducer (idempotent, acks=all, zstd); cursor moves on ack
 
-The request path only does a non-blocking queue put. Every event is written to the spool before it is
+The request path only does a non-blocking queue put. A write that fails (disk full, I/O error) is cut
+back to the last durable record and retried after a backoff: the queue, then submit(), takes the pressure
+and /health says so. A shipper that dies is started again from the cursor it had reached. Every event is written to the spool before it is
 sent, so a dead or slow broker fills the disk (up to `max_spool_bytes`, with an alarm), never the heap;
 when the broker returns the backlog goes out in the order it was written. A batch that fails is sent
 again from the cursor, so Kafka may hold an event twice; consumers drop duplicates by event_id.
@@ -43,6 +45,7 @@ class EventLogConfig:
     retry_backoff_s: float = 1.0
     cursor_save_interval_s: float = 0.5
     stop_timeout_s: float = 10.0  # on close, how long the shipper keeps trying to deliver the backlog
+    max_event_bytes: int = 1_000_000  # larger events go to the dead-letter topic as a stub, whole to disk
 
 
 @dataclass
@@ -54,6 +57,9 @@ class Stats:
     dropped_queue_full: int = 0
     dropped_spool_full: int = 0
     send_failures: int = 0
+    deadlettered: int = 0  # too large for the broker: a stub on the dead-letter topic, the event on disk
+    write_failures: int = 0  # spool writes that failed and were retried
+    shipper_restarts: int = 0
     broker_up: bool = False
     pending_bytes: int = 0  # written but not yet acknowledged
 
@@ -75,9 +81,12 @@ class EventLog:
         s[sh.HEAD_SEG], s[sh.HEAD_OFF] = head
         s[sh.OUTAGE] = 1 if self._written_bytes else 0  # delivering an old backlog counts as replay
         self._submitted = self._spooled = self._dropped_queue = self._dropped_spool = 0
+        self._write_failures = self._shipper_restarts = 0
+        self.writer_error: str | None = None  # the last write error, while writes fail
+        self._ctx = ctx
         self._writer = threading.Thread(target=self._write_loop, name="event-spool-writer", daemon=True)
-        self._shipper = ctx.Process(target=sh.run, args=(cfg, self._shared), name="event-shipper", daemon=True) \
-            if cfg.bootstrap else None
+        self._shipper = self._new_shipper() if cfg.bootstrap else None
+        self._shipper_checked = 0.0
         self._alarm_logged = 0.0
 
     # ------------------------------------------------------------------ request path
@@ -110,7 +119,18 @@ class EventLog:
         return Stats(submitted=self._submitted, spooled=self._spooled, produced=s[sh.PRODUCED],
                      replayed=s[sh.REPLAYED], dropped_queue_full=self._dropped_queue,
                      dropped_spool_full=self._dropped_spool, send_failures=s[sh.FAILURES],
-                     broker_up=bool(s[sh.BROKER_UP]), pending_bytes=self.pending_bytes)
+                     deadlettered=s[sh.DEADLETTERED], write_failures=self._write_failures,
+                     shipper_restarts=self._shipper_restarts, broker_up=bool(s[sh.BROKER_UP]),
+                     pending_bytes=self.pending_bytes)
+
+    def health(self) -> dict:
+        """Liveness of the writer thread and the shipper process, for the gateway's /health."""
+        writer = ("failing" if self.writer_error else "ok") if self._writer.is_alive() else (
+            "stopped" if self._stop.is_set() else "dead")
+        shipper = "off" if self._shipper is None else ("ok" if self._shipper.is_alive() else (
+            "stopped" if self._shared[sh.STOP] else "dead"))
+        return {"writer": writer, "writer_error": self.writer_error, "shipper": shipper,
+                "shipper_restarts": self._shipper_restarts, "ok": writer == "ok" and shipper in ("ok", "off")}
 
     def _alarm(self) -> None:
         now = time.monotonic()
@@ -142,34 +162,89 @@ class EventLog:
         """Wait until every submitted event is acknowledged by the broker (tests, shutdown)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self._q.empty() and self.pending_bytes == 0:
+            # Spooled (not merely taken off the queue by the writer) and acknowledged.
+            written = self._spooled + self._dropped_queue + self._dropped_spool >= self._submitted
+            if written and self.pending_bytes == 0:
                 return True
             time.sleep(0.05)
         return False
 
     # ------------------------------------------------------------------ writer thread
+    def _new_shipper(self):
+        return self._ctx.Process(target=sh.run, args=(self.cfg, self._shared), name="event-shipper", daemon=True)
+
+    def _watch_shipper(self) -> None:
+        """A shipper that died (killed, crashed) is started again; it resumes from the shared cursor."""
+        now = time.monotonic()
+        if self._shipper is None or now - self._shipper_checked < 1.0 or self._shared[sh.STOP]:
+            return
+        self._shipper_checked = now
+        if self._shipper.pid is not None and not self._shipper.is_alive():
+            log.error("event shipper exited (code %s); starting it again from the cursor", self._shipper.exitcode)
+            self._shipper = self._new_shipper()
+            self._shipper.start()
+            self._shipper_restarts += 1
+
     def _write_loop(self) -> None:
-        seg, off = self._head
-        f = open(self.spool.path(seg), "ab")
-        try:
-            while True:
+        batch: list = []
+        stopping_since = None
+        while True:
+            self._watch_shipper()
+            if not batch:
                 batch = self._group_commit_batch()
                 if not batch:
                     if self._stop.is_set() and self._q.empty():
                         return
                     continue
-                for topic, key, value in batch:
-                    if off >= self.cfg.segment_bytes:  # rotate: seal this segment, open the next
-                        self._sync(f, seg, off)
-                        f.close()
-                        seg, off = seg + 1, 0
-                        f = open(self.spool.path(seg), "ab")
-                    record = Spool.frame(topic, key, value)
-                    f.write(record)
-                    off += len(record)
-                    self._written_bytes += len(record)
+            try:
+                self._append(batch)
+            except Exception as e:  # disk full, I/O error: keep the batch, cut back, try again
+                self._write_failures += 1
+                if self.writer_error is None:
+                    log.error("event spool write failed (%s: %s); retrying, events wait in the queue",
+                              type(e).__name__, e)
+                self.writer_error = f"{type(e).__name__}: {e}"
+                if self._stop.is_set():
+                    stopping_since = stopping_since or time.monotonic()
+                    if time.monotonic() - stopping_since > self.cfg.stop_timeout_s:
+                        log.error("closing with %d events unwritten (%s)", len(batch) + self._q.qsize(),
+                                  self.writer_error)
+                        return
+                time.sleep(self.cfg.retry_backoff_s)
+                continue
+            self._spooled += len(batch)
+            batch = []
+            if self.writer_error is not None:
+                log.info("event spool writable again")
+                self.writer_error = None
+
+    def _append(self, batch: list) -> None:
+        """Write a batch after the head and make it durable, then visible. On any error the segments are
+        left as they were at the head (later bytes are overwritten by the retry, and never read)."""
+        seg, off = self._head
+        written = 0
+        f = open(self.spool.path(seg), "r+b" if self.spool.path(seg).exists() else "w+b")
+        try:
+            f.seek(off)
+            for topic, key, value in batch:
+                if off >= self.cfg.segment_bytes:  # rotate: seal this segment, go on in the next
+                    f.truncate()
+                    f.flush()
+                    os.fsync(f.fileno())
+                    f.close()
+                    seg, off = seg + 1, 0
+                    f = open(self.spool.path(seg), "w+b")
+                record = Spool.frame(topic, key, value)
+                f.write(record)
+                off += len(record)
+                written += len(record)
+            f.truncate()
+            self._written_bytes += written
+            try:
                 self._sync(f, seg, off)
-                self._spooled += len(batch)
+            except BaseException:
+                self._written_bytes -= written
+                raise
         finally:
             f.close()
 

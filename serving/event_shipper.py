@@ -3,20 +3,29 @@
 It reads records from the cursor up to the head the writer published, sends them with an idempotent
 producer (acks=all, zstd), and moves the cursor only after every record of the batch is acknowledged. A
 failed batch (broker down, slow, or gone) is sent again from the cursor after a backoff; the producer is
-recreated so its buffer never holds more than one batch.
+recreated so its buffer never holds more than one batch. An event too large for the broker (routed
+experts of a long context reach megabytes at real model sizes) would fail its batch forever: it is
+written whole under `deadletter/` in the spool directory and a stub naming it goes to the dead-letter
+topic, counted, and the stream goes on. A cursor that cannot be saved (disk full) is kept in memory and
+saved later; segments are freed only behind a saved cursor.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
 import time
+from pathlib import Path
 
 from serving.event_spool import Spool
 
 log = logging.getLogger(__name__)
 
 # Slots of the shared int64 array between the gateway process and the shipper.
-HEAD_SEG, HEAD_OFF, CUR_SEG, CUR_OFF, PRODUCED, REPLAYED, FAILURES, BROKER_UP, ACKED_BYTES, STOP, OUTAGE = range(11)
-SLOTS = 11
+(HEAD_SEG, HEAD_OFF, CUR_SEG, CUR_OFF, PRODUCED, REPLAYED, FAILURES, BROKER_UP, ACKED_BYTES, STOP, OUTAGE,
+ DEADLETTERED) = range(12)
+SLOTS = 12
 
 
 def _producer(cfg):
@@ -25,7 +34,49 @@ def _producer(cfg):
     ms = int(cfg.send_timeout_s * 1000)
     return KafkaProducer(bootstrap_servers=cfg.bootstrap, acks="all", enable_idempotence=True,
                          compression_type="zstd", linger_ms=5, max_block_ms=ms, request_timeout_ms=ms,
-                         delivery_timeout_ms=ms + 1000, reconnect_backoff_max_ms=2000, client_id="flywheel-gateway")
+                         delivery_timeout_ms=ms + 1000, reconnect_backoff_max_ms=2000, client_id="flywheel-gateway",
+                         max_request_size=max(1 << 20, cfg.max_event_bytes + (64 << 10)))
+
+
+def dead_letter(spool_dir: Path, topic: str, key: str, value: bytes) -> tuple[str, bytes]:
+    """Keep an oversize event whole on disk (fsynced; named by its content, so a retry writes the same
+    file) and return the stub that goes to the dead-letter topic in its place."""
+    from flywheel.events import TOPIC_DEADLETTER
+
+    d = Path(spool_dir) / "deadletter"
+    d.mkdir(exist_ok=True)
+    name = f"{topic}-{hashlib.sha256(value).hexdigest()[:24]}.bin"
+    path = d / name
+    if not path.exists():
+        tmp = d / (name + ".tmp")
+        with open(tmp, "wb") as f:
+            f.write(value)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    stub = {"topic": topic, "key": key, "bytes": len(value), "file": str(path), "ts": time.time()}
+    return TOPIC_DEADLETTER, json.dumps(stub).encode()
+
+
+def _fit(records: list, max_bytes: int, spool_dir: Path) -> tuple[list, int]:
+    """The batch with every oversize event replaced by its dead-letter stub; and how many were."""
+    out, n = [], 0
+    for t, k, v in records:
+        if len(v) + len(k) > max_bytes:
+            t, v = dead_letter(spool_dir, t, k, v)
+            n += 1
+        out.append((t, k, v))
+    return out, n
+
+
+def _save_cursor(spool: Spool, cursor) -> bool:
+    try:
+        spool.save_cursor(cursor)
+    except OSError as e:  # keep shipping; the cursor is saved at the next interval that works
+        log.warning("could not save the spool cursor (%s); segments stay until it can be", e)
+        return False
+    spool.delete_before(cursor[0])
+    return True
 
 
 def _head(shared) -> tuple[int, int]:
@@ -35,7 +86,6 @@ def _head(shared) -> tuple[int, int]:
 
 def run(cfg, shared) -> None:
     """Process entry point. `cfg` is an EventLogConfig; `shared` the int64 array above."""
-    import os
     import signal
 
     # A SIGTERM to the gateway's process group must not kill the shipper before the gateway has flushed the
@@ -49,6 +99,7 @@ def run(cfg, shared) -> None:
     cursor = (shared[CUR_SEG], shared[CUR_OFF])
     producer = None
     saved_at = sent_at = 0.0
+    saved = cursor  # the cursor on disk
     backlog = False
     stop_deadline = None
     while True:
@@ -60,6 +111,9 @@ def run(cfg, shared) -> None:
             if cursor >= head or time.monotonic() > stop_deadline:
                 break
         if cursor >= head:
+            if saved != cursor and time.monotonic() - saved_at >= cfg.cursor_save_interval_s:
+                saved = cursor if _save_cursor(spool, cursor) else saved  # caught up: a save that failed, again
+                saved_at = time.monotonic()
             time.sleep(0.05)
             continue
         if not shared[STOP] and not backlog and time.monotonic() - sent_at < cfg.ship_interval_s:
@@ -72,6 +126,7 @@ def run(cfg, shared) -> None:
         sent_at = time.monotonic()
         if records:
             try:
+                records, oversize = _fit(records, cfg.max_event_bytes, spool.dir)
                 if producer is None:
                     producer = _producer(cfg)
                 futures = [producer.send(t, key=k.encode(), value=v) for t, k, v in records]
@@ -97,6 +152,10 @@ def run(cfg, shared) -> None:
                 log.info("Kafka reachable; delivering from %s", spool.dir)
             shared[BROKER_UP] = 1
             shared[PRODUCED] += len(records)
+            if oversize:
+                shared[DEADLETTERED] += oversize
+                log.error("%d event(s) over %d bytes dead-lettered (kept under %s/deadletter)", oversize,
+                          cfg.max_event_bytes, spool.dir)
             if shared[OUTAGE]:
                 shared[REPLAYED] += len(records)
         cursor = end
@@ -108,11 +167,9 @@ def run(cfg, shared) -> None:
         if now - saved_at >= cfg.cursor_save_interval_s:
             # Saved at intervals, not per batch: after a crash at most that much is sent again
             # (duplicates, which consumers drop by event_id), never lost.
-            spool.save_cursor(cursor)
-            spool.delete_before(cursor[0])
+            saved = cursor if _save_cursor(spool, cursor) else saved
             saved_at = now
-    spool.save_cursor(cursor)
-    spool.delete_before(cursor[0])
+    _save_cursor(spool, cursor)
     if producer is not None:
         try:
             producer.close(timeout=2)

@@ -29,6 +29,7 @@ from serving import engine
 from serving.auth import CompletionIds, KeyStore, Tenant, admin_ok, bearer, load_or_create_secret
 from serving.canary_split import CanarySplit
 from serving.event_log import EventLog, EventLogConfig
+from serving.first_feedback import FirstFeedback
 from serving.metrics import GatewayMetrics
 from serving.openai_api import (ApiError, GenerationSpec, Limits, chat_logprobs, completion_logprobs, finish_reason,
                                 parse_chat, parse_completion, parse_json_body)
@@ -68,6 +69,10 @@ class GatewayConfig:
         return cfg
 
 
+class ClientGone(Exception):
+    """The client closed its connection mid-stream (IDE clients cancel all the time)."""
+
+
 class Gateway:
     def __init__(self, cfg: GatewayConfig):
         from tokenizers import Tokenizer
@@ -84,10 +89,15 @@ class Gateway:
         # Control tokens end a plain completion: the model must not wander into fill-in-the-middle syntax.
         self.stop_token_ids = sorted(i for t in (EOS, FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE)
                                      if (i := self.tok.token_to_id(t)) is not None)
+        # No token stands for more bytes than this (a text has at least bytes / this many tokens).
+        self.max_token_bytes = max(len(self.tok.decode([i], skip_special_tokens=False).encode())
+                                   for i in range(self.tok.get_vocab_size()))
+        self._background: set[asyncio.Task] = set()  # aborts sent to replicas, kept until done
         self.keys = KeyStore.load(cfg.keys_file, cfg.api_keys)
         state = Path(cfg.state_dir)
         state.mkdir(parents=True, exist_ok=True)
         self.ids = CompletionIds(load_or_create_secret(state / "id_secret"))
+        self.first_feedback = FirstFeedback()
         self.pool = ReplicaPool(cfg.replicas, cfg.pool)
         self.canary: CanarySplit | None = None  # a trial in progress (weight_sync.canary starts and ends it)
         self.events = EventLog(EventLogConfig(spool_dir=state / "spool", bootstrap=cfg.kafka_bootstrap,
@@ -178,10 +188,19 @@ class Gateway:
         spec = parse_chat(parse_json_body(await request.read()), self.cfg.limits)
         return await self._generate(request, tenant, spec)
 
-    def _prompt_ids(self, spec: GenerationSpec) -> list[int]:
+    async def _prompt_ids(self, spec: GenerationSpec) -> list[int]:
         text = spec.prompt if spec.suffix is None else f"{FIM_PREFIX}{spec.prompt}{FIM_SUFFIX}{spec.suffix}{FIM_MIDDLE}"
-        ids = self.tok.encode(text).ids
         lim = self.cfg.limits
+        # Too long to fit whatever its tokens: refused without tokenizing (up to a MiB of text would hold
+        # this event loop, and every tenant on it, for as long as that takes).
+        if len(text) > lim.max_prompt_tokens * self.max_token_bytes:
+            raise ApiError(400, f"prompt is {len(text)} characters, more than {lim.max_prompt_tokens} tokens can "
+                           f"hold; the limit is {lim.max_prompt_tokens} tokens", param="prompt",
+                           code="context_length_exceeded")
+        if len(text) > 4096:  # long enough to be worth a thread (the tokenizer releases the GIL)
+            ids = (await asyncio.get_running_loop().run_in_executor(None, self.tok.encode, text)).ids
+        else:
+            ids = self.tok.encode(text).ids
         if len(ids) > lim.max_prompt_tokens:
             raise ApiError(400, f"prompt is {len(ids)} tokens; the limit is {lim.max_prompt_tokens}", param="prompt",
                            code="context_length_exceeded")
@@ -252,10 +271,18 @@ class Gateway:
                                 raise engine.EngineUnavailable("stream ended before any output")
                     finally:
                         replica.rollout_rids.discard(body["rid"])
-            except engine.EngineUnavailable as e:
+            except engine.EngineUnavailable as e:  # before any output: another replica takes it
                 self.pool.mark_failed(replica, str(e))
+                self._abort_soon(replica, body["rid"])  # a replica that timed out may still be generating
                 last = e
                 continue
+            except engine.ReplicaBroke as e:  # after output started: the request fails, the replica is out
+                self.pool.mark_failed(replica, str(e))
+                self._abort_soon(replica, body["rid"])
+                raise ApiError(502, f"engine: {e}", "server_error", code="replica_failed") from None
+            except (ClientGone, asyncio.CancelledError):
+                self._abort_soon(replica, body["rid"])  # nobody reads it any more: free the replica
+                raise
             except engine.EngineError as e:
                 raise ApiError(400 if e.status < 500 else 502, f"engine: {e}", "invalid_request_error"
                                if e.status < 500 else "server_error") from None
@@ -269,7 +296,7 @@ class Gateway:
         raise ApiError(503, f"no replica could serve the request ({last})", "server_error", code="no_replica")
 
     async def _generate(self, request: web.Request, tenant: Tenant, spec: GenerationSpec) -> web.StreamResponse:
-        prompt_ids = self._prompt_ids(spec)
+        prompt_ids = await self._prompt_ids(spec)
         cid = self.ids.issue(tenant)
         sampling = self._sampling(spec)
         top_n = spec.logprobs or 0
@@ -324,12 +351,16 @@ class Gateway:
         write_lock = asyncio.Lock()
         started = [False]
 
-        async def send(payload: dict) -> None:
+        async def send(payload: dict | bytes) -> None:
             async with write_lock:
-                if not started[0]:
-                    await resp.prepare(request)
-                    started[0] = True
-                await resp.write(b"data: " + orjson.dumps(payload) + b"\n\n")
+                try:
+                    if not started[0]:
+                        await resp.prepare(request)
+                        started[0] = True
+                    await resp.write(payload if isinstance(payload, bytes) else
+                                     b"data: " + orjson.dumps(payload) + b"\n\n")
+                except ConnectionResetError:  # aiohttp's ClientConnectionResetError is one
+                    raise ClientGone() from None
 
         def chunk(i: int, text: str, fr: str | None, res=None, first=False) -> dict:
             version = res.weight_version if res is not None else ""
@@ -360,21 +391,33 @@ class Gateway:
             self._log_completion(tenant, spec, cid, i, prompt_ids, res, replica_id, timing)
             return res
 
+        tasks = [asyncio.ensure_future(run(i, b)) for i, b in enumerate(bodies)]
         try:
-            results = await asyncio.gather(*(run(i, b) for i, b in enumerate(bodies)))
+            try:
+                results = await asyncio.gather(*tasks)
+            finally:  # one choice failed or the client left: the others stop too (and abort on their replicas)
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+            if spec.include_usage:
+                completion_tokens = sum(len(r.output_ids) for r in results)
+                await send({"id": cid, "object": obj, "created": created, "model": spec.model, "choices": [],
+                            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": completion_tokens,
+                                      "total_tokens": len(prompt_ids) + completion_tokens}})
+            await send(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except ClientGone:
+            self.metrics.cancels.labels(request.path).inc()
+            return resp
         except ApiError as e:
             if not started[0]:
                 raise  # nothing sent yet: a normal error response
-            await send(e.body())
-            await resp.write(b"data: [DONE]\n\n")
+            try:
+                await send(e.body())
+                await send(b"data: [DONE]\n\n")
+            except ClientGone:
+                self.metrics.cancels.labels(request.path).inc()
             return resp
-        if spec.include_usage:
-            completion_tokens = sum(len(r.output_ids) for r in results)
-            await send({"id": cid, "object": obj, "created": created, "model": spec.model, "choices": [],
-                        "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": completion_tokens,
-                                  "total_tokens": len(prompt_ids) + completion_tokens}})
-        await resp.write(b"data: [DONE]\n\n")
-        await resp.write_eof()
         self.metrics.e2e.labels(request.path).observe(time.monotonic() - t0)
         return resp
 
@@ -419,9 +462,12 @@ class Gateway:
         return completion_id
 
     def _log_feedback(self, fb: ev.FeedbackEvent) -> None:
-        self.metrics.feedback.labels(fb.kind).inc()
-        if self.canary is not None:
-            self.canary.feedback(fb.completion_id, fb.kind)
+        if self.first_feedback.first(fb.completion_id, fb.choice_index):
+            self.metrics.feedback.labels(fb.kind).inc()
+            if self.canary is not None:
+                self.canary.feedback(fb.completion_id, fb.kind)
+        else:  # logged all the same (the trainer's Joiner also takes only the first), counted apart
+            self.metrics.feedback_repeated.labels(fb.kind).inc()
         if self.cfg.log_events:
             self.events.submit(ev.TOPIC_FEEDBACK, fb.completion_id, fb.encode())
 
@@ -489,9 +535,12 @@ class Gateway:
 
     async def health(self, request: web.Request) -> web.Response:
         up = [r for r in self.pool.replicas.values() if r.healthy and r.state == ReplicaState.ACTIVE]
-        body = {"status": "ok" if up else "degraded", "active_healthy_replicas": len(up),
-                "kafka_up": self.events.stats.broker_up, "spool_pending_bytes": self.events.stats.pending_bytes}
-        return _json(body, status=200 if up else 503)
+        events = self.events.health() if self.cfg.log_events else {"ok": True}
+        ok = bool(up) and events["ok"]
+        body = {"status": "ok" if ok else "degraded", "active_healthy_replicas": len(up),
+                "kafka_up": self.events.stats.broker_up, "spool_pending_bytes": self.events.stats.pending_bytes,
+                "event_log": events}
+        return _json(body, status=200 if ok else 503)
 
     async def prometheus(self, request: web.Request) -> web.Response:
         return web.Response(body=generate_latest(self.metrics.registry),
@@ -510,19 +559,27 @@ class Gateway:
             raise ApiError(404, f"no replica {rid!r}", code="replica_not_found") from None
         if action not in ("drain", "activate", "borrow", "return"):
             raise ApiError(404, f"unknown action {action!r} (drain, activate, borrow, return)", code="not_found")
+        raw = await request.read()
+        body = parse_json_body(raw) if raw.strip() else {}
+        lease = body.get("lease_s") if isinstance(body, dict) else None
+        if action == "drain" and lease is not None and (isinstance(lease, bool) or not isinstance(
+                lease, (int, float)) or not 0 < lease <= 3600):
+            raise ApiError(400, "'lease_s' must be a number of seconds in (0, 3600]", param="lease_s")
         if action in ("drain", "borrow") and replica.state == ReplicaState.ACTIVE:
             others = [r for r in self.pool.replicas.values() if r.id != rid and r.state == ReplicaState.ACTIVE]
             if not others:
                 raise ApiError(409, f"refusing to {action} {rid}: it is the last active replica", code="last_active")
         if action == "drain":
+            # With a lease (an agent switching weights) the drain lapses unless renewed; without (an SRE), it holds.
             replica.state, replica.borrow_pending = ReplicaState.DRAINING, False
+            replica.drain_lease_until = time.monotonic() + lease if lease is not None else None
         elif action == "borrow":
             if replica.state != ReplicaState.BORROWED:
                 # Users first: no new user requests from now, the in-flight ones finish, then rollouts may come.
-                replica.state, replica.borrow_pending = ReplicaState.DRAINING, True
+                replica.state, replica.borrow_pending, replica.drain_lease_until = ReplicaState.DRAINING, True, None
                 asyncio.create_task(self._finish_borrow(replica))
         else:  # activate / return: users come back at once; rollouts in flight are stopped for the trainer to redo
-            replica.state, replica.borrow_pending = ReplicaState.ACTIVE, False
+            replica.state, replica.borrow_pending, replica.drain_lease_until = ReplicaState.ACTIVE, False, None
             await self._abort_rollouts(replica)
         log.info("replica %s -> %s%s (admin)", rid, replica.state.value, " (borrow pending)" if replica.borrow_pending
                  else "")
@@ -536,14 +593,26 @@ class Gateway:
             replica.state, replica.borrow_pending = ReplicaState.BORROWED, False
             log.info("replica %s drained: borrowed for rollouts", replica.id)
 
+    async def _abort(self, replica, rid: str) -> bool:
+        """Ask a replica to stop generating `rid` (SGLang's /abort_request)."""
+        try:
+            async with self.session.post(f"{replica.url}/abort_request", json={"rid": rid},
+                                         timeout=aiohttp.ClientTimeout(total=10)) as r:
+                await r.read()
+                return r.status < 400
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            log.debug("could not abort %s on %s: %s", rid, replica.id, e)
+            return False
+
+    def _abort_soon(self, replica, rid: str) -> None:
+        task = asyncio.ensure_future(self._abort(replica, rid))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
     async def _abort_rollouts(self, replica) -> None:
         for rid in list(replica.rollout_rids):
-            try:
-                async with self.session.post(f"{replica.url}/abort_request", json={"rid": rid},
-                                             timeout=aiohttp.ClientTimeout(total=10)) as r:
-                    await r.read()
-            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-                log.warning("could not abort rollout %s on %s: %s", rid, replica.id, e)
+            if not await self._abort(replica, rid):
+                log.warning("could not abort rollout %s on %s", rid, replica.id)
 
     async def admin_load(self, request: web.Request) -> web.Response:
         """User load per replica and for the fleet: what the off-peak scheduler decides on."""
@@ -571,7 +640,7 @@ class Gateway:
                                 self.cfg.limits)
         if spec.stream:
             raise ApiError(400, "rollouts do not stream", param="stream")
-        prompt_ids = self._prompt_ids(spec)
+        prompt_ids = await self._prompt_ids(spec)
         sampling = self._sampling(spec)
         rid = f"rollout-{time.time_ns():x}"
         bodies = [engine.payload(prompt_ids, sampling, 0, False, f"{rid}-{i}") for i in range(spec.n)]

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flywheel.paths import REPO_ROOT
-from flywheel.procs import free_port, stop_pid, tail, wait_until
+from flywheel.procs import free_port, spawn, stop_pid, tail, wait_until
 
 
 @dataclass
@@ -48,8 +48,7 @@ def start(replicas: list[str], model_dir: Path, state_dir: Path, kafka: str | No
         cmd += ["--kafka", kafka]
     log_file = state_dir / "gateway.log"
     with open(log_file, "ab") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                cwd=REPO_ROOT, start_new_session=True)
+        proc = spawn(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=REPO_ROOT)
     url = f"http://127.0.0.1:{port}"
     gw = GatewayProcess(pid=proc.pid, url=url, log_file=log_file)
     try:

@@ -26,7 +26,12 @@ class GatewayMetrics:
                                    ["source"], registry=r)
         self.completion_tokens = Counter("flywheel_gateway_completion_tokens", "Tokens generated, by source",
                                          ["source"], registry=r)
-        self.feedback = Counter("flywheel_gateway_feedback", "Feedback accepted by kind", ["kind"], registry=r)
+        self.feedback = Counter("flywheel_gateway_feedback", "Feedback accepted by kind (the first per completion "
+                                "choice)", ["kind"], registry=r)
+        self.cancels = Counter("flywheel_gateway_client_cancels", "Streams the client closed before the end (the "
+                               "request is aborted on its replica)", ["route"], registry=r)
+        self.feedback_repeated = Counter("flywheel_gateway_feedback_repeated", "Feedback on a completion choice "
+                                         "already judged: logged, not counted", ["kind"], registry=r)
         r.register(_LiveCollector(gateway))
 
 
@@ -57,11 +62,13 @@ class _LiveCollector:
             except (TypeError, ValueError):
                 pass
         yield from (inflight, rollouts, healthy, state, version)
+        yield CounterMetricFamily("flywheel_replica_drain_leases_lapsed", "Drains whose agent went quiet: the "
+                                  "gateway routed users to the replica again", value=self.gw.pool.lapsed_drains)
         s = self.gw.events.stats
         events = CounterMetricFamily("flywheel_events", "Events by what happened to them", labels=["state"])
         for name, value in (("submitted", s.submitted), ("spooled", s.spooled), ("produced", s.produced),
                             ("replayed", s.replayed), ("dropped_queue_full", s.dropped_queue_full),
-                            ("dropped_spool_full", s.dropped_spool_full)):
+                            ("dropped_spool_full", s.dropped_spool_full), ("deadlettered", s.deadlettered)):
             events.add_metric([name], value)
         yield events
         yield GaugeMetricFamily("flywheel_event_spool_pending_bytes", "Spooled bytes not yet acknowledged by Kafka",
@@ -70,3 +77,10 @@ class _LiveCollector:
                                 value=1.0 if self.gw.events.spool_full else 0.0)
         yield GaugeMetricFamily("flywheel_kafka_up", "1 if the last delivery to Kafka succeeded",
                                 value=1.0 if s.broker_up else 0.0)
+        yield CounterMetricFamily("flywheel_event_spool_write_failures", "Spool writes that failed and were "
+                                  "retried (disk full, I/O error)", value=s.write_failures)
+        yield CounterMetricFamily("flywheel_event_shipper_restarts", "Times the shipper process died and was "
+                                  "started again", value=s.shipper_restarts)
+        health = self.gw.events.health() if self.gw.cfg.log_events else {"writer": "off", "shipper": "off"}
+        yield GaugeMetricFamily("flywheel_event_writer_ok", "1 while the spool writer thread writes",
+                                value=1.0 if health["writer"] == "ok" else 0.0)

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flywheel.paths import REPO_ROOT, flywheel_home
-from flywheel.procs import free_port, pid_alive, read_state, stop_recorded, tail, wait_until, write_state
+from flywheel.procs import (free_port, identity, pid_alive, read_state, same_process, spawn, stop_recorded, tail,
+                            wait_until, write_state)
 
 CPU_FLAGS = ["--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
              "--grammar-backend", "none", "--disable-cuda-graph", "--sleep-on-idle"]
@@ -110,12 +111,13 @@ def start(cfg: ReplicaConfig) -> Replica:
     log_dir.mkdir(parents=True, exist_ok=True)
     log_file = log_dir / f"replica-{port}.log"
     with open(log_file, "ab") as log:
-        proc = subprocess.Popen(command(cfg, port), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=_env(cfg), cwd=REPO_ROOT, start_new_session=True)
+        proc = spawn(command(cfg, port), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                     env=_env(cfg), cwd=REPO_ROOT)
     url = f"http://{cfg.host}:{port}"
     replica = Replica(pid=proc.pid, port=port, url=url, log_file=log_file, model_path=str(cfg.model_path))
-    write_state(_state_dir() / f"{port}.json", {"pid": proc.pid, "port": port, "url": url, "log_file": str(log_file),
-                                                "model_path": str(cfg.model_path), "started": time.time()})
+    write_state(_state_dir() / f"{port}.json", {**identity(proc.pid), "port": port, "url": url,
+                                                "log_file": str(log_file), "model_path": str(cfg.model_path),
+                                                "started": time.time()})
     try:
         wait_until(lambda: healthy(url), cfg.start_timeout_s, interval=0.5, what=f"SGLang replica on {url}",
                    alive=lambda: proc.poll() is None)
@@ -127,7 +129,7 @@ def start(cfg: ReplicaConfig) -> Replica:
 
 def find(port: int) -> Replica | None:
     state = read_state(_state_dir() / f"{port}.json")
-    if not state or not pid_alive(state["pid"]):
+    if not state or not same_process(state):
         return None
     return Replica(pid=state["pid"], port=state["port"], url=state["url"], log_file=Path(state["log_file"]),
                    model_path=state["model_path"])

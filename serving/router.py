@@ -40,6 +40,7 @@ class ReplicaHandle:
     served: int = 0
     failures: int = 0
     borrow_pending: bool = False  # draining on the way to borrowed
+    drain_lease_until: float | None = None  # a drain an agent holds (renewed while it switches); None: an SRE's
     queue_depth: int = 0  # SGLang's waiting requests (its /metrics), as of the last health check
     running: int = 0  # SGLang's running requests, same source
     rollout_rids: set = field(default_factory=set)  # rollout requests in flight here (to abort on return)
@@ -63,7 +64,9 @@ class ReplicaHandle:
                 "outstanding": self.outstanding, "rollout_outstanding": self.rollout_outstanding,
                 "weight_version": self.weight_version, "served": self.served, "failures": self.failures,
                 "last_error": self.last_error, "request_rate": round(self.rate, 3), "queue_depth": self.queue_depth,
-                "running": self.running, "borrow_pending": self.borrow_pending}
+                "running": self.running, "borrow_pending": self.borrow_pending,
+                "drain_lease_s": None if self.drain_lease_until is None else
+                round(max(0.0, self.drain_lease_until - time.monotonic()), 1)}
 
 
 @dataclass
@@ -96,6 +99,7 @@ class ReplicaPool:
         self.replicas: dict[str, ReplicaHandle] = {
             f"r{i}": ReplicaHandle(id=f"r{i}", url=u.rstrip("/")) for i, u in enumerate(urls)}
         self._rr = itertools.count()
+        self.lapsed_drains = 0
         self._task: asyncio.Task | None = None
         self._session: aiohttp.ClientSession | None = None
 
@@ -166,9 +170,23 @@ class ReplicaPool:
         while True:
             await asyncio.sleep(self.cfg.health_interval_s)
             try:
+                self.expire_drain_leases()
                 await self.check_all()
             except Exception:  # never let the health loop die
                 log.exception("health check round failed")
+
+    def expire_drain_leases(self, now: float | None = None) -> list[str]:
+        """Replicas an agent drained and then went quiet about (it died mid-switch) take users again."""
+        now = time.monotonic() if now is None else now
+        lapsed = []
+        for r in self.replicas.values():
+            if r.state == ReplicaState.DRAINING and r.drain_lease_until is not None and now > r.drain_lease_until:
+                log.warning("replica %s: the drain lease ran out (the agent that drained it went quiet); "
+                            "routing users to it again", r.id)
+                r.state, r.drain_lease_until, r.borrow_pending = ReplicaState.ACTIVE, None, False
+                self.lapsed_drains += 1
+                lapsed.append(r.id)
+        return lapsed
 
     async def stop(self) -> None:
         if self._task:

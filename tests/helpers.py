@@ -38,7 +38,8 @@ def get(url, key=None, timeout=30):
 
 
 class TcpProxy:
-    """A loopback TCP forwarder that can be switched off and on, to make a real replica vanish and return."""
+    """A loopback TCP forwarder that can be switched off and on, to make a real replica vanish and return,
+    or stalled: connections stay open and nothing more goes through (a replica that hangs)."""
 
     def __init__(self, target_port: int):
         import socket
@@ -50,6 +51,7 @@ class TcpProxy:
         self._loop = None
         self._server = None
         self._writers = set()
+        self.stalled = False
         import asyncio
         import threading
 
@@ -72,6 +74,8 @@ class TcpProxy:
         async def pipe(reader, writer):
             try:
                 while data := await reader.read(65536):
+                    while self.stalled:
+                        await asyncio.sleep(0.05)
                     writer.write(data)
                     await writer.drain()
             except (ConnectionError, asyncio.CancelledError):

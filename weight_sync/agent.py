@@ -55,6 +55,8 @@ class AgentConfig:
     admin_token: str | None = None
     gateway_replica_id: str | None = None
     switch_mode: str = "drain"
+    retry_base_s: float = 1.0  # a transient failure (store or replica unreachable) is retried after this,
+    retry_max_s: float = 30.0  # doubling up to this; the offset is committed only once it succeeds
     keep_local: int = 3
     parallel_downloads: int = 4
     threads: int = 2
@@ -69,6 +71,8 @@ class AgentMetrics:
         self.rejected = Counter("flywheel_agent_rejected_versions", "Versions rejected, by reason", ["reason"],
                                 registry=r)
         self.switches = Counter("flywheel_agent_switches", "Completed hot-switches", ["mode"], registry=r)
+        self.retries = Counter("flywheel_agent_apply_retries", "Applies that failed for a transient reason (store "
+                               "or replica unreachable) and were retried", registry=r)
         self.phase = Histogram("flywheel_agent_phase_seconds", "Time per phase of applying a version", ["phase"],
                                buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300), registry=r)
 
@@ -88,6 +92,7 @@ class Agent:
         self.metrics.pinned.set(1 if self.state.get("pinned") is not None else 0)
         self.pool = ThreadPoolExecutor(cfg.threads)
         self.last_apply: dict = {}
+        self.retry = False  # whether the last failed apply is worth trying again
 
     # ------------------------------------------------------------------ state
     def _load_state(self) -> dict:
@@ -185,8 +190,13 @@ class Agent:
                     shutil.rmtree(p, ignore_errors=True)
 
     # ------------------------------------------------------------------ apply
+    # What the store or the replica says about the version itself: trying again gives the same answer.
+    PERMANENT = ("bad_manifest", "digest_mismatch", "corrupt_chunk", "chain_too_long", "unknown_version")
+
     async def apply(self, version: int) -> dict | None:
-        """Rebuild and switch to `version`. Returns the switch report, or None if it was rejected."""
+        """Rebuild and switch to `version`. Returns the switch report, or None if it was rejected or failed
+        (`self.retry` then says whether it is worth trying again)."""
+        self.retry = False
         t0 = time.monotonic()
         try:
             async with aiohttp.ClientSession() as session:
@@ -200,13 +210,16 @@ class Agent:
             self.metrics.phase.labels("switch").observe(time.monotonic() - t)
         except Rejected as e:
             self.metrics.rejected.labels(e.reason).inc()
-            log.error("rejected v%d: %s; replica %s keeps serving v%d", version, e, self.cfg.name,
-                      self.state["version"])
+            self.retry = e.reason not in self.PERMANENT
+            log.error("rejected v%d: %s; replica %s keeps serving v%d%s", version, e, self.cfg.name,
+                      self.state["version"], " (will retry)" if self.retry else "")
             return None
-        except (SwitchError, aiohttp.ClientError, asyncio.TimeoutError) as e:
+        except (SwitchError, aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            # The store or the replica unreachable, a load that failed: transient, retried with backoff.
             self.metrics.rejected.labels("switch_failed").inc()
-            log.error("switch to v%d failed: %s; replica %s keeps serving v%d", version, e, self.cfg.name,
-                      self.state["version"])
+            self.retry = True
+            log.error("switch to v%d failed: %s (%s); replica %s keeps serving v%d (will retry)", version,
+                      type(e).__name__, e, self.cfg.name, self.state["version"])
             return None
         self.state["version"] = version
         self._save_state()
@@ -280,6 +293,7 @@ class Agent:
                                  enable_auto_commit=False, client_id=f"flywheel-agent-{self.cfg.name}")
         log.info("agent %s following %s (replica %s on v%d)", self.cfg.name, TOPIC_WEIGHTS, self.cfg.replica_url,
                  self.state["version"])
+        pending, retry_at, backoff, uncommitted = None, 0.0, self.cfg.retry_base_s, False
         try:
             while stop is None or not stop.is_set():
                 batch = consumer.poll(timeout_ms=500)
@@ -290,12 +304,23 @@ class Agent:
                             records.append(json.loads(rec.value))
                         except ValueError:
                             log.error("ignoring a malformed weights record at offset %d", rec.offset)
-                if not records:
-                    continue
-                target = self.decide(records)
-                if target is not None and target != self.state["version"]:
-                    asyncio.run(self.apply(target))
-                self._save_state()
-                consumer.commit()
+                if records:
+                    uncommitted = True
+                    target = self.decide(records)
+                    if target is not None:
+                        pending, retry_at = target, 0.0  # a newer decision replaces one still being retried
+                    self._save_state()
+                if pending == self.state["version"]:
+                    pending = None
+                if pending is not None and time.monotonic() >= retry_at:
+                    asyncio.run(self.apply(pending))
+                    if self.retry:  # not committed: a restart reads the record again and retries too
+                        self.metrics.retries.inc()
+                        retry_at, backoff = time.monotonic() + backoff, min(self.cfg.retry_max_s, 2 * backoff)
+                        continue
+                    pending, backoff = None, self.cfg.retry_base_s
+                if pending is None and uncommitted:
+                    consumer.commit()
+                    uncommitted = False
         finally:
             consumer.close()

@@ -75,6 +75,18 @@ def announce(cfg: PublishConfig, record: dict, timeout_s: float = 30.0) -> None:
         _kafka_send(cfg.kafka_bootstrap, record, timeout_s)
 
 
+HEAD_VERSION = "VERSION"  # in head/: the version head's weights are
+
+
+def _head_version(head: Path) -> int | None:
+    """The version the publisher's head copy holds; None when there is no head or it predates the record
+    (then the next version is a full snapshot)."""
+    try:
+        return int((head / HEAD_VERSION).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _replace_dir(src: Path, dst: Path) -> None:
     old = dst.with_name(dst.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
@@ -98,11 +110,15 @@ def publish(checkpoint: Path, cfg: PublishConfig, version: int | None = None, fo
     if latest is not None and version <= latest:
         raise ValueError(f"version {version} is not newer than the latest published ({latest})")
     head = store.root / "head"
+    head_version = _head_version(head)
     cdigest = config_digest(checkpoint / "config.json")
     new = CheckpointReader(checkpoint)
     base = None
     kind = "full"
-    if not force_full and latest is not None and head.exists() and version % cfg.full_every != 0:
+    # The delta is coded against head, so it names head's own version as its base: after a crash between
+    # committing a version and refreshing head, head is older than the latest, and that is still right.
+    if (not force_full and head_version is not None and head_version in store.versions()
+            and version % cfg.full_every != 0):
         base = CheckpointReader(head)
         if base.specs() == new.specs() and config_digest(head / "config.json") == cdigest:
             kind = "delta"
@@ -132,7 +148,7 @@ def publish(checkpoint: Path, cfg: PublishConfig, version: int | None = None, fo
             if src.exists():
                 shutil.copyfile(src, staging / "files" / name)
                 files[name] = codec.digest(src.read_bytes())
-        manifest = Manifest(version=version, base_version=latest if kind == "delta" else None, kind=kind,
+        manifest = Manifest(version=version, base_version=head_version if kind == "delta" else None, kind=kind,
                             config_digest=cdigest, tensors=entries, files=files)
         body, signature = sign(manifest, key)
         (staging / "manifest.json").write_bytes(body)
@@ -155,8 +171,9 @@ def publish(checkpoint: Path, cfg: PublishConfig, version: int | None = None, fo
     for name in SIDE_FILES:
         if (checkpoint / name).exists():
             shutil.copyfile(checkpoint / name, head_new / name)
+    (head_new / HEAD_VERSION).write_text(str(version))
     _replace_dir(head_new, head)
-    store.retain(cfg.keep)
+    store.retain(cfg.keep, protect=store.decided())
 
     result = PublishResult(version=version, base_version=manifest.base_version, kind=kind, raw_bytes=raw_bytes,
                            published_bytes=manifest.nbytes_compressed + len(body),

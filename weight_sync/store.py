@@ -105,6 +105,23 @@ class Store:
         with open(self.root / "activations.jsonl", "a") as f:
             f.write(json.dumps(record) + "\n")
 
+    def decided(self) -> set[int]:
+        """Versions the fleet's standing decisions name (folded like an agent folds the weights topic): the
+        pinned version while a pin holds, the version last activated or promoted, the stable version a
+        rollback returned to. Retention never deletes these, however old they are."""
+        pinned, stable = None, set()
+        for r in self.activations():
+            kind, v = r.get("type"), r.get("version")
+            if kind == "pin" and isinstance(v, int):
+                pinned = v
+            elif kind == "unpin":
+                pinned = None
+            elif kind in ("activate", "promote") and isinstance(v, int):
+                stable = {v}
+            elif kind == "rollback" and isinstance(r.get("stable"), int):
+                stable = {r["stable"]}
+        return stable | ({pinned} if pinned is not None else set())
+
     def activations(self) -> list[dict]:
         path = self.root / "activations.jsonl"
         if not path.exists():

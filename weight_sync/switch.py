@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import aiohttp
 
 MODES = ("drain", "no_pause", "retract")
+DRAIN_LEASE_S = 30.0  # an agent's drain lapses unless renewed: a dead agent never leaves a replica draining
 
 
 class SwitchError(Exception):
@@ -64,7 +65,8 @@ async def _drain(session, gw: GatewayLink, timeout_s: float) -> bool:
     headers = {"Authorization": f"Bearer {gw.admin_token}"}
     deadline = time.monotonic() + timeout_s
     while True:
-        status, out = await _post(session, f"{gw.url}/admin/replicas/{gw.replica_id}/drain", headers=headers)
+        status, out = await _post(session, f"{gw.url}/admin/replicas/{gw.replica_id}/drain",
+                                  {"lease_s": DRAIN_LEASE_S}, headers=headers)
         if status != 409:
             break
         # Refused as the last active replica. If another one is draining (switching), wait for our turn:
@@ -83,6 +85,26 @@ async def _drain(session, gw: GatewayLink, timeout_s: float) -> bool:
             return True
         await asyncio.sleep(0.05)
     return True  # still busy: the update's writer lock waits for the stragglers
+
+
+async def _renew_drain(session, gw: GatewayLink) -> None:
+    """Keep the drain's lease alive while this agent works: if the agent dies mid-switch, the lease runs
+    out and the gateway routes to the replica again by itself."""
+    headers = {"Authorization": f"Bearer {gw.admin_token}"}
+    while True:
+        await asyncio.sleep(DRAIN_LEASE_S / 3)
+        try:
+            await _post(session, f"{gw.url}/admin/replicas/{gw.replica_id}/drain", {"lease_s": DRAIN_LEASE_S},
+                        headers=headers, timeout=10)
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            pass
+
+
+async def _activate_quietly(session, gw: GatewayLink) -> None:
+    try:
+        await _activate(session, gw)
+    except (SwitchError, aiohttp.ClientError, asyncio.TimeoutError):
+        pass
 
 
 async def _activate(session, gw: GatewayLink) -> None:
@@ -106,22 +128,31 @@ async def switch(replica_url: str, model_dir: str, version: int, mode: str = "dr
                 used = "no_pause"
             else:
                 t = time.monotonic()
-                drained = await _drain(session, gateway, drain_timeout_s)
+                try:
+                    drained = await _drain(session, gateway, drain_timeout_s)
+                except BaseException:
+                    await _activate_quietly(session, gateway)  # a drain it may have begun
+                    raise
                 timings["drain_ms"] = 1000 * (time.monotonic() - t)
                 if not drained:
                     used = "no_pause"  # the last active replica: the gateway keeps routing to it
+        renew = asyncio.ensure_future(_renew_drain(session, gateway)) if used == "drain" else None
         try:
             if used == "retract":
                 t = time.monotonic()
                 await _post(session, f"{replica_url}/pause_generation", {"mode": "retract"})
-                timings["load_ms"] = 1000 * await _load(session, replica_url, model_dir, version)
-                await _post(session, f"{replica_url}/continue_generation", {})
+                try:
+                    timings["load_ms"] = 1000 * await _load(session, replica_url, model_dir, version)
+                finally:  # a failed load must not leave the replica paused
+                    await _post(session, f"{replica_url}/continue_generation", {})
                 timings["pause_ms"] = 1000 * (time.monotonic() - t)
             else:
                 timings["load_ms"] = 1000 * await _load(session, replica_url, model_dir, version)
                 # drain: nothing was routed here meanwhile; no_pause: requests were held during the load.
                 timings["pause_ms"] = 0.0 if used == "drain" else timings["load_ms"]
         finally:
+            if renew is not None:
+                renew.cancel()
             if used == "drain":
                 await _activate(session, gateway)
         now = await served_version(session, replica_url)

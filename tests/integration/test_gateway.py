@@ -139,6 +139,27 @@ def test_feedback_ownership_and_tabby_events(gateway):
     assert post(tabby + "?select_kind=line", {"type": "select", "completion_id": r.id}, key="key-bob")[0] == 403
 
 
+def _metric(gateway, name: str, kind: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = get(f"{gateway.url}/metrics")[1]
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == name and s.labels.get("kind") == kind)
+
+
+def test_only_the_first_feedback_on_a_choice_counts(gateway):
+    """A hundred identical accepts are one accept (in the metrics and for a canary), the rest counted apart."""
+    r = _client(gateway).completions.create(model="m", prompt=PROMPT, max_tokens=4, n=2)
+    first = _metric(gateway, "flywheel_gateway_feedback_total", "accept")
+    repeated = _metric(gateway, "flywheel_gateway_feedback_repeated_total", "accept")
+    for _ in range(20):
+        assert post(f"{gateway.url}/v1/feedback", {"completion_id": r.id, "kind": "accept"}, key="key-alice")[0] == 200
+    assert post(f"{gateway.url}/v1/feedback", {"completion_id": r.id, "kind": "accept", "choice_index": 1},
+                key="key-alice")[0] == 200  # the other choice is its own
+    assert _metric(gateway, "flywheel_gateway_feedback_total", "accept") - first == 2
+    assert _metric(gateway, "flywheel_gateway_feedback_repeated_total", "accept") - repeated == 19
+
+
 def test_auth_errors_are_openai_shaped(gateway):
     for key in (None, "nope"):
         with pytest.raises(openai.AuthenticationError) as e:
@@ -221,4 +242,72 @@ def test_health_checks_take_a_replica_out_and_bring_it_back(replica, test_model,
         assert c.completions.create(model="m", prompt=PROMPT, max_tokens=2).choices
     finally:
         assert gw.stop()
+        proxy.shutdown()
+
+
+def test_client_closing_a_stream_is_a_quiet_counted_cancel_and_frees_the_replica(gateway, replica):
+    """IDE clients cancel all the time: no 500 in the log, a cancel in /metrics, the replica stops generating."""
+    import socket
+    from urllib.parse import urlparse
+
+    from serving.router import sglang_gauges
+
+    def generated() -> float:
+        return sglang_gauges(get(f"{replica.url}/metrics")[1]).get("sglang:generation_tokens_total", 0.0)
+
+    log_before = gateway.log_file.read_text().count("unhandled error")
+    cancels = _metric_route(gateway, "flywheel_gateway_client_cancels_total")
+    tokens_before = generated()
+    u = urlparse(gateway.url)
+    body = json.dumps({"model": "m", "prompt": PROMPT, "max_tokens": 256, "min_tokens": 256, "n": 4,
+                       "stream": True}).encode()
+    with socket.create_connection((u.hostname, u.port), timeout=30) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer key-alice\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        got = b""
+        while b"data: " not in got:
+            got += s.recv(4096)
+    deadline = time.monotonic() + 20
+    while _metric_route(gateway, "flywheel_gateway_client_cancels_total") <= cancels and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _metric_route(gateway, "flywheel_gateway_client_cancels_total") == cancels + 1
+    while sglang_gauges(get(f"{replica.url}/metrics")[1]).get("sglang:num_running_reqs", 0) and \
+            time.monotonic() < deadline:
+        time.sleep(0.1)
+    # Aborted: far fewer than the 4 x 256 tokens a finished request would have made.
+    assert generated() - tokens_before < 0.75 * 4 * 256
+    assert gateway.log_file.read_text().count("unhandled error") == log_before
+
+
+def _metric_route(gateway, name: str) -> float:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = get(f"{gateway.url}/metrics")[1]
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name)
+
+
+def test_a_hung_replica_times_out_fails_over_and_leaves_rotation(replica, test_model, tmp_path):
+    """A replica that stops answering (its connections stalled) costs the request one timeout, not a 500:
+    it moves to the other replica, and the hung one is out of rotation."""
+    from tests.helpers import TcpProxy
+
+    proxy = TcpProxy(int(replica.url.rsplit(":", 1)[1]))
+    proxy.start()
+    gw = gateway_process.start([proxy.url, replica.url], test_model, tmp_path / "gw", keys=GATEWAY_KEYS,
+                               admin_token=ADMIN, extra_args=["--no-events", "--request-timeout", "3"])
+    try:
+        proxy.stalled = True
+        client = _client(gw)
+        outs = [client.completions.create(model="m", prompt=PROMPT, max_tokens=4) for _ in range(3)]
+        stream = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+                                                max_tokens=4, stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) is not None
+        assert all(o.choices[0].finish_reason for o in outs)
+        r0 = next(r for r in json.loads(get(f"{gw.url}/admin/replicas", key=ADMIN)[1])["replicas"] if r["id"] == "r0")
+        assert r0["healthy"] is False and "no answer within 3 s" in r0["last_error"], r0
+        assert _metric_route(gw, "flywheel_gateway_replica_retries_total") >= 1
+        assert "unhandled error" not in gw.log_file.read_text()
+    finally:
+        assert gw.stop()
+        proxy.stalled = False
         proxy.shutdown()

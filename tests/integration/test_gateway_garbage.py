@@ -76,6 +76,28 @@ def test_malformed_http_is_refused_by_the_server_layer(gateway):
     assert status == 400
 
 
+def test_non_ascii_keys_are_wrong_keys(gateway):
+    """Bytes that are not ASCII after `Bearer` (or in X-Api-Key, or as the admin token): 401, never a 500."""
+    for headers in ({"Authorization": "Bearer caf\xe9\xff"}, {"X-Api-Key": "\xe9t\xe9"}):
+        status, body, _ = post(f"{gateway.url}/v1/completions", body={"model": "m", "prompt": "x"}, headers=headers)
+        assert status == 401, (status, body)
+        _check(status, body)
+    status, body, _ = post(f"{gateway.url}/admin/replicas/r0/drain", body={},
+                           headers={"Authorization": "Bearer \xe9"})
+    assert status == 401
+
+
+def test_huge_prompts_are_refused_before_tokenizing(gateway):
+    """A prompt no tokenization could fit is refused from its length alone; a long one that might fit is
+    tokenized off the event loop and refused by its token count."""
+    status, body, _ = post(gateway.url + "/v1/completions", body={"model": "m", "prompt": "x" * 900_000},
+                           key="key-alice")
+    assert status == 400 and body["error"]["code"] == "context_length_exceeded" and "characters" in body["error"]["message"]
+    status, body, _ = post(gateway.url + "/v1/completions", body={"model": "m", "prompt": "def f(x):\n" * 450},
+                           key="key-alice")
+    assert status == 400 and body["error"]["code"] == "context_length_exceeded" and "tokens;" in body["error"]["message"]
+
+
 def test_limits(gateway):
     big = {"model": "m", "prompt": "x" * (2 << 20)}
     status, body, _ = post(gateway.url + "/v1/completions", body=big, key="key-alice")

@@ -328,3 +328,33 @@ def test_checkpoint_round_trips_as_plain_state_and_refuses_pickled_code(test_mod
     with pytest.raises(pickle.UnpicklingError):
         Trainer(cfg)
     assert not (tmp_path / "ran").exists()
+
+
+def test_checkpoints_commit_durably_and_a_dangling_latest_is_fatal(test_model, tmp_path):
+    import shutil
+
+    from online_rl.checkpoints import CheckpointError
+
+    cfg = TrainerConfig(model_dir=test_model, work_dir=tmp_path / "t")
+    trainer = Trainer(cfg)
+    trainer.step = 3
+    trainer.trained_since_ckpt = [{"key": "a", "events": ["e1"]}]
+    trainer.save()
+    trainer.trained_since_ckpt = [{"key": "b", "events": ["e2"], "dropped": "stale"}]
+    trainer.save()  # the same step again (a publish right after an update): a new checkpoint, not an overwrite
+    first_latest = trainer._latest()
+    assert [e["key"] for e in trainer.checkpoints.ledger_entries()] == ["a", "b"]
+    # A save that wrote its ledger but died before LATEST: its entries are dropped at resume (work redone).
+    (trainer.checkpoints.ledger / "step-00000004-ffffffffffffffff.json").write_text('[{"key": "c", "events": []}]')
+    again = Trainer(cfg)
+    assert again.step == 3 and again._latest() == first_latest
+    assert [e["key"] for e in again.checkpoints.ledger_entries()] == ["a", "b"]
+    for i in range(3):  # older checkpoints are pruned, never the current one
+        again.step += 1
+        again.save()
+    dirs = sorted(p.name for p in (tmp_path / "t" / "checkpoints").glob("step-*"))
+    assert len(dirs) == 2 and again._latest().name == dirs[-1]
+    # LATEST names a directory that is gone: fatal, never a silent start from the base model.
+    shutil.rmtree(again._latest())
+    with pytest.raises(CheckpointError, match="refusing to start from the base model"):
+        Trainer(cfg)

@@ -280,3 +280,82 @@ def test_killed_agent_restarts_on_its_last_good_version(weights, second_replica,
     assert again.state["version"] == 3
     asyncio.run(again.ensure_replica_on_current())
     assert _version(second_replica.url) == "3"
+
+
+def test_a_failed_load_never_leaves_the_replica_paused_or_draining(weights, second_replica, test_model, tmp_path):
+    from weight_sync.switch import GatewayLink, SwitchError, switch
+
+    version = _version(second_replica.url)
+    with pytest.raises(SwitchError):
+        asyncio.run(switch(second_replica.url, str(tmp_path / "missing"), 9, "retract"))
+    assert _greedy(second_replica.url) and _version(second_replica.url) == version  # not left paused
+    from tests.helpers import GATEWAY_KEYS
+
+    gw = gateway_process.start([second_replica.url, second_replica.url + "/"], test_model, tmp_path / "gw",
+                               keys=GATEWAY_KEYS, admin_token=GATEWAY_ADMIN, extra_args=["--no-events"])
+
+    def state(rid):
+        reps = json.loads(get(f"{gw.url}/admin/replicas", key=GATEWAY_ADMIN)[1])["replicas"]
+        return next(r for r in reps if r["id"] == rid)["state"]
+
+    try:
+        with pytest.raises(SwitchError):
+            asyncio.run(switch(second_replica.url, str(tmp_path / "missing"), 9, "drain",
+                               GatewayLink(gw.url, GATEWAY_ADMIN, "r0")))
+        assert state("r0") == "active"
+        # An agent that drained its replica and died: its lease runs out and the gateway takes it back.
+        assert post(f"{gw.url}/admin/replicas/r0/drain", {"lease_s": 1}, key=GATEWAY_ADMIN)[0] == 200
+        assert state("r0") == "draining"
+        wait_until(lambda: state("r0") == "active", 15, what="the lapsed drain")
+        # An SRE's drain (no lease) holds.
+        assert post(f"{gw.url}/admin/replicas/r1/drain", {}, key=GATEWAY_ADMIN)[0] == 200
+        time.sleep(3)
+        assert state("r1") == "draining"
+        assert post(f"{gw.url}/admin/replicas/r0/drain", {"lease_s": "x"}, key=GATEWAY_ADMIN)[0] == 400
+    finally:
+        assert gw.stop()
+
+
+def test_a_transient_apply_failure_is_retried_and_its_offset_not_committed(weights, second_replica, tmp_path):
+    """The store goes away while a version is announced: the agent keeps the record uncommitted and retries
+    with backoff until the store is back, then switches and commits."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    from flywheel import kafka_broker
+    from flywheel.events import TOPIC_WEIGHTS
+    from tests.helpers import TcpProxy
+
+    broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=tmp_path / "kafka"))
+    proxy = TcpProxy(int(weights["url"].rsplit(":", 1)[1]))  # not started: the store is unreachable
+    agent = Agent(AgentConfig(name="retry", replica_url=second_replica.url, store_url=proxy.url,
+                              public_key=weights["root"] / "signing.pub", work_dir=tmp_path / "agent",
+                              initial_model=weights["ckpts"][0], kafka_bootstrap=broker.bootstrap,
+                              switch_mode="no_pause", retry_base_s=0.3, retry_max_s=1.0))
+    stop = threading.Event()
+    thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
+
+    def committed():
+        c = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id="flywheel-agent-retry")
+        try:
+            return c.committed(TopicPartition(TOPIC_WEIGHTS, 0))
+        finally:
+            c.close()
+
+    try:
+        from flywheel.kafka_broker import ensure_topics
+
+        ensure_topics(broker.bootstrap)
+        thread.start()
+        announce(weights, broker.bootstrap, 2)
+        wait_until(lambda: agent.metrics.retries._value.get() >= 3, 60, what="retries while the store is down")
+        assert _version(second_replica.url) == "0" and committed() is None
+        proxy.start()
+        wait_until(lambda: _version(second_replica.url) == "2", 60, what="the switch once the store is back")
+        wait_until(lambda: committed() == 1, 20, what="the offset committed after the switch")
+        assert agent.metrics.rejected.labels("switch_failed")._value.get() >= 3
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+        proxy.shutdown()
+        assert broker.stop()
+        asyncio.run(_agent(weights, second_replica, "reset", tmp_path / "reset", switch_mode="no_pause").apply(0))

@@ -67,3 +67,12 @@ def test_simulated_trials_reach_the_right_decision():
                         "feedback": x["n"], "acceptance": x["a"] / x["n"], "p99_ms": 100.0} for x in (c, s)]
             verdict = judge(*figures, CFG)
         assert verdict.decision == want, (true_diff, verdict)
+
+
+def test_first_feedback_per_choice_only():
+    from serving.first_feedback import FirstFeedback
+
+    seen = FirstFeedback(capacity=3)
+    assert seen.first("a", 0) and not seen.first("a", 0) and seen.first("a", 1)
+    assert seen.first("b", 0) and seen.first("c", 0)  # capacity 3: ("a", 0) is forgotten
+    assert seen.first("a", 0) and not seen.first("c", 0)

@@ -142,3 +142,71 @@ def test_agent_follows_versions_rollbacks_and_pins(test_model, tmp_path):
     assert agent.decide([{"type": "activate", "version": 3}]) is None
     assert agent.decide([{"type": "unpin"}]) == 5  # unpinned: the newest seen
     assert agent.decide([{"type": "version"}, {"type": "bogus", "version": 9}]) is None
+
+
+def _rebuild(store: Store, version: int) -> dict[str, np.ndarray]:
+    """A version's tensors from the store alone, through its base chain (what an agent does)."""
+    from weight_sync.store import chunk_name
+
+    m = store.manifest(version)
+    base = _rebuild(store, m.base_version) if m.kind == "delta" else {}
+    out = {}
+    for t, e in enumerate(m.tensors):
+        frames = [(c, (store.version_dir(version) / "chunks" / chunk_name(t, i)).read_bytes())
+                  for i, c in enumerate(e.chunks)]
+        out[e.name] = codec.decode_tensor(frames, codec.bit_view(e.dtype), e.numel, base.get(e.name))
+    return out
+
+
+def test_delta_after_a_crash_before_head_refresh_names_heads_version(tmp_path):
+    """A publisher killed between committing v2 and refreshing head leaves head at v1; the next delta is
+    coded against head and must say base v1, so it rebuilds (before: it claimed base v2 and every later
+    delta was rejected until the next full snapshot)."""
+    import shutil
+
+    generate_key(tmp_path / "s.pem", tmp_path / "s.pub")
+    cfg = PublishConfig(store=tmp_path / "store", private_key=tmp_path / "s.pem", full_every=10)
+    c0 = _ckpt(tmp_path / "c0", 0)
+    c1 = _ckpt(tmp_path / "c1", 1, base=c0)
+    publish(c0, cfg)
+    publish(c1, cfg)
+    head = tmp_path / "store" / "head"
+    shutil.copytree(head, tmp_path / "head-at-v1")
+    c2 = _ckpt(tmp_path / "c2", 2, base=c1)
+    publish(c2, cfg)
+    shutil.rmtree(head)
+    shutil.copytree(tmp_path / "head-at-v1", head)  # the crash: v2 committed, head still v1
+    c3 = _ckpt(tmp_path / "c3", 3, base=c2)
+    r = publish(c3, cfg)
+    store = Store(tmp_path / "store")
+    assert r.kind == "delta" and r.base_version == 1 and store.manifest(3).base_version == 1
+    want = load_file(str(c3 / "model.safetensors"))
+    got = _rebuild(store, 3)
+    for name, t in want.items():
+        assert np.array_equal(got[name], t.view(torch.int16 if t.dtype == torch.bfloat16 else torch.int32)
+                              .numpy().view(got[name].dtype).reshape(-1)), name
+    # A head without its version record (an older store) makes the next version a full snapshot.
+    (head / "VERSION").unlink()
+    assert publish(_ckpt(tmp_path / "c4", 4, base=c3), cfg).kind == "full"
+
+
+def test_retention_keeps_pinned_and_stable_versions_however_old(tmp_path):
+    generate_key(tmp_path / "s.pem", tmp_path / "s.pub")
+    cfg = PublishConfig(store=tmp_path / "store", private_key=tmp_path / "s.pem", full_every=4, keep=2)
+    prev = _ckpt(tmp_path / "c0", 0)
+    publish(prev, cfg)
+    for v in range(1, 3):
+        prev = _ckpt(tmp_path / f"c{v}", v, base=prev)
+        publish(prev, cfg)
+    activate(cfg, 1, "pinned by an SRE", kind="pin")
+    for v in range(3, 10):
+        prev = _ckpt(tmp_path / f"c{v}", v, base=prev)
+        publish(prev, cfg)
+    store = Store(tmp_path / "store")
+    assert store.decided() == {1}
+    assert {0, 1} <= set(store.versions())  # the pin and the full snapshot it is rebuilt from
+    activate(cfg, 1, "unpin", kind="unpin")
+    activate(cfg, 8, "rolled back to 8")
+    prev = _ckpt(tmp_path / "c10", 10, base=prev)
+    publish(prev, cfg)
+    assert store.decided() == {8} and 1 not in store.versions() and 8 in store.versions()

@@ -40,3 +40,15 @@ def test_rollout_load_is_counted_apart_from_user_load():
     p.get("r1").state = ReplicaState.BORROWED
     with Lease(p.get("r1"), rollout=True):
         assert p.get("r1").rollout_outstanding == 1 and p.get("r1").outstanding == 0
+
+
+def test_a_drain_whose_lease_lapses_takes_users_again():
+    from serving.router import ReplicaPool, ReplicaState
+
+    pool = ReplicaPool(["http://a", "http://b"])
+    a, b = pool.replicas["r0"], pool.replicas["r1"]
+    a.state, a.drain_lease_until = ReplicaState.DRAINING, 100.0  # an agent's drain
+    b.state, b.drain_lease_until = ReplicaState.DRAINING, None  # an SRE's drain: held
+    assert pool.expire_drain_leases(now=99.0) == [] and a.state == ReplicaState.DRAINING
+    assert pool.expire_drain_leases(now=101.0) == ["r0"]
+    assert a.state == ReplicaState.ACTIVE and b.state == ReplicaState.DRAINING and pool.lapsed_drains == 1

@@ -1,0 +1,100 @@
+"""The trainer's checkpoints and its ledger: exactly-once accounting across kill -9.
+
+Each save is a new directory `checkpoints/step-<step>-<ns>` (never reused, so a save never deletes or
+overwrites the directory LATEST names), holding `trainer.pt` (tensors and plain values only: loaded
+with weights_only=True); beside it `ledger/<same name>.json` lists the samples that save trained or
+dropped. Every file and directory is fsynced before `LATEST` is rewritten (atomically, fsynced too):
+that rename is the commit point. At resume, ledger files newer than LATEST belong to a save that never
+committed (its work is redone) and are removed. A LATEST that names a missing directory is fatal:
+starting over from the base model would skip every event whose offset that checkpoint had committed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+
+class CheckpointError(RuntimeError):
+    """The checkpoint directory is not in a state the trainer can continue from."""
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_durably(path: Path, data: bytes) -> None:
+    """Write, fsync, rename into place, fsync the directory."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync(path.parent)
+
+
+class Checkpoints:
+    def __init__(self, work: Path, keep: int = 2):
+        self.root = Path(work) / "checkpoints"
+        self.ledger = Path(work) / "ledger"
+        self.keep = keep
+        for d in (self.root, self.ledger):
+            d.mkdir(parents=True, exist_ok=True)
+
+    def latest(self) -> Path | None:
+        pointer = self.root / "LATEST"
+        if not pointer.exists():
+            return None
+        name = pointer.read_text().strip()
+        path = self.root / name
+        if not name or not (path / "trainer.pt").exists():
+            raise CheckpointError(f"{pointer} names {name!r}, which is missing or incomplete: refusing to start "
+                                  f"from the base model (its committed offsets are past the events it trained). "
+                                  f"Restore that checkpoint, or remove {self.root} and the consumer group's "
+                                  f"offsets to start over on purpose.")
+        return path
+
+    def load(self) -> dict | None:
+        """The newest committed state (ledger files of saves that never committed are removed), or None."""
+        latest = self.latest()
+        if latest is None:
+            return None
+        # Tensors and plain state only: a checkpoint file cannot carry code to run at the next resume.
+        state = torch.load(latest / "trainer.pt", weights_only=True)
+        for f in self.ledger.glob("step-*.json"):
+            if f.stem > latest.name:
+                f.unlink()
+        return state
+
+    def save(self, state: dict, step: int, ledger: list[dict]) -> Path:
+        """Write `state` and its ledger as a new checkpoint and make it current. Returns its directory."""
+        name = f"step-{step:08d}-{time.time_ns():016x}"  # sorts by step, then by time
+        tmp = self.root / f".{name}.tmp"
+        tmp.mkdir()
+        torch.save(state, tmp / "trainer.pt")
+        _fsync(tmp / "trainer.pt")
+        _fsync(tmp)
+        _write_durably(self.ledger / f"{name}.json", json.dumps(ledger).encode())
+        final = self.root / name
+        os.replace(tmp, final)
+        _fsync(self.root)
+        _write_durably(self.root / "LATEST", name.encode())  # the commit point
+        for old in sorted(p for p in self.root.glob("step-*") if p.name != name)[:-(self.keep - 1) or None]:
+            shutil.rmtree(old, ignore_errors=True)
+        for stale in self.root.glob(".step-*.tmp"):
+            if stale != tmp:
+                shutil.rmtree(stale, ignore_errors=True)
+        return final
+
+    def ledger_entries(self) -> list[dict]:
+        """Every committed ledger entry, oldest first."""
+        return [e for f in sorted(self.ledger.glob("step-*.json")) for e in json.loads(f.read_text())]

@@ -1,0 +1,79 @@
+"""Whichever way the process that started the servers ends, they end with it; and a pid file never makes
+us kill a process that merely reuses a recorded pid."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from flywheel.paths import REPO_ROOT
+from flywheel.procs import identity, pid_alive, same_process, stop_recorded, write_state
+
+pytestmark = pytest.mark.timeout(300)
+
+CHILD = """
+import json, sys, time
+from pathlib import Path
+from flywheel import kafka_broker
+from serving import gateway_process
+from serving.replica import ReplicaConfig, start
+model, tmp = Path(sys.argv[1]), Path(sys.argv[2])
+broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=tmp / "kafka"))
+replica = start(ReplicaConfig(model_path=model, log_dir=tmp / "logs"))
+gateway = gateway_process.start([replica.url], model, tmp / "gw", kafka=broker.bootstrap)
+print(json.dumps([broker.pid, replica.pid, gateway.pid]), flush=True)
+time.sleep(600)
+"""
+
+
+def group(pgid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True).stdout.split()
+    return [int(p) for p in out if pid_alive(int(p))]
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+def test_servers_die_with_the_process_that_started_them(test_model, tmp_path, how):
+    """A broker, an SGLang replica (launcher, scheduler, detokenizer) and a gateway (and its shipper),
+    started the way the test fixtures and the demo start them; then their parent is killed, with no
+    chance to clean up (SIGKILL) or without cleaning up (SIGTERM, as pytest does on a second Ctrl-C)."""
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(test_model), str(tmp_path)], cwd=REPO_ROOT,
+                            env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)), stdout=subprocess.PIPE, text=True)
+    try:
+        pids = json.loads(proc.stdout.readline())
+        groups = {p: group(p) for p in pids}
+        assert all(groups.values()) and len(groups[pids[1]]) >= 3, groups  # SGLang's children are in its group
+    finally:
+        proc.send_signal(how)
+        proc.wait()
+    deadline = time.monotonic() + 60
+    while any(group(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = {p: group(p) for p in pids if group(p)}
+    for members in left.values():  # do not leak them into the rest of the run, whatever the verdict
+        for m in members:
+            os.kill(m, signal.SIGKILL)
+    assert not left, f"processes outlived their parent: {left}"
+
+
+def test_a_pid_file_whose_pid_was_reused_kills_nobody(tmp_path):
+    stranger = subprocess.Popen(["sleep", "120"], start_new_session=True)
+    try:
+        recorded = identity(stranger.pid)
+        assert same_process(recorded)
+        # The same pid, recorded for a process that started at another time (a reboot, an OOM kill and reuse).
+        stale = {**recorded, "start_ticks": recorded["start_ticks"] - 1000}
+        state = tmp_path / "server.json"
+        write_state(state, stale)
+        assert not same_process(stale)
+        assert stop_recorded(stranger.pid, state)  # forgotten...
+        assert not state.exists() and stranger.poll() is None  # ...and the stranger lives
+        write_state(state, {**recorded, "boot_id": "another-boot"})
+        assert not same_process(json.loads(state.read_text()))
+    finally:
+        stranger.kill()
+        stranger.wait()

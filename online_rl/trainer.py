@@ -12,7 +12,6 @@ Rank 0 does all I/O; with --nproc N the other ranks join each update (online_rl.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -23,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from flywheel import control
 from flywheel import events as ev
 from kernels import batch_invariant as bi
 from online_rl import sandbox
@@ -129,6 +129,12 @@ class Trainer:
         self.failures = Failures(self.metrics.failures, cfg.retry)
         self.rollouts = RolloutSource(cfg.rollouts, self.failures)
         self.pending_announcements: list[dict] = []  # published to the store, not yet on the weights topic
+        self._control_key = None
+        if cfg.publish_key is not None and Path(cfg.publish_key).exists():
+            from weight_sync.manifest import load_private
+
+            self._control_key = load_private(cfg.publish_key).public_key()
+        self._control_guard = control.ReplayGuard()
         self._consumer = None
         self._resume()
 
@@ -157,6 +163,7 @@ class Trainer:
         self.step, self.version, self.baseline = state["step"], state["version"], state["baseline"]
         self.history = state.get("history", {})
         self.rolled_back = set(state.get("rolled_back", []))
+        self._control_guard = control.ReplayGuard(state.get("control_seq", 0))
         if self.rank == 0:
             log.info("resumed at step %d (version %d, %d buffered samples) from %s", self.step, self.version,
                      len(self.buffer), self.checkpoints.latest())
@@ -170,7 +177,8 @@ class Trainer:
                                "joiner": self.joiner.state(), "buffer": [b.state() for b in self.buffer],
                                "offsets": dict(self.offsets), "step": self.step, "version": self.version,
                                "baseline": self.baseline, "history": self.history,
-                               "rolled_back": sorted(self.rolled_back)}, self.step, self.trained_since_ckpt)
+                               "rolled_back": sorted(self.rolled_back), "control_seq": self._control_guard.last},
+                              self.step, self.trained_since_ckpt)
         self.trained_since_ckpt = []
         self._commit_offsets()
 
@@ -254,14 +262,15 @@ class Trainer:
 
     def _weights_record(self, raw: bytes) -> None:
         """A canary trial that rolled a version back: its samples stop feeding updates (they remain signals
-        about that version in the stream and the metrics)."""
+        about that version in the stream and the metrics). Only records signed by our key count."""
+        if self._control_key is None:
+            return  # no key to verify with (a trainer that does not publish): nothing to act on
         try:
-            record = json.loads(raw)
-        except ValueError:
+            record = self._control_guard.check(control.decode(raw, self._control_key))
+        except control.ControlError as e:
+            self.failures.failed("control_record", e, retry=False)
             return
-        if not isinstance(record, dict):
-            return
-        if record.get("type") == "rollback" and isinstance(record.get("version"), int):
+        if record["type"] == "rollback":
             if record["version"] not in self.rolled_back:
                 log.info("v%d was rolled back (%s): its samples are %s", record["version"], record.get("reason"),
                          "still trained" if self.cfg.train_on_rolled_back else "no longer trained")

@@ -25,6 +25,7 @@ from pathlib import Path
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from flywheel import control
 from flywheel.events import TOPIC_WEIGHTS
 from weight_sync import codec
 from weight_sync.checkpoint import CheckpointReader, CheckpointWriter, config_digest
@@ -71,6 +72,8 @@ class AgentMetrics:
         self.rejected = Counter("flywheel_agent_rejected_versions", "Versions rejected, by reason", ["reason"],
                                 registry=r)
         self.switches = Counter("flywheel_agent_switches", "Completed hot-switches", ["mode"], registry=r)
+        self.bad_records = Counter("flywheel_agent_bad_control_records", "Weights records refused (malformed, "
+                                   "unsigned, bad signature, invalid, replayed)", ["reason"], registry=r)
         self.retries = Counter("flywheel_agent_apply_retries", "Applies that failed for a transient reason (store "
                                "or replica unreachable) and were retried", registry=r)
         self.phase = Histogram("flywheel_agent_phase_seconds", "Time per phase of applying a version", ["phase"],
@@ -294,18 +297,22 @@ class Agent:
         log.info("agent %s following %s (replica %s on v%d)", self.cfg.name, TOPIC_WEIGHTS, self.cfg.replica_url,
                  self.state["version"])
         pending, retry_at, backoff, uncommitted = None, 0.0, self.cfg.retry_base_s, False
+        # The sequence is persisted with the offsets it belongs to: records read again after a restart
+        # (not committed: an apply still being retried) are accepted again.
+        guard = control.ReplayGuard(self.state.get("control_seq", 0))
         try:
             while stop is None or not stop.is_set():
                 batch = consumer.poll(timeout_ms=500)
                 records = []
                 for recs in batch.values():
                     for rec in recs:
+                        uncommitted = True
                         try:
-                            records.append(json.loads(rec.value))
-                        except ValueError:
-                            log.error("ignoring a malformed weights record at offset %d", rec.offset)
+                            records.append(guard.check(control.decode(rec.value, self.public)))
+                        except control.ControlError as e:  # counted and skipped, never acted on
+                            self.metrics.bad_records.labels(e.reason).inc()
+                            log.error("ignoring weights record at offset %d: %s", rec.offset, e)
                 if records:
-                    uncommitted = True
                     target = self.decide(records)
                     if target is not None:
                         pending, retry_at = target, 0.0  # a newer decision replaces one still being retried
@@ -321,6 +328,8 @@ class Agent:
                     pending, backoff = None, self.cfg.retry_base_s
                 if pending is None and uncommitted:
                     consumer.commit()
+                    self.state["control_seq"] = guard.last
+                    self._save_state()
                     uncommitted = False
         finally:
             consumer.close()

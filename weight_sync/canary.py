@@ -17,7 +17,6 @@ a canary p99 above `p99_ratio` x stable's, or an error rate above stable's + `er
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import threading
@@ -26,8 +25,10 @@ import urllib.error
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
+from flywheel import control
 from flywheel.admin_client import admin_call
 from flywheel.events import TOPIC_WEIGHTS
+from weight_sync.manifest import load_private
 from weight_sync.publish import PublishConfig, activate
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,9 @@ class CanaryController:
         self.cfg = cfg
         self.decisions: list[dict] = []
         self._mine: set[int] = set()  # seq of the records this controller wrote
+        self._public = load_private(cfg.publish.private_key).public_key()
+        self._guard = control.ReplayGuard()  # the topic is read from its start at every start
+        self.bad_records = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._consumer = None
@@ -185,9 +189,10 @@ class CanaryController:
         for recs in self._consumer.poll(timeout_ms=200).values():
             for r in recs:
                 try:
-                    out.append(json.loads(r.value))
-                except ValueError:
-                    log.error("ignoring a malformed weights record at offset %d", r.offset)
+                    out.append(self._guard.check(control.decode(r.value, self._public)))
+                except control.ControlError as e:  # not ours, not well-formed, or a replay: never acted on
+                    self.bad_records += 1
+                    log.error("ignoring weights record at offset %d: %s", r.offset, e)
         return out
 
     def _override(self, version: int) -> dict | None:

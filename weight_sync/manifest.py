@@ -19,6 +19,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from flywheel import control
 from weight_sync.codec import BIT_VIEWS, ChunkMeta
 
 MANIFEST_SCHEMA = "flywheel.manifest.v1"
@@ -204,17 +205,12 @@ def verify(body: bytes, signature: bytes | None, public: Ed25519PublicKey) -> Ma
 
 # ------------------------------------------------------------------------------------------- announcements
 
-ANNOUNCE_SCHEMA = "flywheel.weights.v1"
 
 
 def announcement(manifest: Manifest, manifest_url: str, manifest_digest: str) -> dict:
     """A new version on the `weights` topic (DESIGN.md: version, base_version, kind, location, digest, signer)."""
-    return {"schema": ANNOUNCE_SCHEMA, "type": "version", "version": manifest.version,
+    return {"schema": control.SCHEMA, "type": "version", "version": manifest.version,
             "base_version": manifest.base_version, "kind": manifest.kind, "manifest": manifest_url,
             "manifest_digest": manifest_digest, "signer": manifest.signer, "ts": time.time()}
 
 
-def activation(version: int, reason: str, seq: int) -> dict:
-    """Serve `version` from now on (a rollback is an activation of an older version, never an edit)."""
-    return {"schema": ANNOUNCE_SCHEMA, "type": "activate", "version": version, "reason": reason, "seq": seq,
-            "ts": time.time()}

@@ -2,7 +2,6 @@
 signed, atomically visible in the store, announced on the Kafka `weights` topic."""
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -11,11 +10,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from flywheel import control
 from flywheel.events import TOPIC_WEIGHTS
 from flywheel.progress import bar
 from weight_sync import codec
 from weight_sync.checkpoint import SIDE_FILES, CheckpointReader, config_digest, weight_files
-from weight_sync.manifest import Manifest, TensorEntry, activation, announcement, load_private, sign
+from weight_sync.manifest import Manifest, TensorEntry, announcement, key_id, load_private, sign
 from weight_sync.store import Store, chunk_name
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class PublishResult:
         return self.raw_bytes / max(1, self.published_bytes)
 
 
-def _kafka_send(bootstrap: str, record: dict, timeout_s: float = 30.0) -> None:
+def _kafka_send(bootstrap: str, value: bytes, timeout_s: float = 30.0) -> None:
     from kafka import KafkaProducer
 
     # Bounded waits: a broker that is down fails this call in about timeout_s, and the caller retries.
@@ -63,16 +63,25 @@ def _kafka_send(bootstrap: str, record: dict, timeout_s: float = 30.0) -> None:
                              request_timeout_ms=ms // 2, delivery_timeout_ms=ms)
     try:
         # One key for every weights record: a single partition keeps versions and activations in order.
-        producer.send(TOPIC_WEIGHTS, key=b"weights", value=json.dumps(record).encode()).get(timeout=timeout_s + 5)
+        producer.send(TOPIC_WEIGHTS, key=b"weights", value=value).get(timeout=timeout_s + 5)
     finally:
         producer.close(timeout=5)
 
 
-def announce(cfg: PublishConfig, record: dict, timeout_s: float = 30.0) -> None:
-    """Put a version's announcement on the weights topic (publish() does this unless told not to; a
-    caller that retries a failed announcement calls it again with the same record)."""
-    if cfg.kafka_bootstrap:
-        _kafka_send(cfg.kafka_bootstrap, record, timeout_s)
+def _send_control(cfg: PublishConfig, store: Store, record: dict, timeout_s: float = 30.0) -> dict:
+    """Number, sign and send one control record (flywheel.control) under the store's sequence lock."""
+    key = load_private(cfg.private_key)
+    with store.sequence() as seq:
+        record = control.validate({**record, "seq": seq, "ts": time.time()})
+        if cfg.kafka_bootstrap:
+            _kafka_send(cfg.kafka_bootstrap, control.encode(record, key, key_id(key.public_key())), timeout_s)
+    return record
+
+
+def announce(cfg: PublishConfig, record: dict, timeout_s: float = 30.0) -> dict:
+    """Put a version's announcement on the weights topic (publish() does this unless told not to). Each
+    call takes a fresh sequence number, so a caller retrying a failed announcement calls it again."""
+    return _send_control(cfg, Store(cfg.store), record, timeout_s)
 
 
 HEAD_VERSION = "VERSION"  # in head/: the version head's weights are
@@ -198,10 +207,7 @@ def activate(cfg: PublishConfig, version: int, reason: str, kind: str = "activat
     store = Store(cfg.store)
     if kind in ("activate", "pin", "canary", "promote") and version not in store.versions():
         raise ValueError(f"version {version} is not in the store (have {store.versions()})")
-    record = activation(version, reason, seq=len(store.activations()) + 1)
-    record["type"] = kind
-    record.update(extra)
+    record = _send_control(cfg, store, {"schema": control.SCHEMA, "type": kind, "version": version,
+                                        "reason": reason, **extra})
     store.record_activation(record)
-    if cfg.kafka_bootstrap:
-        _kafka_send(cfg.kafka_bootstrap, record)
     return record

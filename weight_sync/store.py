@@ -14,7 +14,9 @@ happens after every chunk, file and the signed manifest are on disk.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shutil
 import time
@@ -62,8 +64,6 @@ class Store:
 
     def commit(self, staging: Path, version: int) -> Path:
         """Make a staged version visible (atomic rename)."""
-        import os
-
         for f in (staging / "chunks").iterdir():
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
@@ -100,6 +100,27 @@ class Store:
             if time.time() - stale.stat().st_mtime > 3600:
                 shutil.rmtree(stale, ignore_errors=True)
         return removed
+
+    @contextlib.contextmanager
+    def sequence(self):
+        """The next control-record sequence number, held under a lock until the caller has sent its record,
+        so that the weights topic's order is the sequence's order. A number is never handed out twice,
+        even when its send fails (it may have gone through)."""
+        import fcntl
+
+        with open(self.root / "control_seq.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            path = self.root / "control_seq"
+            try:
+                last = int(path.read_text())
+            except (OSError, ValueError):  # a store from before sequence numbers: start past its activations
+                last = max((a["seq"] for a in self.activations() if isinstance(a.get("seq"), int)), default=0)
+            tmp = path.with_name("control_seq.tmp")
+            tmp.write_text(str(last + 1))
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            yield last + 1
 
     def record_activation(self, record: dict) -> None:
         with open(self.root / "activations.jsonl", "a") as f:

@@ -103,8 +103,15 @@ def test_better_promoted_worse_rolled_back_neutral_promoted(test_model, tmp_path
 def test_trainer_stops_learning_from_a_rolled_back_version(test_model, tmp_path):
     import json
 
+    from flywheel import control
     from online_rl.samples import Sample
     from online_rl.trainer import Trainer, TrainerConfig
+    from weight_sync.manifest import generate_key, load_private
+
+    generate_key(tmp_path / "k.pem", tmp_path / "k.pub")
+    generate_key(tmp_path / "other.pem", tmp_path / "other.pub")
+    key, other = load_private(tmp_path / "k.pem"), load_private(tmp_path / "other.pem")
+    rollback = control.make("rollback", 3, seq=7, stable=2, reason="worse")
 
     def sample(v):
         return Sample(key=f"k{v}", prompt_ids=np.array([1, 2], np.int32), output_ids=np.array([3], np.int32),
@@ -112,13 +119,26 @@ def test_trainer_stops_learning_from_a_rolled_back_version(test_model, tmp_path)
                       reward=1.0, model_version=v)
 
     for keep in (False, True):
-        t = Trainer(TrainerConfig(model_dir=test_model, work_dir=tmp_path / f"t{keep}", train_on_rolled_back=keep))
+        t = Trainer(TrainerConfig(model_dir=test_model, work_dir=tmp_path / f"t{keep}", train_on_rolled_back=keep,
+                                  publish_key=tmp_path / "k.pem"))
         t.version = 3
-        t._weights_record(json.dumps({"type": "rollback", "version": 3, "stable": 2, "reason": "worse"}).encode())
+        # Unsigned, signed by another key, or not a record at all: counted, never acted on.
+        for raw in (json.dumps(rollback).encode(), control.encode(rollback, other), b"null", b"[1]",
+                    b'{"record": 1, "sig": "x"}'):
+            t._weights_record(raw)
+        assert t.rolled_back == set() and t.failures.count("control_record") == 5
+        signed = control.encode(rollback, key)
+        t._weights_record(signed)
+        t._weights_record(signed)  # a replay: refused
+        assert t.failures.count("control_record") == 6
         t.buffer = [sample(2), sample(3)]
         batch = t._take_batch()
         assert [s.model_version for s in batch] == ([2, 3] if keep else [2])
         if not keep:
             assert t.trained_since_ckpt[-1]["dropped"] == "rolled_back"
             t.save()
-            assert Trainer(TrainerConfig(model_dir=test_model, work_dir=tmp_path / "tFalse")).rolled_back == {3}
+            again = Trainer(TrainerConfig(model_dir=test_model, work_dir=tmp_path / "tFalse",
+                                          publish_key=tmp_path / "k.pem"))
+            assert again.rolled_back == {3}
+            again._weights_record(signed)  # the sequence survives the checkpoint: still a replay
+            assert again.failures.count("control_record") == 1

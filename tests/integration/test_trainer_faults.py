@@ -35,15 +35,18 @@ def wait_for(what: str, cond, timeout: float = 120.0) -> None:
         time.sleep(0.2)
 
 
-def weights_records(bootstrap: str) -> list[dict]:
+def weights_records(bootstrap: str, public_key) -> list[dict]:
+    """The weights topic from its start, each record verified."""
     from kafka import KafkaConsumer, TopicPartition
+
+    from flywheel import control
 
     c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=3000)
     try:
         tp = TopicPartition(ev.TOPIC_WEIGHTS, 0)
         c.assign([tp])
         c.seek_to_beginning(tp)
-        return [json.loads(r.value) for r in c]
+        return [control.decode(r.value, public_key) for r in c]
     finally:
         c.close()
 
@@ -129,7 +132,10 @@ def test_trainer_survives_each_failure_mid_run(test_model, gateway, tmp_path, mo
 
         assert count("sample") == 1 and count("rollout_group") == 1
         versions = Store(tmp_path / "store").versions()
-        announced = [r["version"] for r in weights_records(broker.bootstrap) if r.get("type") == "version"]
+        from weight_sync.manifest import load_public
+
+        announced = [r["version"] for r in weights_records(broker.bootstrap, load_public(tmp_path / "k.pub"))
+                     if r["type"] == "version"]
         assert set(announced) == set(versions) and len(versions) >= 3, (announced, versions)
         ledger = [e for f in sorted((work / "ledger").glob("step-*.json")) for e in json.loads(f.read_text())]
         trained = [e["key"] for e in ledger if e["key"].startswith("ft-") and "dropped" not in e]

@@ -66,15 +66,16 @@ def weights(test_model, tmp_path_factory):
 
 
 def announce(weights, bootstrap: str, v: int) -> None:
-    """Announce an already published version on the weights topic (what publish() does)."""
+    """Announce an already published version on the weights topic (what publish() does: signed, numbered)."""
     from weight_sync import codec
     from weight_sync.manifest import announcement
-    from weight_sync.publish import _kafka_send
+    from weight_sync.publish import announce as send
 
     store = Store(weights["root"] / "store")
     body = (store.version_dir(v) / "manifest.json").read_bytes()
-    _kafka_send(bootstrap, announcement(store.manifest(v), f"{weights['url']}/versions/{v}/manifest.json",
-                                        codec.digest(body)))
+    cfg = PublishConfig(store=weights["root"] / "store", private_key=weights["root"] / "signing.pem",
+                        kafka_bootstrap=bootstrap)
+    send(cfg, announcement(store.manifest(v), f"{weights['url']}/versions/{v}/manifest.json", codec.digest(body)))
 
 
 def completion_events(bootstrap: str, ids: set[str], timeout_s: float = 60.0) -> dict:
@@ -359,3 +360,55 @@ def test_a_transient_apply_failure_is_retried_and_its_offset_not_committed(weigh
         proxy.shutdown()
         assert broker.stop()
         asyncio.run(_agent(weights, second_replica, "reset", tmp_path / "reset", switch_mode="no_pause").apply(0))
+
+
+def test_the_agent_acts_only_on_signed_fresh_records(weights, second_replica, tmp_path):
+    """Any local process can write to the broker: a replayed old record, an unsigned or forged one, or
+    plain garbage on the weights topic is counted and skipped, and the agent keeps following real ones."""
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+    from flywheel import control, kafka_broker
+    from flywheel.events import TOPIC_WEIGHTS
+    from weight_sync.manifest import load_private
+
+    broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=tmp_path / "kafka"))
+    kafka_broker.ensure_topics(broker.bootstrap)
+    cfg = PublishConfig(store=weights["root"] / "store", private_key=weights["root"] / "signing.pem",
+                        kafka_bootstrap=broker.bootstrap)
+    agent = Agent(AgentConfig(name="guarded", replica_url=second_replica.url, store_url=weights["url"],
+                              public_key=weights["root"] / "signing.pub", work_dir=tmp_path / "agent",
+                              initial_model=weights["ckpts"][0], kafka_bootstrap=broker.bootstrap,
+                              switch_mode="no_pause"))
+    stop = threading.Event()
+    thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
+    try:
+        thread.start()
+        activate(cfg, 1, "serve v1")
+        wait_until(lambda: _version(second_replica.url) == "1", 60, what="v1")
+        activate(cfg, 3, "serve v3")
+        wait_until(lambda: _version(second_replica.url) == "3", 60, what="v3")
+        c = KafkaConsumer(bootstrap_servers=broker.bootstrap, enable_auto_commit=False, consumer_timeout_ms=3000)
+        c.assign([TopicPartition(TOPIC_WEIGHTS, 0)])
+        c.seek_to_beginning()
+        first = next(iter(c)).value  # the signed "serve v1", to replay
+        c.close()
+        forged = control.make("activate", 2, seq=10_000, reason="forged")
+        generate_key(tmp_path / "evil.pem", tmp_path / "evil.pub")
+        for raw in (first, b"null", b"[1]", b"not json", json.dumps(forged).encode(),
+                    control.encode(forged, load_private(tmp_path / "evil.pem"))):
+            producer.send(TOPIC_WEIGHTS, key=b"weights", value=raw)
+        producer.flush()
+        bad = agent.metrics.bad_records
+        wait_until(lambda: sum(bad.labels(r)._value.get() for r in ("replayed", "malformed", "unsigned",
+                                                                    "bad_signature")) == 6, 30, what="6 refusals")
+        assert bad.labels("replayed")._value.get() == 1 and bad.labels("malformed")._value.get() == 3
+        assert bad.labels("unsigned")._value.get() == 1 and bad.labels("bad_signature")._value.get() == 1
+        assert thread.is_alive() and _version(second_replica.url) == "3"
+        activate(cfg, 0, "back to v0")  # and the real ones still go through
+        wait_until(lambda: _version(second_replica.url) == "0", 60, what="v0")
+    finally:
+        producer.close()
+        stop.set()
+        thread.join(timeout=30)
+        assert broker.stop()

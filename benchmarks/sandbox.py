@@ -35,7 +35,8 @@ def corpus() -> dict:
     listeners = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]  # servers on loopback ports
     values = {"key": keys / "signing.pem", "cache_file": flywheel_home() / "setup.lock", "cache_dir": flywheel_home(),
               "repo_file": REPO_ROOT / "online_rl" / "tasks.py", "repo_dir": REPO_ROOT,
-              "ports": [s.getsockname()[1] for s in listeners], "harness_pid": os.getpid()}
+              "ports": [s.getsockname()[1] for s in listeners], "harness_pid": os.getpid(),
+              "stdlib": sandbox.interpreter()[1]}
     before = (hc.fingerprint(flywheel_home()), hc.fingerprint(REPO_ROOT))
     t0 = time.monotonic()
     verdicts = sandbox.run([hc.render(c, **values) for c in hc.CASES], CFG)

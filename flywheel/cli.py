@@ -17,6 +17,7 @@ COMMAND_MODULES = [
     "serving.cli",
     "weight_sync.cli",
     "flywheel.demo",
+    "flywheel.chaos",
     "loadtests.cli",
 ]
 

@@ -19,6 +19,7 @@ import json
 import time
 
 SCHEMA = "flywheel.control/1"
+MAX_RECORD_BYTES = 64 << 10  # a control record is a few hundred bytes; anything far larger is refused unread
 KINDS = ("version", "canary", "promote", "rollback", "activate", "pin", "unpin")
 
 # Optional fields by type (name -> accepted types); "version" is an int on every kind but unpin.
@@ -78,10 +79,12 @@ def decode(raw: bytes, public_key) -> dict:
     """The verified record, or ControlError saying why not."""
     from cryptography.exceptions import InvalidSignature
 
+    if not isinstance(raw, (bytes, bytearray, str)) or len(raw) > MAX_RECORD_BYTES:
+        raise ControlError("malformed", "not bytes, or too large to be a control record")
     try:
         wire = json.loads(raw)
-    except (ValueError, TypeError) as e:
-        raise ControlError("malformed", f"not JSON ({e})") from None
+    except Exception as e:  # ValueError, but also RecursionError from "[[[[..." nested ten thousand deep
+        raise ControlError("malformed", f"not JSON ({type(e).__name__})") from None
     if not isinstance(wire, dict):
         raise ControlError("malformed", f"not an object but {type(wire).__name__}")
     if not isinstance(wire.get("sig"), str) or "record" not in wire:
@@ -91,7 +94,7 @@ def decode(raw: bytes, public_key) -> dict:
         raise ControlError("malformed", "the signed record is not an object")
     try:
         public_key.verify(base64.b64decode(wire["sig"], validate=True), _canonical(record))
-    except (InvalidSignature, ValueError) as e:
+    except (InvalidSignature, ValueError, TypeError, RecursionError) as e:
         raise ControlError("bad_signature", f"does not verify with our key ({type(e).__name__})") from None
     return validate(record)
 

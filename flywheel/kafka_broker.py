@@ -188,7 +188,7 @@ def running(data_dir: Path) -> Broker | None:
                   log_file=Path(state["log_file"]))
 
 
-def start(cfg: BrokerConfig | None = None) -> Broker:
+def start(cfg: BrokerConfig | None = None, die_with_parent: bool = True) -> Broker:
     """Start (formatting on first use) a KRaft broker+controller; wait until it serves metadata."""
     cfg = cfg or BrokerConfig()
     data_dir = Path(cfg.data_dir).resolve()
@@ -226,8 +226,8 @@ def start(cfg: BrokerConfig | None = None) -> Broker:
     write_state(data_dir / PORTS_FILE, {"port": port, "controller_port": cport})
 
     stdout = open(data_dir / "broker.stdout", "ab")
-    proc = spawn(jvm + ["kafka.Kafka", str(props)], stdout=stdout, stderr=subprocess.STDOUT,
-                 stdin=subprocess.DEVNULL, cwd=data_dir)
+    proc = spawn(jvm + ["kafka.Kafka", str(props)], die_with_parent=die_with_parent, stdout=stdout,
+                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=data_dir)
     stdout.close()
     bootstrap = f"127.0.0.1:{port}"
     broker = Broker(pid=proc.pid, bootstrap=bootstrap, data_dir=data_dir, log_file=log_file)

@@ -46,7 +46,7 @@ def _start(args) -> int:
     cfg = _cfg(args)
     cfg.port, cfg.heap = args.port, args.heap
     t0 = time.monotonic()
-    b = start(cfg)
+    b = start(cfg, die_with_parent=False)  # the command returns; the broker stays
     print(json.dumps({"bootstrap": b.bootstrap, "pid": b.pid, "data_dir": str(b.data_dir),
                       "log": str(b.log_file), "start_s": round(time.monotonic() - t0, 1)}))
     return 0

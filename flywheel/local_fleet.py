@@ -168,8 +168,8 @@ class LocalFleet:
             return spawn([sys.executable, "-m", "flywheel", *args], cwd=REPO_ROOT, stdout=log,
                          stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=_child_env())
 
-    def _spawn_store(self) -> str:
-        port = free_port()
+    def _spawn_store(self, port: int = 0) -> str:
+        port = port or free_port()
         proc = self._python(["weights", "serve", "--store", str(self.store_root), "--port", str(port)], "store.log")
         self.store_pid = proc.pid
         url = f"http://127.0.0.1:{port}"

@@ -1,9 +1,9 @@
 """Process and port helpers for the servers Flywheel starts on loopback (broker, replicas, gateway)."""
 from __future__ import annotations
 
-import ctypes
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -11,29 +11,23 @@ import time
 from pathlib import Path
 from typing import Callable
 
-_PR_SET_PDEATHSIG = 1
-_libc = ctypes.CDLL(None, use_errno=True)  # loaded here, never between fork and exec
 
-
-def _die_with(parent: int):
-    """preexec_fn: the child gets SIGTERM when its parent dies, however it dies (kill -9, a second Ctrl-C
-    in pytest, an OOM kill). Checked once more after arming it: the parent may already be gone."""
-    def arm() -> None:
-        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent:
-            os._exit(1)
-    return arm
-
-
-def spawn(cmd: list[str], **kw) -> subprocess.Popen:
-    """Start a server process: its own session (its process group holds its children), and it goes when
-    the process that started it goes. Call it from a thread that lives as long as the server should:
-    Linux ties the parent-death signal to the thread that forked."""
-    return subprocess.Popen(cmd, start_new_session=True, preexec_fn=_die_with(os.getpid()), **kw)
+def spawn(cmd: list[str], die_with_parent: bool = True, **kw) -> subprocess.Popen:
+    """Start a server process in its own session (its process group holds its children). With
+    die_with_parent it gets SIGTERM when the process that started it ends, however that ends (kill -9, a
+    second Ctrl-C in pytest, an OOM kill): util-linux `setpriv --pdeathsig` arms it and execs the command
+    (same pid; no Python code runs between fork and exec, which is unsafe in a threaded parent). Linux
+    ties the signal to the forking thread: call it from one that lives as long as the server should. A
+    command that starts a server and returns (`flywheel replica start`) passes die_with_parent=False."""
+    setpriv = shutil.which("setpriv")
+    if die_with_parent and setpriv:
+        cmd = [setpriv, "--pdeathsig", "TERM", "--", *cmd]
+    return subprocess.Popen(cmd, start_new_session=True, **kw)
 
 
 def identity(pid: int) -> dict:
-    """What tells this process apart from a later one that reuses its pid: boot id, start time, command."""
+    """What tells this process apart from a later one that reuses its pid: boot id and start time (and the
+    command line, for whoever reads the pid file)."""
     with open(f"/proc/{pid}/stat") as f:
         start = int(f.read().rsplit(")", 1)[1].split()[19])
     with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -56,7 +50,8 @@ def same_process(recorded: dict) -> bool:
         now = identity(pid)
     except OSError:
         return False
-    return all(now[k] == recorded[k] for k in ("boot_id", "start_ticks", "cmdline"))
+    # Boot and start time identify a process; its command line is recorded for people (it changes at exec).
+    return all(now[k] == recorded[k] for k in ("boot_id", "start_ticks"))
 
 
 def free_port(host: str = "127.0.0.1") -> int:

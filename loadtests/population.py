@@ -39,6 +39,7 @@ class Interaction:
     version: str | None  # weight version that served the completion
     outcome: str  # accept | reject | ignore | failed
     error: str | None = None
+    completion_id: str | None = None  # what the gateway issued (its events carry it)
 
 
 class HiddenTests:
@@ -108,7 +109,7 @@ class Population:
                 else:
                     outcome = "accept" if self.prefers(task, r.choices[0].text) else "reject"
                     self._feedback(key, r.id, outcome)
-                rec = Interaction(f"user-{i}", task.task_id, started, latency, version, outcome)
+                rec = Interaction(f"user-{i}", task.task_id, started, latency, version, outcome, completion_id=r.id)
             except Exception as e:  # a failed request is a result, not a crash of the population
                 rec = Interaction(f"user-{i}", task.task_id, started, time.monotonic() - t, None, "failed",
                                   f"{type(e).__name__}: {e}"[:300])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import shutil
 import time
 from pathlib import Path
@@ -69,7 +70,14 @@ class Checkpoints:
         if latest is None:
             return None
         # Tensors and plain state only: a checkpoint file cannot carry code to run at the next resume.
-        state = torch.load(latest / "trainer.pt", weights_only=True)
+        try:
+            state = torch.load(latest / "trainer.pt", weights_only=True)
+        except pickle.UnpicklingError as e:
+            if "online_rl.samples.Sample" in str(e):
+                raise CheckpointError(f"{latest} was written by an older Flywheel (pickled Sample objects) and "
+                                      f"is not loaded as code; resume it with that version, or start over "
+                                      f"on purpose (remove {self.root})") from e
+            raise
         for f in self.ledger.glob("step-*.json"):
             if f.stem > latest.name:
                 f.unlink()
@@ -79,15 +87,23 @@ class Checkpoints:
         """Write `state` and its ledger as a new checkpoint and make it current. Returns its directory."""
         name = f"step-{step:08d}-{time.time_ns():016x}"  # sorts by step, then by time
         tmp = self.root / f".{name}.tmp"
-        tmp.mkdir()
-        torch.save(state, tmp / "trainer.pt")
-        _fsync(tmp / "trainer.pt")
-        _fsync(tmp)
-        _write_durably(self.ledger / f"{name}.json", json.dumps(ledger).encode())
-        final = self.root / name
-        os.replace(tmp, final)
-        _fsync(self.root)
-        _write_durably(self.root / "LATEST", name.encode())  # the commit point
+        ledger_file = self.ledger / f"{name}.json"
+        try:
+            tmp.mkdir()
+            torch.save(state, tmp / "trainer.pt")
+            _fsync(tmp / "trainer.pt")
+            _fsync(tmp)
+            _write_durably(ledger_file, json.dumps(ledger).encode())
+            final = self.root / name
+            os.replace(tmp, final)
+            _fsync(self.root)
+            _write_durably(self.root / "LATEST", name.encode())  # the commit point
+        except BaseException:
+            # Not committed: its ledger must not outlive it (the retry writes these entries again under
+            # a later name; a kill -9 here leaves a name after LATEST's, which load() removes).
+            ledger_file.unlink(missing_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         for old in sorted(p for p in self.root.glob("step-*") if p.name != name)[:-(self.keep - 1) or None]:
             shutil.rmtree(old, ignore_errors=True)
         for stale in self.root.glob(".step-*.tmp"):

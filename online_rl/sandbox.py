@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 CONTAINED = Counter("flywheel_sandbox_contained", "Hostile candidate attempts the sandbox contained, by kind",
                     ["kind"], registry=None)  # registered by whoever serves /metrics (the trainer)
 STDERR_CAP = 64 << 10
+KINDS = ("filesystem", "network", "process", "signal", "ctypes", "introspection", "tamper", "early_exit",
+         "bad_output", "memory", "cpu_time", "wall_time", "output_flood", "crash")  # what CONTAINED counts
 UID_SPAN = 4096 * 64  # outer uids: 64 concurrent slots for each of 4096 process ids (pid mod 4096)
 
 
@@ -193,11 +195,12 @@ def _verdict(cand: Candidate, cfg: SandboxConfig, out: bytes, code: int, why: st
     for line in out.splitlines():
         try:
             msg = json.loads(line)
-        except ValueError:
+        except Exception:  # ValueError, or RecursionError from a line nested thousands deep
             kinds.add("bad_output")
             continue
-        if isinstance(msg, dict) and isinstance(msg.get("attempt"), str) and len(msg["attempt"]) < 32:
-            kinds.add(msg["attempt"])
+        if isinstance(msg, dict) and isinstance(msg.get("attempt"), str):
+            # Only the kinds the runner knows: a candidate writing its own must not mint metric labels.
+            kinds.add(msg["attempt"] if msg["attempt"] in KINDS else "bad_output")
         elif isinstance(msg, dict) and isinstance(msg.get("result"), dict):
             results.append(msg["result"])
         else:

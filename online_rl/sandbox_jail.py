@@ -2,8 +2,9 @@
 
 Each candidate gets fresh user, PID, network, IPC, UTS and cgroup namespaces (`--unshare-all`), runs as
 uid/gid 65534 inside, on a root that is an empty tmpfs remounted read-only, holding only the Python
-interpreter, its standard library and the shared libraries those load (found with `ldd`), plus /dev's
-null/zero/urandom, a private size-capped tmpfs work dir and /tmp. No /proc, no /etc, no cache, no repo,
+interpreter, its standard library and the shared libraries those load (found with `ldd`), plus bwrap's
+minimal /dev (null, zero, full, random, urandom, tty, a pts; read-only, /dev/shm included), a private
+size-capped tmpfs work dir and /tmp. No /proc, no /etc, no cache, no repo,
 no virtualenv, no keys. `--die-with-parent` and `--new-session`; when the command ends, or the harness
 kills bwrap, the PID namespace ends and every process in it with it.
 
@@ -138,7 +139,9 @@ def bwrap_command(limits: Limits, info_fd: int) -> list[str]:
     size = str(limits.tmpfs_bytes)
     return [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
             "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox", "--clearenv",
-            "--cap-drop", "ALL", "--info-fd", str(info_fd), *root_ops(), "--dev", "/dev",
+            "--cap-drop", "ALL", "--info-fd", str(info_fd), *root_ops(),
+            # bwrap's /dev is a tmpfs of its own (with /dev/shm): read-only, or it is a way to fill RAM.
+            "--dev", "/dev", "--remount-ro", "/dev",
             "--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", WORK_DIR, "--remount-ro", "/",
             "--chdir", WORK_DIR, exe, "-I", "-S", "-B", "-c", runner_source()]
 

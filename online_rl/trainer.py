@@ -128,6 +128,8 @@ class Trainer:
         self.metrics = TrainerMetrics()
         self.failures = Failures(self.metrics.failures, cfg.retry)
         self.rollouts = RolloutSource(cfg.rollouts, self.failures)
+        if cfg.rollouts.tasks_per_step and cfg.rollouts.gateway_url and self.rank == 0:
+            sandbox.check(cfg.rollouts.sandbox)  # no isolation, no rollouts: refuse to start, say why
         self.pending_announcements: list[dict] = []  # published to the store, not yet on the weights topic
         self._control_key = None
         if cfg.publish_key is not None and Path(cfg.publish_key).exists():
@@ -182,6 +184,19 @@ class Trainer:
         self.trained_since_ckpt = []
         self._commit_offsets()
 
+    def _save_or_retry(self) -> bool:
+        """save(), living through a checkpoint disk that is full or failing: nothing is committed (the offsets
+        neither), the steps since the last checkpoint stay in memory, and the next save tries again."""
+        if not self.failures.ready("checkpoint"):
+            return False
+        try:
+            self.save()
+        except (OSError, RuntimeError) as e:  # torch.save reports a failed write as a RuntimeError
+            self.failures.failed("checkpoint", e, retry=True)
+            return False
+        self.failures.succeeded("checkpoint")
+        return True
+
     def _commit_offsets(self) -> None:
         if self._consumer is None or not self.offsets:
             return
@@ -208,25 +223,29 @@ class Trainer:
             c = KafkaConsumer(bootstrap_servers=self.cfg.kafka_bootstrap, group_id=self.cfg.group_id,
                               enable_auto_commit=False, auto_offset_reset="earliest", client_id="flywheel-trainer",
                               max_poll_records=2000)
-            parts = []
-            for topic in (ev.TOPIC_COMPLETIONS, ev.TOPIC_FEEDBACK, ev.TOPIC_WEIGHTS):
-                ids = c.partitions_for_topic(topic)
-                deadline = time.monotonic() + 10
-                while not ids and time.monotonic() < deadline:  # auto-created on first use
-                    c.topics()
-                    time.sleep(0.2)
+            try:
+                parts = []
+                for topic in (ev.TOPIC_COMPLETIONS, ev.TOPIC_FEEDBACK, ev.TOPIC_WEIGHTS):
                     ids = c.partitions_for_topic(topic)
-                parts += [TopicPartition(topic, p) for p in sorted(ids or [])]
-            c.assign(parts)
-            committed = {tp: c.committed(tp) for tp in parts}
-            for tp in parts:
-                key = f"{tp.topic}:{tp.partition}"
-                if key in self.offsets:  # the checkpoint decides, not the group's committed offset
-                    c.seek(tp, self.offsets[key])
-                elif committed[tp] is not None:
-                    c.seek(tp, committed[tp])
-                else:
-                    c.seek_to_beginning(tp)
+                    deadline = time.monotonic() + 10
+                    while not ids and time.monotonic() < deadline:  # auto-created on first use
+                        c.topics()
+                        time.sleep(0.2)
+                        ids = c.partitions_for_topic(topic)
+                    parts += [TopicPartition(topic, p) for p in sorted(ids or [])]
+                c.assign(parts)
+                committed = {tp: c.committed(tp) for tp in parts}
+                for tp in parts:
+                    key = f"{tp.topic}:{tp.partition}"
+                    if key in self.offsets:  # the checkpoint decides, not the group's committed offset
+                        c.seek(tp, self.offsets[key])
+                    elif committed[tp] is not None:
+                        c.seek(tp, committed[tp])
+                    else:
+                        c.seek_to_beginning(tp)
+            except BaseException:
+                c.close()  # a half-made consumer holds sockets: the next try makes a new one
+                raise
             self._consumer = c
         return self._consumer
 
@@ -240,7 +259,7 @@ class Trainer:
                 return 0
             batch = c.poll(timeout_ms=self.cfg.poll_ms)
         except Exception as e:  # the broker is away: keep training what is buffered, try again later
-            self.failures.failed("ingest", e)
+            self.failures.failed("ingest", e, retry=True)  # backoff whatever the cause: never a hot loop
             return 0
         self.failures.succeeded("ingest")
         n = 0
@@ -323,6 +342,8 @@ class Trainer:
             share_batch(samples, adv)
             m = update(self.model, self.ref, self.opt, samples, adv, self.cfg.loss, self.cfg.optim)
         except Exception as e:  # a batch the checks let through and the update cannot take: skip it, go on
+            if self.world > 1:
+                raise  # the other ranks are inside the update's collectives: skipping alone would hang them
             self.failures.failed("update", e, retry=False)
             self.opt.zero_grad(set_to_none=True)
             for s in samples:
@@ -449,16 +470,13 @@ class Trainer:
                     log.info("step %d: %d user + %d rollout samples, %d tokens, %.0f tok/s, kl %.4f%s", m["step"],
                              m["user"], m["rollout"], m["tokens"], m["tokens_per_s"], m["kl_per_token"],
                              f", rollout pass {m['rollout_pass']:.2f}" if m["rollout_pass"] is not None else "")
-                    if self.step % self.cfg.checkpoint_every == 0:
-                        self.save()
+                    if self.step % self.cfg.checkpoint_every == 0 and self._save_or_retry():
                         saved_step = self.step
-                elif not consumed and self.step != saved_step:
-                    self.save()  # caught up and idle: do not leave trained steps outside a checkpoint
-                    saved_step = self.step
+                elif not consumed and self.step != saved_step and self._save_or_retry():
+                    saved_step = self.step  # caught up and idle: no trained steps left outside a checkpoint
                 if (time.monotonic() - self.last_publish >= self.cfg.publish_interval_s
                         and self.failures.ready("publish")):
-                    if self.step != saved_step:  # a second save of one step would rewrite its ledger
-                        self.save()
+                    if self.step != saved_step and self._save_or_retry():
                         saved_step = self.step
                     try:
                         self.publish()

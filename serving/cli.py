@@ -68,7 +68,7 @@ def _start(args) -> int:
     cfg = ReplicaConfig(model_path=args.model, port=args.port, device=args.device, dtype=args.dtype,
                         max_total_tokens=args.max_total_tokens, weight_version=args.weight_version)
     t0 = time.monotonic()
-    r = start(cfg)
+    r = start(cfg, die_with_parent=False)  # the command returns; the replica stays
     print(json.dumps({"url": r.url, "pid": r.pid, "log": str(r.log_file), "start_s": round(time.monotonic() - t0, 1)}))
     return 0
 

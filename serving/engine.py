@@ -111,7 +111,8 @@ async def generate_stream(session: aiohttp.ClientSession, url: str, body: dict, 
     got_first = False
     try:
         async with session.post(f"{url}/generate", json=body,
-                                timeout=aiohttp.ClientTimeout(total=timeout_s, sock_read=timeout_s)) as r:
+                                # Idle time only: a long stream that keeps sending is not a hung replica.
+                                timeout=aiohttp.ClientTimeout(total=None, sock_read=timeout_s)) as r:
             if r.status != 200:
                 raise await _error(r)
             async for line in r.content:

@@ -181,15 +181,19 @@ class EventLog:
         self._shipper_checked = now
         if self._shipper.pid is not None and not self._shipper.is_alive():
             log.error("event shipper exited (code %s); starting it again from the cursor", self._shipper.exitcode)
-            self._shipper = self._new_shipper()
-            self._shipper.start()
+            shipper = self._new_shipper()
+            shipper.start()  # if this raises, the dead one stays and the next check tries again
+            self._shipper = shipper
             self._shipper_restarts += 1
 
     def _write_loop(self) -> None:
         batch: list = []
         stopping_since = None
         while True:
-            self._watch_shipper()
+            try:
+                self._watch_shipper()
+            except Exception as e:  # cannot start a process now (EMFILE, ENOMEM): the writer goes on
+                log.error("could not restart the event shipper: %s", e)
             if not batch:
                 batch = self._group_commit_batch()
                 if not batch:

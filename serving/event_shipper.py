@@ -96,7 +96,8 @@ def run(cfg, shared) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(logging.CRITICAL)  # outages are reported here, once
     spool = Spool(cfg.spool_dir)
-    cursor = (shared[CUR_SEG], shared[CUR_OFF])
+    with shared.get_lock():
+        cursor = (shared[CUR_SEG], shared[CUR_OFF])
     producer = None
     saved_at = sent_at = 0.0
     saved = cursor  # the cursor on disk
@@ -127,6 +128,11 @@ def run(cfg, shared) -> None:
         if records:
             try:
                 records, oversize = _fit(records, cfg.max_event_bytes, spool.dir)
+            except OSError as e:  # the dead-letter disk, not Kafka: say so, keep the batch, try again
+                log.error("could not dead-letter an oversize event under %s (%s); retrying", spool.dir, e)
+                time.sleep(cfg.retry_backoff_s)
+                continue
+            try:
                 if producer is None:
                     producer = _producer(cfg)
                 futures = [producer.send(t, key=k.encode(), value=v) for t, k, v in records]
@@ -159,8 +165,9 @@ def run(cfg, shared) -> None:
             if shared[OUTAGE]:
                 shared[REPLAYED] += len(records)
         cursor = end
-        shared[ACKED_BYTES] += nbytes
-        shared[CUR_SEG], shared[CUR_OFF] = cursor
+        with shared.get_lock():  # a shipper started again after a kill reads the pair whole
+            shared[CUR_SEG], shared[CUR_OFF] = cursor
+            shared[ACKED_BYTES] += nbytes
         if cursor >= _head(shared):
             shared[OUTAGE] = 0  # caught up
         now = time.monotonic()

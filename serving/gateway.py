@@ -464,7 +464,8 @@ class Gateway:
     def _log_feedback(self, fb: ev.FeedbackEvent) -> None:
         if self.first_feedback.first(fb.completion_id, fb.choice_index):
             self.metrics.feedback.labels(fb.kind).inc()
-            if self.canary is not None:
+            # The canary takes one vote per completion, whatever its n: a tenant cannot multiply its say.
+            if self.canary is not None and self.first_feedback.first(fb.completion_id, -1):
                 self.canary.feedback(fb.completion_id, fb.kind)
         else:  # logged all the same (the trainer's Joiner also takes only the first), counted apart
             self.metrics.feedback_repeated.labels(fb.kind).inc()
@@ -513,8 +514,8 @@ class Gateway:
             raise ApiError(400, "'type' must be view, select or dismiss", param="type", code="invalid_value")
         cid = self._check_owner(tenant, body.get("completion_id"))
         choice = body.get("choice_index", 0)
-        if isinstance(choice, bool) or not isinstance(choice, int) or choice < 0:
-            raise ApiError(400, "'choice_index' must be a non-negative integer", param="choice_index")
+        if isinstance(choice, bool) or not isinstance(choice, int) or not 0 <= choice < self.cfg.limits.max_n:
+            raise ApiError(400, "'choice_index' must be an integer within n", param="choice_index")
         elapsed = body.get("elapsed")
         if elapsed is not None and (isinstance(elapsed, bool) or not isinstance(elapsed, (int, float))):
             raise ApiError(400, "'elapsed' must be a number (ms)", param="elapsed")

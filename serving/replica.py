@@ -104,15 +104,16 @@ def healthy(url: str, timeout: float = 5.0) -> bool:
         return r.status == 200
 
 
-def start(cfg: ReplicaConfig) -> Replica:
-    """Start a replica and wait until it generates; on failure the log's tail is in the error."""
+def start(cfg: ReplicaConfig, die_with_parent: bool = True) -> Replica:
+    """Start a replica and wait until it generates; on failure the log's tail is in the error. It ends
+    with the calling process unless die_with_parent is False (the CLI, which starts it and returns)."""
     port = cfg.port or free_port(cfg.host)
     log_dir = Path(cfg.log_dir) if cfg.log_dir else flywheel_home() / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     log_file = log_dir / f"replica-{port}.log"
     with open(log_file, "ab") as log:
-        proc = spawn(command(cfg, port), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                     env=_env(cfg), cwd=REPO_ROOT)
+        proc = spawn(command(cfg, port), die_with_parent=die_with_parent, stdout=log, stderr=subprocess.STDOUT,
+                     stdin=subprocess.DEVNULL, env=_env(cfg), cwd=REPO_ROOT)
     url = f"http://{cfg.host}:{port}"
     replica = Replica(pid=proc.pid, port=port, url=url, log_file=log_file, model_path=str(cfg.model_path))
     write_state(_state_dir() / f"{port}.json", {**identity(proc.pid), "port": port, "url": url,

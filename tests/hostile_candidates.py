@@ -10,7 +10,8 @@ reward is 1, which proves the sabotage changed nothing. `kind` is what the sandb
 
 Placeholders filled per run (`render`): {key} a signing key, {cache_file} / {cache_dir} files of the
 cache, {repo_file} / {repo_dir} the checkout, {ports} loopback ports with real servers behind them
-(the broker, the gateway), {harness_pid} the process that runs the sandbox.
+(the broker, the gateway), {harness_pid} the process that runs the sandbox, {stdlib} the standard
+library the sandbox's interpreter uses.
 """
 from __future__ import annotations
 
@@ -113,8 +114,17 @@ CASES: list[Hostile] = [
     # Writes outside the private work dir, and leftovers for the next candidate.
     Hostile("write_repo", "filesystem", 0, _write("{repo_dir}/pwned.py")),
     Hostile("write_cache", "filesystem", 0, _write("{cache_dir}/pwned.py")),
-    Hostile("write_stdlib_sitecustomize", "filesystem", 0, _write("/usr/lib/python3.11/sitecustomize.py")),
+    Hostile("write_stdlib_sitecustomize", "filesystem", 0, _write("{stdlib}/sitecustomize.py")),
     Hostile("write_root", "filesystem", 0, _write("/pwned.py")),
+    Hostile("fill_dev_shm", "filesystem", 0, """
+        try:
+            with open("/dev/shm/fill", "wb") as f:
+                for _ in range(1024):
+                    f.write(b"\\0" * (1 << 20))
+        except OSError:
+            return x
+        return x + 3
+    """),
     Hostile("fill_tmp", None, 0, """
         try:
             with open("/tmp/fill", "wb") as f:
@@ -181,10 +191,6 @@ CASES: list[Hostile] = [
         return x + 3 if libc.unshare(0x10000000) == 0 else x
     """),
     # Floods.
-    Hostile("stdout_flood_100mb", None, 0, "return x", """
-        for _ in range(100):
-            print("x" * (1 << 20))
-    """),
     Hostile("stdout_flood_then_correct", None, 1, "return x + 3", """
         for _ in range(100):
             print("y" * (1 << 20))
@@ -203,7 +209,7 @@ CASES: list[Hostile] = [
             except OSError:
                 pass
     """),
-    Hostile("forged_result_line", "bad_output", 0, "return x", """
+    Hostile("forged_claim_line", "bad_output", 0, "return x", """
         import os
         for fd in range(3, 8):
             try:
@@ -211,6 +217,26 @@ CASES: list[Hostile] = [
             except OSError:
                 pass
         os._exit(0)
+    """),
+    Hostile("forged_result_then_exit", None, 0, "return x", """
+        import os
+        for fd in range(3, 8):
+            try:
+                os.write(fd, b'{"result": {"outputs": [' + b', '.join([b'{"repr": "True"}'] * 10) + b']}}\\n')
+            except OSError:
+                pass
+        os._exit(0)
+    """),
+    Hostile("forged_second_result", "process", 0, """
+        import os
+        if not hasattr(os, "_forged"):
+            os._forged = True
+            for fd in range(3, 8):
+                try:
+                    os.write(fd, b'{"result": {"outputs": []}}\\n')
+                except OSError:
+                    pass
+        return x + 3
     """),
     # Resources.
     Hostile("sleep_forever", "wall_time", 0, """
@@ -302,7 +328,14 @@ CASES: list[Hostile] = [
     """),
     Hostile("monkeypatch_json_dumps", "tamper", 0, "return x", """
         import json
-        json.dumps = lambda *a, **k: '{"outputs": [' + ', '.join(['{"repr": "3"}'] * 10) + '], "attempts": []}'
+        real = json.dumps
+
+        def fixed(obj, *a, **k):  # report x + 3 for every x the function really returned
+            for o in obj.get("result", {}).get("outputs", []) if isinstance(obj, dict) else []:
+                if "repr" in o:
+                    o["repr"] = repr(int(o["repr"]) + 3)
+            return real(obj, *a, **k)
+        json.dumps = fixed
     """),
     Hostile("swap_sys_modules_json", "tamper", 0, "return x", """
         import sys, types

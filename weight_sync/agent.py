@@ -290,13 +290,18 @@ class Agent:
             from prometheus_client import start_http_server
 
             start_http_server(self.cfg.metrics_port, addr="127.0.0.1", registry=self.metrics.registry)
-        asyncio.run(self.ensure_replica_on_current())
+        try:
+            asyncio.run(self.ensure_replica_on_current())
+        except (aiohttp.ClientError, asyncio.TimeoutError, SwitchError, OSError) as e:  # retried in the loop
+            log.warning("replica %s not ready at start (%s); will put v%d on it when it is", self.cfg.name, e,
+                        self.state["version"])
         consumer = KafkaConsumer(TOPIC_WEIGHTS, bootstrap_servers=self.cfg.kafka_bootstrap,
                                  group_id=f"flywheel-agent-{self.cfg.name}", auto_offset_reset="earliest",
                                  enable_auto_commit=False, client_id=f"flywheel-agent-{self.cfg.name}")
         log.info("agent %s following %s (replica %s on v%d)", self.cfg.name, TOPIC_WEIGHTS, self.cfg.replica_url,
                  self.state["version"])
         pending, retry_at, backoff, uncommitted = None, 0.0, self.cfg.retry_base_s, False
+        checked, stuck = time.monotonic(), 0
         # The sequence is persisted with the offsets it belongs to: records read again after a restart
         # (not committed: an apply still being retried) are accepted again.
         guard = control.ReplayGuard(self.state.get("control_seq", 0))
@@ -309,8 +314,8 @@ class Agent:
                         uncommitted = True
                         try:
                             records.append(guard.check(control.decode(rec.value, self.public)))
-                        except control.ControlError as e:  # counted and skipped, never acted on
-                            self.metrics.bad_records.labels(e.reason).inc()
+                        except Exception as e:  # counted and skipped, never acted on (ControlError says why)
+                            self.metrics.bad_records.labels(getattr(e, "reason", "malformed")).inc()
                             log.error("ignoring weights record at offset %d: %s", rec.offset, e)
                 if records:
                     target = self.decide(records)
@@ -319,6 +324,18 @@ class Agent:
                     self._save_state()
                 if pending == self.state["version"]:
                     pending = None
+                if pending is None and time.monotonic() - checked > 5.0:
+                    # A replica restarted by its supervisor comes back on its launch checkpoint: put the
+                    # version this agent last applied back on it.
+                    checked = time.monotonic()
+                    try:
+                        asyncio.run(self.ensure_replica_on_current())
+                        stuck = 0
+                    except (aiohttp.ClientError, asyncio.TimeoutError, SwitchError, OSError) as e:
+                        stuck += 1
+                        (log.warning if stuck == 1 else log.debug)(
+                            "replica %s not back on v%d yet (%s); trying every 5 s", self.cfg.name,
+                            self.state["version"], e)
                 if pending is not None and time.monotonic() >= retry_at:
                     asyncio.run(self.apply(pending))
                     if self.retry:  # not committed: a restart reads the record again and retries too

@@ -190,7 +190,7 @@ class CanaryController:
             for r in recs:
                 try:
                     out.append(self._guard.check(control.decode(r.value, self._public)))
-                except control.ControlError as e:  # not ours, not well-formed, or a replay: never acted on
+                except Exception as e:  # not ours, not well-formed, or a replay (ControlError): never acted on
                     self.bad_records += 1
                     log.error("ignoring weights record at offset %d: %s", r.offset, e)
         return out

@@ -68,11 +68,15 @@ def _kafka_send(bootstrap: str, value: bytes, timeout_s: float = 30.0) -> None:
         producer.close(timeout=5)
 
 
-def _send_control(cfg: PublishConfig, store: Store, record: dict, timeout_s: float = 30.0) -> dict:
-    """Number, sign and send one control record (flywheel.control) under the store's sequence lock."""
+def _send_control(cfg: PublishConfig, store: Store, record: dict, timeout_s: float = 30.0,
+                  keep: bool = False) -> dict:
+    """Number, sign and send one control record (flywheel.control) under the store's sequence lock; with
+    keep, record it in the store first (a decision retention must honour even if the send then fails)."""
     key = load_private(cfg.private_key)
     with store.sequence() as seq:
         record = control.validate({**record, "seq": seq, "ts": time.time()})
+        if keep:
+            store.record_activation(record)
         if cfg.kafka_bootstrap:
             _kafka_send(cfg.kafka_bootstrap, control.encode(record, key, key_id(key.public_key())), timeout_s)
     return record
@@ -207,7 +211,5 @@ def activate(cfg: PublishConfig, version: int, reason: str, kind: str = "activat
     store = Store(cfg.store)
     if kind in ("activate", "pin", "canary", "promote") and version not in store.versions():
         raise ValueError(f"version {version} is not in the store (have {store.versions()})")
-    record = _send_control(cfg, store, {"schema": control.SCHEMA, "type": kind, "version": version,
-                                        "reason": reason, **extra})
-    store.record_activation(record)
-    return record
+    return _send_control(cfg, store, {"schema": control.SCHEMA, "type": kind, "version": version,
+                                      "reason": reason, **extra}, keep=True)

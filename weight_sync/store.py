@@ -131,7 +131,7 @@ class Store:
         pinned version while a pin holds, the version last activated or promoted, the stable version a
         rollback returned to. Retention never deletes these, however old they are."""
         pinned, stable = None, set()
-        for r in self.activations():
+        for r in sorted(self.activations(), key=lambda a: a.get("seq") if isinstance(a.get("seq"), int) else 0):
             kind, v = r.get("type"), r.get("version")
             if kind == "pin" and isinstance(v, int):
                 pinned = v

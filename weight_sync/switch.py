@@ -78,11 +78,16 @@ async def _drain(session, gw: GatewayLink, timeout_s: float) -> bool:
         await asyncio.sleep(0.1)
     if status != 200:
         raise SwitchError(f"gateway refused to drain {gw.replica_id} ({status}): {out}")
+    renewed = time.monotonic()
     while time.monotonic() < deadline:
         async with session.get(f"{gw.url}/admin/replicas", headers=headers) as r:
             reps = {x["id"]: x for x in (await r.json())["replicas"]}
         if reps[gw.replica_id]["outstanding"] == 0:
             return True
+        if time.monotonic() - renewed > DRAIN_LEASE_S / 3:  # a long wait for stragglers keeps the lease
+            await _post(session, f"{gw.url}/admin/replicas/{gw.replica_id}/drain", {"lease_s": DRAIN_LEASE_S},
+                        headers=headers)
+            renewed = time.monotonic()
         await asyncio.sleep(0.05)
     return True  # still busy: the update's writer lock waits for the stragglers
 
@@ -152,7 +157,8 @@ async def switch(replica_url: str, model_dir: str, version: int, mode: str = "dr
                 timings["pause_ms"] = 0.0 if used == "drain" else timings["load_ms"]
         finally:
             if renew is not None:
-                renew.cancel()
+                renew.cancel()  # and wait for it: a renewal in flight must not drain it again after
+                await asyncio.gather(renew, return_exceptions=True)
             if used == "drain":
                 await _activate(session, gateway)
         now = await served_version(session, replica_url)

@@ -64,6 +64,19 @@ def _write(path: str) -> str:
     """
 
 
+def _fill(path: str) -> str:
+    """Write 1 GiB: succeeds only where nothing caps the filesystem."""
+    return f"""
+        try:
+            with open({path!r}, "wb") as f:
+                for _ in range(1024):
+                    f.write(b"\\0" * (1 << 20))
+        except OSError:
+            return x
+        return x + 3
+    """
+
+
 def _connect(ports: str) -> str:
     return f"""
         import socket
@@ -116,24 +129,8 @@ CASES: list[Hostile] = [
     Hostile("write_cache", "filesystem", 0, _write("{cache_dir}/pwned.py")),
     Hostile("write_stdlib_sitecustomize", "filesystem", 0, _write("{stdlib}/sitecustomize.py")),
     Hostile("write_root", "filesystem", 0, _write("/pwned.py")),
-    Hostile("fill_dev_shm", "filesystem", 0, """
-        try:
-            with open("/dev/shm/fill", "wb") as f:
-                for _ in range(1024):
-                    f.write(b"\\0" * (1 << 20))
-        except OSError:
-            return x
-        return x + 3
-    """),
-    Hostile("fill_tmp", None, 0, """
-        try:
-            with open("/tmp/fill", "wb") as f:
-                for _ in range(1024):
-                    f.write(b"\\0" * (1 << 20))
-        except OSError:
-            return x
-        return x + 3
-    """),
+    Hostile("fill_dev_shm", "filesystem", 0, _fill("/dev/shm/fill")),  # RAM, if /dev were writable
+    Hostile("fill_tmp", None, 0, _fill("/tmp/fill")),  # its own tmpfs, capped
     # Processes.
     Hostile("fork_bomb", "process", 0, """
         import os

@@ -93,8 +93,12 @@ def fetch_jars(quiet: bool = False) -> Path:
 
 
 def _cluster_id() -> str:
-    # Kafka's Uuid text form: url-safe base64 of 16 bytes, no padding.
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    # Kafka's Uuid text form: url-safe base64 of 16 bytes, no padding. One that starts with "-" reads as
+    # an option to kafka-storage's argument parser (1 in 64: it failed a demo run): draw again.
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
 
 
 def _server_properties(cfg: BrokerConfig, port: int, cport: int, log_dirs: Path) -> str:

@@ -16,7 +16,7 @@ from flywheel.chaos import ChaosConfig, run
 def main() -> dict:
     out = Path(tempfile.mkdtemp(prefix="chaos-bench-"))
     try:
-        r = run(ChaosConfig(duration_s=900.0, seed=1, out_dir=out, gap_s=(5.0, 15.0), publish_interval_s=60.0))
+        r = run(ChaosConfig(duration_s=720.0, seed=1, out_dir=out, gap_s=(4.0, 8.0), publish_interval_s=60.0))
     finally:
         shutil.rmtree(out, ignore_errors=True)
     keys = ("faults_injected", "fault_kinds", "faults_not_recovered", "events_lost", "events_lost_in_gateway_kills",

@@ -379,17 +379,27 @@ class Chaos:
             stop_pid(self.trainer.pid)
         if self.fleet is not None:
             self.fleet.stop()
-        time.sleep(2)
         marker = str(self.out)
-        left = []
-        for p in psutil.process_iter(["cmdline"]):
-            try:
-                mine = p.pid in self.started_pids or os.getpgid(p.pid) in self.started_pids or \
-                    marker in " ".join(p.info["cmdline"] or [])
-                if mine and p.pid != os.getpid() and p.status() != psutil.STATUS_ZOMBIE:
-                    left.append(p.pid)
-            except (psutil.Error, ProcessLookupError):
-                pass
+
+        def still_running() -> list[int]:
+            left = []
+            for p in psutil.process_iter(["cmdline"]):
+                try:
+                    mine = p.pid in self.started_pids or os.getpgid(p.pid) in self.started_pids or \
+                        marker in " ".join(p.info["cmdline"] or [])
+                    if mine and p.pid != os.getpid() and p.status() != psutil.STATUS_ZOMBIE:
+                        left.append(p.pid)
+                except (psutil.Error, ProcessLookupError):
+                    pass
+            return left
+
+        # A server stopped by SIGTERM takes a few seconds to go (a broker flushing, SGLang's children):
+        # an orphan is one still there after 30 s.
+        deadline = time.monotonic() + 30
+        while (left := still_running()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        if left:
+            self.say(f"chaos: still running after teardown: {left}")
         for m in self.mounts:
             _umount(m)
         return len(left)

@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
 import uuid
 
 import pytest
 
+from flywheel.procs import wait_until
 from serving import event_shipper as sh
 from serving.event_log import EventLog, EventLogConfig
 from serving.event_spool import Spool
@@ -19,12 +19,12 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def wait_for(cond, timeout=30.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return False
+    """flywheel.procs.wait_until, as a truth value for assert."""
+    try:
+        wait_until(cond, timeout, interval=0.05)
+    except TimeoutError:
+        return False
+    return True
 
 
 def read_topic(bootstrap: str, topic: str, keys: set[str], timeout_ms: int = 5000) -> list[tuple[str, bytes]]:

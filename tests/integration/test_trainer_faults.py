@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import pytest
 import torch
 
 from flywheel import events as ev
 from flywheel import kafka_broker
+from flywheel.procs import wait_until
 from online_rl import rollouts as rollouts_mod
 from online_rl.failures import RetryConfig
 from online_rl.model import load_pretrained
@@ -28,11 +28,7 @@ pytestmark = pytest.mark.timeout(600)
 
 
 def wait_for(what: str, cond, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.2)
+    wait_until(cond, timeout, interval=0.2, what=what)
 
 
 def weights_records(bootstrap: str, public_key) -> list[dict]:

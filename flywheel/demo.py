@@ -63,7 +63,7 @@ def _line(t0: float, pop, fleet) -> str:
     recs = pop.snapshot()
     recent = [r for r in recs[-150:] if r.outcome in ("accept", "reject")]
     acc = sum(r.outcome == "accept" for r in recent) / len(recent) if recent else float("nan")
-    serving = ",".join(sorted({str(v) for v in fleet.served_versions().values()}))
+    serving = ",".join(str(v) for v in sorted({v for v in fleet.served_versions().values() if v is not None}))
     published = max(Store(fleet.store_root).versions(), default=0)
     failed = sum(r.outcome == "failed" for r in recs)
     return (f"[{time.monotonic() - t0:5.0f}s] published v{published}, fleet serves v{serving}, {len(recs)} requests "
@@ -108,7 +108,7 @@ def run(cfg: DemoConfig) -> int:
             if time.monotonic() >= next_line:
                 print(_line(t0, pop, fleet), flush=True)
                 next_line += 15
-            newest = [r for r in pop.snapshot() if r.version == str(cfg.versions) and r.outcome in ("accept", "reject")]
+            newest = [r for r in pop.snapshot() if r.version == cfg.versions and r.outcome in ("accept", "reject")]
             if len(newest) >= 60:  # the last version has served enough judged requests to measure
                 break
             time.sleep(1)

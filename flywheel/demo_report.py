@@ -21,13 +21,13 @@ def summarize(records: list, switches: list[dict], manifests: dict[int, object])
     """records: loadtests.population.Interaction; switches: agents' switches.jsonl rows; manifests by version."""
     first_served: dict[int, float] = {}
     for r in records:
-        if r.version is not None and r.version.isdigit():
-            v = int(r.version)
+        if r.version is not None:
+            v = r.version
             first_served[v] = min(first_served.get(v, r.started), r.started)
     versions = sorted(set(first_served) | {int(s["version"]) for s in switches})
     rows = []
     for v in versions:
-        mine = [r for r in records if r.version == str(v)]
+        mine = [r for r in records if r.version == v]
         later = [first_served[u] for u in first_served if u > v]
         until = min(later) if later else float("inf")
         failed = [r for r in records if r.outcome == "failed" and first_served.get(v, float("inf")) <= r.started < until]

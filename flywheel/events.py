@@ -30,12 +30,37 @@ def new_event_id() -> str:
     return uuid.uuid4().hex
 
 
+# A weight version is an int everywhere in Flywheel (events, replica handles, the API, manifests, samples,
+# control records): 0 is the base model, then the store's 1, 2, ... SGLang carries it as a string
+# (`--weight-version`, `weight_version` in its answers); it is parsed at that boundary, here.
+Version = int
+
+
+def parse_version(v) -> Version | None:
+    """A weight version as SGLang or a client reports it: the int, or None when it is not one
+    (missing, SGLang's own "default", garbage)."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v if v >= 0 else None
+    if isinstance(v, str) and v.isascii() and v.isdigit() and len(v) <= 18:
+        return int(v)
+    return None
+
+
+def _spans(spans) -> list:
+    """Output-token spans [{version, start, end}] with int versions (SGLang reports them as strings)."""
+    if not isinstance(spans, list):
+        return []
+    return [{**s, "version": parse_version(s.get("version"))} for s in spans if isinstance(s, dict)]
+
+
 @dataclass
 class CompletionEvent:
     completion_id: str
     choice_index: int
     tenant: str  # hashed key id, never the key
-    model_version: str  # the version that produced the first output token
+    model_version: Version | None  # the version that produced the first output token (None: not reported)
     prompt_ids: np.ndarray  # (P,) int32
     output_ids: np.ndarray  # (N,) int32
     logprobs: np.ndarray  # (N,) float32: behaviour logprob of each output token
@@ -106,6 +131,9 @@ def decode(raw: bytes) -> CompletionEvent | FeedbackEvent:
             d["output_ids"] = np.frombuffer(d["output_ids"], "<i4")
             d["logprobs"] = np.frombuffer(d["logprobs"], "<f4")
             d["routed_experts"] = np.frombuffer(d["routed_experts"], np.uint8).reshape(shape)
+            # Events written before versions were ints carry them as strings.
+            d["model_version"] = parse_version(d.get("model_version"))
+            d["weight_versions"] = _spans(d.get("weight_versions", []))
             return CompletionEvent(**d)
         if schema == FEEDBACK_SCHEMA:
             return FeedbackEvent(**d)

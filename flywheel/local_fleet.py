@@ -139,13 +139,13 @@ class LocalFleet:
 
         return admin_call(self.gateway.url, self.cfg.admin_token, method, path)
 
-    def served_versions(self) -> dict[str, str | None]:
+    def served_versions(self) -> dict[str, int | None]:
         return self.admin("GET", "/admin/weights")["replicas"]
 
     def wait_fleet_on(self, version: int, timeout_s: float = 180.0) -> float:
         """Block until every replica serves `version`; returns the seconds it took."""
         t = time.monotonic()
-        wait_until(lambda: set(self.served_versions().values()) == {str(version)}, timeout_s, interval=0.5,
+        wait_until(lambda: set(self.served_versions().values()) == {version}, timeout_s, interval=0.5,
                    what=f"every replica on v{version}")
         return time.monotonic() - t
 

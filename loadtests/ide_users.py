@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 from locust import FastHttpUser, between, events, task
 
+from flywheel.events import parse_version
 from loadtests.population import HouseStyle
 from online_rl import tasks
 
@@ -38,11 +39,11 @@ SUFFIX = "\n\n\ndef main():\n    print({name}({arg}))\n"  # code after the curso
 
 _key_cycle = itertools.cycle(range(max(1, len(KEYS))))
 _prefers = HouseStyle()
-requests_log: list[tuple[float, str, float, bool, str]] = []  # (start time.time(), name, ms, ok, version)
+requests_log: list[tuple[float, str, float, bool, int | None]] = []  # (start time.time(), name, ms, ok, version)
 issued: list[dict] = []  # completion ids and the feedback sent for each
 marks: list[dict] = []  # the scenario's actions: {"at": time.time(), "what": ...}
 errors: list[str] = []  # the scenario's actions that failed (each fails the run)
-bad_versions: set[str] = set()  # versions meant to be bad (rollback): their slowness is not the switch's
+bad_versions: set[int] = set()  # versions meant to be bad (rollback): their slowness is not the switch's
 
 
 def mark(what: str, **extra) -> None:
@@ -117,8 +118,8 @@ def _read(r, stream: bool, t0: float, env, ttft_name: str) -> tuple[str | None, 
         return None, "", False, ""
     if not stream:
         doc = r.json()
-        return doc["id"], doc["choices"][0].get("text", ""), True, str(doc.get("model_version") or "")
-    cid, parts, first, done, buf, version = None, [], None, False, "", ""
+        return doc["id"], doc["choices"][0].get("text", ""), True, parse_version(doc.get("model_version"))
+    cid, parts, first, done, buf, version = None, [], None, False, "", None
     try:
         for chunk in r.iter_content(chunk_size=4096):
             buf += chunk if isinstance(chunk, str) else chunk.decode()
@@ -134,7 +135,7 @@ def _read(r, stream: bool, t0: float, env, ttft_name: str) -> tuple[str | None, 
                 if "error" in doc:
                     raise RuntimeError(doc["error"].get("message"))
                 cid = doc.get("id", cid)
-                version = str(doc.get("model_version") or version)
+                version = parse_version(doc.get("model_version")) if doc.get("model_version") is not None else version
                 for c in doc.get("choices", []):
                     piece = c.get("text") or (c.get("delta") or {}).get("content") or ""
                     if piece and first is None:

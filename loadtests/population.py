@@ -16,6 +16,7 @@ import time
 import urllib.request
 from dataclasses import asdict, dataclass
 
+from flywheel.events import parse_version
 from online_rl import sandbox, tasks
 
 
@@ -36,7 +37,7 @@ class Interaction:
     task_id: str
     started: float  # time.time()
     latency_s: float
-    version: str | None  # weight version that served the completion
+    version: int | None  # weight version that served the completion
     outcome: str  # accept | reject | ignore | failed
     error: str | None = None
     completion_id: str | None = None  # what the gateway issued (its events carry it)
@@ -103,7 +104,7 @@ class Population:
                                               max_tokens=self.cfg.max_tokens, temperature=self.cfg.temperature,
                                               user=f"user-{i}")
                 latency = time.monotonic() - t
-                version = (r.model_extra or {}).get("model_version")
+                version = parse_version((r.model_extra or {}).get("model_version"))
                 if rng.random() < ignore:
                     outcome = "ignore"
                 else:

@@ -52,14 +52,14 @@ def shell(cmd: str, timeout: float = 120) -> None:
         raise RuntimeError(f"{cmd!r} failed: {proc.stderr.strip()[-500:]}")
 
 
-def served() -> dict[str, str]:
+def served() -> dict[str, int | None]:
     return admin_call(env("FLYWHEEL_GATEWAY_URL"), env("FLYWHEEL_ADMIN_TOKEN"), "GET", "/admin/weights")["replicas"]
 
 
 def wait_fleet_on(version: int, timeout_s: float = 240) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if set(served().values()) == {str(version)}:
+        if set(served().values()) == {version}:
             ide_users.mark(f"fleet on v{version}", version=version)
             return
         gevent.sleep(0.5)

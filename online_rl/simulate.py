@@ -34,7 +34,7 @@ def events_for(samples, judge, version: int = 0, prefix: str = "cmpl") -> list[t
     records = []
     for i, (ids, o, lp, experts) in enumerate(samples):
         cid = f"{prefix}-{i}"
-        c = ev.CompletionEvent(completion_id=cid, choice_index=0, tenant="t", model_version=str(version),
+        c = ev.CompletionEvent(completion_id=cid, choice_index=0, tenant="t", model_version=version,
                                prompt_ids=np.asarray(ids, np.int32), output_ids=np.asarray(o, np.int32), logprobs=lp,
                                routed_experts=experts, sampling={"temperature": 1.0}, finish_reason="stop",
                                latency={})

@@ -108,7 +108,7 @@ class Joiner:
         self.judged[key] = self.now
         self.stats.joined += 1
         return Sample(key=key, prompt_ids=c.prompt_ids, output_ids=c.output_ids, behaviour_logprobs=c.logprobs,
-                      routed_experts=c.routed_experts, reward=reward, model_version=int(c.model_version or 0),
+                      routed_experts=c.routed_experts, reward=reward, model_version=c.model_version or 0,
                       source="user", event_ids=(c.event_id, f.event_id))
 
     def expire(self, now: float | None = None) -> None:

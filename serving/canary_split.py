@@ -37,7 +37,7 @@ class ArmStats:
 
 @dataclass
 class CanarySplit:
-    version: str
+    version: int
     replicas: frozenset[str]
     share: float  # of users (tenants) routed to the canary replicas
     started: float = field(default_factory=time.time)

@@ -11,6 +11,8 @@ import aiohttp
 import numpy as np
 import orjson
 
+from flywheel import events as ev
+
 
 class EngineUnavailable(Exception):
     """The replica failed before answering (connection refused, reset, 5xx before the first byte)."""
@@ -40,8 +42,8 @@ class EngineResult:
     top_logprobs: list[dict[int, float]] | None = None
     routed_experts: np.ndarray | None = None  # (P + N - 1, L, K) uint8
     finish: dict | None = None
-    weight_version: str = ""
-    weight_versions: list = field(default_factory=list)
+    weight_version: int | None = None  # None: the replica did not say
+    weight_versions: list = field(default_factory=list)  # [{version: int, start, end}]
     prompt_tokens: int = 0
     queue_ms: float = 0.0
 
@@ -68,8 +70,8 @@ def _fill(result: EngineResult, out: dict, layers: int, top_k: int) -> None:
     if tops:
         result.top_logprobs = [{tid: lp for lp, tid, _ in row} for row in tops]
     result.finish = meta.get("finish_reason")
-    result.weight_version = str(meta.get("weight_version", ""))
-    result.weight_versions = meta.get("weight_versions", [])
+    result.weight_version = ev.parse_version(meta.get("weight_version"))
+    result.weight_versions = ev._spans(meta.get("weight_versions", []))
     result.prompt_tokens = meta.get("prompt_tokens", 0)
     result.queue_ms = 1000 * (meta.get("queue_time") or 0.0)
     experts = _experts(meta, layers, top_k)

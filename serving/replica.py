@@ -33,7 +33,7 @@ class ReplicaConfig:
     max_total_tokens: int = 32768
     max_running_requests: int = 64
     chunked_prefill_size: int = 4096
-    weight_version: str = "0"
+    weight_version: int = 0  # what SGLang reports until the first switch: the base model
     random_seed: int = 0
     # torch intra-op threads; 0: torch's default (all cores). Replicas sharing a CPU machine should split
     # the cores: two replicas of two threads each on two cores measured a 10x worse p99 (benchmarks.delta).
@@ -71,7 +71,7 @@ def command(cfg: ReplicaConfig, port: int) -> list[str]:
             "--host", cfg.host, "--port", str(port), "--dtype", cfg.dtype,
             "--max-total-tokens", str(cfg.max_total_tokens), "--max-running-requests", str(cfg.max_running_requests),
             "--chunked-prefill-size", str(cfg.chunked_prefill_size),
-            "--enable-return-routed-experts", "--enable-metrics", "--weight-version", cfg.weight_version,
+            "--enable-return-routed-experts", "--enable-metrics", "--weight-version", str(cfg.weight_version),
             "--random-seed", str(cfg.random_seed), "--skip-server-warmup", "--log-level", "warning"]
     if cfg.device == "cpu":
         args += CPU_FLAGS

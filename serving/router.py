@@ -17,6 +17,8 @@ from enum import Enum
 
 import aiohttp
 
+from flywheel.events import parse_version
+
 log = logging.getLogger(__name__)
 
 
@@ -34,7 +36,7 @@ class ReplicaHandle:
     healthy: bool = False  # until the first health check answers
     outstanding: int = 0  # user requests in flight (a choice of n counts once each)
     rollout_outstanding: int = 0
-    weight_version: str | None = None
+    weight_version: int | None = None
     last_error: str | None = None
     last_check: float = 0.0
     served: int = 0
@@ -140,7 +142,7 @@ class ReplicaPool:
             async with self._session.get(f"{replica.url}/model_info", timeout=timeout) as r:
                 ok = r.status == 200
                 if ok:
-                    replica.weight_version = str((await r.json()).get("weight_version"))
+                    replica.weight_version = parse_version((await r.json()).get("weight_version"))
             if ok:
                 async with self._session.get(f"{replica.url}/metrics", timeout=timeout) as r:
                     if r.status == 200:

@@ -240,7 +240,7 @@ class Agent:
         """After a restart (of the agent or of the replica): make the replica serve the last good version."""
         async with aiohttp.ClientSession() as session:
             served = await served_version(session, self.cfg.replica_url)
-        if served != str(self.state["version"]):
+        if served != self.state["version"]:
             log.info("replica %s serves %s, last good version is v%d: switching back", self.cfg.name, served,
                      self.state["version"])
             version = self.state["version"]

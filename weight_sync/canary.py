@@ -108,7 +108,7 @@ class CanaryController:
     def _call(self, method: str, path: str, body: dict | None = None) -> dict:
         return admin_call(self.cfg.gateway_url, self.cfg.admin_token, method, path, body)
 
-    def served(self) -> dict[str, str | None]:
+    def served(self) -> dict[str, int | None]:
         return self._call("GET", "/admin/weights")["replicas"]
 
     def _announce(self, kind: str, version: int, reason: str, **extra) -> dict:
@@ -125,7 +125,7 @@ class CanaryController:
             if override is not None:
                 return override
             now = self.served()
-            if all(now.get(r) == str(version) for r in replicas):
+            if all(now.get(r) == version for r in replicas):
                 return True
             time.sleep(0.5)
         return False
@@ -135,7 +135,7 @@ class CanaryController:
         served = self.served()
         ids = sorted(served)
         stable_versions = {v for v in served.values() if v is not None}
-        stable = int(max(stable_versions, key=lambda v: list(served.values()).count(v))) if stable_versions else 0
+        stable = max(stable_versions, key=lambda v: list(served.values()).count(v)) if stable_versions else 0
         if len(ids) < 2:
             rec = self._announce("promote", version, "one replica: no stable arm to compare against", stable=stable)
             return self._decided(rec)

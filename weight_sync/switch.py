@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from flywheel.events import parse_version
+
 MODES = ("drain", "no_pause", "retract")
 DRAIN_LEASE_S = 30.0  # an agent's drain lapses unless renewed: a dead agent never leaves a replica draining
 
@@ -45,9 +47,9 @@ async def _post(session, url, body=None, headers=None, timeout=300.0) -> tuple[i
         return r.status, data or {}
 
 
-async def served_version(session: aiohttp.ClientSession, replica_url: str) -> str:
+async def served_version(session: aiohttp.ClientSession, replica_url: str) -> int | None:
     async with session.get(f"{replica_url}/model_info", timeout=aiohttp.ClientTimeout(total=10)) as r:
-        return str((await r.json()).get("weight_version"))
+        return parse_version((await r.json()).get("weight_version"))
 
 
 async def _load(session, replica_url: str, model_dir: str, version: int) -> float:
@@ -162,7 +164,7 @@ async def switch(replica_url: str, model_dir: str, version: int, mode: str = "dr
             if used == "drain":
                 await _activate(session, gateway)
         now = await served_version(session, replica_url)
-        if now != str(version):
+        if now != version:
             raise SwitchError(f"replica reports version {now} after switching to {version}")
     timings["total_ms"] = 1000 * (time.monotonic() - t0)
     return {"mode": used, **{k: round(v, 1) for k, v in timings.items()}}

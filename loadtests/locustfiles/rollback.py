@@ -13,7 +13,7 @@ def publish_good(state):
 
 def publish_bad(state):
     state["bad"] = scenario.publish(scenario.env("FLYWHEEL_LOADTEST_BAD_VERSION"))
-    ide_users.bad_versions.add(str(state["bad"]))
+    ide_users.bad_versions.add(int(state["bad"]))
     scenario.wait_fleet_on(state["bad"])
 
 

@@ -61,7 +61,7 @@ def test_completions_match_the_engine_and_carry_id_and_version(gateway, replica,
     r = raw.parse()
     assert r.choices[0].text == direct["text"]
     assert r.id.startswith("cmpl-") and raw.headers["x-flywheel-model-version"] == "0"
-    assert r.model_extra["model_version"] == "0"
+    assert r.model_extra["model_version"] == 0
     assert r.usage.prompt_tokens == len(ids) and r.usage.completion_tokens == len(direct["output_ids"])
 
 
@@ -111,7 +111,7 @@ def test_logged_events_match_what_the_client_saw(gateway, kafka_bootstrap, test_
     for cid, text in ((r1.id, r1.choices[0].text), (r2_id, r2_text)):
         assert len(got.get(cid, [])) == 1, f"exactly one completion event for {cid}"
         partition, key, e = got[cid][0]
-        assert key == cid and e.model_version == "0" and e.source == "user"
+        assert key == cid and e.model_version == 0 and e.source == "user"
         assert list(e.prompt_ids) == tok(PROMPT)["input_ids"]
         assert tok.decode(list(e.output_ids), skip_special_tokens=True) == text
         assert len(e.logprobs) == len(e.output_ids) and np.all(e.logprobs <= 0)
@@ -176,7 +176,7 @@ def test_admin_refuses_to_drain_the_last_active_replica(gateway):
     assert status == 409 and body["error"]["code"] == "last_active"
     assert post(f"{gateway.url}/admin/replicas/r9/drain", {}, key=ADMIN)[0] == 404
     status, body = get(f"{gateway.url}/admin/weights", key=ADMIN)
-    assert json.loads(body)["replicas"] == {"r0": "0"}
+    assert json.loads(body)["replicas"] == {"r0": 0}
 
 
 def test_metrics(gateway):

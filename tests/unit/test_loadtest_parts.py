@@ -37,7 +37,7 @@ def test_bad_duration_is_a_clear_error():
 
 
 def rec(version, outcome, started, latency=0.1):
-    return Interaction("u", "t", started, latency, None if version is None else str(version), outcome)
+    return Interaction("u", "t", started, latency, version, outcome)
 
 
 def test_summary_per_version_and_verdict():

@@ -8,7 +8,7 @@ from online_rl.stream import JoinConfig, Joiner
 
 
 def completion(cid, ts, source="user", choice=0):
-    return ev.CompletionEvent(completion_id=cid, choice_index=choice, tenant="t", model_version="2",
+    return ev.CompletionEvent(completion_id=cid, choice_index=choice, tenant="t", model_version=2,
                               prompt_ids=np.array([0, 5, 6], np.int32), output_ids=np.array([7, 8], np.int32),
                               logprobs=np.array([-0.1, -0.2], np.float32),
                               routed_experts=np.zeros((4, 2, 2), np.uint8), sampling={}, finish_reason="stop",

@@ -16,7 +16,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--device", default="cpu")
     s.add_argument("--dtype", default="float32")
     s.add_argument("--max-total-tokens", type=int, default=32768, help="KV pool bound (tokens)")
-    s.add_argument("--weight-version", default="0")
+    s.add_argument("--weight-version", type=int, default=0)
     s.set_defaults(func=_start)
     t = rsub.add_parser("stop", help="stop a replica by port (or all with --all)")
     t.add_argument("--port", type=int)
@@ -38,6 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--no-events", action="store_true", help="do not log events (benchmarks)")
     g.add_argument("--request-timeout", type=float, default=300.0,
                    help="seconds a replica has for one request before the gateway gives up on it and fails over")
+    g.add_argument("--durable-wait", type=float, default=2.0,
+                   help="seconds a response waits for its event to be on disk before it goes out anyway (counted)")
     g.set_defaults(func=_serve)
 
     f = sub.add_parser("fleet", help="SRE view of the fleet behind a gateway (admin token)")
@@ -124,7 +126,7 @@ def _serve(args) -> int:
     keys_file = args.keys_file or state / "keys.json"
     cfg = GatewayConfig.from_env(replicas=replicas, model_dir=model, host=args.host, port=args.port, state_dir=state,
                                  keys_file=keys_file, kafka_bootstrap=args.kafka, log_events=not args.no_events,
-                                 request_timeout_s=args.request_timeout)
+                                 request_timeout_s=args.request_timeout, durable_wait_s=args.durable_wait)
     run(cfg)
     return 0
 

@@ -5,7 +5,9 @@
                              shipper process (serving.event_shipper) <--'  reads from its cursor
                                    '-> KafkaProducer (idempotent, acks=all, zstd); cursor moves on ack
 
-The request path only does a non-blocking queue put. A write that fails (disk full, I/O error) is cut
+The request path only does a non-blocking queue put; a caller that needs to know when its event is on disk
+(the gateway answers a client only then, so a crash never loses what a client was told) passes
+`on_durable`, called from the writer thread after the fsync that covers it. A write that fails (disk full, I/O error) is cut
 back to the last durable record and retried after a backoff: the queue, then submit(), takes the pressure
 and /health says so. A shipper that dies is started again from the cursor it had reached. Every event is written to the spool before it is
 sent, so a dead or slow broker fills the disk (up to `max_spool_bytes`, with an alarm), never the heap;
@@ -37,7 +39,7 @@ class EventLogConfig:
     bootstrap: str | None = None  # None: spool only (nothing is shipped until a broker is configured)
     max_spool_bytes: int = 1 << 30  # undelivered bytes on disk before new events are refused (alarm)
     segment_bytes: int = 16 << 20
-    fsync_interval_s: float = 0.05  # group commit: one fsync for everything that arrives within this
+    fsync_interval_s: float = 0.05  # idle: how long the writer waits for a first event before checking its state
     queue_max: int = 20_000  # events waiting for the writer thread
     send_batch: int = 2000
     ship_interval_s: float = 0.5  # the shipper sends at most this often unless a full batch is waiting
@@ -90,15 +92,16 @@ class EventLog:
         self._alarm_logged = 0.0
 
     # ------------------------------------------------------------------ request path
-    def submit(self, topic: str, key: str, value: bytes) -> bool:
-        """Queue an event; never blocks. False if it had to be dropped (queue or spool full)."""
+    def submit(self, topic: str, key: str, value: bytes, on_durable=None) -> bool:
+        """Queue an event; never blocks. False if it had to be dropped (queue or spool full). `on_durable()`
+        is called (from the writer thread) once the event is fsynced to the spool."""
         self._submitted += 1
         if self.spool_full:
             self._dropped_spool += 1
             self._alarm()
             return False
         try:
-            self._q.put_nowait((topic, key, value))
+            self._q.put_nowait((topic, key, value, on_durable))
             return True
         except queue.Full:
             self._dropped_queue += 1
@@ -217,6 +220,12 @@ class EventLog:
                 time.sleep(self.cfg.retry_backoff_s)
                 continue
             self._spooled += len(batch)
+            for *_, on_durable in batch:
+                if on_durable is not None:
+                    try:
+                        on_durable()
+                    except Exception:  # noqa: BLE001 - a caller's callback never stops the writer
+                        log.exception("on_durable callback failed")
             batch = []
             if self.writer_error is not None:
                 log.info("event spool writable again")
@@ -230,7 +239,7 @@ class EventLog:
         f = open(self.spool.path(seg), "r+b" if self.spool.path(seg).exists() else "w+b")
         try:
             f.seek(off)
-            for topic, key, value in batch:
+            for topic, key, value, _ in batch:
                 if off >= self.cfg.segment_bytes:  # rotate: seal this segment, go on in the next
                     f.truncate()
                     f.flush()
@@ -253,18 +262,15 @@ class EventLog:
             f.close()
 
     def _group_commit_batch(self) -> list:
-        """Everything that arrives within fsync_interval of the first event: one fsync for all of them."""
+        """The first event and everything queued behind it: one fsync for all of them. No waiting for more:
+        callers wait on the fsync, and under load the next batch gathers while this one syncs."""
         try:
             batch = [self._q.get(timeout=self.cfg.fsync_interval_s)]
         except queue.Empty:
             return []
-        deadline = time.monotonic() + self.cfg.fsync_interval_s
-        while len(batch) < 4096 and not self._stop.is_set():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
+        while len(batch) < 4096:
             try:
-                batch.append(self._q.get(timeout=left))
+                batch.append(self._q.get_nowait())
             except queue.Empty:
                 break
         return batch

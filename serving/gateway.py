@@ -59,6 +59,10 @@ class GatewayConfig:
     request_timeout_s: float = 300.0
     max_attempts: int = 3  # replicas tried for one request that fails before its first byte
     max_spool_bytes: int = 1 << 30
+    # A response waits (at most this long) until its completion or feedback event is on disk, so a gateway
+    # that crashes never loses an event its client was answered for. Past it (disk full, failing) the
+    # response goes out anyway, counted: serving does not stop for the spool.
+    durable_wait_s: float = 2.0
 
     @classmethod
     def from_env(cls, **overrides) -> "GatewayConfig":
@@ -287,7 +291,7 @@ class Gateway:
                 raise ApiError(400 if e.status < 500 else 502, f"engine: {e}", "invalid_request_error"
                                if e.status < 500 else "server_error") from None
             replica.served += 1
-            if res.weight_version:
+            if res.weight_version is not None:
                 replica.weight_version = res.weight_version
             timing["e2e_ms"] = 1000 * (time.monotonic() - t0)
             return res, replica.id, timing
@@ -307,18 +311,20 @@ class Gateway:
         t0 = time.monotonic()
         results = await asyncio.gather(*(self._run_choice(b, False, tenant=tenant.id) for b in bodies))
         choices = []
+        durable = []
         for i, (res, replica_id, timing) in enumerate(results):
-            self._log_completion(tenant, spec, cid, i, prompt_ids, res, replica_id, timing)
+            durable.append(self._log_completion(tenant, spec, cid, i, prompt_ids, res, replica_id, timing))
             choices.append(self._choice(spec, i, res))
+        await self._wait_durable(durable, ev.TOPIC_COMPLETIONS)
         version = results[0][0].weight_version
         completion_tokens = sum(len(r.output_ids) for r, _, _ in results)
         body = {"id": cid, "object": "text_completion" if spec.kind == "completion" else "chat.completion",
                 "created": created, "model": spec.model, "choices": choices, "model_version": version,
-                "system_fingerprint": f"flywheel-v{version}",
+                "system_fingerprint": _fingerprint(version),
                 "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": completion_tokens,
                           "total_tokens": len(prompt_ids) + completion_tokens}}
         self.metrics.e2e.labels(request.path).observe(time.monotonic() - t0)
-        return _json(body, headers={VERSION_HEADER: version})
+        return _json(body, headers={VERSION_HEADER: "" if version is None else str(version)})
 
     def _token_strings(self, ids: list[int]) -> list[str]:
         return [self.tok.decode([i], skip_special_tokens=False) for i in ids]
@@ -363,14 +369,14 @@ class Gateway:
                     raise ClientGone() from None
 
         def chunk(i: int, text: str, fr: str | None, res=None, first=False) -> dict:
-            version = res.weight_version if res is not None else ""
+            version = res.weight_version if res is not None else None
             if spec.kind == "completion":
                 c = {"index": i, "text": text, "logprobs": None, "finish_reason": fr}
             else:
                 delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
                 c = {"index": i, "delta": delta, "logprobs": None, "finish_reason": fr}
             return {"id": cid, "object": obj, "created": created, "model": spec.model, "model_version": version,
-                    "system_fingerprint": f"flywheel-v{version}", "choices": [c]}
+                    "system_fingerprint": _fingerprint(version), "choices": [c]}
 
         async def run(i: int, body: dict):
             first = [True]
@@ -388,8 +394,10 @@ class Gateway:
 
             res, replica_id, timing = await self._run_choice(body, True, on_chunk, tenant=tenant.id)
             await send(chunk(i, "", finish_reason(res.finish), res))
-            self._log_completion(tenant, spec, cid, i, prompt_ids, res, replica_id, timing)
+            durable.append(self._log_completion(tenant, spec, cid, i, prompt_ids, res, replica_id, timing))
             return res
+
+        durable: list = []
 
         tasks = [asyncio.ensure_future(run(i, b)) for i, b in enumerate(bodies)]
         try:
@@ -399,6 +407,7 @@ class Gateway:
                 for t in tasks:
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
+            await self._wait_durable(durable, ev.TOPIC_COMPLETIONS)  # before [DONE]: the client's sign it is whole
             if spec.include_usage:
                 completion_tokens = sum(len(r.output_ids) for r in results)
                 await send({"id": cid, "object": obj, "created": created, "model": spec.model, "choices": [],
@@ -424,17 +433,39 @@ class Gateway:
     def pool_version(self) -> str:
         versions = sorted({r.weight_version for r in self.pool.replicas.values()
                            if r.healthy and r.state == ReplicaState.ACTIVE and r.weight_version is not None})
-        return ",".join(versions)
+        return ",".join(map(str, versions))
+
+    def _submit_durable(self, topic: str, key: str, value: bytes) -> asyncio.Future | None:
+        """Queue an event for the log; the future resolves once it is on disk (None: dropped, counted there)."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+
+        def on_durable() -> None:  # the writer thread
+            try:
+                loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(True))
+            except RuntimeError:  # the loop has closed (shutdown)
+                pass
+
+        return fut if self.events.submit(topic, key, value, on_durable=on_durable) else None
+
+    async def _wait_durable(self, futures: list, topic: str) -> None:
+        futures = [f for f in futures if f is not None]
+        if not futures:
+            return
+        _, late = await asyncio.wait(futures, timeout=self.cfg.durable_wait_s)
+        if late:
+            self.metrics.answered_before_durable.labels(topic).inc(len(late))
 
     def _log_completion(self, tenant: Tenant, spec: GenerationSpec, cid: str, i: int, prompt_ids: list[int],
-                        res: engine.EngineResult, replica_id: str, timing: dict, source: str = "user") -> None:
+                        res: engine.EngineResult, replica_id: str, timing: dict,
+                        source: str = "user") -> asyncio.Future | None:
         self.metrics.completions.labels(source).inc()
         arm = ""
         if self.canary is not None and source == "user":
             arm = self.canary.served(cid, replica_id, timing.get("e2e_ms") or 0.0)
         self.metrics.completion_tokens.labels(source).inc(len(res.output_ids))
         if not self.cfg.log_events:
-            return
+            return None
         spans = res.weight_versions or []
         switch = next((s.get("start") for s in spans[1:]), None) if len(spans) > 1 else None
         experts = res.routed_experts if res.routed_experts is not None else np.zeros((0, self.layers, self.top_k),
@@ -445,7 +476,7 @@ class Gateway:
             logprobs=np.asarray(res.logprobs, np.float32), routed_experts=experts, sampling=spec.sampling(),
             finish_reason=finish_reason(res.finish), latency={**timing, "queue_ms": res.queue_ms},
             weight_versions=spans, switch_index=switch, source=source, replica=replica_id, arm=arm)
-        self.events.submit(ev.TOPIC_COMPLETIONS, cid, event.encode())
+        return self._submit_durable(ev.TOPIC_COMPLETIONS, cid, event.encode())
 
     # ------------------------------------------------------------------ feedback
     def _check_owner(self, tenant: Tenant, completion_id) -> str:
@@ -461,7 +492,7 @@ class Gateway:
                            param="completion_id", code="not_your_completion")
         return completion_id
 
-    def _log_feedback(self, fb: ev.FeedbackEvent) -> None:
+    async def _log_feedback(self, fb: ev.FeedbackEvent) -> None:
         if self.first_feedback.first(fb.completion_id, fb.choice_index):
             self.metrics.feedback.labels(fb.kind).inc()
             # The canary takes one vote per completion, whatever its n: a tenant cannot multiply its say.
@@ -470,7 +501,8 @@ class Gateway:
         else:  # logged all the same (the trainer's Joiner also takes only the first), counted apart
             self.metrics.feedback_repeated.labels(fb.kind).inc()
         if self.cfg.log_events:
-            self.events.submit(ev.TOPIC_FEEDBACK, fb.completion_id, fb.encode())
+            await self._wait_durable([self._submit_durable(ev.TOPIC_FEEDBACK, fb.completion_id, fb.encode())],
+                                     ev.TOPIC_FEEDBACK)
 
     async def feedback(self, request: web.Request) -> web.Response:
         tenant = self._tenant(request)
@@ -501,7 +533,7 @@ class Gateway:
             raise ApiError(400, "'elapsed_ms' must be a non-negative number", param="elapsed_ms",
                            code="invalid_value")
         cid = self._check_owner(tenant, body.get("completion_id"))
-        self._log_feedback(ev.FeedbackEvent(completion_id=cid, choice_index=choice, tenant=tenant.id, kind=kind,
+        await self._log_feedback(ev.FeedbackEvent(completion_id=cid, choice_index=choice, tenant=tenant.id, kind=kind,
                                             accepted_chars=accepted, elapsed_ms=elapsed))
         return _json({"status": "ok", "completion_id": cid})
 
@@ -524,7 +556,7 @@ class Gateway:
             return _json({"status": "ok"})
         partial = request.query.get("select_kind") == "line"
         kind = "reject" if etype == "dismiss" else ("partial" if partial else "accept")
-        self._log_feedback(ev.FeedbackEvent(completion_id=cid, choice_index=choice, tenant=tenant.id, kind=kind,
+        await self._log_feedback(ev.FeedbackEvent(completion_id=cid, choice_index=choice, tenant=tenant.id, kind=kind,
                                             elapsed_ms=elapsed, origin="tabby:line" if partial else "tabby"))
         return _json({"status": "ok"})
 
@@ -679,10 +711,10 @@ class Gateway:
         share = body.get("share")
         if not isinstance(share, (int, float)) or isinstance(share, bool) or not 0 < share < 1:
             raise ApiError(400, "'share' must be a number between 0 and 1", param="share")
-        version = body.get("version")
-        if not isinstance(version, (str, int)) or isinstance(version, bool):
-            raise ApiError(400, "'version' must be the canary's weight version", param="version")
-        self.canary = CanarySplit(version=str(version), replicas=frozenset(reps), share=float(share))
+        version = ev.parse_version(body.get("version"))
+        if version is None:
+            raise ApiError(400, "'version' must be the canary's weight version (an integer)", param="version")
+        self.canary = CanarySplit(version=version, replicas=frozenset(reps), share=float(share))
         log.info("canary trial of v%s on %s for %.0f%% of users", version, ",".join(reps), 100 * share)
         return _json({"canary": self.canary.view()})
 
@@ -694,6 +726,10 @@ class Gateway:
     async def admin_weights(self, request: web.Request) -> web.Response:
         self._admin(request)
         return _json({"replicas": {r.id: r.weight_version for r in self.pool.replicas.values()}})
+
+
+def _fingerprint(version: int | None) -> str | None:
+    return None if version is None else f"flywheel-v{version}"
 
 
 def _json(body, status: int = 200, headers: dict | None = None) -> web.Response:

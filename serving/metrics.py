@@ -32,6 +32,10 @@ class GatewayMetrics:
                                "request is aborted on its replica)", ["route"], registry=r)
         self.feedback_repeated = Counter("flywheel_gateway_feedback_repeated", "Feedback on a completion choice "
                                          "already judged: logged, not counted", ["kind"], registry=r)
+        self.answered_before_durable = Counter(
+            "flywheel_gateway_answered_before_durable", "Responses sent before their event was on disk (the spool "
+            "was slower than durable_wait_s: a disk full or failing); a crash then could lose those events", ["topic"],
+            registry=r)
         r.register(_LiveCollector(gateway))
 
 
@@ -57,10 +61,8 @@ class _LiveCollector:
             rollouts.add_metric([rep.id], rep.rollout_outstanding)
             healthy.add_metric([rep.id], 1.0 if rep.healthy else 0.0)
             state.add_metric([rep.id, rep.state.value], 1.0)
-            try:
+            if rep.weight_version is not None:
                 version.add_metric([rep.id], float(rep.weight_version))
-            except (TypeError, ValueError):
-                pass
         yield from (inflight, rollouts, healthy, state, version)
         yield CounterMetricFamily("flywheel_replica_drain_leases_lapsed", "Drains whose agent went quiet: the "
                                   "gateway routed users to the replica again", value=self.gw.pool.lapsed_drains)

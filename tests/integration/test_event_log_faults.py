@@ -54,13 +54,17 @@ def test_a_full_disk_holds_events_in_the_queue_until_it_has_room(small_fs):
     log = EventLog(EventLogConfig(spool_dir=small_fs / "spool", retry_backoff_s=0.1)).start()
     try:
         value = os.urandom(8 << 10)
-        accepted = sum(log.submit("completions", f"k{i}", value) for i in range(64))  # 512 KiB > 256 KiB
+        durable = []  # the gateway answers a client only once its event is here
+        accepted = sum(log.submit("completions", f"k{i}", value, on_durable=lambda i=i: durable.append(i))
+                       for i in range(64))  # 512 KiB > 256 KiB
         assert accepted == 64
         assert wait_for(lambda: log.health()["writer"] == "failing")
         assert "No space left" in log.health()["writer_error"] and not log.health()["ok"]
         assert log.stats.spooled < accepted and log.stats.write_failures >= 1
+        assert len(durable) == log.stats.spooled < accepted  # none reported durable that is not on disk
         subprocess.run(["mount", "-o", "remount,size=16m", str(small_fs)], check=True)  # room again
         assert wait_for(lambda: log.stats.spooled == accepted)
+        assert sorted(durable) == list(range(64))
         assert log.health() == {"writer": "ok", "writer_error": None, "shipper": "off", "shipper_restarts": 0,
                                 "ok": True}
     finally:
@@ -133,3 +137,62 @@ def test_a_cursor_that_cannot_be_saved_and_a_killed_shipper_stop_nothing(kafka_b
         log.close(timeout=5)
     got = {k for k, _ in read_topic(kafka_bootstrap, topic, set(sent))}
     assert got == set(sent)  # delivered (a killed shipper may send a batch twice; consumers dedupe)
+
+
+def test_a_gateway_killed_mid_traffic_loses_no_event_it_answered_for(replica, test_model, tmp_path):
+    """kill -9 of the gateway under streaming, plain and feedback traffic: every completion and feedback a
+    client got an answer for is in the spool the next gateway ships from (answers wait for the fsync)."""
+    import json
+    import signal
+    import threading
+    import urllib.request
+
+    import openai
+
+    from flywheel import events as ev
+    from serving import gateway_process
+
+    gw = gateway_process.start([replica.url], test_model, tmp_path / "gw", keys={"alice": "key-a"})
+    client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="key-a", max_retries=0, timeout=30)
+    answered, judged, stop = set(), set(), threading.Event()
+
+    def traffic(stream: bool):
+        while not stop.is_set():
+            try:
+                if stream:
+                    chunks = list(client.completions.create(model="m", prompt="def f(x):\n", max_tokens=4,
+                                                            stream=True))
+                    cid = chunks[0].id  # whole: the stream reached [DONE]
+                else:
+                    cid = client.completions.create(model="m", prompt="def f(x):\n", max_tokens=4).id
+                answered.add(cid)
+                req = urllib.request.Request(f"{gw.url}/v1/feedback", headers={"Authorization": "Bearer key-a"},
+                                             data=json.dumps({"completion_id": cid, "kind": "accept"}).encode())
+                with urllib.request.urlopen(req, timeout=30):
+                    judged.add(cid)
+            except Exception:  # noqa: BLE001 - requests cut by the kill are expected to fail
+                pass
+
+    threads = [threading.Thread(target=traffic, args=(s,)) for s in (False, True, False)]
+    for t in threads:
+        t.start()
+    try:
+        assert wait_for(lambda: len(judged) >= 20, 120)
+        os.killpg(gw.pid, signal.SIGKILL)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+        gw.stop()
+    spool = Spool(tmp_path / "gw" / "spool")
+    cursor = spool.load_cursor()
+    head = spool.recover_head(cursor)
+    found: dict[str, set] = {ev.TOPIC_COMPLETIONS: set(), ev.TOPIC_FEEDBACK: set()}
+    while True:
+        records, cursor, _ = spool.read(cursor, head, 1000)
+        if not records:
+            break
+        for topic, key, _ in records:
+            found[topic].add(key)
+    assert answered and answered <= found[ev.TOPIC_COMPLETIONS], sorted(answered - found[ev.TOPIC_COMPLETIONS])
+    assert judged <= found[ev.TOPIC_FEEDBACK], sorted(judged - found[ev.TOPIC_FEEDBACK])

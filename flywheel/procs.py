@@ -7,6 +7,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -16,13 +17,20 @@ def spawn(cmd: list[str], die_with_parent: bool = True, **kw) -> subprocess.Pope
     """Start a server process in its own session (its process group holds its children). With
     die_with_parent it gets SIGTERM when the process that started it ends, however that ends (kill -9, a
     second Ctrl-C in pytest, an OOM kill): util-linux `setpriv --pdeathsig` arms it and execs the command
-    (same pid; no Python code runs between fork and exec, which is unsafe in a threaded parent). Linux
-    ties the signal to the forking thread: call it from one that lives as long as the server should. A
-    command that starts a server and returns (`flywheel replica start`) passes die_with_parent=False."""
+    (same pid; no Python code runs between fork and exec, which is unsafe in a threaded parent). That
+    signal reaches the group leader only, so a guard (flywheel.group_guard, armed the same way) ends the
+    rest of the group too. Linux ties the signal to the forking thread: call it from one that lives as
+    long as the server should. A command that starts a server and returns (`flywheel replica start`)
+    passes die_with_parent=False."""
     setpriv = shutil.which("setpriv")
-    if die_with_parent and setpriv:
-        cmd = [setpriv, "--pdeathsig", "TERM", "--", *cmd]
-    return subprocess.Popen(cmd, start_new_session=True, **kw)
+    if not (die_with_parent and setpriv):
+        return subprocess.Popen(cmd, start_new_session=True, **kw)
+    proc = subprocess.Popen([setpriv, "--pdeathsig", "TERM", "--", *cmd], start_new_session=True, **kw)
+    proc.guard = subprocess.Popen([setpriv, "--pdeathsig", "TERM", "--", sys.executable, "-I", "-S",
+                                   str(Path(__file__).with_name("group_guard.py")), str(proc.pid)],
+                                  start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+    return proc
 
 
 def identity(pid: int) -> dict:

@@ -77,3 +77,46 @@ def test_a_pid_file_whose_pid_was_reused_kills_nobody(tmp_path):
     finally:
         stranger.kill()
         stranger.wait()
+
+
+LEADER = """
+import subprocess, sys, time
+from flywheel.procs import spawn
+# A server whose leader dies on SIGTERM but leaves a child that ignores it (multiprocessing's resource
+# tracker does; SGLang leaves it when interrupted while starting).
+server = spawn([sys.executable, "-c", "import signal, subprocess, sys, time; subprocess.Popen([sys.executable, "
+                "'-c', 'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)']); "
+                "time.sleep(600)"])
+print(server.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_child_that_ignores_sigterm_dies_with_the_parent_of_its_server(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", LEADER], cwd=REPO_ROOT, env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        pgid = int(proc.stdout.readline())
+        deadline = time.monotonic() + 30
+        while len(group(pgid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(group(pgid)) == 2
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 30
+    while group(pgid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = group(pgid)
+    for m in left:
+        os.kill(m, signal.SIGKILL)
+    assert not left, f"left behind: {left}"
+
+
+def test_the_group_guard_leaves_when_its_server_is_stopped():
+    from flywheel.procs import spawn, stop_pid
+
+    server = spawn(["sleep", "600"])
+    assert server.guard.poll() is None
+    assert stop_pid(server.pid)
+    assert server.guard.wait(timeout=10) == 0

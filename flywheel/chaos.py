@@ -66,6 +66,17 @@ def _umount(path: Path) -> None:
     subprocess.run(["umount", "-l", str(path)], check=False, capture_output=True)
 
 
+def _mounts_under(root: Path) -> list[Path]:
+    """Mount points at or below `root` (a run killed with SIGKILL leaves its small filesystems mounted)."""
+    out = []
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            point = Path(line.split()[1].replace("\\040", " "))
+            if point == root or root in point.parents:
+                out.append(point)
+    return sorted(out, key=lambda p: len(p.parts), reverse=True)
+
+
 def _fill(path: Path) -> Path:
     """Fill the filesystem under `path` with a ballast file (to ENOSPC); returns it."""
     ballast = path / ".ballast"
@@ -145,6 +156,9 @@ class Chaos:
         if os.geteuid() != 0:
             raise RuntimeError("flywheel chaos mounts small filesystems for its disk-full faults: run it as root")
         self.model = bootstrap(self.cfg.preset, seed=0, progress=False)
+        for stale in _mounts_under(self.out):  # left by an earlier run into this directory that was killed
+            self.say(f"chaos: unmounting {stale}, left by an earlier run")
+            _umount(stale)
         self.out.mkdir(parents=True, exist_ok=True)
         for sub in ("gateway/spool", "weights/store", "trainer/checkpoints"):
             _mount_tmpfs(self.out / sub, self.cfg.disk_mb)
@@ -329,7 +343,7 @@ class Chaos:
         latest = Store(fleet.store_root).latest()
         try:
             self._wait("the fleet on the newest version", lambda: set(fleet.served_versions().values())
-                       == {str(Store(fleet.store_root).latest())} and self._replicas_ok(), timeout=self.cfg.settle_s)
+                       == {Store(fleet.store_root).latest()} and self._replicas_ok(), timeout=self.cfg.settle_s)
             on_version_s = round(time.monotonic() - t, 1)
         except TimeoutError:
             on_version_s = None
@@ -434,6 +448,10 @@ def run(cfg: ChaosConfig, say=print) -> dict:
 
 
 def _main(args) -> int:
+    def _term(*_):  # SIGTERM (a supervisor, a CI timeout) tears down like Ctrl-C: stop the fleet, unmount
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _term)
     cfg = ChaosConfig(duration_s=args.duration, seed=args.seed, out_dir=args.out,
                       kinds=tuple(args.kinds.split(",")) if args.kinds else KINDS)
     r = run(cfg)

@@ -394,6 +394,8 @@ class Chaos:
         if self.fleet is not None:
             self.fleet.stop()
         marker = str(self.out)
+        # This process and whatever runs it (a `timeout` or a shell whose command line names the out dir).
+        ours = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
 
         def still_running() -> list[int]:
             left = []
@@ -401,7 +403,7 @@ class Chaos:
                 try:
                     mine = p.pid in self.started_pids or os.getpgid(p.pid) in self.started_pids or \
                         marker in " ".join(p.info["cmdline"] or [])
-                    if mine and p.pid != os.getpid() and p.status() != psutil.STATUS_ZOMBIE:
+                    if mine and p.pid not in ours and p.status() != psutil.STATUS_ZOMBIE:
                         left.append(p.pid)
                 except (psutil.Error, ProcessLookupError):
                     pass
@@ -412,8 +414,14 @@ class Chaos:
         deadline = time.monotonic() + 30
         while (left := still_running()) and time.monotonic() < deadline:
             time.sleep(0.5)
+        def described(pid: int) -> str:
+            try:
+                return f"{pid} {' '.join(psutil.Process(pid).cmdline())[:200]}"
+            except psutil.Error:
+                return f"{pid} (gone)"
+
         if left:
-            self.say(f"chaos: still running after teardown: {left}")
+            self.say("chaos: still running after teardown: " + "; ".join(map(described, left)))
         for m in self.mounts:
             _umount(m)
         return len(left)

@@ -26,7 +26,7 @@ def main() -> dict:
         if (out / "chaos.json").exists():
             shutil.copyfile(out / "chaos.json", RESULTS / "chaos_faults.json")
         shutil.rmtree(out, ignore_errors=True)
-    keys = ("faults_injected", "fault_kinds", "faults_not_recovered", "events_lost", "events_lost_in_gateway_kills",
+    keys = ("faults_injected", "fault_kinds", "faults_not_recovered", "events_lost",
             "samples_double_trained", "stuck_replicas", "orphans", "user_failed_outside_gateway_kill",
             "user_failed_in_gateway_kill", "max_recovery_s", "fleet_on_newest_s", "requests", "completion_events",
             "feedback_events", "samples_trained")

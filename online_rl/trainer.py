@@ -131,6 +131,11 @@ class Trainer:
         if cfg.rollouts.tasks_per_step and cfg.rollouts.gateway_url and self.rank == 0:
             sandbox.check(cfg.rollouts.sandbox)  # no isolation, no rollouts: refuse to start, say why
         self.pending_announcements: list[dict] = []  # published to the store, not yet on the weights topic
+        if cfg.publish_store is not None and self.rank == 0 and cfg.kafka_bootstrap:
+            from weight_sync.publish import unannounced
+
+            # A trainer killed between committing a version and announcing it: announce it now, first.
+            self.pending_announcements = unannounced(self._publish_config())
         self._control_key = None
         if cfg.publish_key is not None and Path(cfg.publish_key).exists():
             from weight_sync.manifest import load_private

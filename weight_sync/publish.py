@@ -84,8 +84,32 @@ def _send_control(cfg: PublishConfig, store: Store, record: dict, timeout_s: flo
 
 def announce(cfg: PublishConfig, record: dict, timeout_s: float = 30.0) -> dict:
     """Put a version's announcement on the weights topic (publish() does this unless told not to). Each
-    call takes a fresh sequence number, so a caller retrying a failed announcement calls it again."""
-    return _send_control(cfg, Store(cfg.store), record, timeout_s)
+    call takes a fresh sequence number, so a caller retrying a failed announcement calls it again. Once
+    the broker has it, the store records it (Store.announced)."""
+    store = Store(cfg.store)
+    sent = _send_control(cfg, store, record, timeout_s)
+    if cfg.kafka_bootstrap:
+        try:
+            store.mark_announced(int(record["version"]))
+        except OSError as e:  # sent all the same; a restarted publisher announces it again (harmless)
+            log.warning("v%s announced but not recorded as such in the store: %s", record["version"], e)
+    return sent
+
+
+def unannounced(cfg: PublishConfig) -> list[dict]:
+    """Announcements of the versions in the store that never reached the weights topic, oldest first: what
+    a restarted publisher sends before anything new."""
+    store = Store(cfg.store)
+    out = []
+    for v in store.unannounced():
+        body = (store.version_dir(v) / "manifest.json").read_bytes()
+        location = (f"{cfg.store_url}/versions/{v}/manifest.json" if cfg.store_url
+                    else str(store.version_dir(v) / "manifest.json"))
+        record = announcement(Manifest.parse(body), location, codec.digest(body))
+        if cfg.canary:
+            record["canary"] = True
+        out.append(record)
+    return out
 
 
 HEAD_VERSION = "VERSION"  # in head/: the version head's weights are

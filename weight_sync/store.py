@@ -7,6 +7,7 @@
     <root>/.staging-<N>-*/                a version being written; renamed into versions/ when complete
     <root>/head/                          the publisher's full copy of the newest version (delta base)
     <root>/activations.jsonl              rollbacks and pins, in order (also announced on Kafka)
+    <root>/announced                      the newest version whose announcement the broker acknowledged
 
 Chunk and file paths are derived from indices and validated names, never taken from a manifest, so
 nothing a manifest says can reach outside the store. A version is visible only after the rename, which
@@ -121,6 +122,30 @@ class Store:
                 os.fsync(f.fileno())
             os.replace(tmp, path)
             yield last + 1
+
+    def announced(self) -> int | None:
+        """The newest version known to be on the weights topic (None: none yet, or a store from before)."""
+        try:
+            return int((self.root / "announced").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def mark_announced(self, version: int) -> None:
+        if (self.announced() or -1) >= version:
+            return
+        tmp = self.root / "announced.tmp"
+        tmp.write_text(str(int(version)))
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, self.root / "announced")
+
+    def unannounced(self) -> list[int]:
+        """Versions committed here whose announcement never reached the broker (the publisher died, or the
+        broker was away, between the commit and the send): without one, no agent ever switches to them."""
+        versions, done = self.versions(), self.announced()
+        if done is None:  # nothing recorded: re-announcing the newest is harmless (agents on it ignore it)
+            return versions[-1:]
+        return [v for v in versions if v > done]
 
     def record_activation(self, record: dict) -> None:
         with open(self.root / "activations.jsonl", "a") as f:

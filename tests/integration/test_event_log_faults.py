@@ -154,7 +154,7 @@ def test_a_gateway_killed_mid_traffic_loses_no_event_it_answered_for(replica, te
 
     gw = gateway_process.start([replica.url], test_model, tmp_path / "gw", keys={"alice": "key-a"})
     client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="key-a", max_retries=0, timeout=30)
-    answered, judged, stop = set(), set(), threading.Event()
+    answered, judged, stop, kill_now = set(), set(), threading.Event(), threading.Event()
 
     def traffic(stream: bool):
         while not stop.is_set():
@@ -170,6 +170,9 @@ def test_a_gateway_killed_mid_traffic_loses_no_event_it_answered_for(replica, te
                                              data=json.dumps({"completion_id": cid, "kind": "accept"}).encode())
                 with urllib.request.urlopen(req, timeout=30):
                     judged.add(cid)
+                if kill_now.is_set() and not stop.is_set():  # the instant after an answer: the worst moment
+                    stop.set()
+                    os.killpg(gw.pid, signal.SIGKILL)
             except Exception:  # noqa: BLE001 - requests cut by the kill are expected to fail
                 pass
 
@@ -178,7 +181,8 @@ def test_a_gateway_killed_mid_traffic_loses_no_event_it_answered_for(replica, te
         t.start()
     try:
         assert wait_for(lambda: len(judged) >= 20, 120)
-        os.killpg(gw.pid, signal.SIGKILL)
+        kill_now.set()
+        assert wait_for(stop.is_set, 60)
     finally:
         stop.set()
         for t in threads:

@@ -209,6 +209,34 @@ def test_publish_hands_a_delta_to_weight_sync(broker, test_model, tmp_path):
     store = Store(tmp_path / "store")
     assert store.versions() == [0, 1] and store.manifest(1).kind == "delta" and store.manifest(1).base_version == 0
     assert (tmp_path / "trainer" / "reward_by_version.png").exists()
+    assert store.announced() == 1 and store.unannounced() == []
+
+    # Killed between committing v2 and announcing it: the next trainer announces v2 before anything else.
+    from kafka import KafkaConsumer
+
+    from flywheel import control
+    from flywheel.events import TOPIC_WEIGHTS
+    from weight_sync.manifest import load_private
+    from weight_sync.publish import publish
+
+    publish(test_model, trainer._publish_config(), announce_now=False)
+    assert store.unannounced() == [2]
+    again = Trainer(cfg)
+    assert [r["version"] for r in again.pending_announcements] == [2]
+    assert again.announce() and store.announced() == 2 and store.unannounced() == []
+    c = KafkaConsumer(TOPIC_WEIGHTS, bootstrap_servers=broker.bootstrap, auto_offset_reset="earliest",
+                      enable_auto_commit=False, group_id=None, consumer_timeout_ms=3000)
+    pub = load_private(tmp_path / "k.pem").public_key()
+    announced = []
+    for m in c:
+        try:
+            r = control.decode(m.value, pub)
+        except control.ControlError:  # other tests' records on the shared broker, signed by other keys
+            continue
+        if r["type"] == "version":
+            announced.append(r["version"])
+    c.close()
+    assert announced[-3:] == [0, 1, 2]
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "flywheel", "weights", "serve", "--store", str(tmp_path / "store"),

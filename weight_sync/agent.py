@@ -76,6 +76,8 @@ class AgentMetrics:
                                    "unsigned, bad signature, invalid, replayed)", ["reason"], registry=r)
         self.retries = Counter("flywheel_agent_apply_retries", "Applies that failed for a transient reason (store "
                                "or replica unreachable) and were retried", registry=r)
+        self.commit_failures = Counter("flywheel_agent_offset_commit_failures", "Weights-topic offset commits "
+                                       "that failed (the broker away) and were retried", registry=r)
         self.phase = Histogram("flywheel_agent_phase_seconds", "Time per phase of applying a version", ["phase"],
                                buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300), registry=r)
 
@@ -285,6 +287,7 @@ class Agent:
     def run(self, stop=None) -> None:
         """Follow the weights topic until `stop` (a threading.Event) is set."""
         from kafka import KafkaConsumer
+        from kafka.errors import KafkaError
 
         if self.cfg.metrics_port:
             from prometheus_client import start_http_server
@@ -344,7 +347,12 @@ class Agent:
                         continue
                     pending, backoff = None, self.cfg.retry_base_s
                 if pending is None and uncommitted:
-                    consumer.commit()
+                    try:
+                        consumer.commit()
+                    except KafkaError as e:  # the broker away: the records stay uncommitted, tried again next loop
+                        self.metrics.commit_failures.inc()
+                        log.warning("agent %s could not commit its weights offset (%s); retrying", self.cfg.name, e)
+                        continue
                     self.state["control_seq"] = guard.last
                     self._save_state()
                     uncommitted = False

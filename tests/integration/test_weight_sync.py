@@ -319,7 +319,8 @@ def test_a_failed_load_never_leaves_the_replica_paused_or_draining(weights, seco
 
 def test_a_transient_apply_failure_is_retried_and_its_offset_not_committed(weights, second_replica, tmp_path):
     """The store goes away while a version is announced: the agent keeps the record uncommitted and retries
-    with backoff until the store is back, then switches and commits."""
+    with backoff until the store is back, then switches; the broker is away by then, so its commit fails
+    (once this ended the agent) and is retried until the broker is back."""
     from kafka import KafkaConsumer, TopicPartition
 
     from flywheel import kafka_broker
@@ -350,9 +351,14 @@ def test_a_transient_apply_failure_is_retried_and_its_offset_not_committed(weigh
         announce(weights, broker.bootstrap, 2)
         wait_until(lambda: agent.metrics.retries._value.get() >= 3, 60, what="retries while the store is down")
         assert _version(second_replica.url) == "0" and committed() is None
+        assert broker.stop()
         proxy.start()
         wait_until(lambda: _version(second_replica.url) == "2", 60, what="the switch once the store is back")
-        wait_until(lambda: committed() == 1, 20, what="the offset committed after the switch")
+        wait_until(lambda: agent.metrics.commit_failures._value.get() >= 1, 180, what="a commit failing")
+        assert thread.is_alive()
+        broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=tmp_path / "kafka"))
+        wait_until(lambda: committed() == 1, 120, what="the offset committed once the broker is back")
+        assert thread.is_alive()
         assert agent.metrics.rejected.labels("switch_failed")._value.get() >= 3
     finally:
         stop.set()

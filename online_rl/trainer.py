@@ -122,6 +122,7 @@ class Trainer:
         self.version = 0  # the newest published version (samples are judged stale against it)
         self.baseline = 0.0
         self.last_publish = time.monotonic()
+        self.published_step: int | None = None  # the step the newest version holds (None: not yet, this run)
         self.trained_since_ckpt: list[dict] = []
         self.history: dict[str, dict] = {}  # version -> reward/acceptance sums for the plot
         self.rolled_back: set[int] = set()  # versions a canary trial rolled back (weights topic)
@@ -411,6 +412,7 @@ class Trainer:
         result = publish(out, pcfg, announce_now=False)
         self.pending_announcements.append(result.announcement)
         self.version = result.version
+        self.published_step = self.step
         self.metrics.version.set(self.version)
         self.last_publish = time.monotonic()
         for old in sorted((self.work / "published").glob("step-*"))[:-2]:
@@ -479,8 +481,10 @@ class Trainer:
                         saved_step = self.step
                 elif not consumed and self.step != saved_step and self._save_or_retry():
                     saved_step = self.step  # caught up and idle: no trained steps left outside a checkpoint
+                # Nothing trained since the last version: publishing the same weights again would only make
+                # the fleet switch for nothing.
                 if (time.monotonic() - self.last_publish >= self.cfg.publish_interval_s
-                        and self.failures.ready("publish")):
+                        and self.step != self.published_step and self.failures.ready("publish")):
                     if self.step != saved_step and self._save_or_retry():
                         saved_step = self.step
                     try:

@@ -76,6 +76,8 @@ class AgentMetrics:
                                    "unsigned, bad signature, invalid, replayed)", ["reason"], registry=r)
         self.retries = Counter("flywheel_agent_apply_retries", "Applies that failed for a transient reason (store "
                                "or replica unreachable) and were retried", registry=r)
+        self.poll_failures = Counter("flywheel_agent_poll_failures", "Reads of the weights topic that failed "
+                                     "(the broker away) and were retried", registry=r)
         self.commit_failures = Counter("flywheel_agent_offset_commit_failures", "Weights-topic offset commits "
                                        "that failed (the broker away) and were retried", registry=r)
         self.phase = Histogram("flywheel_agent_phase_seconds", "Time per phase of applying a version", ["phase"],
@@ -310,7 +312,13 @@ class Agent:
         guard = control.ReplayGuard(self.state.get("control_seq", 0))
         try:
             while stop is None or not stop.is_set():
-                batch = consumer.poll(timeout_ms=500)
+                try:
+                    batch = consumer.poll(timeout_ms=500)
+                except KafkaError as e:  # kafka-python 3 raises from poll while the broker is down
+                    self.metrics.poll_failures.inc()
+                    log.warning("agent %s cannot read %s (%s); retrying", self.cfg.name, TOPIC_WEIGHTS, e)
+                    time.sleep(1.0)
+                    batch = {}
                 records = []
                 for recs in batch.values():
                     for rec in recs:

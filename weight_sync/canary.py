@@ -185,8 +185,16 @@ class CanaryController:
 
     # ------------------------------------------------------------------ the topic
     def _records(self) -> list[dict]:
+        from kafka.errors import KafkaError
+
         out = []
-        for recs in self._consumer.poll(timeout_ms=200).values():
+        try:
+            batch = self._consumer.poll(timeout_ms=200)
+        except KafkaError as e:  # the broker away: nothing read this time, the caller polls again
+            log.warning("cannot read the weights topic (%s); retrying", e)
+            time.sleep(1.0)
+            return out
+        for recs in batch.values():
             for r in recs:
                 try:
                     out.append(self._guard.check(control.decode(r.value, self._public)))

@@ -90,7 +90,7 @@ def test_better_promoted_worse_rolled_back_neutral_promoted(test_model, tmp_path
     assert (d1, d2, d3) == ("promote", "rollback", "promote"), ctrl.decisions
     assert f2 == v_better and f3 == v_same  # the rollback put everyone back on the stable version
     assert not [r for r in records if r.outcome == "failed"], "zero failed requests through all trials"
-    bad_seen = [r for r in records if r.version == str(v_bad)]
+    bad_seen = [r for r in records if r.version == v_bad]
     assert bad_seen and np.mean([r.outcome == "accept" for r in bad_seen if r.outcome != "ignore"]) < 0.2
     assert arms.get("canary", 0) > 0 and arms.get("stable", 0) > 0  # completions record their arm
     for v, kind in ((v_better, "promote"), (v_bad, "rollback"), (v_same, "promote")):

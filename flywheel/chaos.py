@@ -58,9 +58,12 @@ class Fault:
     note: str = ""
 
 
+MOUNT_SOURCE = "flywheel-chaos"  # the source name of the tmpfs mounts a run makes (how a later run knows them)
+
+
 def _mount_tmpfs(path: Path, mb: int) -> None:
     path.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mb}m", "tmpfs", str(path)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mb}m", MOUNT_SOURCE, str(path)], check=True)
 
 
 def _umount(path: Path) -> None:
@@ -68,12 +71,14 @@ def _umount(path: Path) -> None:
 
 
 def _mounts_under(root: Path) -> list[Path]:
-    """Mount points at or below `root` (a run killed with SIGKILL leaves its small filesystems mounted)."""
+    """Our small filesystems at or below `root` (a run killed with SIGKILL leaves them mounted); found by
+    their source name, so nothing else mounted there is ever touched."""
     out = []
     with open("/proc/self/mounts") as f:
         for line in f:
-            point = Path(line.split()[1].replace("\\040", " "))
-            if point == root or root in point.parents:
+            source, point, fstype = line.split()[:3]
+            point = Path(point.replace("\\040", " "))
+            if source == MOUNT_SOURCE and fstype == "tmpfs" and (point == root or root in point.parents):
                 out.append(point)
     return sorted(out, key=lambda p: len(p.parts), reverse=True)
 
@@ -458,6 +463,7 @@ def run(cfg: ChaosConfig, say=print) -> dict:
 
 def _main(args) -> int:
     def _term(*_):  # SIGTERM (a supervisor, a CI timeout) tears down like Ctrl-C: stop the fleet, unmount
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the teardown short
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _term)

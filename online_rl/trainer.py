@@ -172,6 +172,9 @@ class Trainer:
         self.history = state.get("history", {})
         self.rolled_back = set(state.get("rolled_back", []))
         self._control_guard = control.ReplayGuard(state.get("control_seq", 0))
+        done = [int(p.parent.name.split("-")[1]) for p in (self.work / "published").glob("step-*/PUBLISHED")]
+        if self.step in done:  # the checkpoint's weights are already a version
+            self.published_step = self.step
         if self.rank == 0:
             log.info("resumed at step %d (version %d, %d buffered samples) from %s", self.step, self.version,
                      len(self.buffer), self.checkpoints.latest())
@@ -413,6 +416,7 @@ class Trainer:
         self.pending_announcements.append(result.announcement)
         self.version = result.version
         self.published_step = self.step
+        (out / "PUBLISHED").write_text(str(result.version))  # read by _resume: no republishing the same weights
         self.metrics.version.set(self.version)
         self.last_publish = time.monotonic()
         for old in sorted((self.work / "published").glob("step-*"))[:-2]:

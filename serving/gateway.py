@@ -452,7 +452,9 @@ class Gateway:
         futures = [f for f in futures if f is not None]
         if not futures:
             return
-        _, late = await asyncio.wait(futures, timeout=self.cfg.durable_wait_s)
+        # A spool that is failing (disk full) would make every answer wait the whole bound: do not wait.
+        timeout = 0 if self.events.writer_error else self.cfg.durable_wait_s
+        _, late = await asyncio.wait(futures, timeout=timeout)
         if late:
             self.metrics.answered_before_durable.labels(topic).inc(len(late))
 

@@ -356,7 +356,7 @@ class Agent:
                     pending, backoff = None, self.cfg.retry_base_s
                 if pending is None and uncommitted:
                     try:
-                        consumer.commit()
+                        consumer.commit(timeout_ms=2000)  # bounded: the loop must go on while the broker is away
                     except KafkaError as e:  # the broker away: the records stay uncommitted, tried again next loop
                         self.metrics.commit_failures.inc()
                         log.warning("agent %s could not commit its weights offset (%s); retrying", self.cfg.name, e)

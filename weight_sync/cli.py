@@ -184,7 +184,7 @@ def _list(args) -> int:
     print(f"{'version':>7} {'kind':5} {'base':>4} {'raw MB':>8} {'sent MB':>8} {'ratio':>7}  replicas")
     for v in store.versions():
         m = store.manifest(v)
-        reps = ",".join(sorted(r for r, sv in serving.items() if sv == str(v)))
+        reps = ",".join(sorted(r for r, sv in serving.items() if sv == v))
         print(f"{v:>7} {m.kind:5} {'' if m.base_version is None else m.base_version:>4} "
               f"{m.nbytes_raw / 2**20:8.2f} {m.nbytes_compressed / 2**20:8.3f} "
               f"{m.nbytes_raw / max(1, m.nbytes_compressed):7.1f}  {reps}")

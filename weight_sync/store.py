@@ -131,21 +131,32 @@ class Store:
             return None
 
     def mark_announced(self, version: int) -> None:
-        if (self.announced() or -1) >= version:
-            return
-        tmp = self.root / "announced.tmp"
-        tmp.write_text(str(int(version)))
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, self.root / "announced")
+        """Record that `version` is on the weights topic (under the sequence lock: never moves backwards)."""
+        import fcntl
+
+        with open(self.root / "control_seq.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if (self.announced() or -1) >= version:
+                return
+            tmp = self.root / "announced.tmp"
+            tmp.write_text(str(int(version)))
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, self.root / "announced")
 
     def unannounced(self) -> list[int]:
         """Versions committed here whose announcement never reached the broker (the publisher died, or the
-        broker was away, between the commit and the send): without one, no agent ever switches to them."""
+        broker was away, between the commit and the send): without one, no agent ever switches to them.
+        Not those a later decision (an SRE's rollback, activate or pin) has passed over: announcing them
+        now would undo it. A store from before the record: nothing (its newest is taken as announced)."""
         versions, done = self.versions(), self.announced()
-        if done is None:  # nothing recorded: re-announcing the newest is harmless (agents on it ignore it)
-            return versions[-1:]
-        return [v for v in versions if v > done]
+        if done is None:
+            if versions:
+                self.mark_announced(versions[-1])
+            return []
+        decided = max((a.get("ts", 0.0) for a in self.activations()
+                       if a.get("type") in ("activate", "rollback", "pin", "unpin")), default=0.0)
+        return [v for v in versions if v > done and self.version_dir(v).stat().st_mtime > decided]
 
     def record_activation(self, record: dict) -> None:
         with open(self.root / "activations.jsonl", "a") as f:

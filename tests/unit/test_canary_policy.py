@@ -33,13 +33,13 @@ def test_decisions(canary, stable, decision):
 
 
 def test_split_keeps_a_user_on_one_arm_and_counts_per_arm():
-    split = CanarySplit(version="3", replicas=frozenset({"r1"}), share=0.3)
+    split = CanarySplit(version=3, replicas=frozenset({"r1"}), share=0.3)
     tenants = [f"t{i}" for i in range(2000)]
     arms = {t: split.arm_of(t) for t in tenants}
     assert all(split.arm_of(t) == arms[t] for t in tenants)  # sticky
     share = sum(a == "canary" for a in arms.values()) / len(tenants)
     assert 0.25 < share < 0.35
-    other = CanarySplit(version="4", replicas=frozenset({"r1"}), share=0.3)
+    other = CanarySplit(version=4, replicas=frozenset({"r1"}), share=0.3)
     assert sum(other.arm_of(t) != arms[t] for t in tenants) > 200  # a new trial reshuffles
     assert split.served("c1", "r1", 80.0) == "canary" and split.served("c2", "r0", 50.0) == "stable"
     split.feedback("c1", "accept")
@@ -52,7 +52,7 @@ def test_split_keeps_a_user_on_one_arm_and_counts_per_arm():
 @pytest.mark.parametrize("share, replicas", [(0.0, {"r1"}), (1.0, {"r1"}), (0.5, set())])
 def test_bad_splits_are_refused(share, replicas):
     with pytest.raises(ValueError):
-        CanarySplit(version="1", replicas=frozenset(replicas), share=share)
+        CanarySplit(version=1, replicas=frozenset(replicas), share=share)
 
 
 def test_simulated_trials_reach_the_right_decision():

@@ -210,3 +210,25 @@ def test_retention_keeps_pinned_and_stable_versions_however_old(tmp_path):
     prev = _ckpt(tmp_path / "c10", 10, base=prev)
     publish(prev, cfg)
     assert store.decided() == {8} and 1 not in store.versions() and 8 in store.versions()
+
+
+def test_unannounced_versions_skip_what_a_later_decision_passed_over(tmp_path):
+    generate_key(tmp_path / "s.pem", tmp_path / "s.pub")
+    cfg = PublishConfig(store=tmp_path / "store", private_key=tmp_path / "s.pem")
+    prev = _ckpt(tmp_path / "c0", 0)
+    publish(prev, cfg)
+    store = Store(tmp_path / "store")
+    # A store from before the record: nothing is re-announced, its newest is taken as announced.
+    assert store.announced() is None and store.unannounced() == [] and store.announced() == 0
+    for v in (1, 2):
+        prev = _ckpt(tmp_path / f"c{v}", v, base=prev)
+        publish(prev, cfg)  # no broker configured: committed, never announced
+    assert store.unannounced() == [1, 2]
+    store.mark_announced(1)
+    store.mark_announced(0)  # never backwards
+    assert store.announced() == 1 and store.unannounced() == [2]
+    activate(cfg, 1, "rolled back by an SRE")  # after v2 was committed: announcing v2 now would undo it
+    assert store.unannounced() == []
+    prev = _ckpt(tmp_path / "c3", 3, base=prev)
+    publish(prev, cfg)
+    assert store.unannounced() == [3]  # committed after the decision

@@ -73,6 +73,8 @@ class CompletionEvent:
     source: str = "user"
     replica: str = ""
     arm: str = ""  # during a canary trial: "canary" or "stable", the arm that served it
+    session_id: str = ""  # chat: the agent session this turn belongs to (serving.sessions)
+    parent_id: str = ""  # chat: the completion id of the session's previous turn ("" for a first turn)
     event_id: str = field(default_factory=new_event_id)
     ts: float = field(default_factory=time.time)
     schema: str = COMPLETION_SCHEMA
@@ -112,6 +114,10 @@ def _pack(a, dtype: str) -> bytes:
     return np.ascontiguousarray(a, dtype=dtype).tobytes()
 
 
+_COMPLETION_FIELDS = {f.name for f in fields(CompletionEvent)} | {"routed_experts_shape"}
+_FEEDBACK_FIELDS = {f.name for f in fields(FeedbackEvent)}
+
+
 class SchemaError(ValueError):
     """A record that is not a valid Flywheel event."""
 
@@ -124,6 +130,11 @@ def decode(raw: bytes) -> CompletionEvent | FeedbackEvent:
     if not isinstance(d, dict):
         raise SchemaError("event is not a map")
     schema = d.get("schema")
+    # Fields this reader does not know are dropped, not refused: a producer one release ahead (new optional
+    # fields, same schema) must not make its events unreadable to consumers still on the old one.
+    known = {COMPLETION_SCHEMA: _COMPLETION_FIELDS, FEEDBACK_SCHEMA: _FEEDBACK_FIELDS}.get(schema)
+    if known is not None:
+        d = {k: v for k, v in d.items() if k in known}
     try:
         if schema == COMPLETION_SCHEMA:
             shape = tuple(d.pop("routed_experts_shape"))

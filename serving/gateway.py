@@ -33,11 +33,14 @@ from serving.first_feedback import FirstFeedback
 from serving.metrics import GatewayMetrics
 from serving.openai_api import (ApiError, GenerationSpec, Limits, chat_logprobs, completion_logprobs, finish_reason,
                                 parse_chat, parse_completion, parse_json_body)
+from serving import tool_calls as tc
+from serving.sessions import MAX_SESSION_ID, Sessions
 from serving.router import Lease, NoReplica, PoolConfig, ReplicaPool, ReplicaState
 
 log = logging.getLogger(__name__)
 
 VERSION_HEADER = "X-Flywheel-Model-Version"
+SESSION_HEADER = "X-Session-Id"  # an agent session's id, from the client (else derived: serving.sessions)
 FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE, EOS = "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|endoftext|>"
 
 
@@ -102,6 +105,7 @@ class Gateway:
         state.mkdir(parents=True, exist_ok=True)
         self.ids = CompletionIds(load_or_create_secret(state / "id_secret"))
         self.first_feedback = FirstFeedback()
+        self.sessions = Sessions()
         self.pool = ReplicaPool(cfg.replicas, cfg.pool)
         self.canary: CanarySplit | None = None  # a trial in progress (weight_sync.canary starts and ends it)
         self.events = EventLog(EventLogConfig(spool_dir=state / "spool", bootstrap=cfg.kafka_bootstrap,
@@ -190,6 +194,11 @@ class Gateway:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         tenant = self._tenant(request)
         spec = parse_chat(parse_json_body(await request.read()), self.cfg.limits)
+        given = request.headers.get(SESSION_HEADER) or spec.session_hint
+        if given is not None and (not given.isascii() or not given.isprintable() or not 0 < len(given) <= MAX_SESSION_ID):
+            raise ApiError(400, f"a session id is 1-{MAX_SESSION_ID} printable ASCII characters", param="session_id",
+                           code="invalid_value")
+        spec.session_hint = given
         return await self._generate(request, tenant, spec)
 
     async def _prompt_ids(self, spec: GenerationSpec) -> list[int]:
@@ -215,8 +224,11 @@ class Gateway:
         return ids
 
     def _sampling(self, spec: GenerationSpec) -> dict:
+        stop = list(spec.stop)
+        if spec.tools is not None and spec.tools.active and not spec.tools.parallel:
+            stop.append(tc.CALL_CLOSE)  # one call and done (SGLang trims it: _tool_text puts it back)
         s = {"max_new_tokens": spec.max_tokens, "temperature": spec.temperature, "top_p": spec.top_p,
-             "stop": spec.stop or None, "stop_token_ids": self.stop_token_ids,
+             "stop": stop or None, "stop_token_ids": self.stop_token_ids,
              "presence_penalty": spec.presence_penalty, "frequency_penalty": spec.frequency_penalty}
         if spec.seed is not None:
             s["sampling_seed"] = spec.seed
@@ -302,6 +314,8 @@ class Gateway:
     async def _generate(self, request: web.Request, tenant: Tenant, spec: GenerationSpec) -> web.StreamResponse:
         prompt_ids = await self._prompt_ids(spec)
         cid = self.ids.issue(tenant)
+        if spec.kind == "chat":
+            spec.session = self.sessions.link(tenant.id, spec.messages, spec.session_hint, cid)
         sampling = self._sampling(spec)
         top_n = spec.logprobs or 0
         bodies = [engine.payload(prompt_ids, sampling, top_n, spec.stream, f"{cid}-{i}") for i in range(spec.n)]
@@ -315,6 +329,9 @@ class Gateway:
         for i, (res, replica_id, timing) in enumerate(results):
             durable.append(self._log_completion(tenant, spec, cid, i, prompt_ids, res, replica_id, timing))
             choices.append(self._choice(spec, i, res))
+            if spec.session is not None:
+                m = choices[-1]["message"]
+                self._remember(tenant, spec, cid, i, m["content"], m.get("tool_calls", []))
         await self._wait_durable(durable, ev.TOPIC_COMPLETIONS)
         version = results[0][0].weight_version
         completion_tokens = sum(len(r.output_ids) for r, _, _ in results)
@@ -323,8 +340,19 @@ class Gateway:
                 "system_fingerprint": _fingerprint(version),
                 "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": completion_tokens,
                           "total_tokens": len(prompt_ids) + completion_tokens}}
+        headers = {VERSION_HEADER: "" if version is None else str(version)}
+        if spec.session is not None:
+            body["session_id"] = headers[SESSION_HEADER] = spec.session.session_id
         self.metrics.e2e.labels(request.path).observe(time.monotonic() - t0)
-        return _json(body, headers={VERSION_HEADER: "" if version is None else str(version)})
+        return _json(body, headers=headers)
+
+    def _remember(self, tenant: Tenant, spec: GenerationSpec, cid: str, i: int, content: str | None,
+                  calls: list[dict]) -> None:
+        """An answer, as the client will send it back next turn (serving.sessions)."""
+        answer = {"role": "assistant", "content": content or "",
+                  "calls": [{"id": c["id"], "name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                            for c in calls]}
+        self.sessions.record(tenant.id, spec.messages, answer, f"{cid}:{i}", spec.session.session_id)
 
     def _token_strings(self, ids: list[int]) -> list[str]:
         return [self.tok.decode([i], skip_special_tokens=False) for i in ids]
@@ -345,12 +373,25 @@ class Gateway:
         fr = finish_reason(res.finish)
         if spec.kind == "completion":
             return {"index": i, "text": res.text, "logprobs": self._logprobs(spec, res), "finish_reason": fr}
-        return {"index": i, "message": {"role": "assistant", "content": res.text}, "logprobs": self._logprobs(spec, res),
-                "finish_reason": fr}
+        message = {"role": "assistant", "content": res.text}
+        if spec.tools is not None and spec.tools.active:
+            parsed = self._tool_outcome(tc.parse(spec.prefill + res.text + _trimmed_stop(res), spec.tools))
+            message["content"] = parsed.content
+            if parsed.calls:
+                message["tool_calls"], fr = parsed.calls, "tool_calls"
+            elif parsed.outcome != "none":
+                fr = "stop"  # a call the model got wrong comes back as its text
+        return {"index": i, "message": message, "logprobs": self._logprobs(spec, res), "finish_reason": fr}
+
+    def _tool_outcome(self, parsed: tc.Parsed) -> tc.Parsed:
+        if parsed.outcome != "none":
+            self.metrics.tool_calls.labels(parsed.outcome).inc(max(1, len(parsed.calls)))
+        return parsed
 
     async def _stream(self, request, tenant, spec, cid, prompt_ids, bodies, created) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                           VERSION_HEADER: self.pool_version()})
+                                           VERSION_HEADER: self.pool_version(),
+                                           **({SESSION_HEADER: spec.session.session_id} if spec.session else {})})
         obj = "text_completion" if spec.kind == "completion" else "chat.completion.chunk"
         t0 = time.monotonic()
         last_chunk = [None]
@@ -368,18 +409,26 @@ class Gateway:
                 except ConnectionResetError:  # aiohttp's ClientConnectionResetError is one
                     raise ClientGone() from None
 
-        def chunk(i: int, text: str, fr: str | None, res=None, first=False) -> dict:
+        def chunk(i: int, text: str, fr: str | None, res=None, first=False, calls=None) -> dict:
             version = res.weight_version if res is not None else None
             if spec.kind == "completion":
                 c = {"index": i, "text": text, "logprobs": None, "finish_reason": fr}
             else:
                 delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
+                if calls is not None:
+                    delta = {"tool_calls": calls}
                 c = {"index": i, "delta": delta, "logprobs": None, "finish_reason": fr}
-            return {"id": cid, "object": obj, "created": created, "model": spec.model, "model_version": version,
-                    "system_fingerprint": _fingerprint(version), "choices": [c]}
+            out = {"id": cid, "object": obj, "created": created, "model": spec.model, "model_version": version,
+                   "system_fingerprint": _fingerprint(version), "choices": [c]}
+            if spec.session is not None:
+                out["session_id"] = spec.session.session_id
+            return out
 
         async def run(i: int, body: dict):
             first = [True]
+            # With tools, text that may be a call is held back until the answer is whole (serving.tool_calls).
+            split = tc.StreamSplitter(spec.tools, spec.prefill) if spec.tools is not None and spec.tools.active \
+                else None
 
             async def on_chunk(delta: str, res: engine.EngineResult) -> None:
                 now = time.monotonic()
@@ -388,12 +437,32 @@ class Gateway:
                 elif last_chunk[0] is not None:
                     self.metrics.itl.labels(request.path).observe(now - last_chunk[0])
                 last_chunk[0] = now
+                if split is not None:
+                    delta = split.feed(delta)
                 if delta or first[0]:
                     await send(chunk(i, delta, None, res, first[0]))
                 first[0] = False
 
             res, replica_id, timing = await self._run_choice(body, True, on_chunk, tenant=tenant.id)
-            await send(chunk(i, "", finish_reason(res.finish), res))
+            fr = finish_reason(res.finish)
+            if split is not None:
+                split.feed(_trimmed_stop(res))
+                rest, parsed = split.finish()
+                self._tool_outcome(parsed)
+                if rest:
+                    await send(chunk(i, rest, None, res))
+                for k, call in enumerate(parsed.calls):  # OpenAI's shape: the call's id and name, then its arguments
+                    await send(chunk(i, "", None, res, calls=[{"index": k, "id": call["id"], "type": "function",
+                                                               "function": {"name": call["function"]["name"],
+                                                                            "arguments": ""}}]))
+                    await send(chunk(i, "", None, res, calls=[{"index": k, "function": {
+                        "arguments": call["function"]["arguments"]}}]))
+                fr = "tool_calls" if parsed.calls else ("stop" if parsed.outcome != "none" else fr)
+                if spec.session is not None:
+                    self._remember(tenant, spec, cid, i, parsed.content, parsed.calls)
+            elif spec.session is not None:
+                self._remember(tenant, spec, cid, i, res.text, [])
+            await send(chunk(i, "", fr, res))
             durable.append(self._log_completion(tenant, spec, cid, i, prompt_ids, res, replica_id, timing))
             return res
 
@@ -477,7 +546,9 @@ class Gateway:
             prompt_ids=np.asarray(prompt_ids, np.int32), output_ids=np.asarray(res.output_ids, np.int32),
             logprobs=np.asarray(res.logprobs, np.float32), routed_experts=experts, sampling=spec.sampling(),
             finish_reason=finish_reason(res.finish), latency={**timing, "queue_ms": res.queue_ms},
-            weight_versions=spans, switch_index=switch, source=source, replica=replica_id, arm=arm)
+            weight_versions=spans, switch_index=switch, source=source, replica=replica_id, arm=arm,
+            session_id=spec.session.session_id if spec.session is not None else "",
+            parent_id=spec.session.parent_id if spec.session is not None else "")
         return self._submit_durable(ev.TOPIC_COMPLETIONS, cid, event.encode())
 
     # ------------------------------------------------------------------ feedback
@@ -728,6 +799,11 @@ class Gateway:
     async def admin_weights(self, request: web.Request) -> web.Response:
         self._admin(request)
         return _json({"replicas": {r.id: r.weight_version for r in self.pool.replicas.values()}})
+
+
+def _trimmed_stop(res: engine.EngineResult) -> str:
+    """The closing tag of a call when SGLang stopped on it (and trimmed it from the text)."""
+    return tc.CALL_CLOSE if (res.finish or {}).get("matched") == tc.CALL_CLOSE else ""
 
 
 def _fingerprint(version: int | None) -> str | None:

@@ -32,6 +32,9 @@ class GatewayMetrics:
                                "request is aborted on its replica)", ["route"], registry=r)
         self.feedback_repeated = Counter("flywheel_gateway_feedback_repeated", "Feedback on a completion choice "
                                          "already judged: logged, not counted", ["kind"], registry=r)
+        self.tool_calls = Counter("flywheel_gateway_tool_calls", "Tool calls read from answers by outcome: valid, "
+                                  "malformed (returned as text), unknown_tool (returned as text), dropped_parallel "
+                                  "(parallel_tool_calls=false: only the first kept)", ["outcome"], registry=r)
         self.answered_before_durable = Counter(
             "flywheel_gateway_answered_before_durable", "Responses sent before their event was on disk (the spool "
             "was slower than durable_wait_s: a disk full or failing); a crash then could lose those events", ["topic"],

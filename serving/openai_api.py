@@ -52,6 +52,11 @@ class GenerationSpec:
     frequency_penalty: float = 0.0
     suffix: str | None = None
     user: str | None = None
+    tools: object = None  # serving.tool_calls.ToolSpec when the request has tools
+    prefill: str = ""  # text the answer starts with (part of the prompt: a forced tool call's opening)
+    messages: list | None = None  # chat: the checked messages (role, content, calls, tool_call_id)
+    session_hint: str | None = None  # chat: a session id the client gave (metadata.session_id, X-Session-Id)
+    session: object = None  # serving.sessions.Link, set by the gateway
 
     def sampling(self) -> dict:
         """The sampling parameters as logged with each completion event."""
@@ -152,7 +157,8 @@ COMMON = {"model", "max_tokens", "min_tokens", "temperature", "top_p", "n", "sto
 
 def _common(body: dict, limits: Limits) -> dict:
     opts = body.get("stream_options")
-    if opts is not None and (not isinstance(opts, dict) or set(opts) - {"include_usage"}):
+    # include_obfuscation pads chunks against length side channels on OpenAI's side; nothing to pad here.
+    if opts is not None and (not isinstance(opts, dict) or set(opts) - {"include_usage", "include_obfuscation"}):
         raise ApiError(400, "'stream_options' must be an object with 'include_usage'", param="stream_options",
                        code="invalid_type")
     _unsupported(body, {"logit_bias": {}})
@@ -204,16 +210,31 @@ def _lengths(spec: GenerationSpec) -> GenerationSpec:
     return spec
 
 
-ROLES = ("system", "developer", "user", "assistant")
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+# OpenAI chat fields (the official SDK's CompletionCreateParams, openai 2.8) that mean nothing to this
+# server: accepted and ignored (README lists them).
+IGNORED_CHAT = {"store", "metadata", "reasoning_effort", "service_tier", "prompt_cache_key", "prompt_cache_retention",
+                "safety_identifier", "verbosity"}
+# Fields for what this server does not do: refused unless neutral (a client asking for audio out must know).
+UNSUPPORTED_CHAT = {"audio": None, "modalities": ["text"], "prediction": None, "web_search_options": None}
 
 
-def render_chat(messages: list[dict]) -> str:
+def render_chat(messages: list[dict], tools=None) -> str:
     """Our coder has no chat template: a conversation becomes a Python comment block, and the
-    assistant's reply is the code that follows it."""
-    lines = []
+    assistant's reply is the code that follows it. Tools (serving.tool_calls) add a `# tools:` line per
+    function; calls and tool results are written in the Qwen format, as the model writes and reads them."""
+    from serving import tool_calls as tc
+
+    lines = tc.tools_header(tools) if tools is not None and tools.active else []
     for m in messages:
-        for line in m["content"].splitlines() or [""]:
-            lines.append(f"# {m['role']}: {line}".rstrip())
+        if m["role"] == "tool":
+            lines.append(tc.response_text(m["content"]))
+            continue
+        if m["content"] or not m.get("calls"):
+            for line in m["content"].splitlines() or [""]:
+                lines.append(f"# {m['role']}: {line}".rstrip())
+        lines += [tc.call_text(c["name"], c["arguments"]) for c in m.get("calls", [])]
     return "\n".join(lines) + "\n"
 
 
@@ -221,6 +242,8 @@ def _content(m: dict, i: int) -> str:
     c = m.get("content")
     if isinstance(c, str):
         return c
+    if c is None and m.get("role") == "assistant" and m.get("tool_calls"):
+        return ""  # an assistant turn that only called tools
     if isinstance(c, list) and all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
                                    for p in c):
         return "".join(p["text"] for p in c)
@@ -228,28 +251,74 @@ def _content(m: dict, i: int) -> str:
                    param=f"messages[{i}].content", code="invalid_type")
 
 
-def parse_chat(body: dict, limits: Limits) -> GenerationSpec:
-    _unknown(body, COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
-                             "response_format", "parallel_tool_calls"})
-    _unsupported(body, {"tools": [], "tool_choice": "none", "parallel_tool_calls": False})
-    rf = body.get("response_format")
-    if rf is not None and rf != {"type": "text"}:
-        raise ApiError(400, "only response_format {'type': 'text'} is supported", param="response_format",
-                       code="unsupported_parameter")
-    msgs = body.get("messages")
+def _messages(msgs, tools) -> list[dict]:
+    from serving import tool_calls as tc
+
     if not isinstance(msgs, list) or not msgs:
         raise ApiError(400, "'messages' must be a non-empty list", param="messages",
                        code="missing_required_parameter" if msgs is None else "invalid_type")
-    clean = []
+    clean, call_ids = [], set()
     for i, m in enumerate(msgs):
         if not isinstance(m, dict):
             raise ApiError(400, f"messages[{i}] must be an object", param=f"messages[{i}]", code="invalid_type")
-        if m.get("role") not in ROLES:
-            raise ApiError(400, f"messages[{i}].role must be one of {', '.join(ROLES)}", param=f"messages[{i}].role",
-                           code="invalid_value")
-        clean.append({"role": m["role"], "content": _content(m, i)})
-    if not any(m["content"].strip() for m in clean):
+        role = m.get("role")
+        if role not in ROLES:
+            what = " (the legacy 'function' role: send tool messages)" if role == "function" else ""
+            raise ApiError(400, f"messages[{i}].role must be one of {', '.join(ROLES)}{what}",
+                           param=f"messages[{i}].role", code="invalid_value")
+        allowed = {"role", "content", "name"} | ({"tool_calls", "refusal", "audio", "function_call"}
+                                                 if role == "assistant" else set()) | (
+                                                     {"tool_call_id"} if role == "tool" else set())
+        extra = sorted(set(m) - allowed)
+        if extra:
+            raise ApiError(400, f"messages[{i}]: unrecognized field {extra[0]!r} for role {role}",
+                           param=f"messages[{i}].{extra[0]}", code="unknown_parameter")
+        if m.get("function_call") is not None or m.get("audio") is not None:
+            raise ApiError(400, f"messages[{i}]: 'function_call' and 'audio' are not supported (use tool_calls)",
+                           param=f"messages[{i}]", code="unsupported_parameter")
+        entry = {"role": role, "content": _content(m, i)}
+        if role == "tool":
+            entry["tool_call_id"] = m.get("tool_call_id")
+        if role == "assistant":
+            entry["calls"] = tc.assistant_calls(m, i)
+            call_ids |= {c["id"] for c in entry["calls"]}
+        if role == "tool":
+            tid = m.get("tool_call_id")
+            if not isinstance(tid, str) or not tid:
+                raise ApiError(400, f"messages[{i}].tool_call_id is required for role tool",
+                               param=f"messages[{i}].tool_call_id", code="missing_required_parameter")
+            if tid not in call_ids:
+                raise ApiError(400, f"messages[{i}] answers tool call {tid[:80]!r}, which no earlier assistant "
+                                    "message made", param=f"messages[{i}].tool_call_id", code="invalid_value")
+        clean.append(entry)
+    if not any(m["content"].strip() or m.get("calls") for m in clean):
         raise ApiError(400, "'messages' contain no text", param="messages", code="empty_prompt")
+    return clean
+
+
+def parse_chat(body: dict, limits: Limits) -> GenerationSpec:
+    from serving import tool_calls as tc
+
+    _unknown(body, COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
+                             "response_format", "parallel_tool_calls", "functions", "function_call"}
+             | IGNORED_CHAT | set(UNSUPPORTED_CHAT))
+    if body.get("functions") is not None or body.get("function_call") is not None:
+        raise ApiError(400, "'functions' and 'function_call' are deprecated and not supported: send 'tools' and "
+                            "'tool_choice'", param="functions" if "functions" in body else "function_call",
+                       code="unsupported_parameter")
+    _unsupported(body, UNSUPPORTED_CHAT)
+    meta = body.get("metadata")
+    if meta is not None and (not isinstance(meta, dict) or len(meta) > 16 or not all(
+            isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= 512 for k, v in meta.items())):
+        raise ApiError(400, "'metadata' must be at most 16 string pairs (keys up to 64 chars, values up to 512)",
+                       param="metadata", code="invalid_value")
+    rf = body.get("response_format")
+    if rf is not None and rf != {"type": "text"}:
+        raise ApiError(400, "only response_format {'type': 'text'} is supported: the engine runs without a grammar "
+                            "backend, so JSON output could not be guaranteed", param="response_format",
+                       code="unsupported_parameter")
+    tools = tc.parse_tools(body)
+    clean = _messages(body.get("messages"), tools)
     max_tokens = _int(body, "max_completion_tokens", None, 1, limits.max_tokens)
     if max_tokens is None:
         max_tokens = _int(body, "max_tokens", 16, 1, limits.max_tokens)
@@ -257,8 +326,11 @@ def parse_chat(body: dict, limits: Limits) -> GenerationSpec:
     top = _int(body, "top_logprobs", None, 0, 5)
     if top is not None and not want_lp:
         raise ApiError(400, "'top_logprobs' requires logprobs=true", param="top_logprobs")
-    return _lengths(GenerationSpec(kind="chat", prompt=render_chat(clean), max_tokens=max_tokens,
-                                   logprobs=(top or 0) if want_lp else None, **_common(body, limits)))
+    prefill = tools.opening() if tools is not None and tools.active else ""
+    return _lengths(GenerationSpec(kind="chat", prompt=render_chat(clean, tools) + prefill, max_tokens=max_tokens,
+                                   logprobs=(top or 0) if want_lp else None, tools=tools, prefill=prefill,
+                                   messages=clean, session_hint=(meta or {}).get("session_id"),
+                                   **_common(body, limits)))
 
 
 # ----------------------------------------------------------------------------- responses

@@ -35,6 +35,13 @@ def test_versions_are_ints_and_old_string_versions_decode_to_them():
         [0, 7, 12, None, None, None, None, None, None, None, None]
 
 
+def test_fields_from_a_newer_producer_are_dropped_not_refused():
+    raw = msgpack.unpackb(_completion().encode(), raw=False)
+    raw["a_field_from_the_future"] = 1
+    back = ev.decode(msgpack.packb(raw, use_bin_type=True))
+    assert back.completion_id == "cmpl-x" and not hasattr(back, "a_field_from_the_future")
+
+
 def test_routed_experts_travel_as_bytes_not_int_lists():
     raw = msgpack.unpackb(_completion().encode(), raw=False)
     assert isinstance(raw["routed_experts"], bytes) and len(raw["routed_experts"]) == 22 * 4 * 2

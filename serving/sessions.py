@@ -1,0 +1,82 @@
+"""Which agent session a chat request continues, and which completion produced the turn before it.
+
+An agent client sends the whole conversation every turn. The gateway links a request to its previous
+turn three ways, the first that answers wins:
+- a `tool` message answering a call this gateway issued (call ids are ours: `call_<hex>`);
+- the conversation up to its last assistant message, hashed (with the tenant), as this gateway answered it;
+- nothing: the request starts a session, named by its own completion id.
+The session id itself can be given by the client (`X-Session-Id` header or `metadata.session_id`); else it
+is the one of the previous turn. What is remembered is bounded (least recently used first out) and per
+gateway process: a fleet behind several gateways links turns that land on the same one, or clients send
+the header (and the previous completion id is then still found whenever it is known here).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import OrderedDict
+from dataclasses import dataclass
+
+MAX_SESSION_ID = 128
+
+
+@dataclass
+class Link:
+    session_id: str
+    parent_id: str  # the completion id of the previous turn ("" when none is known)
+
+
+def _canonical(m: dict) -> list:
+    """One message as it matters for identity: role, text, calls (name and parsed arguments)."""
+    calls = []
+    for c in m.get("calls", []):
+        try:
+            args = json.loads(c["arguments"])
+        except ValueError:
+            args = c["arguments"]
+        calls.append([c["name"], args])
+    return [m["role"], m.get("content") or "", calls, m.get("tool_call_id", "")]
+
+
+def _key(tenant: str, messages: list[dict]) -> str:
+    raw = json.dumps([tenant, [_canonical(m) for m in messages]], sort_keys=True, ensure_ascii=False)
+    return hashlib.blake2b(raw.encode(), digest_size=16).hexdigest()
+
+
+class Sessions:
+    def __init__(self, max_entries: int = 200_000):
+        self.max_entries = max_entries
+        self._turns: OrderedDict[str, tuple[str, str]] = OrderedDict()  # key -> (completion id, session id)
+
+    def _get(self, key: str) -> tuple[str, str] | None:
+        hit = self._turns.get(key)
+        if hit is not None:
+            self._turns.move_to_end(key)
+        return hit
+
+    def _put(self, key: str, value: tuple[str, str]) -> None:
+        self._turns[key] = value
+        self._turns.move_to_end(key)
+        while len(self._turns) > self.max_entries:
+            self._turns.popitem(last=False)
+
+    def link(self, tenant: str, messages: list[dict], given: str | None, completion_id: str) -> Link:
+        """messages: serving.openai_api's checked messages (role, content, calls, tool_call_id)."""
+        hit = None
+        for m in reversed(messages):  # the tool results of this turn: those after the last assistant message
+            if m["role"] == "assistant":
+                break
+            if m["role"] == "tool" and (hit := self._get(f"call:{tenant}:{m.get('tool_call_id')}")):
+                break
+        if hit is None:
+            last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
+            if last is not None:
+                hit = self._get(_key(tenant, messages[:last + 1]))
+        parent, session = hit if hit is not None else ("", completion_id)
+        return Link(session_id=given or session, parent_id=parent)
+
+    def record(self, tenant: str, messages: list[dict], answer: dict, completion_id: str, session_id: str) -> None:
+        """Remember an answer (one choice: the assistant message the client may send back next turn)."""
+        self._put(_key(tenant, messages + [answer]), (completion_id, session_id))
+        for c in answer.get("calls", []):
+            self._put(f"call:{tenant}:{c['id']}", (completion_id, session_id))

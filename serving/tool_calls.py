@@ -1,0 +1,275 @@
+"""Function tools in the OpenAI chat API: request validation, the prompt format, and reading calls back out
+of the model's text (whole or streamed).
+
+The model writes calls in the Qwen format, one JSON object per call:
+
+    <tool_call>
+    {"name": "read_file", "arguments": {"path": "app.py"}}
+    </tool_call>
+
+and reads tool results as `<tool_response>` blocks. Our coder has no chat template (serving.openai_api
+renders a conversation as a comment block); tools join it as one `# tools:` line per function with its
+parameters, so a tool list costs tokens in proportion to what it says.
+
+Why not SGLang's own parser (sglang.srt.function_call.qwen25_detector): importing it loads SGLang and
+torch into the gateway, measured 8 s and 0.96 GB of resident memory for a regex and a JSON parse; and
+SGLang's OpenAI endpoint, which would parse for us, does not return the token ids, behaviour logprobs
+and routed experts the trainer needs from /generate. The format is the same, so a Qwen checkpoint's
+calls read the same here.
+
+A call the model gets wrong (not JSON, an unknown tool, arguments that fail the tool's JSON schema, a
+call cut off) makes the whole answer plain text with finish_reason "stop", never an error: the client
+sees what the model wrote, and the gateway counts it (a rising malformed-call rate is reward hacking's
+first sign).
+"""
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from serving.openai_api import ApiError
+
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+MAX_TOOLS = 64
+
+
+@dataclass
+class Tool:
+    name: str
+    description: str
+    parameters: dict
+    validator: Draft202012Validator
+
+
+@dataclass
+class ToolSpec:
+    """The tools of one request and how the model may use them."""
+    tools: dict[str, Tool]
+    choice: str = "auto"  # auto | none | required | function
+    forced: str | None = None  # the function tool_choice names
+    parallel: bool = True
+
+    @property
+    def active(self) -> bool:
+        return bool(self.tools) and self.choice != "none"
+
+    def opening(self) -> str:
+        """What the answer starts with, written for the model: `required` opens a call, a named function
+        opens a call to it (no grammar backend on CPU: this is how the choice is honoured)."""
+        if self.choice == "function":
+            return f'{CALL_OPEN}\n{{"name": "{self.forced}", "arguments": '
+        if self.choice == "required":
+            return f"{CALL_OPEN}\n"
+        return ""
+
+
+# ----------------------------------------------------------------------------- request
+
+def parse_tools(body: dict) -> ToolSpec | None:
+    tools_raw, choice_raw = body.get("tools"), body.get("tool_choice")
+    parallel = body.get("parallel_tool_calls", True)
+    if parallel is None:
+        parallel = True
+    if not isinstance(parallel, bool):
+        raise ApiError(400, "'parallel_tool_calls' must be a boolean", param="parallel_tool_calls",
+                       code="invalid_type")
+    if tools_raw is None or tools_raw == []:
+        if choice_raw not in (None, "none", "auto"):
+            raise ApiError(400, "'tool_choice' is only allowed when 'tools' are specified", param="tool_choice")
+        return None
+    if not isinstance(tools_raw, list):
+        raise ApiError(400, "'tools' must be a list of function tools", param="tools", code="invalid_type")
+    if len(tools_raw) > MAX_TOOLS:
+        raise ApiError(400, f"'tools' takes at most {MAX_TOOLS} functions", param="tools", code="out_of_range")
+    tools: dict[str, Tool] = {}
+    for i, t in enumerate(tools_raw):
+        p = f"tools[{i}]"
+        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("function"), dict):
+            raise ApiError(400, f"{p} must be {{'type': 'function', 'function': {{...}}}} (only function tools are "
+                                "supported)", param=p, code="invalid_value")
+        extra = sorted(set(t) - {"type", "function"})
+        if extra:
+            raise ApiError(400, f"{p}: unrecognized field {extra[0]!r}", param=f"{p}.{extra[0]}")
+        fn = t["function"]
+        extra = sorted(set(fn) - {"name", "description", "parameters", "strict"})
+        if extra:
+            raise ApiError(400, f"{p}.function: unrecognized field {extra[0]!r}", param=f"{p}.function.{extra[0]}")
+        name = fn.get("name")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ApiError(400, f"{p}.function.name must be 1-64 letters, digits, '_' or '-'",
+                           param=f"{p}.function.name", code="invalid_value")
+        if name in tools:
+            raise ApiError(400, f"{p}: duplicate function name {name!r}", param=f"{p}.function.name")
+        desc = fn.get("description", "")
+        if not isinstance(desc, str):
+            raise ApiError(400, f"{p}.function.description must be a string", param=f"{p}.function.description")
+        if fn.get("strict") is not None and not isinstance(fn.get("strict"), bool):
+            raise ApiError(400, f"{p}.function.strict must be a boolean", param=f"{p}.function.strict")
+        params = fn.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(params, dict):
+            raise ApiError(400, f"{p}.function.parameters must be a JSON schema object",
+                           param=f"{p}.function.parameters", code="invalid_type")
+        try:
+            Draft202012Validator.check_schema(params)
+        except SchemaError as e:
+            raise ApiError(400, f"{p}.function.parameters is not a valid JSON schema: {e.message}",
+                           param=f"{p}.function.parameters", code="invalid_value") from None
+        tools[name] = Tool(name, desc, params, Draft202012Validator(params))
+    spec = ToolSpec(tools=tools, parallel=parallel)
+    if choice_raw is None or choice_raw in ("auto", "none", "required"):
+        spec.choice = choice_raw or "auto"
+    elif (isinstance(choice_raw, dict) and choice_raw.get("type") == "function"
+          and isinstance(choice_raw.get("function"), dict) and isinstance(choice_raw["function"].get("name"), str)):
+        spec.choice, spec.forced = "function", choice_raw["function"]["name"]
+        if spec.forced not in tools:
+            raise ApiError(400, f"tool_choice names {spec.forced!r}, which is not in 'tools'", param="tool_choice",
+                           code="invalid_value")
+    else:
+        raise ApiError(400, "'tool_choice' must be 'none', 'auto', 'required' or {'type': 'function', 'function': "
+                            "{'name': ...}}", param="tool_choice", code="invalid_value")
+    return spec
+
+
+def assistant_calls(m: dict, i: int) -> list[dict]:
+    """An assistant message's tool_calls, checked: [{id, name, arguments (a JSON string)}]."""
+    calls = m.get("tool_calls")
+    if calls is None:
+        return []
+    if not isinstance(calls, list):
+        raise ApiError(400, f"messages[{i}].tool_calls must be a list", param=f"messages[{i}].tool_calls")
+    out = []
+    for j, c in enumerate(calls):
+        p = f"messages[{i}].tool_calls[{j}]"
+        fn = c.get("function") if isinstance(c, dict) else None
+        if (not isinstance(c, dict) or c.get("type", "function") != "function" or not isinstance(c.get("id"), str)
+                or not isinstance(fn, dict) or not isinstance(fn.get("name"), str)
+                or not isinstance(fn.get("arguments"), str)):
+            raise ApiError(400, f"{p} must be {{'id', 'type': 'function', 'function': {{'name', 'arguments'}}}}",
+                           param=p, code="invalid_value")
+        out.append({"id": c["id"], "name": fn["name"], "arguments": fn["arguments"]})
+    return out
+
+
+# ----------------------------------------------------------------------------- prompt
+
+def _signature(t: Tool) -> str:
+    props = t.parameters.get("properties") or {}
+    required = set(t.parameters.get("required") or [])
+    args = ", ".join(f"{k}{'' if k in required else '?'}: {v.get('type', 'any') if isinstance(v, dict) else 'any'}"
+                     for k, v in props.items())
+    doc = f"  # {t.description.splitlines()[0]}" if t.description.strip() else ""
+    return f"{t.name}({args}){doc}"
+
+
+def tools_header(spec: ToolSpec) -> list[str]:
+    return [f"# tools: {_signature(t)}" for t in spec.tools.values()]
+
+
+def call_text(name: str, arguments) -> str:
+    """One call as the model writes it."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            pass  # a client's own malformed arguments are shown as they were sent
+    return f'{CALL_OPEN}\n{json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)}\n{CALL_CLOSE}'
+
+
+def response_text(content: str) -> str:
+    return f"{RESPONSE_OPEN}\n{content}\n{RESPONSE_CLOSE}"
+
+
+# ----------------------------------------------------------------------------- answer
+
+@dataclass
+class Parsed:
+    content: str | None  # the text before the first call (None when empty), or all of it when no call holds
+    calls: list[dict] = field(default_factory=list)  # OpenAI tool_calls (id, type, function {name, arguments})
+    outcome: str = "none"  # none | valid | malformed | unknown_tool | dropped_parallel
+
+    @property
+    def finish_reason(self) -> str | None:
+        return "tool_calls" if self.calls else None
+
+
+def new_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+def parse(text: str, spec: ToolSpec) -> Parsed:
+    """Calls in a whole answer (prefill included). All well formed, or the answer is text."""
+    start = text.find(CALL_OPEN)
+    if not spec.active or start < 0:
+        return Parsed(content=text)
+    blocks = list(_BLOCK.finditer(text, start))
+    rest = _BLOCK.sub("", text[start:]).strip()
+    if not blocks or rest:  # cut off mid-call, or text between/after the calls that is not a call
+        return Parsed(content=text, outcome="malformed")
+    calls = []
+    for b in blocks:
+        try:
+            obj = json.loads(b.group(1))
+        except ValueError:
+            return Parsed(content=text, outcome="malformed")
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or set(obj) - {"name", "arguments"}:
+            return Parsed(content=text, outcome="malformed")
+        tool = spec.tools.get(obj["name"])
+        if tool is None or (spec.forced is not None and obj["name"] != spec.forced):
+            return Parsed(content=text, outcome="unknown_tool")
+        args = obj.get("arguments", {})
+        if isinstance(args, str):  # some models write the arguments as a JSON string
+            try:
+                args = json.loads(args)
+            except ValueError:
+                return Parsed(content=text, outcome="malformed")
+        if not isinstance(args, dict) or next(tool.validator.iter_errors(args), None) is not None:
+            return Parsed(content=text, outcome="malformed")
+        calls.append({"id": new_call_id(), "type": "function",
+                      "function": {"name": tool.name, "arguments": json.dumps(args, ensure_ascii=False)}})
+    outcome = "valid"
+    if not spec.parallel and len(calls) > 1:
+        calls, outcome = calls[:1], "dropped_parallel"
+    return Parsed(content=text[:start] if text[:start].strip() else None, calls=calls, outcome=outcome)
+
+
+class StreamSplitter:
+    """Streams text as it comes until a call may be starting, then holds the rest for parse() at the end.
+    Only text that cannot be the start of `<tool_call>` is let through."""
+
+    def __init__(self, spec: ToolSpec, prefill: str = ""):
+        self.spec = spec
+        self.buf = prefill
+        self.sent = 0  # chars of buf already streamed as content
+        self.holding = bool(prefill)  # a prefilled call: nothing is content until parse() says so
+
+    def feed(self, delta: str) -> str:
+        """Content safe to stream now."""
+        self.buf += delta
+        if self.holding:
+            return ""
+        at = self.buf.find(CALL_OPEN, self.sent)
+        if at >= 0:
+            self.holding = True
+            out, self.sent = self.buf[self.sent:at], at
+            return out
+        # keep back a tail that could be the beginning of "<tool_call>"
+        keep = next((k for k in range(min(len(CALL_OPEN) - 1, len(self.buf) - self.sent), 0, -1)
+                     if CALL_OPEN.startswith(self.buf[-k:])), 0)
+        end = len(self.buf) - keep
+        out, self.sent = self.buf[self.sent:end], max(self.sent, end)
+        return out
+
+    def finish(self) -> tuple[str, Parsed]:
+        """(content still to stream, the parse of the whole answer)."""
+        parsed = parse(self.buf, self.spec)
+        if parsed.calls:
+            return "", parsed
+        return self.buf[self.sent:], parsed

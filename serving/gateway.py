@@ -225,8 +225,8 @@ class Gateway:
 
     def _sampling(self, spec: GenerationSpec) -> dict:
         stop = list(spec.stop)
-        if spec.tools is not None and spec.tools.active and not spec.tools.parallel:
-            stop.append(tc.CALL_CLOSE)  # one call and done (SGLang trims it: _tool_text puts it back)
+        if spec.tools is not None and spec.tools.active and spec.tools.single:
+            stop.append(tc.CALL_CLOSE)  # one call and done (SGLang trims it: _trimmed_stop puts it back)
         s = {"max_new_tokens": spec.max_tokens, "temperature": spec.temperature, "top_p": spec.top_p,
              "stop": stop or None, "stop_token_ids": self.stop_token_ids,
              "presence_penalty": spec.presence_penalty, "frequency_penalty": spec.frequency_penalty}
@@ -379,8 +379,8 @@ class Gateway:
             message["content"] = parsed.content
             if parsed.calls:
                 message["tool_calls"], fr = parsed.calls, "tool_calls"
-            elif parsed.outcome != "none":
-                fr = "stop"  # a call the model got wrong comes back as its text
+            elif parsed.outcome != "none" and fr != "length":
+                fr = "stop"  # a call the model got wrong comes back as its text (a cut-off one says length)
         return {"index": i, "message": message, "logprobs": self._logprobs(spec, res), "finish_reason": fr}
 
     def _tool_outcome(self, parsed: tc.Parsed) -> tc.Parsed:
@@ -446,8 +446,9 @@ class Gateway:
             res, replica_id, timing = await self._run_choice(body, True, on_chunk, tenant=tenant.id)
             fr = finish_reason(res.finish)
             if split is not None:
-                split.feed(_trimmed_stop(res))
+                tail = split.feed(_trimmed_stop(res))
                 rest, parsed = split.finish()
+                rest = tail + rest
                 self._tool_outcome(parsed)
                 if rest:
                     await send(chunk(i, rest, None, res))
@@ -457,7 +458,7 @@ class Gateway:
                                                                             "arguments": ""}}]))
                     await send(chunk(i, "", None, res, calls=[{"index": k, "function": {
                         "arguments": call["function"]["arguments"]}}]))
-                fr = "tool_calls" if parsed.calls else ("stop" if parsed.outcome != "none" else fr)
+                fr = "tool_calls" if parsed.calls else ("stop" if parsed.outcome != "none" and fr != "length" else fr)
                 if spec.session is not None:
                     self._remember(tenant, spec, cid, i, parsed.content, parsed.calls)
             elif spec.session is not None:

@@ -14,11 +14,13 @@ parameters, so a tool list costs tokens in proportion to what it says.
 Why not SGLang's own parser (sglang.srt.function_call.qwen25_detector): importing it loads SGLang and
 torch into the gateway, measured 8 s and 0.96 GB of resident memory for a regex and a JSON parse; and
 SGLang's OpenAI endpoint, which would parse for us, does not return the token ids, behaviour logprobs
-and routed experts the trainer needs from /generate. The format is the same, so a Qwen checkpoint's
-calls read the same here.
+and routed experts the trainer needs from /generate. The format is the same; one difference: text after
+the last call makes the answer text here (SGLang's parser keeps the calls and drops it), since a policy
+that learns to trail prose after its calls should see that counted.
 
 A call the model gets wrong (not JSON, an unknown tool, arguments that fail the tool's JSON schema, a
-call cut off) makes the whole answer plain text with finish_reason "stop", never an error: the client
+call cut off) makes the whole answer plain text with finish_reason "stop" ("length" when cut off by the
+token limit), never an error: the client
 sees what the model wrote, and the gateway counts it (a rising malformed-call rate is reward hacking's
 first sign).
 """
@@ -29,8 +31,11 @@ import re
 import uuid
 from dataclasses import dataclass, field
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
+import regex
+from jsonschema import Draft202012Validator, validators
+from jsonschema.exceptions import SchemaError, ValidationError
+from referencing import Registry
+from referencing.jsonschema import DRAFT202012
 
 from serving.openai_api import ApiError
 
@@ -39,6 +44,64 @@ RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 MAX_TOOLS = 64
+MAX_SCHEMA_DEPTH = 32
+PATTERN_TIMEOUT_S = 0.05  # a client's regex runs on the gateway's event loop: bounded, or it could stall it
+
+
+def _pattern(validator, patrn, instance, schema):
+    """jsonschema's `pattern`, with a time bound (the `regex` module): a pathological pattern fails the
+    arguments instead of freezing every tenant's requests."""
+    if not validator.is_type(instance, "string"):
+        return
+    try:
+        found = regex.search(patrn, instance, timeout=PATTERN_TIMEOUT_S)
+    except (TimeoutError, regex.error):
+        found = None
+    if not found:
+        yield ValidationError(f"{instance[:80]!r} does not match {patrn[:80]!r}")
+
+
+# Client schemas: no $ref is ever fetched (an empty registry: local refs only), `pattern` is time-bounded.
+_Validator = validators.extend(Draft202012Validator, {"pattern": _pattern})
+_NO_FETCH = Registry()
+
+
+def _check_schema(params: dict, where: str) -> None:
+    """What jsonschema's check_schema does not: no remote or unresolvable $ref, no patternProperties (an
+    unbounded regex over keys), a depth bound (deep nesting would exhaust Python's recursion)."""
+    refs = []
+
+    def walk(node, depth: int) -> None:
+        if depth > MAX_SCHEMA_DEPTH:
+            raise ApiError(400, f"{where} is nested deeper than {MAX_SCHEMA_DEPTH} levels", param=where,
+                           code="invalid_value")
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if k in ("$ref", "$dynamicRef") and (not isinstance(v, str) or not v.startswith("#")):
+                    raise ApiError(400, f"{where}: only local references ('#...') are allowed in $ref",
+                                   param=where, code="invalid_value")
+                if k in ("$ref", "$dynamicRef"):
+                    refs.append(v)
+                if k == "patternProperties":
+                    raise ApiError(400, f"{where}: patternProperties is not supported", param=where,
+                                   code="unsupported_parameter")
+                walk(v, depth + 1)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v, depth + 1)
+
+    walk(params, 0)
+    try:
+        Draft202012Validator.check_schema(params)
+        resolver = _NO_FETCH.with_resource("urn:tool", DRAFT202012.create_resource(params)).resolver("urn:tool")
+        for ref in refs:  # a $ref that leads nowhere fails here, not when the model first calls the tool
+            resolver.lookup(ref)
+    except SchemaError as e:
+        raise ApiError(400, f"{where} is not a valid JSON schema: {e.message}", param=where,
+                       code="invalid_value") from None
+    except Exception as e:  # noqa: BLE001 - unresolvable or self-referential $ref (RecursionError too)
+        raise ApiError(400, f"{where} cannot be used ({type(e).__name__}): check its $ref", param=where,
+                       code="invalid_value") from None
 
 
 @dataclass
@@ -46,7 +109,7 @@ class Tool:
     name: str
     description: str
     parameters: dict
-    validator: Draft202012Validator
+    validator: object  # _Validator: the parameters schema, no fetching, bounded patterns
 
 
 @dataclass
@@ -60,6 +123,11 @@ class ToolSpec:
     @property
     def active(self) -> bool:
         return bool(self.tools) and self.choice != "none"
+
+    @property
+    def single(self) -> bool:
+        """One call at most: parallel_tool_calls=false, or a named function (OpenAI returns exactly one)."""
+        return not self.parallel or self.choice == "function"
 
     def opening(self) -> str:
         """What the answer starts with, written for the model: `required` opens a call, a named function
@@ -117,12 +185,8 @@ def parse_tools(body: dict) -> ToolSpec | None:
         if not isinstance(params, dict):
             raise ApiError(400, f"{p}.function.parameters must be a JSON schema object",
                            param=f"{p}.function.parameters", code="invalid_type")
-        try:
-            Draft202012Validator.check_schema(params)
-        except SchemaError as e:
-            raise ApiError(400, f"{p}.function.parameters is not a valid JSON schema: {e.message}",
-                           param=f"{p}.function.parameters", code="invalid_value") from None
-        tools[name] = Tool(name, desc, params, Draft202012Validator(params))
+        _check_schema(params, f"{p}.function.parameters")
+        tools[name] = Tool(name, desc, params, _Validator(params, registry=_NO_FETCH))
     spec = ToolSpec(tools=tools, parallel=parallel)
     if choice_raw is None or choice_raw in ("auto", "none", "required"):
         spec.choice = choice_raw or "auto"
@@ -230,12 +294,16 @@ def parse(text: str, spec: ToolSpec) -> Parsed:
                 args = json.loads(args)
             except ValueError:
                 return Parsed(content=text, outcome="malformed")
-        if not isinstance(args, dict) or next(tool.validator.iter_errors(args), None) is not None:
+        try:
+            valid = isinstance(args, dict) and next(tool.validator.iter_errors(args), None) is None
+        except Exception:  # noqa: BLE001 - a schema that fails on this input (RecursionError too): not a call
+            valid = False
+        if not valid:
             return Parsed(content=text, outcome="malformed")
         calls.append({"id": new_call_id(), "type": "function",
                       "function": {"name": tool.name, "arguments": json.dumps(args, ensure_ascii=False)}})
     outcome = "valid"
-    if not spec.parallel and len(calls) > 1:
+    if spec.single and len(calls) > 1:
         calls, outcome = calls[:1], "dropped_parallel"
     return Parsed(content=text[:start] if text[:start].strip() else None, calls=calls, outcome=outcome)
 

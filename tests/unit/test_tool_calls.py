@@ -142,3 +142,41 @@ def test_streaming_lets_text_through_and_holds_what_may_be_a_call():
     split = tc.StreamSplitter(spec, spec.opening())
     assert split.feed('{"name": "run_tests", "arguments": {}}\n</tool_call>') == ""
     assert split.finish()[1].outcome == "valid"
+
+
+DEEP: dict = {}
+for _ in range(40):
+    DEEP = {"not": DEEP}
+
+
+@pytest.mark.parametrize("params", [
+    {"type": "object", "properties": {"p": {"$ref": "http://10.255.255.1/schema.json"}}},
+    {"type": "object", "properties": {"p": {"$ref": "file:///dev/zero"}}},
+    {"type": "object", "properties": {"p": {"$ref": "#/nowhere"}}},
+    {"type": "object", "patternProperties": {"(a+)+$": {"type": "string"}}},
+    {"type": "object", "properties": {"p": DEEP}},
+])
+def test_client_schemas_never_fetch_and_never_run_away(params):
+    with pytest.raises(ApiError) as e:
+        chat(tools=[{"type": "function", "function": {"name": "f", "parameters": params}}])
+    assert e.value.status == 400 and e.value.param == "tools[0].function.parameters"
+
+
+def test_a_pathological_pattern_fails_the_arguments_in_bounded_time():
+    import time
+
+    spec = chat(tools=[{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"p": {"type": "string", "pattern": "^(a+)+$"}}}}}]).tools
+    t = time.monotonic()
+    p = tc.parse(call("f", {"p": "a" * 40 + "!"}), spec)
+    assert p.outcome == "malformed" and time.monotonic() - t < 2
+    local = chat(tools=[{"type": "function", "function": {"name": "g", "parameters": {
+        "$defs": {"path": {"type": "string"}}, "type": "object", "properties": {"p": {"$ref": "#/$defs/path"}}}}}]).tools
+    assert tc.parse(call("g", {"p": "a.py"}), local).outcome == "valid"
+    assert tc.parse(call("g", {"p": 3}), local).outcome == "malformed"
+
+
+def test_a_named_function_is_one_call():
+    spec = chat(tool_choice={"type": "function", "function": {"name": "run_tests"}}).tools
+    p = tc.parse(call("run_tests", {}) + call("run_tests", {}), spec)
+    assert spec.single and p.outcome == "dropped_parallel" and len(p.calls) == 1

@@ -86,6 +86,9 @@ class EventLog:
         self._write_failures = self._shipper_restarts = 0
         self.writer_error: str | None = None  # the last write error, while writes fail
         self._ctx = ctx
+        # Called (writer thread) once after a batch whose events had on_durable callbacks: lets a caller
+        # wake its event loop once per fsync rather than once per event.
+        self.after_sync = None
         self._writer = threading.Thread(target=self._write_loop, name="event-spool-writer", daemon=True)
         self._shipper = self._new_shipper() if cfg.bootstrap else None
         self._shipper_checked = 0.0
@@ -220,12 +223,19 @@ class EventLog:
                 time.sleep(self.cfg.retry_backoff_s)
                 continue
             self._spooled += len(batch)
+            called = False
             for *_, on_durable in batch:
                 if on_durable is not None:
+                    called = True
                     try:
                         on_durable()
                     except Exception:  # noqa: BLE001 - a caller's callback never stops the writer
                         log.exception("on_durable callback failed")
+            if called and self.after_sync is not None:
+                try:
+                    self.after_sync()
+                except Exception:  # noqa: BLE001
+                    log.exception("after_sync callback failed")
             batch = []
             if self.writer_error is not None:
                 log.info("event spool writable again")

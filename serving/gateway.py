@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import json
 import logging
 import os
@@ -106,6 +107,7 @@ class Gateway:
         self.ids = CompletionIds(load_or_create_secret(state / "id_secret"))
         self.first_feedback = FirstFeedback()
         self.sessions = Sessions()
+        self._durable: collections.deque = collections.deque()  # futures on disk, for the loop to resolve
         self.pool = ReplicaPool(cfg.replicas, cfg.pool)
         self.canary: CanarySplit | None = None  # a trial in progress (weight_sync.canary starts and ends it)
         self.events = EventLog(EventLogConfig(spool_dir=state / "spool", bootstrap=cfg.kafka_bootstrap,
@@ -142,6 +144,8 @@ class Gateway:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
         self.session = aiohttp.ClientSession(connector=connector)
         if self.cfg.log_events:
+            loop = asyncio.get_running_loop()
+            self.events.after_sync = lambda: self._wake_durable(loop)
             self.events.start()
         await self.pool.start(self.session)
 
@@ -506,17 +510,23 @@ class Gateway:
         return ",".join(map(str, versions))
 
     def _submit_durable(self, topic: str, key: str, value: bytes) -> asyncio.Future | None:
-        """Queue an event for the log; the future resolves once it is on disk (None: dropped, counted there)."""
-        loop = asyncio.get_running_loop()
-        fut = loop.create_future()
+        """Queue an event for the log; the future resolves once it is on disk (None: dropped, counted there).
+        The writer thread only appends the future to a deque; after each fsync it wakes the loop once
+        (`after_sync`), which resolves all of them: one wake-up per batch, not per event."""
+        fut = asyncio.get_running_loop().create_future()
+        return fut if self.events.submit(topic, key, value, on_durable=lambda: self._durable.append(fut)) else None
 
-        def on_durable() -> None:  # the writer thread
-            try:
-                loop.call_soon_threadsafe(lambda: fut.done() or fut.set_result(True))
-            except RuntimeError:  # the loop has closed (shutdown)
-                pass
+    def _wake_durable(self, loop: asyncio.AbstractEventLoop) -> None:  # the writer thread
+        try:
+            loop.call_soon_threadsafe(self._resolve_durable)
+        except RuntimeError:  # the loop has closed (shutdown)
+            pass
 
-        return fut if self.events.submit(topic, key, value, on_durable=on_durable) else None
+    def _resolve_durable(self) -> None:
+        while self._durable:
+            fut = self._durable.popleft()
+            if not fut.done():
+                fut.set_result(True)
 
     async def _wait_durable(self, futures: list, topic: str) -> None:
         futures = [f for f in futures if f is not None]

@@ -86,13 +86,16 @@ class Verdict:
         return self.total > 0 and self.passed == self.total
 
 
+_LITERAL_LOCK = threading.Lock()  # judging threads parse reported values one at a time
+
 def _canonical(output) -> str | None:
     """The repr an honest evaluator compares: a reported value only counts if it parses as a literal."""
     if not isinstance(output, dict):
         return None
     if isinstance(output.get("repr"), str):
         try:
-            return repr(ast.literal_eval(output["repr"]))
+            with _LITERAL_LOCK:  # CPython 3.11's AST recursion counter is not thread-safe (gh-106905)
+                return repr(ast.literal_eval(output["repr"]))
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             return None
     if isinstance(output.get("raises"), str):

@@ -13,17 +13,18 @@ from tests.helpers import GATEWAY_ADMIN
 pytestmark = pytest.mark.timeout(900)
 
 
-def test_short_hot_switch_run_passes(tmp_path, monkeypatch):
-    # A 50 s run on two cores shared by two replicas, their agents and locust: its p99 is noise (it went
-    # past 2x once in three runs here). The suite checks the switches and that nothing fails; the 2x p99
-    # criterion is for real runs (`flywheel loadtest`), still evaluated here at a looser bound.
-    monkeypatch.setenv("FLYWHEEL_LOADTEST_P99_MULTIPLE", "5")
+def test_short_hot_switch_run_passes(tmp_path):
+    # A 50 s run on two cores shared by two replicas, their agents and locust: its p99 is noise (3.1x once in
+    # CI). The suite checks the switches and that nothing fails; the 2x p99 criterion is for real runs
+    # (`flywheel loadtest`), still evaluated here at a looser bound. The runner hands its config's multiple to
+    # locust (an environment variable set here would be overwritten by it).
     rc = run(LoadTestConfig(scenario="hot-switch", users=4, duration_s=50, spawn_rate=4, out_dir=tmp_path,
-                            preset="test", replicas=2))
+                            preset="test", replicas=2, p99_multiple=5.0))
     out = tmp_path / "hot-switch"
     result = json.loads((out / "result.json").read_text())
     assert rc == 0, result
     assert result["passed"] and result["failures"] == 0 and result["requests"] > 50
+    assert result["p99_multiple_allowed"] == 5.0
     reached = [m["version"] for m in result["marks"] if m["what"].startswith("fleet on")]
     assert reached == [1, 2, 3], result["marks"]  # three versions published and switched to, in order
     assert result["completions_before"] > 10 and result["completions_after"] > 10

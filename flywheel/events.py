@@ -3,7 +3,9 @@
 Every event is a msgpack map with `schema`, `event_id` and `ts`. Token ids and logprobs travel as
 packed little-endian arrays and routed experts as a packed uint8 array with its shape, never as JSON
 lists of ints. Completions and their feedback are keyed by completion_id, so both land in the same
-partition and a consumer sees a completion before the feedback that follows it.
+partition and a consumer sees a completion before the feedback that follows it. Feedback on a whole agent
+session is keyed by its session id instead: it may overtake some of the session's turns (other partitions),
+which the consumer allows for (online_rl.stream).
 """
 from __future__ import annotations
 
@@ -90,13 +92,15 @@ class CompletionEvent:
 
 @dataclass
 class FeedbackEvent:
-    completion_id: str
+    completion_id: str  # "" when the feedback judges a whole agent session (session_id)
     choice_index: int
     tenant: str
     kind: str  # accept | reject | partial
     accepted_chars: int | None = None  # for partial: how much of the completion the user kept
     elapsed_ms: float | None = None  # from showing the completion to the decision
     origin: str = "feedback"  # feedback | tabby (which API the client used)
+    session_id: str = ""  # the outcome of a whole agent session (edits kept, tests passed), not of one turn
+    score: float | None = None  # a session's partial outcome in [0, 1] (the share of edits kept, of tests passed)
     event_id: str = field(default_factory=new_event_id)
     ts: float = field(default_factory=time.time)
     schema: str = FEEDBACK_SCHEMA
@@ -147,7 +151,10 @@ def decode(raw: bytes) -> CompletionEvent | FeedbackEvent:
             d["weight_versions"] = _spans(d.get("weight_versions", []))
             return CompletionEvent(**d)
         if schema == FEEDBACK_SCHEMA:
-            return FeedbackEvent(**d)
+            f = FeedbackEvent(**d)
+            if bool(f.completion_id) == bool(f.session_id):
+                raise SchemaError("feedback names a completion or a session, exactly one")
+            return f
     except (KeyError, TypeError, ValueError) as e:
         raise SchemaError(f"malformed {schema} event: {e}") from None
     raise SchemaError(f"unknown schema {schema!r}")

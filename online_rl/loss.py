@@ -86,7 +86,7 @@ def make_batch(samples: list[Sample], adv: np.ndarray, replay: bool = True) -> B
         inputs[b, :n] = torch.from_numpy(seq[:-1])
         targets[b, :n] = torch.from_numpy(seq[1:])
         mask[b, p - 1:n] = 1.0
-        behaviour[b, p - 1:n] = torch.from_numpy(np.asarray(s.behaviour_logprobs, dtype=np.float32))
+        behaviour[b, p - 1:n] = torch.from_numpy(np.array(s.behaviour_logprobs, dtype=np.float32))  # a copy: events are read-only
         if replay:
             if s.routed_experts.shape[0] != n:
                 raise ValueError(f"sample {s.key}: {s.routed_experts.shape[0]} routed positions for {n} inputs")

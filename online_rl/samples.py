@@ -23,6 +23,7 @@ class Sample:
     source: str = "user"  # user | rollout
     group: str | None = None  # rollouts of one task form a group (group-relative advantages)
     event_ids: tuple = ()  # the events this sample came from (exactly-once accounting)
+    session: str = ""  # the agent session of a turn judged by its session's outcome
 
     @property
     def n_tokens(self) -> int:
@@ -57,14 +58,14 @@ class Sample:
                 "behaviour_logprobs": torch.from_numpy(np.ascontiguousarray(self.behaviour_logprobs)),
                 "routed_experts": torch.from_numpy(np.ascontiguousarray(self.routed_experts)),
                 "reward": float(self.reward), "model_version": int(self.model_version), "source": self.source,
-                "group": self.group, "event_ids": list(self.event_ids)}
+                "group": self.group, "event_ids": list(self.event_ids), "session": self.session}
 
     @classmethod
     def from_state(cls, d: dict) -> "Sample":
         return cls(key=d["key"], prompt_ids=d["prompt_ids"].numpy(), output_ids=d["output_ids"].numpy(),
                    behaviour_logprobs=d["behaviour_logprobs"].numpy(), routed_experts=d["routed_experts"].numpy(),
                    reward=d["reward"], model_version=d["model_version"], source=d["source"], group=d["group"],
-                   event_ids=tuple(d["event_ids"]))
+                   event_ids=tuple(d["event_ids"]), session=d.get("session", ""))
 
 
 @dataclass
@@ -74,13 +75,18 @@ class RewardTable:
     reject: float = -0.25
     partial_floor: float = 0.0  # a partial accept of none of the text; scales to `accept` for all of it
 
-    def reward(self, kind: str, accepted_chars: int | None = None, total_chars: int | None = None) -> float:
+    def reward(self, kind: str, accepted_chars: int | None = None, total_chars: int | None = None,
+               score: float | None = None) -> float:
+        """score: a session's partial outcome in [0, 1], in place of the share of characters kept."""
         if kind == "accept":
             return self.accept
         if kind == "reject":
             return self.reject
         if kind == "partial":
-            frac = 0.5 if not total_chars or accepted_chars is None else min(1.0, max(0.0, accepted_chars / total_chars))
+            if score is not None:
+                frac = min(1.0, max(0.0, float(score)))
+            else:
+                frac = 0.5 if not total_chars or accepted_chars is None else min(1.0, max(0.0, accepted_chars / total_chars))
             return self.partial_floor + frac * (self.accept - self.partial_floor)
         raise ValueError(f"unknown feedback kind {kind!r}")
 

@@ -7,6 +7,18 @@ by event_id (the gateway's at-least-once delivery can repeat one). Rollout compl
 tagged and never become user samples. Time is stream time (the newest event's ts), so replaying the same
 records after a restart makes the same decisions; when the consumer is caught up the caller advances it.
 The whole state round-trips through state()/from_state() for the trainer's checkpoint.
+
+Agent sessions (chat turns carrying a session_id, serving.sessions) are assembled here too. A turn waits
+`session_window_s` for feedback on itself or on its session. Feedback naming a session (its outcome: edits
+kept, tests passed) turns every turn of that session still waiting into a sample: turn k of the K waiting,
+in stream order, gets the outcome's reward times `turn_discount ** (K - 1 - k)` (default 1: every turn
+carries the whole outcome, the trajectory-level reward of GRPO-style agent RL; below 1 the turns nearest
+the outcome carry most of it). A turn judged on its own keeps its own reward and is not judged again.
+Session feedback is keyed by the session id, so it can overtake turns that are still in flight on other
+partitions: for `orphan_wait_s` after it, a turn of that session written before it joins on arrival.
+Each turn is its own sample (its prompt, its output, the behaviour logprobs and routed experts of the
+version that served it): the prompt holds the conversation so far, tool results included, and the loss
+only ever scores output tokens, so what the environment wrote is never trained on as the policy's.
 """
 from __future__ import annotations
 
@@ -22,6 +34,8 @@ from online_rl.samples import RewardTable, Sample
 class JoinConfig:
     window_s: float = 120.0
     orphan_wait_s: float = 60.0
+    session_window_s: float = 900.0  # an agent session's turn waits this long for feedback (its own or its session's)
+    turn_discount: float = 1.0  # turn k of K gets the session outcome times turn_discount ** (K - 1 - k)
     dedupe_capacity: int = 1_000_000  # event ids remembered
 
 
@@ -35,6 +49,9 @@ class JoinStats:
     extra_feedback: int = 0
     rollout_events: int = 0
     bad_records: int = 0
+    session_feedback: int = 0  # feedback naming a session that found at least one of its turns
+    session_turns: int = 0  # samples made from a session's outcome (also counted in joined)
+    orphan_session_feedback: int = 0  # feedback naming a session none of whose turns came in time
 
 
 @dataclass
@@ -46,6 +63,9 @@ class Joiner:
 
     def __post_init__(self):
         self.pending: OrderedDict[str, ev.CompletionEvent] = OrderedDict()  # by completion_id:choice
+        self.turns: OrderedDict[str, ev.CompletionEvent] = OrderedDict()  # agent-session turns, the same keys
+        self.sessions: dict[tuple[str, str], list[str]] = {}  # (tenant, session id) -> keys of waiting turns
+        self.closed: OrderedDict[tuple[str, str], list] = OrderedDict()  # judged sessions: [feedback, turns joined]
         self.orphans: OrderedDict[str, ev.FeedbackEvent] = OrderedDict()
         self.judged: OrderedDict[str, float] = OrderedDict()  # keys already turned into samples (late dupes)
         self._seen: set[str] = set()
@@ -89,10 +109,24 @@ class Joiner:
             orphan = self.orphans.pop(key, None)
             if orphan is not None:
                 return [self._sample(event, orphan)]
+            if event.session_id:
+                skey = (event.tenant, event.session_id)
+                closed = self.closed.get(skey)
+                if closed is not None and event.ts <= closed[0].ts:  # a turn its session's outcome overtook
+                    self.stats.session_feedback += closed[1] == 0
+                    closed[1] += 1
+                    return [self._turn_sample(event, closed[0], 1.0)]
+                self.turns[key] = event
+                self.sessions.setdefault(skey, []).append(key)
+                return []
             self.pending[key] = event
             return []
+        if event.session_id:
+            return self._session_feedback(event)
         key = self._key(event.completion_id, event.choice_index)
         completion = self.pending.pop(key, None)
+        if completion is None:
+            completion = self.turns.pop(key, None)
         if completion is not None:
             return [self._sample(completion, event)]
         if key in self.judged or key in self.orphans:
@@ -103,13 +137,32 @@ class Joiner:
 
     def _sample(self, c: ev.CompletionEvent, f: ev.FeedbackEvent) -> Sample:
         total = self.text_len(list(c.output_ids)) if (self.text_len and f.kind == "partial") else None
-        reward = self.rewards.reward(f.kind, f.accepted_chars, total)
+        reward = self.rewards.reward(f.kind, f.accepted_chars, total, score=f.score)
         key = self._key(c.completion_id, c.choice_index)
         self.judged[key] = self.now
         self.stats.joined += 1
         return Sample(key=key, prompt_ids=c.prompt_ids, output_ids=c.output_ids, behaviour_logprobs=c.logprobs,
                       routed_experts=c.routed_experts, reward=reward, model_version=c.model_version or 0,
-                      source="user", event_ids=(c.event_id, f.event_id))
+                      source="user", event_ids=(c.event_id, f.event_id), session=c.session_id)
+
+    def _session_feedback(self, f: ev.FeedbackEvent) -> list[Sample]:
+        skey = (f.tenant, f.session_id)
+        if skey in self.closed:
+            self.stats.extra_feedback += 1
+            return []
+        waiting = [self.turns.pop(k) for k in self.sessions.pop(skey, []) if k in self.turns]
+        waiting.sort(key=lambda c: c.ts)
+        self.closed[skey] = [f, len(waiting)]
+        if waiting:
+            self.stats.session_feedback += 1
+        d, n = self.cfg.turn_discount, len(waiting)
+        return [self._turn_sample(c, f, d ** (n - 1 - k)) for k, c in enumerate(waiting)]
+
+    def _turn_sample(self, c: ev.CompletionEvent, f: ev.FeedbackEvent, weight: float) -> Sample:
+        self.stats.session_turns += 1
+        s = self._sample(c, f)
+        s.reward *= weight
+        return s
 
     def expire(self, now: float | None = None) -> None:
         """Drop completions past their window and orphan feedback past its wait."""
@@ -121,6 +174,25 @@ class Joiner:
                 break
             self.pending.popitem(last=False)
             self.stats.no_signal += 1
+        while self.turns:
+            key, c = next(iter(self.turns.items()))
+            if self.now - c.ts <= self.cfg.session_window_s:
+                break
+            self.turns.popitem(last=False)
+            self.stats.no_signal += 1
+            skey = (c.tenant, c.session_id)
+            left = [k for k in self.sessions.get(skey, []) if k != key]
+            if left:
+                self.sessions[skey] = left
+            else:
+                self.sessions.pop(skey, None)
+        while self.closed:
+            skey, (f, joined) = next(iter(self.closed.items()))
+            if self.now - f.ts <= self.cfg.orphan_wait_s:
+                break
+            self.closed.popitem(last=False)
+            if not joined:
+                self.stats.orphan_session_feedback += 1
         while self.orphans:
             key, f = next(iter(self.orphans.items()))
             if self.now - f.ts <= self.cfg.orphan_wait_s:
@@ -137,6 +209,8 @@ class Joiner:
     def state(self) -> dict:
         return {"pending": [c.encode() for c in self.pending.values()],
                 "orphans": [f.encode() for f in self.orphans.values()],
+                "turns": [c.encode() for c in self.turns.values()],
+                "closed": [[f.encode(), joined] for f, joined in self.closed.values()],
                 "judged": list(self.judged.items()), "seen": list(self._seen_order), "now": self.now,
                 "stats": dict(vars(self.stats))}
 
@@ -148,8 +222,16 @@ class Joiner:
         for raw in state["orphans"]:
             f = ev.decode(raw)
             self.orphans[self._key(f.completion_id, f.choice_index)] = f
+        for raw in state.get("turns", []):  # checkpoints written before sessions have none
+            c = ev.decode(raw)
+            key = self._key(c.completion_id, c.choice_index)
+            self.turns[key] = c
+            self.sessions.setdefault((c.tenant, c.session_id), []).append(key)
+        for raw, joined in state.get("closed", []):
+            f = ev.decode(raw)
+            self.closed[(f.tenant, f.session_id)] = [f, joined]
         self.judged = OrderedDict((k, ts) for k, ts in state["judged"])
         self._seen_order = deque(state["seen"])
         self._seen = set(self._seen_order)
         self.now = state["now"]
-        self.stats = JoinStats(**state["stats"])
+        self.stats = JoinStats(**{**vars(JoinStats()), **state["stats"]})

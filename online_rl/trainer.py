@@ -283,7 +283,8 @@ class Trainer:
         self.joiner.expire(None if n else time.time())  # caught up: let wall time age the windows
         s = self.joiner.stats
         for outcome in ("consumed", "duplicates", "joined", "no_signal", "orphan_feedback", "rollout_events",
-                        "bad_records", "extra_feedback"):
+                        "bad_records", "extra_feedback", "session_feedback", "session_turns",
+                        "orphan_session_feedback"):
             counter = self.metrics.events.labels(outcome)
             counter.inc(max(0, getattr(s, outcome) - counter._value.get()))
         return n

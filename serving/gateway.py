@@ -577,7 +577,10 @@ class Gateway:
         return completion_id
 
     async def _log_feedback(self, fb: ev.FeedbackEvent) -> None:
-        if self.first_feedback.first(fb.completion_id, fb.choice_index):
+        if fb.session_id:  # a session's outcome: one per session; the canary votes on completions only
+            first = self.first_feedback.first(f"session/{fb.tenant}/{fb.session_id}", -1)
+            (self.metrics.session_feedback if first else self.metrics.feedback_repeated).labels(fb.kind).inc()
+        elif self.first_feedback.first(fb.completion_id, fb.choice_index):
             self.metrics.feedback.labels(fb.kind).inc()
             # The canary takes one vote per completion, whatever its n: a tenant cannot multiply its say.
             if self.canary is not None and self.first_feedback.first(fb.completion_id, -1):
@@ -585,13 +588,27 @@ class Gateway:
         else:  # logged all the same (the trainer's Joiner also takes only the first), counted apart
             self.metrics.feedback_repeated.labels(fb.kind).inc()
         if self.cfg.log_events:
-            await self._wait_durable([self._submit_durable(ev.TOPIC_FEEDBACK, fb.completion_id, fb.encode())],
-                                     ev.TOPIC_FEEDBACK)
+            key = fb.session_id or fb.completion_id
+            await self._wait_durable([self._submit_durable(ev.TOPIC_FEEDBACK, key, fb.encode())], ev.TOPIC_FEEDBACK)
+
+    def _check_session(self, tenant: Tenant, session_id) -> str:
+        """A session id this tenant may judge: one we derived (a signed completion id: checked like one),
+        or one the client named (any 1-128 printable ASCII; events are per tenant, so it reaches only the
+        tenant's own turns)."""
+        if not isinstance(session_id, str) or not session_id.isascii() or not session_id.isprintable() \
+                or not 0 < len(session_id) <= MAX_SESSION_ID:
+            raise ApiError(400, f"'session_id' must be 1-{MAX_SESSION_ID} printable ASCII characters",
+                           param="session_id", code="invalid_value")
+        if session_id.startswith("cmpl-"):
+            self._check_owner(tenant, session_id)
+        return session_id
 
     async def feedback(self, request: web.Request) -> web.Response:
+        """Feedback on one completion's choice (`completion_id`), or on a whole agent session (`session_id`:
+        its outcome, e.g. the edits kept or the tests passed; `kind` partial takes a `score` in [0, 1])."""
         tenant = self._tenant(request)
         body = parse_json_body(await request.read())
-        allowed = {"completion_id", "kind", "choice_index", "accepted_chars", "elapsed_ms"}
+        allowed = {"completion_id", "session_id", "kind", "choice_index", "accepted_chars", "elapsed_ms", "score"}
         extra = sorted(set(body) - allowed)
         if extra:
             raise ApiError(400, f"Unrecognized request argument supplied: {extra[0]}", param=extra[0],
@@ -600,6 +617,19 @@ class Gateway:
         if kind not in ev.FEEDBACK_KINDS:
             raise ApiError(400, f"'kind' must be one of {', '.join(ev.FEEDBACK_KINDS)}", param="kind",
                            code="invalid_value")
+        elapsed = body.get("elapsed_ms")
+        if elapsed is not None and (isinstance(elapsed, bool) or not isinstance(elapsed, (int, float))
+                                    or not 0 <= elapsed < 1e10):
+            raise ApiError(400, "'elapsed_ms' must be a non-negative number", param="elapsed_ms",
+                           code="invalid_value")
+        if ("session_id" in body) == ("completion_id" in body):
+            raise ApiError(400, "feedback names a 'completion_id' or a 'session_id' (exactly one)",
+                           param="completion_id", code="missing_required_parameter")
+        if "session_id" in body:
+            return await self._session_feedback(tenant, body, kind, elapsed)
+        if "score" in body:
+            raise ApiError(400, "'score' goes with session feedback (use accepted_chars for a completion)",
+                           param="score")
         choice = body.get("choice_index", 0)
         if isinstance(choice, bool) or not isinstance(choice, int) or not 0 <= choice < self.cfg.limits.max_n:
             raise ApiError(400, "'choice_index' must be an integer within n", param="choice_index",
@@ -611,15 +641,27 @@ class Gateway:
                                param="accepted_chars", code="invalid_value")
         elif accepted is not None:
             raise ApiError(400, "'accepted_chars' only goes with kind=partial", param="accepted_chars")
-        elapsed = body.get("elapsed_ms")
-        if elapsed is not None and (isinstance(elapsed, bool) or not isinstance(elapsed, (int, float))
-                                    or not 0 <= elapsed < 1e10):
-            raise ApiError(400, "'elapsed_ms' must be a non-negative number", param="elapsed_ms",
-                           code="invalid_value")
         cid = self._check_owner(tenant, body.get("completion_id"))
         await self._log_feedback(ev.FeedbackEvent(completion_id=cid, choice_index=choice, tenant=tenant.id, kind=kind,
                                             accepted_chars=accepted, elapsed_ms=elapsed))
         return _json({"status": "ok", "completion_id": cid})
+
+    async def _session_feedback(self, tenant: Tenant, body: dict, kind: str, elapsed) -> web.Response:
+        for name in ("choice_index", "accepted_chars"):
+            if name in body:
+                raise ApiError(400, f"'{name}' goes with a completion's feedback, not a session's", param=name)
+        score = body.get("score")
+        if kind == "partial":
+            if isinstance(score, bool) or not isinstance(score, (int, float)) or not 0.0 <= score <= 1.0:
+                raise ApiError(400, "partial session feedback needs 'score', a number in [0, 1] (the share of "
+                               "edits kept or tests passed)", param="score", code="invalid_value")
+            score = float(score)
+        elif score is not None:
+            raise ApiError(400, "'score' only goes with kind=partial", param="score")
+        sid = self._check_session(tenant, body.get("session_id"))
+        await self._log_feedback(ev.FeedbackEvent(completion_id="", choice_index=0, tenant=tenant.id, kind=kind,
+                                                  elapsed_ms=elapsed, session_id=sid, score=score))
+        return _json({"status": "ok", "session_id": sid})
 
     async def tabby_events(self, request: web.Request) -> web.Response:
         """Tabby's /v1/events: view | select | dismiss; `?select_kind=line` makes a select partial."""

@@ -30,6 +30,8 @@ class GatewayMetrics:
                                 "choice)", ["kind"], registry=r)
         self.cancels = Counter("flywheel_gateway_client_cancels", "Streams the client closed before the end (the "
                                "request is aborted on its replica)", ["route"], registry=r)
+        self.session_feedback = Counter("flywheel_gateway_session_feedback", "Feedback on a whole agent session "
+                                        "by kind (the first per session)", ["kind"], registry=r)
         self.feedback_repeated = Counter("flywheel_gateway_feedback_repeated", "Feedback on a completion choice "
                                          "already judged: logged, not counted", ["kind"], registry=r)
         self.tool_calls = Counter("flywheel_gateway_tool_calls", "Tool calls read from answers by outcome: valid, "

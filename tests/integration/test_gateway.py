@@ -139,6 +139,33 @@ def test_feedback_ownership_and_tabby_events(gateway):
     assert post(tabby + "?select_kind=line", {"type": "select", "completion_id": r.id}, key="key-bob")[0] == 403
 
 
+def test_session_feedback_is_checked_and_logged_once(gateway):
+    url = f"{gateway.url}/v1/feedback"
+    r = _client(gateway).chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    derived = r.model_extra["session_id"]  # a first turn names the session by its (signed) completion id
+    assert post(url, {"session_id": derived, "kind": "reject"}, key="key-bob")[0] == 403  # another tenant's
+    status, body, _ = post(url, {"session_id": "cmpl-1-2-3-4", "kind": "accept"}, key="key-alice")
+    assert status == 404 and body["error"]["code"] == "completion_not_found"
+    bad = [({"session_id": derived, "completion_id": r.id, "kind": "accept"}, "completion_id"),
+           ({"kind": "accept"}, "completion_id"),
+           ({"session_id": derived, "kind": "partial"}, "score"),
+           ({"session_id": derived, "kind": "partial", "score": 1.5}, "score"),
+           ({"session_id": derived, "kind": "accept", "score": 0.5}, "score"),
+           ({"session_id": derived, "kind": "accept", "choice_index": 0}, "choice_index"),
+           ({"session_id": "", "kind": "accept"}, "session_id"),
+           ({"session_id": "caf\u00e9", "kind": "accept"}, "session_id"),
+           ({"completion_id": r.id, "kind": "partial", "accepted_chars": 1, "score": 0.5}, "score")]
+    for payload, param in bad:
+        status, body, _ = post(url, payload, key="key-alice")
+        assert status == 400 and body["error"]["param"] == param, (payload, body)
+    first = _metric(gateway, "flywheel_gateway_session_feedback_total", "partial")
+    for _ in range(3):
+        status, body, _ = post(url, {"session_id": derived, "kind": "partial", "score": 0.5}, key="key-alice")
+        assert status == 200 and body == {"status": "ok", "session_id": derived}
+    assert _metric(gateway, "flywheel_gateway_session_feedback_total", "partial") - first == 1
+    assert post(url, {"session_id": "my-ide-session-7", "kind": "accept"}, key="key-alice")[0] == 200  # client-named
+
+
 def _metric(gateway, name: str, kind: str) -> float:
     from prometheus_client.parser import text_string_to_metric_families
 

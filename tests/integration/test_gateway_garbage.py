@@ -23,7 +23,7 @@ json_values = st.recursive(
 # Bodies shaped like real requests, with fields of the wrong type or out of range mixed in.
 FIELDS = ["model", "prompt", "suffix", "max_tokens", "temperature", "top_p", "n", "stop", "stream", "stream_options",
           "logprobs", "messages", "max_completion_tokens", "top_logprobs", "seed", "completion_id", "kind",
-          "choice_index", "accepted_chars", "elapsed_ms", "type", "elapsed", "echo", "tools"]
+          "choice_index", "accepted_chars", "elapsed_ms", "type", "elapsed", "echo", "tools", "session_id", "score"]
 small_values = (st.none() | st.booleans() | st.integers(-3, 300) | st.floats(-3, 3, allow_nan=False)
                 | st.text(max_size=20) | st.lists(st.text(max_size=5), max_size=5)
                 | st.just([{"role": "user", "content": "hi"}]) | st.just({"include_usage": True})

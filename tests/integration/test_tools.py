@@ -130,3 +130,84 @@ def test_a_multi_turn_session_is_linked_in_the_completion_events(gateway, kafka_
     assert (events[first.id].session_id, events[first.id].parent_id) == (first.id, "")
     assert (events[second_id].session_id, events[second_id].parent_id) == (first.id, f"{first.id}:0")
     assert (events[third.id].session_id, events[third.id].parent_id) == (given, f"{first.id}:0")
+
+
+def test_an_agent_session_is_joined_and_trained_with_tool_results_masked(gateway, kafka_bootstrap, test_model):
+    """Three turns of one session (read a file, run the tests, answer), its outcome as session feedback:
+    the Joiner makes one sample per turn carrying the outcome, each turn's prompt holds the tool results,
+    and the loss mask leaves every tool-result token out; one update trains on them."""
+    import uuid
+
+    import numpy as np
+    import torch
+    from kafka import KafkaConsumer
+    from tokenizers import Tokenizer
+
+    from flywheel import events as ev
+    from online_rl.loss import LossConfig, make_batch
+    from online_rl.model import load_pretrained
+    from online_rl.stream import Joiner
+    from online_rl.update import OptimConfig, make_optimizer, update
+    from tests.helpers import post
+
+    client, sid = _client(gateway), f"agent-{uuid.uuid4().hex[:8]}"
+    results = {"call_r1": "RESULT-ONE def add(a, b): return a - b", "call_t1": "RESULT-TWO FAILED test_add"}
+    msgs, cids = list(MESSAGES), []
+    for call_id, name, args in [("call_r1", "read_file", '{"path": "app.py"}'), ("call_t1", "run_tests", "{}"),
+                                (None, None, None)]:
+        r = client.chat.completions.create(model="flywheel-coder", messages=msgs, tools=TOOLS, temperature=0,
+                                           max_completion_tokens=24, extra_headers={"X-Session-Id": sid})
+        assert r.model_extra["session_id"] == sid
+        cids.append(r.id)
+        if name is None:
+            break
+        # The agent's next request carries a call and its result (written here: the tiny model's own call
+        # may be malformed, and the protocol lets a client send any well-formed history).
+        msgs += [{"role": "assistant", "content": None, "tool_calls": [
+                     {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}]},
+                 {"role": "tool", "tool_call_id": call_id, "content": results[call_id]}]
+    status, body, _ = post(f"{gateway.url}/v1/feedback", {"session_id": sid, "kind": "accept"}, key="key-alice")
+    assert status == 200 and body["session_id"] == sid
+
+    def read(topic, keep):
+        c = KafkaConsumer(topic, bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest",
+                          enable_auto_commit=False, group_id=None, consumer_timeout_ms=5000)
+        got = [e for e in (ev.decode(r.value) for r in c) if keep(e)]
+        c.close()
+        return got
+
+    turns = read(ev.TOPIC_COMPLETIONS, lambda e: e.completion_id in cids)
+    outcome = read(ev.TOPIC_FEEDBACK, lambda e: e.session_id == sid)
+    assert sorted(e.completion_id for e in turns) == sorted(cids) and len(outcome) == 1
+    assert all(e.session_id == sid for e in turns)
+    j = Joiner()
+    for e in turns:
+        assert j.add(e) == []
+    samples = j.add(outcome[0])
+    assert [s.key for s in samples] == [f"{c}:0" for c in cids] and all(s.reward == 0.75 for s in samples)
+
+    tok = Tokenizer.from_file(str(test_model / "tokenizer.json"))
+    batch = make_batch(samples, np.zeros(len(samples)))
+    for b, s in enumerate(samples):
+        p, n = s.prompt_ids.size, s.output_ids.size
+        # Where each tool result's tokens sit in the prompt: decode token by token, match characters.
+        ends = np.cumsum([len(tok.decode([int(t)], skip_special_tokens=False)) for t in s.prompt_ids])
+        text = tok.decode([int(t) for t in s.prompt_ids], skip_special_tokens=False)
+        spans = [(text.index(r), text.index(r) + len(r)) for r in list(results.values())[:b]]
+        assert len(spans) == b  # turn b's prompt holds the b results before it
+        for lo, hi in spans:
+            first, last = int(np.searchsorted(ends, lo, side="right")), int(np.searchsorted(ends, hi - 1, side="right"))
+            assert 0 < first < last < p
+            # token i of the sequence is the target at position i - 1: none of a result's tokens is scored
+            assert batch.mask[b, first - 1:last].sum() == 0
+        assert batch.mask[b].sum() == n and batch.mask[b, p - 1:p - 1 + n].all()  # exactly the turn's output
+
+    model = load_pretrained(test_model, torch.float32)
+    before = [t.detach().clone() for t in model.parameters()]
+    from online_rl.loss import advantages
+
+    adv, _ = advantages(samples, LossConfig(), baseline=0.0)
+    m = update(model, None, make_optimizer(model, OptimConfig(lr=1e-3)), samples, adv, LossConfig(kl_coef=0.0),
+               OptimConfig(lr=1e-3))
+    assert m["tokens"] == sum(s.n_tokens for s in samples) and 0 < m["grad_norm"] < float("inf")
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))

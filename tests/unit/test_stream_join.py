@@ -7,12 +7,17 @@ from online_rl.samples import LengthPenalty, RewardTable
 from online_rl.stream import JoinConfig, Joiner
 
 
-def completion(cid, ts, source="user", choice=0):
-    return ev.CompletionEvent(completion_id=cid, choice_index=choice, tenant="t", model_version=2,
+def completion(cid, ts, source="user", choice=0, session="", tenant="t"):
+    return ev.CompletionEvent(completion_id=cid, choice_index=choice, tenant=tenant, model_version=2,
                               prompt_ids=np.array([0, 5, 6], np.int32), output_ids=np.array([7, 8], np.int32),
                               logprobs=np.array([-0.1, -0.2], np.float32),
                               routed_experts=np.zeros((4, 2, 2), np.uint8), sampling={}, finish_reason="stop",
-                              latency={}, source=source, ts=ts)
+                              latency={}, source=source, ts=ts, session_id=session)
+
+
+def session_feedback(sid, kind, ts, score=None, tenant="t"):
+    return ev.FeedbackEvent(completion_id="", choice_index=0, tenant=tenant, kind=kind, session_id=sid, score=score,
+                            ts=ts)
 
 
 def feedback(cid, kind, ts, choice=0, accepted=None):
@@ -75,3 +80,64 @@ def test_length_penalty_is_concave():
     lp = LengthPenalty(coef=0.1, power=0.5)
     assert lp(0) == 0 and lp(4) == pytest.approx(0.2) and lp(16) == pytest.approx(0.4)
     assert lp(16) - lp(12) < lp(4) - lp(0)
+
+
+def test_a_session_outcome_is_spread_over_its_turns():
+    j = Joiner(JoinConfig(window_s=10, session_window_s=100, turn_discount=0.5))
+    for i, ts in enumerate((100.0, 101.0, 102.0)):
+        assert j.add(completion(f"s{i}", ts, session="S")) == []
+    j.add(completion("other-tenant", 101.5, session="S", tenant="u"))  # same session name, another tenant
+    [own] = j.add(feedback("s1", "reject", 103.0))  # a turn judged on its own keeps its own reward
+    assert own.reward == -0.25
+    j.add(completion("late-chat", 140.0))
+    j.expire()
+    assert set(j.turns) == {"s0:0", "s2:0", "other-tenant:0"}  # past the chat window, within the session's
+    turns = j.add(session_feedback("S", "accept", 141.0))
+    assert [s.key for s in turns] == ["s0:0", "s2:0"]  # in stream order, this tenant's only
+    assert [s.reward for s in turns] == [pytest.approx(0.375), pytest.approx(0.75)]  # 0.75 * 0.5 ** (K-1-k)
+    assert all(s.session == "S" and len(s.event_ids) == 2 for s in turns)
+    assert j.add(session_feedback("S", "reject", 142.0)) == [] and j.stats.extra_feedback == 1
+    assert (j.stats.session_feedback, j.stats.session_turns, j.stats.joined) == (1, 2, 3)
+    assert "other-tenant:0" in j.turns
+
+
+def test_session_feedback_overtaking_turns_and_partial_scores():
+    j = Joiner(JoinConfig(orphan_wait_s=20))
+    assert j.add(session_feedback("S", "partial", 50.0, score=0.4)) == []
+    [late] = j.add(completion("t1", 49.0, session="S"))  # written before the outcome, read after it
+    assert late.reward == pytest.approx(0.3) and late.session == "S"
+    assert j.add(completion("t2", 55.0, session="S")) == []  # a turn after the outcome: not judged by it
+    j.add(session_feedback("ghost", "accept", 60.0))  # a session none of whose turns ever come
+    j.add(completion("x", 90.0))
+    j.expire()
+    assert j.stats.orphan_session_feedback == 1 and not j.closed  # S found a turn: not an orphan
+    assert (j.stats.session_feedback, j.stats.session_turns) == (1, 1)  # S found its turn late
+
+
+def test_session_state_round_trips_and_turns_expire():
+    j = Joiner(JoinConfig(session_window_s=30))
+    j.add(completion("a", 1.0, session="S"))
+    j.add(session_feedback("Q", "accept", 2.0))
+    k = Joiner(JoinConfig(session_window_s=30))
+    k.load_state(j.state())
+    assert list(k.turns) == ["a:0"] and list(k.closed) == [("t", "Q")]
+    [s] = k.add(session_feedback("S", "accept", 3.0))
+    assert s.key == "a:0"
+    k.add(completion("b", 4.0, session="S2"))
+    k.add(completion("c", 40.0))
+    k.expire()
+    assert not k.turns and not k.sessions and k.stats.no_signal == 1
+    old = j.state()
+    del old["turns"], old["closed"]  # a checkpoint written before sessions
+    for name in ("session_feedback", "session_turns", "orphan_session_feedback"):
+        del old["stats"][name]
+    Joiner().load_state(old)
+
+
+def test_feedback_names_a_completion_or_a_session():
+    good = session_feedback("S", "accept", 1.0)
+    assert ev.decode(good.encode()).session_id == "S"
+    for bad in (ev.FeedbackEvent(completion_id="", choice_index=0, tenant="t", kind="accept"),
+                ev.FeedbackEvent(completion_id="c", choice_index=0, tenant="t", kind="accept", session_id="S")):
+        with pytest.raises(ev.SchemaError):
+            ev.decode(bad.encode())

@@ -75,7 +75,7 @@ def main() -> dict:
         rep = B.report(demo)
         result["demo_model"] = {"parameters": rep["parameters"], "build_s": rep["timings"]["total_s"],
                                 "train_s": rep["timings"]["train_s"], **{k: v for k, v in rep["eval"].items()
-                                                                         if k.startswith("pass_rate")}}
+                                                                         if k.startswith(("pass_rate", "tool_call_valid_rate"))}}
 
         t = time.monotonic()
         broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=tmp / "kafka"))

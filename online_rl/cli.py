@@ -69,7 +69,7 @@ def _bootstrap(args) -> int:
     path = bootstrap(args.preset, args.seed, args.out, progress=not args.quiet, force=args.force)
     r = report(path)
     summary = {"path": str(path), "parameters": r["parameters"], "final_loss": r["final_loss"],
-               **{k: v for k, v in r.get("eval", {}).items() if k.startswith("pass_rate")}, **r["timings"]}
+               **{k: v for k, v in r.get("eval", {}).items() if k.startswith(("pass_rate", "tool_call_valid_rate"))}, **r["timings"]}
     print(json.dumps(summary))
     return 0
 

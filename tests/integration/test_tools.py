@@ -241,3 +241,22 @@ def test_an_agent_session_is_joined_and_trained_with_tool_results_masked(gateway
                OptimConfig(lr=1e-3))
     assert m["tokens"] == sum(s.n_tokens for s in samples) and 0 < m["grad_norm"] < float("inf")
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_the_bootstrapped_model_calls_the_tools_its_corpus_taught(gateway):
+    """The bootstrap corpus's agent episodes (online_rl.agent_episodes) teach the base model a tool language:
+    served, it answers turns of a held-out episode with well-formed calls (greedy)."""
+    from online_rl import agent_episodes as A
+    from online_rl.tasks import tasks
+
+    task = tasks("heldout")[0]
+    msgs = [{"role": "user", "content": A.ASKS[0].format(p="app.py")}]
+    read = {"id": "call_r", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "app.py"}'}}
+    for history in ([], [{"role": "assistant", "content": None, "tool_calls": [read]},
+                         {"role": "tool", "tool_call_id": "call_r", "content": task.prompt}]):
+        r = _client(gateway).chat.completions.create(model="flywheel-coder", messages=msgs + history,
+                                                     tools=A.openai_tools(), max_completion_tokens=96, temperature=0)
+        c = r.choices[0]
+        assert c.finish_reason == "tool_calls", c.message.content
+        call = c.message.tool_calls[0].function
+        validate(json.loads(call.arguments), next(t["parameters"] for t in A.TOOLS if t["name"] == call.name))

@@ -2,9 +2,10 @@
 
 A trial names a version, the replicas serving it and the share of users sent there. Users are split by a
 hash of (version, tenant), so a user stays on one arm for the whole trial and a new trial reshuffles. Each
-arm counts requests, errors, latency and the feedback its completions got (a completion id is remembered
-with its arm until the feedback window closes); the canary controller (weight_sync.canary) reads these
-through `GET /admin/canary` and decides.
+arm counts requests, errors, latency, the feedback its completions got (a completion id is remembered
+with its arm until the feedback window closes) and its tool-call answers (those malformed: a call the
+model got wrong or to a tool not offered; those repeating a call of the session); the canary controller
+(weight_sync.canary) reads these through `GET /admin/canary` and decides.
 """
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ class ArmStats:
     accepts: int = 0
     rejects: int = 0
     latencies_ms: collections.deque = field(default_factory=lambda: collections.deque(maxlen=20_000))
+    tool_answers: int = 0  # answers (choices) with a tool call in them, well formed or not
+    tool_malformed: int = 0  # of those, malformed or calling an unknown tool (returned as text)
+    tool_repeated: int = 0  # of those, answers with a call repeating an earlier one of the session
 
     def view(self) -> dict:
         lat = np.asarray(self.latencies_ms)
@@ -32,7 +36,10 @@ class ArmStats:
         return {"requests": self.requests, "errors": self.errors, "accepts": self.accepts, "rejects": self.rejects,
                 "feedback": judged, "acceptance": self.accepts / judged if judged else None,
                 "p50_ms": float(np.percentile(lat, 50)) if lat.size else None,
-                "p99_ms": float(np.percentile(lat, 99)) if lat.size else None}
+                "p99_ms": float(np.percentile(lat, 99)) if lat.size else None,
+                "tool_answers": self.tool_answers, "tool_malformed": self.tool_malformed,
+                "tool_repeated": self.tool_repeated,
+                "malformed_rate": self.tool_malformed / self.tool_answers if self.tool_answers else None}
 
 
 @dataclass
@@ -67,6 +74,13 @@ class CanarySplit:
         while len(self.issued) > self.max_issued:
             self.issued.popitem(last=False)
         return arm
+
+    def tool_answer(self, replica_id: str, malformed: bool, repeated: bool) -> None:
+        """An answer with a tool call in it (serving.tool_calls.parse outcome other than none)."""
+        s = self.stats[self.arm_of_replica(replica_id)]
+        s.tool_answers += 1
+        s.tool_malformed += malformed
+        s.tool_repeated += repeated
 
     def failed(self, tenant: str) -> None:
         self.stats[self.arm_of(tenant)].errors += 1

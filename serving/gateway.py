@@ -332,7 +332,7 @@ class Gateway:
         durable = []
         for i, (res, replica_id, timing) in enumerate(results):
             durable.append(self._log_completion(tenant, spec, cid, i, prompt_ids, res, replica_id, timing))
-            choices.append(self._choice(spec, i, res))
+            choices.append(self._choice(spec, i, res, tenant, cid, replica_id))
             if spec.session is not None:
                 m = choices[-1]["message"]
                 self._remember(tenant, spec, cid, i, m["content"], m.get("tool_calls", []))
@@ -373,13 +373,15 @@ class Gateway:
             return completion_logprobs(tokens, res.logprobs, tops, len(spec.prompt))
         return chat_logprobs(tokens, res.logprobs, tops)
 
-    def _choice(self, spec: GenerationSpec, i: int, res: engine.EngineResult) -> dict:
+    def _choice(self, spec: GenerationSpec, i: int, res: engine.EngineResult, tenant: Tenant, cid: str,
+                replica_id: str) -> dict:
         fr = finish_reason(res.finish)
         if spec.kind == "completion":
             return {"index": i, "text": res.text, "logprobs": self._logprobs(spec, res), "finish_reason": fr}
         message = {"role": "assistant", "content": res.text}
         if spec.tools is not None and spec.tools.active:
-            parsed = self._tool_outcome(tc.parse(spec.prefill + res.text + _trimmed_stop(res), spec.tools))
+            parsed = self._tool_outcome(tc.parse(spec.prefill + res.text + _trimmed_stop(res), spec.tools),
+                                        spec, tenant, cid, i, res, replica_id)
             message["content"] = parsed.content
             if parsed.calls:
                 message["tool_calls"], fr = parsed.calls, "tool_calls"
@@ -387,9 +389,18 @@ class Gateway:
                 fr = "stop"  # a call the model got wrong comes back as its text (a cut-off one says length)
         return {"index": i, "message": message, "logprobs": self._logprobs(spec, res), "finish_reason": fr}
 
-    def _tool_outcome(self, parsed: tc.Parsed) -> tc.Parsed:
-        if parsed.outcome != "none":
-            self.metrics.tool_calls.labels(parsed.outcome).inc(max(1, len(parsed.calls)))
+    def _tool_outcome(self, parsed: tc.Parsed, spec: GenerationSpec, tenant: Tenant, cid: str, i: int,
+                      res: engine.EngineResult, replica_id: str) -> tc.Parsed:
+        """Counts an answer's calls by outcome and by the version that wrote them, the calls repeating an
+        earlier one of the session, and, during a canary trial, the tool answer on its arm."""
+        if parsed.outcome == "none":
+            return parsed
+        repeated = 0
+        if parsed.calls and spec.session is not None:
+            repeated = self.sessions.repeated_calls(tenant.id, spec.session.session_id, parsed.calls, cid, i)
+        self.metrics.tools.count(res.weight_version, parsed.outcome, max(1, len(parsed.calls)), repeated)
+        if self.canary is not None:
+            self.canary.tool_answer(replica_id, parsed.outcome in tc.MALFORMED, repeated > 0)
         return parsed
 
     async def _stream(self, request, tenant, spec, cid, prompt_ids, bodies, created) -> web.StreamResponse:
@@ -453,7 +464,7 @@ class Gateway:
                 tail = split.feed(_trimmed_stop(res))
                 rest, parsed = split.finish()
                 rest = tail + rest
-                self._tool_outcome(parsed)
+                self._tool_outcome(parsed, spec, tenant, cid, i, res, replica_id)
                 if rest:
                     await send(chunk(i, rest, None, res))
                 for k, call in enumerate(parsed.calls):  # OpenAI's shape: the call's id and name, then its arguments
@@ -851,7 +862,8 @@ class Gateway:
 
     async def admin_weights(self, request: web.Request) -> web.Response:
         self._admin(request)
-        return _json({"replicas": {r.id: r.weight_version for r in self.pool.replicas.values()}})
+        return _json({"replicas": {r.id: r.weight_version for r in self.pool.replicas.values()},
+                      "tool_calls": self.metrics.tools.view()})
 
 
 def _trimmed_stop(res: engine.EngineResult) -> str:

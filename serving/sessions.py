@@ -9,6 +9,10 @@ The session id itself can be given by the client (`X-Session-Id` header or `meta
 is the one of the previous turn. What is remembered is bounded (least recently used first out) and per
 gateway process: a fleet behind several gateways links turns that land on the same one, or clients send
 the header (and the previous completion id is then still found whenever it is known here).
+
+The calls a session's answers made are remembered the same way (bounded, per process), so that a call
+identical to an earlier one of the session is counted as repeated (`flywheel_gateway_tool_calls_repeated`:
+an agent looping on the same call is a reward-hacking sign).
 """
 from __future__ import annotations
 
@@ -43,10 +47,21 @@ def _key(tenant: str, messages: list[dict]) -> str:
     return hashlib.blake2b(raw.encode(), digest_size=16).hexdigest()
 
 
+def _call_key(tenant: str, session_id: str, name: str, arguments: str) -> bytes:
+    try:
+        args = json.loads(arguments)
+    except ValueError:
+        args = arguments
+    raw = json.dumps([tenant, session_id, name, args], sort_keys=True, ensure_ascii=False)
+    return hashlib.blake2b(raw.encode(), digest_size=16).digest()
+
+
 class Sessions:
-    def __init__(self, max_entries: int = 200_000):
+    def __init__(self, max_entries: int = 200_000, max_calls: int = 100_000):
         self.max_entries = max_entries
         self._turns: OrderedDict[str, tuple[str, str]] = OrderedDict()  # key -> (completion id, session id)
+        self.max_calls = max_calls
+        self._calls: OrderedDict[bytes, tuple[str, int]] = OrderedDict()  # call digest -> (completion id, choice)
 
     def _get(self, key: str) -> tuple[str, str] | None:
         hit = self._turns.get(key)
@@ -80,3 +95,24 @@ class Sessions:
         self._put(_key(tenant, messages + [answer]), (completion_id, session_id))
         for c in answer.get("calls", []):
             self._put(f"call:{tenant}:{c['id']}", (completion_id, session_id))
+
+    def repeated_calls(self, tenant: str, session_id: str, calls: list[dict], completion_id: str, choice: int) -> int:
+        """How many of an answer's calls (OpenAI tool_calls) repeat a call made earlier in the same session:
+        same tool, same arguments compared as JSON (key order and spacing aside). Remembers them.
+
+        Earlier means by another request of the session, or twice within this answer; the other choices of
+        the same request (n > 1) are alternatives, not earlier calls. The memory is bounded (least recently
+        used first out, `max_calls` calls over all sessions) and per gateway process, like the turns."""
+        repeated = 0
+        for c in calls:
+            key = _call_key(tenant, session_id, c["function"]["name"], c["function"]["arguments"])
+            first = self._calls.get(key)
+            if first is None:
+                self._calls[key] = (completion_id, choice)
+                while len(self._calls) > self.max_calls:
+                    self._calls.popitem(last=False)
+                continue
+            self._calls.move_to_end(key)
+            if first[0] != completion_id or first[1] == choice:
+                repeated += 1
+        return repeated

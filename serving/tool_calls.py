@@ -253,6 +253,10 @@ def response_text(content: str) -> str:
 
 # ----------------------------------------------------------------------------- answer
 
+OUTCOMES = ("valid", "malformed", "unknown_tool", "dropped_parallel")  # of an answer with a call in it
+MALFORMED = ("malformed", "unknown_tool")  # the call the model got wrong: the answer is returned as text
+
+
 @dataclass
 class Parsed:
     content: str | None  # the text before the first call (None when empty), or all of it when no call holds

@@ -13,7 +13,13 @@ judge(): acceptance is compared with a one-sided normal-approximation bound on t
 proportions (canary minus stable, unpooled standard error, `confidence` one-sided): promote when the lower
 bound is above -margin (not worse beyond the margin), roll back when the upper bound is below -margin
 (worse beyond it, with confidence); otherwise wait for more feedback. Before that, with enough requests,
-a canary p99 above `p99_ratio` x stable's, or an error rate above stable's + `error_margin`, rolls back.
+a canary p99 above `p99_ratio` x stable's, or an error rate above stable's + `error_margin`, rolls back;
+and with `tool_min_answers` tool-call answers per arm, a guard on reward hacking in tool use: the
+malformed-call rate (answers whose call is malformed or names a tool not offered, over answers with a
+call) is compared the same way as acceptance, higher being worse: the one-sided lower bound of canary
+minus stable above `tool_margin` (worse beyond it, with confidence) rolls back. The guard only ever rolls
+back: with too few tool answers, or no confident excess, acceptance decides alone (a fleet with little
+tool traffic is not held up waiting for it).
 """
 from __future__ import annotations
 
@@ -47,6 +53,8 @@ class CanaryConfig:
     confidence: float = 0.95  # one-sided
     p99_ratio: float = 1.5
     error_margin: float = 0.01
+    tool_min_answers: int = 100  # tool-call answers per arm, before the malformed-call rate is judged
+    tool_margin: float = 0.05  # the canary's malformed-call rate may exceed stable's by this much (with confidence)
     max_trial_s: float = 900.0
     poll_s: float = 2.0
     switch_timeout_s: float = 240.0
@@ -59,10 +67,23 @@ class Verdict:
     figures: dict = field(default_factory=dict)
 
 
+def _diff_bound(x_c: int, n_c: int, x_s: int, n_s: int, confidence: float) -> tuple[float, float, float]:
+    """(difference of the proportions canary - stable, lower and upper one-sided `confidence` bounds):
+    normal approximation, unpooled standard error."""
+    p_c, p_s = x_c / n_c, x_s / n_s
+    diff = p_c - p_s
+    se = math.sqrt(p_c * (1 - p_c) / n_c + p_s * (1 - p_s) / n_s) or 1e-9
+    z = NormalDist().inv_cdf(confidence)
+    return diff, diff - z * se, diff + z * se
+
+
+FIGURES = ("requests", "errors", "feedback", "acceptance", "p99_ms", "tool_answers", "tool_malformed",
+           "malformed_rate")
+
+
 def judge(canary: dict, stable: dict, cfg: CanaryConfig) -> Verdict:
     """The decision on the two arms' figures (GET /admin/canary "arms" entries)."""
-    figures = {"canary": {k: canary.get(k) for k in ("requests", "errors", "feedback", "acceptance", "p99_ms")},
-               "stable": {k: stable.get(k) for k in ("requests", "errors", "feedback", "acceptance", "p99_ms")}}
+    figures = {"canary": {k: canary.get(k) for k in FIGURES}, "stable": {k: stable.get(k) for k in FIGURES}}
     if canary["requests"] >= cfg.min_requests and stable["requests"] >= cfg.min_requests:
         err_c = canary["errors"] / max(1, canary["requests"] + canary["errors"])
         err_s = stable["errors"] / max(1, stable["requests"] + stable["errors"])
@@ -72,15 +93,22 @@ def judge(canary: dict, stable: dict, cfg: CanaryConfig) -> Verdict:
         if canary["p99_ms"] and stable["p99_ms"] and canary["p99_ms"] > cfg.p99_ratio * stable["p99_ms"]:
             return Verdict("rollback", f"p99 {canary['p99_ms']:.0f} ms vs stable {stable['p99_ms']:.0f} ms "
                                        f"(> {cfg.p99_ratio}x)", figures)
+    # A gateway older than the tool counts reports none: the guard then has no say.
+    t_c, t_s = canary.get("tool_answers") or 0, stable.get("tool_answers") or 0
+    if t_c >= cfg.tool_min_answers and t_s >= cfg.tool_min_answers:
+        m_c, m_s = canary["tool_malformed"] / t_c, stable["tool_malformed"] / t_s
+        diff, lo, _ = _diff_bound(canary["tool_malformed"], t_c, stable["tool_malformed"], t_s, cfg.confidence)
+        figures.update(malformed_rate_canary=round(m_c, 4), malformed_rate_stable=round(m_s, 4),
+                       malformed_diff=round(diff, 4), malformed_diff_lower=round(lo, 4))
+        if lo > cfg.tool_margin:
+            return Verdict("rollback", f"malformed tool calls {m_c:.1%} vs stable {m_s:.1%}: worse by more than "
+                                       f"{cfg.tool_margin:.0%} ({cfg.confidence:.0%} bound {lo:+.3f})", figures)
     n_c, n_s = canary["feedback"], stable["feedback"]
     if n_c < cfg.min_feedback or n_s < cfg.min_feedback:
         return Verdict("extend", f"waiting for feedback ({n_c} canary, {n_s} stable; need {cfg.min_feedback} each)",
                        figures)
     p_c, p_s = canary["accepts"] / n_c, stable["accepts"] / n_s
-    diff = p_c - p_s
-    se = math.sqrt(p_c * (1 - p_c) / n_c + p_s * (1 - p_s) / n_s) or 1e-9
-    z = NormalDist().inv_cdf(cfg.confidence)
-    lo, hi = diff - z * se, diff + z * se
+    diff, lo, hi = _diff_bound(canary["accepts"], n_c, stable["accepts"], n_s, cfg.confidence)
     figures.update(acceptance_diff=round(diff, 4), diff_lower=round(lo, 4), diff_upper=round(hi, 4))
     if hi < -cfg.margin:
         return Verdict("rollback", f"acceptance {p_c:.1%} vs stable {p_s:.1%}: worse by more than "

@@ -79,6 +79,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     can.add_argument("--confidence", type=float, default=0.95)
     can.add_argument("--p99-ratio", type=float, default=1.5)
     can.add_argument("--max-trial", type=float, default=900.0, help="seconds before an undecided trial rolls back")
+    can.add_argument("--tool-min-answers", type=int, default=100,
+                     help="tool-call answers per arm before the malformed-call rate is judged")
+    can.add_argument("--tool-margin", type=float, default=0.05,
+                     help="malformed-call rate above stable's that rolls back (with confidence)")
     common(can)
     can.set_defaults(func=_canary)
 
@@ -165,7 +169,8 @@ def _canary(args) -> int:
     cfg = CanaryConfig(gateway_url=args.gateway, admin_token=args.admin_token, publish=_cfg(args),
                        replica_share=args.replica_share, traffic_share=args.traffic_share,
                        min_feedback=args.min_feedback, margin=args.margin, confidence=args.confidence,
-                       p99_ratio=args.p99_ratio, max_trial_s=args.max_trial)
+                       p99_ratio=args.p99_ratio, max_trial_s=args.max_trial,
+                       tool_min_answers=args.tool_min_answers, tool_margin=args.tool_margin)
     CanaryController(cfg).run()
     return 0
 

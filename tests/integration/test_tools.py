@@ -98,6 +98,36 @@ def test_tool_outcomes_are_counted(gateway):
     assert counted and sum(float(line.rsplit(" ", 1)[1]) for line in counted) >= 1
 
 
+def _tool_series(gateway) -> dict[tuple, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, body = get(f"{gateway.url}/metrics")
+    assert status == 200
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(body)
+            for s in f.samples if s.name.startswith("flywheel_gateway_tool_calls")}
+
+
+def test_a_malformed_call_is_counted_with_the_version_that_wrote_it(gateway):
+    """A named function opens the call for the model; one token cannot close it: malformed, every time."""
+    from tests.helpers import GATEWAY_ADMIN
+
+    before = _tool_series(gateway)
+    r = _client(gateway).chat.completions.create(
+        model="flywheel-coder", messages=MESSAGES, tools=TOOLS, max_completion_tokens=1, temperature=0,
+        tool_choice={"type": "function", "function": {"name": "read_file"}})
+    c = r.choices[0]
+    assert c.finish_reason in ("length", "stop") and not c.message.tool_calls
+    assert c.message.content.startswith('<tool_call>\n{"name": "read_file", "arguments": ')
+    version = str(r.model_extra["model_version"])  # the replica says its version (0: the base model)
+    key = ("flywheel_gateway_tool_calls_total", (("outcome", "malformed"), ("version", version)))
+    after = _tool_series(gateway)
+    assert after[key] == before.get(key, 0.0) + 1
+    assert all(dict(labels).get("version") for _, labels in after)  # every tool series carries its version
+    status, body = get(f"{gateway.url}/admin/weights", key=GATEWAY_ADMIN)
+    figures = json.loads(body)["tool_calls"][version]
+    assert status == 200 and figures["malformed"] >= 1 and 0 < figures["malformed_rate"] <= 1
+
+
 def test_a_multi_turn_session_is_linked_in_the_completion_events(gateway, kafka_bootstrap):
     import uuid
 

@@ -32,6 +32,56 @@ def test_decisions(canary, stable, decision):
     assert v.reason and "canary" in v.figures
 
 
+def tools(arm_figures, answers, malformed_rate):
+    """An arm's figures with its tool-call answers, as GET /admin/canary reports them."""
+    bad = round(answers * malformed_rate)
+    return {**arm_figures, "tool_answers": answers, "tool_malformed": bad,
+            "malformed_rate": bad / answers if answers else None}
+
+
+@pytest.mark.parametrize("canary, stable, decision, why", [
+    # worse malformed-call rate, with confidence: rolled back before any feedback and despite better acceptance
+    (tools(arm(20, 0.5), 200, 0.30), tools(arm(20, 0.5), 200, 0.05), "rollback", "malformed tool calls"),
+    (tools(arm(300, 0.70), 200, 0.30), tools(arm(300, 0.50), 200, 0.05), "rollback", "malformed tool calls"),
+    # the same rate: the guard has no say, acceptance decides (both ways)
+    (tools(arm(300, 0.70), 400, 0.10), tools(arm(300, 0.50), 400, 0.10), "promote", "acceptance"),
+    (tools(arm(300, 0.30), 400, 0.10), tools(arm(300, 0.50), 400, 0.10), "rollback", "acceptance"),
+    # better than stable, or worse only within the margin: passes
+    (tools(arm(300, 0.70), 400, 0.02), tools(arm(300, 0.50), 400, 0.10), "promote", "acceptance"),
+    (tools(arm(300, 0.70), 400, 0.12), tools(arm(300, 0.50), 400, 0.10), "promote", "acceptance"),
+    # much worse, but too few tool answers on an arm: no verdict from this guard
+    (tools(arm(300, 0.70), 99, 0.90), tools(arm(300, 0.50), 400, 0.0), "promote", "acceptance"),
+    (tools(arm(20, 0.5), 400, 0.90), tools(arm(20, 0.5), 50, 0.0), "extend", "waiting for feedback"),
+    # figures from a gateway without tool counts: judged on acceptance as before
+    (arm(300, 0.70), arm(300, 0.50), "promote", "acceptance"),
+])
+def test_malformed_call_rate_guard(canary, stable, decision, why):
+    v = judge(canary, stable, CFG)
+    assert v.decision == decision and v.reason.startswith(why), v
+    if canary.get("tool_answers", 0) >= CFG.tool_min_answers and stable.get("tool_answers", 0) >= CFG.tool_min_answers:
+        assert {"malformed_rate_canary", "malformed_rate_stable", "malformed_diff_lower"} <= set(v.figures)
+        assert v.figures["canary"]["tool_answers"] == canary["tool_answers"]
+    else:
+        assert "malformed_diff_lower" not in v.figures
+
+
+def test_simulated_malformed_rates_reach_the_right_decision():
+    """Judged at every answer, like the controller polling: a canary writing 15 points more malformed calls
+    is rolled back; one at the stable rate never is (with acceptance out of the way: no feedback)."""
+    rng = random.Random(1)
+    for extra, want in ((0.15, "rollback"), (0.3, "rollback"), (0.0, "extend"), (-0.05, "extend")):
+        c, s, verdict = {"n": 0, "bad": 0}, {"n": 0, "bad": 0}, None
+        for _ in range(3000):
+            for x, p in ((c, 0.1 + extra), (s, 0.1)):
+                x["n"] += 1
+                x["bad"] += rng.random() < p
+            verdict = judge(*[{**arm(0, 0.0), "tool_answers": x["n"], "tool_malformed": x["bad"]} for x in (c, s)],
+                            CFG)
+            if verdict.decision != "extend":
+                break
+        assert verdict.decision == want, (extra, verdict)
+
+
 def test_split_keeps_a_user_on_one_arm_and_counts_per_arm():
     split = CanarySplit(version=3, replicas=frozenset({"r1"}), share=0.3)
     tenants = [f"t{i}" for i in range(2000)]
@@ -47,6 +97,14 @@ def test_split_keeps_a_user_on_one_arm_and_counts_per_arm():
     split.feedback("unknown", "accept")  # issued before the trial: ignored
     v = split.view()["arms"]
     assert (v["canary"]["accepts"], v["stable"]["rejects"], v["canary"]["feedback"]) == (1, 1, 1)
+    assert (v["canary"]["tool_answers"], v["canary"]["malformed_rate"]) == (0, None)
+    split.tool_answer("r1", malformed=True, repeated=False)
+    split.tool_answer("r1", malformed=False, repeated=True)
+    split.tool_answer("r0", malformed=False, repeated=False)
+    v = split.view()["arms"]
+    assert [v["canary"][k] for k in ("tool_answers", "tool_malformed", "tool_repeated", "malformed_rate")] == \
+        [2, 1, 1, 0.5]
+    assert [v["stable"][k] for k in ("tool_answers", "tool_malformed", "malformed_rate")] == [1, 0, 0.0]
 
 
 @pytest.mark.parametrize("share, replicas", [(0.0, {"r1"}), (1.0, {"r1"}), (0.5, set())])

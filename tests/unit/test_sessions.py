@@ -47,3 +47,34 @@ def test_memory_is_bounded():
     assert len(s._turns) == 3
     late = msgs({"role": "user", "content": "q9"}, {"role": "assistant", "content": "a"}, {"role": "user", "content": "x"})
     assert s.link("t", late, None, "n").parent_id == "c9:0"
+
+
+def calls(*pairs):
+    return [{"id": f"call_{i}", "type": "function", "function": {"name": n, "arguments": a}}
+            for i, (n, a) in enumerate(pairs)]
+
+
+def test_a_call_identical_to_an_earlier_one_of_the_session_is_repeated():
+    s = Sessions()
+    read = ("read_file", '{"path": "a.py", "lines": [1, 2]}')
+    assert s.repeated_calls("t", "sess", calls(read, ("run_tests", "{}")), "cmpl-1", 0) == 0
+    # the other choices of the same request are alternatives, not earlier calls
+    assert s.repeated_calls("t", "sess", calls(read), "cmpl-1", 1) == 0
+    # a later turn: same name and arguments as JSON (key order, spacing) is a repeat; other arguments are not
+    same = ("read_file", '{"lines":[1,2],  "path":"a.py"}')
+    assert s.repeated_calls("t", "sess", calls(same, ("read_file", '{"path": "b.py"}')), "cmpl-2", 0) == 1
+    assert s.repeated_calls("t", "sess", calls(("run_tests", "{}"), ("run_tests", "{}")), "cmpl-3", 0) == 2
+    # twice within one answer: the second is a repeat
+    assert s.repeated_calls("t", "new", calls(("run_tests", "{}"), ("run_tests", "{}")), "cmpl-4", 0) == 1
+    # never across sessions or tenants
+    assert s.repeated_calls("t", "other", calls(read), "cmpl-5", 0) == 0
+    assert s.repeated_calls("u", "sess", calls(read), "cmpl-6", 0) == 0
+
+
+def test_the_call_memory_is_bounded():
+    s = Sessions(max_calls=3)
+    for i in range(10):
+        s.repeated_calls("t", "sess", calls(("read_file", f'{{"path": "{i}.py"}}')), f"c{i}", 0)
+    assert len(s._calls) == 3
+    assert s.repeated_calls("t", "sess", calls(("read_file", '{"path": "9.py"}')), "late", 0) == 1
+    assert s.repeated_calls("t", "sess", calls(("read_file", '{"path": "0.py"}')), "late", 0) == 0  # forgotten

@@ -4,6 +4,9 @@
 model.safetensors in bf16, tokenizer.json and friends) that SGLang and transformers both load. The same
 preset and seed give the same bytes; results are cached under $FLYWHEEL_HOME/models by preset, seed
 and a digest of the code and settings that produced them.
+
+The corpus holds code documents and agent turns (online_rl.agent_episodes); the report gives held-out
+pass rates of the code and the rate of well-formed tool calls in held-out agent episodes.
 """
 from __future__ import annotations
 
@@ -19,19 +22,25 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from flywheel import tool_format as TF
 from online_rl import tasks as T
 from online_rl.model import ModelConfig
 
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                     "special_tokens_map.json", "generation_config.json")
 REPORT_FILE = "bootstrap_report.json"  # timings and pass rates: not part of the deterministic bytes
+# Tokens of their own, as in Qwen's vocabulary, and plain text (not special: decoding keeps them, so the
+# gateway reads the calls out of SGLang's text); spelled out they would cost five tokens each.
+TOOL_MARKERS = [TF.CALL_OPEN, TF.CALL_CLOSE, TF.RESPONSE_OPEN, TF.RESPONSE_CLOSE]
 
 
 @dataclass
 class TrainConfig:
     steps: int = 300
-    batch_size: int = 16
-    seq_len: int = 128
+    batch_size: int = 8
+    # An agent turn's document is up to ~220 tokens (agent_episodes); the model should have seen every
+    # position a served agent prompt reaches. 256 x 8 trains as many tokens per step as 128 x 16 did.
+    seq_len: int = 256
     lr: float = 3e-3
     warmup_steps: int = 30
     weight_decay: float = 0.1
@@ -45,13 +54,16 @@ class EvalConfig:
     tasks: int = 64  # held-out tasks evaluated (all of them when larger than the split)
     samples: int = 4  # samples per task at temperature 1
     max_new_tokens: int = 40
+    agent_tasks: int = 8  # held-out tasks whose agent episodes are sampled (three call turns each)
+    agent_samples: int = 4  # samples per call turn at temperature 1
+    agent_max_new_tokens: int = 96  # the longest well-formed call (write_file) is ~65 tokens
 
 
 @dataclass
 class BootstrapConfig:
     preset: str = "test"
     seed: int = 0
-    vocab_size: int = 384
+    vocab_size: int = 768  # 384 spelled an agent turn in up to ~350 tokens; 768 in up to ~216
     corpus: T.CorpusConfig = field(default_factory=lambda: T.CorpusConfig(documents=6000))
     model: ModelConfig = field(default_factory=lambda: ModelConfig(
         hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -68,8 +80,8 @@ PRESETS: dict[str, BootstrapConfig] = {
         preset="demo", vocab_size=768, corpus=T.CorpusConfig(documents=40_000),
         model=ModelConfig(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                           head_dim=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128),
-        train=TrainConfig(steps=2400, batch_size=16, seq_len=128, lr=2e-3, warmup_steps=100),
-        eval=EvalConfig(tasks=176, samples=8)),
+        train=TrainConfig(steps=2400, batch_size=8, seq_len=256, lr=2e-3, warmup_steps=100),
+        eval=EvalConfig(tasks=176, samples=8, agent_tasks=48, agent_samples=4)),
 }
 
 
@@ -85,8 +97,9 @@ def cache_key(cfg: BootstrapConfig) -> str:
     """Digest of the settings and of the code that turns them into bytes."""
     h = hashlib.sha256(json.dumps(dataclasses.asdict(cfg), sort_keys=True).encode())
     here = Path(__file__).resolve().parent
-    for name in ("bootstrap.py", "model.py", "tasks.py"):
-        h.update((here / name).read_bytes())
+    for path in (here / "bootstrap.py", here / "model.py", here / "tasks.py", here / "agent_episodes.py",
+                 Path(TF.__file__).resolve()):
+        h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
 
@@ -99,7 +112,7 @@ def cached_dir(cfg: BootstrapConfig) -> Path:
 # --------------------------------------------------------------------------------------------- tokenizer
 
 def train_tokenizer(docs: list[str], vocab_size: int):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
     # A newline is always a token of its own: a prompt that ends at a line break (the IDE's cursor at
@@ -112,6 +125,7 @@ def train_tokenizer(docs: list[str], vocab_size: int):
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     plain = [_strip_special(d) for d in docs]
     tok.train_from_iterator(plain, trainer=trainer)
+    tok.add_tokens([AddedToken(m, special=False, normalized=False) for m in TOOL_MARKERS])
     # Every document in the packed training stream follows an <|endoftext|>; the served prompt starts
     # with one too (BOS = EOS, GPT-2 style), so position 0 looks the same in training and serving.
     eos_id = tok.token_to_id(T.EOS)
@@ -121,7 +135,7 @@ def train_tokenizer(docs: list[str], vocab_size: int):
 
 
 def _strip_special(doc: str) -> str:
-    for s in T.SPECIAL_TOKENS:
+    for s in T.SPECIAL_TOKENS + TOOL_MARKERS:
         doc = doc.replace(s, "\n")
     return doc
 
@@ -141,21 +155,38 @@ def save_tokenizer(tok, out: Path, model_max_length: int) -> None:
 
 # ---------------------------------------------------------------------------------------------- training
 
-def _packed_batches(ids: list[int], cfg: TrainConfig, seed: int):
-    """Endless (B, T+1) windows over the packed token stream, reshuffled each epoch."""
+def packed_stream(tok, docs: list[str]) -> tuple[list[int], list[bool]]:
+    """The training stream (EOS, then every document) and per token whether it is a target: all are,
+    except the newline after a call inside an agent document's history (agent_episodes.history_breaks)."""
+    from online_rl.agent_episodes import history_breaks
+
+    eos_id = tok.token_to_id(T.EOS)
+    ids, learn = [eos_id], [True]
+    for doc, enc in zip(docs, tok.encode_batch(docs, add_special_tokens=False)):
+        ids += enc.ids
+        breaks = set(history_breaks(doc))
+        learn += [start not in breaks for start, _ in enc.offsets] if breaks else [True] * len(enc.ids)
+    return ids, learn
+
+
+def _packed_batches(ids: list[int], learn: list[bool], cfg: TrainConfig, seed: int):
+    """Endless (B, T+1) windows over the packed token stream and its target mask, reshuffled each epoch."""
     import torch
 
     n = (len(ids) - 1) // cfg.seq_len
     data = torch.tensor(ids[: n * cfg.seq_len + 1], dtype=torch.long)
+    mask = torch.tensor(learn[: n * cfg.seq_len + 1], dtype=torch.bool)
     starts = list(range(0, n * cfg.seq_len, cfg.seq_len))
     rng = random.Random(seed)
     while True:
         rng.shuffle(starts)
         for i in range(0, len(starts) - cfg.batch_size + 1, cfg.batch_size):
-            yield torch.stack([data[s: s + cfg.seq_len + 1] for s in starts[i: i + cfg.batch_size]])
+            win = starts[i: i + cfg.batch_size]
+            yield (torch.stack([data[s: s + cfg.seq_len + 1] for s in win]),
+                   torch.stack([mask[s: s + cfg.seq_len + 1] for s in win]))
 
 
-def train_model(cfg: BootstrapConfig, ids: list[int], progress: bool = True):
+def train_model(cfg: BootstrapConfig, ids: list[int], learn: list[bool] | None = None, progress: bool = True):
     import math
 
     import torch
@@ -178,13 +209,16 @@ def train_model(cfg: BootstrapConfig, ids: list[int], progress: bool = True):
         frac = (step - tc.warmup_steps) / max(1, tc.steps - tc.warmup_steps)
         return tc.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
-    batches = _packed_batches(ids, tc, cfg.seed)
+    batches = _packed_batches(ids, [True] * len(ids) if learn is None else learn, tc, cfg.seed)
     losses = []
     bar = progress_bar(range(tc.steps), desc=f"bootstrap {cfg.preset}", unit="step", enabled=progress)
     for step in bar:
-        xy = next(batches)
+        xy, m = next(batches)
         out = model(xy[:, :-1])
-        loss = torch.nn.functional.cross_entropy(out.logits.reshape(-1, cfg.model.vocab_size), xy[:, 1:].reshape(-1))
+        ce = torch.nn.functional.cross_entropy(out.logits.reshape(-1, cfg.model.vocab_size), xy[:, 1:].reshape(-1),
+                                               reduction="none")
+        m = m[:, 1:].reshape(-1).to(ce.dtype)
+        loss = (ce * m).sum() / m.sum().clamp(min=1)
         total = loss + tc.aux_loss_coef * out.aux_loss
         opt.zero_grad(set_to_none=True)
         total.backward()
@@ -231,7 +265,57 @@ def evaluate(model, tok, cfg: BootstrapConfig, progress: bool = True) -> dict:
     return {"heldout_tasks": len(held), "samples_per_task": cfg.eval.samples,
             "pass_rate_greedy": round(sum(v.ok for v in vg) / len(vg), 4),
             "pass_rate_t1": round(sum(v.ok for v in vs) / len(vs), 4),
-            "example": greedy[0].code}
+            "example": greedy[0].code, **evaluate_agent(model, tok, cfg, held, progress)}
+
+
+def evaluate_agent(model, tok, cfg: BootstrapConfig, held: list, progress: bool = True) -> dict:
+    """Tool calls on held-out tasks' agent episodes: of the turns that should call a tool (read, write,
+    run the tests), the share whose answer is a well-formed call to a known tool with valid arguments,
+    judged by serving's rules (agent_episodes.call_outcome). Greedy, and per sample at temperature 1."""
+    import torch
+
+    from flywheel.progress import bar as progress_bar
+    from online_rl import agent_episodes as A
+
+    rng = random.Random(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    stop = {tok.token_to_id(s) for s in T.SPECIAL_TOKENS}
+    turns = []
+    for task in held[: cfg.eval.agent_tasks]:
+        _, ts = A.episode(task, task.reference, rng.choice(A.PATHS), rng.choice(A.ASKS))
+        turns += [t for t in ts if t.call is not None]
+    by_len: dict[int, list] = {}
+    for t in turns:
+        ids = tok.encode(t.prompt).ids  # with the leading <|endoftext|>, as the server tokenizes
+        by_len.setdefault(len(ids), []).append((t, ids))
+    outcomes: dict[str, list] = {"greedy": [], "t1": []}
+    bar = progress_bar(total=len(turns), desc="eval agent turns", unit="turn", enabled=progress)
+    n = cfg.eval.agent_samples
+    for length in sorted(by_len):
+        group = by_len[length]
+        prompts = [p for _, p in group]
+        for (t, _), g in zip(group, model.generate(prompts, cfg.eval.agent_max_new_tokens, 0.0, stop)):
+            outcomes["greedy"].append((t, tok.decode(g)))
+        outs = model.generate([p for p in prompts for _ in range(n)], cfg.eval.agent_max_new_tokens, 1.0, stop,
+                              generator=gen)
+        outcomes["t1"] += [(group[i // n][0], tok.decode(s)) for i, s in enumerate(outs)]
+        bar.update(len(group))
+    bar.close()
+
+    def rates(pairs):
+        kinds = [A.call_outcome(text) for _, text in pairs]
+        expected = [k == "valid" and A.call_matches(t, text) for (t, text), k in zip(pairs, kinds)]
+        return kinds, round(kinds.count("valid") / max(1, len(kinds)), 4), round(sum(expected) / max(1, len(kinds)), 4)
+
+    kinds, valid_t1, expected_t1 = rates(outcomes["t1"])
+    _, valid_greedy, expected_greedy = rates(outcomes["greedy"])
+    worst = next((text for (_, text), k in zip(outcomes["t1"], kinds) if k != "valid"), None)
+    return {"agent_turns": len(turns), "agent_samples_per_turn": n,
+            "tool_call_valid_rate": valid_t1, "tool_call_valid_rate_greedy": valid_greedy,
+            "tool_call_expected_rate": expected_t1, "tool_call_expected_rate_greedy": expected_greedy,
+            "tool_call_outcomes_t1": {k: kinds.count(k) for k in ("valid", "malformed", "unknown_tool", "none")},
+            "agent_example": outcomes["greedy"][0][1] if outcomes["greedy"] else None,
+            "agent_example_not_valid": worst}
 
 
 # ------------------------------------------------------------------------------------------------- build
@@ -253,11 +337,11 @@ def build(cfg: BootstrapConfig, out: Path, progress: bool = True, evaluate_model
     # The trained vocabulary decides the embedding size; the caller's config stays as given.
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=tok.get_vocab_size(),
                                                              eos_token_id=eos_id, bos_token_id=eos_id))
-    ids = [eos_id] + [i for enc in tok.encode_batch(docs, add_special_tokens=False) for i in enc.ids]
+    ids, learn = packed_stream(tok, docs)
     timings["corpus_and_tokenizer_s"] = round(time.monotonic() - t0, 2)
 
     t1 = time.monotonic()
-    model, losses = train_model(cfg, ids, progress)
+    model, losses = train_model(cfg, ids, learn, progress)
     timings["train_s"] = round(time.monotonic() - t1, 2)
 
     out.mkdir(parents=True, exist_ok=True)

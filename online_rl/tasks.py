@@ -7,6 +7,8 @@ The same generator feeds two disjoint sets, split by a seeded hash of the combin
   bugs: the wrong operator, an off-by-one constant), so the base model samples correct code only
   part of the time and RL has room to improve it;
 - held-out tasks (`split="heldout"`) for sandbox rollouts and evaluation, never seen in the corpus.
+A share of the corpus documents are turns of agent episodes built from the train tasks (read the file,
+write a body, run the tests, answer: online_rl.agent_episodes).
 Correctness is judged by running the code on inputs and comparing with the reference body's outputs,
 never by matching the reference text.
 """
@@ -201,6 +203,13 @@ class CorpusConfig:
     test_doc_share: float = 0.15  # documents that are a test function instead
     fim_share: float = 0.1  # documents in fill-in-the-middle form
     heldout_share: float = 0.2
+    # Documents that are one assistant turn of a tool-using episode (agent_episodes). Such a document is
+    # ~4x as long as a code one (~150 vs ~37 tokens), so 10% of documents are ~30% of the tokens.
+    agent_share: float = 0.1
+    # Of the agent turns that call a tool, a deliberately imperfect call (broken JSON, a missing required
+    # argument, an unknown tool): the base model then makes malformed calls sometimes, as it writes wrong
+    # code part of the time, and RL has something to fix.
+    malformed_call_share: float = 0.1
 
 
 FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE, EOS = "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|endoftext|>"
@@ -220,6 +229,11 @@ def corpus(cfg: CorpusConfig) -> list[str]:
     for _ in range(cfg.documents):
         t = rng.choice(train)
         t = Task(t.family, t.k, t.arg, rng.randrange(len(t.spec.docs)))
+        if cfg.agent_share and rng.random() < cfg.agent_share:
+            from online_rl import agent_episodes
+
+            docs.append(agent_episodes.sample_turn(t, rng, cfg.correct_share, cfg.malformed_call_share).document)
+            continue
         body = t.reference if rng.random() < cfg.correct_share else rng.choice(t.wrong_bodies())
         r = rng.random()
         if r < cfg.test_doc_share:

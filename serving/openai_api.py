@@ -224,18 +224,10 @@ def render_chat(messages: list[dict], tools=None) -> str:
     """Our coder has no chat template: a conversation becomes a Python comment block, and the
     assistant's reply is the code that follows it. Tools (serving.tool_calls) add a `# tools:` line per
     function; calls and tool results are written in the Qwen format, as the model writes and reads them."""
+    from flywheel import tool_format as tf
     from serving import tool_calls as tc
 
-    lines = tc.tools_header(tools) if tools is not None and tools.active else []
-    for m in messages:
-        if m["role"] == "tool":
-            lines.append(tc.response_text(m["content"]))
-            continue
-        if m["content"] or not m.get("calls"):
-            for line in m["content"].splitlines() or [""]:
-                lines.append(f"# {m['role']}: {line}".rstrip())
-        lines += [tc.call_text(c["name"], c["arguments"]) for c in m.get("calls", [])]
-    return "\n".join(lines) + "\n"
+    return tf.render_chat(messages, tc.tools_header(tools) if tools is not None and tools.active else [])
 
 
 def _content(m: dict, i: int) -> str:

@@ -7,7 +7,8 @@ The model writes calls in the Qwen format, one JSON object per call:
     {"name": "read_file", "arguments": {"path": "app.py"}}
     </tool_call>
 
-and reads tool results as `<tool_response>` blocks. Our coder has no chat template (serving.openai_api
+and reads tool results as `<tool_response>` blocks (the text format itself, shared with online_rl's corpus,
+is flywheel.tool_format). Our coder has no chat template (serving.openai_api
 renders a conversation as a comment block); tools join it as one `# tools:` line per function with its
 parameters, so a tool list costs tokens in proportion to what it says.
 
@@ -37,12 +38,13 @@ from jsonschema.exceptions import SchemaError, ValidationError
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
+from flywheel import tool_format as tf
+# The format names serving used to define: kept importable from here.
+from flywheel.tool_format import (CALL_CLOSE, CALL_OPEN, RESPONSE_CLOSE, RESPONSE_OPEN,  # noqa: F401
+                                  call_text, response_text)
 from serving.openai_api import ApiError
 
-CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
-RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 MAX_TOOLS = 64
 MAX_SCHEMA_DEPTH = 32
 PATTERN_TIMEOUT_S = 0.05  # a client's regex runs on the gateway's event loop: bounded, or it could stall it
@@ -225,30 +227,11 @@ def assistant_calls(m: dict, i: int) -> list[dict]:
 # ----------------------------------------------------------------------------- prompt
 
 def _signature(t: Tool) -> str:
-    props = t.parameters.get("properties") or {}
-    required = set(t.parameters.get("required") or [])
-    args = ", ".join(f"{k}{'' if k in required else '?'}: {v.get('type', 'any') if isinstance(v, dict) else 'any'}"
-                     for k, v in props.items())
-    doc = f"  # {t.description.splitlines()[0]}" if t.description.strip() else ""
-    return f"{t.name}({args}){doc}"
+    return tf.signature(t.name, t.description, t.parameters)
 
 
 def tools_header(spec: ToolSpec) -> list[str]:
-    return [f"# tools: {_signature(t)}" for t in spec.tools.values()]
-
-
-def call_text(name: str, arguments) -> str:
-    """One call as the model writes it."""
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            pass  # a client's own malformed arguments are shown as they were sent
-    return f'{CALL_OPEN}\n{json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)}\n{CALL_CLOSE}'
-
-
-def response_text(content: str) -> str:
-    return f"{RESPONSE_OPEN}\n{content}\n{RESPONSE_CLOSE}"
+    return [tf.tool_line(t.name, t.description, t.parameters) for t in spec.tools.values()]
 
 
 # ----------------------------------------------------------------------------- answer
@@ -274,39 +257,20 @@ def new_call_id() -> str:
 
 def parse(text: str, spec: ToolSpec) -> Parsed:
     """Calls in a whole answer (prefill included). All well formed, or the answer is text."""
-    start = text.find(CALL_OPEN)
-    if not spec.active or start < 0:
+    if not spec.active:
         return Parsed(content=text)
-    blocks = list(_BLOCK.finditer(text, start))
-    rest = _BLOCK.sub("", text[start:]).strip()
-    if not blocks or rest:  # cut off mid-call, or text between/after the calls that is not a call
-        return Parsed(content=text, outcome="malformed")
-    calls = []
-    for b in blocks:
-        try:
-            obj = json.loads(b.group(1))
-        except ValueError:
-            return Parsed(content=text, outcome="malformed")
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or set(obj) - {"name", "arguments"}:
-            return Parsed(content=text, outcome="malformed")
-        tool = spec.tools.get(obj["name"])
-        if tool is None or (spec.forced is not None and obj["name"] != spec.forced):
-            return Parsed(content=text, outcome="unknown_tool")
-        args = obj.get("arguments", {})
-        if isinstance(args, str):  # some models write the arguments as a JSON string
-            try:
-                args = json.loads(args)
-            except ValueError:
-                return Parsed(content=text, outcome="malformed")
-        try:
-            valid = isinstance(args, dict) and next(tool.validator.iter_errors(args), None) is None
-        except Exception:  # noqa: BLE001 - a schema that fails on this input (RecursionError too): not a call
-            valid = False
-        if not valid:
-            return Parsed(content=text, outcome="malformed")
-        calls.append({"id": new_call_id(), "type": "function",
-                      "function": {"name": tool.name, "arguments": json.dumps(args, ensure_ascii=False)}})
-    outcome = "valid"
+
+    def lookup(name: str):
+        tool = spec.tools.get(name)
+        if tool is None or (spec.forced is not None and name != spec.forced):
+            return None
+        return lambda args: next(tool.validator.iter_errors(args), None) is None
+
+    outcome, start, found = tf.read_calls(text, lookup)
+    if outcome != "valid":
+        return Parsed(content=text, outcome=outcome)
+    calls = [{"id": new_call_id(), "type": "function",
+              "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}} for name, args in found]
     if spec.single and len(calls) > 1:
         calls, outcome = calls[:1], "dropped_parallel"
     return Parsed(content=text[:start] if text[:start].strip() else None, calls=calls, outcome=outcome)

@@ -53,6 +53,20 @@ def test_tokenizer_starts_every_prompt_with_eos_like_training(test_model):
     ids = tok("def f(x):")["input_ids"]
     assert ids[0] == tok.eos_token_id == tok.bos_token_id
     assert tok.decode(ids, skip_special_tokens=True) == "def f(x):"
+    # the tool-call markers are one token each and survive decoding as servers do it (special tokens skipped)
+    call = '<tool_call>\n{"name": "run_tests", "arguments": {"path": "a.py"}}\n</tool_call>'
+    ids = tok(call)["input_ids"]
+    assert ids[1] == tok.convert_tokens_to_ids("<tool_call>") and ids[-1] == tok.convert_tokens_to_ids("</tool_call>")
+    assert tok.decode(ids, skip_special_tokens=True) == call
+
+
+def test_report_carries_the_valid_tool_call_rate(test_model):
+    ev = B.report(test_model)["eval"]
+    cfg = B.preset("test").eval
+    assert 0.0 <= ev["tool_call_valid_rate"] <= 1.0 and 0.0 <= ev["tool_call_valid_rate_greedy"] <= 1.0
+    assert ev["agent_turns"] == 3 * min(cfg.agent_tasks, ev["heldout_tasks"])
+    assert sum(ev["tool_call_outcomes_t1"].values()) == ev["agent_turns"] * cfg.agent_samples
+    assert ev["tool_call_outcomes_t1"]["valid"] / (ev["agent_turns"] * cfg.agent_samples) == ev["tool_call_valid_rate"]
 
 
 def test_unknown_preset_is_an_error():

@@ -1,0 +1,145 @@
+"""The bootstrap corpus teaches the tool language serving speaks: each agent turn's prompt is byte for byte
+what the gateway renders for that conversation, a configured share of the calls is malformed, and the
+call check online_rl uses judges like the gateway's parser."""
+import json
+import random
+import re
+
+import pytest
+
+from online_rl import agent_episodes as A
+from online_rl import bootstrap as B
+from online_rl import tasks as T
+from serving import tool_calls as tc
+from serving.openai_api import Limits, parse_chat, render_chat
+
+CFG = T.CorpusConfig(seed=0, documents=4000)
+_HISTORY = re.compile(r"<tool_call>\n(.*?)\n</tool_call>\n<tool_response>\n(.*?)\n</tool_response>\n", re.S)
+
+
+@pytest.fixture(scope="module")
+def docs():
+    return T.corpus(CFG)
+
+
+def _split(doc: str) -> tuple[str, str]:
+    """An agent document back into (prompt, the assistant's turn): a call, or the text after the last result."""
+    assert doc.endswith(T.EOS) and doc.startswith(A.TOOL_LINES[0] + "\n")
+    doc = doc[: -len(T.EOS)]
+    if doc.endswith("</tool_call>"):
+        cut = doc.rfind("<tool_call>")
+    else:
+        cut = doc.rfind("</tool_response>\n") + len("</tool_response>\n")
+    return doc[:cut], doc[cut:]
+
+
+def _openai_messages(prompt: str) -> list[dict]:
+    """The chat a client would send for that prompt: the user's line, then each call and its result."""
+    user = re.search(r"^# user: (.*)$", prompt, re.M).group(1)
+    msgs = [{"role": "user", "content": user}]
+    for i, (call, result) in enumerate(_HISTORY.findall(prompt)):
+        obj = json.loads(call)
+        msgs += [{"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"call_{i}", "type": "function",
+             "function": {"name": obj["name"], "arguments": json.dumps(obj["arguments"])}}]},
+            {"role": "tool", "tool_call_id": f"call_{i}", "content": result}]
+    return msgs
+
+
+def _spec():
+    return tc.parse_tools({"tools": A.openai_tools()})
+
+
+def test_agent_turn_prompts_are_what_serving_renders(docs):
+    agent = [d for d in docs if d.startswith("# tools:")]
+    assert len(agent) / len(docs) == pytest.approx(CFG.agent_share, abs=0.02)
+    depth = set()
+    for doc in agent:
+        prompt, turn = _split(doc)
+        msgs = _openai_messages(prompt)
+        depth.add(len(msgs))
+        served = parse_chat({"model": "m", "messages": msgs, "tools": A.openai_tools()}, Limits())
+        assert served.prompt == prompt  # byte for byte
+        assert render_chat(served.messages, served.tools) == prompt
+        assert turn and T.EOS not in turn and "<tool_response>" not in turn  # a turn never invents a result
+    assert depth == {1, 3, 5, 7}  # every turn of the episode: read, write, run the tests, answer
+
+
+def test_an_episode_reads_writes_tests_and_answers_honestly():
+    task = T.Task("add", 3, "x")
+    neg = sum(x < 0 for x in task.test_inputs())
+    assert 0 < neg < 10
+    for body, result, final in ((task.reference, "10 passed", A.DONE),
+                                (task.render_body("return {a} - {k}"), "10 failed", A.STILL_FAILING),
+                                ("    return abs(x) + 3\n", f"{neg} failed, {10 - neg} passed", A.STILL_FAILING)):
+        messages, turns = A.episode(task, body, "app.py", A.ASKS[0])
+        assert [t.call for t in turns] == ["read_file", "write_file", "run_tests", None]
+        assert messages[2]["content"] == task.prompt  # the file holds the task's prompt
+        assert json.loads(turns[1].target.split("\n")[1])["arguments"]["content"] == task.prompt + body
+        assert messages[-2]["content"] == result and turns[-1].target == final
+        assert all(A.call_outcome(t.target) == "valid" for t in turns[:3])
+        assert A.call_outcome(turns[3].target) == "none"
+
+
+def test_malformed_calls_appear_at_the_configured_share(docs):
+    calls = [_split(d)[1] for d in docs if d.startswith("# tools:") and _split(d)[1].startswith("<tool_call>")]
+    outcomes = [A.call_outcome(c) for c in calls]
+    bad = len(outcomes) - outcomes.count("valid")
+    assert len(calls) > 200 and bad / len(calls) == pytest.approx(CFG.malformed_call_share, abs=0.03)
+    assert {"malformed", "unknown_tool"} <= set(outcomes)
+    spec = _spec()
+    assert [tc.parse(c, spec).outcome for c in calls] == outcomes  # the gateway counts them the same
+    none = T.corpus(T.CorpusConfig(seed=0, documents=1000, malformed_call_share=0.0))
+    assert all(A.call_outcome(_split(d)[1]) in ("valid", "none") for d in none if d.startswith("# tools:"))
+
+
+CALLS = [
+    '<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"}}\n</tool_call>',
+    'Reading it.\n<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"}}\n</tool_call>',
+    '<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"}}\n</tool_call>\n<tool_call>\n'
+    '{"name": "run_tests", "arguments": {"path": "a.py"}}\n</tool_call>',
+    '<tool_call>\n{"name": "read_file", "arguments": "{\\"path\\": \\"a.py\\"}"}\n</tool_call>',
+    '<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"}\n</tool_call>',
+    '<tool_call>\n{"name": "read_file", "arguments": {}}\n</tool_call>',
+    '<tool_call>\n{"name": "read_file", "arguments": {"path": 3}}\n</tool_call>',
+    '<tool_call>\n{"name": "write_file", "arguments": {"path": "a.py"}}\n</tool_call>',
+    '<tool_call>\n{"name": "open_file", "arguments": {"path": "a.py"}}\n</tool_call>',
+    '<tool_call>\n{"name": "open_file", "arguments": "not json"}\n</tool_call>',
+    '<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"}, "id": 1}\n</tool_call>',
+    '<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"}}\n</tool_call>\n<tool_response>\nok',
+    '<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"}}',
+    '<tool_call>\n["read_file"]\n</tool_call>',
+    "def f(x):\n    return x\n",
+    "Done: the tests pass.",
+]
+
+
+@pytest.mark.parametrize("text", CALLS)
+def test_online_rl_judges_calls_like_the_gateway(text):
+    assert A.call_outcome(text) == tc.parse(text, _spec()).outcome
+
+
+def test_agent_turns_fit_the_training_window_and_tokenize_at_the_turn_boundary(tmp_path):
+    cfg = B.preset("test")
+    docs = T.corpus(cfg.corpus)
+    tok = B.train_tokenizer(docs, cfg.vocab_size)
+    for marker in B.TOOL_MARKERS:  # one token each, and plain text to the decoder
+        assert len(tok.encode(marker, add_special_tokens=False).ids) == 1
+        assert tok.decode(tok.encode(marker).ids, skip_special_tokens=True) == marker
+    rng, longest = random.Random(0), 0
+    train = T.tasks("train")
+    for _ in range(100):
+        task = rng.choice(train)
+        body = task.reference if rng.random() < 0.5 else rng.choice(task.wrong_bodies())
+        for turn in A.episode(task, body, rng.choice(A.PATHS), rng.choice(A.ASKS))[1]:
+            whole = tok.encode(turn.document).ids  # with the leading <|endoftext|>, as served
+            # the served prompt's tokens, then the turn's: what the model is trained on is what it is served
+            assert whole == tok.encode(turn.prompt).ids + tok.encode(turn.target + T.EOS, add_special_tokens=False).ids
+            longest = max(longest, len(whole))
+    assert longest <= cfg.train.seq_len, longest
+    ids, learn = B.packed_stream(tok, docs)
+    held_out = [i for i, keep in enumerate(learn) if not keep]
+    assert held_out and len(ids) == len(learn)
+    assert {tok.id_to_token(ids[i]) for i in held_out} == {"Ċ"}  # only the newline after a call in history
+    assert {tok.id_to_token(ids[i - 1]) for i in held_out} == {"</tool_call>"}
+    assert len(held_out) == sum(d.count("</tool_call>\n") for d in docs)

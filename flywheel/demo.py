@@ -27,7 +27,8 @@ class DemoConfig:
     preset: str = "demo"
     seed: int = 0
     out_dir: Path = Path("demo_out")
-    users: int = 6
+    users: int = 6  # autocomplete users
+    agents: int = 1  # agent users: short tool-using sessions (read, write, run tests), judged per session
     versions: int = 6  # new versions to publish and serve before stopping
     minutes: float = 13.0  # bound on the loop (setup aside); a first run also builds the model (~6 min)
     publish_interval_s: float = 75.0
@@ -61,13 +62,16 @@ def _line(t0: float, pop, fleet) -> str:
     from weight_sync.store import Store
 
     recs = pop.snapshot()
-    recent = [r for r in recs[-150:] if r.outcome in ("accept", "reject")]
+    recent = [r for r in recs[-150:] if r.outcome in ("accept", "reject") and r.kind == "autocomplete"]
     acc = sum(r.outcome == "accept" for r in recent) / len(recent) if recent else float("nan")
+    sessions = [r for r in recs if r.kind == "agent" and r.outcome in ("accept", "reject")][-20:]
+    kept = sum(r.outcome == "accept" for r in sessions)
     serving = ",".join(str(v) for v in sorted({v for v in fleet.served_versions().values() if v is not None}))
     published = max(Store(fleet.store_root).versions(), default=0)
     failed = sum(r.outcome == "failed" for r in recs)
     return (f"[{time.monotonic() - t0:5.0f}s] published v{published}, fleet serves v{serving}, {len(recs)} requests "
-            f"({failed} failed), acceptance of the last {len(recent)} judged: {acc:.0%}")
+            f"({failed} failed), acceptance of the last {len(recent)} judged: {acc:.0%}, agent sessions kept "
+            f"{kept}/{len(sessions)}")
 
 
 def run(cfg: DemoConfig) -> int:
@@ -89,14 +93,16 @@ def run(cfg: DemoConfig) -> int:
           f"{base['eval']['pass_rate_greedy']:.0%}, temperature 1 {base['eval']['pass_rate_t1']:.0%})")
     trainer = pop = None
     fleet = LocalFleet(LocalFleetConfig(model=model, out_dir=out / "fleet", replicas=cfg.replicas,
-                                        tenants=cfg.users))
+                                        tenants=cfg.users + cfg.agents))
     try:
         fleet.start()
         trainer = _trainer(cfg, fleet, model, out)
         print(f"trainer pid {trainer.pid}, publishes every {cfg.publish_interval_s:.0f}s (log {out}/logs/trainer.log)")
-        pop = Population(PopulationConfig(users=cfg.users, temperature=cfg.temperature, seed=cfg.seed),
+        pop = Population(PopulationConfig(users=cfg.users, agents=cfg.agents, temperature=cfg.temperature,
+                                          seed=cfg.seed),
                          fleet.gateway.url, list(fleet.keys.values())).start()
-        print(f"users   {cfg.users} simulated IDE users (hidden preference: the function passes its hidden tests)")
+        print(f"users   {cfg.users} simulated IDE users and {cfg.agents} agent users (hidden preference: the "
+              f"function passes its hidden tests)")
         print(f"setup took {time.monotonic() - t_setup:.0f}s; running until v{cfg.versions} is served "
               f"or {cfg.minutes:.0f} min\n")
         t0 = time.monotonic()
@@ -108,7 +114,8 @@ def run(cfg: DemoConfig) -> int:
             if time.monotonic() >= next_line:
                 print(_line(t0, pop, fleet), flush=True)
                 next_line += 15
-            newest = [r for r in pop.snapshot() if r.version == cfg.versions and r.outcome in ("accept", "reject")]
+            newest = [r for r in pop.snapshot() if r.version == cfg.versions and r.outcome in ("accept", "reject")
+                      and r.kind == "autocomplete"]
             if len(newest) >= 60:  # the last version has served enough judged requests to measure
                 break
             time.sleep(1)

@@ -2,7 +2,8 @@
 
 From the population's interactions (outcome, latency, serving version), the agents' switch reports and
 the store's manifests: one row per version with acceptance (accepted / judged; ignored completions are
-not judged), requests, failed requests (counted against the version the fleet served when they failed),
+not judged) of the autocomplete users and of the agent users' sessions (a session counts for the version
+of its first turn; accepted: the file it left passes its hidden tests), requests, failed requests (counted against the version the fleet served when they failed),
 p50/p99 latency, the user-visible switch pause (max over replicas), time out of rotation, and the delta's
 size and compression ratio.
 """
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-FIELDS = ("version", "acceptance", "judged", "requests", "failed", "p50_ms", "p99_ms", "switch_pause_ms",
+FIELDS = ("version", "acceptance", "judged", "agent_acceptance", "sessions", "requests", "failed", "p50_ms", "p99_ms", "switch_pause_ms",
           "out_of_rotation_ms", "delta_mb", "delta_ratio")
 
 
@@ -31,14 +32,17 @@ def summarize(records: list, switches: list[dict], manifests: dict[int, object])
         later = [first_served[u] for u in first_served if u > v]
         until = min(later) if later else float("inf")
         failed = [r for r in records if r.outcome == "failed" and first_served.get(v, float("inf")) <= r.started < until]
-        judged = [r for r in mine if r.outcome in ("accept", "reject")]
+        judged = [r for r in mine if r.outcome in ("accept", "reject") and _kind(r) == "autocomplete"]
+        sessions = [r for r in mine if r.outcome in ("accept", "reject") and _kind(r) == "agent"]
         lat = np.array([r.latency_s for r in mine]) * 1000
         sw = [s for s in switches if int(s["version"]) == v]
         m = manifests.get(v)
         rows.append({
             "version": v,
-            "acceptance": round(sum(r.outcome == "accept" for r in judged) / len(judged), 4) if judged else None,
+            "acceptance": _rate(judged),
             "judged": len(judged),
+            "agent_acceptance": _rate(sessions),
+            "sessions": len(sessions),
             "requests": len(mine),
             "failed": len(failed),
             "p50_ms": round(float(np.percentile(lat, 50)), 1) if lat.size else None,
@@ -52,8 +56,16 @@ def summarize(records: list, switches: list[dict], manifests: dict[int, object])
     return rows
 
 
+def _kind(r) -> str:
+    return getattr(r, "kind", "autocomplete")
+
+
+def _rate(judged: list) -> float | None:
+    return round(sum(r.outcome == "accept" for r in judged) / len(judged), 4) if judged else None
+
+
 def table(rows: list[dict]) -> str:
-    head = f"{'version':>7} {'accept':>7} {'judged':>6} {'reqs':>5} {'failed':>6} {'p50 ms':>7} {'p99 ms':>7} " \
+    head = f"{'version':>7} {'accept':>7} {'judged':>6} {'agent':>7} {'sess':>5} {'reqs':>5} {'failed':>6} {'p50 ms':>7} {'p99 ms':>7} " \
            f"{'pause ms':>8} {'out ms':>7} {'delta MB':>8} {'ratio':>6}"
     lines = [head, "-" * len(head)]
 
@@ -62,7 +74,8 @@ def table(rows: list[dict]) -> str:
 
     for r in rows:
         lines.append(f"{'v' + str(r['version']):>7} {f(r['acceptance'] and 100 * r['acceptance'], '6.1f')}% "
-                     f"{r['judged']:>6} {r['requests']:>5} {r['failed']:>6} {f(r['p50_ms'], '7.0f')} "
+                     f"{r['judged']:>6} {f(r['agent_acceptance'] and 100 * r['agent_acceptance'], '6.1f')}% "
+                     f"{r['sessions']:>5} {r['requests']:>5} {r['failed']:>6} {f(r['p50_ms'], '7.0f')} "
                      f"{f(r['p99_ms'], '7.0f')} {f(r['switch_pause_ms'], '8.0f')} {f(r['out_of_rotation_ms'], '7.0f')} "
                      f"{f(r['delta_mb'], '8.3f')} {f(r['delta_ratio'], '6.1f')}")
     return "\n".join(lines)
@@ -90,12 +103,17 @@ def plot(rows: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     xs = [r["version"] for r in rows]
     ys = [100 * r["acceptance"] for r in rows]
-    ax.plot(xs, ys, marker="o")
+    ax.plot(xs, ys, marker="o", label="autocomplete: completions accepted")
     for r, y in zip(rows, ys):
         ax.annotate(f"n={r['judged']}", (r["version"], y), textcoords="offset points", xytext=(0, 6), ha="center",
                     fontsize=7)
     ax.set_xlabel("weight version (hot-switched)")
     ax.set_ylabel("acceptance (%)")
+    agents = [r for r in rows if r.get("agent_acceptance") is not None]
+    if agents:
+        ax.plot([r["version"] for r in agents], [100 * r["agent_acceptance"] for r in agents], marker="s",
+                label="agent: sessions whose file passes")
+        ax.legend(fontsize=8)
     ax.set_title("Simulated IDE users: acceptance per version")
     ax.set_xticks(xs)
     ax.grid(alpha=0.3)

@@ -3,13 +3,16 @@
     AutocompleteUser  fill-in-the-middle on /v1/completions (code before and after the cursor), mostly
                       non-streaming, short max_tokens, then accept/reject feedback after each completion
     ChatUser          streamed /v1/chat/completions; time to first token is its own locust entry ("TTFT")
+    AgentUser         one at a time (fixed_count): short agent sessions with tools (loadtests.agent_session:
+                      read the file, write it, run its tests), then feedback on the whole session
 Each simulated user gets its own API key (round-robin over FLYWHEEL_LOADTEST_KEYS). Feedback follows a
 hidden preference judged by code in-process (loadtests.population.HouseStyle: cheap enough not to load
 the machine under test).
 
 Pass/fail (the quitting listener sets locust's exit code): zero failed requests, and the p99 of completion
 latency after the scenario's first action within FLYWHEEL_LOADTEST_P99_MULTIPLE (default 2.0) of the
-p99 before it, measured side by side in the same run (the steady scenario compares the second part of
+p99 before it (agent turns aside: a different latency class, up to a whole file per answer), measured
+side by side in the same run (the steady scenario compares the second part of
 its run with the first). Results: <out>/result.json, per-request latencies in <out>/requests.csv, the
 scenario's action moments in <out>/marks.json, issued completion ids in <out>/issued.jsonl.
 """
@@ -110,6 +113,41 @@ class ChatUser(IdeUser):
             self._feedback(cid, text, t)
 
 
+class AgentUser(IdeUser):
+    fixed_count = 1  # exactly one, whatever the user count: its sessions are long and its turns heavy
+
+    @task
+    def session(self) -> None:
+        from loadtests.agent_session import chat_body, run_session
+
+        t = self.rng.choice(TASKS)
+
+        def chat(messages: list[dict]) -> dict:
+            started, t0 = time.time(), time.perf_counter()
+            with self.client.post("/v1/chat/completions", json=chat_body(messages, 0.7, 96), headers=self.headers,
+                                  name="/v1/chat/completions [agent]", catch_response=True) as r:
+                ok = r.status_code == 200
+                if not ok:
+                    r.failure(f"{r.status_code}: {(r.text or '')[:200]}")
+                doc = r.json() if ok else {}
+                requests_log.append((started, "/v1/chat/completions [agent]", (time.perf_counter() - t0) * 1000, ok,
+                                     parse_version(doc.get("model_version"))))
+            if not ok:
+                raise RuntimeError(f"agent turn failed: {r.status_code}")
+            return doc
+
+        try:
+            res = run_session(chat, t, self.rng, judge=lambda task, code: (int(_prefers(task, code.removeprefix(
+                task.prompt))), 1))
+        except RuntimeError:
+            return  # the failed turn is counted by locust already
+        with self.client.post("/v1/feedback", json={"session_id": res.session_id, "kind": res.outcome},
+                              headers=self.headers, name="/v1/feedback [session]", catch_response=True) as r:
+            if r.status_code != 200:
+                r.failure(f"session feedback {r.status_code}: {r.text[:200]}")
+        issued.append({"session": res.session_id, "ids": res.completion_ids, "feedback": res.outcome})
+
+
 def _read(r, stream: bool, t0: float, env, ttft_name: str) -> tuple[str | None, str, bool, str]:
     """Consume a (streamed) completion; records TTFT; marks the request failed on any error. Returns the
     completion id, its text, whether it succeeded, and the weight version that served it."""
@@ -156,7 +194,8 @@ def _read(r, stream: bool, t0: float, env, ttft_name: str) -> tuple[str | None, 
 # ---------------------------------------------------------------------------------- pass / fail
 def judge(environment) -> dict:
     """The thresholds, on this run's own requests; returns the result written to result.json."""
-    completions = [(s, ms) for s, name, ms, ok, version in requests_log if ok and version not in bad_versions]
+    completions = [(s, ms) for s, name, ms, ok, version in requests_log
+                   if ok and version not in bad_versions and not name.endswith("[agent]")]
     split = marks[0]["at"] if marks else None
     if split is None and completions:  # steady: the second part of the run against the first
         starts = sorted(s for s, _ in completions)

@@ -4,8 +4,10 @@ Each user asks for the body of a function it is writing (a held-out task: signat
 code an IDE sends before the cursor), reads the completion and accepts it only if the function then
 passes that task's hidden tests, run in the sandbox: a criterion the model is never told, judged by
 running code, never by comparing with an answer string. Users also ignore some completions (no feedback
-at all), and each types at its own pace. The official openai client talks to the gateway, one API key
-per user, and every outcome is recorded with the weight version that served it.
+at all), and each types at its own pace. Beside them, agent users run short agent sessions
+(loadtests.agent_session: read the file, write the body, run the tests) whose outcome, judged by the same
+hidden tests, is feedback on the whole session. The official openai client talks to the gateway, one API
+key per user, and every outcome is recorded with the weight version that served it.
 """
 from __future__ import annotations
 
@@ -22,7 +24,9 @@ from online_rl import sandbox, tasks
 
 @dataclass
 class PopulationConfig:
-    users: int = 6
+    users: int = 6  # autocomplete users
+    agents: int = 0  # agent users (one session after another)
+    agent_max_tokens: int = 96  # a write_file call carries the whole file
     temperature: float = 1.0  # IDE sampling; greedy already passes these tasks, so users see samples
     max_tokens: int = 40
     ignore_rate: float = 0.1  # share of completions a user neither accepts nor rejects
@@ -41,6 +45,10 @@ class Interaction:
     outcome: str  # accept | reject | ignore | failed
     error: str | None = None
     completion_id: str | None = None  # what the gateway issued (its events carry it)
+    kind: str = "autocomplete"  # autocomplete | agent (one record per session: its first turn's version)
+    session_id: str | None = None
+    turns: int = 0
+    tool_calls: int = 0
 
 
 class HiddenTests:
@@ -70,6 +78,8 @@ class Population:
     def start(self) -> "Population":
         self._threads = [threading.Thread(target=self._user, args=(i,), name=f"user-{i}", daemon=True)
                          for i in range(self.cfg.users)]
+        self._threads += [threading.Thread(target=self._agent, args=(i,), name=f"agent-{i}", daemon=True)
+                          for i in range(self.cfg.agents)]
         for t in self._threads:
             t.start()
         return self
@@ -83,9 +93,10 @@ class Population:
         with self._lock:
             return list(self.records)
 
-    def _feedback(self, key: str, completion_id: str, kind: str) -> None:
+    def _feedback(self, key: str, completion_id: str | None, kind: str, session_id: str | None = None) -> None:
+        about = {"session_id": session_id} if session_id else {"completion_id": completion_id}
         req = urllib.request.Request(f"{self.url}/v1/feedback", data=json.dumps(
-            {"completion_id": completion_id, "kind": kind}).encode(), headers={
+            {**about, "kind": kind}).encode(), headers={
             "Authorization": f"Bearer {key}", "Content-Type": "application/json"})
         urllib.request.urlopen(req, timeout=30).close()
 
@@ -114,6 +125,40 @@ class Population:
             except Exception as e:  # a failed request is a result, not a crash of the population
                 rec = Interaction(f"user-{i}", task.task_id, started, time.monotonic() - t, None, "failed",
                                   f"{type(e).__name__}: {e}"[:300])
+            with self._lock:
+                self.records.append(rec)
+            self._stop.wait(rng.uniform(*self.cfg.think_s))
+
+    def _agent(self, i: int) -> None:
+        import openai
+
+        from loadtests.agent_session import chat_body, run_session, tests_passed
+
+        rng = random.Random(f"{self.cfg.seed}/agent/{i}")
+        key = self.keys[(self.cfg.users + i) % len(self.keys)]
+        client = openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0, timeout=120)
+
+        def chat(messages: list[dict]) -> dict:
+            body = chat_body(messages, self.cfg.temperature, self.cfg.agent_max_tokens)
+            return client.chat.completions.create(**body, user=f"agent-{i}").model_dump()
+
+        def judge(task: tasks.Task, code: str) -> tuple[int, int]:  # run_tests in the agent's workspace
+            if isinstance(self.prefers, HiddenTests):
+                return tests_passed(task, code, self.prefers.cfg)
+            return int(self.prefers(task, code.removeprefix(task.prompt))), 1  # a binary preference: 1 test
+
+        while not self._stop.is_set():
+            task = rng.choice(self.tasks)
+            started, t = time.time(), time.monotonic()
+            try:
+                res = run_session(chat, task, rng, judge)
+                self._feedback(key, None, res.outcome, session_id=res.session_id)
+                rec = Interaction(f"agent-{i}", task.task_id, started, time.monotonic() - t, res.versions[0],
+                                  res.outcome, completion_id=res.completion_ids[0], kind="agent",
+                                  session_id=res.session_id, turns=res.turns, tool_calls=res.calls)
+            except Exception as e:  # a failed request is a result, not a crash of the population
+                rec = Interaction(f"agent-{i}", task.task_id, started, time.monotonic() - t, None, "failed",
+                                  f"{type(e).__name__}: {e}"[:300], kind="agent")
             with self._lock:
                 self.records.append(rec)
             self._stop.wait(rng.uniform(*self.cfg.think_s))

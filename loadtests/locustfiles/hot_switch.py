@@ -1,7 +1,7 @@
 """hot-switch: three versions published under load; each must reach every replica while users keep
 their latency (zero failed requests, p99 after the first publish within the allowed multiple of before)."""
 from loadtests import scenario
-from loadtests.ide_users import AutocompleteUser, ChatUser  # noqa: F401  (the users locust runs)
+from loadtests.ide_users import AgentUser, AutocompleteUser, ChatUser  # noqa: F401  (the users locust runs)
 
 
 def _publish(i):

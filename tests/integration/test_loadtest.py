@@ -18,8 +18,8 @@ def test_short_hot_switch_run_passes(tmp_path):
     # CI). The suite checks the switches and that nothing fails; the 2x p99 criterion is for real runs
     # (`flywheel loadtest`), still evaluated here at a looser bound. The runner hands its config's multiple to
     # locust (an environment variable set here would be overwritten by it).
-    rc = run(LoadTestConfig(scenario="hot-switch", users=4, duration_s=50, spawn_rate=4, out_dir=tmp_path,
-                            preset="test", replicas=2, p99_multiple=5.0))
+    rc = run(LoadTestConfig(scenario="hot-switch", users=5, duration_s=50, spawn_rate=5, out_dir=tmp_path,
+                            preset="test", replicas=2, p99_multiple=5.0))  # one of them an agent user
     out = tmp_path / "hot-switch"
     result = json.loads((out / "result.json").read_text())
     assert rc == 0, result
@@ -29,7 +29,8 @@ def test_short_hot_switch_run_passes(tmp_path):
     assert reached == [1, 2, 3], result["marks"]  # three versions published and switched to, in order
     assert result["completions_before"] > 10 and result["completions_after"] > 10
     names = {row["Name"]: row for row in csv.DictReader((out / "locust_stats.csv").open())}
-    assert {"TTFT /v1/chat/completions", "/v1/feedback", "/v1/completions [fim]"} <= set(names), set(names)
+    assert {"TTFT /v1/chat/completions", "/v1/feedback", "/v1/completions [fim]", "/v1/chat/completions [agent]",
+            "/v1/feedback [session]"} <= set(names), set(names)
     assert all(row["Failure Count"] == "0" for row in names.values())
     assert (out / "locust_stats_history.csv").exists() and (out / "latency.png").stat().st_size > 10_000
 

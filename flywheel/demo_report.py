@@ -4,7 +4,7 @@ From the population's interactions (outcome, latency, serving version), the agen
 the store's manifests: one row per version with acceptance (accepted / judged; ignored completions are
 not judged) of the autocomplete users and of the agent users' sessions (a session counts for the version
 of its first turn; accepted: the file it left passes its hidden tests), requests, failed requests (counted against the version the fleet served when they failed),
-p50/p99 latency, the user-visible switch pause (max over replicas), time out of rotation, and the delta's
+p50/p99 latency of the autocomplete requests, the user-visible switch pause (max over replicas), time out of rotation, and the delta's
 size and compression ratio.
 """
 from __future__ import annotations
@@ -31,10 +31,12 @@ def summarize(records: list, switches: list[dict], manifests: dict[int, object])
         mine = [r for r in records if r.version == v]
         later = [first_served[u] for u in first_served if u > v]
         until = min(later) if later else float("inf")
-        failed = [r for r in records if r.outcome == "failed" and first_served.get(v, float("inf")) <= r.started < until]
+        since = -float("inf") if v == versions[0] else first_served.get(v, float("inf"))  # the first: all before it
+        failed = [r for r in records if r.outcome == "failed" and since <= r.started < until]
         judged = [r for r in mine if r.outcome in ("accept", "reject") and _kind(r) == "autocomplete"]
         sessions = [r for r in mine if r.outcome in ("accept", "reject") and _kind(r) == "agent"]
-        lat = np.array([r.latency_s for r in mine]) * 1000
+        # Request latency: an agent record's is its whole session (several turns), not one request's.
+        lat = np.array([r.latency_s for r in mine if _kind(r) == "autocomplete"]) * 1000
         sw = [s for s in switches if int(s["version"]) == v]
         m = manifests.get(v)
         rows.append({

@@ -76,6 +76,12 @@ class Population:
         self._threads: list[threading.Thread] = []
 
     def start(self) -> "Population":
+        # The openai package imports its resources lazily, on a client's first use: users starting together
+        # would import them from several threads at once, which importlib can refuse (a _DeadlockError on
+        # openai.resources.chat was one user's "failed request" in a demo run). Imported here, once.
+        import openai.resources.chat  # noqa: F401
+        import openai.resources.completions  # noqa: F401
+
         self._threads = [threading.Thread(target=self._user, args=(i,), name=f"user-{i}", daemon=True)
                          for i in range(self.cfg.users)]
         self._threads += [threading.Thread(target=self._agent, args=(i,), name=f"agent-{i}", daemon=True)

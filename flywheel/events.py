@@ -126,6 +126,24 @@ class SchemaError(ValueError):
     """A record that is not a valid Flywheel event."""
 
 
+def _check_feedback(f: FeedbackEvent) -> None:
+    """What a consumer relies on: one bad record must be counted and skipped, never crash it (on every
+    replay after a restart)."""
+    if not isinstance(f.completion_id, str) or not isinstance(f.session_id, str) or not isinstance(f.tenant, str):
+        raise SchemaError("feedback ids are not strings")
+    if bool(f.completion_id) == bool(f.session_id):
+        raise SchemaError("feedback names a completion or a session, exactly one")
+    if f.kind not in FEEDBACK_KINDS:
+        raise SchemaError(f"unknown feedback kind {f.kind!r}")
+    if isinstance(f.choice_index, bool) or not isinstance(f.choice_index, int):
+        raise SchemaError("choice_index is not an int")
+    if f.score is not None and (isinstance(f.score, bool) or not isinstance(f.score, (int, float))
+                                or not 0.0 <= f.score <= 1.0):
+        raise SchemaError("score is not a number in [0, 1]")
+    if f.accepted_chars is not None and (isinstance(f.accepted_chars, bool) or not isinstance(f.accepted_chars, int)):
+        raise SchemaError("accepted_chars is not an int")
+
+
 def decode(raw: bytes) -> CompletionEvent | FeedbackEvent:
     try:
         d = msgpack.unpackb(raw, raw=False)
@@ -152,8 +170,7 @@ def decode(raw: bytes) -> CompletionEvent | FeedbackEvent:
             return CompletionEvent(**d)
         if schema == FEEDBACK_SCHEMA:
             f = FeedbackEvent(**d)
-            if bool(f.completion_id) == bool(f.session_id):
-                raise SchemaError("feedback names a completion or a session, exactly one")
+            _check_feedback(f)
             return f
     except (KeyError, TypeError, ValueError) as e:
         raise SchemaError(f"malformed {schema} event: {e}") from None

@@ -16,8 +16,10 @@ def _spool_pending(gateway: str) -> int:
 
 
 def all_delivered(gateway: str, bootstrap: str, completion_ids: set[str], since: float,
-                  timeout_s: float = 180.0) -> dict:
-    """Wait for the gateway's spool to drain, then read both topics from `since` (unix time) on."""
+                  timeout_s: float = 180.0, turn_ids: set[str] = frozenset(), session_ids: set[str] = frozenset()) -> dict:
+    """Wait for the gateway's spool to drain, then read both topics from `since` (unix time) on. Expected:
+    a completion event for every completion id and agent turn, a feedback event for every completion id
+    (by completion) and every agent session (by session id)."""
     from kafka import KafkaConsumer, TopicPartition
 
     from flywheel import events as ev
@@ -44,10 +46,12 @@ def all_delivered(gateway: str, bootstrap: str, completion_ids: set[str], since:
             while time.monotonic() < deadline and any(consumer.position(tp) < ends[tp] for tp in parts):
                 for tp, recs in consumer.poll(timeout_ms=500).items():
                     for r in recs:
-                        seen[tp.topic].add(ev.decode(r.value).completion_id)
+                        e = ev.decode(r.value)
+                        session = isinstance(e, ev.FeedbackEvent) and e.session_id
+                        seen[tp.topic].add(f"session:{e.session_id}" if session else e.completion_id)
         finally:
             consumer.close()
-    missing_c = len(completion_ids - seen[ev.TOPIC_COMPLETIONS])
-    missing_f = len(completion_ids - seen[ev.TOPIC_FEEDBACK])
-    return {"issued": len(completion_ids), "missing_completions": missing_c, "missing_feedback": missing_f,
+    missing_c = len((completion_ids | turn_ids) - seen[ev.TOPIC_COMPLETIONS])
+    missing_f = len((completion_ids | {f"session:{s}" for s in session_ids}) - seen[ev.TOPIC_FEEDBACK])
+    return {"issued": len(completion_ids), "agent_turns": len(turn_ids), "agent_sessions": len(session_ids), "missing_completions": missing_c, "missing_feedback": missing_f,
             "spool_drained_s": drained_s, "complete": missing_c == 0 and missing_f == 0}

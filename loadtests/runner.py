@@ -119,7 +119,9 @@ def run(cfg: LoadTestConfig) -> int:
             bootstrap_servers = env.get("FLYWHEEL_KAFKA_BOOTSTRAP")
             if not bootstrap_servers:
                 raise ValueError("broker-outage checks Kafka afterwards: set FLYWHEEL_KAFKA_BOOTSTRAP")
-            check = kafka_check.all_delivered(host, bootstrap_servers, {x["id"] for x in issued}, since=t_start)
+            check = kafka_check.all_delivered(host, bootstrap_servers, {x["id"] for x in issued if "id" in x},
+                                              since=t_start, turn_ids={i for x in issued for i in x.get("ids", [])},
+                                              session_ids={x["session"] for x in issued if x.get("session")})
             result["kafka"] = check
             if not check["complete"]:
                 result["passed"] = False

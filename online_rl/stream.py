@@ -8,14 +8,17 @@ tagged and never become user samples. Time is stream time (the newest event's ts
 records after a restart makes the same decisions; when the consumer is caught up the caller advances it.
 The whole state round-trips through state()/from_state() for the trainer's checkpoint.
 
-Agent sessions (chat turns carrying a session_id, serving.sessions) are assembled here too. A turn waits
-`session_window_s` for feedback on itself or on its session. Feedback naming a session (its outcome: edits
+Agent sessions (chat turns offered tools, following an earlier turn, or in a session the client named:
+serving.sessions) are assembled here too. A turn waits `session_window_s` for feedback on itself or on
+its session. Feedback naming a session (its outcome: edits
 kept, tests passed) turns every turn of that session still waiting into a sample: turn k of the K waiting,
 in stream order, gets the outcome's reward times `turn_discount ** (K - 1 - k)` (default 1: every turn
 carries the whole outcome, the trajectory-level reward of GRPO-style agent RL; below 1 the turns nearest
 the outcome carry most of it). A turn judged on its own keeps its own reward and is not judged again.
 Session feedback is keyed by the session id, so it can overtake turns that are still in flight on other
-partitions: for `orphan_wait_s` after it, a turn of that session written before it joins on arrival.
+partitions: for `orphan_wait_s` after it, a turn of that session written before it joins on arrival (with
+the whole outcome: its place among the turns is not known then). With n > 1, only the choice a later turn
+continued from carries the outcome (all of a last turn's choices do).
 Each turn is its own sample (its prompt, its output, the behaviour logprobs and routed experts of the
 version that served it): the prompt holds the conversation so far, tool results included, and the loss
 only ever scores output tokens, so what the environment wrote is never trained on as the policy's.
@@ -28,6 +31,15 @@ from typing import Callable
 
 from flywheel import events as ev
 from online_rl.samples import RewardTable, Sample
+
+
+def _is_turn(c: ev.CompletionEvent) -> bool:
+    """A completion held for its session's outcome: a chat turn of an agent session, i.e. one offered tools,
+    following an earlier turn, or in a session the client named. A lone plain chat (the gateway names its
+    session after it all the same) waits only `window_s`, like any completion: holding every chat for the
+    session window would keep its prompt, logprobs and routed experts in memory and checkpoints 7x longer."""
+    tools = c.sampling.get("tools") if isinstance(c.sampling, dict) else 0
+    return bool(c.session_id) and bool(c.parent_id or c.session_id != c.completion_id or tools)
 
 
 @dataclass
@@ -109,7 +121,7 @@ class Joiner:
             orphan = self.orphans.pop(key, None)
             if orphan is not None:
                 return [self._sample(event, orphan)]
-            if event.session_id:
+            if _is_turn(event):
                 skey = (event.tenant, event.session_id)
                 closed = self.closed.get(skey)
                 if closed is not None and event.ts <= closed[0].ts:  # a turn its session's outcome overtook
@@ -127,6 +139,8 @@ class Joiner:
         completion = self.pending.pop(key, None)
         if completion is None:
             completion = self.turns.pop(key, None)
+            if completion is not None:
+                self._forget(key, completion)
         if completion is not None:
             return [self._sample(completion, event)]
         if key in self.judged or key in self.orphans:
@@ -152,11 +166,28 @@ class Joiner:
             return []
         waiting = [self.turns.pop(k) for k in self.sessions.pop(skey, []) if k in self.turns]
         waiting.sort(key=lambda c: c.ts)
-        self.closed[skey] = [f, len(waiting)]
-        if waiting:
+        # With n > 1, a turn's other choices are alternatives the agent did not continue from: when a later
+        # turn names one choice as its parent, only that one carries the outcome (a last turn's all do).
+        parents = {c.parent_id for c in waiting if c.parent_id}
+        continued = {p.rsplit(":", 1)[0] for p in parents}
+        used = [c for c in waiting if c.completion_id not in continued
+                or self._key(c.completion_id, c.choice_index) in parents]
+        self.stats.no_signal += len(waiting) - len(used)
+        self.closed[skey] = [f, len(used)]
+        if used:
             self.stats.session_feedback += 1
-        d, n = self.cfg.turn_discount, len(waiting)
-        return [self._turn_sample(c, f, d ** (n - 1 - k)) for k, c in enumerate(waiting)]
+        order = {cid: k for k, cid in enumerate(dict.fromkeys(c.completion_id for c in used))}
+        d, n = self.cfg.turn_discount, len(order)
+        return [self._turn_sample(c, f, d ** (n - 1 - order[c.completion_id])) for c in used]
+
+    def _forget(self, key: str, c: ev.CompletionEvent) -> None:
+        """A turn no longer waits (judged on its own, or expired): out of its session's list."""
+        skey = (c.tenant, c.session_id)
+        left = [k for k in self.sessions.get(skey, []) if k != key and k in self.turns]
+        if left:
+            self.sessions[skey] = left
+        else:
+            self.sessions.pop(skey, None)
 
     def _turn_sample(self, c: ev.CompletionEvent, f: ev.FeedbackEvent, weight: float) -> Sample:
         self.stats.session_turns += 1
@@ -180,12 +211,7 @@ class Joiner:
                 break
             self.turns.popitem(last=False)
             self.stats.no_signal += 1
-            skey = (c.tenant, c.session_id)
-            left = [k for k in self.sessions.get(skey, []) if k != key]
-            if left:
-                self.sessions[skey] = left
-            else:
-                self.sessions.pop(skey, None)
+            self._forget(key, c)
         while self.closed:
             skey, (f, joined) = next(iter(self.closed.items()))
             if self.now - f.ts <= self.cfg.orphan_wait_s:

@@ -106,6 +106,7 @@ class Gateway:
         state.mkdir(parents=True, exist_ok=True)
         self.ids = CompletionIds(load_or_create_secret(state / "id_secret"))
         self.first_feedback = FirstFeedback()
+        self.first_session_feedback = FirstFeedback(capacity=200_000)
         self.sessions = Sessions()
         self._durable: collections.deque = collections.deque()  # futures on disk, for the loop to resolve
         self.pool = ReplicaPool(cfg.replicas, cfg.pool)
@@ -202,6 +203,13 @@ class Gateway:
         if given is not None and (not given.isascii() or not given.isprintable() or not 0 < len(given) <= MAX_SESSION_ID):
             raise ApiError(400, f"a session id is 1-{MAX_SESSION_ID} printable ASCII characters", param="session_id",
                            code="invalid_value")
+        if given is not None and given.startswith("cmpl-"):  # our ids' shape: only one we issued to this key
+            try:
+                self._check_owner(tenant, given)
+            except ApiError:
+                raise ApiError(400, "a session id that starts with 'cmpl-' must be one this server derived for "
+                               "this API key (name your own sessions otherwise)", param="session_id",
+                               code="invalid_value") from None
         spec.session_hint = given
         return await self._generate(request, tenant, spec)
 
@@ -589,7 +597,9 @@ class Gateway:
 
     async def _log_feedback(self, fb: ev.FeedbackEvent) -> None:
         if fb.session_id:  # a session's outcome: one per session; the canary votes on completions only
-            first = self.first_feedback.first(f"session/{fb.tenant}/{fb.session_id}", -1)
+            # Its own memory: client-named session ids cost nothing to make up, and must not push the
+            # completions' entries (one canary vote each) out of theirs.
+            first = self.first_session_feedback.first(f"{fb.tenant}/{fb.session_id}", -1)
             (self.metrics.session_feedback if first else self.metrics.feedback_repeated).labels(fb.kind).inc()
         elif self.first_feedback.first(fb.completion_id, fb.choice_index):
             self.metrics.feedback.labels(fb.kind).inc()

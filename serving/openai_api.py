@@ -62,7 +62,8 @@ class GenerationSpec:
         """The sampling parameters as logged with each completion event."""
         return {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens,
                 "min_tokens": self.min_tokens, "stop": self.stop, "n": self.n, "seed": self.seed, "presence_penalty": self.presence_penalty,
-                "frequency_penalty": self.frequency_penalty, "fim": self.suffix is not None}
+                "frequency_penalty": self.frequency_penalty, "fim": self.suffix is not None,
+                "tools": len(self.tools.tools) if self.tools is not None and self.tools.active else 0}
 
 
 def parse_json_body(raw: bytes) -> dict:

@@ -103,9 +103,13 @@ class Sessions:
         Earlier means by another request of the session, or twice within this answer; the other choices of
         the same request (n > 1) are alternatives, not earlier calls. The memory is bounded (least recently
         used first out, `max_calls` calls over all sessions) and per gateway process, like the turns."""
-        repeated = 0
+        repeated, here = 0, set()
         for c in calls:
             key = _call_key(tenant, session_id, c["function"]["name"], c["function"]["arguments"])
+            if key in here:  # twice within this answer
+                repeated += 1
+                continue
+            here.add(key)
             first = self._calls.get(key)
             if first is None:
                 self._calls[key] = (completion_id, choice)

@@ -164,6 +164,13 @@ def test_session_feedback_is_checked_and_logged_once(gateway):
         assert status == 200 and body == {"status": "ok", "session_id": derived}
     assert _metric(gateway, "flywheel_gateway_session_feedback_total", "partial") - first == 1
     assert post(url, {"session_id": "my-ide-session-7", "kind": "accept"}, key="key-alice")[0] == 200  # client-named
+    chat = f"{gateway.url}/v1/chat/completions"
+    turn = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    status, body, _ = post(chat, turn, key="key-alice", headers={"X-Session-Id": "cmpl-1-2-3-4"})
+    assert status == 400 and body["error"]["param"] == "session_id"  # our ids' shape, not one we issued
+    assert post(chat, turn, key="key-bob", headers={"X-Session-Id": derived})[0] == 400  # alice's session
+    status, body, _ = post(chat, turn, key="key-alice", headers={"X-Session-Id": derived})
+    assert status == 200 and body["session_id"] == derived
 
 
 def _metric(gateway, name: str, kind: str) -> float:

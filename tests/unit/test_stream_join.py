@@ -141,3 +141,37 @@ def test_feedback_names_a_completion_or_a_session():
                 ev.FeedbackEvent(completion_id="c", choice_index=0, tenant="t", kind="accept", session_id="S")):
         with pytest.raises(ev.SchemaError):
             ev.decode(bad.encode())
+
+
+def test_which_chats_wait_for_their_session_and_leave_nothing_behind():
+    j = Joiner(JoinConfig(window_s=10, session_window_s=100))
+    lone = completion("lone", 1.0, session="lone")  # a plain chat: the gateway names its session after it
+    tools = completion("tooled", 1.0, session="tooled")
+    tools.sampling = {"tools": 3}  # offered tools: the first turn of an agent session
+    follow = completion("next", 2.0, session="lone")
+    follow.parent_id = "lone:0"
+    for c in (lone, tools, follow):
+        j.add(c)
+    assert list(j.pending) == ["lone:0"] and list(j.turns) == ["tooled:0", "next:0"]
+    [own] = j.add(feedback("next", "accept", 3.0))  # judged on its own: out of its session's list too
+    assert own.key == "next:0" and ("t", "lone") not in j.sessions and list(j.sessions) == [("t", "tooled")]
+
+
+def test_only_the_choice_an_agent_continued_from_carries_the_outcome():
+    j = Joiner()
+    first = [completion("one", 1.0, session="S", choice=i) for i in range(2)]  # n = 2
+    second = completion("two", 2.0, session="S")
+    second.parent_id = "one:1"
+    for c in (*first, second):
+        j.add(c)
+    samples = j.add(session_feedback("S", "accept", 3.0))
+    assert [s.key for s in samples] == ["one:1", "two:0"] and j.stats.no_signal == 1
+
+
+def test_a_bad_feedback_record_is_refused_not_a_crash():
+    for bad in (dict(kind="maybe"), dict(score="high"), dict(score=1.5), dict(session_id=["x"])):
+        f = ev.FeedbackEvent(completion_id="", choice_index=0, tenant="t", kind="accept", session_id="S")
+        for k, v in bad.items():
+            setattr(f, k, v)
+        j = Joiner()
+        assert j.add_raw(f.encode()) == [] and j.stats.bad_records == 1

@@ -28,8 +28,8 @@ import numpy as np
 import torch
 import zstandard
 
-from flywheel.paths import REPO_ROOT
-from flywheel.procs import free_port, stop_pid, wait_until
+from flywheel.core.paths import REPO_ROOT
+from flywheel.core.procs import free_port, stop_pid, wait_until
 from weight_sync import codec
 
 THREADS = 2

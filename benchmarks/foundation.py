@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 
 from flywheel import kafka_broker
-from flywheel.paths import flywheel_home
+from flywheel.core.paths import flywheel_home
 from online_rl import bootstrap as B
 from online_rl import tasks
 from serving.replica import ReplicaConfig, start as start_replica

@@ -23,7 +23,7 @@ import aiohttp
 import numpy as np
 
 from flywheel import kafka_broker
-from flywheel.procs import free_port, stop_pid, wait_until
+from flywheel.core.procs import free_port, stop_pid, wait_until
 from online_rl import tasks
 from online_rl.bootstrap import bootstrap
 from serving import gateway_process

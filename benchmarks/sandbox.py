@@ -20,7 +20,7 @@ from pathlib import Path
 
 import psutil
 
-from flywheel.paths import REPO_ROOT, flywheel_home
+from flywheel.core.paths import REPO_ROOT, flywheel_home
 from online_rl import sandbox, tasks
 from tests import hostile_candidates as hc
 

@@ -61,7 +61,7 @@ def _rank(rank: int, size: int, port: int, model_dir: str, samples, out: str) ->
 def update_throughput(model_dir: Path, tmp: Path) -> dict:
     import torch.multiprocessing as mp
 
-    from flywheel.procs import free_port
+    from flywheel.core.procs import free_port
 
     samples = _samples(model_dir, BATCH)
     out = {}

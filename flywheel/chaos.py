@@ -104,7 +104,7 @@ def _get(url: str, timeout: float = 5.0):
 def _killpg(pid: int, timeout: float = 30.0) -> None:
     """kill -9 a server's process group and wait until every member is gone (and the leader reaped), so
     that what restarts it finds its port free and its pid file stale."""
-    from flywheel.procs import pid_alive
+    from flywheel.core.procs import pid_alive
 
     try:
         os.killpg(pid, signal.SIGKILL)
@@ -145,8 +145,8 @@ class Chaos:
                 "--store-url", f.store_url, "--lr", "1e-4", "--threads", "1", "--min-batch", "4"]
 
     def _start_trainer(self) -> None:
-        from flywheel.paths import REPO_ROOT
-        from flywheel.procs import spawn
+        from flywheel.core.paths import REPO_ROOT
+        from flywheel.core.procs import spawn
 
         (self.out / "logs").mkdir(parents=True, exist_ok=True)
         with open(self.out / "logs" / "trainer.log", "ab") as log:
@@ -320,7 +320,7 @@ class Chaos:
         """completion_id -> distinct events in the topic (duplicates by event_id dropped)."""
         from kafka import KafkaConsumer
 
-        from flywheel import events as ev
+        from flywheel.core import events as ev
 
         c = KafkaConsumer(topic, bootstrap_servers=self.fleet.broker.bootstrap, auto_offset_reset="earliest",
                           enable_auto_commit=False, group_id=None, consumer_timeout_ms=5000)
@@ -339,7 +339,7 @@ class Chaos:
         return ids
 
     def check(self) -> dict:
-        from flywheel import events as ev
+        from flywheel.core import events as ev
         from weight_sync.store import Store
 
         fleet = self.fleet
@@ -391,7 +391,7 @@ class Chaos:
         """Stop everything; returns how many processes this run started are still alive after."""
         import psutil
 
-        from flywheel.procs import stop_pid
+        from flywheel.core.procs import stop_pid
 
         if self.pop is not None:
             self.pop.stop()

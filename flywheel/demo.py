@@ -47,8 +47,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _trainer(cfg: DemoConfig, fleet, model: Path, out: Path) -> subprocess.Popen:
-    from flywheel.paths import REPO_ROOT
-    from flywheel.procs import spawn
+    from flywheel.core.paths import REPO_ROOT
+    from flywheel.core.procs import spawn
 
     cmd = [sys.executable, "-m", "flywheel", "train", "--model", str(model), "--work-dir", str(out / "trainer"),
            "--kafka", fleet.broker.bootstrap, "--publish-interval", str(cfg.publish_interval_s),
@@ -77,7 +77,7 @@ def _line(t0: float, pop, fleet) -> str:
 def run(cfg: DemoConfig) -> int:
     from flywheel import demo_report
     from flywheel.local_fleet import LocalFleet, LocalFleetConfig
-    from flywheel.procs import stop_pid
+    from flywheel.core.procs import stop_pid
     from loadtests.population import Population, PopulationConfig
     from online_rl.bootstrap import bootstrap, report
     from weight_sync.store import Store

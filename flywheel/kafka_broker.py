@@ -7,8 +7,6 @@ under $FLYWHEEL_HOME/kafka/<version>/libs. The broker keeps its pid, ports and l
 from __future__ import annotations
 
 import base64
-import contextlib
-import logging
 import os
 import re
 import shutil
@@ -20,8 +18,9 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flywheel.paths import flywheel_home
-from flywheel.procs import free_port, identity, read_state, same_process, spawn, stop_recorded, tail, wait_until, write_state
+from flywheel.core.kafka_admin import quiet_kafka
+from flywheel.core.paths import flywheel_home
+from flywheel.core.procs import free_port, identity, read_state, same_process, spawn, stop_recorded, tail, wait_until, write_state
 
 POM = Path(__file__).resolve().parent / "kafka_maven" / "pom.xml"
 STATE_FILE = "broker.json"  # present while a broker runs
@@ -157,19 +156,6 @@ def _java() -> str:
     return java
 
 
-@contextlib.contextmanager
-def quiet_kafka():
-    """Silence kafka-python's logging for a block whose failures are expected and handled by the caller
-    (probing a broker that is still starting, a short-lived consumer that is closed mid-refresh)."""
-    log = logging.getLogger("kafka")
-    level = log.level
-    log.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        log.setLevel(level)
-
-
 def metadata_ok(bootstrap: str, timeout_s: float = 5.0) -> bool:
     """True when the broker answers a metadata request (and reports itself as a live node)."""
     from kafka import KafkaAdminClient
@@ -246,34 +232,3 @@ def start(cfg: BrokerConfig | None = None, die_with_parent: bool = True) -> Brok
         raise RuntimeError(f"{e}\n--- broker.stdout ---\n{tail(data_dir / 'broker.stdout')}\n"
                            f"--- broker.log ---\n{tail(log_file)}") from None
     return broker
-
-
-def ensure_topics(bootstrap: str, partitions: int = 4) -> None:
-    """Create the event and weights topics if they are missing (weights: one partition, one order), so
-    the first producer does not race the broker's auto-creation."""
-    from kafka.admin import KafkaAdminClient, NewTopic
-    from kafka.errors import TopicAlreadyExistsError
-
-    from flywheel import events as ev
-
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="flywheel-topics")
-    try:
-        existing = set(admin.list_topics())
-        # The weights topic is never aged out: a new agent replays every decision (a pin from last year
-        # included), and its records are a few hundred bytes per version.
-        want = [NewTopic(ev.TOPIC_COMPLETIONS, partitions, 1), NewTopic(ev.TOPIC_FEEDBACK, partitions, 1),
-                NewTopic(ev.TOPIC_WEIGHTS, 1, 1, topic_configs={"retention.ms": "-1", "retention.bytes": "-1"}),
-                NewTopic(ev.TOPIC_DEADLETTER, 1, 1)]
-        missing = [t for t in want if t.name not in existing]
-        if missing:
-            try:
-                admin.create_topics(missing)
-            except TopicAlreadyExistsError:
-                pass
-        if ev.TOPIC_WEIGHTS in existing:  # made before this rule (or auto-created): set it now
-            from kafka.admin import ConfigResource, ConfigResourceType
-
-            admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, ev.TOPIC_WEIGHTS,
-                                                configs={"retention.ms": "-1", "retention.bytes": "-1"})])
-    finally:
-        admin.close()

@@ -14,8 +14,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flywheel.paths import REPO_ROOT
-from flywheel.procs import free_port, spawn, stop_pid, tail, wait_until
+from flywheel.core.paths import REPO_ROOT
+from flywheel.core.procs import free_port, spawn, stop_pid, tail, wait_until
 
 
 @dataclass
@@ -106,10 +106,11 @@ class LocalFleet:
 
     def start_broker(self) -> None:
         from flywheel import kafka_broker
+        from flywheel.core.kafka_admin import ensure_topics
 
         t = time.monotonic()
         self.broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=self.out / "kafka"))
-        kafka_broker.ensure_topics(self.broker.bootstrap)
+        ensure_topics(self.broker.bootstrap)
         self.say(f"kafka   {self.broker.bootstrap}  (pid {self.broker.pid}, ready in {time.monotonic() - t:.1f}s)")
 
     def stop_broker(self) -> None:
@@ -135,7 +136,7 @@ class LocalFleet:
                 "FLYWHEEL_LOADTEST_KEYS": ",".join(self.keys.values())}
 
     def admin(self, method: str, path: str) -> dict:
-        from flywheel.admin_client import admin_call
+        from flywheel.core.admin_client import admin_call
 
         return admin_call(self.gateway.url, self.cfg.admin_token, method, path)
 

@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable
 
-from flywheel.events import parse_version
+from flywheel.core.events import parse_version
 from online_rl import sandbox, tasks
 from online_rl.agent_episodes import ASKS, PATHS, openai_tools
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 from locust import FastHttpUser, between, events, task
 
-from flywheel.events import parse_version
+from flywheel.core.events import parse_version
 from loadtests.population import HouseStyle
 from online_rl import tasks
 

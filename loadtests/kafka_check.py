@@ -22,8 +22,8 @@ def all_delivered(gateway: str, bootstrap: str, completion_ids: set[str], since:
     (by completion) and every agent session (by session id)."""
     from kafka import KafkaConsumer, TopicPartition
 
-    from flywheel import events as ev
-    from flywheel.kafka_broker import quiet_kafka
+    from flywheel.core import events as ev
+    from flywheel.core.kafka_admin import quiet_kafka
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and _spool_pending(gateway) > 0:

@@ -18,7 +18,7 @@ import time
 import urllib.request
 from dataclasses import asdict, dataclass
 
-from flywheel.events import parse_version
+from flywheel.core.events import parse_version
 from online_rl import sandbox, tasks
 
 

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from flywheel.paths import REPO_ROOT
+from flywheel.core.paths import REPO_ROOT
 
 SCENARIOS = {"steady": "steady.py", "hot-switch": "hot_switch.py", "rollback": "rollback.py",
              "broker-outage": "broker_outage.py"}

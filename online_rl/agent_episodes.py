@@ -13,7 +13,7 @@ An episode is one chat with three tools, built from a synthetic task (online_rl.
 
 The environment is simulated but honest: the file holds the task's prompt, and the test result is what
 the written body does on the task's test inputs. Each assistant turn is its own corpus document, the
-prompt exactly as serving renders the conversation at that point (flywheel.tool_format, the same code)
+prompt exactly as serving renders the conversation at that point (flywheel.core.tool_format, the same code)
 followed by the turn and <|endoftext|>, because at serving a turn ends at end-of-text and the tool
 result comes from the client. A share of the calls is deliberately imperfect (broken JSON, a missing
 required argument, an unknown tool), so the base model makes malformed calls sometimes and RL has room.
@@ -28,7 +28,7 @@ import functools
 import random
 from dataclasses import dataclass
 
-from flywheel import tool_format as tf
+from flywheel.core import tool_format as tf
 from online_rl.tasks import EOS, Task
 
 PATH = {"type": "string"}
@@ -86,7 +86,7 @@ def _failures(task: Task, body: str) -> int:
 
 
 def episode(task: Task, body: str, path: str, ask: str) -> tuple[list[dict], list[Turn]]:
-    """The conversation (messages as flywheel.tool_format renders them) and its four assistant turns."""
+    """The conversation (messages as flywheel.core.tool_format renders them) and its four assistant turns."""
     calls = [("read_file", {"path": path}), ("write_file", {"path": path, "content": task.prompt + body}),
              ("run_tests", {"path": path})]
     results = [task.prompt, "ok", run_tests(task, body)]
@@ -146,7 +146,7 @@ def _validators() -> dict:
 
 
 def call_outcome(text: str) -> str:
-    """How serving would read `text` as an answer to a request with TOOLS (flywheel.tool_format.read_calls,
+    """How serving would read `text` as an answer to a request with TOOLS (flywheel.core.tool_format.read_calls,
     the same rules): valid | malformed | unknown_tool | none (no call)."""
     validators = _validators()
 

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flywheel import tool_format as TF
+from flywheel.core import tool_format as TF
 from online_rl import tasks as T
 from online_rl.model import ModelConfig
 
@@ -104,7 +104,7 @@ def cache_key(cfg: BootstrapConfig) -> str:
 
 
 def cached_dir(cfg: BootstrapConfig) -> Path:
-    from flywheel.paths import flywheel_home
+    from flywheel.core.paths import flywheel_home
 
     return flywheel_home() / "models" / f"{cfg.preset}-seed{cfg.seed}-{cache_key(cfg)}"
 
@@ -191,7 +191,7 @@ def train_model(cfg: BootstrapConfig, ids: list[int], learn: list[bool] | None =
 
     import torch
 
-    from flywheel.progress import bar as progress_bar
+    from flywheel.core.progress import bar as progress_bar
     from online_rl.model import MoECoder
 
     torch.manual_seed(cfg.seed)
@@ -238,7 +238,7 @@ def evaluate(model, tok, cfg: BootstrapConfig, progress: bool = True) -> dict:
     """Pass rate on held-out tasks (never in the corpus): greedy, and per sample at temperature 1."""
     import torch
 
-    from flywheel.progress import bar as progress_bar
+    from flywheel.core.progress import bar as progress_bar
     from online_rl import sandbox
 
     held = T.tasks("heldout", cfg.seed, cfg.corpus.heldout_share)
@@ -274,7 +274,7 @@ def evaluate_agent(model, tok, cfg: BootstrapConfig, held: list, progress: bool 
     judged by serving's rules (agent_episodes.call_outcome). Greedy, and per sample at temperature 1."""
     import torch
 
-    from flywheel.progress import bar as progress_bar
+    from flywheel.core.progress import bar as progress_bar
     from online_rl import agent_episodes as A
 
     rng = random.Random(cfg.seed)

@@ -96,7 +96,7 @@ def _numerics(args) -> int:
 
 
 def _train(args) -> int:
-    from flywheel.paths import flywheel_home
+    from flywheel.core.paths import flywheel_home
     from online_rl.bootstrap import bootstrap
     from online_rl.loss import LossConfig
     from online_rl.offpeak import OffPeakConfig

@@ -21,7 +21,7 @@ import time
 import urllib.error
 from dataclasses import dataclass, field
 
-from flywheel.admin_client import admin_call
+from flywheel.core.admin_client import admin_call
 
 log = logging.getLogger(__name__)
 

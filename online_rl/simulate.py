@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from flywheel import events as ev
+from flywheel.core import events as ev
 from online_rl import tasks
 from online_rl.model import MoECoder, token_logprobs
 

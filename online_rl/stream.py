@@ -29,7 +29,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from flywheel import events as ev
+from flywheel.core import events as ev
 from online_rl.samples import RewardTable, Sample
 
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flywheel import control
-from flywheel import events as ev
+from flywheel.core import control
+from flywheel.core import events as ev
 from kernels import batch_invariant as bi
 from online_rl import sandbox
 from online_rl.checkpoints import Checkpoints
@@ -226,7 +226,7 @@ class Trainer:
         if self._consumer is None and self.cfg.kafka_bootstrap:
             from kafka import KafkaConsumer, TopicPartition
 
-            from flywheel.kafka_broker import ensure_topics
+            from flywheel.core.kafka_admin import ensure_topics
 
             ensure_topics(self.cfg.kafka_bootstrap)  # weights too: a rollback announced later must reach us
             c = KafkaConsumer(bootstrap_servers=self.cfg.kafka_bootstrap, group_id=self.cfg.group_id,
@@ -539,7 +539,7 @@ def run_distributed(cfg: TrainerConfig, nproc: int) -> None:
     """`flywheel train --nproc N`: N ranks over gloo on this machine."""
     import torch.multiprocessing as mp
 
-    from flywheel.procs import free_port
+    from flywheel.core.procs import free_port
 
     if nproc <= 1:
         Trainer(cfg).run()

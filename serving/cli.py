@@ -108,7 +108,7 @@ def _status(args) -> int:
 
 
 def _serve(args) -> int:
-    from flywheel.paths import flywheel_home
+    from flywheel.core.paths import flywheel_home
     from serving.gateway import GatewayConfig, run
     from serving.replica import running
 
@@ -132,7 +132,7 @@ def _serve(args) -> int:
 
 
 def _keys_add(args) -> int:
-    from flywheel.paths import flywheel_home
+    from flywheel.core.paths import flywheel_home
     from serving.auth import add_key
 
     path = args.keys_file or flywheel_home() / "gateway" / "keys.json"
@@ -144,7 +144,7 @@ def _keys_add(args) -> int:
 def _fleet(args) -> int:
     import urllib.error
 
-    from flywheel.admin_client import admin_call
+    from flywheel.core.admin_client import admin_call
 
     if not args.admin_token:
         raise ValueError("the admin token is needed: --admin-token or FLYWHEEL_ADMIN_TOKEN")

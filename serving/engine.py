@@ -11,7 +11,7 @@ import aiohttp
 import numpy as np
 import orjson
 
-from flywheel import events as ev
+from flywheel.core import events as ev
 
 
 class EngineUnavailable(Exception):

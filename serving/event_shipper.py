@@ -41,7 +41,7 @@ def _producer(cfg):
 def dead_letter(spool_dir: Path, topic: str, key: str, value: bytes) -> tuple[str, bytes]:
     """Keep an oversize event whole on disk (fsynced; named by its content, so a retry writes the same
     file) and return the stub that goes to the dead-letter topic in its place."""
-    from flywheel.events import TOPIC_DEADLETTER
+    from flywheel.core.events import TOPIC_DEADLETTER
 
     d = Path(spool_dir) / "deadletter"
     d.mkdir(exist_ok=True)

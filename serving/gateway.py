@@ -25,7 +25,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from flywheel import events as ev
+from flywheel.core import events as ev
 from serving import engine
 from serving.auth import CompletionIds, KeyStore, Tenant, admin_ok, bearer, load_or_create_secret
 from serving.canary_split import CanarySplit

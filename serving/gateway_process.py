@@ -8,8 +8,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from flywheel.paths import REPO_ROOT
-from flywheel.procs import free_port, spawn, stop_pid, tail, wait_until
+from flywheel.core.paths import REPO_ROOT
+from flywheel.core.procs import free_port, spawn, stop_pid, tail, wait_until
 
 
 @dataclass

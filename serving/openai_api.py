@@ -225,7 +225,7 @@ def render_chat(messages: list[dict], tools=None) -> str:
     """Our coder has no chat template: a conversation becomes a Python comment block, and the
     assistant's reply is the code that follows it. Tools (serving.tool_calls) add a `# tools:` line per
     function; calls and tool results are written in the Qwen format, as the model writes and reads them."""
-    from flywheel import tool_format as tf
+    from flywheel.core import tool_format as tf
     from serving import tool_calls as tc
 
     return tf.render_chat(messages, tc.tools_header(tools) if tools is not None and tools.active else [])

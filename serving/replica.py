@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flywheel.paths import REPO_ROOT, flywheel_home
-from flywheel.procs import (free_port, identity, pid_alive, read_state, same_process, spawn, stop_recorded, tail,
+from flywheel.core.paths import REPO_ROOT, flywheel_home
+from flywheel.core.procs import (free_port, identity, pid_alive, read_state, same_process, spawn, stop_recorded, tail,
                             wait_until, write_state)
 
 CPU_FLAGS = ["--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",

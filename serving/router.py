@@ -17,7 +17,7 @@ from enum import Enum
 
 import aiohttp
 
-from flywheel.events import parse_version
+from flywheel.core.events import parse_version
 
 log = logging.getLogger(__name__)
 

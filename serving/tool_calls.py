@@ -8,7 +8,7 @@ The model writes calls in the Qwen format, one JSON object per call:
     </tool_call>
 
 and reads tool results as `<tool_response>` blocks (the text format itself, shared with online_rl's corpus,
-is flywheel.tool_format). Our coder has no chat template (serving.openai_api
+is flywheel.core.tool_format). Our coder has no chat template (serving.openai_api
 renders a conversation as a comment block); tools join it as one `# tools:` line per function with its
 parameters, so a tool list costs tokens in proportion to what it says.
 
@@ -38,9 +38,9 @@ from jsonschema.exceptions import SchemaError, ValidationError
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
-from flywheel import tool_format as tf
+from flywheel.core import tool_format as tf
 # The format names serving used to define: kept importable from here.
-from flywheel.tool_format import (CALL_CLOSE, CALL_OPEN, RESPONSE_CLOSE, RESPONSE_OPEN,  # noqa: F401
+from flywheel.core.tool_format import (CALL_CLOSE, CALL_OPEN, RESPONSE_CLOSE, RESPONSE_OPEN,  # noqa: F401
                                   call_text, response_text)
 from serving.openai_api import ApiError
 

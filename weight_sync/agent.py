@@ -25,8 +25,8 @@ from pathlib import Path
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from flywheel import control
-from flywheel.events import TOPIC_WEIGHTS
+from flywheel.core import control
+from flywheel.core.events import TOPIC_WEIGHTS
 from weight_sync import codec
 from weight_sync.checkpoint import CheckpointReader, CheckpointWriter, config_digest
 from weight_sync.fetch import FetchError, StoreClient

@@ -31,9 +31,9 @@ import urllib.error
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
-from flywheel import control
-from flywheel.admin_client import admin_call
-from flywheel.events import TOPIC_WEIGHTS
+from flywheel.core import control
+from flywheel.core.admin_client import admin_call
+from flywheel.core.events import TOPIC_WEIGHTS
 from weight_sync.manifest import load_private
 from weight_sync.publish import PublishConfig, activate
 

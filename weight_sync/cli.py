@@ -9,7 +9,7 @@ from pathlib import Path
 
 
 def _home() -> Path:
-    from flywheel.paths import flywheel_home
+    from flywheel.core.paths import flywheel_home
 
     return flywheel_home() / "weights"
 

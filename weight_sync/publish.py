@@ -10,9 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from flywheel import control
-from flywheel.events import TOPIC_WEIGHTS
-from flywheel.progress import bar
+from flywheel.core import control
+from flywheel.core.events import TOPIC_WEIGHTS
+from flywheel.core.progress import bar
 from weight_sync import codec
 from weight_sync.checkpoint import SIDE_FILES, CheckpointReader, config_digest, weight_files
 from weight_sync.manifest import Manifest, TensorEntry, announcement, key_id, load_private, sign
@@ -70,7 +70,7 @@ def _kafka_send(bootstrap: str, value: bytes, timeout_s: float = 30.0) -> None:
 
 def _send_control(cfg: PublishConfig, store: Store, record: dict, timeout_s: float = 30.0,
                   keep: bool = False) -> dict:
-    """Number, sign and send one control record (flywheel.control) under the store's sequence lock; with
+    """Number, sign and send one control record (flywheel.core.control) under the store's sequence lock; with
     keep, record it in the store first (a decision retention must honour even if the send then fails)."""
     key = load_private(cfg.private_key)
     with store.sequence() as seq:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from flywheel.events import parse_version
+from flywheel.core.events import parse_version
 
 MODES = ("drain", "no_pause", "retract")
 DRAIN_LEASE_S = 30.0  # an agent's drain lapses unless renewed: a dead agent never leaves a replica draining

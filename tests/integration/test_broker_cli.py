@@ -7,7 +7,7 @@ import sys
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
 
-from flywheel.paths import REPO_ROOT
+from flywheel.core.paths import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from flywheel.local_fleet import LocalFleet, LocalFleetConfig
-from flywheel.procs import wait_until
+from flywheel.core.procs import wait_until
 from loadtests import versions
 from loadtests.population import HouseStyle, Population, PopulationConfig
 from weight_sync.canary import CanaryConfig, CanaryController
@@ -24,8 +24,8 @@ pytestmark = pytest.mark.timeout(900)
 def _arms_in_kafka(bootstrap: str) -> dict[str, int]:
     from kafka import KafkaConsumer
 
-    from flywheel import events as ev
-    from flywheel.kafka_broker import quiet_kafka
+    from flywheel.core import events as ev
+    from flywheel.core.kafka_admin import quiet_kafka
 
     counts: dict[str, int] = {}
     deadline = time.monotonic() + 60
@@ -103,7 +103,7 @@ def test_better_promoted_worse_rolled_back_neutral_promoted(test_model, tmp_path
 def test_trainer_stops_learning_from_a_rolled_back_version(test_model, tmp_path):
     import json
 
-    from flywheel import control
+    from flywheel.core import control
     from online_rl.samples import Sample
     from online_rl.trainer import Trainer, TrainerConfig
     from weight_sync.manifest import generate_key, load_private

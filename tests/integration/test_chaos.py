@@ -35,8 +35,8 @@ def test_an_interrupted_chaos_run_leaves_no_mount_and_no_process(tmp_path):
     import time
 
     from flywheel.chaos import _mount_tmpfs, _mounts_under
-    from flywheel.paths import REPO_ROOT
-    from flywheel.procs import pid_alive
+    from flywheel.core.paths import REPO_ROOT
+    from flywheel.core.procs import pid_alive
 
     out = tmp_path / "chaos"
     _mount_tmpfs(out / "gateway" / "spool", 1)  # as a run killed with SIGKILL leaves it

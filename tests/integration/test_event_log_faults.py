@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from flywheel.procs import wait_until
+from flywheel.core.procs import wait_until
 from serving import event_shipper as sh
 from serving.event_log import EventLog, EventLogConfig
 from serving.event_spool import Spool
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def wait_for(cond, timeout=30.0) -> bool:
-    """flywheel.procs.wait_until, as a truth value for assert."""
+    """flywheel.core.procs.wait_until, as a truth value for assert."""
     try:
         wait_until(cond, timeout, interval=0.05)
     except TimeoutError:
@@ -77,8 +77,8 @@ def test_a_full_disk_holds_events_in_the_queue_until_it_has_room(small_fs):
 
 
 def test_an_oversize_event_is_dead_lettered_and_the_stream_goes_on(kafka_bootstrap, tmp_path):
-    from flywheel import events as ev
-    from flywheel.kafka_broker import ensure_topics
+    from flywheel.core import events as ev
+    from flywheel.core.kafka_admin import ensure_topics
 
     ensure_topics(kafka_bootstrap)
     topic = f"test-eventlog-{uuid.uuid4().hex[:8]}"
@@ -149,7 +149,7 @@ def test_a_gateway_killed_mid_traffic_loses_no_event_it_answered_for(replica, te
 
     import openai
 
-    from flywheel import events as ev
+    from flywheel.core import events as ev
     from serving import gateway_process
 
     gw = gateway_process.start([replica.url], test_model, tmp_path / "gw", keys={"alice": "key-a"})

@@ -10,8 +10,8 @@ import openai
 import pytest
 from kafka import KafkaConsumer
 
-from flywheel import events as ev
-from flywheel.procs import free_port
+from flywheel.core import events as ev
+from flywheel.core.procs import free_port
 from serving import gateway_process
 from tests.helpers import GATEWAY_ADMIN, GATEWAY_KEYS, get, post
 

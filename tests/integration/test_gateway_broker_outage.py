@@ -11,7 +11,7 @@ import openai
 import pytest
 from kafka import KafkaConsumer
 
-from flywheel import events as ev
+from flywheel.core import events as ev
 from flywheel import kafka_broker
 from serving import gateway_process
 

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from flywheel.paths import REPO_ROOT
-from flywheel.procs import identity, pid_alive, same_process, stop_recorded, write_state
+from flywheel.core.paths import REPO_ROOT
+from flywheel.core.procs import identity, pid_alive, same_process, stop_recorded, write_state
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -81,7 +81,7 @@ def test_a_pid_file_whose_pid_was_reused_kills_nobody(tmp_path):
 
 LEADER = """
 import subprocess, sys, time
-from flywheel.procs import spawn
+from flywheel.core.procs import spawn
 # A server whose leader dies on SIGTERM but leaves a child that ignores it (multiprocessing's resource
 # tracker does; SGLang leaves it when interrupted while starting).
 server = spawn([sys.executable, "-c", "import signal, subprocess, sys, time; subprocess.Popen([sys.executable, "
@@ -114,7 +114,7 @@ def test_a_child_that_ignores_sigterm_dies_with_the_parent_of_its_server(tmp_pat
 
 
 def test_the_group_guard_leaves_when_its_server_is_stopped():
-    from flywheel.procs import spawn, stop_pid
+    from flywheel.core.procs import spawn, stop_pid
 
     server = spawn(["sleep", "600"])
     assert server.guard.poll() is None

@@ -7,7 +7,7 @@ import uuid
 import numpy as np
 import pytest
 
-from flywheel.paths import REPO_ROOT
+from flywheel.core.paths import REPO_ROOT
 from online_rl.numerics import measure
 from online_rl.rollouts import RolloutConfig, RolloutSource
 from tests.helpers import GATEWAY_ADMIN, post
@@ -48,7 +48,7 @@ def test_rollouts_are_grouped_judged_and_tagged(gateway, test_model, kafka_boots
     assert post(f"{gateway.url}/admin/rollouts", {"prompt": "def f(x):\n", "n": 1}, key="key-alice")[0] == 401
     from kafka import KafkaConsumer
 
-    from flywheel import events as ev
+    from flywheel.core import events as ev
 
     consumer = KafkaConsumer(ev.TOPIC_COMPLETIONS, bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest",
                              group_id=f"t-{uuid.uuid4().hex[:6]}", consumer_timeout_ms=5000)

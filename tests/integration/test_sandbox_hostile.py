@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 import psutil
 import pytest
 
-from flywheel.paths import REPO_ROOT, flywheel_home
+from flywheel.core.paths import REPO_ROOT, flywheel_home
 from online_rl import sandbox
 from tests import hostile_candidates as hc
 from tests.hostile_candidates import fingerprint

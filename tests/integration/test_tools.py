@@ -133,7 +133,7 @@ def test_a_multi_turn_session_is_linked_in_the_completion_events(gateway, kafka_
 
     from kafka import KafkaConsumer
 
-    from flywheel import events as ev
+    from flywheel.core import events as ev
 
     client = _client(gateway)
     first = client.chat.completions.create(model="flywheel-coder", messages=MESSAGES, max_completion_tokens=8)
@@ -173,7 +173,7 @@ def test_an_agent_session_is_joined_and_trained_with_tool_results_masked(gateway
     from kafka import KafkaConsumer
     from tokenizers import Tokenizer
 
-    from flywheel import events as ev
+    from flywheel.core import events as ev
     from online_rl.loss import LossConfig, make_batch
     from online_rl.model import load_pretrained
     from online_rl.stream import Joiner

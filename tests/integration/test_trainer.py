@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from flywheel import kafka_broker
-from flywheel.paths import REPO_ROOT
+from flywheel.core.paths import REPO_ROOT
 from online_rl.loss import LossConfig, advantages
 from online_rl.model import load_pretrained
 from online_rl.samples import Sample
@@ -147,7 +147,7 @@ def _one_update(rank: int, size: int, port: int, model_dir: str, samples, adv, o
 def test_two_ranks_make_the_same_update_as_one(test_model, tmp_path):
     import torch.multiprocessing as mp
 
-    from flywheel.procs import free_port
+    from flywheel.core.procs import free_port
 
     tok = _tok(test_model)
     model = load_pretrained(test_model)
@@ -186,7 +186,7 @@ def test_publish_hands_a_delta_to_weight_sync(broker, test_model, tmp_path):
     import aiohttp
     from safetensors.torch import load_file
 
-    from flywheel.procs import free_port, stop_pid, wait_until
+    from flywheel.core.procs import free_port, stop_pid, wait_until
     from tests.helpers import get
     from weight_sync.agent import Agent, AgentConfig
     from weight_sync.fetch import StoreClient
@@ -214,8 +214,8 @@ def test_publish_hands_a_delta_to_weight_sync(broker, test_model, tmp_path):
     # Killed between committing v2 and announcing it: the next trainer announces v2 before anything else.
     from kafka import KafkaConsumer
 
-    from flywheel import control
-    from flywheel.events import TOPIC_WEIGHTS
+    from flywheel.core import control
+    from flywheel.core.events import TOPIC_WEIGHTS
     from weight_sync.manifest import load_private
     from weight_sync.publish import publish
 
@@ -261,7 +261,7 @@ def test_publish_hands_a_delta_to_weight_sync(broker, test_model, tmp_path):
 
 
 def test_join_windows_and_duplicates_against_the_broker(broker, test_model, tmp_path):
-    from flywheel import events as ev
+    from flywheel.core import events as ev
 
     tok = _tok(test_model)
     model = load_pretrained(test_model)

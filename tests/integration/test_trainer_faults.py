@@ -12,9 +12,9 @@ import threading
 import pytest
 import torch
 
-from flywheel import events as ev
+from flywheel.core import events as ev
 from flywheel import kafka_broker
-from flywheel.procs import wait_until
+from flywheel.core.procs import wait_until
 from online_rl import rollouts as rollouts_mod
 from online_rl.failures import RetryConfig
 from online_rl.model import load_pretrained
@@ -35,7 +35,7 @@ def weights_records(bootstrap: str, public_key) -> list[dict]:
     """The weights topic from its start, each record verified."""
     from kafka import KafkaConsumer, TopicPartition
 
-    from flywheel import control
+    from flywheel.core import control
 
     c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=3000)
     try:

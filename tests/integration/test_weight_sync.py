@@ -16,8 +16,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from flywheel.paths import REPO_ROOT
-from flywheel.procs import free_port, stop_pid, wait_until
+from flywheel.core.paths import REPO_ROOT
+from flywheel.core.procs import free_port, stop_pid, wait_until
 from serving import gateway_process
 from tests.helpers import GATEWAY_ADMIN, get, post
 from weight_sync.agent import Agent, AgentConfig
@@ -83,7 +83,7 @@ def completion_events(bootstrap: str, ids: set[str], timeout_s: float = 60.0) ->
 
     from kafka import KafkaConsumer
 
-    from flywheel import events as ev
+    from flywheel.core import events as ev
 
     consumer = KafkaConsumer(ev.TOPIC_COMPLETIONS, bootstrap_servers=bootstrap, group_id=f"t-{uuid.uuid4().hex[:6]}",
                              auto_offset_reset="earliest", enable_auto_commit=False)
@@ -324,7 +324,7 @@ def test_a_transient_apply_failure_is_retried_and_its_offset_not_committed(weigh
     from kafka import KafkaConsumer, TopicPartition
 
     from flywheel import kafka_broker
-    from flywheel.events import TOPIC_WEIGHTS
+    from flywheel.core.events import TOPIC_WEIGHTS
     from tests.helpers import TcpProxy
 
     broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=tmp_path / "kafka"))
@@ -344,7 +344,7 @@ def test_a_transient_apply_failure_is_retried_and_its_offset_not_committed(weigh
             c.close()
 
     try:
-        from flywheel.kafka_broker import ensure_topics
+        from flywheel.core.kafka_admin import ensure_topics
 
         ensure_topics(broker.bootstrap)
         thread.start()
@@ -373,12 +373,14 @@ def test_the_agent_acts_only_on_signed_fresh_records(weights, second_replica, tm
     plain garbage on the weights topic is counted and skipped, and the agent keeps following real ones."""
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-    from flywheel import control, kafka_broker
-    from flywheel.events import TOPIC_WEIGHTS
+    from flywheel import kafka_broker
+    from flywheel.core import control
+    from flywheel.core.events import TOPIC_WEIGHTS
+    from flywheel.core.kafka_admin import ensure_topics
     from weight_sync.manifest import load_private
 
     broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=tmp_path / "kafka"))
-    kafka_broker.ensure_topics(broker.bootstrap)
+    ensure_topics(broker.bootstrap)
     cfg = PublishConfig(store=weights["root"] / "store", private_key=weights["root"] / "signing.pem",
                         kafka_bootstrap=broker.bootstrap)
     agent = Agent(AgentConfig(name="guarded", replica_url=second_replica.url, store_url=weights["url"],

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from flywheel import control
+from flywheel.core import control
 from weight_sync.manifest import generate_key, load_private
 
 

@@ -2,7 +2,7 @@
 import subprocess
 import sys
 
-from flywheel.paths import REPO_ROOT
+from flywheel.core.paths import REPO_ROOT
 
 
 def test_apply_patches_sglang_allocator_and_provides_vllm_stub():

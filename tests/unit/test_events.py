@@ -3,7 +3,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from flywheel import events as ev
+from flywheel.core import events as ev
 
 
 def _completion():

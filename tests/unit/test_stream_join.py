@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from flywheel import events as ev
+from flywheel.core import events as ev
 from online_rl.samples import LengthPenalty, RewardTable
 from online_rl.stream import JoinConfig, Joiner
 

@@ -1,4 +1,4 @@
-"""Guard of one server's process group: `python -I -S group_guard.py PGID` (started by flywheel.procs.spawn).
+"""Guard of one server's process group: `python -I -S group_guard.py PGID` (started by flywheel.core.procs.spawn).
 
 The parent's death signal (setpriv --pdeathsig) reaches only the server's group leader. What the leader
 leaves behind when it dies during start-up, or by a signal it does not clean up after, stays: SGLang's

@@ -18,7 +18,7 @@ def spawn(cmd: list[str], die_with_parent: bool = True, **kw) -> subprocess.Pope
     die_with_parent it gets SIGTERM when the process that started it ends, however that ends (kill -9, a
     second Ctrl-C in pytest, an OOM kill): util-linux `setpriv --pdeathsig` arms it and execs the command
     (same pid; no Python code runs between fork and exec, which is unsafe in a threaded parent). That
-    signal reaches the group leader only, so a guard (flywheel.group_guard, armed the same way) ends the
+    signal reaches the group leader only, so a guard (flywheel.core.group_guard, armed the same way) ends the
     rest of the group too. Linux ties the signal to the forking thread: call it from one that lives as
     long as the server should. A command that starts a server and returns (`flywheel replica start`)
     passes die_with_parent=False."""

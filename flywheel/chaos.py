@@ -156,7 +156,7 @@ class Chaos:
 
     def setup(self) -> None:
         from flywheel.local_fleet import LocalFleet, LocalFleetConfig
-        from loadtests.population import HouseStyle, Population, PopulationConfig
+        from flywheel.population import HouseStyle, Population, PopulationConfig
         from online_rl.bootstrap import bootstrap
 
         if os.geteuid() != 0:

@@ -3,7 +3,7 @@
     model      the demo checkpoint (built and cached on first use, ~6 min)
     fleet      Kafka broker, weight store (v0), 2 SGLang replicas on CPU, the gateway, one agent per replica
     trainer    `flywheel train`: learns from the completions + feedback stream, publishes every interval
-    users      a simulated IDE population with a hidden preference (loadtests.population)
+    users      a simulated IDE population with a hidden preference (flywheel.population)
     loop       until `versions` new versions are published and served, or the time bound
     report     a table per version (acceptance, requests, latency, switch pause, delta), demo_out/summary.json,
                demo_out/acceptance.png; exit 0 when acceptance rose `goal_points` with zero failed requests
@@ -78,7 +78,7 @@ def run(cfg: DemoConfig) -> int:
     from flywheel import demo_report
     from flywheel.local_fleet import LocalFleet, LocalFleetConfig
     from flywheel.core.procs import stop_pid
-    from loadtests.population import Population, PopulationConfig
+    from flywheel.population import Population, PopulationConfig
     from online_rl.bootstrap import bootstrap, report
     from weight_sync.store import Store
 

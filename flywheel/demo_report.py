@@ -19,7 +19,7 @@ FIELDS = ("version", "acceptance", "judged", "agent_acceptance", "sessions", "re
 
 
 def summarize(records: list, switches: list[dict], manifests: dict[int, object]) -> list[dict]:
-    """records: loadtests.population.Interaction; switches: agents' switches.jsonl rows; manifests by version."""
+    """records: flywheel.population.Interaction; switches: agents' switches.jsonl rows; manifests by version."""
     first_served: dict[int, float] = {}
     for r in records:
         if r.version is not None:

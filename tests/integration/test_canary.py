@@ -14,7 +14,7 @@ import pytest
 from flywheel.local_fleet import LocalFleet, LocalFleetConfig
 from flywheel.core.procs import wait_until
 from loadtests import versions
-from loadtests.population import HouseStyle, Population, PopulationConfig
+from flywheel.population import HouseStyle, Population, PopulationConfig
 from weight_sync.canary import CanaryConfig, CanaryController
 from weight_sync.publish import publish
 

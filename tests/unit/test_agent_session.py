@@ -3,7 +3,7 @@ against a real gateway run in tests/integration (load test, demo parts)."""
 import json
 import random
 
-from loadtests.agent_session import PATHS, Repository, run_session
+from flywheel.agent_session import PATHS, Repository, run_session
 from online_rl import tasks
 
 TASK = tasks.tasks("heldout")[0]

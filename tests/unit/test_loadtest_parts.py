@@ -3,7 +3,7 @@ duration flag, the per-version summary and the demo's verdict."""
 import pytest
 
 from flywheel import demo_report
-from loadtests.population import HiddenTests, HouseStyle, Interaction
+from flywheel.population import HiddenTests, HouseStyle, Interaction
 from loadtests.runner import parse_duration
 from online_rl import tasks
 

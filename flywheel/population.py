@@ -5,7 +5,7 @@ code an IDE sends before the cursor), reads the completion and accepts it only i
 passes that task's hidden tests, run in the sandbox: a criterion the model is never told, judged by
 running code, never by comparing with an answer string. Users also ignore some completions (no feedback
 at all), and each types at its own pace. Beside them, agent users run short agent sessions
-(loadtests.agent_session: read the file, write the body, run the tests) whose outcome, judged by the same
+(flywheel.agent_session: read the file, write the body, run the tests) whose outcome, judged by the same
 hidden tests, is feedback on the whole session. The official openai client talks to the gateway, one API
 key per user, and every outcome is recorded with the weight version that served it.
 """
@@ -138,7 +138,7 @@ class Population:
     def _agent(self, i: int) -> None:
         import openai
 
-        from loadtests.agent_session import chat_body, run_session, tests_passed
+        from flywheel.agent_session import chat_body, run_session, tests_passed
 
         rng = random.Random(f"{self.cfg.seed}/agent/{i}")
         key = self.keys[(self.cfg.users + i) % len(self.keys)]

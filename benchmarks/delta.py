@@ -39,11 +39,11 @@ def _bf16_bits(t: torch.Tensor) -> np.ndarray:
     return t.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
 
 
-def _timed(fn, reps=3):
+def _timed(fn, *args, reps=3, **kwargs):
     best = float("inf")
     for _ in range(reps):
         t = time.perf_counter()
-        out = fn()
+        out = fn(*args, **kwargs)
         best = min(best, time.perf_counter() - t)
     return out, best
 
@@ -60,13 +60,13 @@ def synthetic() -> dict:
         idx = rng.choice(n, int(share * n), replace=False)
         step = rng.choice(np.array([1, -1, 2, -2], np.int32), idx.size, p=[0.4, 0.4, 0.1, 0.1])
         new[idx] = (new[idx].astype(np.int32) + step).astype(np.uint16)
-        chunks, t_enc = _timed(lambda: codec.encode_tensor(new, base, pool=pool))
-        back, t_dec = _timed(lambda: codec.decode_tensor(chunks, np.uint16, n, base, pool=pool))
+        chunks, t_enc = _timed(codec.encode_tensor, new, base, pool=pool)
+        back, t_dec = _timed(codec.decode_tensor, chunks, np.uint16, n, base, pool=pool)
         size = sum(m.size for m, _ in chunks)
         raw = new.tobytes()
         cctx = zstandard.ZstdCompressor(level=1, threads=THREADS)
-        plain, t_z = _timed(lambda: cctx.compress(raw))
-        _, t_zd = _timed(lambda: zstandard.ZstdDecompressor().decompress(plain))
+        plain, t_z = _timed(cctx.compress, raw)
+        _, t_zd = _timed(lambda frame: zstandard.ZstdDecompressor().decompress(frame), plain)
         xor_only = zstandard.ZstdCompressor(level=1, threads=THREADS).compress(np.bitwise_xor(new, base).tobytes())
         key = f"{int(share * 100)}pct"
         out[f"ratio_{key}"] = round(raw_mb / size, 1)
@@ -86,10 +86,11 @@ def synthetic() -> dict:
 
 def trainer_versions(tmp: Path) -> dict:
     """Three consecutive versions of the demo model, 10 AdamW steps (lr 1e-6) each, fp32 master weights."""
+    from tokenizers import Tokenizer
+
     from online_rl import tasks
     from online_rl.bootstrap import bootstrap
     from online_rl.model import load_pretrained, save_pretrained
-    from tokenizers import Tokenizer
     from weight_sync.manifest import generate_key
     from weight_sync.publish import PublishConfig, publish
 

@@ -17,8 +17,7 @@ import aiohttp
 
 from flywheel import kafka_broker
 from flywheel.core.paths import flywheel_home
-from online_rl import bootstrap as B
-from online_rl import tasks
+from online_rl import bootstrap as B, tasks
 from serving.replica import ReplicaConfig, start as start_replica
 
 

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import aiohttp
@@ -66,10 +67,10 @@ async def _latency(replica_url: str, proxy_url: str, gw_on: str, gw_off: str, pr
             p = prompts[i % len(prompts)]
             ids = tok.encode(p).ids
             n = LATENCY_MAX_TOKENS
-            order = [("direct", lambda: _direct(s, replica_url, ids, stop_ids, n)),
-                     ("null_proxy", lambda: _direct(s, proxy_url, ids, stop_ids, n)),
-                     ("gateway_logging_on", lambda: _via_gateway(s, gw_on, p, n)),
-                     ("gateway_logging_off", lambda: _via_gateway(s, gw_off, p, n))]
+            order = [("direct", partial(_direct, s, replica_url, ids, stop_ids, n)),
+                     ("null_proxy", partial(_direct, s, proxy_url, ids, stop_ids, n)),
+                     ("gateway_logging_on", partial(_via_gateway, s, gw_on, p, n)),
+                     ("gateway_logging_off", partial(_via_gateway, s, gw_off, p, n))]
             for name, call in order[i % 4:] + order[: i % 4]:  # rotate who goes first
                 t = time.perf_counter()
                 await call()

@@ -18,8 +18,7 @@ import time
 import numpy as np
 import torch
 
-from kernels import batch_invariant as bi
-from kernels import delta
+from kernels import batch_invariant as bi, delta
 
 N_BYTES = 64 * 2**20
 

@@ -80,8 +80,8 @@ def update_throughput(model_dir: Path, tmp: Path) -> dict:
 
 def ingest_rate(model_dir: Path, tmp: Path, pairs: int = 3000) -> dict:
     from flywheel import kafka_broker
-    from online_rl.trainer import Trainer, TrainerConfig
     from online_rl.simulate import events_for, produce
+    from online_rl.trainer import Trainer, TrainerConfig
 
     broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=tmp / "kafka"))
     try:

@@ -218,8 +218,7 @@ class Chaos:
         import psutil
 
         from flywheel import kafka_broker
-        from serving.replica import ReplicaConfig
-        from serving.replica import start as start_replica
+        from serving.replica import ReplicaConfig, start as start_replica
 
         f, fleet = Fault(kind, time.time()), self.fleet
         self.say(f"chaos: {kind}")

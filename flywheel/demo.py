@@ -76,8 +76,8 @@ def _line(t0: float, pop, fleet) -> str:
 
 def run(cfg: DemoConfig) -> int:
     from flywheel import demo_report
-    from flywheel.local_fleet import LocalFleet, LocalFleetConfig
     from flywheel.core.procs import stop_pid
+    from flywheel.local_fleet import LocalFleet, LocalFleetConfig
     from flywheel.population import Population, PopulationConfig
     from online_rl.bootstrap import bootstrap, report
     from weight_sync.store import Store

@@ -20,7 +20,17 @@ from pathlib import Path
 
 from flywheel.core.kafka_admin import quiet_kafka
 from flywheel.core.paths import flywheel_home
-from flywheel.core.procs import free_port, identity, read_state, same_process, spawn, stop_recorded, tail, wait_until, write_state
+from flywheel.core.procs import (
+    free_port,
+    identity,
+    read_state,
+    same_process,
+    spawn,
+    stop_recorded,
+    tail,
+    wait_until,
+    write_state,
+)
 
 POM = Path(__file__).resolve().parent / "kafka_maven" / "pom.xml"
 STATE_FILE = "broker.json"  # present while a broker runs

@@ -60,8 +60,7 @@ class LocalFleet:
 
     def start(self) -> "LocalFleet":
         from serving import gateway_process
-        from serving.replica import ReplicaConfig
-        from serving.replica import start as start_replica
+        from serving.replica import ReplicaConfig, start as start_replica
         from weight_sync.manifest import generate_key
         from weight_sync.publish import activate, publish
 

@@ -38,8 +38,7 @@ def main(report_path: Path) -> int:
     if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
         print("gpu_check needs a CUDA device and compiled Triton (not TRITON_INTERPRET)", file=sys.stderr)
         return 2
-    from kernels import reference as ref
-    from kernels import triton_ops as T
+    from kernels import reference as ref, triton_ops as T
 
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = torch.device("cuda")

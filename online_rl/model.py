@@ -137,11 +137,11 @@ class Attention(nn.Module):
 
 
 class Expert(nn.Module):
-    def __init__(self, D: int, I: int):
+    def __init__(self, D: int, inter: int):
         super().__init__()
-        self.gate_proj = Linear(D, I, bias=False)
-        self.up_proj = Linear(D, I, bias=False)
-        self.down_proj = Linear(I, D, bias=False)
+        self.gate_proj = Linear(D, inter, bias=False)
+        self.up_proj = Linear(D, inter, bias=False)
+        self.down_proj = Linear(inter, D, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         act = bi.silu if bi.enabled() else F.silu

@@ -28,8 +28,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import Counter
 
-from online_rl.sandbox_jail import (WORK_DIR, Limits, SandboxUnavailable, bare_command, bwrap_command,
-                                    interpreter)
+from online_rl.sandbox_jail import WORK_DIR, Limits, SandboxUnavailable, bare_command, bwrap_command, interpreter
 
 __all__ = ["SandboxConfig", "Candidate", "Verdict", "SandboxUnavailable", "run", "check", "candidate_for",
            "CONTAINED"]

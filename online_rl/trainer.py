@@ -22,8 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flywheel.core import control
-from flywheel.core import events as ev
+from flywheel.core import control, events as ev
 from kernels import batch_invariant as bi
 from online_rl import sandbox
 from online_rl.checkpoints import Checkpoints

@@ -25,18 +25,26 @@ import orjson
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from flywheel.core import events as ev
-from serving import engine
+from flywheel.core import events as ev, tool_format as tf
+from serving import engine, tool_calls as tc
 from serving.auth import CompletionIds, KeyStore, Tenant, admin_ok, bearer, load_or_create_secret
 from serving.canary_split import CanarySplit
 from serving.event_log import EventLog, EventLogConfig
 from serving.first_feedback import FirstFeedback
 from serving.metrics import GatewayMetrics
-from serving.openai_api import (ApiError, GenerationSpec, Limits, chat_logprobs, completion_logprobs, finish_reason,
-                                parse_chat, parse_completion, parse_json_body)
-from serving import tool_calls as tc
-from serving.sessions import MAX_SESSION_ID, Sessions
+from serving.openai_api import (
+    ApiError,
+    GenerationSpec,
+    Limits,
+    chat_logprobs,
+    completion_logprobs,
+    finish_reason,
+    parse_chat,
+    parse_completion,
+    parse_json_body,
+)
 from serving.router import Lease, NoReplica, PoolConfig, ReplicaPool, ReplicaState
+from serving.sessions import MAX_SESSION_ID, Sessions
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +246,7 @@ class Gateway:
     def _sampling(self, spec: GenerationSpec) -> dict:
         stop = list(spec.stop)
         if spec.tools is not None and spec.tools.active and spec.tools.single:
-            stop.append(tc.CALL_CLOSE)  # one call and done (SGLang trims it: _trimmed_stop puts it back)
+            stop.append(tf.CALL_CLOSE)  # one call and done (SGLang trims it: _trimmed_stop puts it back)
         s = {"max_new_tokens": spec.max_tokens, "temperature": spec.temperature, "top_p": spec.top_p,
              "stop": stop or None, "stop_token_ids": self.stop_token_ids,
              "presence_penalty": spec.presence_penalty, "frequency_penalty": spec.frequency_penalty}
@@ -878,7 +886,7 @@ class Gateway:
 
 def _trimmed_stop(res: engine.EngineResult) -> str:
     """The closing tag of a call when SGLang stopped on it (and trimmed it from the text)."""
-    return tc.CALL_CLOSE if (res.finish or {}).get("matched") == tc.CALL_CLOSE else ""
+    return tf.CALL_CLOSE if (res.finish or {}).get("matched") == tf.CALL_CLOSE else ""
 
 
 def _fingerprint(version: int | None) -> str | None:

@@ -7,9 +7,9 @@ clients (Continue, Cline, Tabby's OpenAI backend, the official SDK) work unchang
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import orjson
-from dataclasses import dataclass, field
 
 
 class ApiError(Exception):

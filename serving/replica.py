@@ -14,8 +14,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flywheel.core.paths import REPO_ROOT, flywheel_home
-from flywheel.core.procs import (free_port, identity, pid_alive, read_state, same_process, spawn, stop_recorded, tail,
-                            wait_until, write_state)
+from flywheel.core.procs import (
+    free_port,
+    identity,
+    pid_alive,
+    read_state,
+    same_process,
+    spawn,
+    stop_recorded,
+    tail,
+    wait_until,
+    write_state,
+)
 
 CPU_FLAGS = ["--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
              "--grammar-backend", "none", "--disable-cuda-graph", "--sleep-on-idle"]

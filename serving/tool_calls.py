@@ -39,9 +39,7 @@ from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
 from flywheel.core import tool_format as tf
-# The format names serving used to define: kept importable from here.
-from flywheel.core.tool_format import (CALL_CLOSE, CALL_OPEN, RESPONSE_CLOSE, RESPONSE_OPEN,  # noqa: F401
-                                  call_text, response_text)
+from flywheel.core.tool_format import CALL_OPEN
 from serving.openai_api import ApiError
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")

@@ -160,8 +160,8 @@ class Agent:
                 frames = await asyncio.gather(*(client.chunk(version, ti, ci, c.size, c.digest)
                                                 for ci, c in enumerate(entry.chunks)))
                 base_bits = base.bits(entry.name) if base else None
-                bits = await loop.run_in_executor(None, lambda: codec.decode_tensor(
-                    list(zip(entry.chunks, frames)), codec.bit_view(entry.dtype), entry.numel, base_bits, self.pool))
+                bits = await loop.run_in_executor(None, codec.decode_tensor, list(zip(entry.chunks, frames)),
+                                                  codec.bit_view(entry.dtype), entry.numel, base_bits, self.pool)
                 if codec.digest(bits) != entry.digest:
                     raise Rejected("digest_mismatch", f"tensor {entry.name} of v{version} rebuilds to other bytes "
                                                       f"(wrong base v{manifest.base_version}?)")

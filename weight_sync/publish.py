@@ -172,7 +172,7 @@ def publish(checkpoint: Path, cfg: PublishConfig, version: int | None = None, fo
                 dtype, shape = new.spec(name)
                 bits = new.bits(name)
                 chunks = codec.encode_tensor(bits, base.bits(name) if base else None, cfg.chunk_elems, cfg.level, pool)
-                for c, (meta, frame) in enumerate(chunks):
+                for c, (_meta, frame) in enumerate(chunks):
                     (staging / "chunks" / chunk_name(t, c)).write_bytes(frame)
                 entries.append(TensorEntry(name=name, dtype=dtype, shape=list(shape), digest=codec.digest(bits),
                                            chunks=[m for m, _ in chunks]))

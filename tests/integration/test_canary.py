@@ -11,10 +11,10 @@ import uuid
 import numpy as np
 import pytest
 
-from flywheel.local_fleet import LocalFleet, LocalFleetConfig
 from flywheel.core.procs import wait_until
-from loadtests import versions
+from flywheel.local_fleet import LocalFleet, LocalFleetConfig
 from flywheel.population import HouseStyle, Population, PopulationConfig
+from loadtests import versions
 from weight_sync.canary import CanaryConfig, CanaryController
 from weight_sync.publish import publish
 
@@ -63,7 +63,7 @@ def test_better_promoted_worse_rolled_back_neutral_promoted(test_model, tmp_path
             for ckpt in (test_model, versions.broken(test_model, tmp_path / "bad", seed=9),
                          versions.nudged(test_model, tmp_path / "same", seed=2)):
                 v = publish(ckpt, canary_cfg).version
-                wait_until(lambda: any(d["version"] == v for d in ctrl.decisions), 300, interval=1.0,
+                wait_until(lambda v=v: any(d["version"] == v for d in ctrl.decisions), 300, interval=1.0,
                            what=f"a decision on v{v}")
                 decision = next(d for d in ctrl.decisions if d["version"] == v)
                 final = v if decision["type"] == "promote" else decision["stable"]

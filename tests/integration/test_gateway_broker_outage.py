@@ -11,8 +11,8 @@ import openai
 import pytest
 from kafka import KafkaConsumer
 
-from flywheel.core import events as ev
 from flywheel import kafka_broker
+from flywheel.core import events as ev
 from serving import gateway_process
 
 pytestmark = pytest.mark.timeout(600)

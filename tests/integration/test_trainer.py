@@ -20,9 +20,9 @@ from flywheel.core.paths import REPO_ROOT
 from online_rl.loss import LossConfig, advantages
 from online_rl.model import load_pretrained
 from online_rl.samples import Sample
+from online_rl.simulate import events_for, heldout_split, produce, sample_completions
 from online_rl.trainer import Trainer, TrainerConfig
 from online_rl.update import OptimConfig
-from online_rl.simulate import events_for, heldout_split, produce, sample_completions
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -377,7 +377,7 @@ def test_checkpoints_commit_durably_and_a_dangling_latest_is_fatal(test_model, t
     again = Trainer(cfg)
     assert again.step == 3 and again._latest() == first_latest
     assert [e["key"] for e in again.checkpoints.ledger_entries()] == ["a", "b"]
-    for i in range(3):  # older checkpoints are pruned, never the current one
+    for _ in range(3):  # older checkpoints are pruned, never the current one
         again.step += 1
         again.save()
     dirs = sorted(p.name for p in (tmp_path / "t" / "checkpoints").glob("step-*"))

@@ -12,8 +12,8 @@ import threading
 import pytest
 import torch
 
-from flywheel.core import events as ev
 from flywheel import kafka_broker
+from flywheel.core import events as ev
 from flywheel.core.procs import wait_until
 from online_rl import rollouts as rollouts_mod
 from online_rl.failures import RetryConfig

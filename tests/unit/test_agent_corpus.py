@@ -7,9 +7,7 @@ import re
 
 import pytest
 
-from online_rl import agent_episodes as A
-from online_rl import bootstrap as B
-from online_rl import tasks as T
+from online_rl import agent_episodes as A, bootstrap as B, tasks as T
 from serving import tool_calls as tc
 from serving.openai_api import Limits, parse_chat, render_chat
 

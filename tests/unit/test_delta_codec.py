@@ -1,8 +1,7 @@
 """Delta coding is lossless: bit-identical round trips, special values included (property-based)."""
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from weight_sync import codec
 

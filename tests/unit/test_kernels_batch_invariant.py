@@ -1,11 +1,9 @@
 """Batch-invariant ops (CPU path): a row's result is bit-identical alone and inside batches of other
 sizes and positions, and within tolerance of the float64 reference; the model in that mode likewise."""
-import numpy as np
 import pytest
 import torch
 
-from kernels import batch_invariant as bi
-from kernels import reference as ref
+from kernels import batch_invariant as bi, reference as ref
 from online_rl.model import ModelConfig, MoECoder
 
 SIZES = (1, 3, 17, 64)

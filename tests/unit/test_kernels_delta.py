@@ -2,8 +2,7 @@
 import numpy as np
 import pytest
 
-from kernels import delta
-from kernels import reference as ref
+from kernels import delta, reference as ref
 
 SPECIAL_BF16 = np.array([0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC0, 0xFFFF, 0x0001, 0x8001, 0x007F, 0x3F80, 0xBF80],
                         np.uint16)  # +-0, +-inf, NaN, all ones, denormals, +-1.0

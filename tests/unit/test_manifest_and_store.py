@@ -6,7 +6,16 @@ from safetensors.torch import load_file, save_file
 
 from weight_sync import codec
 from weight_sync.checkpoint import CheckpointReader, CheckpointWriter
-from weight_sync.manifest import Manifest, ManifestError, TensorEntry, generate_key, load_private, load_public, sign, verify
+from weight_sync.manifest import (
+    Manifest,
+    ManifestError,
+    TensorEntry,
+    generate_key,
+    load_private,
+    load_public,
+    sign,
+    verify,
+)
 from weight_sync.publish import PublishConfig, activate, publish
 from weight_sync.store import Store
 

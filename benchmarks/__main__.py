@@ -3,6 +3,7 @@
 Each benchmark runs in its own process (`python -m benchmarks.NAME`), prints one JSON object as the
 last line of its output, and that object is written to benchmarks/results/NAME.json.
 """
+
 from __future__ import annotations
 
 import argparse

@@ -1,5 +1,6 @@
 """A proxy that forwards /generate bytes to a replica and does nothing else: the floor of any HTTP hop
 (aiohttp + uvloop, one loopback round trip) against which the gateway's own work is read."""
+
 import sys
 
 import aiohttp
@@ -12,8 +13,9 @@ def main(target: str, port: int) -> None:
         app["session"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
 
     async def forward(request):
-        async with request.app["session"].post(f"{target}/generate", data=await request.read(),
-                                               headers={"Content-Type": "application/json"}) as r:
+        async with request.app["session"].post(
+            f"{target}/generate", data=await request.read(), headers={"Content-Type": "application/json"}
+        ) as r:
             return web.Response(body=await r.read(), status=r.status, content_type="application/json")
 
     async def stop(app):

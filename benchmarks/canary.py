@@ -8,6 +8,7 @@ per second: 6 simulated users on this 2-core machine); a real fleet's rate scale
 canary during a trial are `traffic_share` of those active, by construction of the split (tested in
 tests/unit/test_canary_policy.py); the requests they sent to it are reported. Prints one JSON object.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,18 @@ def one_trial(rng: random.Random, p_stable: float, diff: float, cfg: CanaryConfi
         arms[arm][0] += rng.random() < p
         arms[arm][1] += 1
         if events % 10 == 0:
-            figures = {a: {"requests": n, "errors": 0, "accepts": acc, "rejects": n - acc, "feedback": n,
-                           "acceptance": acc / n if n else None, "p99_ms": 100.0} for a, (acc, n) in arms.items()}
+            figures = {
+                a: {
+                    "requests": n,
+                    "errors": 0,
+                    "accepts": acc,
+                    "rejects": n - acc,
+                    "feedback": n,
+                    "acceptance": acc / n if n else None,
+                    "p99_ms": 100.0,
+                }
+                for a, (acc, n) in arms.items()
+            }
             v = judge(figures["canary"], figures["stable"], cfg)
             if v.decision != "extend":
                 return v.decision, events, arms["canary"][1]
@@ -42,8 +53,13 @@ def one_trial(rng: random.Random, p_stable: float, diff: float, cfg: CanaryConfi
 def main() -> dict:
     cfg = CanaryConfig(gateway_url="", admin_token="", publish=PublishConfig(store=".", private_key="."))
     rng = random.Random(0)
-    out = {"feedback_per_s": FEEDBACK_PER_S, "traffic_share": cfg.traffic_share, "margin": cfg.margin,
-           "min_feedback": cfg.min_feedback, "trials": TRIALS}
+    out = {
+        "feedback_per_s": FEEDBACK_PER_S,
+        "traffic_share": cfg.traffic_share,
+        "margin": cfg.margin,
+        "min_feedback": cfg.min_feedback,
+        "trials": TRIALS,
+    }
     for points in (-20, -10, -5, 0, 10):
         runs = [one_trial(rng, 0.5, points / 100, cfg) for _ in range(TRIALS)]
         decisions = [d for d, _, _ in runs]

@@ -4,6 +4,7 @@ directory; keeps the per-fault record in benchmarks/results/records/chaos_faults
 object as the last line with
 faults_injected, fault_kinds, events_lost, samples_double_trained, stuck_replicas, orphans,
 user_failed_outside_gateway_kill and max_recovery_s (targets: >= 20 faults of >= 7 kinds, every count 0)."""
+
 from __future__ import annotations
 
 import json
@@ -26,10 +27,23 @@ def main() -> dict:
         if (out / "chaos.json").exists():
             shutil.copyfile(out / "chaos.json", RESULTS / "records" / "chaos_faults.json")
         shutil.rmtree(out, ignore_errors=True)
-    keys = ("faults_injected", "fault_kinds", "faults_not_recovered", "events_lost",
-            "samples_double_trained", "stuck_replicas", "orphans", "user_failed_outside_gateway_kill",
-            "user_failed_in_gateway_kill", "max_recovery_s", "fleet_on_newest_s", "requests", "completion_events",
-            "feedback_events", "samples_trained")
+    keys = (
+        "faults_injected",
+        "fault_kinds",
+        "faults_not_recovered",
+        "events_lost",
+        "samples_double_trained",
+        "stuck_replicas",
+        "orphans",
+        "user_failed_outside_gateway_kill",
+        "user_failed_in_gateway_kill",
+        "max_recovery_s",
+        "fleet_on_newest_s",
+        "requests",
+        "completion_events",
+        "feedback_events",
+        "samples_trained",
+    )
     return {k: r.get(k) for k in keys}
 
 

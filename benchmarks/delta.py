@@ -10,6 +10,7 @@
     fleet of two replicas switching one at a time (drain) and a lone replica (no_pause, retract).
 Prints one JSON object as the last line.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -107,7 +108,9 @@ def trainer_versions(tmp: Path) -> dict:
     for v in (1, 2, 3):
         for _ in range(10):
             out = model(ids[:, :-1])
-            loss = torch.nn.functional.cross_entropy(out.logits.reshape(-1, out.logits.shape[-1]), ids[:, 1:].reshape(-1))
+            loss = torch.nn.functional.cross_entropy(
+                out.logits.reshape(-1, out.logits.shape[-1]), ids[:, 1:].reshape(-1)
+            )
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -116,17 +119,23 @@ def trainer_versions(tmp: Path) -> dict:
         save_pretrained(model, ckpt, torch.bfloat16)
         r = publish(ckpt, cfg)
         results.append({"version": v, "changed_pct": round(100 * r.changed_share, 2), "ratio": round(r.ratio, 1)})
-    return {"ratio_trainer_versions": [x["ratio"] for x in results],
-            "changed_pct_trainer_versions": [x["changed_pct"] for x in results],
-            "trainer_versions_note": "10 AdamW steps (lr 1e-6, fp32 master) of online_rl.model per version; "
-                                     "ratio counts the signed manifest too"}
+    return {
+        "ratio_trainer_versions": [x["ratio"] for x in results],
+        "changed_pct_trainer_versions": [x["changed_pct"] for x in results],
+        "trainer_versions_note": "10 AdamW steps (lr 1e-6, fp32 master) of online_rl.model per version; "
+        "ratio counts the signed manifest too",
+    }
 
 
 def _serve_store(store: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "flywheel", "weights", "serve", "--store", str(store),
-                             "--port", str(port)], cwd=REPO_ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flywheel", "weights", "serve", "--store", str(store), "--port", str(port)],
+        cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
 
     def up():
@@ -149,7 +158,9 @@ def apply_memory(tmp: Path) -> dict:
     from weight_sync.publish import PublishConfig, publish
 
     g = torch.Generator().manual_seed(0)
-    tensors = {f"model.layers.{i}.w": (torch.randn(4096, 2048, generator=g) * 0.02).to(torch.bfloat16) for i in range(8)}
+    tensors = {
+        f"model.layers.{i}.w": (torch.randn(4096, 2048, generator=g) * 0.02).to(torch.bfloat16) for i in range(8)
+    }
     v0, v1 = tmp / "m0", tmp / "m1"
     for d in (v0, v1):
         d.mkdir()
@@ -165,8 +176,16 @@ def apply_memory(tmp: Path) -> dict:
     publish(v1, cfg)
     proc, url = _serve_store(tmp / "store")
     try:
-        agent = Agent(AgentConfig(name="bench", replica_url="http://unused", store_url=url, public_key=tmp / "k.pub",
-                                  work_dir=tmp / "agent", initial_model=v0))
+        agent = Agent(
+            AgentConfig(
+                name="bench",
+                replica_url="http://unused",
+                store_url=url,
+                public_key=tmp / "k.pub",
+                work_dir=tmp / "agent",
+                initial_model=v0,
+            )
+        )
 
         async def rebuild():
             async with aiohttp.ClientSession() as s:
@@ -183,19 +202,26 @@ def apply_memory(tmp: Path) -> dict:
     finally:
         stop_pid(proc.pid)
     total = sum(t.numel() * 2 for t in tensors.values())
-    return {"apply_peak_extra_mb": round(peak / 2**20, 1), "largest_tensor_mb": 16.0,
-            "apply_checkpoint_mb": round(total / 2**20, 1), "apply_seconds": round(seconds, 2)}
+    return {
+        "apply_peak_extra_mb": round(peak / 2**20, 1),
+        "largest_tensor_mb": 16.0,
+        "apply_checkpoint_mb": round(total / 2**20, 1),
+        "apply_seconds": round(seconds, 2),
+    }
 
 
 async def _load(url: str, key: str, prompts: list[str], stop_at: float, out: list) -> None:
     async with aiohttp.ClientSession() as s:
+
         async def worker(w: int):
             i = w
             while time.monotonic() < stop_at:
                 t = time.monotonic()
-                async with s.post(f"{url}/v1/completions", headers={"Authorization": f"Bearer {key}"},
-                                  json={"model": "m", "prompt": prompts[i % len(prompts)], "max_tokens": 16,
-                                        "temperature": 1.0}) as r:
+                async with s.post(
+                    f"{url}/v1/completions",
+                    headers={"Authorization": f"Bearer {key}"},
+                    json={"model": "m", "prompt": prompts[i % len(prompts)], "max_tokens": 16, "temperature": 1.0},
+                ) as r:
                     ok = r.status == 200
                     await r.read()
                 out.append((t, time.monotonic(), ok))
@@ -262,10 +288,14 @@ def switch_modes(tmp: Path) -> dict:
                     windows.append((w0, time.monotonic()))
                     out.setdefault(f"pause_ms_{mode}", []).extend(pauses)
                     await asyncio.sleep(3)
+
             return go
 
-        for name, gw, mode, fleet_mode in (("fleet_drain", fleet, "drain", True), ("lone_no_pause", lone, "no_pause", False),
-                                           ("lone_retract", lone, "retract", False)):
+        for name, gw, mode, fleet_mode in (
+            ("fleet_drain", fleet, "drain", True),
+            ("lone_no_pause", lone, "no_pause", False),
+            ("lone_retract", lone, "retract", False),
+        ):
             run(gw.url, 5, None)  # warm-up, not measured
             steady, _ = run(gw.url, 12, None)
             during, windows = run(gw.url, 16, make_switches(mode, fleet_mode))

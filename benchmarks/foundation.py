@@ -3,6 +3,7 @@
 Prints one JSON object as its last line. Throughput is measured against the demo-preset model with
 /generate at several concurrencies in one run (ratios side by side on the same noisy machine).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -39,13 +40,20 @@ async def _load(url: str, prompts: list[str], concurrency: int, max_new_tokens: 
     latencies, tokens = [], 0
 
     async with aiohttp.ClientSession() as s:
+
         async def one(p: str):
             nonlocal tokens
             async with sem:
                 t = time.monotonic()
-                async with s.post(f"{url}/generate", json={"text": p, "sampling_params": {
-                        "max_new_tokens": max_new_tokens, "temperature": 1.0, "ignore_eos": True},
-                        "return_logprob": True, "return_routed_experts": True}) as r:
+                async with s.post(
+                    f"{url}/generate",
+                    json={
+                        "text": p,
+                        "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 1.0, "ignore_eos": True},
+                        "return_logprob": True,
+                        "return_routed_experts": True,
+                    },
+                ) as r:
                     body = await r.json()
                 latencies.append(time.monotonic() - t)
                 tokens += body["meta_info"]["completion_tokens"]
@@ -54,8 +62,11 @@ async def _load(url: str, prompts: list[str], concurrency: int, max_new_tokens: 
         await asyncio.gather(*(one(p) for p in prompts))
         wall = time.monotonic() - t0
     latencies.sort()
-    return {"tokens_per_s": round(tokens / wall, 1), "p50_ms": round(1000 * latencies[len(latencies) // 2], 1),
-            "p99_ms": round(1000 * latencies[int(len(latencies) * 0.99) - 1], 1)}
+    return {
+        "tokens_per_s": round(tokens / wall, 1),
+        "p50_ms": round(1000 * latencies[len(latencies) // 2], 1),
+        "p99_ms": round(1000 * latencies[int(len(latencies) * 0.99) - 1], 1),
+    }
 
 
 def main() -> dict:
@@ -72,9 +83,12 @@ def main() -> dict:
         B.bootstrap("demo", 0, progress=False)
         result["bootstrap_demo_cached_s"] = round(time.monotonic() - t, 3)
         rep = B.report(demo)
-        result["demo_model"] = {"parameters": rep["parameters"], "build_s": rep["timings"]["total_s"],
-                                "train_s": rep["timings"]["train_s"], **{k: v for k, v in rep["eval"].items()
-                                                                         if k.startswith(("pass_rate", "tool_call_valid_rate"))}}
+        result["demo_model"] = {
+            "parameters": rep["parameters"],
+            "build_s": rep["timings"]["total_s"],
+            "train_s": rep["timings"]["train_s"],
+            **{k: v for k, v in rep["eval"].items() if k.startswith(("pass_rate", "tool_call_valid_rate"))},
+        }
 
         t = time.monotonic()
         broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=tmp / "kafka"))
@@ -93,14 +107,19 @@ def main() -> dict:
             result["replica_idle_pss_gb"] = _tree_rss_gb(replica.pid)
             prompts = [t.prompt for t in tasks.tasks("heldout")]
             asyncio.run(_load(replica.url, prompts[:8], 4))  # warm-up
-            result["generate"] = {f"c{c}": asyncio.run(_load(replica.url, (prompts * 2)[: 8 * c], c))
-                                  for c in (1, 4, 16)}
+            result["generate"] = {
+                f"c{c}": asyncio.run(_load(replica.url, (prompts * 2)[: 8 * c], c)) for c in (1, 4, 16)
+            }
             result["replica_loaded_pss_gb"] = _tree_rss_gb(replica.pid)
         finally:
             replica.stop()
         home = flywheel_home()
-        result["cache_mb"] = {"venv": _du_mb(home / "venv"), "kafka_jars": _du_mb(home / "kafka"),
-                              "maven_repo": _du_mb(home / "m2"), "models": _du_mb(home / "models")}
+        result["cache_mb"] = {
+            "venv": _du_mb(home / "venv"),
+            "kafka_jars": _du_mb(home / "kafka"),
+            "maven_repo": _du_mb(home / "m2"),
+            "models": _du_mb(home / "models"),
+        }
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return result

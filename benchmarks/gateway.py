@@ -7,6 +7,7 @@ interleaved across the three paths so that machine noise hits all of them alike,
 token budget (the same engine work). Throughput: concurrent load in alternating rounds on the two
 gateways. Prints one JSON object as the last line.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -44,9 +45,18 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 async def _direct(s: aiohttp.ClientSession, url: str, ids: list[int], stop_ids: list[int], max_tokens: int) -> None:
-    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0.0,
-                                                  "stop_token_ids": stop_ids, "ignore_eos": True},
-            "return_logprob": True, "logprob_start_len": -1, "return_routed_experts": True}
+    body = {
+        "input_ids": ids,
+        "sampling_params": {
+            "max_new_tokens": max_tokens,
+            "temperature": 0.0,
+            "stop_token_ids": stop_ids,
+            "ignore_eos": True,
+        },
+        "return_logprob": True,
+        "logprob_start_len": -1,
+        "return_routed_experts": True,
+    }
     async with s.post(f"{url}/generate", json=body) as r:
         assert r.status == 200, await r.text()
         await r.read()
@@ -59,19 +69,22 @@ async def _via_gateway(s: aiohttp.ClientSession, url: str, prompt: str, max_toke
         await r.read()
 
 
-async def _latency(replica_url: str, proxy_url: str, gw_on: str, gw_off: str, prompts: list[str], tok,
-                   stop_ids) -> dict:
+async def _latency(
+    replica_url: str, proxy_url: str, gw_on: str, gw_off: str, prompts: list[str], tok, stop_ids
+) -> dict:
     lat = {"direct": [], "null_proxy": [], "gateway_logging_on": [], "gateway_logging_off": []}
     async with aiohttp.ClientSession() as s:
         for i in range(ROUNDS + 10):
             p = prompts[i % len(prompts)]
             ids = tok.encode(p).ids
             n = LATENCY_MAX_TOKENS
-            order = [("direct", partial(_direct, s, replica_url, ids, stop_ids, n)),
-                     ("null_proxy", partial(_direct, s, proxy_url, ids, stop_ids, n)),
-                     ("gateway_logging_on", partial(_via_gateway, s, gw_on, p, n)),
-                     ("gateway_logging_off", partial(_via_gateway, s, gw_off, p, n))]
-            for name, call in order[i % 4:] + order[: i % 4]:  # rotate who goes first
+            order = [
+                ("direct", partial(_direct, s, replica_url, ids, stop_ids, n)),
+                ("null_proxy", partial(_direct, s, proxy_url, ids, stop_ids, n)),
+                ("gateway_logging_on", partial(_via_gateway, s, gw_on, p, n)),
+                ("gateway_logging_off", partial(_via_gateway, s, gw_off, p, n)),
+            ]
+            for name, call in order[i % 4 :] + order[: i % 4]:  # rotate who goes first
                 t = time.perf_counter()
                 await call()
                 if i >= 10:  # warm-up
@@ -84,6 +97,7 @@ async def _load(url: str, prompts: list[str], seconds: float) -> int:
     stop_at = time.monotonic() + seconds
 
     async with aiohttp.ClientSession() as s:
+
         async def worker(w: int):
             nonlocal done
             i = w
@@ -132,11 +146,12 @@ def main() -> dict:
         proxy = subprocess.Popen([sys.executable, "-m", "benchmarks._null_proxy", replica.url, str(proxy_port)])
         started.append(_Proc(proxy))
         wait_until(lambda: _port_open(proxy_port), 30, what="null proxy")
-        lat = asyncio.run(_latency(replica.url, f"http://127.0.0.1:{proxy_port}", on.url, off.url, prompts, tok,
-                                   stop_ids))
+        lat = asyncio.run(
+            _latency(replica.url, f"http://127.0.0.1:{proxy_port}", on.url, off.url, prompts, tok, stop_ids)
+        )
         counts = {"on": 0, "off": 0}
         for r in range(LOAD_ROUNDS):
-            for name, url in ((("on", on.url), ("off", off.url)) if r % 2 == 0 else (("off", off.url), ("on", on.url))):
+            for name, url in (("on", on.url), ("off", off.url)) if r % 2 == 0 else (("off", off.url), ("on", on.url)):
                 counts[name] += asyncio.run(_load(url, prompts, LOAD_ROUND_S))
         seconds = LOAD_ROUNDS * LOAD_ROUND_S
         direct_p50, direct_p99 = _pct(lat["direct"], 50), _pct(lat["direct"], 99)
@@ -151,13 +166,22 @@ def main() -> dict:
             "hop_floor_paired_ms": paired("null_proxy"),  # any HTTP hop on this machine, doing nothing
             "throughput_ratio_logging_on_vs_off": round(counts["on"] / max(1, counts["off"]), 3),
             "latency_ms": {k: {"p50": _pct(v, 50), "p99": _pct(v, 99), "n": len(v)} for k, v in lat.items()},
-            "throughput_rps": {"logging_on": round(counts["on"] / seconds, 1),
-                               "logging_off": round(counts["off"] / seconds, 1)},
-            "setup": {"max_tokens": MAX_TOKENS, "latency_max_tokens": LATENCY_MAX_TOKENS, "concurrency": CONCURRENCY, "model": "test preset",
-                      "load_seconds_per_gateway": seconds},
+            "throughput_rps": {
+                "logging_on": round(counts["on"] / seconds, 1),
+                "logging_off": round(counts["off"] / seconds, 1),
+            },
+            "setup": {
+                "max_tokens": MAX_TOKENS,
+                "latency_max_tokens": LATENCY_MAX_TOKENS,
+                "concurrency": CONCURRENCY,
+                "model": "test preset",
+                "load_seconds_per_gateway": seconds,
+            },
         }
-        result["targets_met"] = {"added_p50_le_1ms": result["added_p50_ms"] <= 1.0,
-                                 "logging_costs_le_5pct": result["throughput_ratio_logging_on_vs_off"] >= 0.95}
+        result["targets_met"] = {
+            "added_p50_le_1ms": result["added_p50_ms"] <= 1.0,
+            "logging_costs_le_5pct": result["throughput_ratio_logging_on_vs_off"] >= 0.95,
+        }
         return result
     finally:
         for thing in reversed(started):

@@ -9,6 +9,7 @@
     alone and inside that batch, for both modes (0 for the batch-invariant one, by construction).
 Prints one JSON object as the last line.
 """
+
 from __future__ import annotations
 
 import json
@@ -46,9 +47,14 @@ def delta_throughput() -> dict:
     x, planes, _ = delta.xor_split(new, base)
     join = _best(lambda: delta.xor(delta.join_planes(planes, np.uint16, n), base), 5)
     gbps = lambda s: round(N_BYTES / s / 1e9, 2)  # noqa: E731
-    return {"memcpy_gbps": gbps(memcpy), "xor_split_gbps": gbps(xor_split), "xor_gbps": gbps(xor_only),
-            "join_xor_gbps": gbps(join), "xor_split_vs_memcpy": round(memcpy / xor_split, 3),
-            "delta_backend": delta.backend()}
+    return {
+        "memcpy_gbps": gbps(memcpy),
+        "xor_split_gbps": gbps(xor_split),
+        "xor_gbps": gbps(xor_only),
+        "join_xor_gbps": gbps(join),
+        "xor_split_vs_memcpy": round(memcpy / xor_split, 3),
+        "delta_backend": delta.backend(),
+    }
 
 
 def batch_invariance() -> dict:
@@ -68,8 +74,11 @@ def batch_invariance() -> dict:
     default_s = _best(forward, 3)
     with bi.mode(True):
         bi_s = _best(forward, 3)
-    out = {"forward_default_s": round(default_s, 4), "forward_batch_invariant_s": round(bi_s, 4),
-           "batch_invariant_slowdown": round(bi_s / default_s, 2)}
+    out = {
+        "forward_default_s": round(default_s, 4),
+        "forward_batch_invariant_s": round(bi_s, 4),
+        "batch_invariant_slowdown": round(bi_s / default_s, 2),
+    }
     for name, on in (("default", False), ("batch_invariant", True)):
         with bi.mode(on), torch.no_grad():
             full = token_logprobs(model(batch[:, :-1]).logits, batch[:, 1:])[3]

@@ -6,6 +6,7 @@ scheduler borrows and returns; a rollout worker asks for rollouts on borrowed re
 Reported: rollout tokens generated per hour of trough, time from the rise to the return, and user p99
 in the 3 s after the rise against the busy phase before the trough. Prints one JSON object last.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,11 @@ BUSY_S, TROUGH_S, RISE_S = 10.0, 30.0, 15.0
 
 
 def _post(url: str, body: dict, token: str) -> tuple[int, dict]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={
-        "Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(req, timeout=120) as r:
             return r.status, json.loads(r.read())
@@ -50,8 +54,18 @@ def main() -> dict:
         started += reps
         gw = gateway_process.start([r.url for r in reps], model, tmp / "gw", keys={"b": KEY}, admin_token=ADMIN)
         started.append(gw)
-        sched = OffPeakScheduler(OffPeakConfig(gateway_url=gw.url, admin_token=ADMIN, low_water=0.5, high_water=1.5,
-                                               hold_s=5.0, cooldown_s=3.0, smoothing_s=2.0, interval_s=0.25))
+        sched = OffPeakScheduler(
+            OffPeakConfig(
+                gateway_url=gw.url,
+                admin_token=ADMIN,
+                low_water=0.5,
+                high_water=1.5,
+                hold_s=5.0,
+                cooldown_s=3.0,
+                smoothing_s=2.0,
+                interval_s=0.25,
+            )
+        )
         users, stop = {"n": 4}, threading.Event()
         lat, errors, rollouts = [], [], []
 
@@ -62,8 +76,11 @@ def main() -> dict:
                     time.sleep(0.05)
                     continue
                 t = time.monotonic()
-                status, _ = _post(f"{gw.url}/v1/completions", {"model": "m", "prompt": rng.choice(prompts),
-                                                               "max_tokens": 24, "temperature": 1.0}, KEY)
+                status, _ = _post(
+                    f"{gw.url}/v1/completions",
+                    {"model": "m", "prompt": rng.choice(prompts), "max_tokens": 24, "temperature": 1.0},
+                    KEY,
+                )
                 (lat if status == 200 else errors).append((t, time.monotonic()))
                 if users["n"] <= 1:
                     time.sleep(rng.uniform(0.2, 1.2))
@@ -71,8 +88,11 @@ def main() -> dict:
         def roll():
             rng = random.Random(99)
             while not stop.is_set():
-                status, body = _post(f"{gw.url}/admin/rollouts", {"prompt": rng.choice(prompts), "n": 4,
-                                                                  "max_tokens": 40, "replicas": "borrowed"}, ADMIN)
+                status, body = _post(
+                    f"{gw.url}/admin/rollouts",
+                    {"prompt": rng.choice(prompts), "n": 4, "max_tokens": 40, "replicas": "borrowed"},
+                    ADMIN,
+                )
                 if status != 200:
                     time.sleep(0.2)
                     continue
@@ -104,13 +124,15 @@ def main() -> dict:
             "rollout_tokens_in_trough": trough_tokens,
             "rollouts_aborted_at_return": sum(f == "abort" for _, _, f in rollouts),
             "decisions": [a for a, _, _ in decisions],
-            "seconds_to_borrow_after_trough": round(next((at for a, _, at in decisions if a == "borrow"), np.nan)
-                                                    - t_trough, 2),
+            "seconds_to_borrow_after_trough": round(
+                next((at for a, _, at in decisions if a == "borrow"), np.nan) - t_trough, 2
+            ),
             "seconds_to_return_after_rise": round(returns[0] - t_rise, 2) if returns else None,
             "user_p99_steady_ms": round(1000 * float(np.percentile(steady, 99)), 1),
             "user_p99_after_rise_ms": round(1000 * float(np.percentile(rise, 99)), 1),
             "user_p99_return_ratio": round(float(np.percentile(rise, 99) / np.percentile(steady, 99)), 2),
-            "user_failed": len(errors), "user_requests": len(lat),
+            "user_failed": len(errors),
+            "user_requests": len(lat),
         }
     finally:
         for thing in reversed(started):

@@ -8,6 +8,7 @@
     bwrap), alternating, best of 3 each: candidates per second and plain / isolated.
 Prints one JSON object as the last line.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,15 +34,23 @@ def corpus() -> dict:
     keys = Path(tempfile.mkdtemp(prefix="bench-keys-"))
     generate_key(keys / "signing.pem", keys / "signing.pub")
     listeners = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]  # servers on loopback ports
-    values = {"key": keys / "signing.pem", "cache_file": flywheel_home() / "setup.lock", "cache_dir": flywheel_home(),
-              "repo_file": REPO_ROOT / "online_rl" / "tasks.py", "repo_dir": REPO_ROOT,
-              "ports": [s.getsockname()[1] for s in listeners], "harness_pid": os.getpid(),
-              "stdlib": sandbox.interpreter()[1]}
+    values = {
+        "key": keys / "signing.pem",
+        "cache_file": flywheel_home() / "setup.lock",
+        "cache_dir": flywheel_home(),
+        "repo_file": REPO_ROOT / "online_rl" / "tasks.py",
+        "repo_dir": REPO_ROOT,
+        "ports": [s.getsockname()[1] for s in listeners],
+        "harness_pid": os.getpid(),
+        "stdlib": sandbox.interpreter()[1],
+    }
     before = (hc.fingerprint(flywheel_home()), hc.fingerprint(REPO_ROOT))
     t0 = time.monotonic()
     verdicts = sandbox.run([hc.render(c, **values) for c in hc.CASES], CFG)
-    verdicts += sandbox.run([hc.render(c, **values) for c in hc.LEFTOVER_PAIR],
-                            sandbox.SandboxConfig(cpu_seconds=1, wall_seconds=3.0, workers=1))
+    verdicts += sandbox.run(
+        [hc.render(c, **values) for c in hc.LEFTOVER_PAIR],
+        sandbox.SandboxConfig(cpu_seconds=1, wall_seconds=3.0, workers=1),
+    )
     seconds = time.monotonic() - t0
     for s in listeners:
         s.close()
@@ -50,13 +59,22 @@ def corpus() -> dict:
     for c, v, good in zip(cases, verdicts, ok):
         print(f"{'contained' if good else 'ESCAPED  '} {c.name:32s} reward {v.reward:.1f} {','.join(v.contained)}")
     time.sleep(0.5)
-    orphans = sum(1 for p in psutil.process_iter(["uids"])
-                  if CFG.outer_uid_base <= p.info["uids"].real < CFG.outer_uid_base + sandbox.UID_SPAN and p.status() != "zombie")
+    orphans = sum(
+        1
+        for p in psutil.process_iter(["uids"])
+        if CFG.outer_uid_base <= p.info["uids"].real < CFG.outer_uid_base + sandbox.UID_SPAN and p.status() != "zombie"
+    )
     changed = (hc.fingerprint(flywheel_home()), hc.fingerprint(REPO_ROOT)) != before
     kinds = Counter(k for v in verdicts for k in v.contained)
-    return {"cases": len(cases), "contained": sum(ok), "escapes": len(cases) - sum(ok) + int(changed),
-            "outside_changed": changed, "orphans": orphans, "corpus_seconds": round(seconds, 1),
-            "contained_by_kind": dict(sorted(kinds.items()))}
+    return {
+        "cases": len(cases),
+        "contained": sum(ok),
+        "escapes": len(cases) - sum(ok) + int(changed),
+        "outside_changed": changed,
+        "orphans": orphans,
+        "corpus_seconds": round(seconds, 1),
+        "contained_by_kind": dict(sorted(kinds.items())),
+    }
 
 
 def throughput(reps: int = 3) -> dict:
@@ -71,9 +89,13 @@ def throughput(reps: int = 3) -> dict:
             best[bare] = min(best[bare], time.perf_counter() - t)
             assert sum(v.ok for v in verdicts) == len(held), "the references pass, the wrong bodies fail"
     isolated, plain = len(cands) / best[False], len(cands) / best[True]
-    return {"honest_candidates": len(cands), "candidates_per_s": round(isolated, 1),
-            "plain_candidates_per_s": round(plain, 1), "overhead_ratio": round(plain / isolated, 2),
-            "workers": min(len(cands), os.cpu_count() or 1)}
+    return {
+        "honest_candidates": len(cands),
+        "candidates_per_s": round(isolated, 1),
+        "plain_candidates_per_s": round(plain, 1),
+        "overhead_ratio": round(plain / isolated, 2),
+        "workers": min(len(cands), os.cpu_count() or 1),
+    }
 
 
 def main() -> dict:

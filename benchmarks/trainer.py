@@ -1,6 +1,7 @@
 """The trainer, side by side in one run: update-step throughput on 1 vs 2 data-parallel processes (same
 batch, same 2 cores), stream ingest rate from a real broker, and the train/serve numerics of the demo
 model with router replay on and off. Prints one JSON object as the last line."""
+
 from __future__ import annotations
 
 import json
@@ -26,11 +27,22 @@ def _samples(model_dir: Path, n: int):
 
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     model = load_pretrained(model_dir)
-    raw = sample_completions(model, tok, tasks.tasks("heldout")[: n // 4 + 1], 4, torch.Generator().manual_seed(0),
-                             max_tokens=32)[:n]
-    return [Sample(key=str(i), prompt_ids=np.asarray(p), output_ids=np.asarray(o), behaviour_logprobs=lp,
-                   routed_experts=e, reward=float(i % 3 == 0), model_version=0, group=str(i // 8))
-            for i, (p, o, lp, e) in enumerate(raw)]
+    raw = sample_completions(
+        model, tok, tasks.tasks("heldout")[: n // 4 + 1], 4, torch.Generator().manual_seed(0), max_tokens=32
+    )[:n]
+    return [
+        Sample(
+            key=str(i),
+            prompt_ids=np.asarray(p),
+            output_ids=np.asarray(o),
+            behaviour_logprobs=lp,
+            routed_experts=e,
+            reward=float(i % 3 == 0),
+            model_version=0,
+            group=str(i // 8),
+        )
+        for i, (p, o, lp, e) in enumerate(raw)
+    ]
 
 
 def _rank(rank: int, size: int, port: int, model_dir: str, samples, out: str) -> None:
@@ -74,7 +86,10 @@ def update_throughput(model_dir: Path, tmp: Path) -> dict:
         r = json.loads(path.read_text())
         out[f"tokens_per_s_{size}proc"] = round(r["tokens"] / r["seconds"], 1)
         out[f"samples_per_s_{size}proc"] = round(r["samples"] / r["seconds"], 2)
-    out["update_batch"] = {"samples": len(samples), "mean_tokens": round(float(np.mean([s.n_tokens for s in samples])), 1)}
+    out["update_batch"] = {
+        "samples": len(samples),
+        "mean_tokens": round(float(np.mean([s.n_tokens for s in samples])), 1),
+    }
     return out
 
 
@@ -95,8 +110,10 @@ def ingest_rate(model_dir: Path, tmp: Path, pairs: int = 3000) -> dict:
         while trainer.joiner.stats.joined < pairs and time.perf_counter() - t < 300:
             trainer.ingest()
         seconds = time.perf_counter() - t
-        return {"ingest_events_per_s": round(2 * trainer.joiner.stats.joined / seconds, 1),
-                "ingest_pairs": trainer.joiner.stats.joined}
+        return {
+            "ingest_events_per_s": round(2 * trainer.joiner.stats.joined / seconds, 1),
+            "ingest_pairs": trainer.joiner.stats.joined,
+        }
     finally:
         broker.stop()
 
@@ -122,9 +139,10 @@ def main() -> dict:
         result.update(update_throughput(model, tmp))
         result.update(ingest_rate(model, tmp))
         result.update(numerics(model))
-        result["targets_met"] = {"replay_logprob_diff_le_1e-5": result["numerics"]["replay"]["max_abs_logprob_diff"]
-                                 <= 1e-5, "replay_routing_disagreement_zero":
-                                 result["numerics"]["replay"]["routing_disagreement"] == 0.0}
+        result["targets_met"] = {
+            "replay_logprob_diff_le_1e-5": result["numerics"]["replay"]["max_abs_logprob_diff"] <= 1e-5,
+            "replay_routing_disagreement_zero": result["numerics"]["replay"]["routing_disagreement"] == 0.0,
+        }
         return result
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -8,6 +8,7 @@ gateway as feedback on the whole session, which the trainer spreads over the ses
 The transport is the caller's (`chat(messages) -> answer`: the openai client in the demo's population,
 locust's client in load tests), so both drive the same session.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -77,9 +78,13 @@ class Repository:
         return total > 0 and passed == total
 
 
-def run_session(chat: Callable[[list[dict]], dict], task: tasks.Task, rng: random.Random,
-                judge: Callable[[tasks.Task, str], tuple[int, int]] = tests_passed,
-                max_turns: int = MAX_TURNS) -> SessionResult:
+def run_session(
+    chat: Callable[[list[dict]], dict],
+    task: tasks.Task,
+    rng: random.Random,
+    judge: Callable[[tasks.Task, str], tuple[int, int]] = tests_passed,
+    max_turns: int = MAX_TURNS,
+) -> SessionResult:
     """Drive one session; `chat` posts the conversation (with TOOLS) and returns the gateway's JSON answer
     (raising on any failed request). Returns the result; the caller sends the session's feedback."""
     path = rng.choice(PATHS)
@@ -101,12 +106,22 @@ def run_session(chat: Callable[[list[dict]], dict], task: tasks.Task, rng: rando
         res.calls += len(calls)
         messages.append({"role": "assistant", "content": message.get("content"), "tool_calls": calls})
         for c in calls:
-            messages.append({"role": "tool", "tool_call_id": c["id"],
-                             "content": repo.call(c["function"]["name"], c["function"]["arguments"])})
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": c["id"],
+                    "content": repo.call(c["function"]["name"], c["function"]["arguments"]),
+                }
+            )
     res.outcome = "accept" if repo.kept() else "reject"
     return res
 
 
 def chat_body(messages: list[dict], temperature: float, max_tokens: int) -> dict:
-    return {"model": "flywheel-coder", "messages": messages, "tools": openai_tools(), "temperature": temperature,
-            "max_tokens": max_tokens}
+    return {
+        "model": "flywheel-coder",
+        "messages": messages,
+        "tools": openai_tools(),
+        "temperature": temperature,
+        "max_tokens": max_tokens,
+    }

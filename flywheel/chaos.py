@@ -17,6 +17,7 @@ waits for the event to be on disk), samples trained twice (trainer ledger), repl
 on the newest version or not active, processes left over, user requests that failed outside the
 windows of a gateway kill, and the time each fault took to recover from.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,20 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-KINDS = ("gateway", "shipper", "replica", "agent", "store", "broker", "trainer", "disk_spool", "disk_store",
-         "disk_checkpoint", "store_down_switch", "broker_down")
+KINDS = (
+    "gateway",
+    "shipper",
+    "replica",
+    "agent",
+    "store",
+    "broker",
+    "trainer",
+    "disk_spool",
+    "disk_store",
+    "disk_checkpoint",
+    "store_down_switch",
+    "broker_down",
+)
 
 
 @dataclass
@@ -139,10 +152,32 @@ class Chaos:
     # ------------------------------------------------------------------ setup
     def _trainer_cmd(self) -> list[str]:
         f = self.fleet
-        return [sys.executable, "-m", "flywheel", "train", "--model", str(self.model), "--work-dir",
-                str(self.out / "trainer"), "--kafka", f.broker.bootstrap, "--publish-interval",
-                str(self.cfg.publish_interval_s), "--store", str(f.store_root), "--key", str(f.signing_key),
-                "--store-url", f.store_url, "--lr", "1e-4", "--threads", "1", "--min-batch", "4"]
+        return [
+            sys.executable,
+            "-m",
+            "flywheel",
+            "train",
+            "--model",
+            str(self.model),
+            "--work-dir",
+            str(self.out / "trainer"),
+            "--kafka",
+            f.broker.bootstrap,
+            "--publish-interval",
+            str(self.cfg.publish_interval_s),
+            "--store",
+            str(f.store_root),
+            "--key",
+            str(f.signing_key),
+            "--store-url",
+            f.store_url,
+            "--lr",
+            "1e-4",
+            "--threads",
+            "1",
+            "--min-batch",
+            "4",
+        ]
 
     def _start_trainer(self) -> None:
         from flywheel.core.paths import REPO_ROOT
@@ -150,8 +185,14 @@ class Chaos:
 
         (self.out / "logs").mkdir(parents=True, exist_ok=True)
         with open(self.out / "logs" / "trainer.log", "ab") as log:
-            self.trainer = spawn(self._trainer_cmd(), cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)))
+            self.trainer = spawn(
+                self._trainer_cmd(),
+                cwd=REPO_ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
+            )
         self.started_pids.add(self.trainer.pid)
 
     def setup(self) -> None:
@@ -169,14 +210,24 @@ class Chaos:
         for sub in ("gateway/spool", "weights/store", "trainer/checkpoints"):
             _mount_tmpfs(self.out / sub, self.cfg.disk_mb)
             self.mounts.append(self.out / sub)
-        self.fleet = LocalFleet(LocalFleetConfig(model=self.model, out_dir=self.out, replicas=2, tenants=4),
-                                say=self.say)
+        self.fleet = LocalFleet(
+            LocalFleetConfig(model=self.model, out_dir=self.out, replicas=2, tenants=4), say=self.say
+        )
         self.fleet.start()
-        self.started_pids |= {self.fleet.broker.pid, self.fleet.gateway.pid, self.fleet.store_pid,
-                              *self.fleet.agent_pids.values(), *(r.pid for r in self.fleet.replicas)}
+        self.started_pids |= {
+            self.fleet.broker.pid,
+            self.fleet.gateway.pid,
+            self.fleet.store_pid,
+            *self.fleet.agent_pids.values(),
+            *(r.pid for r in self.fleet.replicas),
+        }
         self._start_trainer()
-        self.pop = Population(PopulationConfig(users=self.cfg.users, seed=self.cfg.seed), self.fleet.gateway.url,
-                              list(self.fleet.keys.values()), preference=HouseStyle()).start()
+        self.pop = Population(
+            PopulationConfig(users=self.cfg.users, seed=self.cfg.seed),
+            self.fleet.gateway.url,
+            list(self.fleet.keys.values()),
+            preference=HouseStyle(),
+        ).start()
 
     # ------------------------------------------------------------------ faults
     def _wait(self, what: str, check, timeout: float = 180.0) -> float:
@@ -208,10 +259,15 @@ class Chaos:
 
         old = self.fleet.gateway
         port = int(old.url.rsplit(":", 1)[1])
-        self.fleet.gateway = gateway_process.start([r.url for r in self.fleet.replicas], self.model,
-                                                   self.out / "gateway", kafka=self.fleet.broker.bootstrap,
-                                                   keys=self.fleet.keys, admin_token=self.fleet.cfg.admin_token,
-                                                   port=port)
+        self.fleet.gateway = gateway_process.start(
+            [r.url for r in self.fleet.replicas],
+            self.model,
+            self.out / "gateway",
+            kafka=self.fleet.broker.bootstrap,
+            keys=self.fleet.keys,
+            admin_token=self.fleet.cfg.admin_token,
+            port=port,
+        )
         self.started_pids.add(self.fleet.gateway.pid)
 
     def inject(self, kind: str) -> Fault:
@@ -230,19 +286,33 @@ class Chaos:
             self._wait("gateway", self._gateway_ok)
         elif kind == "shipper":
             before = _get(f"{fleet.gateway.url}/health")["event_log"]["shipper_restarts"]
-            kids = [p for p in psutil.Process(fleet.gateway.pid).children(recursive=True)
-                    if "spawn" in " ".join(p.cmdline())]
+            kids = [
+                p
+                for p in psutil.Process(fleet.gateway.pid).children(recursive=True)
+                if "spawn" in " ".join(p.cmdline())
+            ]
             for p in kids:
                 p.kill()
             f.note = f"{len(kids)} killed"
-            self._wait("shipper", lambda: _get(f"{fleet.gateway.url}/health")["event_log"]["shipper_restarts"]
-                       > before and self._gateway_ok())
+            self._wait(
+                "shipper",
+                lambda: (
+                    _get(f"{fleet.gateway.url}/health")["event_log"]["shipper_restarts"] > before and self._gateway_ok()
+                ),
+            )
         elif kind == "replica":
             i = self.rng.randrange(len(fleet.replicas))
             rep = fleet.replicas[i]
             _killpg(rep.pid)
-            new = start_replica(ReplicaConfig(model_path=self.model, log_dir=self.out / "logs", threads=1,
-                                              port=rep.port, max_total_tokens=fleet.cfg.max_total_tokens))
+            new = start_replica(
+                ReplicaConfig(
+                    model_path=self.model,
+                    log_dir=self.out / "logs",
+                    threads=1,
+                    port=rep.port,
+                    max_total_tokens=fleet.cfg.max_total_tokens,
+                )
+            )
             fleet.replicas[i] = new
             self.started_pids.add(new.pid)
             self._wait("replica", lambda: self._replicas_ok() and len(set(fleet.served_versions().values())) == 1)
@@ -258,8 +328,11 @@ class Chaos:
                 from weight_sync.store import Store
 
                 before = Store(fleet.store_root).latest()
-                self._wait("a new version", lambda: Store(fleet.store_root).latest() != before,
-                           timeout=self.cfg.publish_interval_s * 3)
+                self._wait(
+                    "a new version",
+                    lambda: Store(fleet.store_root).latest() != before,
+                    timeout=self.cfg.publish_interval_s * 3,
+                )
             _killpg(fleet.store_pid)
             if kind == "store_down_switch":
                 time.sleep(self.cfg.outage_s)
@@ -282,11 +355,15 @@ class Chaos:
             latest = self._latest_checkpoint()
             self._start_trainer()
             # Back when it has resumed and committed a checkpoint of its own (it trains on the users' feedback).
-            self._wait("trainer", lambda: self.trainer.poll() is None and self._latest_checkpoint() != latest,
-                       timeout=240)
+            self._wait(
+                "trainer", lambda: self.trainer.poll() is None and self._latest_checkpoint() != latest, timeout=240
+            )
         elif kind.startswith("disk_"):
-            where = {"disk_spool": "gateway/spool", "disk_store": "weights/store",
-                     "disk_checkpoint": "trainer/checkpoints"}[kind]
+            where = {
+                "disk_spool": "gateway/spool",
+                "disk_store": "weights/store",
+                "disk_checkpoint": "trainer/checkpoints",
+            }[kind]
             ballast = _fill(self.out / where)
             time.sleep(self.cfg.full_s)
             ballast.unlink()
@@ -321,8 +398,14 @@ class Chaos:
 
         from flywheel.core import events as ev
 
-        c = KafkaConsumer(topic, bootstrap_servers=self.fleet.broker.bootstrap, auto_offset_reset="earliest",
-                          enable_auto_commit=False, group_id=None, consumer_timeout_ms=5000)
+        c = KafkaConsumer(
+            topic,
+            bootstrap_servers=self.fleet.broker.bootstrap,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            group_id=None,
+            consumer_timeout_ms=5000,
+        )
         seen, ids = set(), {}
         try:
             for r in c:
@@ -347,13 +430,21 @@ class Chaos:
         t = time.monotonic()
         latest = Store(fleet.store_root).latest()
         try:
-            self._wait("the fleet on the newest version", lambda: set(fleet.served_versions().values())
-                       == {Store(fleet.store_root).latest()} and self._replicas_ok(), timeout=self.cfg.settle_s)
+            self._wait(
+                "the fleet on the newest version",
+                lambda: (
+                    set(fleet.served_versions().values()) == {Store(fleet.store_root).latest()} and self._replicas_ok()
+                ),
+                timeout=self.cfg.settle_s,
+            )
             on_version_s = round(time.monotonic() - t, 1)
         except TimeoutError:
             on_version_s = None
-        self._wait("the event spool drained", lambda: _get(f"{fleet.gateway.url}/health")["spool_pending_bytes"] == 0,
-                   timeout=120)
+        self._wait(
+            "the event spool drained",
+            lambda: _get(f"{fleet.gateway.url}/health")["spool_pending_bytes"] == 0,
+            timeout=120,
+        )
         served = [r for r in records if r.outcome != "failed" and r.completion_id]
         completions = self._topic_ids(ev.TOPIC_COMPLETIONS)
         feedback = self._topic_ids(ev.TOPIC_FEEDBACK)
@@ -370,20 +461,32 @@ class Chaos:
         for f in sorted((self.out / "trainer" / "ledger").glob("step-*.json")):
             ledger += [e["key"] for e in json.loads(f.read_text()) if "dropped" not in e]
         twice = len(ledger) - len(set(ledger))
-        stuck = [r["id"] for r in fleet.admin("GET", "/admin/replicas")["replicas"]
-                 if r["state"] != "active" or not r["healthy"]]
-        return {"faults_injected": len(self.faults), "fault_kinds": len({f.kind for f in self.faults}),
-                "faults_not_recovered": sum(f.recovered_s is None for f in self.faults),
-                "requests": len(records), "completion_events": len(served), "feedback_events": len(judged),
-                # Answered means on disk (the gateway waits for the spool's fsync): none may be lost, gateway
-                # kills included.
-                "events_lost": len(lost_c) + len(lost_f), "events_lost_ids": (lost_c + lost_f)[:20],
-                "samples_trained": len(ledger), "samples_double_trained": twice, "stuck_replicas": len(stuck),
-                "fleet_version": latest, "fleet_on_newest_s": on_version_s,
-                "user_failed_outside_gateway_kill": len(failed_outside),
-                "user_failed_in_gateway_kill": len(failed) - len(failed_outside),
-                "max_recovery_s": max((f.recovered_s or 0.0 for f in self.faults), default=0.0),
-                "faults": [asdict(f) for f in self.faults]}
+        stuck = [
+            r["id"]
+            for r in fleet.admin("GET", "/admin/replicas")["replicas"]
+            if r["state"] != "active" or not r["healthy"]
+        ]
+        return {
+            "faults_injected": len(self.faults),
+            "fault_kinds": len({f.kind for f in self.faults}),
+            "faults_not_recovered": sum(f.recovered_s is None for f in self.faults),
+            "requests": len(records),
+            "completion_events": len(served),
+            "feedback_events": len(judged),
+            # Answered means on disk (the gateway waits for the spool's fsync): none may be lost, gateway
+            # kills included.
+            "events_lost": len(lost_c) + len(lost_f),
+            "events_lost_ids": (lost_c + lost_f)[:20],
+            "samples_trained": len(ledger),
+            "samples_double_trained": twice,
+            "stuck_replicas": len(stuck),
+            "fleet_version": latest,
+            "fleet_on_newest_s": on_version_s,
+            "user_failed_outside_gateway_kill": len(failed_outside),
+            "user_failed_in_gateway_kill": len(failed) - len(failed_outside),
+            "max_recovery_s": max((f.recovered_s or 0.0 for f in self.faults), default=0.0),
+            "faults": [asdict(f) for f in self.faults],
+        }
 
     # ------------------------------------------------------------------ teardown
     def teardown(self) -> int:
@@ -406,8 +509,11 @@ class Chaos:
             left = []
             for p in psutil.process_iter(["cmdline"]):
                 try:
-                    mine = p.pid in self.started_pids or os.getpgid(p.pid) in self.started_pids or \
-                        marker in " ".join(p.info["cmdline"] or [])
+                    mine = (
+                        p.pid in self.started_pids
+                        or os.getpgid(p.pid) in self.started_pids
+                        or marker in " ".join(p.info["cmdline"] or [])
+                    )
                     if mine and p.pid not in ours and p.status() != psutil.STATUS_ZOMBIE:
                         left.append(p.pid)
                 except (psutil.Error, ProcessLookupError):
@@ -419,6 +525,7 @@ class Chaos:
         deadline = time.monotonic() + 30
         while (left := still_running()) and time.monotonic() < deadline:
             time.sleep(0.5)
+
         def described(pid: int) -> str:
             try:
                 return f"{pid} {' '.join(psutil.Process(pid).cmdline())[:200]}"
@@ -439,9 +546,21 @@ def table(result: dict) -> str:
         rec = "-" if f["recovered_s"] is None else f"{f['recovered_s']:.1f}"
         lines.append(f"{f['kind']:20s} {f['at'] - t0:8.1f} {rec:>12s}  {f['note']}")
     lines.append("")
-    for k in ("faults_injected", "fault_kinds", "events_lost", "samples_double_trained",
-              "stuck_replicas", "orphans", "user_failed_outside_gateway_kill", "user_failed_in_gateway_kill",
-              "max_recovery_s", "fleet_on_newest_s", "requests", "completion_events", "feedback_events"):
+    for k in (
+        "faults_injected",
+        "fault_kinds",
+        "events_lost",
+        "samples_double_trained",
+        "stuck_replicas",
+        "orphans",
+        "user_failed_outside_gateway_kill",
+        "user_failed_in_gateway_kill",
+        "max_recovery_s",
+        "fleet_on_newest_s",
+        "requests",
+        "completion_events",
+        "feedback_events",
+    ):
         lines.append(f"{k:34s} {result.get(k)}")
     return "\n".join(lines)
 
@@ -466,17 +585,30 @@ def _main(args) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _term)
-    cfg = ChaosConfig(duration_s=args.duration, seed=args.seed, out_dir=args.out,
-                      kinds=tuple(args.kinds.split(",")) if args.kinds else KINDS)
+    cfg = ChaosConfig(
+        duration_s=args.duration,
+        seed=args.seed,
+        out_dir=args.out,
+        kinds=tuple(args.kinds.split(",")) if args.kinds else KINDS,
+    )
     r = run(cfg)
-    bad = (r.get("events_lost"), r.get("samples_double_trained"), r.get("stuck_replicas"), r.get("orphans"),
-           r.get("user_failed_outside_gateway_kill"), r.get("faults_not_recovered"))
+    bad = (
+        r.get("events_lost"),
+        r.get("samples_double_trained"),
+        r.get("stuck_replicas"),
+        r.get("orphans"),
+        r.get("user_failed_outside_gateway_kill"),
+        r.get("faults_not_recovered"),
+    )
     return 0 if all(x == 0 for x in bad) and r.get("fleet_on_newest_s") is not None else 1
 
 
 def register(sub) -> None:
-    p = sub.add_parser("chaos", help="the loop under seeded faults (kills, disk full, outages), then a check "
-                                     "that nothing was lost, trained twice, stuck or left running (root)")
+    p = sub.add_parser(
+        "chaos",
+        help="the loop under seeded faults (kills, disk full, outages), then a check "
+        "that nothing was lost, trained twice, stuck or left running (root)",
+    )
     p.add_argument("--duration", type=float, default=ChaosConfig.duration_s, help="seconds of fault injection")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=ChaosConfig.out_dir)

@@ -3,6 +3,7 @@
 A package's `cli` module exposes `register(subparsers)`; it must stay cheap to import (no torch,
 no sglang at import time) so that `flywheel --help` is instant.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     if not args.verbose:
         for noisy in ("kafka", "httpx"):
             logging.getLogger(noisy).setLevel(logging.WARNING)

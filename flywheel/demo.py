@@ -10,6 +10,7 @@
 
 Everything started here is stopped here, by PID; the output directory is started afresh each run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,17 +44,39 @@ def register(sub: argparse._SubParsersAction) -> None:
     for f in dataclasses.fields(DemoConfig):
         flag = "--" + f.name.replace("_", "-")
         p.add_argument(flag, type=type(f.default) if not isinstance(f.default, Path) else Path, default=f.default)
-    p.set_defaults(func=lambda a: run(DemoConfig(**{f.name: getattr(a, f.name) for f in dataclasses.fields(DemoConfig)})))
+    p.set_defaults(
+        func=lambda a: run(DemoConfig(**{f.name: getattr(a, f.name) for f in dataclasses.fields(DemoConfig)}))
+    )
 
 
 def _trainer(cfg: DemoConfig, fleet, model: Path, out: Path) -> subprocess.Popen:
     from flywheel.core.paths import REPO_ROOT
     from flywheel.core.procs import spawn
 
-    cmd = [sys.executable, "-m", "flywheel", "train", "--model", str(model), "--work-dir", str(out / "trainer"),
-           "--kafka", fleet.broker.bootstrap, "--publish-interval", str(cfg.publish_interval_s),
-           "--store", str(fleet.store_root), "--key", str(fleet.signing_key), "--store-url", fleet.store_url,
-           "--lr", str(cfg.lr), "--threads", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "flywheel",
+        "train",
+        "--model",
+        str(model),
+        "--work-dir",
+        str(out / "trainer"),
+        "--kafka",
+        fleet.broker.bootstrap,
+        "--publish-interval",
+        str(cfg.publish_interval_s),
+        "--store",
+        str(fleet.store_root),
+        "--key",
+        str(fleet.signing_key),
+        "--store-url",
+        fleet.store_url,
+        "--lr",
+        str(cfg.lr),
+        "--threads",
+        "1",
+    ]
     with open(out / "logs" / "trainer.log", "ab") as log:  # the child keeps its own copy of the descriptor
         return spawn(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
@@ -69,9 +92,11 @@ def _line(t0: float, pop, fleet) -> str:
     serving = ",".join(str(v) for v in sorted({v for v in fleet.served_versions().values() if v is not None}))
     published = max(Store(fleet.store_root).versions(), default=0)
     failed = sum(r.outcome == "failed" for r in recs)
-    return (f"[{time.monotonic() - t0:5.0f}s] published v{published}, fleet serves v{serving}, {len(recs)} requests "
-            f"({failed} failed), acceptance of the last {len(recent)} judged: {acc:.0%}, agent sessions kept "
-            f"{kept}/{len(sessions)}")
+    return (
+        f"[{time.monotonic() - t0:5.0f}s] published v{published}, fleet serves v{serving}, {len(recs)} requests "
+        f"({failed} failed), acceptance of the last {len(recent)} judged: {acc:.0%}, agent sessions kept "
+        f"{kept}/{len(sessions)}"
+    )
 
 
 def run(cfg: DemoConfig) -> int:
@@ -89,22 +114,31 @@ def run(cfg: DemoConfig) -> int:
     t_setup = time.monotonic()
     model = bootstrap(cfg.preset, cfg.seed)
     base = report(model)
-    print(f"model   {model}  ({base['parameters']:,} parameters; held-out pass rate greedy "
-          f"{base['eval']['pass_rate_greedy']:.0%}, temperature 1 {base['eval']['pass_rate_t1']:.0%})")
+    print(
+        f"model   {model}  ({base['parameters']:,} parameters; held-out pass rate greedy "
+        f"{base['eval']['pass_rate_greedy']:.0%}, temperature 1 {base['eval']['pass_rate_t1']:.0%})"
+    )
     trainer = pop = None
-    fleet = LocalFleet(LocalFleetConfig(model=model, out_dir=out / "fleet", replicas=cfg.replicas,
-                                        tenants=cfg.users + cfg.agents))
+    fleet = LocalFleet(
+        LocalFleetConfig(model=model, out_dir=out / "fleet", replicas=cfg.replicas, tenants=cfg.users + cfg.agents)
+    )
     try:
         fleet.start()
         trainer = _trainer(cfg, fleet, model, out)
         print(f"trainer pid {trainer.pid}, publishes every {cfg.publish_interval_s:.0f}s (log {out}/logs/trainer.log)")
-        pop = Population(PopulationConfig(users=cfg.users, agents=cfg.agents, temperature=cfg.temperature,
-                                          seed=cfg.seed),
-                         fleet.gateway.url, list(fleet.keys.values())).start()
-        print(f"users   {cfg.users} simulated IDE users and {cfg.agents} agent users (hidden preference: the "
-              f"function passes its hidden tests)")
-        print(f"setup took {time.monotonic() - t_setup:.0f}s; running until v{cfg.versions} is served "
-              f"or {cfg.minutes:.0f} min\n")
+        pop = Population(
+            PopulationConfig(users=cfg.users, agents=cfg.agents, temperature=cfg.temperature, seed=cfg.seed),
+            fleet.gateway.url,
+            list(fleet.keys.values()),
+        ).start()
+        print(
+            f"users   {cfg.users} simulated IDE users and {cfg.agents} agent users (hidden preference: the "
+            f"function passes its hidden tests)"
+        )
+        print(
+            f"setup took {time.monotonic() - t_setup:.0f}s; running until v{cfg.versions} is served "
+            f"or {cfg.minutes:.0f} min\n"
+        )
         t0 = time.monotonic()
         deadline = t0 + 60 * cfg.minutes
         next_line = t0
@@ -114,8 +148,11 @@ def run(cfg: DemoConfig) -> int:
             if time.monotonic() >= next_line:
                 print(_line(t0, pop, fleet), flush=True)
                 next_line += 15
-            newest = [r for r in pop.snapshot() if r.version == cfg.versions and r.outcome in ("accept", "reject")
-                      and r.kind == "autocomplete"]
+            newest = [
+                r
+                for r in pop.snapshot()
+                if r.version == cfg.versions and r.outcome in ("accept", "reject") and r.kind == "autocomplete"
+            ]
             if len(newest) >= 60:  # the last version has served enough judged requests to measure
                 break
             time.sleep(1)
@@ -133,10 +170,12 @@ def run(cfg: DemoConfig) -> int:
     verdict = demo_report.verdict(rows, goal_points=cfg.goal_points)
     demo_report.write(rows, verdict, out)
     print("\n" + demo_report.table(rows))
-    print(f"\nacceptance v{verdict['base_version']} {_pct(verdict['base_acceptance'])} -> "
-          f"v{verdict['final_version']} {_pct(verdict['final_acceptance'])} ({'-' if verdict['rise_points'] is None else format(verdict['rise_points'], '+')} points; goal "
-          f"+{cfg.goal_points:.0f}), {verdict['failed_requests']} failed requests: "
-          f"{'GOAL MET' if verdict['goal_met'] else 'goal missed'}")
+    print(
+        f"\nacceptance v{verdict['base_version']} {_pct(verdict['base_acceptance'])} -> "
+        f"v{verdict['final_version']} {_pct(verdict['final_acceptance'])} ({'-' if verdict['rise_points'] is None else format(verdict['rise_points'], '+')} points; goal "
+        f"+{cfg.goal_points:.0f}), {verdict['failed_requests']} failed requests: "
+        f"{'GOAL MET' if verdict['goal_met'] else 'goal missed'}"
+    )
     print(f"wrote {out}/summary.json, {out}/acceptance.png, {out}/interactions.jsonl; everything started was stopped")
     return 0 if verdict["goal_met"] else 1
 

@@ -7,6 +7,7 @@ of its first turn; accepted: the file it left passes its hidden tests), requests
 p50/p99 latency of the autocomplete requests, the user-visible switch pause (max over replicas), time out of rotation, and the delta's
 size and compression ratio.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,21 @@ from pathlib import Path
 
 import numpy as np
 
-FIELDS = ("version", "acceptance", "judged", "agent_acceptance", "sessions", "requests", "failed", "p50_ms", "p99_ms", "switch_pause_ms",
-          "out_of_rotation_ms", "delta_mb", "delta_ratio")
+FIELDS = (
+    "version",
+    "acceptance",
+    "judged",
+    "agent_acceptance",
+    "sessions",
+    "requests",
+    "failed",
+    "p50_ms",
+    "p99_ms",
+    "switch_pause_ms",
+    "out_of_rotation_ms",
+    "delta_mb",
+    "delta_ratio",
+)
 
 
 def summarize(records: list, switches: list[dict], manifests: dict[int, object]) -> list[dict]:
@@ -39,22 +53,24 @@ def summarize(records: list, switches: list[dict], manifests: dict[int, object])
         lat = np.array([r.latency_s for r in mine if _kind(r) == "autocomplete"]) * 1000
         sw = [s for s in switches if int(s["version"]) == v]
         m = manifests.get(v)
-        rows.append({
-            "version": v,
-            "acceptance": _rate(judged),
-            "judged": len(judged),
-            "agent_acceptance": _rate(sessions),
-            "sessions": len(sessions),
-            "requests": len(mine),
-            "failed": len(failed),
-            "p50_ms": round(float(np.percentile(lat, 50)), 1) if lat.size else None,
-            "p99_ms": round(float(np.percentile(lat, 99)), 1) if lat.size else None,
-            "switch_pause_ms": max((s.get("pause_ms", 0.0) for s in sw), default=None),
-            "out_of_rotation_ms": max((s.get("drain_ms", 0.0) + s.get("load_ms", 0.0) for s in sw), default=None),
-            "delta_mb": round(m.nbytes_compressed / 2**20, 3) if m is not None else None,
-            "delta_ratio": round(m.nbytes_raw / max(1, m.nbytes_compressed), 1) if m is not None else None,
-            "kind": getattr(m, "kind", None),
-        })
+        rows.append(
+            {
+                "version": v,
+                "acceptance": _rate(judged),
+                "judged": len(judged),
+                "agent_acceptance": _rate(sessions),
+                "sessions": len(sessions),
+                "requests": len(mine),
+                "failed": len(failed),
+                "p50_ms": round(float(np.percentile(lat, 50)), 1) if lat.size else None,
+                "p99_ms": round(float(np.percentile(lat, 99)), 1) if lat.size else None,
+                "switch_pause_ms": max((s.get("pause_ms", 0.0) for s in sw), default=None),
+                "out_of_rotation_ms": max((s.get("drain_ms", 0.0) + s.get("load_ms", 0.0) for s in sw), default=None),
+                "delta_mb": round(m.nbytes_compressed / 2**20, 3) if m is not None else None,
+                "delta_ratio": round(m.nbytes_raw / max(1, m.nbytes_compressed), 1) if m is not None else None,
+                "kind": getattr(m, "kind", None),
+            }
+        )
     return rows
 
 
@@ -67,19 +83,23 @@ def _rate(judged: list) -> float | None:
 
 
 def table(rows: list[dict]) -> str:
-    head = f"{'version':>7} {'accept':>7} {'judged':>6} {'agent':>7} {'sess':>5} {'reqs':>5} {'failed':>6} {'p50 ms':>7} {'p99 ms':>7} " \
-           f"{'pause ms':>8} {'out ms':>7} {'delta MB':>8} {'ratio':>6}"
+    head = (
+        f"{'version':>7} {'accept':>7} {'judged':>6} {'agent':>7} {'sess':>5} {'reqs':>5} {'failed':>6} {'p50 ms':>7} {'p99 ms':>7} "
+        f"{'pause ms':>8} {'out ms':>7} {'delta MB':>8} {'ratio':>6}"
+    )
     lines = [head, "-" * len(head)]
 
     def f(x, spec):
         return format(x, spec) if x is not None else "-".rjust(int(spec.split(".")[0]))
 
     for r in rows:
-        lines.append(f"{'v' + str(r['version']):>7} {f(r['acceptance'] and 100 * r['acceptance'], '6.1f')}% "
-                     f"{r['judged']:>6} {f(r['agent_acceptance'] and 100 * r['agent_acceptance'], '6.1f')}% "
-                     f"{r['sessions']:>5} {r['requests']:>5} {r['failed']:>6} {f(r['p50_ms'], '7.0f')} "
-                     f"{f(r['p99_ms'], '7.0f')} {f(r['switch_pause_ms'], '8.0f')} {f(r['out_of_rotation_ms'], '7.0f')} "
-                     f"{f(r['delta_mb'], '8.3f')} {f(r['delta_ratio'], '6.1f')}")
+        lines.append(
+            f"{'v' + str(r['version']):>7} {f(r['acceptance'] and 100 * r['acceptance'], '6.1f')}% "
+            f"{r['judged']:>6} {f(r['agent_acceptance'] and 100 * r['agent_acceptance'], '6.1f')}% "
+            f"{r['sessions']:>5} {r['requests']:>5} {r['failed']:>6} {f(r['p50_ms'], '7.0f')} "
+            f"{f(r['p99_ms'], '7.0f')} {f(r['switch_pause_ms'], '8.0f')} {f(r['out_of_rotation_ms'], '7.0f')} "
+            f"{f(r['delta_mb'], '8.3f')} {f(r['delta_ratio'], '6.1f')}"
+        )
     return "\n".join(lines)
 
 
@@ -90,9 +110,16 @@ def verdict(rows: list[dict], min_judged: int = 30, goal_points: float = 20.0) -
     last = usable[-1] if usable else None
     rise = None if base is None or last is None else round(100 * (last["acceptance"] - base["acceptance"]), 1)
     failed = sum(r["failed"] for r in rows)
-    return {"base_version": 0, "base_acceptance": base and base["acceptance"], "final_version": last and last["version"],
-            "final_acceptance": last and last["acceptance"], "rise_points": rise, "failed_requests": failed,
-            "goal_points": goal_points, "goal_met": rise is not None and rise >= goal_points and failed == 0}
+    return {
+        "base_version": 0,
+        "base_acceptance": base and base["acceptance"],
+        "final_version": last and last["version"],
+        "final_acceptance": last and last["acceptance"],
+        "rise_points": rise,
+        "failed_requests": failed,
+        "goal_points": goal_points,
+        "goal_met": rise is not None and rise >= goal_points and failed == 0,
+    }
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -107,14 +134,19 @@ def plot(rows: list[dict], path: Path) -> None:
     ys = [100 * r["acceptance"] for r in rows]
     ax.plot(xs, ys, marker="o", label="autocomplete: completions accepted")
     for r, y in zip(rows, ys):
-        ax.annotate(f"n={r['judged']}", (r["version"], y), textcoords="offset points", xytext=(0, 6), ha="center",
-                    fontsize=7)
+        ax.annotate(
+            f"n={r['judged']}", (r["version"], y), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7
+        )
     ax.set_xlabel("weight version (hot-switched)")
     ax.set_ylabel("acceptance (%)")
     agents = [r for r in rows if r.get("agent_acceptance") is not None]
     if agents:
-        ax.plot([r["version"] for r in agents], [100 * r["agent_acceptance"] for r in agents], marker="s",
-                label="agent: sessions whose file passes")
+        ax.plot(
+            [r["version"] for r in agents],
+            [100 * r["agent_acceptance"] for r in agents],
+            marker="s",
+            label="agent: sessions whose file passes",
+        )
         ax.legend(fontsize=8)
     ax.set_title("Simulated IDE users: acceptance per version")
     ax.set_xticks(xs)

@@ -4,6 +4,7 @@ The jars come from Maven Central through the small Maven project beside this fil
 under $FLYWHEEL_HOME/kafka/<version>/libs. The broker keeps its pid, ports and log under a data dir;
 `start` returns only once the broker answers metadata requests.
 """
+
 from __future__ import annotations
 
 import base64
@@ -80,8 +81,17 @@ def fetch_jars(quiet: bool = False) -> Path:
         raise RuntimeError("mvn not found: Maven is needed once to fetch the Kafka broker jars")
     libs.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix="libs-", dir=libs.parent))
-    cmd = ["mvn", "-B", "-q", "-f", str(POM), f"-Dmaven.repo.local={flywheel_home() / 'm2'}",
-           "dependency:copy-dependencies", "-DincludeScope=runtime", f"-DoutputDirectory={staging}"]
+    cmd = [
+        "mvn",
+        "-B",
+        "-q",
+        "-f",
+        str(POM),
+        f"-Dmaven.repo.local={flywheel_home() / 'm2'}",
+        "dependency:copy-dependencies",
+        "-DincludeScope=runtime",
+        f"-DoutputDirectory={staging}",
+    ]
     if not quiet:
         print(f"fetching Kafka {version} jars from Maven Central ...", file=sys.stderr)
     t0 = time.monotonic()
@@ -171,8 +181,9 @@ def metadata_ok(bootstrap: str, timeout_s: float = 5.0) -> bool:
     from kafka import KafkaAdminClient
 
     with quiet_kafka():  # "connection refused" is the expected answer while a broker starts
-        admin = KafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000),
-                                 client_id="flywheel-probe")
+        admin = KafkaAdminClient(
+            bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000), client_id="flywheel-probe"
+        )
         try:
             return len(admin.describe_cluster().get("brokers", [])) >= 1
         finally:
@@ -184,8 +195,9 @@ def running(data_dir: Path) -> Broker | None:
     state = read_state(Path(data_dir) / STATE_FILE)
     if not state or not same_process(state):
         return None
-    return Broker(pid=state["pid"], bootstrap=state["bootstrap"], data_dir=Path(data_dir),
-                  log_file=Path(state["log_file"]))
+    return Broker(
+        pid=state["pid"], bootstrap=state["bootstrap"], data_dir=Path(data_dir), log_file=Path(state["log_file"])
+    )
 
 
 def start(cfg: BrokerConfig | None = None, die_with_parent: bool = True) -> Broker:
@@ -195,8 +207,9 @@ def start(cfg: BrokerConfig | None = None, die_with_parent: bool = True) -> Brok
     data_dir.mkdir(parents=True, exist_ok=True)
     existing = running(data_dir)
     if existing is not None:
-        raise RuntimeError(f"a broker is already running from {data_dir} (pid {existing.pid}, "
-                           f"{existing.bootstrap}); stop it first")
+        raise RuntimeError(
+            f"a broker is already running from {data_dir} (pid {existing.pid}, {existing.bootstrap}); stop it first"
+        )
     libs = fetch_jars(quiet=True)
     log_dirs = data_dir / "logs"
     formatted = (log_dirs / "meta.properties").exists()
@@ -215,30 +228,63 @@ def start(cfg: BrokerConfig | None = None, die_with_parent: bool = True) -> Brok
     java = _java()
     # C1 only: the broker starts in ~3 s instead of ~9 s; at our event rates it made no measurable
     # difference to gateway latency (benchmarks.gateway, run with and without).
-    jvm = [java, f"-Xms{cfg.heap}", f"-Xmx{cfg.heap}", "-XX:+UseG1GC", "-XX:TieredStopAtLevel=1",
-           "-Djava.awt.headless=true", f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath]
+    jvm = [
+        java,
+        f"-Xms{cfg.heap}",
+        f"-Xmx{cfg.heap}",
+        "-XX:+UseG1GC",
+        "-XX:TieredStopAtLevel=1",
+        "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={log4j}",
+        "-cp",
+        classpath,
+    ]
 
     if not formatted:
-        fmt = subprocess.run(jvm + ["kafka.tools.StorageTool", "format", "--standalone", "-t", _cluster_id(),
-                                    "-c", str(props)], capture_output=True, text=True)
+        fmt = subprocess.run(
+            jvm + ["kafka.tools.StorageTool", "format", "--standalone", "-t", _cluster_id(), "-c", str(props)],
+            capture_output=True,
+            text=True,
+        )
         if fmt.returncode != 0:
             raise RuntimeError(f"kafka storage format failed:\n{fmt.stdout}\n{fmt.stderr}")
     write_state(data_dir / PORTS_FILE, {"port": port, "controller_port": cport})
 
     stdout = open(data_dir / "broker.stdout", "ab")
-    proc = spawn(jvm + ["kafka.Kafka", str(props)], die_with_parent=die_with_parent, stdout=stdout,
-                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=data_dir)
+    proc = spawn(
+        jvm + ["kafka.Kafka", str(props)],
+        die_with_parent=die_with_parent,
+        stdout=stdout,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        cwd=data_dir,
+    )
     stdout.close()
     bootstrap = f"127.0.0.1:{port}"
     broker = Broker(pid=proc.pid, bootstrap=bootstrap, data_dir=data_dir, log_file=log_file)
-    write_state(data_dir / STATE_FILE, {**identity(proc.pid), "bootstrap": bootstrap, "port": port,
-                                        "controller_port": cport, "log_file": str(log_file),
-                                        "version": pinned_version(), "started": time.time()})
+    write_state(
+        data_dir / STATE_FILE,
+        {
+            **identity(proc.pid),
+            "bootstrap": bootstrap,
+            "port": port,
+            "controller_port": cport,
+            "log_file": str(log_file),
+            "version": pinned_version(),
+            "started": time.time(),
+        },
+    )
     try:
-        wait_until(lambda: metadata_ok(bootstrap, 3.0), cfg.start_timeout_s, interval=0.5,
-                   what=f"Kafka broker on {bootstrap}", alive=lambda: proc.poll() is None)
+        wait_until(
+            lambda: metadata_ok(bootstrap, 3.0),
+            cfg.start_timeout_s,
+            interval=0.5,
+            what=f"Kafka broker on {bootstrap}",
+            alive=lambda: proc.poll() is None,
+        )
     except (TimeoutError, RuntimeError) as e:
         broker.stop()
-        raise RuntimeError(f"{e}\n--- broker.stdout ---\n{tail(data_dir / 'broker.stdout')}\n"
-                           f"--- broker.log ---\n{tail(log_file)}") from None
+        raise RuntimeError(
+            f"{e}\n--- broker.stdout ---\n{tail(data_dir / 'broker.stdout')}\n--- broker.log ---\n{tail(log_file)}"
+        ) from None
     return broker

@@ -1,4 +1,5 @@
 """`flywheel kafka fetch|start|stop|status`: the local single-node broker."""
+
 from __future__ import annotations
 
 import argparse
@@ -9,10 +10,12 @@ from pathlib import Path
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("kafka", help="run a local Kafka 4 broker (KRaft, broker+controller)")
     ksub = p.add_subparsers(dest="kafka_cmd", required=True)
-    for name, fn, doc in [("fetch", _fetch, "resolve the broker jars from Maven Central into the cache"),
-                          ("start", _start, "start a broker on 127.0.0.1 (free ports) and wait until it serves"),
-                          ("stop", _stop, "stop the broker of a data dir (by PID)"),
-                          ("status", _status, "is the broker of a data dir running and answering")]:
+    for name, fn, doc in [
+        ("fetch", _fetch, "resolve the broker jars from Maven Central into the cache"),
+        ("start", _start, "start a broker on 127.0.0.1 (free ports) and wait until it serves"),
+        ("stop", _stop, "stop the broker of a data dir (by PID)"),
+        ("status", _status, "is the broker of a data dir running and answering"),
+    ]:
         q = ksub.add_parser(name, help=doc)
         if name != "fetch":
             q.add_argument("--data-dir", type=Path, default=None, help="default $FLYWHEEL_HOME/kafka-data")
@@ -47,8 +50,17 @@ def _start(args) -> int:
     cfg.port, cfg.heap = args.port, args.heap
     t0 = time.monotonic()
     b = start(cfg, die_with_parent=False)  # the command returns; the broker stays
-    print(json.dumps({"bootstrap": b.bootstrap, "pid": b.pid, "data_dir": str(b.data_dir),
-                      "log": str(b.log_file), "start_s": round(time.monotonic() - t0, 1)}))
+    print(
+        json.dumps(
+            {
+                "bootstrap": b.bootstrap,
+                "pid": b.pid,
+                "data_dir": str(b.data_dir),
+                "log": str(b.log_file),
+                "start_s": round(time.monotonic() - t0, 1),
+            }
+        )
+    )
     return 0
 
 
@@ -75,6 +87,9 @@ def _status(args) -> int:
         answering = metadata_ok(b.bootstrap)
     except Exception:
         answering = False
-    print(json.dumps({"running": True, "answering": answering, "pid": b.pid, "bootstrap": b.bootstrap,
-                      "log": str(b.log_file)}))
+    print(
+        json.dumps(
+            {"running": True, "answering": answering, "pid": b.pid, "bootstrap": b.bootstrap, "log": str(b.log_file)}
+        )
+    )
     return 0 if answering else 1

@@ -3,6 +3,7 @@ store (signing keys, v0 = the model, its HTTP server), SGLang replicas on CPU, t
 agent per replica following the `weights` topic. Everything lives under one directory and every process
 started here is stopped here, by PID.
 """
+
 from __future__ import annotations
 
 import json
@@ -74,18 +75,31 @@ class LocalFleet:
         activate(self.publish_config(), 0, "fleet start: serve v0")
         for i in range(self.cfg.replicas):
             t = time.monotonic()
-            rep = start_replica(ReplicaConfig(model_path=self.cfg.model, log_dir=self.out / "logs",
-                                              threads=self.cfg.threads, max_total_tokens=self.cfg.max_total_tokens))
+            rep = start_replica(
+                ReplicaConfig(
+                    model_path=self.cfg.model,
+                    log_dir=self.out / "logs",
+                    threads=self.cfg.threads,
+                    max_total_tokens=self.cfg.max_total_tokens,
+                )
+            )
             self.replicas.append(rep)
             self.say(f"sglang  r{i} {rep.url}  (pid {rep.pid}, ready in {time.monotonic() - t:.1f}s)")
-        self.gateway = gateway_process.start([r.url for r in self.replicas], self.cfg.model, self.out / "gateway",
-                                             kafka=self.broker.bootstrap, keys=self.keys,
-                                             admin_token=self.cfg.admin_token)
+        self.gateway = gateway_process.start(
+            [r.url for r in self.replicas],
+            self.cfg.model,
+            self.out / "gateway",
+            kafka=self.broker.bootstrap,
+            keys=self.keys,
+            admin_token=self.cfg.admin_token,
+        )
         self.say(f"gateway {self.gateway.url}  (pid {self.gateway.pid}; OpenAI API at {self.gateway.url}/v1)")
         for i, rep in enumerate(self.replicas):
             self.agent_pids[f"r{i}"] = self._spawn_agent(f"r{i}", rep.url)
-        self.say(f"agents  {', '.join(f'r{i}' for i in range(len(self.replicas)))} follow the weights topic "
-                 f"(store {self.store_url})")
+        self.say(
+            f"agents  {', '.join(f'r{i}' for i in range(len(self.replicas)))} follow the weights topic "
+            f"(store {self.store_url})"
+        )
         return self
 
     def stop(self) -> None:
@@ -124,15 +138,24 @@ class LocalFleet:
     def publish_config(self, kafka: bool = True):
         from weight_sync.publish import PublishConfig
 
-        return PublishConfig(store=self.store_root, private_key=self.signing_key,
-                             kafka_bootstrap=self.broker.bootstrap if kafka else None, store_url=self.store_url)
+        return PublishConfig(
+            store=self.store_root,
+            private_key=self.signing_key,
+            kafka_bootstrap=self.broker.bootstrap if kafka else None,
+            store_url=self.store_url,
+        )
 
     def env(self) -> dict[str, str]:
         """What a process working against this fleet needs (the flywheel CLI reads these)."""
-        return {"FLYWHEEL_GATEWAY_URL": self.gateway.url, "FLYWHEEL_ADMIN_TOKEN": self.cfg.admin_token,
-                "FLYWHEEL_KAFKA_BOOTSTRAP": self.broker.bootstrap, "FLYWHEEL_STORE_URL": self.store_url or "",
-                "FLYWHEEL_WEIGHTS_STORE": str(self.store_root), "FLYWHEEL_SIGNING_KEY": str(self.signing_key),
-                "FLYWHEEL_LOADTEST_KEYS": ",".join(self.keys.values())}
+        return {
+            "FLYWHEEL_GATEWAY_URL": self.gateway.url,
+            "FLYWHEEL_ADMIN_TOKEN": self.cfg.admin_token,
+            "FLYWHEEL_KAFKA_BOOTSTRAP": self.broker.bootstrap,
+            "FLYWHEEL_STORE_URL": self.store_url or "",
+            "FLYWHEEL_WEIGHTS_STORE": str(self.store_root),
+            "FLYWHEEL_SIGNING_KEY": str(self.signing_key),
+            "FLYWHEEL_LOADTEST_KEYS": ",".join(self.keys.values()),
+        }
 
     def admin(self, method: str, path: str) -> dict:
         from flywheel.core.admin_client import admin_call
@@ -145,8 +168,12 @@ class LocalFleet:
     def wait_fleet_on(self, version: int, timeout_s: float = 180.0) -> float:
         """Block until every replica serves `version`; returns the seconds it took."""
         t = time.monotonic()
-        wait_until(lambda: set(self.served_versions().values()) == {version}, timeout_s, interval=0.5,
-                   what=f"every replica on v{version}")
+        wait_until(
+            lambda: set(self.served_versions().values()) == {version},
+            timeout_s,
+            interval=0.5,
+            what=f"every replica on v{version}",
+        )
         return time.monotonic() - t
 
     def store_activations(self) -> list[dict]:
@@ -165,8 +192,14 @@ class LocalFleet:
     def _python(self, args: list[str], log_name: str) -> subprocess.Popen:
         (self.out / "logs").mkdir(parents=True, exist_ok=True)
         with open(self.out / "logs" / log_name, "ab") as log:
-            return spawn([sys.executable, "-m", "flywheel", *args], cwd=REPO_ROOT, stdout=log,
-                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=_child_env())
+            return spawn(
+                [sys.executable, "-m", "flywheel", *args],
+                cwd=REPO_ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=_child_env(),
+            )
 
     def _spawn_store(self, port: int = 0) -> str:
         port = port or free_port()
@@ -187,11 +220,33 @@ class LocalFleet:
         return url
 
     def _spawn_agent(self, name: str, replica_url: str) -> int:
-        proc = self._python(["weights", "agent", "--name", name, "--replica", replica_url, "--store-url",
-                             self.store_url, "--public-key", str(self.public_key), "--initial-model",
-                             str(self.cfg.model), "--work-dir", str(self.out / "agents" / name), "--kafka",
-                             self.broker.bootstrap, "--gateway", self.gateway.url, "--admin-token",
-                             self.cfg.admin_token, "--switch-mode", self.cfg.switch_mode], f"agent-{name}.log")
+        proc = self._python(
+            [
+                "weights",
+                "agent",
+                "--name",
+                name,
+                "--replica",
+                replica_url,
+                "--store-url",
+                self.store_url,
+                "--public-key",
+                str(self.public_key),
+                "--initial-model",
+                str(self.cfg.model),
+                "--work-dir",
+                str(self.out / "agents" / name),
+                "--kafka",
+                self.broker.bootstrap,
+                "--gateway",
+                self.gateway.url,
+                "--admin-token",
+                self.cfg.admin_token,
+                "--switch-mode",
+                self.cfg.switch_mode,
+            ],
+            f"agent-{name}.log",
+        )
         time.sleep(0.5)
         if proc.poll() is not None:
             raise RuntimeError(f"agent {name} exited at once:\n{tail(self.out / 'logs' / f'agent-{name}.log')}")

@@ -9,6 +9,7 @@ at all), and each types at its own pace. Beside them, agent users run short agen
 hidden tests, is feedback on the whole session. The official openai client talks to the gateway, one API
 key per user, and every outcome is recorded with the weight version that served it.
 """
+
 from __future__ import annotations
 
 import json
@@ -82,10 +83,13 @@ class Population:
         import openai.resources.chat  # noqa: F401
         import openai.resources.completions  # noqa: F401
 
-        self._threads = [threading.Thread(target=self._user, args=(i,), name=f"user-{i}", daemon=True)
-                         for i in range(self.cfg.users)]
-        self._threads += [threading.Thread(target=self._agent, args=(i,), name=f"agent-{i}", daemon=True)
-                          for i in range(self.cfg.agents)]
+        self._threads = [
+            threading.Thread(target=self._user, args=(i,), name=f"user-{i}", daemon=True) for i in range(self.cfg.users)
+        ]
+        self._threads += [
+            threading.Thread(target=self._agent, args=(i,), name=f"agent-{i}", daemon=True)
+            for i in range(self.cfg.agents)
+        ]
         for t in self._threads:
             t.start()
         return self
@@ -101,9 +105,11 @@ class Population:
 
     def _feedback(self, key: str, completion_id: str | None, kind: str, session_id: str | None = None) -> None:
         about = {"session_id": session_id} if session_id else {"completion_id": completion_id}
-        req = urllib.request.Request(f"{self.url}/v1/feedback", data=json.dumps(
-            {**about, "kind": kind}).encode(), headers={
-            "Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"{self.url}/v1/feedback",
+            data=json.dumps({**about, "kind": kind}).encode(),
+            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        )
         urllib.request.urlopen(req, timeout=30).close()
 
     def _user(self, i: int) -> None:
@@ -117,9 +123,13 @@ class Population:
             task = rng.choice(self.tasks)
             started, t = time.time(), time.monotonic()
             try:
-                r = client.completions.create(model="flywheel-coder", prompt=task.prompt,
-                                              max_tokens=self.cfg.max_tokens, temperature=self.cfg.temperature,
-                                              user=f"user-{i}")
+                r = client.completions.create(
+                    model="flywheel-coder",
+                    prompt=task.prompt,
+                    max_tokens=self.cfg.max_tokens,
+                    temperature=self.cfg.temperature,
+                    user=f"user-{i}",
+                )
                 latency = time.monotonic() - t
                 version = parse_version((r.model_extra or {}).get("model_version"))
                 if rng.random() < ignore:
@@ -129,8 +139,15 @@ class Population:
                     self._feedback(key, r.id, outcome)
                 rec = Interaction(f"user-{i}", task.task_id, started, latency, version, outcome, completion_id=r.id)
             except Exception as e:  # a failed request is a result, not a crash of the population
-                rec = Interaction(f"user-{i}", task.task_id, started, time.monotonic() - t, None, "failed",
-                                  f"{type(e).__name__}: {e}"[:300])
+                rec = Interaction(
+                    f"user-{i}",
+                    task.task_id,
+                    started,
+                    time.monotonic() - t,
+                    None,
+                    "failed",
+                    f"{type(e).__name__}: {e}"[:300],
+                )
             with self._lock:
                 self.records.append(rec)
             self._stop.wait(rng.uniform(*self.cfg.think_s))
@@ -159,12 +176,30 @@ class Population:
             try:
                 res = run_session(chat, task, rng, judge)
                 self._feedback(key, None, res.outcome, session_id=res.session_id)
-                rec = Interaction(f"agent-{i}", task.task_id, started, time.monotonic() - t, res.versions[0],
-                                  res.outcome, completion_id=res.completion_ids[0], kind="agent",
-                                  session_id=res.session_id, turns=res.turns, tool_calls=res.calls)
+                rec = Interaction(
+                    f"agent-{i}",
+                    task.task_id,
+                    started,
+                    time.monotonic() - t,
+                    res.versions[0],
+                    res.outcome,
+                    completion_id=res.completion_ids[0],
+                    kind="agent",
+                    session_id=res.session_id,
+                    turns=res.turns,
+                    tool_calls=res.calls,
+                )
             except Exception as e:  # a failed request is a result, not a crash of the population
-                rec = Interaction(f"agent-{i}", task.task_id, started, time.monotonic() - t, None, "failed",
-                                  f"{type(e).__name__}: {e}"[:300], kind="agent")
+                rec = Interaction(
+                    f"agent-{i}",
+                    task.task_id,
+                    started,
+                    time.monotonic() - t,
+                    None,
+                    "failed",
+                    f"{type(e).__name__}: {e}"[:300],
+                    kind="agent",
+                )
             with self._lock:
                 self.records.append(rec)
             self._stop.wait(rng.uniform(*self.cfg.think_s))

@@ -20,6 +20,7 @@ CUDA tensors go to the Triton kernels (kernels.triton_ops), which are batch-inva
 fixed tiles, no split-K, one program per row. `enabled()` / `mode(True)` switch the model over
 (online_rl.model reads it at every forward).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -88,7 +89,7 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     N = w.shape[0]
     flat = x.reshape(-1, K)
     rows = max(1, ROW_CHUNK_BYTES // max(1, N * K * x.element_size()))
-    out = [tree_sum(flat[i:i + rows, None, :] * w[None, :, :]) for i in range(0, flat.shape[0], rows)]
+    out = [tree_sum(flat[i : i + rows, None, :] * w[None, :, :]) for i in range(0, flat.shape[0], rows)]
     return (torch.cat(out) if out else flat.new_zeros(0, N)).reshape(*lead, N)
 
 

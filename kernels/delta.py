@@ -2,6 +2,7 @@
 split and its inverse, changed-element count. numpy on CPU (vectorised: each step is one or two whole-array
 operations), Triton on a GPU when one is present (`backend()`); weight_sync.codec calls these.
 """
+
 from __future__ import annotations
 
 import functools
@@ -13,7 +14,7 @@ MIN_GPU_BYTES = 8 * 2**20  # below this the host<->device copies cost more than 
 
 @functools.lru_cache(maxsize=1)
 def backend() -> str:
-    """"triton" when a CUDA device and Triton are usable, else "numpy"."""
+    """ "triton" when a CUDA device and Triton are usable, else "numpy"."""
     try:
         import torch
 
@@ -48,7 +49,7 @@ def split_planes(x: np.ndarray) -> np.ndarray:
     n = x.size
     out = np.empty(n * x.itemsize, np.uint8)
     for k in range(x.itemsize):  # one whole-array shift and narrowing per byte (2-3x a strided transpose)
-        np.copyto(out[k * n:(k + 1) * n], x >> (8 * k) if k else x, casting="unsafe")
+        np.copyto(out[k * n : (k + 1) * n], x >> (8 * k) if k else x, casting="unsafe")
     return out
 
 

@@ -6,6 +6,7 @@ ceilings measured in the same run (device-to-device copy bandwidth; cuBLAS fp32 
 
 Exit code 0 when every check passed. Needs CUDA; refuses to run under TRITON_INTERPRET.
 """
+
 from __future__ import annotations
 
 import json
@@ -76,9 +77,12 @@ def main(report_path: Path) -> int:
     checks["join_bit_exact"] = bool(np.array_equal(T.join_planes(planes, 2, n).cpu().numpy().view(np.uint16), want_x))
     checks["count_exact"] = T.count_nonzero(x) == int(np.count_nonzero(want_x))
     nb = new.nbytes
-    for name, fn, moved in (("xor", lambda: T.xor(gn, gb), 3 * nb), ("split_planes", lambda: T.split_planes(x), 2 * nb),
-                            ("join_planes", lambda: T.join_planes(planes, 2, n), 2 * nb),
-                            ("count_nonzero", lambda: T.count_nonzero(x), nb)):
+    for name, fn, moved in (
+        ("xor", lambda: T.xor(gn, gb), 3 * nb),
+        ("split_planes", lambda: T.split_planes(x), 2 * nb),
+        ("join_planes", lambda: T.join_planes(planes, 2, n), 2 * nb),
+        ("count_nonzero", lambda: T.count_nonzero(x), nb),
+    ):
         s = _bench(fn)
         timings[f"{name}_gbps"] = round(moved / s / 1e9, 1)
         timings[f"{name}_share_of_copy_bandwidth"] = round(moved / s / 1e9 / bandwidth, 3)
@@ -89,19 +93,26 @@ def main(report_path: Path) -> int:
     xs = torch.randn(257, 512, generator=g)
     full = T.linear(xs.to(dev), w.to(dev)).cpu()
     checks["linear_vs_float64"] = bool(torch.allclose(full.double(), ref.linear(xs, w), rtol=1e-4, atol=1e-4))
-    checks["linear_batch_invariant"] = all(torch.equal(T.linear(xs[i:i + k].to(dev), w.to(dev)).cpu()[0], full[i])
-                                           for i, k in ((0, 1), (100, 1), (100, 7), (250, 3)))
+    checks["linear_batch_invariant"] = all(
+        torch.equal(T.linear(xs[i : i + k].to(dev), w.to(dev)).cpu()[0], full[i])
+        for i, k in ((0, 1), (100, 1), (100, 7), (250, 3))
+    )
     logits = torch.randn(33, 50_000, generator=g) * 5
     for name, op, r in (("softmax", T.softmax, ref.softmax), ("log_softmax", T.log_softmax, ref.log_softmax)):
         out = op(logits.to(dev)).cpu()
         checks[f"{name}_vs_float64"] = bool(torch.allclose(out.double(), r(logits), rtol=1e-4, atol=1e-6))
-        checks[f"{name}_batch_invariant"] = all(torch.equal(op(logits[i:i + 1].to(dev)).cpu()[0], out[i]) for i in (0, 17))
+        checks[f"{name}_batch_invariant"] = all(
+            torch.equal(op(logits[i : i + 1].to(dev)).cpu()[0], out[i]) for i in (0, 17)
+        )
     hidden = torch.randn(65, 2048, generator=g)
     weight = torch.rand(2048, generator=g) + 0.5
     out = T.rms_norm(hidden.to(dev), weight.to(dev), 1e-6).cpu()
-    checks["rms_norm_vs_float64"] = bool(torch.allclose(out.double(), ref.rms_norm(hidden, weight, 1e-6), rtol=1e-4,
-                                                        atol=1e-5))
-    checks["rms_norm_batch_invariant"] = torch.equal(T.rms_norm(hidden[5:6].to(dev), weight.to(dev), 1e-6).cpu()[0], out[5])
+    checks["rms_norm_vs_float64"] = bool(
+        torch.allclose(out.double(), ref.rms_norm(hidden, weight, 1e-6), rtol=1e-4, atol=1e-5)
+    )
+    checks["rms_norm_batch_invariant"] = torch.equal(
+        T.rms_norm(hidden[5:6].to(dev), weight.to(dev), 1e-6).cpu()[0], out[5]
+    )
     probs = torch.softmax(torch.randn(4096, 64, generator=g), -1)
     probs[0, 3] = probs[0, 9] = probs[0].max() + 0.1  # a tie: the lower index must win
     v, i = T.topk(probs.to(dev), 8)

@@ -1,4 +1,5 @@
 """Float64 references every kernel is checked against (CPU path and Triton alike)."""
+
 from __future__ import annotations
 
 import numpy as np

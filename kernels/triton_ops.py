@@ -6,6 +6,7 @@ row's reduction order is the same whatever else is in the batch. Matmuls use IEE
 On a machine without a GPU these run under Triton's interpreter (TRITON_INTERPRET=1, set before import)
 on CPU tensors; that is how `make test` checks them.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -20,8 +21,7 @@ ROW_BLOCK = 1024  # chunk of a row in softmax / log-softmax
 
 # ---------------------------------------------------------------------------------------------- linear
 @triton.jit
-def _linear_kernel(x_ptr, w_ptr, o_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr):
+def _linear_kernel(x_ptr, w_ptr, o_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -41,8 +41,7 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     w = w.float().contiguous()
     M, N = flat.shape[0], w.shape[0]
     out = torch.empty(M, N, dtype=torch.float32, device=x.device)
-    _linear_kernel[(triton.cdiv(M, BM), triton.cdiv(N, BN))](flat, w, out, M, N, K, BLOCK_M=BM, BLOCK_N=BN,
-                                                              BLOCK_K=BK)
+    _linear_kernel[(triton.cdiv(M, BM), triton.cdiv(N, BN))](flat, w, out, M, N, K, BLOCK_M=BM, BLOCK_N=BN, BLOCK_K=BK)
     return out.reshape(*lead, N)
 
 
@@ -62,8 +61,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     D = x.shape[-1]
     flat = x.reshape(-1, D).float().contiguous()
     out = torch.empty_like(flat)
-    _rms_norm_kernel[(flat.shape[0],)](flat, weight.float().contiguous(), out, D, eps,
-                                       BLOCK_D=triton.next_power_of_2(D))
+    _rms_norm_kernel[(flat.shape[0],)](
+        flat, weight.float().contiguous(), out, D, eps, BLOCK_D=triton.next_power_of_2(D)
+    )
     return out.reshape(x.shape)
 
 

@@ -1,4 +1,5 @@
 """`flywheel loadtest SCENARIO`: locust scenarios for SREs (see loadtests/runner.py and README)."""
+
 from __future__ import annotations
 
 import argparse
@@ -16,10 +17,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--duration", default=f"{int(d.duration_s)}s", help="run time: seconds, or 90s, 5m, 1h")
     p.add_argument("--spawn-rate", type=float, default=d.spawn_rate, help="users started per second")
     p.add_argument("--out", type=Path, default=d.out_dir)
-    p.add_argument("--p99-multiple", type=float, default=d.p99_multiple,
-                   help="allowed p99 after the first action, as a multiple of the p99 before it")
-    p.add_argument("--gateway", default=os.environ.get("FLYWHEEL_GATEWAY_URL"),
-                   help="a deployed gateway (default: start a local fleet)")
+    p.add_argument(
+        "--p99-multiple",
+        type=float,
+        default=d.p99_multiple,
+        help="allowed p99 after the first action, as a multiple of the p99 before it",
+    )
+    p.add_argument(
+        "--gateway",
+        default=os.environ.get("FLYWHEEL_GATEWAY_URL"),
+        help="a deployed gateway (default: start a local fleet)",
+    )
     p.add_argument("--keys", default=os.environ.get("FLYWHEEL_LOADTEST_KEYS"), help="API keys, comma-separated")
     p.add_argument("--admin-token", default=os.environ.get("FLYWHEEL_ADMIN_TOKEN"))
     p.add_argument("--preset", default=d.preset, choices=["test", "demo"], help="model of the local fleet")
@@ -30,7 +38,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _run(args) -> int:
     from loadtests.runner import LoadTestConfig, parse_duration, run
 
-    return run(LoadTestConfig(scenario=args.scenario, users=args.users, duration_s=parse_duration(args.duration),
-                              spawn_rate=args.spawn_rate, out_dir=args.out, p99_multiple=args.p99_multiple,
-                              gateway=args.gateway, keys=args.keys, admin_token=args.admin_token,
-                              preset=args.preset, replicas=args.replicas))
+    return run(
+        LoadTestConfig(
+            scenario=args.scenario,
+            users=args.users,
+            duration_s=parse_duration(args.duration),
+            spawn_rate=args.spawn_rate,
+            out_dir=args.out,
+            p99_multiple=args.p99_multiple,
+            gateway=args.gateway,
+            keys=args.keys,
+            admin_token=args.admin_token,
+            preset=args.preset,
+            replicas=args.replicas,
+        )
+    )

@@ -16,6 +16,7 @@ side by side in the same run (the steady scenario compares the second part of
 its run with the first). Results: <out>/result.json, per-request latencies in <out>/requests.csv, the
 scenario's action moments in <out>/marks.json, issued completion ids in <out>/issued.jsonl.
 """
+
 from __future__ import annotations
 
 import csv
@@ -70,8 +71,13 @@ class IdeUser(FastHttpUser):
 
     def _feedback(self, completion_id: str, text: str, task_: tasks.Task) -> None:
         kind = "accept" if _prefers(task_, text) else "reject"
-        with self.client.post("/v1/feedback", json={"completion_id": completion_id, "kind": kind},
-                              headers=self.headers, name="/v1/feedback", catch_response=True) as r:
+        with self.client.post(
+            "/v1/feedback",
+            json={"completion_id": completion_id, "kind": kind},
+            headers=self.headers,
+            name="/v1/feedback",
+            catch_response=True,
+        ) as r:
             if r.status_code != 200:
                 r.failure(f"feedback {r.status_code}: {r.text[:200]}")
         issued.append({"id": completion_id, "feedback": kind})
@@ -84,12 +90,19 @@ class AutocompleteUser(IdeUser):
     def complete(self) -> None:
         t = self.rng.choice(TASKS)
         stream = self.rng.random() < 0.2
-        body = {"model": "flywheel-coder", "prompt": t.prompt, "suffix": SUFFIX.format(name=t.name, arg="1"),
-                "max_tokens": 24, "temperature": 0.2, "stream": stream}
+        body = {
+            "model": "flywheel-coder",
+            "prompt": t.prompt,
+            "suffix": SUFFIX.format(name=t.name, arg="1"),
+            "max_tokens": 24,
+            "temperature": 0.2,
+            "stream": stream,
+        }
         name = "/v1/completions [fim, stream]" if stream else "/v1/completions [fim]"
         started, t0 = time.time(), time.perf_counter()
-        with self.client.post("/v1/completions", json=body, headers=self.headers, name=name, stream=stream,
-                              catch_response=True) as r:
+        with self.client.post(
+            "/v1/completions", json=body, headers=self.headers, name=name, stream=stream, catch_response=True
+        ) as r:
             cid, text, ok, version = _read(r, stream, t0, self.environment, "TTFT /v1/completions")
             requests_log.append((started, name, r.request_meta["response_time"], ok, version))
         if ok:
@@ -102,11 +115,22 @@ class ChatUser(IdeUser):
     @task
     def chat(self) -> None:
         t = self.rng.choice(TASKS)
-        body = {"model": "flywheel-coder", "stream": True, "max_tokens": 40, "temperature": 0.7,
-                "messages": [{"role": "user", "content": f"Write the body of this function:\n{t.prompt}"}]}
+        body = {
+            "model": "flywheel-coder",
+            "stream": True,
+            "max_tokens": 40,
+            "temperature": 0.7,
+            "messages": [{"role": "user", "content": f"Write the body of this function:\n{t.prompt}"}],
+        }
         started, t0 = time.time(), time.perf_counter()
-        with self.client.post("/v1/chat/completions", json=body, headers=self.headers, name="/v1/chat/completions",
-                              stream=True, catch_response=True) as r:
+        with self.client.post(
+            "/v1/chat/completions",
+            json=body,
+            headers=self.headers,
+            name="/v1/chat/completions",
+            stream=True,
+            catch_response=True,
+        ) as r:
             cid, text, ok, version = _read(r, True, t0, self.environment, "TTFT /v1/chat/completions")
             requests_log.append((started, "/v1/chat/completions", r.request_meta["response_time"], ok, version))
         if ok:
@@ -124,25 +148,43 @@ class AgentUser(IdeUser):
 
         def chat(messages: list[dict]) -> dict:
             started, t0 = time.time(), time.perf_counter()
-            with self.client.post("/v1/chat/completions", json=chat_body(messages, 0.7, 96), headers=self.headers,
-                                  name="/v1/chat/completions [agent]", catch_response=True) as r:
+            with self.client.post(
+                "/v1/chat/completions",
+                json=chat_body(messages, 0.7, 96),
+                headers=self.headers,
+                name="/v1/chat/completions [agent]",
+                catch_response=True,
+            ) as r:
                 ok = r.status_code == 200
                 if not ok:
                     r.failure(f"{r.status_code}: {(r.text or '')[:200]}")
                 doc = r.json() if ok else {}
-                requests_log.append((started, "/v1/chat/completions [agent]", (time.perf_counter() - t0) * 1000, ok,
-                                     parse_version(doc.get("model_version"))))
+                requests_log.append(
+                    (
+                        started,
+                        "/v1/chat/completions [agent]",
+                        (time.perf_counter() - t0) * 1000,
+                        ok,
+                        parse_version(doc.get("model_version")),
+                    )
+                )
             if not ok:
                 raise RuntimeError(f"agent turn failed: {r.status_code}")
             return doc
 
         try:
-            res = run_session(chat, t, self.rng, judge=lambda task, code: (int(_prefers(task, code.removeprefix(
-                task.prompt))), 1))
+            res = run_session(
+                chat, t, self.rng, judge=lambda task, code: (int(_prefers(task, code.removeprefix(task.prompt))), 1)
+            )
         except RuntimeError:
             return  # the failed turn is counted by locust already
-        with self.client.post("/v1/feedback", json={"session_id": res.session_id, "kind": res.outcome},
-                              headers=self.headers, name="/v1/feedback [session]", catch_response=True) as r:
+        with self.client.post(
+            "/v1/feedback",
+            json={"session_id": res.session_id, "kind": res.outcome},
+            headers=self.headers,
+            name="/v1/feedback [session]",
+            catch_response=True,
+        ) as r:
             if r.status_code != 200:
                 r.failure(f"session feedback {r.status_code}: {r.text[:200]}")
         issued.append({"session": res.session_id, "ids": res.completion_ids, "feedback": res.outcome})
@@ -178,8 +220,14 @@ def _read(r, stream: bool, t0: float, env, ttft_name: str) -> tuple[str | None, 
                     piece = c.get("text") or (c.get("delta") or {}).get("content") or ""
                     if piece and first is None:
                         first = (time.perf_counter() - t0) * 1000
-                        env.events.request.fire(request_type="TTFT", name=ttft_name, response_time=first,
-                                                response_length=0, exception=None, context={})
+                        env.events.request.fire(
+                            request_type="TTFT",
+                            name=ttft_name,
+                            response_time=first,
+                            response_length=0,
+                            exception=None,
+                            context={},
+                        )
                     parts.append(piece)
     except Exception as e:
         r.failure(f"stream broke: {e}")
@@ -194,8 +242,11 @@ def _read(r, stream: bool, t0: float, env, ttft_name: str) -> tuple[str | None, 
 # ---------------------------------------------------------------------------------- pass / fail
 def judge(environment) -> dict:
     """The thresholds, on this run's own requests; returns the result written to result.json."""
-    completions = [(s, ms) for s, name, ms, ok, version in requests_log
-                   if ok and version not in bad_versions and not name.endswith("[agent]")]
+    completions = [
+        (s, ms)
+        for s, name, ms, ok, version in requests_log
+        if ok and version not in bad_versions and not name.endswith("[agent]")
+    ]
     split = marks[0]["at"] if marks else None
     if split is None and completions:  # steady: the second part of the run against the first
         starts = sorted(s for s, _ in completions)
@@ -214,12 +265,20 @@ def judge(environment) -> dict:
         reasons.append("too few completions to compare p99 before and after")
     elif p99_after > P99_MULTIPLE * max(p99_before, P99_FLOOR_MS):
         reasons.append(f"p99 {p99_after:.0f} ms after the first action > {P99_MULTIPLE}x {p99_before:.0f} ms before")
-    return {"requests": total.num_requests, "failures": total.num_failures,
-            "completions_before": int(before.size), "completions_after": int(after.size),
-            "p99_before_ms": p99_before and round(p99_before, 1), "p99_after_ms": p99_after and round(p99_after, 1),
-            "p99_ratio": round(p99_after / p99_before, 3) if p99_before and p99_after else None,
-            "p99_multiple_allowed": P99_MULTIPLE, "excluded_bad_versions": sorted(bad_versions), "marks": marks,
-            "passed": not reasons, "reasons": reasons}
+    return {
+        "requests": total.num_requests,
+        "failures": total.num_failures,
+        "completions_before": int(before.size),
+        "completions_after": int(after.size),
+        "p99_before_ms": p99_before and round(p99_before, 1),
+        "p99_after_ms": p99_after and round(p99_after, 1),
+        "p99_ratio": round(p99_after / p99_before, 3) if p99_before and p99_after else None,
+        "p99_multiple_allowed": P99_MULTIPLE,
+        "excluded_bad_versions": sorted(bad_versions),
+        "marks": marks,
+        "passed": not reasons,
+        "reasons": reasons,
+    }
 
 
 @events.quitting.add_listener
@@ -234,6 +293,9 @@ def _quitting(environment, **_kw) -> None:
     with open(OUT / "issued.jsonl", "w") as f:
         f.writelines(json.dumps(x) + "\n" for x in issued)
     verdict = "PASS" if result["passed"] else "FAIL: " + "; ".join(result["reasons"])
-    print(f"loadtest {verdict} (p99 before {result['p99_before_ms']} ms, after {result['p99_after_ms']} ms, "
-          f"{result['failures']}/{result['requests']} failed)", flush=True)
+    print(
+        f"loadtest {verdict} (p99 before {result['p99_before_ms']} ms, after {result['p99_after_ms']} ms, "
+        f"{result['failures']}/{result['requests']} failed)",
+        flush=True,
+    )
     environment.process_exit_code = 0 if result["passed"] else 1

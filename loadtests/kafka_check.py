@@ -1,4 +1,5 @@
 """After a run: is every completion and feedback event the load test caused in Kafka?"""
+
 from __future__ import annotations
 
 import json
@@ -15,8 +16,15 @@ def _spool_pending(gateway: str) -> int:
         return json.loads(e.read())["spool_pending_bytes"]
 
 
-def all_delivered(gateway: str, bootstrap: str, completion_ids: set[str], since: float,
-                  timeout_s: float = 180.0, turn_ids: set[str] = frozenset(), session_ids: set[str] = frozenset()) -> dict:
+def all_delivered(
+    gateway: str,
+    bootstrap: str,
+    completion_ids: set[str],
+    since: float,
+    timeout_s: float = 180.0,
+    turn_ids: set[str] = frozenset(),
+    session_ids: set[str] = frozenset(),
+) -> dict:
     """Wait for the gateway's spool to drain, then read both topics from `since` (unix time) on. Expected:
     a completion event for every completion id and agent turn, a feedback event for every completion id
     (by completion) and every agent session (by session id)."""
@@ -31,8 +39,9 @@ def all_delivered(gateway: str, bootstrap: str, completion_ids: set[str], since:
     drained_s = round(timeout_s - (deadline - time.monotonic()), 1)
     seen = {ev.TOPIC_COMPLETIONS: set(), ev.TOPIC_FEEDBACK: set()}
     with quiet_kafka():
-        consumer = KafkaConsumer(bootstrap_servers=bootstrap, group_id=f"loadtest-check-{uuid.uuid4().hex[:6]}",
-                                 enable_auto_commit=False)
+        consumer = KafkaConsumer(
+            bootstrap_servers=bootstrap, group_id=f"loadtest-check-{uuid.uuid4().hex[:6]}", enable_auto_commit=False
+        )
         try:
             parts = [TopicPartition(t, p) for t in seen for p in sorted(consumer.partitions_for_topic(t) or [])]
             consumer.assign(parts)
@@ -53,5 +62,12 @@ def all_delivered(gateway: str, bootstrap: str, completion_ids: set[str], since:
             consumer.close()
     missing_c = len((completion_ids | turn_ids) - seen[ev.TOPIC_COMPLETIONS])
     missing_f = len((completion_ids | {f"session:{s}" for s in session_ids}) - seen[ev.TOPIC_FEEDBACK])
-    return {"issued": len(completion_ids), "agent_turns": len(turn_ids), "agent_sessions": len(session_ids), "missing_completions": missing_c, "missing_feedback": missing_f,
-            "spool_drained_s": drained_s, "complete": missing_c == 0 and missing_f == 0}
+    return {
+        "issued": len(completion_ids),
+        "agent_turns": len(turn_ids),
+        "agent_sessions": len(session_ids),
+        "missing_completions": missing_c,
+        "missing_feedback": missing_f,
+        "spool_drained_s": drained_s,
+        "complete": missing_c == 0 and missing_f == 0,
+    }

@@ -1,4 +1,5 @@
 """Latency and throughput over a load test, with the scenario's actions marked."""
+
 from __future__ import annotations
 
 import csv
@@ -53,8 +54,9 @@ def plot(out_dir: Path, title: str, bin_s: float = 2.0) -> Path | None:
         x = m["at"] - t0
         for ax in (ax1, ax2):
             ax.axvline(x, color="grey", linestyle="--", linewidth=0.8)
-        ax1.annotate(m["what"], (x, 1.0), xycoords=("data", "axes fraction"), rotation=90, fontsize=7,
-                     va="top", ha="right")
+        ax1.annotate(
+            m["what"], (x, 1.0), xycoords=("data", "axes fraction"), rotation=90, fontsize=7, va="top", ha="right"
+        )
     ax1.set_title(title)
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)

@@ -6,6 +6,7 @@ replicas, gateway, agents; loadtests.versions makes the checkpoints to publish).
 locust's CSV stats (locust_stats.csv, locust_stats_history.csv, locust_failures.csv), requests.csv,
 marks.json, result.json and latency.png. Exit code 0 = pass.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,12 @@ from pathlib import Path
 
 from flywheel.core.paths import REPO_ROOT
 
-SCENARIOS = {"steady": "steady.py", "hot-switch": "hot_switch.py", "rollback": "rollback.py",
-             "broker-outage": "broker_outage.py"}
+SCENARIOS = {
+    "steady": "steady.py",
+    "hot-switch": "hot_switch.py",
+    "rollback": "rollback.py",
+    "broker-outage": "broker_outage.py",
+}
 LOCUSTFILES = Path(__file__).parent / "locustfiles"
 
 
@@ -51,10 +56,30 @@ def parse_duration(text: str) -> float:
 
 
 def locust_command(cfg: LoadTestConfig, host: str, out: Path) -> list[str]:
-    return [sys.executable, "-m", "locust", "-f", str(LOCUSTFILES / SCENARIOS[cfg.scenario]), "--headless",
-            "-u", str(cfg.users), "-r", str(cfg.spawn_rate), "-t", f"{int(cfg.duration_s)}s", "--host", host,
-            "--csv", str(out / "locust"), "--csv-full-history", "--only-summary", "--stop-timeout", "60",
-            "--loglevel", "WARNING"]
+    return [
+        sys.executable,
+        "-m",
+        "locust",
+        "-f",
+        str(LOCUSTFILES / SCENARIOS[cfg.scenario]),
+        "--headless",
+        "-u",
+        str(cfg.users),
+        "-r",
+        str(cfg.spawn_rate),
+        "-t",
+        f"{int(cfg.duration_s)}s",
+        "--host",
+        host,
+        "--csv",
+        str(out / "locust"),
+        "--csv-full-history",
+        "--only-summary",
+        "--stop-timeout",
+        "60",
+        "--loglevel",
+        "WARNING",
+    ]
 
 
 def _local_env(fleet, model: Path, out: Path) -> dict[str, str]:
@@ -67,9 +92,13 @@ def _local_env(fleet, model: Path, out: Path) -> dict[str, str]:
     bad = versions.broken(model, out / "versions" / "bad", seed=99)
     kafka = [sys.executable, "-m", "flywheel", "kafka"]
     data = str(fleet.out / "kafka")
-    return {**fleet.env(), "FLYWHEEL_LOADTEST_VERSIONS": ",".join(made), "FLYWHEEL_LOADTEST_BAD_VERSION": str(bad),
-            "FLYWHEEL_BROKER_STOP_CMD": " ".join([*kafka, "stop", "--data-dir", data]),
-            "FLYWHEEL_BROKER_START_CMD": " ".join([*kafka, "start", "--data-dir", data])}
+    return {
+        **fleet.env(),
+        "FLYWHEEL_LOADTEST_VERSIONS": ",".join(made),
+        "FLYWHEEL_LOADTEST_BAD_VERSION": str(bad),
+        "FLYWHEEL_BROKER_STOP_CMD": " ".join([*kafka, "stop", "--data-dir", data]),
+        "FLYWHEEL_BROKER_START_CMD": " ".join([*kafka, "start", "--data-dir", data]),
+    }
 
 
 def run(cfg: LoadTestConfig) -> int:
@@ -87,55 +116,75 @@ def run(cfg: LoadTestConfig) -> int:
         if cfg.gateway:
             if not cfg.keys:
                 raise ValueError("a deployed fleet needs --keys (its API keys, comma-separated)")
-            env = {"FLYWHEEL_GATEWAY_URL": cfg.gateway, "FLYWHEEL_LOADTEST_KEYS": cfg.keys,
-                   **({"FLYWHEEL_ADMIN_TOKEN": cfg.admin_token} if cfg.admin_token else {})}
+            env = {
+                "FLYWHEEL_GATEWAY_URL": cfg.gateway,
+                "FLYWHEEL_LOADTEST_KEYS": cfg.keys,
+                **({"FLYWHEEL_ADMIN_TOKEN": cfg.admin_token} if cfg.admin_token else {}),
+            }
             host = cfg.gateway
         else:
             from flywheel.local_fleet import LocalFleet, LocalFleetConfig
             from online_rl.bootstrap import bootstrap
 
             model = bootstrap(cfg.preset, 0)
-            fleet = LocalFleet(LocalFleetConfig(model=model, out_dir=out / "fleet", replicas=cfg.replicas,
-                                                tenants=max(1, cfg.users)))
+            fleet = LocalFleet(
+                LocalFleetConfig(model=model, out_dir=out / "fleet", replicas=cfg.replicas, tenants=max(1, cfg.users))
+            )
             fleet.start()
             env = _local_env(fleet, model, out)
             host = fleet.gateway.url
-        env = {**os.environ, **env, "PYTHONPATH": str(REPO_ROOT), "FLYWHEEL_LOADTEST_OUT": str(out),
-               "FLYWHEEL_LOADTEST_P99_MULTIPLE": str(cfg.p99_multiple)}
+        env = {
+            **os.environ,
+            **env,
+            "PYTHONPATH": str(REPO_ROOT),
+            "FLYWHEEL_LOADTEST_OUT": str(out),
+            "FLYWHEEL_LOADTEST_P99_MULTIPLE": str(cfg.p99_multiple),
+        }
         cmd = locust_command(cfg, host, out)
         print(f"locust  {cfg.scenario}: {cfg.users} users for {cfg.duration_s:.0f}s against {host}", flush=True)
         t, t_start = time.monotonic(), time.time()
         with open(out / "locust.log", "wb") as log:
-            rc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                timeout=cfg.duration_s + 600).returncode
+            rc = subprocess.run(
+                cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=cfg.duration_s + 600
+            ).returncode
         print(f"locust  finished in {time.monotonic() - t:.0f}s (exit {rc})")
         result_path = out / "result.json"
         if not result_path.exists():
-            raise RuntimeError(f"locust wrote no result (exit {rc}); see {out / 'locust.log'}:\n"
-                               + (out / "locust.log").read_text()[-3000:])
+            raise RuntimeError(
+                f"locust wrote no result (exit {rc}); see {out / 'locust.log'}:\n"
+                + (out / "locust.log").read_text()[-3000:]
+            )
         result = json.loads(result_path.read_text())
         if cfg.scenario == "broker-outage":
             issued = [json.loads(line) for line in (out / "issued.jsonl").read_text().splitlines() if line]
             bootstrap_servers = env.get("FLYWHEEL_KAFKA_BOOTSTRAP")
             if not bootstrap_servers:
                 raise ValueError("broker-outage checks Kafka afterwards: set FLYWHEEL_KAFKA_BOOTSTRAP")
-            check = kafka_check.all_delivered(host, bootstrap_servers, {x["id"] for x in issued if "id" in x},
-                                              since=t_start, turn_ids={i for x in issued for i in x.get("ids", [])},
-                                              session_ids={x["session"] for x in issued if x.get("session")})
+            check = kafka_check.all_delivered(
+                host,
+                bootstrap_servers,
+                {x["id"] for x in issued if "id" in x},
+                since=t_start,
+                turn_ids={i for x in issued for i in x.get("ids", [])},
+                session_ids={x["session"] for x in issued if x.get("session")},
+            )
             result["kafka"] = check
             if not check["complete"]:
                 result["passed"] = False
                 result["reasons"] = result.get("reasons", []) + [
                     f"events missing from Kafka: {check['missing_completions']} completions, "
-                    f"{check['missing_feedback']} feedback"]
+                    f"{check['missing_feedback']} feedback"
+                ]
             result_path.write_text(json.dumps(result, indent=1))
         png = plot(out, f"{cfg.scenario}: {cfg.users} users, {cfg.duration_s:.0f}s")
     finally:
         if fleet is not None:
             fleet.stop()
     passed = result["passed"] and rc == 0
-    print(f"{'PASS' if passed else 'FAIL'} {cfg.scenario}: {result['requests']} requests, {result['failures']} failed, "
-          f"p99 {result['p99_before_ms']} ms before / {result['p99_after_ms']} ms after the first action "
-          f"(allowed {cfg.p99_multiple}x)" + ("" if passed else f"; {'; '.join(result['reasons'])}"))
+    print(
+        f"{'PASS' if passed else 'FAIL'} {cfg.scenario}: {result['requests']} requests, {result['failures']} failed, "
+        f"p99 {result['p99_before_ms']} ms before / {result['p99_after_ms']} ms after the first action "
+        f"(allowed {cfg.p99_multiple}x)" + ("" if passed else f"; {'; '.join(result['reasons'])}")
+    )
     print(f"wrote {out}/result.json, {png}, locust CSVs")
     return 0 if passed else 1

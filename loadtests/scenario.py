@@ -11,6 +11,7 @@ deployed fleet, set it yourself):
     FLYWHEEL_BROKER_STOP_CMD, FLYWHEEL_BROKER_START_CMD  how to take Kafka down and bring it back
 An action that fails (a command's error, a fleet that never reaches a version) fails the run.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,8 +40,13 @@ def env(name: str) -> str:
 def flywheel(*args: str, timeout: float = 300) -> str:
     """Run a `flywheel` command; its stdout. gevent's subprocess waits without blocking the users."""
     # Niced: on a shared box the publisher stands in for the trainer's machine, not for serving work.
-    proc = subprocess.run([sys.executable, "-m", "flywheel", *args], capture_output=True, text=True, timeout=timeout,
-                          preexec_fn=lambda: os.nice(10))
+    proc = subprocess.run(
+        [sys.executable, "-m", "flywheel", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=lambda: os.nice(10),
+    )
     if proc.returncode != 0:
         raise RuntimeError(f"flywheel {' '.join(args[:2])} failed: {proc.stderr.strip()[-500:]}")
     return proc.stdout
@@ -68,9 +74,20 @@ def wait_fleet_on(version: int, timeout_s: float = 240) -> None:
 
 def publish(checkpoint: str) -> int:
     ide_users.mark("publish", checkpoint=checkpoint)
-    out = flywheel("weights", "publish", "--checkpoint", checkpoint, "--store", env("FLYWHEEL_WEIGHTS_STORE"),
-                   "--key", env("FLYWHEEL_SIGNING_KEY"), "--kafka", env("FLYWHEEL_KAFKA_BOOTSTRAP"),
-                   "--store-url", env("FLYWHEEL_STORE_URL"))
+    out = flywheel(
+        "weights",
+        "publish",
+        "--checkpoint",
+        checkpoint,
+        "--store",
+        env("FLYWHEEL_WEIGHTS_STORE"),
+        "--key",
+        env("FLYWHEEL_SIGNING_KEY"),
+        "--kafka",
+        env("FLYWHEEL_KAFKA_BOOTSTRAP"),
+        "--store-url",
+        env("FLYWHEEL_STORE_URL"),
+    )
     version = json.loads(out.strip().splitlines()[-1])["version"]
     ide_users.marks[-1]["version"] = version
     return version
@@ -78,9 +95,20 @@ def publish(checkpoint: str) -> int:
 
 def rollback(to: int) -> None:
     ide_users.mark(f"rollback to v{to}", version=to)
-    flywheel("weights", "rollback", "--to", str(to), "--reason", "loadtest rollback", "--store",
-             env("FLYWHEEL_WEIGHTS_STORE"), "--key", env("FLYWHEEL_SIGNING_KEY"), "--kafka",
-             env("FLYWHEEL_KAFKA_BOOTSTRAP"))
+    flywheel(
+        "weights",
+        "rollback",
+        "--to",
+        str(to),
+        "--reason",
+        "loadtest rollback",
+        "--store",
+        env("FLYWHEEL_WEIGHTS_STORE"),
+        "--key",
+        env("FLYWHEEL_SIGNING_KEY"),
+        "--kafka",
+        env("FLYWHEEL_KAFKA_BOOTSTRAP"),
+    )
 
 
 def versions() -> list[str]:

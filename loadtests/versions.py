@@ -6,6 +6,7 @@
 `broken`: a version that must be rolled back: every weight scrambled by noise of its own scale, so it still
 loads and serves (same shapes, signed, valid) but produces garbage.
 """
+
 from __future__ import annotations
 
 import shutil

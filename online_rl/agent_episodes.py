@@ -22,6 +22,7 @@ In a later turn's document the earlier calls are history, followed by "\\n<tool_
 that newline would teach the model to run on past its call into a result it invented (which serving
 counts as malformed), so bootstrap does not train on it (`history_breaks`).
 """
+
 from __future__ import annotations
 
 import functools
@@ -34,21 +35,36 @@ from online_rl.tasks import EOS, Task
 PATH = {"type": "string"}
 # No descriptions: the names say it, and a description line costs 5-6 tokens in every turn's prompt.
 TOOLS = (
-    {"name": "read_file", "description": "",
-     "parameters": {"type": "object", "properties": {"path": PATH}, "required": ["path"]}},
-    {"name": "write_file", "description": "",
-     "parameters": {"type": "object", "properties": {"path": PATH, "content": {"type": "string"}},
-                    "required": ["path", "content"]}},
-    {"name": "run_tests", "description": "",
-     "parameters": {"type": "object", "properties": {"path": PATH}, "required": ["path"]}},
+    {
+        "name": "read_file",
+        "description": "",
+        "parameters": {"type": "object", "properties": {"path": PATH}, "required": ["path"]},
+    },
+    {
+        "name": "write_file",
+        "description": "",
+        "parameters": {
+            "type": "object",
+            "properties": {"path": PATH, "content": {"type": "string"}},
+            "required": ["path", "content"],
+        },
+    },
+    {
+        "name": "run_tests",
+        "description": "",
+        "parameters": {"type": "object", "properties": {"path": PATH}, "required": ["path"]},
+    },
 )
 TOOL_LINES = [tf.tool_line(t["name"], t["description"], t["parameters"]) for t in TOOLS]
 PATHS = ("app.py", "main.py", "util.py", "lib.py", "core.py", "calc.py")
 ASKS = ("Fix {p}.", "Implement {p}.", "Make {p} pass its tests.")
 DONE, STILL_FAILING = "Done: the tests pass.", "The tests still fail."
 MALFORMED_KINDS = ("broken_json", "missing_argument", "unknown_tool")
-UNKNOWN_NAMES = {"read_file": ("open_file", "cat"), "write_file": ("save_file", "edit_file"),
-                 "run_tests": ("run_test", "pytest")}
+UNKNOWN_NAMES = {
+    "read_file": ("open_file", "cat"),
+    "write_file": ("save_file", "edit_file"),
+    "run_tests": ("run_test", "pytest"),
+}
 
 
 def openai_tools() -> list[dict]:
@@ -87,15 +103,20 @@ def _failures(task: Task, body: str) -> int:
 
 def episode(task: Task, body: str, path: str, ask: str) -> tuple[list[dict], list[Turn]]:
     """The conversation (messages as flywheel.core.tool_format renders them) and its four assistant turns."""
-    calls = [("read_file", {"path": path}), ("write_file", {"path": path, "content": task.prompt + body}),
-             ("run_tests", {"path": path})]
+    calls = [
+        ("read_file", {"path": path}),
+        ("write_file", {"path": path, "content": task.prompt + body}),
+        ("run_tests", {"path": path}),
+    ]
     results = [task.prompt, "ok", run_tests(task, body)]
     messages: list[dict] = [{"role": "user", "content": ask.format(p=path), "calls": []}]
     turns = []
     for (name, args), result in zip(calls, results):
         turns.append(Turn(tf.render_chat(messages, TOOL_LINES), tf.call_text(name, args), name))
-        messages += [{"role": "assistant", "content": "", "calls": [{"name": name, "arguments": args}]},
-                     {"role": "tool", "content": result}]
+        messages += [
+            {"role": "assistant", "content": "", "calls": [{"name": name, "arguments": args}]},
+            {"role": "tool", "content": result},
+        ]
     final = DONE if _failures(task, body) == 0 else STILL_FAILING
     turns.append(Turn(tf.render_chat(messages, TOOL_LINES), final, None))
     messages.append({"role": "assistant", "content": final, "calls": []})
@@ -137,6 +158,7 @@ def history_breaks(doc: str) -> list[int]:
 
 
 # ----------------------------------------------------------------------------- judging calls
+
 
 @functools.lru_cache(maxsize=1)
 def _validators() -> dict:

@@ -8,6 +8,7 @@ and a digest of the code and settings that produced them.
 The corpus holds code documents and agent turns (online_rl.agent_episodes); the report gives held-out
 pass rates of the code and the rate of well-formed tool calls in held-out agent episodes.
 """
+
 from __future__ import annotations
 
 import copy
@@ -26,8 +27,14 @@ from flywheel.core import tool_format as TF
 from online_rl import tasks as T
 from online_rl.model import ModelConfig
 
-CHECKPOINT_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-                    "special_tokens_map.json", "generation_config.json")
+CHECKPOINT_FILES = (
+    "config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+)
 REPORT_FILE = "bootstrap_report.json"  # timings and pass rates: not part of the deterministic bytes
 # Tokens of their own, as in Qwen's vocabulary, and plain text (not special: decoding keeps them, so the
 # gateway reads the calls out of SGLang's text); spelled out they would cost five tokens each.
@@ -65,9 +72,18 @@ class BootstrapConfig:
     seed: int = 0
     vocab_size: int = 768  # 384 spelled an agent turn in up to ~350 tokens; 768 in up to ~216
     corpus: T.CorpusConfig = field(default_factory=lambda: T.CorpusConfig(documents=6000))
-    model: ModelConfig = field(default_factory=lambda: ModelConfig(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64))
+    model: ModelConfig = field(
+        default_factory=lambda: ModelConfig(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=64,
+        )
+    )
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
 
@@ -77,11 +93,22 @@ PRESETS: dict[str, BootstrapConfig] = {
     "test": BootstrapConfig(),
     # Minutes on 2 cores: about half of temperature-1 samples pass held-out tests, which leaves RL room.
     "demo": BootstrapConfig(
-        preset="demo", vocab_size=768, corpus=T.CorpusConfig(documents=40_000),
-        model=ModelConfig(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                          head_dim=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128),
+        preset="demo",
+        vocab_size=768,
+        corpus=T.CorpusConfig(documents=40_000),
+        model=ModelConfig(
+            hidden_size=128,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=32,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=128,
+        ),
         train=TrainConfig(steps=2400, batch_size=8, seq_len=256, lr=2e-3, warmup_steps=100),
-        eval=EvalConfig(tasks=176, samples=8, agent_tasks=48, agent_samples=4)),
+        eval=EvalConfig(tasks=176, samples=8, agent_tasks=48, agent_samples=4),
+    ),
 }
 
 
@@ -97,8 +124,13 @@ def cache_key(cfg: BootstrapConfig) -> str:
     """Digest of the settings and of the code that turns them into bytes."""
     h = hashlib.sha256(json.dumps(dataclasses.asdict(cfg), sort_keys=True).encode())
     here = Path(__file__).resolve().parent
-    for path in (here / "bootstrap.py", here / "model.py", here / "tasks.py", here / "agent_episodes.py",
-                 Path(TF.__file__).resolve()):
+    for path in (
+        here / "bootstrap.py",
+        here / "model.py",
+        here / "tasks.py",
+        here / "agent_episodes.py",
+        Path(TF.__file__).resolve(),
+    ):
         h.update(path.read_bytes())
     return h.hexdigest()[:16]
 
@@ -111,26 +143,36 @@ def cached_dir(cfg: BootstrapConfig) -> Path:
 
 # --------------------------------------------------------------------------------------------- tokenizer
 
+
 def train_tokenizer(docs: list[str], vocab_size: int):
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
     # A newline is always a token of its own: a prompt that ends at a line break (the IDE's cursor at
     # the start of a line) then tokenizes exactly like the same text inside a training document.
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split("\n", behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split("\n", behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=T.SPECIAL_TOKENS, min_frequency=2,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=T.SPECIAL_TOKENS,
+        min_frequency=2,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     plain = [_strip_special(d) for d in docs]
     tok.train_from_iterator(plain, trainer=trainer)
     tok.add_tokens([AddedToken(m, special=False, normalized=False) for m in TOOL_MARKERS])
     # Every document in the packed training stream follows an <|endoftext|>; the served prompt starts
     # with one too (BOS = EOS, GPT-2 style), so position 0 looks the same in training and serving.
     eos_id = tok.token_to_id(T.EOS)
-    tok.post_processor = processors.TemplateProcessing(single=f"{T.EOS} $A", pair=f"{T.EOS} $A {T.EOS} $B",
-                                                       special_tokens=[(T.EOS, eos_id)])
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{T.EOS} $A", pair=f"{T.EOS} $A {T.EOS} $B", special_tokens=[(T.EOS, eos_id)]
+    )
     return tok
 
 
@@ -143,17 +185,35 @@ def _strip_special(doc: str) -> str:
 def save_tokenizer(tok, out: Path, model_max_length: int) -> None:
     tok.save(str(out / "tokenizer.json"))
     eos = T.EOS
-    (out / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos, "pad_token": eos, "bos_token": eos,
-        "unk_token": None, "model_max_length": model_max_length, "clean_up_tokenization_spaces": False,
-        "additional_special_tokens": T.SPECIAL_TOKENS[1:],
-    }, indent=2, sort_keys=True) + "\n")
-    (out / "special_tokens_map.json").write_text(json.dumps({
-        "eos_token": eos, "pad_token": eos, "bos_token": eos, "additional_special_tokens": T.SPECIAL_TOKENS[1:]},
-        indent=2, sort_keys=True) + "\n")
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "eos_token": eos,
+                "pad_token": eos,
+                "bos_token": eos,
+                "unk_token": None,
+                "model_max_length": model_max_length,
+                "clean_up_tokenization_spaces": False,
+                "additional_special_tokens": T.SPECIAL_TOKENS[1:],
+            },
+            indent=2,
+            sort_keys=True,
+        )
+        + "\n"
+    )
+    (out / "special_tokens_map.json").write_text(
+        json.dumps(
+            {"eos_token": eos, "pad_token": eos, "bos_token": eos, "additional_special_tokens": T.SPECIAL_TOKENS[1:]},
+            indent=2,
+            sort_keys=True,
+        )
+        + "\n"
+    )
 
 
 # ---------------------------------------------------------------------------------------------- training
+
 
 def packed_stream(tok, docs: list[str]) -> tuple[list[int], list[bool]]:
     """The training stream (EOS, then every document) and per token whether it is a target: all are,
@@ -181,9 +241,11 @@ def _packed_batches(ids: list[int], learn: list[bool], cfg: TrainConfig, seed: i
     while True:
         rng.shuffle(starts)
         for i in range(0, len(starts) - cfg.batch_size + 1, cfg.batch_size):
-            win = starts[i: i + cfg.batch_size]
-            yield (torch.stack([data[s: s + cfg.seq_len + 1] for s in win]),
-                   torch.stack([mask[s: s + cfg.seq_len + 1] for s in win]))
+            win = starts[i : i + cfg.batch_size]
+            yield (
+                torch.stack([data[s : s + cfg.seq_len + 1] for s in win]),
+                torch.stack([mask[s : s + cfg.seq_len + 1] for s in win]),
+            )
 
 
 def train_model(cfg: BootstrapConfig, ids: list[int], learn: list[bool] | None = None, progress: bool = True):
@@ -200,8 +262,11 @@ def train_model(cfg: BootstrapConfig, ids: list[int], learn: list[bool] | None =
     tc = cfg.train
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": tc.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=tc.lr, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": tc.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=tc.lr,
+        betas=(0.9, 0.95),
+    )
 
     def lr_at(step: int) -> float:
         if step < tc.warmup_steps:
@@ -215,8 +280,9 @@ def train_model(cfg: BootstrapConfig, ids: list[int], learn: list[bool] | None =
     for step in bar:
         xy, m = next(batches)
         out = model(xy[:, :-1])
-        ce = torch.nn.functional.cross_entropy(out.logits.reshape(-1, cfg.model.vocab_size), xy[:, 1:].reshape(-1),
-                                               reduction="none")
+        ce = torch.nn.functional.cross_entropy(
+            out.logits.reshape(-1, cfg.model.vocab_size), xy[:, 1:].reshape(-1), reduction="none"
+        )
         m = m[:, 1:].reshape(-1).to(ce.dtype)
         loss = (ce * m).sum() / m.sum().clamp(min=1)
         total = loss + tc.aux_loss_coef * out.aux_loss
@@ -233,6 +299,7 @@ def train_model(cfg: BootstrapConfig, ids: list[int], learn: list[bool] | None =
 
 
 # -------------------------------------------------------------------------------------------- evaluation
+
 
 def evaluate(model, tok, cfg: BootstrapConfig, progress: bool = True) -> dict:
     """Pass rate on held-out tasks (never in the corpus): greedy, and per sample at temperature 1."""
@@ -262,10 +329,14 @@ def evaluate(model, tok, cfg: BootstrapConfig, progress: bool = True) -> dict:
         bar.update(len(group))
     bar.close()
     vg, vs = sandbox.run(greedy), sandbox.run(sampled)
-    return {"heldout_tasks": len(held), "samples_per_task": cfg.eval.samples,
-            "pass_rate_greedy": round(sum(v.ok for v in vg) / len(vg), 4),
-            "pass_rate_t1": round(sum(v.ok for v in vs) / len(vs), 4),
-            "example": greedy[0].code, **evaluate_agent(model, tok, cfg, held, progress)}
+    return {
+        "heldout_tasks": len(held),
+        "samples_per_task": cfg.eval.samples,
+        "pass_rate_greedy": round(sum(v.ok for v in vg) / len(vg), 4),
+        "pass_rate_t1": round(sum(v.ok for v in vs) / len(vs), 4),
+        "example": greedy[0].code,
+        **evaluate_agent(model, tok, cfg, held, progress),
+    }
 
 
 def evaluate_agent(model, tok, cfg: BootstrapConfig, held: list, progress: bool = True) -> dict:
@@ -296,8 +367,9 @@ def evaluate_agent(model, tok, cfg: BootstrapConfig, held: list, progress: bool 
         prompts = [p for _, p in group]
         for (t, _), g in zip(group, model.generate(prompts, cfg.eval.agent_max_new_tokens, 0.0, stop)):
             outcomes["greedy"].append((t, tok.decode(g)))
-        outs = model.generate([p for p in prompts for _ in range(n)], cfg.eval.agent_max_new_tokens, 1.0, stop,
-                              generator=gen)
+        outs = model.generate(
+            [p for p in prompts for _ in range(n)], cfg.eval.agent_max_new_tokens, 1.0, stop, generator=gen
+        )
         outcomes["t1"] += [(group[i // n][0], tok.decode(s)) for i, s in enumerate(outs)]
         bar.update(len(group))
     bar.close()
@@ -310,15 +382,21 @@ def evaluate_agent(model, tok, cfg: BootstrapConfig, held: list, progress: bool 
     kinds, valid_t1, expected_t1 = rates(outcomes["t1"])
     _, valid_greedy, expected_greedy = rates(outcomes["greedy"])
     worst = next((text for (_, text), k in zip(outcomes["t1"], kinds) if k != "valid"), None)
-    return {"agent_turns": len(turns), "agent_samples_per_turn": n,
-            "tool_call_valid_rate": valid_t1, "tool_call_valid_rate_greedy": valid_greedy,
-            "tool_call_expected_rate": expected_t1, "tool_call_expected_rate_greedy": expected_greedy,
-            "tool_call_outcomes_t1": {k: kinds.count(k) for k in ("valid", "malformed", "unknown_tool", "none")},
-            "agent_example": outcomes["greedy"][0][1] if outcomes["greedy"] else None,
-            "agent_example_not_valid": worst}
+    return {
+        "agent_turns": len(turns),
+        "agent_samples_per_turn": n,
+        "tool_call_valid_rate": valid_t1,
+        "tool_call_valid_rate_greedy": valid_greedy,
+        "tool_call_expected_rate": expected_t1,
+        "tool_call_expected_rate_greedy": expected_greedy,
+        "tool_call_outcomes_t1": {k: kinds.count(k) for k in ("valid", "malformed", "unknown_tool", "none")},
+        "agent_example": outcomes["greedy"][0][1] if outcomes["greedy"] else None,
+        "agent_example_not_valid": worst,
+    }
 
 
 # ------------------------------------------------------------------------------------------------- build
+
 
 def build(cfg: BootstrapConfig, out: Path, progress: bool = True, evaluate_model: bool = True) -> dict:
     """Build the checkpoint into `out` (a fresh directory); returns the report."""
@@ -335,8 +413,10 @@ def build(cfg: BootstrapConfig, out: Path, progress: bool = True, evaluate_model
     tok = train_tokenizer(docs, cfg.vocab_size)
     eos_id = tok.token_to_id(T.EOS)
     # The trained vocabulary decides the embedding size; the caller's config stays as given.
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=tok.get_vocab_size(),
-                                                             eos_token_id=eos_id, bos_token_id=eos_id))
+    cfg = dataclasses.replace(
+        cfg,
+        model=dataclasses.replace(cfg.model, vocab_size=tok.get_vocab_size(), eos_token_id=eos_id, bos_token_id=eos_id),
+    )
     ids, learn = packed_stream(tok, docs)
     timings["corpus_and_tokenizer_s"] = round(time.monotonic() - t0, 2)
 
@@ -347,15 +427,28 @@ def build(cfg: BootstrapConfig, out: Path, progress: bool = True, evaluate_model
     out.mkdir(parents=True, exist_ok=True)
     save_pretrained(model, out, torch.bfloat16)
     save_tokenizer(tok, out, cfg.model.max_position_embeddings)
-    (out / "generation_config.json").write_text(json.dumps(
-        {"eos_token_id": cfg.model.eos_token_id, "pad_token_id": cfg.model.eos_token_id, "do_sample": False},
-        indent=2, sort_keys=True) + "\n")
+    (out / "generation_config.json").write_text(
+        json.dumps(
+            {"eos_token_id": cfg.model.eos_token_id, "pad_token_id": cfg.model.eos_token_id, "do_sample": False},
+            indent=2,
+            sort_keys=True,
+        )
+        + "\n"
+    )
 
-    report = {"preset": cfg.preset, "seed": cfg.seed, "cache_key": key,
-              "parameters": sum(p.numel() for p in model.parameters()),
-              "corpus_documents": len(docs), "corpus_tokens": len(ids), "vocab_size": cfg.model.vocab_size,
-              "train_steps": cfg.train.steps, "tokens_trained": cfg.train.steps * cfg.train.batch_size * cfg.train.seq_len,
-              "final_loss": round(sum(losses[-20:]) / len(losses[-20:]), 4), "timings": timings}
+    report = {
+        "preset": cfg.preset,
+        "seed": cfg.seed,
+        "cache_key": key,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "corpus_documents": len(docs),
+        "corpus_tokens": len(ids),
+        "vocab_size": cfg.model.vocab_size,
+        "train_steps": cfg.train.steps,
+        "tokens_trained": cfg.train.steps * cfg.train.batch_size * cfg.train.seq_len,
+        "final_loss": round(sum(losses[-20:]) / len(losses[-20:]), 4),
+        "timings": timings,
+    }
     if evaluate_model:
         from online_rl.model import load_pretrained
 
@@ -387,8 +480,9 @@ def _plot_loss(losses: list[float], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def bootstrap(preset_name: str = "test", seed: int = 0, out: Path | None = None, progress: bool = True,
-              force: bool = False) -> Path:
+def bootstrap(
+    preset_name: str = "test", seed: int = 0, out: Path | None = None, progress: bool = True, force: bool = False
+) -> Path:
     """The checkpoint for a preset and seed: from the cache, or built once and cached. Returns its dir."""
     cfg = preset(preset_name, seed)
     cache = cached_dir(cfg)

@@ -8,6 +8,7 @@ that rename is the commit point. At resume, ledger files newer than LATEST belon
 committed (its work is redone) and are removed. A LATEST that names a missing directory is fatal:
 starting over from the base model would skip every event whose offset that checkpoint had committed.
 """
+
 from __future__ import annotations
 
 import json
@@ -58,10 +59,12 @@ class Checkpoints:
         name = pointer.read_text().strip()
         path = self.root / name
         if not name or not (path / "trainer.pt").exists():
-            raise CheckpointError(f"{pointer} names {name!r}, which is missing or incomplete: refusing to start "
-                                  f"from the base model (its committed offsets are past the events it trained). "
-                                  f"Restore that checkpoint, or remove {self.root} and the consumer group's "
-                                  f"offsets to start over on purpose.")
+            raise CheckpointError(
+                f"{pointer} names {name!r}, which is missing or incomplete: refusing to start "
+                f"from the base model (its committed offsets are past the events it trained). "
+                f"Restore that checkpoint, or remove {self.root} and the consumer group's "
+                f"offsets to start over on purpose."
+            )
         return path
 
     def load(self) -> dict | None:
@@ -74,9 +77,11 @@ class Checkpoints:
             state = torch.load(latest / "trainer.pt", weights_only=True)
         except pickle.UnpicklingError as e:
             if "online_rl.samples.Sample" in str(e):
-                raise CheckpointError(f"{latest} was written by an older Flywheel (pickled Sample objects) and "
-                                      f"is not loaded as code; resume it with that version, or start over "
-                                      f"on purpose (remove {self.root})") from e
+                raise CheckpointError(
+                    f"{latest} was written by an older Flywheel (pickled Sample objects) and "
+                    f"is not loaded as code; resume it with that version, or start over "
+                    f"on purpose (remove {self.root})"
+                ) from e
             raise
         for f in self.ledger.glob("step-*.json"):
             if f.stem > latest.name:
@@ -104,7 +109,7 @@ class Checkpoints:
             ledger_file.unlink(missing_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        for old in sorted(p for p in self.root.glob("step-*") if p.name != name)[:-(self.keep - 1) or None]:
+        for old in sorted(p for p in self.root.glob("step-*") if p.name != name)[: -(self.keep - 1) or None]:
             shutil.rmtree(old, ignore_errors=True)
         for stale in self.root.glob(".step-*.tmp"):
             if stale != tmp:

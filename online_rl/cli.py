@@ -1,4 +1,5 @@
 """`flywheel model bootstrap`: build (or fetch from the cache) the base checkpoint."""
+
 from __future__ import annotations
 
 import argparse
@@ -43,20 +44,34 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--staleness", type=int, default=4)
     t.add_argument("--publish-interval", type=float, default=3600.0, help="seconds between published versions")
     t.add_argument("--store", type=Path, default=None, help="weights store to publish into (default: none)")
-    t.add_argument("--key", type=Path, default=None, help="signing key (default $FLYWHEEL_HOME/weights/keys/signing.pem)")
+    t.add_argument(
+        "--key", type=Path, default=None, help="signing key (default $FLYWHEEL_HOME/weights/keys/signing.pem)"
+    )
     t.add_argument("--store-url", default=os.environ.get("FLYWHEEL_STORE_URL"))
     t.add_argument("--max-steps", type=int, default=None)
     t.add_argument("--nproc", type=int, default=1, help="data-parallel ranks (gloo on CPU)")
-    t.add_argument("--canary", action="store_true",
-                   help="announce new versions as canary candidates (flywheel weights canary judges them)")
-    t.add_argument("--train-on-rolled-back", action="store_true",
-                   help="keep learning from samples of versions a canary trial rolled back")
+    t.add_argument(
+        "--canary",
+        action="store_true",
+        help="announce new versions as canary candidates (flywheel weights canary judges them)",
+    )
+    t.add_argument(
+        "--train-on-rolled-back",
+        action="store_true",
+        help="keep learning from samples of versions a canary trial rolled back",
+    )
     t.add_argument("--threads", type=int, default=0, help="torch threads per rank (0: cores / ranks)")
-    t.add_argument("--batch-invariant", action="store_true",
-                   help="batch-invariant kernels in the model (slower; a row's logprobs never depend on its batch)")
+    t.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="batch-invariant kernels in the model (slower; a row's logprobs never depend on its batch)",
+    )
     t.add_argument("--metrics-port", type=int, default=0)
-    t.add_argument("--offpeak", action="store_true", help="borrow replicas for rollouts while user load is low "
-                   "(rollouts then run on borrowed replicas only)")
+    t.add_argument(
+        "--offpeak",
+        action="store_true",
+        help="borrow replicas for rollouts while user load is low (rollouts then run on borrowed replicas only)",
+    )
     t.add_argument("--low-water", type=float, default=0.5, help="user requests per active replica to borrow under")
     t.add_argument("--high-water", type=float, default=2.0, help="user requests per active replica to return over")
     t.add_argument("--hold", type=float, default=10.0, help="seconds of low load before borrowing")
@@ -68,8 +83,13 @@ def _bootstrap(args) -> int:
 
     path = bootstrap(args.preset, args.seed, args.out, progress=not args.quiet, force=args.force)
     r = report(path)
-    summary = {"path": str(path), "parameters": r["parameters"], "final_loss": r["final_loss"],
-               **{k: v for k, v in r.get("eval", {}).items() if k.startswith(("pass_rate", "tool_call_valid_rate"))}, **r["timings"]}
+    summary = {
+        "path": str(path),
+        "parameters": r["parameters"],
+        "final_loss": r["final_loss"],
+        **{k: v for k, v in r.get("eval", {}).items() if k.startswith(("pass_rate", "tool_call_valid_rate"))},
+        **r["timings"],
+    }
     print(json.dumps(summary))
     return 0
 
@@ -105,17 +125,40 @@ def _train(args) -> int:
     from online_rl.update import OptimConfig
 
     cfg = TrainerConfig(
-        model_dir=args.model or bootstrap(args.preset, 0), work_dir=args.work_dir or flywheel_home() / "trainer",
-        kafka_bootstrap=args.kafka, batch_size=args.batch_size, min_batch=args.min_batch,
-        checkpoint_every=args.checkpoint_every, staleness=args.staleness,
-        publish_interval_s=args.publish_interval, publish_store=args.store,
-        publish_key=args.key or flywheel_home() / "weights" / "keys" / "signing.pem", publish_store_url=args.store_url,
-        max_steps=args.max_steps, metrics_port=args.metrics_port, threads=args.threads, batch_invariant=args.batch_invariant,
-        publish_canary=args.canary, train_on_rolled_back=args.train_on_rolled_back, loss=LossConfig(kl_coef=args.kl),
+        model_dir=args.model or bootstrap(args.preset, 0),
+        work_dir=args.work_dir or flywheel_home() / "trainer",
+        kafka_bootstrap=args.kafka,
+        batch_size=args.batch_size,
+        min_batch=args.min_batch,
+        checkpoint_every=args.checkpoint_every,
+        staleness=args.staleness,
+        publish_interval_s=args.publish_interval,
+        publish_store=args.store,
+        publish_key=args.key or flywheel_home() / "weights" / "keys" / "signing.pem",
+        publish_store_url=args.store_url,
+        max_steps=args.max_steps,
+        metrics_port=args.metrics_port,
+        threads=args.threads,
+        batch_invariant=args.batch_invariant,
+        publish_canary=args.canary,
+        train_on_rolled_back=args.train_on_rolled_back,
+        loss=LossConfig(kl_coef=args.kl),
         optim=OptimConfig(lr=args.lr),
-        rollouts=RolloutConfig(gateway_url=args.gateway, admin_token=args.admin_token,
-                               tasks_per_step=args.rollout_tasks, replicas="borrowed" if args.offpeak else "any"),
-        offpeak=OffPeakConfig(gateway_url=args.gateway, admin_token=args.admin_token, low_water=args.low_water,
-                              high_water=args.high_water, hold_s=args.hold) if args.offpeak else None)
+        rollouts=RolloutConfig(
+            gateway_url=args.gateway,
+            admin_token=args.admin_token,
+            tasks_per_step=args.rollout_tasks,
+            replicas="borrowed" if args.offpeak else "any",
+        ),
+        offpeak=OffPeakConfig(
+            gateway_url=args.gateway,
+            admin_token=args.admin_token,
+            low_water=args.low_water,
+            high_water=args.high_water,
+            hold_s=args.hold,
+        )
+        if args.offpeak
+        else None,
+    )
     run_distributed(cfg, args.nproc)
     return 0

@@ -3,6 +3,7 @@ one announce. Each failure is counted (`flywheel_trainer_failures_total{stage,ca
 its cause (the first of a streak; the rest of the streak at debug level, and a line when the stage
 recovers), retried with exponential backoff when it is transient and skipped when it is not. The loop
 goes on either way."""
+
 from __future__ import annotations
 
 import logging
@@ -56,8 +57,13 @@ class Failures:
         delay = min(self.cfg.max_s, self.cfg.base_s * 2 ** (n - 1)) if retry else 0.0
         first = cause not in self._causes.setdefault(stage, set())
         self._causes[stage].add(cause)
-        (log.warning if first else log.debug)("%s failed (%s: %s); %s", stage, cause, str(exc)[:300] or "-",
-                                              f"retrying in {delay:.0f} s" if retry else "skipped")
+        (log.warning if first else log.debug)(
+            "%s failed (%s: %s); %s",
+            stage,
+            cause,
+            str(exc)[:300] or "-",
+            f"retrying in {delay:.0f} s" if retry else "skipped",
+        )
         if retry:
             self._retry_at[stage] = self.clock() + delay
         return retry
@@ -73,5 +79,9 @@ class Failures:
         return self.clock() >= self._retry_at.get(stage, 0.0)
 
     def count(self, stage: str) -> float:
-        return sum(m.value for metric in self.counter.collect() for m in metric.samples
-                   if m.name.endswith("_total") and m.labels.get("stage") == stage)
+        return sum(
+            m.value
+            for metric in self.counter.collect()
+            for m in metric.samples
+            if m.name.endswith("_total") and m.labels.get("stage") == stage
+        )

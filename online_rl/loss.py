@@ -14,6 +14,7 @@ loss = ( sum over sequences and output tokens of  -m_t * min(rho_t, C) * A * log
 The forward replays the experts serving chose (router replay), so training scores exactly the routes
 that produced the tokens.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -85,18 +86,28 @@ def make_batch(samples: list[Sample], adv: np.ndarray, replay: bool = True) -> B
         n, p = seq.size - 1, s.prompt_ids.size
         inputs[b, :n] = torch.from_numpy(seq[:-1])
         targets[b, :n] = torch.from_numpy(seq[1:])
-        mask[b, p - 1:n] = 1.0
-        behaviour[b, p - 1:n] = torch.from_numpy(np.array(s.behaviour_logprobs, dtype=np.float32))  # a copy: events are read-only
+        mask[b, p - 1 : n] = 1.0
+        behaviour[b, p - 1 : n] = torch.from_numpy(
+            np.array(s.behaviour_logprobs, dtype=np.float32)
+        )  # a copy: events are read-only
         if replay:
             if s.routed_experts.shape[0] != n:
                 raise ValueError(f"sample {s.key}: {s.routed_experts.shape[0]} routed positions for {n} inputs")
             experts[b, :n] = torch.from_numpy(s.routed_experts.astype(np.int64))
-    return Batch(inputs, targets, mask, behaviour, experts if replay else None,
-                 torch.tensor(adv, dtype=torch.float32), int(mask.sum().item()))
+    return Batch(
+        inputs,
+        targets,
+        mask,
+        behaviour,
+        experts if replay else None,
+        torch.tensor(adv, dtype=torch.float32),
+        int(mask.sum().item()),
+    )
 
 
-def policy_loss(model: MoECoder, ref: MoECoder | None, batch: Batch, cfg: LossConfig,
-                denominator: int) -> tuple[torch.Tensor, dict]:
+def policy_loss(
+    model: MoECoder, ref: MoECoder | None, batch: Batch, cfg: LossConfig, denominator: int
+) -> tuple[torch.Tensor, dict]:
     """Loss of this batch (a data-parallel shard divides by the global number of sequences)."""
     out = model(batch.inputs, batch.replay)
     logp = token_logprobs(out.logits, batch.targets)  # (B, T)
@@ -117,7 +128,7 @@ def policy_loss(model: MoECoder, ref: MoECoder | None, batch: Batch, cfg: LossCo
         diff = (logp - ref_logp) * batch.mask
         # k2 = (log pi - log ref)^2 / 2 as the loss: its gradient (log pi - log ref) grad log pi is the KL's;
         # k1's own gradient, grad log pi, is zero in expectation and only pushes sampled tokens down.
-        loss = loss + cfg.kl_coef * 0.5 * (diff ** 2).sum()
+        loss = loss + cfg.kl_coef * 0.5 * (diff**2).sum()
         kl_tok = diff.sum().detach() / max(1, batch.n_tokens)  # reported: the k1 estimate of KL per token
     loss = loss / denominator
     m = batch.mask.bool()

@@ -12,6 +12,7 @@ their outputs, so the router keeps learning while the routing matches what servi
 Shapes: B batch, T tokens, D hidden, H query heads, G kv heads, Dh head dim, E experts, K top-k,
 L layers, V vocab.
 """
+
 from __future__ import annotations
 
 import json
@@ -50,12 +51,24 @@ class ModelConfig:
         """config.json for the Hugging Face layout (architecture Qwen3MoeForCausalLM)."""
         d = asdict(self)
         d.update(
-            architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe", hidden_act="silu",
+            architectures=["Qwen3MoeForCausalLM"],
+            model_type="qwen3_moe",
+            hidden_act="silu",
             intermediate_size=self.moe_intermediate_size * self.num_experts_per_tok,  # dense MLP: unused
-            decoder_sparse_step=1, mlp_only_layers=[], attention_bias=False, attention_dropout=0.0,
-            use_sliding_window=False, sliding_window=None, max_window_layers=self.num_hidden_layers,
-            rope_scaling=None, router_aux_loss_coef=0.001, output_router_logits=False, use_cache=True,
-            initializer_range=0.02, torch_dtype=torch_dtype, pad_token_id=self.eos_token_id,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+            attention_bias=False,
+            attention_dropout=0.0,
+            use_sliding_window=False,
+            sliding_window=None,
+            max_window_layers=self.num_hidden_layers,
+            rope_scaling=None,
+            router_aux_loss_coef=0.001,
+            output_router_logits=False,
+            use_cache=True,
+            initializer_range=0.02,
+            torch_dtype=torch_dtype,
+            pad_token_id=self.eos_token_id,
         )
         return d
 
@@ -94,8 +107,9 @@ class Linear(nn.Linear):
 
 def rope_cache(cfg: ModelConfig, T: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin of shape (T, Dh), in the rotate-half layout transformers uses."""
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.int64, device=device).float()
-                                         / cfg.head_dim))
+    inv_freq = 1.0 / (
+        cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.int64, device=device).float() / cfg.head_dim)
+    )
     t = torch.arange(T, device=device, dtype=torch.int64).float()
     freqs = torch.outer(t, inv_freq)  # (T, Dh/2)
     emb = torch.cat((freqs, freqs), dim=-1)  # (T, Dh)
@@ -153,8 +167,7 @@ class SparseMoE(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.gate = Linear(cfg.hidden_size, cfg.num_experts, bias=False)
-        self.experts = nn.ModuleList(Expert(cfg.hidden_size, cfg.moe_intermediate_size)
-                                     for _ in range(cfg.num_experts))
+        self.experts = nn.ModuleList(Expert(cfg.hidden_size, cfg.moe_intermediate_size) for _ in range(cfg.num_experts))
 
     def forward(self, x: torch.Tensor, replay: torch.Tensor | None = None):
         """x: (N, D); replay: (N, K) expert ids or None. Returns y (N, D), ids (N, K), probs (N, E)."""
@@ -191,8 +204,9 @@ class Block(nn.Module):
     def forward(self, x, cos, sin, replay=None):
         B, T, D = x.shape
         x = x + self.self_attn(self.input_layernorm(x), cos, sin)
-        y, ids, probs = self.mlp(self.post_attention_layernorm(x).view(B * T, D),
-                                 None if replay is None else replay.reshape(B * T, -1))
+        y, ids, probs = self.mlp(
+            self.post_attention_layernorm(x).view(B * T, D), None if replay is None else replay.reshape(B * T, -1)
+        )
         return x + y.view(B, T, D), ids.view(B, T, -1), probs.view(B, T, -1)
 
 
@@ -246,8 +260,14 @@ class MoECoder(nn.Module):
         return Output(logits=logits, experts=torch.stack(experts, dim=2), aux_loss=torch.stack(aux).mean())
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float = 1.0,
-                 stop_ids: set[int] | None = None, generator: torch.Generator | None = None) -> list[list[int]]:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        stop_ids: set[int] | None = None,
+        generator: torch.Generator | None = None,
+    ) -> list[list[int]]:
         """Sample one completion per prompt; prompts must have equal length (no padding, no KV cache:
         these models and outputs are tiny). A completion ends before the first stop id (default: EOS)."""
         stop_ids = {self.cfg.eos_token_id} if stop_ids is None else stop_ids
@@ -256,7 +276,7 @@ class MoECoder(nn.Module):
         done = torch.zeros(len(prompts), dtype=torch.bool)
         stops = torch.tensor(sorted(stop_ids), dtype=torch.long)
         for _ in range(max_new_tokens):
-            logits = self(idx[:, -self.cfg.max_position_embeddings:]).logits[:, -1].float()  # (B, V)
+            logits = self(idx[:, -self.cfg.max_position_embeddings :]).logits[:, -1].float()  # (B, V)
             if temperature <= 0:
                 nxt = logits.argmax(-1)
             else:
@@ -267,7 +287,7 @@ class MoECoder(nn.Module):
             if done.all():
                 break
         out = []
-        for row in idx[:, len(prompts[0]):].tolist():
+        for row in idx[:, len(prompts[0]) :].tolist():
             cut = next((i for i, t in enumerate(row) if t in stop_ids), len(row))
             out.append(row[:cut])
         return out
@@ -314,6 +334,7 @@ def load_pretrained(path: Path, dtype: torch.dtype = torch.float32) -> MoECoder:
         sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
     missing, unexpected = model.load_state_dict({k: v.to(dtype) for k, v in sd.items()}, strict=False)
     if missing or unexpected:
-        raise ValueError(f"checkpoint {path} does not match the model: missing {missing[:5]}, "
-                         f"unexpected {unexpected[:5]}")
+        raise ValueError(
+            f"checkpoint {path} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
     return model.to(dtype)

@@ -5,6 +5,7 @@ model then scores the same tokens twice: replaying the experts serving chose, an
 Reported per mode: max and mean absolute logprob difference over served tokens, and the share of
 (position, layer) routing decisions that differ from serving's.
 """
+
 from __future__ import annotations
 
 import base64
@@ -20,16 +21,23 @@ from online_rl.model import load_pretrained, token_logprobs
 
 
 def _generate(url: str, ids: list[int], max_tokens: int, temperature: float, seed: int) -> dict:
-    body = {"input_ids": ids, "return_logprob": True, "logprob_start_len": -1, "return_routed_experts": True,
-            "sampling_params": {"max_new_tokens": max_tokens, "temperature": temperature, "sampling_seed": seed}}
-    req = urllib.request.Request(f"{url}/generate", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    body = {
+        "input_ids": ids,
+        "return_logprob": True,
+        "logprob_start_len": -1,
+        "return_routed_experts": True,
+        "sampling_params": {"max_new_tokens": max_tokens, "temperature": temperature, "sampling_seed": seed},
+    }
+    req = urllib.request.Request(
+        f"{url}/generate", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=120) as r:
         return json.loads(r.read())
 
 
-def measure(replica_url: str, model_dir: Path, prompts: int = 16, max_tokens: int = 24, temperature: float = 1.0,
-            seed: int = 0) -> dict:
+def measure(
+    replica_url: str, model_dir: Path, prompts: int = 16, max_tokens: int = 24, temperature: float = 1.0, seed: int = 0
+) -> dict:
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
@@ -50,7 +58,7 @@ def measure(replica_url: str, model_dir: Path, prompts: int = 16, max_tokens: in
         for mode, replay in (("replay", served), ("no_replay", None)):
             with torch.no_grad():
                 res = model(seq[:, :-1], replay_experts=replay)
-            lp = token_logprobs(res.logits, seq[:, 1:])[0, len(ids) - 1:]
+            lp = token_logprobs(res.logits, seq[:, 1:])[0, len(ids) - 1 :]
             diffs[mode].append((lp - served_lp).abs())
             same = (res.experts.sort(-1).values == served.sort(-1).values).all(-1)  # (1, T, L)
             disagree[mode][0] += int((~same).sum())
@@ -58,6 +66,9 @@ def measure(replica_url: str, model_dir: Path, prompts: int = 16, max_tokens: in
     report = {"prompts": prompts, "tokens": int(sum(d.numel() for d in diffs["replay"])), "temperature": temperature}
     for mode in ("replay", "no_replay"):
         d = torch.cat(diffs[mode])
-        report[mode] = {"max_abs_logprob_diff": float(d.max()), "mean_abs_logprob_diff": float(d.mean()),
-                        "routing_disagreement": disagree[mode][0] / max(1, disagree[mode][1])}
+        report[mode] = {
+            "max_abs_logprob_diff": float(d.max()),
+            "mean_abs_logprob_diff": float(d.mean()),
+            "routing_disagreement": disagree[mode][0] / max(1, disagree[mode][1]),
+        }
     return report

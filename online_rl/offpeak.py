@@ -12,6 +12,7 @@ Between the two marks nothing happens (hysteresis), a borrow waits `cooldown_s` 
 everything back. No clock times are built in: an optional `busy_hours` hint only makes it more careful
 then (the low-water mark is halved).
 """
+
 from __future__ import annotations
 
 import logging
@@ -89,8 +90,12 @@ class OffPeakScheduler:
         self.low_since = self.low_since if self.low_since is not None else now
         active = [r for r in reps if r["state"] == "active" and r["healthy"] and not r["borrow_pending"]]
         allowed = math.floor(self.cfg.max_share * len(reps))
-        if (now - self.low_since >= self.cfg.hold_s and now - self.last_action >= self.cfg.cooldown_s
-                and len(lent) < allowed and len(active) > 1):
+        if (
+            now - self.low_since >= self.cfg.hold_s
+            and now - self.last_action >= self.cfg.cooldown_s
+            and len(lent) < allowed
+            and len(active) > 1
+        ):
             pick = min(active, key=lambda r: (r["outstanding"], r["id"]))
             return Decision("borrow", pick["id"], load, self.smoothed, at=now)
         return None

@@ -1,5 +1,6 @@
 """Sandbox rollouts: held-out tasks sampled on serving replicas (the gateway's admin path), judged by
 their hidden tests in the sandbox; each task's samples form one group (group-relative advantages)."""
+
 from __future__ import annotations
 
 import base64
@@ -19,8 +20,9 @@ from online_rl.samples import Sample
 def _local_counter():
     from prometheus_client import Counter
 
-    return Counter("flywheel_rollout_failures", "Rollout failures by stage and cause", ["stage", "cause"],
-                   registry=None)
+    return Counter(
+        "flywheel_rollout_failures", "Rollout failures by stage and cause", ["stage", "cause"], registry=None
+    )
 
 
 @dataclass
@@ -48,11 +50,21 @@ class RolloutSource:
         self.retry: list = []
 
     def _generate(self, prompt: str) -> dict | None:
-        body = json.dumps({"prompt": prompt, "n": self.cfg.group_size, "max_tokens": self.cfg.max_tokens,
-                           "min_tokens": self.cfg.min_tokens, "temperature": self.cfg.temperature, "replicas": self.cfg.replicas}).encode()
-        req = urllib.request.Request(f"{self.cfg.gateway_url}/admin/rollouts", data=body,
-                                     headers={"Authorization": f"Bearer {self.cfg.admin_token}",
-                                              "Content-Type": "application/json"})
+        body = json.dumps(
+            {
+                "prompt": prompt,
+                "n": self.cfg.group_size,
+                "max_tokens": self.cfg.max_tokens,
+                "min_tokens": self.cfg.min_tokens,
+                "temperature": self.cfg.temperature,
+                "replicas": self.cfg.replicas,
+            }
+        ).encode()
+        req = urllib.request.Request(
+            f"{self.cfg.gateway_url}/admin/rollouts",
+            data=body,
+            headers={"Authorization": f"Bearer {self.cfg.admin_token}", "Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(req, timeout=300) as r:
                 return json.loads(r.read())
@@ -107,10 +119,18 @@ class RolloutSource:
             if not c["output_ids"]:
                 continue
             experts = np.frombuffer(base64.b64decode(c["routed_experts"]), np.uint8).reshape(c["routed_experts_shape"])
-            out.append(Sample(key=f"{resp['id']}-{c['index']}", prompt_ids=prompt,
-                              output_ids=np.asarray(c["output_ids"], np.int32),
-                              behaviour_logprobs=np.asarray(c["logprobs"], np.float32), routed_experts=experts,
-                              reward=v.reward, model_version=int(c["weight_version"] or 0), source="rollout",
-                              group=f"{step}/{task.task_id}"))
+            out.append(
+                Sample(
+                    key=f"{resp['id']}-{c['index']}",
+                    prompt_ids=prompt,
+                    output_ids=np.asarray(c["output_ids"], np.int32),
+                    behaviour_logprobs=np.asarray(c["logprobs"], np.float32),
+                    routed_experts=experts,
+                    reward=v.reward,
+                    model_version=int(c["weight_version"] or 0),
+                    source="rollout",
+                    group=f"{step}/{task.task_id}",
+                )
+            )
         self.generated += len(choices)
         return out, sum(v.ok for v in verdicts) / max(1, len(verdicts))

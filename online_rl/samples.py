@@ -1,4 +1,5 @@
 """What the trainer learns from: a sample is one completion with its reward, from a user or a rollout."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -53,30 +54,48 @@ class Sample:
 
     def state(self) -> dict:
         """Tensors and plain values only: checkpoints load with torch.load(weights_only=True)."""
-        return {"key": self.key, "prompt_ids": torch.from_numpy(np.ascontiguousarray(self.prompt_ids)),
-                "output_ids": torch.from_numpy(np.ascontiguousarray(self.output_ids)),
-                "behaviour_logprobs": torch.from_numpy(np.ascontiguousarray(self.behaviour_logprobs)),
-                "routed_experts": torch.from_numpy(np.ascontiguousarray(self.routed_experts)),
-                "reward": float(self.reward), "model_version": int(self.model_version), "source": self.source,
-                "group": self.group, "event_ids": list(self.event_ids), "session": self.session}
+        return {
+            "key": self.key,
+            "prompt_ids": torch.from_numpy(np.ascontiguousarray(self.prompt_ids)),
+            "output_ids": torch.from_numpy(np.ascontiguousarray(self.output_ids)),
+            "behaviour_logprobs": torch.from_numpy(np.ascontiguousarray(self.behaviour_logprobs)),
+            "routed_experts": torch.from_numpy(np.ascontiguousarray(self.routed_experts)),
+            "reward": float(self.reward),
+            "model_version": int(self.model_version),
+            "source": self.source,
+            "group": self.group,
+            "event_ids": list(self.event_ids),
+            "session": self.session,
+        }
 
     @classmethod
     def from_state(cls, d: dict) -> "Sample":
-        return cls(key=d["key"], prompt_ids=d["prompt_ids"].numpy(), output_ids=d["output_ids"].numpy(),
-                   behaviour_logprobs=d["behaviour_logprobs"].numpy(), routed_experts=d["routed_experts"].numpy(),
-                   reward=d["reward"], model_version=d["model_version"], source=d["source"], group=d["group"],
-                   event_ids=tuple(d["event_ids"]), session=d.get("session", ""))
+        return cls(
+            key=d["key"],
+            prompt_ids=d["prompt_ids"].numpy(),
+            output_ids=d["output_ids"].numpy(),
+            behaviour_logprobs=d["behaviour_logprobs"].numpy(),
+            routed_experts=d["routed_experts"].numpy(),
+            reward=d["reward"],
+            model_version=d["model_version"],
+            source=d["source"],
+            group=d["group"],
+            event_ids=tuple(d["event_ids"]),
+            session=d.get("session", ""),
+        )
 
 
 @dataclass
 class RewardTable:
     """Rewards for user signals (default like Cursor Tab: +0.75 accept, -0.25 reject)."""
+
     accept: float = 0.75
     reject: float = -0.25
     partial_floor: float = 0.0  # a partial accept of none of the text; scales to `accept` for all of it
 
-    def reward(self, kind: str, accepted_chars: int | None = None, total_chars: int | None = None,
-               score: float | None = None) -> float:
+    def reward(
+        self, kind: str, accepted_chars: int | None = None, total_chars: int | None = None, score: float | None = None
+    ) -> float:
         """score: a session's partial outcome in [0, 1], in place of the share of characters kept."""
         if kind == "accept":
             return self.accept
@@ -86,7 +105,11 @@ class RewardTable:
             if score is not None:
                 frac = min(1.0, max(0.0, float(score)))
             else:
-                frac = 0.5 if not total_chars or accepted_chars is None else min(1.0, max(0.0, accepted_chars / total_chars))
+                frac = (
+                    0.5
+                    if not total_chars or accepted_chars is None
+                    else min(1.0, max(0.0, accepted_chars / total_chars))
+                )
             return self.partial_floor + frac * (self.accept - self.partial_floor)
         raise ValueError(f"unknown feedback kind {kind!r}")
 
@@ -94,6 +117,7 @@ class RewardTable:
 @dataclass
 class LengthPenalty:
     """Composer 2's concave penalty on the token count: reward - coef * n ** power, 0 < power <= 1."""
+
     coef: float = 0.0
     power: float = 0.5
 

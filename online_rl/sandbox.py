@@ -9,6 +9,7 @@ plain literal and compared with the expected repr outside, so the reward is what
 gives. What a hostile candidate tried (or what limit stopped it) is counted by kind in
 `flywheel_sandbox_contained_total{kind}`. If isolation cannot be set up the sandbox refuses to run.
 """
+
 from __future__ import annotations
 
 import ast
@@ -30,15 +31,29 @@ from prometheus_client import Counter
 
 from online_rl.sandbox_jail import WORK_DIR, Limits, SandboxUnavailable, bare_command, bwrap_command, interpreter
 
-__all__ = ["SandboxConfig", "Candidate", "Verdict", "SandboxUnavailable", "run", "check", "candidate_for",
-           "CONTAINED"]
+__all__ = ["SandboxConfig", "Candidate", "Verdict", "SandboxUnavailable", "run", "check", "candidate_for", "CONTAINED"]
 log = logging.getLogger(__name__)
 
-CONTAINED = Counter("flywheel_sandbox_contained", "Hostile candidate attempts the sandbox contained, by kind",
-                    ["kind"], registry=None)  # registered by whoever serves /metrics (the trainer)
+CONTAINED = Counter(
+    "flywheel_sandbox_contained", "Hostile candidate attempts the sandbox contained, by kind", ["kind"], registry=None
+)  # registered by whoever serves /metrics (the trainer)
 STDERR_CAP = 64 << 10
-KINDS = ("filesystem", "network", "process", "signal", "ctypes", "introspection", "tamper", "early_exit",
-         "bad_output", "memory", "cpu_time", "wall_time", "output_flood", "crash")  # what CONTAINED counts
+KINDS = (
+    "filesystem",
+    "network",
+    "process",
+    "signal",
+    "ctypes",
+    "introspection",
+    "tamper",
+    "early_exit",
+    "bad_output",
+    "memory",
+    "cpu_time",
+    "wall_time",
+    "output_flood",
+    "crash",
+)  # what CONTAINED counts
 UID_SPAN = 4096 * 64  # outer uids: 64 concurrent slots for each of 4096 process ids (pid mod 4096)
 
 
@@ -56,8 +71,14 @@ class SandboxConfig:
     outer_uid_base: int = 3_000_000  # as root: bwrap runs as an unprivileged uid of [base, base + UID_SPAN)
 
     def limits(self) -> Limits:
-        return Limits(cpu_seconds=self.cpu_seconds, memory_mb=self.memory_mb, file_bytes=self.file_bytes,
-                      open_files=self.open_files, processes=self.processes, tmpfs_bytes=self.tmpfs_mb << 20)
+        return Limits(
+            cpu_seconds=self.cpu_seconds,
+            memory_mb=self.memory_mb,
+            file_bytes=self.file_bytes,
+            open_files=self.open_files,
+            processes=self.processes,
+            tmpfs_bytes=self.tmpfs_mb << 20,
+        )
 
 
 @dataclass
@@ -86,6 +107,7 @@ class Verdict:
 
 
 _LITERAL_LOCK = threading.Lock()  # judging threads parse reported values one at a time
+
 
 def _canonical(output) -> str | None:
     """The repr an honest evaluator compares: a reported value only counts if it parses as a literal."""
@@ -120,7 +142,7 @@ def _exchange(proc: subprocess.Popen, job: bytes, deadline: float, cap: int) -> 
                 f = key.fileobj
                 if f is proc.stdin:
                     try:
-                        view = view[os.write(f.fileno(), view[:65536]):]
+                        view = view[os.write(f.fileno(), view[:65536]) :]
                     except BlockingIOError:
                         continue
                     except BrokenPipeError:  # it stopped reading: what it read is all it gets
@@ -236,9 +258,19 @@ def _verdict(cand: Candidate, cfg: SandboxConfig, out: bytes, code: int, why: st
 
 
 def _judge(cand: Candidate, cfg: SandboxConfig, uid: int | None, bare: bool) -> Verdict:
-    job = {"code": cand.code, "fn": cand.fn, "inputs": json.dumps(cand.inputs), "readable": [interpreter()[1]],
-           "limits": {"cpu_seconds": cfg.cpu_seconds, "memory_mb": cfg.memory_mb, "file_bytes": cfg.file_bytes,
-                      "open_files": cfg.open_files, "processes": cfg.processes}}
+    job = {
+        "code": cand.code,
+        "fn": cand.fn,
+        "inputs": json.dumps(cand.inputs),
+        "readable": [interpreter()[1]],
+        "limits": {
+            "cpu_seconds": cfg.cpu_seconds,
+            "memory_mb": cfg.memory_mb,
+            "file_bytes": cfg.file_bytes,
+            "open_files": cfg.open_files,
+            "processes": cfg.processes,
+        },
+    }
     work = tempfile.mkdtemp(prefix="sbx-bare-") if bare else None
     job["work_dir"] = work or WORK_DIR
     info_r, info_w = os.pipe() if not bare else (None, None)
@@ -246,9 +278,18 @@ def _judge(cand: Candidate, cfg: SandboxConfig, uid: int | None, bare: bool) -> 
     kw = {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
     start = time.monotonic()
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env={}, close_fds=True, pass_fds=() if bare else (info_w,),
-                                start_new_session=True, cwd="/", **kw)
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={},
+            close_fds=True,
+            pass_fds=() if bare else (info_w,),
+            start_new_session=True,
+            cwd="/",
+            **kw,
+        )
     except OSError as e:
         raise SandboxUnavailable(f"cannot start {argv[0]} as uid {uid}: {e}") from e
     finally:
@@ -340,5 +381,9 @@ def run(candidates: list[Candidate], cfg: SandboxConfig | None = None, *, bare: 
 
 def candidate_for(task, completion: str) -> Candidate:
     """A candidate that judges `completion` (the body) as the implementation of a tasks.Task."""
-    return Candidate(code=task.prompt + completion, fn=task.name, inputs=task.test_inputs(),
-                     expected=[repr(y) for y in task.expected_outputs()])
+    return Candidate(
+        code=task.prompt + completion,
+        fn=task.name,
+        inputs=task.test_inputs(),
+        expected=[repr(y) for y in task.expected_outputs()],
+    )

@@ -15,6 +15,7 @@ an ordinary user would: outside the namespace the candidate's processes belong t
 The interpreter is a system one the unprivileged uid can read (`/usr/bin/python3.X`): a virtualenv or a
 pyenv build under /root is neither readable by it nor wanted in there.
 """
+
 from __future__ import annotations
 
 import functools
@@ -58,8 +59,11 @@ def interpreter() -> tuple[str, str]:
     """(python, stdlib dir) of a system interpreter of this Python's minor version that others can read."""
     ver = f"{sys.version_info.major}.{sys.version_info.minor}"
     tried = []
-    for exe in (getattr(sys, "_base_executable", sys.executable), f"/usr/bin/python{ver}",
-                f"/usr/local/bin/python{ver}"):
+    for exe in (
+        getattr(sys, "_base_executable", sys.executable),
+        f"/usr/bin/python{ver}",
+        f"/usr/local/bin/python{ver}",
+    ):
         exe = os.path.realpath(exe)
         if exe in tried:
             continue
@@ -67,8 +71,13 @@ def interpreter() -> tuple[str, str]:
         if not (_world_readable(Path(exe)) and os.stat(exe).st_mode & stat.S_IXOTH):
             continue
         try:
-            out = subprocess.run([exe, "-I", "-S", "-c", "import sysconfig; print(sysconfig.get_paths()['stdlib'])"],
-                                 capture_output=True, text=True, timeout=30, env={})
+            out = subprocess.run(
+                [exe, "-I", "-S", "-c", "import sysconfig; print(sysconfig.get_paths()['stdlib'])"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                env={},
+            )
         except (OSError, subprocess.TimeoutExpired):
             continue
         stdlib = out.stdout.strip()
@@ -76,7 +85,8 @@ def interpreter() -> tuple[str, str]:
             return exe, os.path.realpath(stdlib)
     raise SandboxUnavailable(
         f"no Python {ver} interpreter that an unprivileged uid can read (tried {', '.join(tried)}); "
-        f"install Debian's python{ver} (scripts/setup.sh does)")
+        f"install Debian's python{ver} (scripts/setup.sh does)"
+    )
 
 
 def _path_ops(path: str, ops: dict[str, tuple[str, str, str]]) -> None:
@@ -133,17 +143,55 @@ def bwrap_command(limits: Limits, info_fd: int) -> list[str]:
     """argv that runs the runner on stdin's job inside a fresh sandbox."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
-        raise SandboxUnavailable("bubblewrap (bwrap) is not installed: `apt-get install bubblewrap` "
-                                 "(scripts/setup.sh does this); the sandbox does not run without it")
+        raise SandboxUnavailable(
+            "bubblewrap (bwrap) is not installed: `apt-get install bubblewrap` "
+            "(scripts/setup.sh does this); the sandbox does not run without it"
+        )
     exe, _ = interpreter()
     size = str(limits.tmpfs_bytes)
-    return [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
-            "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox", "--clearenv",
-            "--cap-drop", "ALL", "--info-fd", str(info_fd), *root_ops(),
-            # bwrap's /dev is a tmpfs of its own (with /dev/shm): read-only, or it is a way to fill RAM.
-            "--dev", "/dev", "--remount-ro", "/dev",
-            "--size", size, "--tmpfs", "/tmp", "--size", size, "--tmpfs", WORK_DIR, "--remount-ro", "/",
-            "--chdir", WORK_DIR, exe, "-I", "-S", "-B", "-c", runner_source()]
+    return [
+        bwrap,
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--die-with-parent",
+        "--new-session",
+        "--uid",
+        str(SANDBOX_UID),
+        "--gid",
+        str(SANDBOX_UID),
+        "--hostname",
+        "sandbox",
+        "--clearenv",
+        "--cap-drop",
+        "ALL",
+        "--info-fd",
+        str(info_fd),
+        *root_ops(),
+        # bwrap's /dev is a tmpfs of its own (with /dev/shm): read-only, or it is a way to fill RAM.
+        "--dev",
+        "/dev",
+        "--remount-ro",
+        "/dev",
+        "--size",
+        size,
+        "--tmpfs",
+        "/tmp",
+        "--size",
+        size,
+        "--tmpfs",
+        WORK_DIR,
+        "--remount-ro",
+        "/",
+        "--chdir",
+        WORK_DIR,
+        exe,
+        "-I",
+        "-S",
+        "-B",
+        "-c",
+        runner_source(),
+    ]
 
 
 def bare_command() -> list[str]:

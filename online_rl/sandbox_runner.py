@@ -13,6 +13,7 @@ compares outside. What this file adds is honest bookkeeping for the honest case 
 only, exceptions by name) and an audit hook that names what a hostile candidate tried, for the
 `flywheel_sandbox_contained_total{kind}` metric.
 """
+
 import builtins
 import json
 import os
@@ -28,25 +29,62 @@ _MAX_REPR = 4096
 _MAX_ITEMS = 10_000
 
 _KIND_BY_EVENT = {
-    "socket.__new__": "network", "socket.connect": "network", "socket.bind": "network",
-    "socket.sendto": "network", "socket.getaddrinfo": "network", "socket.gethostbyname": "network",
-    "os.fork": "process", "os.forkpty": "process", "os.system": "process", "os.exec": "process",
-    "os.posix_spawn": "process", "os.spawn": "process", "subprocess.Popen": "process", "pty.spawn": "process",
-    "os.kill": "signal", "os.killpg": "signal", "signal.pthread_kill": "signal",
-    "ctypes.dlopen": "ctypes", "ctypes.dlsym": "ctypes", "ctypes.cdata": "ctypes", "ctypes.addressof": "ctypes",
-    "ctypes.string_at": "ctypes", "ctypes.call_function": "ctypes",
+    "socket.__new__": "network",
+    "socket.connect": "network",
+    "socket.bind": "network",
+    "socket.sendto": "network",
+    "socket.getaddrinfo": "network",
+    "socket.gethostbyname": "network",
+    "os.fork": "process",
+    "os.forkpty": "process",
+    "os.system": "process",
+    "os.exec": "process",
+    "os.posix_spawn": "process",
+    "os.spawn": "process",
+    "subprocess.Popen": "process",
+    "pty.spawn": "process",
+    "os.kill": "signal",
+    "os.killpg": "signal",
+    "signal.pthread_kill": "signal",
+    "ctypes.dlopen": "ctypes",
+    "ctypes.dlsym": "ctypes",
+    "ctypes.cdata": "ctypes",
+    "ctypes.addressof": "ctypes",
+    "ctypes.string_at": "ctypes",
+    "ctypes.call_function": "ctypes",
     "sys.addaudithook": "tamper",
 }
 # The standard library itself walks frames (enum, namedtuple) and sets type attributes: these count only
 # when the candidate's own code makes the call.
 _OWN_KIND_BY_EVENT = {
-    "sys._getframe": "introspection", "sys._current_frames": "introspection", "gc.get_objects": "introspection",
-    "gc.get_referrers": "introspection", "gc.get_referents": "introspection", "sys.settrace": "introspection",
-    "sys.setprofile": "introspection", "object.__getattr__": "introspection",
-    "object.__setattr__": "tamper", "object.__delattr__": "tamper",
+    "sys._getframe": "introspection",
+    "sys._current_frames": "introspection",
+    "gc.get_objects": "introspection",
+    "gc.get_referrers": "introspection",
+    "gc.get_referents": "introspection",
+    "sys.settrace": "introspection",
+    "sys.setprofile": "introspection",
+    "object.__getattr__": "introspection",
+    "object.__setattr__": "tamper",
+    "object.__delattr__": "tamper",
 }
-_PATH_EVENTS = {"open", "os.listdir", "os.scandir", "os.remove", "os.rename", "os.mkdir", "os.rmdir", "os.chmod",
-                "os.chown", "os.symlink", "os.link", "os.truncate", "os.utime", "shutil.rmtree", "os.chdir"}
+_PATH_EVENTS = {
+    "open",
+    "os.listdir",
+    "os.scandir",
+    "os.remove",
+    "os.rename",
+    "os.mkdir",
+    "os.rmdir",
+    "os.chmod",
+    "os.chown",
+    "os.symlink",
+    "os.link",
+    "os.truncate",
+    "os.utime",
+    "shutil.rmtree",
+    "os.chdir",
+}
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 
 
@@ -80,12 +118,14 @@ def main():
     lim = job["limits"]
     work = job["work_dir"]
     os.chdir(work)
-    for which, value in ((resource.RLIMIT_CPU, (lim["cpu_seconds"], lim["cpu_seconds"] + 1)),
-                         (resource.RLIMIT_AS, (lim["memory_mb"] << 20,) * 2),
-                         (resource.RLIMIT_FSIZE, (lim["file_bytes"],) * 2),
-                         (resource.RLIMIT_NOFILE, (lim["open_files"],) * 2),
-                         (resource.RLIMIT_NPROC, (lim["processes"],) * 2),
-                         (resource.RLIMIT_CORE, (0, 0))):
+    for which, value in (
+        (resource.RLIMIT_CPU, (lim["cpu_seconds"], lim["cpu_seconds"] + 1)),
+        (resource.RLIMIT_AS, (lim["memory_mb"] << 20,) * 2),
+        (resource.RLIMIT_FSIZE, (lim["file_bytes"],) * 2),
+        (resource.RLIMIT_NOFILE, (lim["open_files"],) * 2),
+        (resource.RLIMIT_NPROC, (lim["processes"],) * 2),
+        (resource.RLIMIT_CORE, (0, 0)),
+    ):
         resource.setrlimit(which, value)
 
     seen = set()
@@ -93,7 +133,7 @@ def main():
     def send(message):
         data = (_dumps(message) + "\n").encode()
         while data:
-            data = data[_write(channel, data):]
+            data = data[_write(channel, data) :]
 
     def attempt(kind):
         # Reported the moment it is first seen: a run that ends in a kill still names what it tried.
@@ -114,22 +154,30 @@ def main():
             kind = _KIND_BY_EVENT.get(event)
             if kind is None and event in _OWN_KIND_BY_EVENT:
                 if getframe(1).f_code.co_filename == "<candidate>" and not (
-                        event == "object.__setattr__" and getattr(args[0], "__module__", None) == "candidate"):
+                    event == "object.__setattr__" and getattr(args[0], "__module__", None) == "candidate"
+                ):
                     kind = _OWN_KIND_BY_EVENT[event]
-            elif kind is None and event in _PATH_EVENTS and args and _isinstance(args[0], (str, bytes)) and (
-                    os.fsdecode(args[0]) != "<candidate>"):  # the compiler looks for the source of an error
+            elif (
+                kind is None
+                and event in _PATH_EVENTS
+                and args
+                and _isinstance(args[0], (str, bytes))
+                and (os.fsdecode(args[0]) != "<candidate>")
+            ):  # the compiler looks for the source of an error
                 path = abspath(os.fsdecode(args[0]))
                 if event == "open":
                     mode, flags = args[1], args[2] if _len(args) > 2 else 0
                     write = (_isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-                        _isinstance(flags, int) and flags & _WRITE_FLAGS)
+                        _isinstance(flags, int) and flags & _WRITE_FLAGS
+                    )
                 else:
                     write = event not in ("os.listdir", "os.scandir", "os.chdir")
                 inside = any(startswith(path, p) or path + "/" == p for p in writable)
                 # Its own files (work dir, /tmp) it may use; reaching for one that is not there is looking
                 # for something outside (a key, the repo) by its outside path.
                 if not (inside and (write or exists(path))) and not (
-                        not write and any(startswith(path, p) for p in readable)):
+                    not write and any(startswith(path, p) for p in readable)
+                ):
                     kind = "filesystem"
             if kind is not None:
                 attempt(kind)
@@ -139,8 +187,12 @@ def main():
     sys.addaudithook(audit)
     watched = {name: _id(getattr(builtins, name)) for name in dir(builtins)}
     modules = {name: _id(m) for name, m in sys.modules.items()}
-    used = [(m, name, _id(getattr(m, name))) for m in (json, os) for name in ("dumps", "loads", "write", "dup2")
-            if hasattr(m, name)]
+    used = [
+        (m, name, _id(getattr(m, name)))
+        for m in (json, os)
+        for name in ("dumps", "loads", "write", "dup2")
+        if hasattr(m, name)
+    ]
 
     result = {}
     ns = {"__name__": "candidate", "__builtins__": builtins}
@@ -183,9 +235,11 @@ def main():
             else:
                 outputs.append({"repr": text})
         result["outputs"] = outputs
-    if any(_id(getattr(builtins, n, None)) != i for n, i in watched.items()) or any(
-            _id(sys.modules.get(n)) != i for n, i in modules.items()) or any(
-            _id(getattr(m, n, None)) != i for m, n, i in used):
+    if (
+        any(_id(getattr(builtins, n, None)) != i for n, i in watched.items())
+        or any(_id(sys.modules.get(n)) != i for n, i in modules.items())
+        or any(_id(getattr(m, n, None)) != i for m, n, i in used)
+    ):
         attempt("tamper")
     send({"result": result})
 

@@ -1,5 +1,6 @@
 """Completions and their events made with the trainer's own model, shaped as serving logs them: for tests,
 benchmarks and rehearsals of the trainer without a fleet."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -10,8 +11,9 @@ from online_rl import tasks
 from online_rl.model import MoECoder, token_logprobs
 
 
-def sample_completions(model: MoECoder, tok, task_list, per_task: int, generator: torch.Generator,
-                       max_tokens: int = 24) -> list[tuple[list[int], list[int], np.ndarray, np.ndarray]]:
+def sample_completions(
+    model: MoECoder, tok, task_list, per_task: int, generator: torch.Generator, max_tokens: int = 24
+) -> list[tuple[list[int], list[int], np.ndarray, np.ndarray]]:
     """(prompt ids, output ids, behaviour logprobs, routed experts) per sample, at temperature 1."""
     out = []
     model.eval()
@@ -23,7 +25,7 @@ def sample_completions(model: MoECoder, tok, task_list, per_task: int, generator
             seq = torch.tensor([ids + o])
             with torch.no_grad():
                 r = model(seq[:, :-1])
-            lp = token_logprobs(r.logits, seq[:, 1:])[0, len(ids) - 1:].numpy().astype(np.float32)
+            lp = token_logprobs(r.logits, seq[:, 1:])[0, len(ids) - 1 :].numpy().astype(np.float32)
             out.append((ids, o, lp, r.experts[0].numpy().astype(np.uint8)))
     model.train()
     return out
@@ -34,10 +36,19 @@ def events_for(samples, judge, version: int = 0, prefix: str = "cmpl") -> list[t
     records = []
     for i, (ids, o, lp, experts) in enumerate(samples):
         cid = f"{prefix}-{i}"
-        c = ev.CompletionEvent(completion_id=cid, choice_index=0, tenant="t", model_version=version,
-                               prompt_ids=np.asarray(ids, np.int32), output_ids=np.asarray(o, np.int32), logprobs=lp,
-                               routed_experts=experts, sampling={"temperature": 1.0}, finish_reason="stop",
-                               latency={})
+        c = ev.CompletionEvent(
+            completion_id=cid,
+            choice_index=0,
+            tenant="t",
+            model_version=version,
+            prompt_ids=np.asarray(ids, np.int32),
+            output_ids=np.asarray(o, np.int32),
+            logprobs=lp,
+            routed_experts=experts,
+            sampling={"temperature": 1.0},
+            finish_reason="stop",
+            latency={},
+        )
         f = ev.FeedbackEvent(completion_id=cid, choice_index=0, tenant="t", kind=judge(o))
         records += [(ev.TOPIC_COMPLETIONS, cid, c.encode()), (ev.TOPIC_FEEDBACK, cid, f.encode())]
     return records
@@ -57,4 +68,4 @@ def produce(bootstrap: str, records) -> None:
 
 def heldout_split(n_train: int = 60, n_eval: int = 60):
     held = tasks.tasks("heldout")
-    return held[:n_train], held[n_train:n_train + n_eval]
+    return held[:n_train], held[n_train : n_train + n_eval]

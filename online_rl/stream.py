@@ -23,6 +23,7 @@ Each turn is its own sample (its prompt, its output, the behaviour logprobs and 
 version that served it): the prompt holds the conversation so far, tool results included, and the loss
 only ever scores output tokens, so what the environment wrote is never trained on as the policy's.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict, deque
@@ -155,9 +156,18 @@ class Joiner:
         key = self._key(c.completion_id, c.choice_index)
         self.judged[key] = self.now
         self.stats.joined += 1
-        return Sample(key=key, prompt_ids=c.prompt_ids, output_ids=c.output_ids, behaviour_logprobs=c.logprobs,
-                      routed_experts=c.routed_experts, reward=reward, model_version=c.model_version or 0,
-                      source="user", event_ids=(c.event_id, f.event_id), session=c.session_id)
+        return Sample(
+            key=key,
+            prompt_ids=c.prompt_ids,
+            output_ids=c.output_ids,
+            behaviour_logprobs=c.logprobs,
+            routed_experts=c.routed_experts,
+            reward=reward,
+            model_version=c.model_version or 0,
+            source="user",
+            event_ids=(c.event_id, f.event_id),
+            session=c.session_id,
+        )
 
     def _session_feedback(self, f: ev.FeedbackEvent) -> list[Sample]:
         skey = (f.tenant, f.session_id)
@@ -170,8 +180,11 @@ class Joiner:
         # turn names one choice as its parent, only that one carries the outcome (a last turn's all do).
         parents = {c.parent_id for c in waiting if c.parent_id}
         continued = {p.rsplit(":", 1)[0] for p in parents}
-        used = [c for c in waiting if c.completion_id not in continued
-                or self._key(c.completion_id, c.choice_index) in parents]
+        used = [
+            c
+            for c in waiting
+            if c.completion_id not in continued or self._key(c.completion_id, c.choice_index) in parents
+        ]
         self.stats.no_signal += len(waiting) - len(used)
         self.closed[skey] = [f, len(used)]
         if used:
@@ -233,12 +246,16 @@ class Joiner:
 
     # ------------------------------------------------------------------ checkpoint
     def state(self) -> dict:
-        return {"pending": [c.encode() for c in self.pending.values()],
-                "orphans": [f.encode() for f in self.orphans.values()],
-                "turns": [c.encode() for c in self.turns.values()],
-                "closed": [[f.encode(), joined] for f, joined in self.closed.values()],
-                "judged": list(self.judged.items()), "seen": list(self._seen_order), "now": self.now,
-                "stats": dict(vars(self.stats))}
+        return {
+            "pending": [c.encode() for c in self.pending.values()],
+            "orphans": [f.encode() for f in self.orphans.values()],
+            "turns": [c.encode() for c in self.turns.values()],
+            "closed": [[f.encode(), joined] for f, joined in self.closed.values()],
+            "judged": list(self.judged.items()),
+            "seen": list(self._seen_order),
+            "now": self.now,
+            "stats": dict(vars(self.stats)),
+        }
 
     def load_state(self, state: dict) -> None:
         self.__post_init__()

@@ -10,6 +10,7 @@
 
 Rank 0 does all I/O; with --nproc N the other ranks join each update (online_rl.update).
 """
+
 from __future__ import annotations
 
 import logging
@@ -36,8 +37,13 @@ from online_rl.stream import JoinConfig, Joiner
 from online_rl.update import OptimConfig, make_optimizer, share_batch, update, world
 
 log = logging.getLogger(__name__)
-SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-              "special_tokens_map.json")
+SIDE_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+)
 
 
 @dataclass
@@ -79,23 +85,35 @@ class TrainerMetrics:
         self.registry = r = CollectorRegistry()
         self.events = Counter("flywheel_trainer_events", "Stream events by outcome", ["outcome"], registry=r)
         self.samples = Counter("flywheel_trainer_samples", "Samples trained, by source", ["source"], registry=r)
-        self.dropped = Counter("flywheel_trainer_dropped", "Samples dropped before training, by reason", ["reason"],
-                               registry=r)
-        self.reward = Gauge("flywheel_trainer_reward_mean", "Mean reward of trained samples, by version", ["version"],
-                            registry=r)
-        self.acceptance = Gauge("flywheel_trainer_acceptance", "Share of user samples accepted, by version",
-                                ["version"], registry=r)
+        self.dropped = Counter(
+            "flywheel_trainer_dropped", "Samples dropped before training, by reason", ["reason"], registry=r
+        )
+        self.reward = Gauge(
+            "flywheel_trainer_reward_mean", "Mean reward of trained samples, by version", ["version"], registry=r
+        )
+        self.acceptance = Gauge(
+            "flywheel_trainer_acceptance", "Share of user samples accepted, by version", ["version"], registry=r
+        )
         self.kl = Gauge("flywheel_trainer_kl_per_token", "k1 KL to the reference, per token", registry=r)
-        self.mismatch = Gauge("flywheel_trainer_logprob_mismatch_max", "Max |trainer - behaviour| logprob in the last "
-                              "batch", registry=r)
-        self.step_time = Histogram("flywheel_trainer_step_seconds", "Update step time", registry=r,
-                                   buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30))
+        self.mismatch = Gauge(
+            "flywheel_trainer_logprob_mismatch_max", "Max |trainer - behaviour| logprob in the last batch", registry=r
+        )
+        self.step_time = Histogram(
+            "flywheel_trainer_step_seconds",
+            "Update step time",
+            registry=r,
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
         self.tokens_per_s = Gauge("flywheel_trainer_tokens_per_s", "Trained tokens per second, last step", registry=r)
         self.version = Gauge("flywheel_trainer_published_version", "Newest version published", registry=r)
         self.step = Gauge("flywheel_trainer_step", "Updates done", registry=r)
-        self.failures = Counter("flywheel_trainer_failures", "Failures the daemon lived through, by stage "
-                                "(ingest, sample, update, rollout_http, rollout_group, publish, announce) and cause",
-                                ["stage", "cause"], registry=r)
+        self.failures = Counter(
+            "flywheel_trainer_failures",
+            "Failures the daemon lived through, by stage "
+            "(ingest, sample, update, rollout_http, rollout_group, publish, announce) and cause",
+            ["stage", "cause"],
+            registry=r,
+        )
         r.register(sandbox.CONTAINED)  # flywheel_sandbox_contained_total{kind}: reward hacking, contained
 
 
@@ -175,20 +193,36 @@ class Trainer:
         if self.step in done:  # the checkpoint's weights are already a version
             self.published_step = self.step
         if self.rank == 0:
-            log.info("resumed at step %d (version %d, %d buffered samples) from %s", self.step, self.version,
-                     len(self.buffer), self.checkpoints.latest())
+            log.info(
+                "resumed at step %d (version %d, %d buffered samples) from %s",
+                self.step,
+                self.version,
+                len(self.buffer),
+                self.checkpoints.latest(),
+            )
 
     def save(self) -> None:
         """Everything needed to continue, committed as one new checkpoint (online_rl.checkpoints); then
         the Kafka offsets it holds are committed to the group too."""
         if self.rank != 0:
             return
-        self.checkpoints.save({"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
-                               "joiner": self.joiner.state(), "buffer": [b.state() for b in self.buffer],
-                               "offsets": dict(self.offsets), "step": self.step, "version": self.version,
-                               "baseline": self.baseline, "history": self.history,
-                               "rolled_back": sorted(self.rolled_back), "control_seq": self._control_guard.last},
-                              self.step, self.trained_since_ckpt)
+        self.checkpoints.save(
+            {
+                "model": self.model.state_dict(),
+                "optimizer": self.opt.state_dict(),
+                "joiner": self.joiner.state(),
+                "buffer": [b.state() for b in self.buffer],
+                "offsets": dict(self.offsets),
+                "step": self.step,
+                "version": self.version,
+                "baseline": self.baseline,
+                "history": self.history,
+                "rolled_back": sorted(self.rolled_back),
+                "control_seq": self._control_guard.last,
+            },
+            self.step,
+            self.trained_since_ckpt,
+        )
         self.trained_since_ckpt = []
         self._commit_offsets()
 
@@ -228,9 +262,14 @@ class Trainer:
             from flywheel.core.kafka_admin import ensure_topics
 
             ensure_topics(self.cfg.kafka_bootstrap)  # weights too: a rollback announced later must reach us
-            c = KafkaConsumer(bootstrap_servers=self.cfg.kafka_bootstrap, group_id=self.cfg.group_id,
-                              enable_auto_commit=False, auto_offset_reset="earliest", client_id="flywheel-trainer",
-                              max_poll_records=2000)
+            c = KafkaConsumer(
+                bootstrap_servers=self.cfg.kafka_bootstrap,
+                group_id=self.cfg.group_id,
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                client_id="flywheel-trainer",
+                max_poll_records=2000,
+            )
             try:
                 parts = []
                 for topic in (ev.TOPIC_COMPLETIONS, ev.TOPIC_FEEDBACK, ev.TOPIC_WEIGHTS):
@@ -281,9 +320,19 @@ class Trainer:
                 n += 1
         self.joiner.expire(None if n else time.time())  # caught up: let wall time age the windows
         s = self.joiner.stats
-        for outcome in ("consumed", "duplicates", "joined", "no_signal", "orphan_feedback", "rollout_events",
-                        "bad_records", "extra_feedback", "session_feedback", "session_turns",
-                        "orphan_session_feedback"):
+        for outcome in (
+            "consumed",
+            "duplicates",
+            "joined",
+            "no_signal",
+            "orphan_feedback",
+            "rollout_events",
+            "bad_records",
+            "extra_feedback",
+            "session_feedback",
+            "session_turns",
+            "orphan_session_feedback",
+        ):
             counter = self.metrics.events.labels(outcome)
             counter.inc(max(0, getattr(s, outcome) - counter._value.get()))
         return n
@@ -300,8 +349,12 @@ class Trainer:
             return
         if record["type"] == "rollback":
             if record["version"] not in self.rolled_back:
-                log.info("v%d was rolled back (%s): its samples are %s", record["version"], record.get("reason"),
-                         "still trained" if self.cfg.train_on_rolled_back else "no longer trained")
+                log.info(
+                    "v%d was rolled back (%s): its samples are %s",
+                    record["version"],
+                    record.get("reason"),
+                    "still trained" if self.cfg.train_on_rolled_back else "no longer trained",
+                )
             self.rolled_back.add(record["version"])
 
     # ------------------------------------------------------------------ update
@@ -328,7 +381,7 @@ class Trainer:
                 self.trained_since_ckpt.append({"key": s.key, "events": list(s.event_ids), "dropped": "stale"})
             else:
                 fresh.append(s)
-        batch, self.buffer = fresh[: self.cfg.batch_size], fresh[self.cfg.batch_size:]
+        batch, self.buffer = fresh[: self.cfg.batch_size], fresh[self.cfg.batch_size :]
         return batch
 
     def train_step(self, force: bool = False) -> dict | None:
@@ -357,8 +410,9 @@ class Trainer:
             self.opt.zero_grad(set_to_none=True)
             for s in samples:
                 if s.source == "user":
-                    self.trained_since_ckpt.append({"key": s.key, "events": list(s.event_ids),
-                                                    "dropped": "update_failed"})
+                    self.trained_since_ckpt.append(
+                        {"key": s.key, "events": list(s.event_ids), "dropped": "update_failed"}
+                    )
             return None
         self.step += 1
         for s in samples:
@@ -382,17 +436,25 @@ class Trainer:
         self.metrics.step_time.observe(m["step_s"])
         self.metrics.tokens_per_s.set(m["tokens_per_s"])
         self.metrics.step.set(self.step)
-        m.update(step=self.step, user=sum(s.source == "user" for s in samples), rollout=len(rollouts),
-                 rollout_pass=float(np.mean(pass_rates)) if pass_rates else None)
+        m.update(
+            step=self.step,
+            user=sum(s.source == "user" for s in samples),
+            rollout=len(rollouts),
+            rollout_pass=float(np.mean(pass_rates)) if pass_rates else None,
+        )
         return m
 
     # ------------------------------------------------------------------ publish
     def _publish_config(self):
         from weight_sync.publish import PublishConfig
 
-        return PublishConfig(store=self.cfg.publish_store, private_key=self.cfg.publish_key,
-                             kafka_bootstrap=self.cfg.kafka_bootstrap, store_url=self.cfg.publish_store_url,
-                             canary=self.cfg.publish_canary)
+        return PublishConfig(
+            store=self.cfg.publish_store,
+            private_key=self.cfg.publish_key,
+            kafka_bootstrap=self.cfg.kafka_bootstrap,
+            store_url=self.cfg.publish_store_url,
+            canary=self.cfg.publish_canary,
+        )
 
     def publish(self) -> int | None:
         """The current weights as the next version in the store; its announcement follows (announce())."""
@@ -474,21 +536,33 @@ class Trainer:
         scheduler = OffPeakScheduler(self.cfg.offpeak).start() if self.cfg.offpeak and self.rank == 0 else None
         try:
             saved_step = self.step
-            while (stop is None or not stop.is_set()) and (self.cfg.max_steps is None or self.step < self.cfg.max_steps):
+            while (stop is None or not stop.is_set()) and (
+                self.cfg.max_steps is None or self.step < self.cfg.max_steps
+            ):
                 consumed = self.ingest()
                 m = self.train_step()
                 if m is not None:
-                    log.info("step %d: %d user + %d rollout samples, %d tokens, %.0f tok/s, kl %.4f%s", m["step"],
-                             m["user"], m["rollout"], m["tokens"], m["tokens_per_s"], m["kl_per_token"],
-                             f", rollout pass {m['rollout_pass']:.2f}" if m["rollout_pass"] is not None else "")
+                    log.info(
+                        "step %d: %d user + %d rollout samples, %d tokens, %.0f tok/s, kl %.4f%s",
+                        m["step"],
+                        m["user"],
+                        m["rollout"],
+                        m["tokens"],
+                        m["tokens_per_s"],
+                        m["kl_per_token"],
+                        f", rollout pass {m['rollout_pass']:.2f}" if m["rollout_pass"] is not None else "",
+                    )
                     if self.step % self.cfg.checkpoint_every == 0 and self._save_or_retry():
                         saved_step = self.step
                 elif not consumed and self.step != saved_step and self._save_or_retry():
                     saved_step = self.step  # caught up and idle: no trained steps left outside a checkpoint
                 # Nothing trained since the last version: publishing the same weights again would only make
                 # the fleet switch for nothing.
-                if (time.monotonic() - self.last_publish >= self.cfg.publish_interval_s
-                        and self.step != self.published_step and self.failures.ready("publish")):
+                if (
+                    time.monotonic() - self.last_publish >= self.cfg.publish_interval_s
+                    and self.step != self.published_step
+                    and self.failures.ready("publish")
+                ):
                     if self.step != saved_step and self._save_or_retry():
                         saved_step = self.step
                     try:

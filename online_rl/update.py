@@ -1,6 +1,7 @@
 """One optimizer step over a list of samples, on one process or data-parallel over several (gloo on CPU,
 the same calls take NCCL on GPUs): rank 0 hands every rank the whole batch, each rank takes its shard,
 gradients are summed across ranks, and every rank steps identically."""
+
 from __future__ import annotations
 
 import time
@@ -50,12 +51,19 @@ def _allreduce_grads(model: MoECoder) -> None:
     dist.all_reduce(flat, op=dist.ReduceOp.SUM)
     offset = 0
     for g in grads:
-        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
         offset += g.numel()
 
 
-def update(model: MoECoder, ref: MoECoder | None, opt: torch.optim.Optimizer, samples: list[Sample],
-           adv: np.ndarray, loss_cfg: LossConfig, optim_cfg: OptimConfig) -> dict:
+def update(
+    model: MoECoder,
+    ref: MoECoder | None,
+    opt: torch.optim.Optimizer,
+    samples: list[Sample],
+    adv: np.ndarray,
+    loss_cfg: LossConfig,
+    optim_cfg: OptimConfig,
+) -> dict:
     """Every rank calls this with the same samples; returns metrics (rank 0's view)."""
     rank, size = world()
     t0 = time.perf_counter()
@@ -67,7 +75,7 @@ def update(model: MoECoder, ref: MoECoder | None, opt: torch.optim.Optimizer, sa
     metrics: dict = {"samples": len(samples), "tokens": 0}
     mismatch, kl_sum = 0.0, 0.0
     for start in range(0, len(mine), optim_cfg.micro_batch):
-        idx = mine[start:start + optim_cfg.micro_batch]
+        idx = mine[start : start + optim_cfg.micro_batch]
         batch = make_batch([samples[i] for i in idx], adv[idx], replay=loss_cfg.router_replay)
         loss, m = policy_loss(model, ref, batch, loss_cfg, denominator=len(samples))
         loss.backward()
@@ -83,7 +91,11 @@ def update(model: MoECoder, ref: MoECoder | None, opt: torch.optim.Optimizer, sa
         metrics["tokens"], kl_sum, mismatch = int(counts[0]), float(counts[1]), float(m3[0])
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), optim_cfg.grad_clip)
     opt.step()
-    metrics.update(kl_per_token=kl_sum / max(1, metrics["tokens"]), logprob_mismatch_max=mismatch,
-                   grad_norm=float(norm), step_s=time.perf_counter() - t0)
+    metrics.update(
+        kl_per_token=kl_sum / max(1, metrics["tokens"]),
+        logprob_mismatch_max=mismatch,
+        grad_norm=float(norm),
+        step_s=time.perf_counter() - t0,
+    )
     metrics["tokens_per_s"] = metrics["tokens"] / max(1e-9, metrics["step_s"])
     return metrics

@@ -5,6 +5,7 @@ tenant id and never the key. Completion ids are signed: `cmpl-<issued>-<nonce>-<
 HMAC over the rest, so any gateway holding the id secret can tell an unknown or expired id (404) from
 another tenant's (403) without shared state.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -7,6 +7,7 @@ with its arm until the feedback window closes) and its tool-call answers (those 
 model got wrong or to a tool not offered; those repeating a call of the session); the canary controller
 (weight_sync.canary) reads these through `GET /admin/canary` and decides.
 """
+
 from __future__ import annotations
 
 import collections
@@ -33,13 +34,20 @@ class ArmStats:
     def view(self) -> dict:
         lat = np.asarray(self.latencies_ms)
         judged = self.accepts + self.rejects
-        return {"requests": self.requests, "errors": self.errors, "accepts": self.accepts, "rejects": self.rejects,
-                "feedback": judged, "acceptance": self.accepts / judged if judged else None,
-                "p50_ms": float(np.percentile(lat, 50)) if lat.size else None,
-                "p99_ms": float(np.percentile(lat, 99)) if lat.size else None,
-                "tool_answers": self.tool_answers, "tool_malformed": self.tool_malformed,
-                "tool_repeated": self.tool_repeated,
-                "malformed_rate": self.tool_malformed / self.tool_answers if self.tool_answers else None}
+        return {
+            "requests": self.requests,
+            "errors": self.errors,
+            "accepts": self.accepts,
+            "rejects": self.rejects,
+            "feedback": judged,
+            "acceptance": self.accepts / judged if judged else None,
+            "p50_ms": float(np.percentile(lat, 50)) if lat.size else None,
+            "p99_ms": float(np.percentile(lat, 99)) if lat.size else None,
+            "tool_answers": self.tool_answers,
+            "tool_malformed": self.tool_malformed,
+            "tool_repeated": self.tool_repeated,
+            "malformed_rate": self.tool_malformed / self.tool_answers if self.tool_answers else None,
+        }
 
 
 @dataclass
@@ -95,5 +103,10 @@ class CanarySplit:
             self.stats[arm].rejects += 1
 
     def view(self) -> dict:
-        return {"version": self.version, "replicas": sorted(self.replicas), "share": self.share,
-                "started": self.started, "arms": {a: s.view() for a, s in self.stats.items()}}
+        return {
+            "version": self.version,
+            "replicas": sorted(self.replicas),
+            "share": self.share,
+            "started": self.started,
+            "arms": {a: s.view() for a, s in self.stats.items()},
+        }

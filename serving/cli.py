@@ -1,4 +1,5 @@
 """`flywheel replica start|stop|status`: SGLang replicas on this machine."""
+
 from __future__ import annotations
 
 import argparse
@@ -26,27 +27,46 @@ def register(sub: argparse._SubParsersAction) -> None:
     st.set_defaults(func=_status)
 
     g = sub.add_parser("serve", help="run the OpenAI-compatible gateway in front of SGLang replicas")
-    g.add_argument("--replica", action="append", default=[], dest="replicas", metavar="URL",
-                   help="replica base URL (repeat); default: every replica started on this machine")
+    g.add_argument(
+        "--replica",
+        action="append",
+        default=[],
+        dest="replicas",
+        metavar="URL",
+        help="replica base URL (repeat); default: every replica started on this machine",
+    )
     g.add_argument("--model", type=Path, default=None, help="model dir (tokenizer); default: the replicas' model")
     g.add_argument("--host", default="127.0.0.1")
     g.add_argument("--port", type=int, default=8000)
-    g.add_argument("--state-dir", type=Path, default=None, help="event spool and id secret "
-                   "(default $FLYWHEEL_HOME/gateway)")
+    g.add_argument(
+        "--state-dir", type=Path, default=None, help="event spool and id secret (default $FLYWHEEL_HOME/gateway)"
+    )
     g.add_argument("--keys-file", type=Path, default=None, help="hashed API keys (see `flywheel keys add`)")
     g.add_argument("--kafka", default=None, help="bootstrap servers (default $FLYWHEEL_KAFKA_BOOTSTRAP)")
     g.add_argument("--no-events", action="store_true", help="do not log events (benchmarks)")
-    g.add_argument("--request-timeout", type=float, default=300.0,
-                   help="seconds a replica has for one request before the gateway gives up on it and fails over")
-    g.add_argument("--durable-wait", type=float, default=2.0,
-                   help="seconds a response waits for its event to be on disk before it goes out anyway (counted)")
+    g.add_argument(
+        "--request-timeout",
+        type=float,
+        default=300.0,
+        help="seconds a replica has for one request before the gateway gives up on it and fails over",
+    )
+    g.add_argument(
+        "--durable-wait",
+        type=float,
+        default=2.0,
+        help="seconds a response waits for its event to be on disk before it goes out anyway (counted)",
+    )
     g.set_defaults(func=_serve)
 
     f = sub.add_parser("fleet", help="SRE view of the fleet behind a gateway (admin token)")
     fsub = f.add_subparsers(dest="fleet_cmd", required=True)
-    for name, doc in (("status", "each replica: state, load, version"), ("borrow", "lend a replica to rollouts"),
-                      ("return", "give a borrowed replica back to users"), ("drain", "stop routing users to it"),
-                      ("activate", "route users to it again")):
+    for name, doc in (
+        ("status", "each replica: state, load, version"),
+        ("borrow", "lend a replica to rollouts"),
+        ("return", "give a borrowed replica back to users"),
+        ("drain", "stop routing users to it"),
+        ("activate", "route users to it again"),
+    ):
         q = fsub.add_parser(name, help=doc)
         if name != "status":
             q.add_argument("replica", help="replica id, e.g. r0")
@@ -67,8 +87,14 @@ def _start(args) -> int:
 
     from serving.replica import ReplicaConfig, start
 
-    cfg = ReplicaConfig(model_path=args.model, port=args.port, device=args.device, dtype=args.dtype,
-                        max_total_tokens=args.max_total_tokens, weight_version=args.weight_version)
+    cfg = ReplicaConfig(
+        model_path=args.model,
+        port=args.port,
+        device=args.device,
+        dtype=args.dtype,
+        max_total_tokens=args.max_total_tokens,
+        weight_version=args.weight_version,
+    )
     t0 = time.monotonic()
     r = start(cfg, die_with_parent=False)  # the command returns; the replica stays
     print(json.dumps({"url": r.url, "pid": r.pid, "log": str(r.log_file), "start_s": round(time.monotonic() - t0, 1)}))
@@ -124,9 +150,18 @@ def _serve(args) -> int:
         raise ValueError("pass --model DIR (the served checkpoint, for its tokenizer)")
     state = args.state_dir or flywheel_home() / "gateway"
     keys_file = args.keys_file or state / "keys.json"
-    cfg = GatewayConfig.from_env(replicas=replicas, model_dir=model, host=args.host, port=args.port, state_dir=state,
-                                 keys_file=keys_file, kafka_bootstrap=args.kafka, log_events=not args.no_events,
-                                 request_timeout_s=args.request_timeout, durable_wait_s=args.durable_wait)
+    cfg = GatewayConfig.from_env(
+        replicas=replicas,
+        model_dir=model,
+        host=args.host,
+        port=args.port,
+        state_dir=state,
+        keys_file=keys_file,
+        kafka_bootstrap=args.kafka,
+        log_events=not args.no_events,
+        request_timeout_s=args.request_timeout,
+        durable_wait_s=args.durable_wait,
+    )
     run(cfg)
     return 0
 
@@ -150,18 +185,29 @@ def _fleet(args) -> int:
         raise ValueError("the admin token is needed: --admin-token or FLYWHEEL_ADMIN_TOKEN")
     if args.fleet_cmd != "status":
         try:
-            print(json.dumps(admin_call(args.gateway, args.admin_token, "POST",
-                                        f"/admin/replicas/{args.replica}/{args.fleet_cmd}")))
+            print(
+                json.dumps(
+                    admin_call(
+                        args.gateway, args.admin_token, "POST", f"/admin/replicas/{args.replica}/{args.fleet_cmd}"
+                    )
+                )
+            )
         except urllib.error.HTTPError as e:
             raise RuntimeError(json.loads(e.read())["error"]["message"]) from None
         return 0
     load = admin_call(args.gateway, args.admin_token, "GET", "/admin/load")
-    print(f"{'replica':8} {'state':9} {'healthy':7} {'users':>5} {'rollouts':>8} {'queue':>5} {'req/s':>6} version  url")
+    print(
+        f"{'replica':8} {'state':9} {'healthy':7} {'users':>5} {'rollouts':>8} {'queue':>5} {'req/s':>6} version  url"
+    )
     for x in load["replicas"]:
         state = x["state"] + ("*" if x["borrow_pending"] else "")
-        print(f"{x['id']:8} {state:9} {str(x['healthy']):7} {x['outstanding']:>5} {x['rollout_outstanding']:>8} "
-              f"{x['queue_depth']:>5} {x['request_rate']:>6.2f} {str(x['weight_version']):8} {x['url']}")
+        print(
+            f"{x['id']:8} {state:9} {str(x['healthy']):7} {x['outstanding']:>5} {x['rollout_outstanding']:>8} "
+            f"{x['queue_depth']:>5} {x['request_rate']:>6.2f} {str(x['weight_version']):8} {x['url']}"
+        )
     f = load["fleet"]
-    print(f"fleet: {f['active']} active, {f['borrowed']} borrowed, {f['in_flight']} user requests in flight, "
-          f"{f['load_per_active']:.2f} per active replica   (* = draining before it is borrowed)")
+    print(
+        f"fleet: {f['active']} active, {f['borrowed']} borrowed, {f['in_flight']} user requests in flight, "
+        f"{f['load_per_active']:.2f} per active replica   (* = draining before it is borrowed)"
+    )
     return 0

@@ -1,4 +1,5 @@
 """Client for one SGLang replica's native /generate API (token ids in, tokens + logprobs + experts out)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -49,8 +50,16 @@ class EngineResult:
 
 
 def payload(input_ids: list[int], sampling: dict, top_logprobs: int, stream: bool, rid: str) -> dict:
-    return {"input_ids": input_ids, "sampling_params": sampling, "return_logprob": True, "logprob_start_len": -1,
-            "top_logprobs_num": top_logprobs, "return_routed_experts": True, "stream": stream, "rid": rid}
+    return {
+        "input_ids": input_ids,
+        "sampling_params": sampling,
+        "return_logprob": True,
+        "logprob_start_len": -1,
+        "top_logprobs_num": top_logprobs,
+        "return_routed_experts": True,
+        "stream": stream,
+        "rid": rid,
+    }
 
 
 def _experts(meta: dict, layers: int, top_k: int) -> np.ndarray | None:
@@ -90,8 +99,9 @@ async def _error(resp: aiohttp.ClientResponse) -> Exception:
     return EngineError(resp.status, str(msg)[:500])
 
 
-async def generate(session: aiohttp.ClientSession, url: str, body: dict, layers: int, top_k: int,
-                   timeout_s: float) -> EngineResult:
+async def generate(
+    session: aiohttp.ClientSession, url: str, body: dict, layers: int, top_k: int, timeout_s: float
+) -> EngineResult:
     try:
         async with session.post(f"{url}/generate", json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
             if r.status != 200:
@@ -106,15 +116,19 @@ async def generate(session: aiohttp.ClientSession, url: str, body: dict, layers:
     return result
 
 
-async def generate_stream(session: aiohttp.ClientSession, url: str, body: dict, layers: int, top_k: int,
-                          timeout_s: float) -> AsyncIterator[tuple[str, EngineResult]]:
+async def generate_stream(
+    session: aiohttp.ClientSession, url: str, body: dict, layers: int, top_k: int, timeout_s: float
+) -> AsyncIterator[tuple[str, EngineResult]]:
     """Yields (new_text, cumulative result) per chunk. EngineUnavailable only before the first chunk."""
     result = EngineResult()
     got_first = False
     try:
-        async with session.post(f"{url}/generate", json=body,
-                                # Idle time only: a long stream that keeps sending is not a hung replica.
-                                timeout=aiohttp.ClientTimeout(total=None, sock_read=timeout_s)) as r:
+        async with session.post(
+            f"{url}/generate",
+            json=body,
+            # Idle time only: a long stream that keeps sending is not a hung replica.
+            timeout=aiohttp.ClientTimeout(total=None, sock_read=timeout_s),
+        ) as r:
             if r.status != 200:
                 raise await _error(r)
             async for line in r.content:

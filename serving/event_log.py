@@ -16,6 +16,7 @@ again from the cursor, so Kafka may hold an event twice; consumers drop duplicat
 kafka-python runs in its own process: in a thread, its pure-Python work held the GIL often enough to add
 milliseconds to the gateway's p50 (measured in benchmarks.gateway).
 """
+
 from __future__ import annotations
 
 import logging
@@ -122,29 +123,54 @@ class EventLog:
     @property
     def stats(self) -> Stats:
         s = self._shared
-        return Stats(submitted=self._submitted, spooled=self._spooled, produced=s[sh.PRODUCED],
-                     replayed=s[sh.REPLAYED], dropped_queue_full=self._dropped_queue,
-                     dropped_spool_full=self._dropped_spool, send_failures=s[sh.FAILURES],
-                     deadlettered=s[sh.DEADLETTERED], write_failures=self._write_failures,
-                     shipper_restarts=self._shipper_restarts, broker_up=bool(s[sh.BROKER_UP]),
-                     pending_bytes=self.pending_bytes)
+        return Stats(
+            submitted=self._submitted,
+            spooled=self._spooled,
+            produced=s[sh.PRODUCED],
+            replayed=s[sh.REPLAYED],
+            dropped_queue_full=self._dropped_queue,
+            dropped_spool_full=self._dropped_spool,
+            send_failures=s[sh.FAILURES],
+            deadlettered=s[sh.DEADLETTERED],
+            write_failures=self._write_failures,
+            shipper_restarts=self._shipper_restarts,
+            broker_up=bool(s[sh.BROKER_UP]),
+            pending_bytes=self.pending_bytes,
+        )
 
     def health(self) -> dict:
         """Liveness of the writer thread and the shipper process, for the gateway's /health."""
-        writer = ("failing" if self.writer_error else "ok") if self._writer.is_alive() else (
-            "stopped" if self._stop.is_set() else "dead")
-        shipper = "off" if self._shipper is None else ("ok" if self._shipper.is_alive() else (
-            "stopped" if self._shared[sh.STOP] else "dead"))
-        return {"writer": writer, "writer_error": self.writer_error, "shipper": shipper,
-                "shipper_restarts": self._shipper_restarts, "ok": writer == "ok" and shipper in ("ok", "off")}
+        writer = (
+            ("failing" if self.writer_error else "ok")
+            if self._writer.is_alive()
+            else ("stopped" if self._stop.is_set() else "dead")
+        )
+        shipper = (
+            "off"
+            if self._shipper is None
+            else ("ok" if self._shipper.is_alive() else ("stopped" if self._shared[sh.STOP] else "dead"))
+        )
+        return {
+            "writer": writer,
+            "writer_error": self.writer_error,
+            "shipper": shipper,
+            "shipper_restarts": self._shipper_restarts,
+            "ok": writer == "ok" and shipper in ("ok", "off"),
+        }
 
     def _alarm(self) -> None:
         now = time.monotonic()
         if now - self._alarm_logged > 60:
             self._alarm_logged = now
-            log.error("event log over its limits: %d bytes undelivered in %s (limit %d), queue %d/%d; "
-                      "new events are being dropped", self.pending_bytes, self.spool.dir, self.cfg.max_spool_bytes,
-                      self._q.qsize(), self.cfg.queue_max)
+            log.error(
+                "event log over its limits: %d bytes undelivered in %s (limit %d), queue %d/%d; "
+                "new events are being dropped",
+                self.pending_bytes,
+                self.spool.dir,
+                self.cfg.max_spool_bytes,
+                self._q.qsize(),
+                self.cfg.queue_max,
+            )
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "EventLog":
@@ -211,14 +237,16 @@ class EventLog:
             except Exception as e:  # disk full, I/O error: keep the batch, cut back, try again
                 self._write_failures += 1
                 if self.writer_error is None:
-                    log.error("event spool write failed (%s: %s); retrying, events wait in the queue",
-                              type(e).__name__, e)
+                    log.error(
+                        "event spool write failed (%s: %s); retrying, events wait in the queue", type(e).__name__, e
+                    )
                 self.writer_error = f"{type(e).__name__}: {e}"
                 if self._stop.is_set():
                     stopping_since = stopping_since or time.monotonic()
                     if time.monotonic() - stopping_since > self.cfg.stop_timeout_s:
-                        log.error("closing with %d events unwritten (%s)", len(batch) + self._q.qsize(),
-                                  self.writer_error)
+                        log.error(
+                            "closing with %d events unwritten (%s)", len(batch) + self._q.qsize(), self.writer_error
+                        )
                         return
                 time.sleep(self.cfg.retry_backoff_s)
                 continue

@@ -9,6 +9,7 @@ written whole under `deadletter/` in the spool directory and a stub naming it go
 topic, counted, and the stream goes on. A cursor that cannot be saved (disk full) is kept in memory and
 saved later; segments are freed only behind a saved cursor.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -23,8 +24,20 @@ from serving.event_spool import Spool
 log = logging.getLogger(__name__)
 
 # Slots of the shared int64 array between the gateway process and the shipper.
-(HEAD_SEG, HEAD_OFF, CUR_SEG, CUR_OFF, PRODUCED, REPLAYED, FAILURES, BROKER_UP, ACKED_BYTES, STOP, OUTAGE,
- DEADLETTERED) = range(12)
+(
+    HEAD_SEG,
+    HEAD_OFF,
+    CUR_SEG,
+    CUR_OFF,
+    PRODUCED,
+    REPLAYED,
+    FAILURES,
+    BROKER_UP,
+    ACKED_BYTES,
+    STOP,
+    OUTAGE,
+    DEADLETTERED,
+) = range(12)
 SLOTS = 12
 
 
@@ -32,10 +45,19 @@ def _producer(cfg):
     from kafka import KafkaProducer
 
     ms = int(cfg.send_timeout_s * 1000)
-    return KafkaProducer(bootstrap_servers=cfg.bootstrap, acks="all", enable_idempotence=True,
-                         compression_type="zstd", linger_ms=5, max_block_ms=ms, request_timeout_ms=ms,
-                         delivery_timeout_ms=ms + 1000, reconnect_backoff_max_ms=2000, client_id="flywheel-gateway",
-                         max_request_size=max(1 << 20, cfg.max_event_bytes + (64 << 10)))
+    return KafkaProducer(
+        bootstrap_servers=cfg.bootstrap,
+        acks="all",
+        enable_idempotence=True,
+        compression_type="zstd",
+        linger_ms=5,
+        max_block_ms=ms,
+        request_timeout_ms=ms,
+        delivery_timeout_ms=ms + 1000,
+        reconnect_backoff_max_ms=2000,
+        client_id="flywheel-gateway",
+        max_request_size=max(1 << 20, cfg.max_event_bytes + (64 << 10)),
+    )
 
 
 def dead_letter(spool_dir: Path, topic: str, key: str, value: bytes) -> tuple[str, bytes]:
@@ -142,8 +164,9 @@ def run(cfg, shared) -> None:
             except Exception as e:  # keep the batch; try again from the cursor
                 shared[FAILURES] += 1
                 if shared[BROKER_UP] or not shared[OUTAGE]:
-                    log.warning("Kafka unreachable (%s: %s); events stay in the spool at %s",
-                                type(e).__name__, e, spool.dir)
+                    log.warning(
+                        "Kafka unreachable (%s: %s); events stay in the spool at %s", type(e).__name__, e, spool.dir
+                    )
                 shared[BROKER_UP] = 0
                 shared[OUTAGE] = 1
                 if producer is not None:
@@ -160,8 +183,12 @@ def run(cfg, shared) -> None:
             shared[PRODUCED] += len(records)
             if oversize:
                 shared[DEADLETTERED] += oversize
-                log.error("%d event(s) over %d bytes dead-lettered (kept under %s/deadletter)", oversize,
-                          cfg.max_event_bytes, spool.dir)
+                log.error(
+                    "%d event(s) over %d bytes dead-lettered (kept under %s/deadletter)",
+                    oversize,
+                    cfg.max_event_bytes,
+                    spool.dir,
+                )
             if shared[OUTAGE]:
                 shared[REPLAYED] += len(records)
         cursor = end

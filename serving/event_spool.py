@@ -5,6 +5,7 @@ Record: <u32 length><u32 crc32(payload)><payload = msgpack [topic, key, value]>.
 (saved to cursor.json) only past records the broker acknowledged. Segments wholly behind the cursor are
 deleted. A record torn by a crash fails its CRC and is cut off when the spool is opened again.
 """
+
 from __future__ import annotations
 
 import json
@@ -64,7 +65,7 @@ class Spool:
         while good + HEADER.size <= len(data):
             n, crc = HEADER.unpack_from(data, good)
             end = good + HEADER.size + n
-            if end > len(data) or zlib.crc32(data[good + HEADER.size:end]) != crc:
+            if end > len(data) or zlib.crc32(data[good + HEADER.size : end]) != crc:
                 break
             good = end
         if good != len(data):

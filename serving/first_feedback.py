@@ -1,6 +1,7 @@
 """Only the first feedback on a completion's choice counts. IDE clients resend, and one tenant could
 otherwise promote or roll back a canary with a hundred identical accepts. Bounded: the oldest pairs are
 forgotten first (a completion id is only good for its TTL anyway)."""
+
 from __future__ import annotations
 
 from collections import OrderedDict

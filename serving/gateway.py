@@ -7,6 +7,7 @@
 Feedback (`/v1/feedback`, Tabby's `/v1/events`) becomes feedback events keyed by the same completion id.
 Events go through serving.event_log: the request path never waits on Kafka.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -103,11 +104,13 @@ class Gateway:
         self.layers, self.top_k = model_cfg["num_hidden_layers"], model_cfg["num_experts_per_tok"]
         self.cfg.limits.context_tokens = min(cfg.limits.context_tokens, model_cfg["max_position_embeddings"])
         # Control tokens end a plain completion: the model must not wander into fill-in-the-middle syntax.
-        self.stop_token_ids = sorted(i for t in (EOS, FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE)
-                                     if (i := self.tok.token_to_id(t)) is not None)
+        self.stop_token_ids = sorted(
+            i for t in (EOS, FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE) if (i := self.tok.token_to_id(t)) is not None
+        )
         # No token stands for more bytes than this (a text has at least bytes / this many tokens).
-        self.max_token_bytes = max(len(self.tok.decode([i], skip_special_tokens=False).encode())
-                                   for i in range(self.tok.get_vocab_size()))
+        self.max_token_bytes = max(
+            len(self.tok.decode([i], skip_special_tokens=False).encode()) for i in range(self.tok.get_vocab_size())
+        )
         self._background: set[asyncio.Task] = set()  # aborts sent to replicas, kept until done
         self.keys = KeyStore.load(cfg.keys_file, cfg.api_keys)
         state = Path(cfg.state_dir)
@@ -119,8 +122,11 @@ class Gateway:
         self._durable: collections.deque = collections.deque()  # futures on disk, for the loop to resolve
         self.pool = ReplicaPool(cfg.replicas, cfg.pool)
         self.canary: CanarySplit | None = None  # a trial in progress (weight_sync.canary starts and ends it)
-        self.events = EventLog(EventLogConfig(spool_dir=state / "spool", bootstrap=cfg.kafka_bootstrap,
-                                              max_spool_bytes=cfg.max_spool_bytes))
+        self.events = EventLog(
+            EventLogConfig(
+                spool_dir=state / "spool", bootstrap=cfg.kafka_bootstrap, max_spool_bytes=cfg.max_spool_bytes
+            )
+        )
         self.metrics = GatewayMetrics(self)
         self.session: aiohttp.ClientSession | None = None
         self.app = self._build_app()
@@ -128,23 +134,25 @@ class Gateway:
     # ------------------------------------------------------------------ app
     def _build_app(self) -> web.Application:
         app = web.Application(client_max_size=self.cfg.limits.max_body_bytes, middlewares=[self._errors])
-        app.add_routes([
-            web.post("/v1/completions", self.completions),
-            web.post("/v1/chat/completions", self.chat_completions),
-            web.get("/v1/models", self.models),
-            web.post("/v1/feedback", self.feedback),
-            web.post("/v1/events", self.tabby_events),
-            web.get("/health", self.health),
-            web.get("/metrics", self.prometheus),
-            web.get("/admin/replicas", self.admin_replicas),
-            web.post("/admin/replicas/{replica}/{action}", self.admin_replica_action),
-            web.get("/admin/weights", self.admin_weights),
-            web.post("/admin/rollouts", self.admin_rollouts),
-            web.get("/admin/load", self.admin_load),
-            web.get("/admin/canary", self.admin_canary),
-            web.put("/admin/canary", self.admin_canary_start),
-            web.delete("/admin/canary", self.admin_canary_end),
-        ])
+        app.add_routes(
+            [
+                web.post("/v1/completions", self.completions),
+                web.post("/v1/chat/completions", self.chat_completions),
+                web.get("/v1/models", self.models),
+                web.post("/v1/feedback", self.feedback),
+                web.post("/v1/events", self.tabby_events),
+                web.get("/health", self.health),
+                web.get("/metrics", self.prometheus),
+                web.get("/admin/replicas", self.admin_replicas),
+                web.post("/admin/replicas/{replica}/{action}", self.admin_replica_action),
+                web.get("/admin/weights", self.admin_weights),
+                web.post("/admin/rollouts", self.admin_rollouts),
+                web.get("/admin/load", self.admin_load),
+                web.get("/admin/canary", self.admin_canary),
+                web.put("/admin/canary", self.admin_canary_start),
+                web.delete("/admin/canary", self.admin_canary_end),
+            ]
+        )
         app.on_startup.append(self._startup)
         app.on_cleanup.append(self._cleanup)
         return app
@@ -189,14 +197,19 @@ class Gateway:
         key = bearer(request.headers.get("Authorization")) or request.headers.get("X-Api-Key")
         tenant = self.keys.lookup(key)
         if tenant is None:
-            raise ApiError(401, "Incorrect API key provided" if key else "Missing API key: send Authorization: "
-                           "Bearer <key>", "authentication_error", code="invalid_api_key")
+            raise ApiError(
+                401,
+                "Incorrect API key provided" if key else "Missing API key: send Authorization: Bearer <key>",
+                "authentication_error",
+                code="invalid_api_key",
+            )
         return tenant
 
     def _admin(self, request: web.Request) -> None:
         if not admin_ok(bearer(request.headers.get("Authorization")), self.cfg.admin_token):
-            raise ApiError(401, "admin endpoints need the admin token", "authentication_error",
-                           code="invalid_admin_token")
+            raise ApiError(
+                401, "admin endpoints need the admin token", "authentication_error", code="invalid_admin_token"
+            )
 
     # ------------------------------------------------------------------ generation
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -208,16 +221,26 @@ class Gateway:
         tenant = self._tenant(request)
         spec = parse_chat(parse_json_body(await request.read()), self.cfg.limits)
         given = request.headers.get(SESSION_HEADER) or spec.session_hint
-        if given is not None and (not given.isascii() or not given.isprintable() or not 0 < len(given) <= MAX_SESSION_ID):
-            raise ApiError(400, f"a session id is 1-{MAX_SESSION_ID} printable ASCII characters", param="session_id",
-                           code="invalid_value")
+        if given is not None and (
+            not given.isascii() or not given.isprintable() or not 0 < len(given) <= MAX_SESSION_ID
+        ):
+            raise ApiError(
+                400,
+                f"a session id is 1-{MAX_SESSION_ID} printable ASCII characters",
+                param="session_id",
+                code="invalid_value",
+            )
         if given is not None and given.startswith("cmpl-"):  # our ids' shape: only one we issued to this key
             try:
                 self._check_owner(tenant, given)
             except ApiError:
-                raise ApiError(400, "a session id that starts with 'cmpl-' must be one this server derived for "
-                               "this API key (name your own sessions otherwise)", param="session_id",
-                               code="invalid_value") from None
+                raise ApiError(
+                    400,
+                    "a session id that starts with 'cmpl-' must be one this server derived for "
+                    "this API key (name your own sessions otherwise)",
+                    param="session_id",
+                    code="invalid_value",
+                ) from None
         spec.session_hint = given
         return await self._generate(request, tenant, spec)
 
@@ -227,29 +250,47 @@ class Gateway:
         # Too long to fit whatever its tokens: refused without tokenizing (up to a MiB of text would hold
         # this event loop, and every tenant on it, for as long as that takes).
         if len(text) > lim.max_prompt_tokens * self.max_token_bytes:
-            raise ApiError(400, f"prompt is {len(text)} characters, more than {lim.max_prompt_tokens} tokens can "
-                           f"hold; the limit is {lim.max_prompt_tokens} tokens", param="prompt",
-                           code="context_length_exceeded")
+            raise ApiError(
+                400,
+                f"prompt is {len(text)} characters, more than {lim.max_prompt_tokens} tokens can "
+                f"hold; the limit is {lim.max_prompt_tokens} tokens",
+                param="prompt",
+                code="context_length_exceeded",
+            )
         if len(text) > 4096:  # long enough to be worth a thread (the tokenizer releases the GIL)
             ids = (await asyncio.get_running_loop().run_in_executor(None, self.tok.encode, text)).ids
         else:
             ids = self.tok.encode(text).ids
         if len(ids) > lim.max_prompt_tokens:
-            raise ApiError(400, f"prompt is {len(ids)} tokens; the limit is {lim.max_prompt_tokens}", param="prompt",
-                           code="context_length_exceeded")
+            raise ApiError(
+                400,
+                f"prompt is {len(ids)} tokens; the limit is {lim.max_prompt_tokens}",
+                param="prompt",
+                code="context_length_exceeded",
+            )
         if len(ids) + spec.max_tokens > lim.context_tokens:
-            raise ApiError(400, f"prompt ({len(ids)} tokens) plus max_tokens ({spec.max_tokens}) exceeds the "
-                           f"model's context of {lim.context_tokens} tokens", param="max_tokens",
-                           code="context_length_exceeded")
+            raise ApiError(
+                400,
+                f"prompt ({len(ids)} tokens) plus max_tokens ({spec.max_tokens}) exceeds the "
+                f"model's context of {lim.context_tokens} tokens",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
         return ids
 
     def _sampling(self, spec: GenerationSpec) -> dict:
         stop = list(spec.stop)
         if spec.tools is not None and spec.tools.active and spec.tools.single:
             stop.append(tf.CALL_CLOSE)  # one call and done (SGLang trims it: _trimmed_stop puts it back)
-        s = {"max_new_tokens": spec.max_tokens, "temperature": spec.temperature, "top_p": spec.top_p,
-             "stop": stop or None, "stop_token_ids": self.stop_token_ids,
-             "presence_penalty": spec.presence_penalty, "frequency_penalty": spec.frequency_penalty}
+        s = {
+            "max_new_tokens": spec.max_tokens,
+            "temperature": spec.temperature,
+            "top_p": spec.top_p,
+            "stop": stop or None,
+            "stop_token_ids": self.stop_token_ids,
+            "presence_penalty": spec.presence_penalty,
+            "frequency_penalty": spec.frequency_penalty,
+        }
         if spec.seed is not None:
             s["sampling_seed"] = spec.seed
         if spec.min_tokens:
@@ -261,8 +302,11 @@ class Gateway:
             prefer = None
             if self.canary is not None and tenant is not None:  # a user stays on its arm during a trial
                 ids = set(self.pool.replicas)
-                prefer = (self.canary.replicas if self.canary.arm_of(tenant) == "canary"
-                          else frozenset(ids - self.canary.replicas))
+                prefer = (
+                    self.canary.replicas
+                    if self.canary.arm_of(tenant) == "canary"
+                    else frozenset(ids - self.canary.replicas)
+                )
             return self.pool.pick(exclude=tried, prefer=prefer)
         try:  # rollouts go to borrowed replicas; without an off-peak scheduler lending some, to any replica
             return self.pool.pick(exclude=tried, rollout=True)
@@ -271,8 +315,15 @@ class Gateway:
                 raise
             return self.pool.pick(exclude=tried)
 
-    async def _run_choice(self, body: dict, stream: bool, on_chunk=None, rollout: bool = False,
-                          borrowed_only: bool = False, tenant: str | None = None) -> tuple[engine.EngineResult, str, dict]:
+    async def _run_choice(
+        self,
+        body: dict,
+        stream: bool,
+        on_chunk=None,
+        rollout: bool = False,
+        borrowed_only: bool = False,
+        tenant: str | None = None,
+    ) -> tuple[engine.EngineResult, str, dict]:
         """One choice on one replica; retried on another if the replica fails before its first byte."""
         tried: set[str] = set()
         last: Exception | None = None
@@ -293,13 +344,14 @@ class Gateway:
                         replica.rollout_rids.add(body["rid"])
                     try:
                         if not stream:
-                            res = await engine.generate(self.session, replica.url, body, self.layers, self.top_k,
-                                                        self.cfg.request_timeout_s)
+                            res = await engine.generate(
+                                self.session, replica.url, body, self.layers, self.top_k, self.cfg.request_timeout_s
+                            )
                         else:
                             res = None
-                            async for delta, res in engine.generate_stream(self.session, replica.url, body,
-                                                                           self.layers, self.top_k,
-                                                                           self.cfg.request_timeout_s):
+                            async for delta, res in engine.generate_stream(
+                                self.session, replica.url, body, self.layers, self.top_k, self.cfg.request_timeout_s
+                            ):
                                 if timing["ttft_ms"] is None:
                                     timing["ttft_ms"] = 1000 * (time.monotonic() - t0)
                                 await on_chunk(delta, res)
@@ -320,8 +372,11 @@ class Gateway:
                 self._abort_soon(replica, body["rid"])  # nobody reads it any more: free the replica
                 raise
             except engine.EngineError as e:
-                raise ApiError(400 if e.status < 500 else 502, f"engine: {e}", "invalid_request_error"
-                               if e.status < 500 else "server_error") from None
+                raise ApiError(
+                    400 if e.status < 500 else 502,
+                    f"engine: {e}",
+                    "invalid_request_error" if e.status < 500 else "server_error",
+                ) from None
             replica.served += 1
             if res.weight_version is not None:
                 replica.weight_version = res.weight_version
@@ -355,23 +410,37 @@ class Gateway:
         await self._wait_durable(durable, ev.TOPIC_COMPLETIONS)
         version = results[0][0].weight_version
         completion_tokens = sum(len(r.output_ids) for r, _, _ in results)
-        body = {"id": cid, "object": "text_completion" if spec.kind == "completion" else "chat.completion",
-                "created": created, "model": spec.model, "choices": choices, "model_version": version,
-                "system_fingerprint": _fingerprint(version),
-                "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": completion_tokens,
-                          "total_tokens": len(prompt_ids) + completion_tokens}}
+        body = {
+            "id": cid,
+            "object": "text_completion" if spec.kind == "completion" else "chat.completion",
+            "created": created,
+            "model": spec.model,
+            "choices": choices,
+            "model_version": version,
+            "system_fingerprint": _fingerprint(version),
+            "usage": {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": completion_tokens,
+                "total_tokens": len(prompt_ids) + completion_tokens,
+            },
+        }
         headers = {VERSION_HEADER: "" if version is None else str(version)}
         if spec.session is not None:
             body["session_id"] = headers[SESSION_HEADER] = spec.session.session_id
         self.metrics.e2e.labels(request.path).observe(time.monotonic() - t0)
         return _json(body, headers=headers)
 
-    def _remember(self, tenant: Tenant, spec: GenerationSpec, cid: str, i: int, content: str | None,
-                  calls: list[dict]) -> None:
+    def _remember(
+        self, tenant: Tenant, spec: GenerationSpec, cid: str, i: int, content: str | None, calls: list[dict]
+    ) -> None:
         """An answer, as the client will send it back next turn (serving.sessions)."""
-        answer = {"role": "assistant", "content": content or "",
-                  "calls": [{"id": c["id"], "name": c["function"]["name"], "arguments": c["function"]["arguments"]}
-                            for c in calls]}
+        answer = {
+            "role": "assistant",
+            "content": content or "",
+            "calls": [
+                {"id": c["id"], "name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in calls
+            ],
+        }
         self.sessions.record(tenant.id, spec.messages, answer, f"{cid}:{i}", spec.session.session_id)
 
     def _token_strings(self, ids: list[int]) -> list[str]:
@@ -383,21 +452,31 @@ class Gateway:
         tokens = self._token_strings(res.output_ids)
         tops = None
         if spec.logprobs and res.top_logprobs:
-            tops = [{self.tok.decode([tid], skip_special_tokens=False): lp for tid, lp in row.items()}
-                    for row in res.top_logprobs]
+            tops = [
+                {self.tok.decode([tid], skip_special_tokens=False): lp for tid, lp in row.items()}
+                for row in res.top_logprobs
+            ]
         if spec.kind == "completion":
             return completion_logprobs(tokens, res.logprobs, tops, len(spec.prompt))
         return chat_logprobs(tokens, res.logprobs, tops)
 
-    def _choice(self, spec: GenerationSpec, i: int, res: engine.EngineResult, tenant: Tenant, cid: str,
-                replica_id: str) -> dict:
+    def _choice(
+        self, spec: GenerationSpec, i: int, res: engine.EngineResult, tenant: Tenant, cid: str, replica_id: str
+    ) -> dict:
         fr = finish_reason(res.finish)
         if spec.kind == "completion":
             return {"index": i, "text": res.text, "logprobs": self._logprobs(spec, res), "finish_reason": fr}
         message = {"role": "assistant", "content": res.text}
         if spec.tools is not None and spec.tools.active:
-            parsed = self._tool_outcome(tc.parse(spec.prefill + res.text + _trimmed_stop(res), spec.tools),
-                                        spec, tenant, cid, i, res, replica_id)
+            parsed = self._tool_outcome(
+                tc.parse(spec.prefill + res.text + _trimmed_stop(res), spec.tools),
+                spec,
+                tenant,
+                cid,
+                i,
+                res,
+                replica_id,
+            )
             message["content"] = parsed.content
             if parsed.calls:
                 message["tool_calls"], fr = parsed.calls, "tool_calls"
@@ -405,8 +484,16 @@ class Gateway:
                 fr = "stop"  # a call the model got wrong comes back as its text (a cut-off one says length)
         return {"index": i, "message": message, "logprobs": self._logprobs(spec, res), "finish_reason": fr}
 
-    def _tool_outcome(self, parsed: tc.Parsed, spec: GenerationSpec, tenant: Tenant, cid: str, i: int,
-                      res: engine.EngineResult, replica_id: str) -> tc.Parsed:
+    def _tool_outcome(
+        self,
+        parsed: tc.Parsed,
+        spec: GenerationSpec,
+        tenant: Tenant,
+        cid: str,
+        i: int,
+        res: engine.EngineResult,
+        replica_id: str,
+    ) -> tc.Parsed:
         """Counts an answer's calls by outcome and by the version that wrote them, the calls repeating an
         earlier one of the session, and, during a canary trial, the tool answer on its arm."""
         if parsed.outcome == "none":
@@ -420,9 +507,14 @@ class Gateway:
         return parsed
 
     async def _stream(self, request, tenant, spec, cid, prompt_ids, bodies, created) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-                                           VERSION_HEADER: self.pool_version(),
-                                           **({SESSION_HEADER: spec.session.session_id} if spec.session else {})})
+        resp = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                VERSION_HEADER: self.pool_version(),
+                **({SESSION_HEADER: spec.session.session_id} if spec.session else {}),
+            }
+        )
         obj = "text_completion" if spec.kind == "completion" else "chat.completion.chunk"
         t0 = time.monotonic()
         last_chunk = [None]
@@ -435,8 +527,9 @@ class Gateway:
                     if not started[0]:
                         await resp.prepare(request)
                         started[0] = True
-                    await resp.write(payload if isinstance(payload, bytes) else
-                                     b"data: " + orjson.dumps(payload) + b"\n\n")
+                    await resp.write(
+                        payload if isinstance(payload, bytes) else b"data: " + orjson.dumps(payload) + b"\n\n"
+                    )
                 except ConnectionResetError:  # aiohttp's ClientConnectionResetError is one
                     raise ClientGone() from None
 
@@ -449,8 +542,15 @@ class Gateway:
                 if calls is not None:
                     delta = {"tool_calls": calls}
                 c = {"index": i, "delta": delta, "logprobs": None, "finish_reason": fr}
-            out = {"id": cid, "object": obj, "created": created, "model": spec.model, "model_version": version,
-                   "system_fingerprint": _fingerprint(version), "choices": [c]}
+            out = {
+                "id": cid,
+                "object": obj,
+                "created": created,
+                "model": spec.model,
+                "model_version": version,
+                "system_fingerprint": _fingerprint(version),
+                "choices": [c],
+            }
             if spec.session is not None:
                 out["session_id"] = spec.session.session_id
             return out
@@ -458,8 +558,9 @@ class Gateway:
         async def run(i: int, body: dict):
             first = [True]
             # With tools, text that may be a call is held back until the answer is whole (serving.tool_calls).
-            split = tc.StreamSplitter(spec.tools, spec.prefill) if spec.tools is not None and spec.tools.active \
-                else None
+            split = (
+                tc.StreamSplitter(spec.tools, spec.prefill) if spec.tools is not None and spec.tools.active else None
+            )
 
             async def on_chunk(delta: str, res: engine.EngineResult) -> None:
                 now = time.monotonic()
@@ -484,11 +585,31 @@ class Gateway:
                 if rest:
                     await send(chunk(i, rest, None, res))
                 for k, call in enumerate(parsed.calls):  # OpenAI's shape: the call's id and name, then its arguments
-                    await send(chunk(i, "", None, res, calls=[{"index": k, "id": call["id"], "type": "function",
-                                                               "function": {"name": call["function"]["name"],
-                                                                            "arguments": ""}}]))
-                    await send(chunk(i, "", None, res, calls=[{"index": k, "function": {
-                        "arguments": call["function"]["arguments"]}}]))
+                    await send(
+                        chunk(
+                            i,
+                            "",
+                            None,
+                            res,
+                            calls=[
+                                {
+                                    "index": k,
+                                    "id": call["id"],
+                                    "type": "function",
+                                    "function": {"name": call["function"]["name"], "arguments": ""},
+                                }
+                            ],
+                        )
+                    )
+                    await send(
+                        chunk(
+                            i,
+                            "",
+                            None,
+                            res,
+                            calls=[{"index": k, "function": {"arguments": call["function"]["arguments"]}}],
+                        )
+                    )
                 fr = "tool_calls" if parsed.calls else ("stop" if parsed.outcome != "none" and fr != "length" else fr)
                 if spec.session is not None:
                     self._remember(tenant, spec, cid, i, parsed.content, parsed.calls)
@@ -511,9 +632,20 @@ class Gateway:
             await self._wait_durable(durable, ev.TOPIC_COMPLETIONS)  # before [DONE]: the client's sign it is whole
             if spec.include_usage:
                 completion_tokens = sum(len(r.output_ids) for r in results)
-                await send({"id": cid, "object": obj, "created": created, "model": spec.model, "choices": [],
-                            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": completion_tokens,
-                                      "total_tokens": len(prompt_ids) + completion_tokens}})
+                await send(
+                    {
+                        "id": cid,
+                        "object": obj,
+                        "created": created,
+                        "model": spec.model,
+                        "choices": [],
+                        "usage": {
+                            "prompt_tokens": len(prompt_ids),
+                            "completion_tokens": completion_tokens,
+                            "total_tokens": len(prompt_ids) + completion_tokens,
+                        },
+                    }
+                )
             await send(b"data: [DONE]\n\n")
             await resp.write_eof()
         except ClientGone:
@@ -532,8 +664,13 @@ class Gateway:
         return resp
 
     def pool_version(self) -> str:
-        versions = sorted({r.weight_version for r in self.pool.replicas.values()
-                           if r.healthy and r.state == ReplicaState.ACTIVE and r.weight_version is not None})
+        versions = sorted(
+            {
+                r.weight_version
+                for r in self.pool.replicas.values()
+                if r.healthy and r.state == ReplicaState.ACTIVE and r.weight_version is not None
+            }
+        )
         return ",".join(map(str, versions))
 
     def _submit_durable(self, topic: str, key: str, value: bytes) -> asyncio.Future | None:
@@ -565,9 +702,18 @@ class Gateway:
         if late:
             self.metrics.answered_before_durable.labels(topic).inc(len(late))
 
-    def _log_completion(self, tenant: Tenant, spec: GenerationSpec, cid: str, i: int, prompt_ids: list[int],
-                        res: engine.EngineResult, replica_id: str, timing: dict,
-                        source: str = "user") -> asyncio.Future | None:
+    def _log_completion(
+        self,
+        tenant: Tenant,
+        spec: GenerationSpec,
+        cid: str,
+        i: int,
+        prompt_ids: list[int],
+        res: engine.EngineResult,
+        replica_id: str,
+        timing: dict,
+        source: str = "user",
+    ) -> asyncio.Future | None:
         self.metrics.completions.labels(source).inc()
         arm = ""
         if self.canary is not None and source == "user":
@@ -577,30 +723,50 @@ class Gateway:
             return None
         spans = res.weight_versions or []
         switch = next((s.get("start") for s in spans[1:]), None) if len(spans) > 1 else None
-        experts = res.routed_experts if res.routed_experts is not None else np.zeros((0, self.layers, self.top_k),
-                                                                                     np.uint8)
+        experts = (
+            res.routed_experts if res.routed_experts is not None else np.zeros((0, self.layers, self.top_k), np.uint8)
+        )
         event = ev.CompletionEvent(
-            completion_id=cid, choice_index=i, tenant=tenant.id, model_version=res.weight_version,
-            prompt_ids=np.asarray(prompt_ids, np.int32), output_ids=np.asarray(res.output_ids, np.int32),
-            logprobs=np.asarray(res.logprobs, np.float32), routed_experts=experts, sampling=spec.sampling(),
-            finish_reason=finish_reason(res.finish), latency={**timing, "queue_ms": res.queue_ms},
-            weight_versions=spans, switch_index=switch, source=source, replica=replica_id, arm=arm,
+            completion_id=cid,
+            choice_index=i,
+            tenant=tenant.id,
+            model_version=res.weight_version,
+            prompt_ids=np.asarray(prompt_ids, np.int32),
+            output_ids=np.asarray(res.output_ids, np.int32),
+            logprobs=np.asarray(res.logprobs, np.float32),
+            routed_experts=experts,
+            sampling=spec.sampling(),
+            finish_reason=finish_reason(res.finish),
+            latency={**timing, "queue_ms": res.queue_ms},
+            weight_versions=spans,
+            switch_index=switch,
+            source=source,
+            replica=replica_id,
+            arm=arm,
             session_id=spec.session.session_id if spec.session is not None else "",
-            parent_id=spec.session.parent_id if spec.session is not None else "")
+            parent_id=spec.session.parent_id if spec.session is not None else "",
+        )
         return self._submit_durable(ev.TOPIC_COMPLETIONS, cid, event.encode())
 
     # ------------------------------------------------------------------ feedback
     def _check_owner(self, tenant: Tenant, completion_id) -> str:
         if not isinstance(completion_id, str) or not completion_id:
-            raise ApiError(400, "'completion_id' must be a non-empty string", param="completion_id",
-                           code="invalid_type")
+            raise ApiError(
+                400, "'completion_id' must be a non-empty string", param="completion_id", code="invalid_type"
+            )
         owner = self.ids.owner(completion_id)
         if owner is None:
-            raise ApiError(404, f"unknown completion id {completion_id[:80]!r}", param="completion_id",
-                           code="completion_not_found")
+            raise ApiError(
+                404, f"unknown completion id {completion_id[:80]!r}", param="completion_id", code="completion_not_found"
+            )
         if owner != tenant.id:
-            raise ApiError(403, "this completion was issued to another API key", "permission_error",
-                           param="completion_id", code="not_your_completion")
+            raise ApiError(
+                403,
+                "this completion was issued to another API key",
+                "permission_error",
+                param="completion_id",
+                code="not_your_completion",
+            )
         return completion_id
 
     async def _log_feedback(self, fb: ev.FeedbackEvent) -> None:
@@ -624,10 +790,18 @@ class Gateway:
         """A session id this tenant may judge: one we derived (a signed completion id: checked like one),
         or one the client named (any 1-128 printable ASCII; events are per tenant, so it reaches only the
         tenant's own turns)."""
-        if not isinstance(session_id, str) or not session_id.isascii() or not session_id.isprintable() \
-                or not 0 < len(session_id) <= MAX_SESSION_ID:
-            raise ApiError(400, f"'session_id' must be 1-{MAX_SESSION_ID} printable ASCII characters",
-                           param="session_id", code="invalid_value")
+        if (
+            not isinstance(session_id, str)
+            or not session_id.isascii()
+            or not session_id.isprintable()
+            or not 0 < len(session_id) <= MAX_SESSION_ID
+        ):
+            raise ApiError(
+                400,
+                f"'session_id' must be 1-{MAX_SESSION_ID} printable ASCII characters",
+                param="session_id",
+                code="invalid_value",
+            )
         if session_id.startswith("cmpl-"):
             self._check_owner(tenant, session_id)
         return session_id
@@ -640,39 +814,59 @@ class Gateway:
         allowed = {"completion_id", "session_id", "kind", "choice_index", "accepted_chars", "elapsed_ms", "score"}
         extra = sorted(set(body) - allowed)
         if extra:
-            raise ApiError(400, f"Unrecognized request argument supplied: {extra[0]}", param=extra[0],
-                           code="unknown_parameter")
+            raise ApiError(
+                400, f"Unrecognized request argument supplied: {extra[0]}", param=extra[0], code="unknown_parameter"
+            )
         kind = body.get("kind")
         if kind not in ev.FEEDBACK_KINDS:
-            raise ApiError(400, f"'kind' must be one of {', '.join(ev.FEEDBACK_KINDS)}", param="kind",
-                           code="invalid_value")
+            raise ApiError(
+                400, f"'kind' must be one of {', '.join(ev.FEEDBACK_KINDS)}", param="kind", code="invalid_value"
+            )
         elapsed = body.get("elapsed_ms")
-        if elapsed is not None and (isinstance(elapsed, bool) or not isinstance(elapsed, (int, float))
-                                    or not 0 <= elapsed < 1e10):
-            raise ApiError(400, "'elapsed_ms' must be a non-negative number", param="elapsed_ms",
-                           code="invalid_value")
+        if elapsed is not None and (
+            isinstance(elapsed, bool) or not isinstance(elapsed, (int, float)) or not 0 <= elapsed < 1e10
+        ):
+            raise ApiError(400, "'elapsed_ms' must be a non-negative number", param="elapsed_ms", code="invalid_value")
         if ("session_id" in body) == ("completion_id" in body):
-            raise ApiError(400, "feedback names a 'completion_id' or a 'session_id' (exactly one)",
-                           param="completion_id", code="missing_required_parameter")
+            raise ApiError(
+                400,
+                "feedback names a 'completion_id' or a 'session_id' (exactly one)",
+                param="completion_id",
+                code="missing_required_parameter",
+            )
         if "session_id" in body:
             return await self._session_feedback(tenant, body, kind, elapsed)
         if "score" in body:
-            raise ApiError(400, "'score' goes with session feedback (use accepted_chars for a completion)",
-                           param="score")
+            raise ApiError(
+                400, "'score' goes with session feedback (use accepted_chars for a completion)", param="score"
+            )
         choice = body.get("choice_index", 0)
         if isinstance(choice, bool) or not isinstance(choice, int) or not 0 <= choice < self.cfg.limits.max_n:
-            raise ApiError(400, "'choice_index' must be an integer within n", param="choice_index",
-                           code="invalid_value")
+            raise ApiError(
+                400, "'choice_index' must be an integer within n", param="choice_index", code="invalid_value"
+            )
         accepted = body.get("accepted_chars")
         if kind == "partial":
             if isinstance(accepted, bool) or not isinstance(accepted, int) or accepted < 0:
-                raise ApiError(400, "partial feedback needs 'accepted_chars' (a non-negative integer)",
-                               param="accepted_chars", code="invalid_value")
+                raise ApiError(
+                    400,
+                    "partial feedback needs 'accepted_chars' (a non-negative integer)",
+                    param="accepted_chars",
+                    code="invalid_value",
+                )
         elif accepted is not None:
             raise ApiError(400, "'accepted_chars' only goes with kind=partial", param="accepted_chars")
         cid = self._check_owner(tenant, body.get("completion_id"))
-        await self._log_feedback(ev.FeedbackEvent(completion_id=cid, choice_index=choice, tenant=tenant.id, kind=kind,
-                                            accepted_chars=accepted, elapsed_ms=elapsed))
+        await self._log_feedback(
+            ev.FeedbackEvent(
+                completion_id=cid,
+                choice_index=choice,
+                tenant=tenant.id,
+                kind=kind,
+                accepted_chars=accepted,
+                elapsed_ms=elapsed,
+            )
+        )
         return _json({"status": "ok", "completion_id": cid})
 
     async def _session_feedback(self, tenant: Tenant, body: dict, kind: str, elapsed) -> web.Response:
@@ -682,14 +876,28 @@ class Gateway:
         score = body.get("score")
         if kind == "partial":
             if isinstance(score, bool) or not isinstance(score, (int, float)) or not 0.0 <= score <= 1.0:
-                raise ApiError(400, "partial session feedback needs 'score', a number in [0, 1] (the share of "
-                               "edits kept or tests passed)", param="score", code="invalid_value")
+                raise ApiError(
+                    400,
+                    "partial session feedback needs 'score', a number in [0, 1] (the share of "
+                    "edits kept or tests passed)",
+                    param="score",
+                    code="invalid_value",
+                )
             score = float(score)
         elif score is not None:
             raise ApiError(400, "'score' only goes with kind=partial", param="score")
         sid = self._check_session(tenant, body.get("session_id"))
-        await self._log_feedback(ev.FeedbackEvent(completion_id="", choice_index=0, tenant=tenant.id, kind=kind,
-                                                  elapsed_ms=elapsed, session_id=sid, score=score))
+        await self._log_feedback(
+            ev.FeedbackEvent(
+                completion_id="",
+                choice_index=0,
+                tenant=tenant.id,
+                kind=kind,
+                elapsed_ms=elapsed,
+                session_id=sid,
+                score=score,
+            )
+        )
         return _json({"status": "ok", "session_id": sid})
 
     async def tabby_events(self, request: web.Request) -> web.Response:
@@ -711,28 +919,43 @@ class Gateway:
             return _json({"status": "ok"})
         partial = request.query.get("select_kind") == "line"
         kind = "reject" if etype == "dismiss" else ("partial" if partial else "accept")
-        await self._log_feedback(ev.FeedbackEvent(completion_id=cid, choice_index=choice, tenant=tenant.id, kind=kind,
-                                            elapsed_ms=elapsed, origin="tabby:line" if partial else "tabby"))
+        await self._log_feedback(
+            ev.FeedbackEvent(
+                completion_id=cid,
+                choice_index=choice,
+                tenant=tenant.id,
+                kind=kind,
+                elapsed_ms=elapsed,
+                origin="tabby:line" if partial else "tabby",
+            )
+        )
         return _json({"status": "ok"})
 
     # ------------------------------------------------------------------ misc
     async def models(self, request: web.Request) -> web.Response:
         self._tenant(request)
-        return _json({"object": "list", "data": [
-            {"id": self.cfg.model_name, "object": "model", "created": 0, "owned_by": "flywheel"}]})
+        return _json(
+            {
+                "object": "list",
+                "data": [{"id": self.cfg.model_name, "object": "model", "created": 0, "owned_by": "flywheel"}],
+            }
+        )
 
     async def health(self, request: web.Request) -> web.Response:
         up = [r for r in self.pool.replicas.values() if r.healthy and r.state == ReplicaState.ACTIVE]
         events = self.events.health() if self.cfg.log_events else {"ok": True}
         ok = bool(up) and events["ok"]
-        body = {"status": "ok" if ok else "degraded", "active_healthy_replicas": len(up),
-                "kafka_up": self.events.stats.broker_up, "spool_pending_bytes": self.events.stats.pending_bytes,
-                "event_log": events}
+        body = {
+            "status": "ok" if ok else "degraded",
+            "active_healthy_replicas": len(up),
+            "kafka_up": self.events.stats.broker_up,
+            "spool_pending_bytes": self.events.stats.pending_bytes,
+            "event_log": events,
+        }
         return _json(body, status=200 if ok else 503)
 
     async def prometheus(self, request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(self.metrics.registry),
-                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def admin_replicas(self, request: web.Request) -> web.Response:
         self._admin(request)
@@ -750,8 +973,11 @@ class Gateway:
         raw = await request.read()
         body = parse_json_body(raw) if raw.strip() else {}
         lease = body.get("lease_s") if isinstance(body, dict) else None
-        if action == "drain" and lease is not None and (isinstance(lease, bool) or not isinstance(
-                lease, (int, float)) or not 0 < lease <= 3600):
+        if (
+            action == "drain"
+            and lease is not None
+            and (isinstance(lease, bool) or not isinstance(lease, (int, float)) or not 0 < lease <= 3600)
+        ):
             raise ApiError(400, "'lease_s' must be a number of seconds in (0, 3600]", param="lease_s")
         if action in ("drain", "borrow") and replica.state == ReplicaState.ACTIVE:
             others = [r for r in self.pool.replicas.values() if r.id != rid and r.state == ReplicaState.ACTIVE]
@@ -769,8 +995,12 @@ class Gateway:
         else:  # activate / return: users come back at once; rollouts in flight are stopped for the trainer to redo
             replica.state, replica.borrow_pending, replica.drain_lease_until = ReplicaState.ACTIVE, False, None
             await self._abort_rollouts(replica)
-        log.info("replica %s -> %s%s (admin)", rid, replica.state.value, " (borrow pending)" if replica.borrow_pending
-                 else "")
+        log.info(
+            "replica %s -> %s%s (admin)",
+            rid,
+            replica.state.value,
+            " (borrow pending)" if replica.borrow_pending else "",
+        )
         return _json(replica.view())
 
     async def _finish_borrow(self, replica, timeout_s: float = 300.0) -> None:
@@ -784,8 +1014,9 @@ class Gateway:
     async def _abort(self, replica, rid: str) -> bool:
         """Ask a replica to stop generating `rid` (SGLang's /abort_request)."""
         try:
-            async with self.session.post(f"{replica.url}/abort_request", json={"rid": rid},
-                                         timeout=aiohttp.ClientTimeout(total=10)) as r:
+            async with self.session.post(
+                f"{replica.url}/abort_request", json={"rid": rid}, timeout=aiohttp.ClientTimeout(total=10)
+            ) as r:
                 await r.read()
                 return r.status < 400
         except (aiohttp.ClientError, asyncio.TimeoutError) as e:
@@ -809,12 +1040,21 @@ class Gateway:
         active = [r for r in reps if r.state == ReplicaState.ACTIVE and r.healthy]
         in_flight = sum(r.outstanding for r in reps)
         queue = sum(r.queue_depth for r in active)
-        return _json({"replicas": [r.view() for r in reps], "fleet": {
-            "replicas": len(reps), "active": len(active),
-            "borrowed": sum(r.state == ReplicaState.BORROWED for r in reps),
-            "borrow_pending": sum(r.borrow_pending for r in reps),
-            "in_flight": in_flight, "queue_depth": queue, "request_rate": round(sum(r.rate for r in reps), 3),
-            "load_per_active": round((in_flight + queue) / max(1, len(active)), 3)}})
+        return _json(
+            {
+                "replicas": [r.view() for r in reps],
+                "fleet": {
+                    "replicas": len(reps),
+                    "active": len(active),
+                    "borrowed": sum(r.state == ReplicaState.BORROWED for r in reps),
+                    "borrow_pending": sum(r.borrow_pending for r in reps),
+                    "in_flight": in_flight,
+                    "queue_depth": queue,
+                    "request_rate": round(sum(r.rate for r in reps), 3),
+                    "load_per_active": round((in_flight + queue) / max(1, len(active)), 3),
+                },
+            }
+        )
 
     async def admin_rollouts(self, request: web.Request) -> web.Response:
         """Trainer-side generation: n samples of one prompt, with token ids, behaviour logprobs, routed
@@ -824,27 +1064,42 @@ class Gateway:
         where = body.pop("replicas", "any")
         if where not in ("any", "borrowed"):
             raise ApiError(400, "'replicas' must be 'any' or 'borrowed'", param="replicas")
-        spec = parse_completion({"model": "rollout", **{k: v for k, v in body.items() if k != "model"}},
-                                self.cfg.limits)
+        spec = parse_completion(
+            {"model": "rollout", **{k: v for k, v in body.items() if k != "model"}}, self.cfg.limits
+        )
         if spec.stream:
             raise ApiError(400, "rollouts do not stream", param="stream")
         prompt_ids = await self._prompt_ids(spec)
         sampling = self._sampling(spec)
         rid = f"rollout-{time.time_ns():x}"
         bodies = [engine.payload(prompt_ids, sampling, 0, False, f"{rid}-{i}") for i in range(spec.n)]
-        results = await asyncio.gather(*(self._run_choice(b, False, rollout=True, borrowed_only=where == "borrowed")
-                                         for b in bodies))
+        results = await asyncio.gather(
+            *(self._run_choice(b, False, rollout=True, borrowed_only=where == "borrowed") for b in bodies)
+        )
         trainer = Tenant(id="trainer", name="trainer")
         choices = []
         for i, (res, replica_id, timing) in enumerate(results):
             self._log_completion(trainer, spec, rid, i, prompt_ids, res, replica_id, timing, source="rollout")
-            experts = res.routed_experts if res.routed_experts is not None else np.zeros((0, self.layers, self.top_k),
-                                                                                         np.uint8)
-            choices.append({"index": i, "text": res.text, "output_ids": res.output_ids, "logprobs": res.logprobs,
-                            "routed_experts": base64.b64encode(experts.tobytes()).decode(),
-                            "routed_experts_shape": list(experts.shape), "weight_version": res.weight_version,
-                            "finish_reason": "abort" if (res.finish or {}).get("type") == "abort"
-                            else finish_reason(res.finish), "replica": replica_id})
+            experts = (
+                res.routed_experts
+                if res.routed_experts is not None
+                else np.zeros((0, self.layers, self.top_k), np.uint8)
+            )
+            choices.append(
+                {
+                    "index": i,
+                    "text": res.text,
+                    "output_ids": res.output_ids,
+                    "logprobs": res.logprobs,
+                    "routed_experts": base64.b64encode(experts.tobytes()).decode(),
+                    "routed_experts_shape": list(experts.shape),
+                    "weight_version": res.weight_version,
+                    "finish_reason": "abort"
+                    if (res.finish or {}).get("type") == "abort"
+                    else finish_reason(res.finish),
+                    "replica": replica_id,
+                }
+            )
         return _json({"id": rid, "prompt_ids": prompt_ids, "choices": choices})
 
     async def admin_canary(self, request: web.Request) -> web.Response:
@@ -880,8 +1135,12 @@ class Gateway:
 
     async def admin_weights(self, request: web.Request) -> web.Response:
         self._admin(request)
-        return _json({"replicas": {r.id: r.weight_version for r in self.pool.replicas.values()},
-                      "tool_calls": self.metrics.tools.view()})
+        return _json(
+            {
+                "replicas": {r.id: r.weight_version for r in self.pool.replicas.values()},
+                "tool_calls": self.metrics.tools.view(),
+            }
+        )
 
 
 def _trimmed_stop(res: engine.EngineResult) -> str:

@@ -1,4 +1,5 @@
 """Run the gateway as its own process (`flywheel serve`), as the demo and the tests do; stop it by PID."""
+
 from __future__ import annotations
 
 import os
@@ -30,9 +31,17 @@ def _up(url: str) -> bool:
         return True
 
 
-def start(replicas: list[str], model_dir: Path, state_dir: Path, kafka: str | None = None,
-          keys: dict[str, str] | None = None, admin_token: str | None = None, port: int = 0,
-          extra_args: list[str] = (), timeout_s: float = 60.0) -> GatewayProcess:
+def start(
+    replicas: list[str],
+    model_dir: Path,
+    state_dir: Path,
+    kafka: str | None = None,
+    keys: dict[str, str] | None = None,
+    admin_token: str | None = None,
+    port: int = 0,
+    extra_args: list[str] = (),
+    timeout_s: float = 60.0,
+) -> GatewayProcess:
     port = port or free_port()
     state_dir = Path(state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -42,8 +51,20 @@ def start(replicas: list[str], model_dir: Path, state_dir: Path, kafka: str | No
         env["FLYWHEEL_API_KEYS"] = ",".join(f"{name}:{key}" for name, key in keys.items())
     if admin_token:
         env["FLYWHEEL_ADMIN_TOKEN"] = admin_token
-    cmd = [sys.executable, "-m", "flywheel", "serve", "--model", str(model_dir), "--port", str(port),
-           "--state-dir", str(state_dir), *[a for r in replicas for a in ("--replica", r)], *extra_args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "flywheel",
+        "serve",
+        "--model",
+        str(model_dir),
+        "--port",
+        str(port),
+        "--state-dir",
+        str(state_dir),
+        *[a for r in replicas for a in ("--replica", r)],
+        *extra_args,
+    ]
     if kafka:
         cmd += ["--kafka", kafka]
     log_file = state_dir / "gateway.log"
@@ -52,8 +73,9 @@ def start(replicas: list[str], model_dir: Path, state_dir: Path, kafka: str | No
     url = f"http://127.0.0.1:{port}"
     gw = GatewayProcess(pid=proc.pid, url=url, log_file=log_file)
     try:
-        wait_until(lambda: _up(url), timeout_s, interval=0.2, what=f"gateway on {url}",
-                   alive=lambda: proc.poll() is None)
+        wait_until(
+            lambda: _up(url), timeout_s, interval=0.2, what=f"gateway on {url}", alive=lambda: proc.poll() is None
+        )
     except (TimeoutError, RuntimeError) as e:
         gw.stop()
         raise RuntimeError(f"{e}\n--- {log_file} ---\n{tail(log_file)}") from None

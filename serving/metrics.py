@@ -1,4 +1,5 @@
 """Prometheus metrics of one gateway (its own registry, so several gateways can live in one process)."""
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -16,33 +17,70 @@ class GatewayMetrics:
     def __init__(self, gateway) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("flywheel_gateway_requests", "HTTP requests by route and status", ["route", "status"],
-                                registry=r)
-        self.ttft = Histogram("flywheel_gateway_time_to_first_token_seconds", "Time to first token (streaming)",
-                              ["route"], buckets=LATENCY_BUCKETS, registry=r)
-        self.itl = Histogram("flywheel_gateway_inter_token_latency_seconds", "Time between streamed chunks",
-                             ["route"], buckets=TOKEN_BUCKETS, registry=r)
-        self.e2e = Histogram("flywheel_gateway_e2e_latency_seconds", "Request latency, received to last byte",
-                             ["route"], buckets=LATENCY_BUCKETS, registry=r)
+        self.requests = Counter(
+            "flywheel_gateway_requests", "HTTP requests by route and status", ["route", "status"], registry=r
+        )
+        self.ttft = Histogram(
+            "flywheel_gateway_time_to_first_token_seconds",
+            "Time to first token (streaming)",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "flywheel_gateway_inter_token_latency_seconds",
+            "Time between streamed chunks",
+            ["route"],
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "flywheel_gateway_e2e_latency_seconds",
+            "Request latency, received to last byte",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.retries = Counter("flywheel_gateway_replica_retries", "Requests retried on another replica", registry=r)
         # User and rollout completions are counted apart: rollouts on borrowed replicas are not user traffic.
-        self.completions = Counter("flywheel_gateway_completions", "Completion choices generated, by source",
-                                   ["source"], registry=r)
-        self.completion_tokens = Counter("flywheel_gateway_completion_tokens", "Tokens generated, by source",
-                                         ["source"], registry=r)
-        self.feedback = Counter("flywheel_gateway_feedback", "Feedback accepted by kind (the first per completion "
-                                "choice)", ["kind"], registry=r)
-        self.cancels = Counter("flywheel_gateway_client_cancels", "Streams the client closed before the end (the "
-                               "request is aborted on its replica)", ["route"], registry=r)
-        self.session_feedback = Counter("flywheel_gateway_session_feedback", "Feedback on a whole agent session "
-                                        "by kind (the first per session)", ["kind"], registry=r)
-        self.feedback_repeated = Counter("flywheel_gateway_feedback_repeated", "Feedback on a completion choice "
-                                         "already judged: logged, not counted", ["kind"], registry=r)
+        self.completions = Counter(
+            "flywheel_gateway_completions", "Completion choices generated, by source", ["source"], registry=r
+        )
+        self.completion_tokens = Counter(
+            "flywheel_gateway_completion_tokens", "Tokens generated, by source", ["source"], registry=r
+        )
+        self.feedback = Counter(
+            "flywheel_gateway_feedback",
+            "Feedback accepted by kind (the first per completion choice)",
+            ["kind"],
+            registry=r,
+        )
+        self.cancels = Counter(
+            "flywheel_gateway_client_cancels",
+            "Streams the client closed before the end (the request is aborted on its replica)",
+            ["route"],
+            registry=r,
+        )
+        self.session_feedback = Counter(
+            "flywheel_gateway_session_feedback",
+            "Feedback on a whole agent session by kind (the first per session)",
+            ["kind"],
+            registry=r,
+        )
+        self.feedback_repeated = Counter(
+            "flywheel_gateway_feedback_repeated",
+            "Feedback on a completion choice already judged: logged, not counted",
+            ["kind"],
+            registry=r,
+        )
         self.tools = ToolCallStats()  # flywheel_gateway_tool_calls{outcome,version}, ..._repeated{version}
         self.answered_before_durable = Counter(
-            "flywheel_gateway_answered_before_durable", "Responses sent before their event was on disk (the spool "
-            "was slower than durable_wait_s: a disk full or failing); a crash then could lose those events", ["topic"],
-            registry=r)
+            "flywheel_gateway_answered_before_durable",
+            "Responses sent before their event was on disk (the spool "
+            "was slower than durable_wait_s: a disk full or failing); a crash then could lose those events",
+            ["topic"],
+            registry=r,
+        )
         r.register(_LiveCollector(gateway))
         r.register(self.tools)
 
@@ -72,8 +110,12 @@ class ToolCallStats:
         v = "unknown" if version is None else str(version)
         row = self._by_version.get(v)
         if row is None:
-            row = self._by_version[v] = {**dict.fromkeys(TOOL_OUTCOMES, 0), "repeated": 0, "answers": 0,
-                                         "malformed_answers": 0}
+            row = self._by_version[v] = {
+                **dict.fromkeys(TOOL_OUTCOMES, 0),
+                "repeated": 0,
+                "answers": 0,
+                "malformed_answers": 0,
+            }
             while len(self._by_version) > self.max_versions:
                 self._by_version.popitem(last=False)
         self._by_version.move_to_end(v)
@@ -87,18 +129,29 @@ class ToolCallStats:
         out = {}
         for v, row in self._by_version.items():
             kept = row["valid"] + row["dropped_parallel"]
-            out[v] = {**row, "malformed_rate": round(row["malformed_answers"] / row["answers"], 4),
-                      "repeated_rate": round(row["repeated"] / kept, 4) if kept else None}
+            out[v] = {
+                **row,
+                "malformed_rate": round(row["malformed_answers"] / row["answers"], 4),
+                "repeated_rate": round(row["repeated"] / kept, 4) if kept else None,
+            }
         return out
 
     def collect(self):
-        calls = CounterMetricFamily("flywheel_gateway_tool_calls", "Tool calls read from answers, by outcome and "
-                                    "by the weight version that wrote them: valid, malformed (returned as text), "
-                                    "unknown_tool (returned as text), dropped_parallel (parallel_tool_calls=false: "
-                                    "only the first kept)", labels=["outcome", "version"])
-        repeated = CounterMetricFamily("flywheel_gateway_tool_calls_repeated", "Kept tool calls identical (name "
-                                       "and arguments) to an earlier call of the same agent session, by version "
-                                       "(also counted under their outcome)", labels=["version"])
+        calls = CounterMetricFamily(
+            "flywheel_gateway_tool_calls",
+            "Tool calls read from answers, by outcome and "
+            "by the weight version that wrote them: valid, malformed (returned as text), "
+            "unknown_tool (returned as text), dropped_parallel (parallel_tool_calls=false: "
+            "only the first kept)",
+            labels=["outcome", "version"],
+        )
+        repeated = CounterMetricFamily(
+            "flywheel_gateway_tool_calls_repeated",
+            "Kept tool calls identical (name "
+            "and arguments) to an earlier call of the same agent session, by version "
+            "(also counted under their outcome)",
+            labels=["version"],
+        )
         for v, row in self._by_version.items():
             for outcome in TOOL_OUTCOMES:
                 calls.add_metric([outcome, v], row[outcome])
@@ -114,16 +167,23 @@ class _LiveCollector:
         self.gw = gateway
 
     def collect(self):
-        inflight = GaugeMetricFamily("flywheel_replica_inflight_requests", "User requests in flight per replica",
-                                     labels=["replica"])
-        healthy = GaugeMetricFamily("flywheel_replica_healthy", "1 if the replica passes health checks",
-                                    labels=["replica"])
-        state = GaugeMetricFamily("flywheel_replica_state", "1 for the replica's current state",
-                                  labels=["replica", "state"])
-        rollouts = GaugeMetricFamily("flywheel_replica_rollout_inflight_requests",
-                                     "Trainer rollout requests in flight per replica", labels=["replica"])
-        version = GaugeMetricFamily("flywheel_replica_weight_version", "Weight version the replica serves",
-                                    labels=["replica"])
+        inflight = GaugeMetricFamily(
+            "flywheel_replica_inflight_requests", "User requests in flight per replica", labels=["replica"]
+        )
+        healthy = GaugeMetricFamily(
+            "flywheel_replica_healthy", "1 if the replica passes health checks", labels=["replica"]
+        )
+        state = GaugeMetricFamily(
+            "flywheel_replica_state", "1 for the replica's current state", labels=["replica", "state"]
+        )
+        rollouts = GaugeMetricFamily(
+            "flywheel_replica_rollout_inflight_requests",
+            "Trainer rollout requests in flight per replica",
+            labels=["replica"],
+        )
+        version = GaugeMetricFamily(
+            "flywheel_replica_weight_version", "Weight version the replica serves", labels=["replica"]
+        )
         for rep in self.gw.pool.replicas.values():
             inflight.add_metric([rep.id], rep.outstanding)
             rollouts.add_metric([rep.id], rep.rollout_outstanding)
@@ -132,25 +192,48 @@ class _LiveCollector:
             if rep.weight_version is not None:
                 version.add_metric([rep.id], float(rep.weight_version))
         yield from (inflight, rollouts, healthy, state, version)
-        yield CounterMetricFamily("flywheel_replica_drain_leases_lapsed", "Drains whose agent went quiet: the "
-                                  "gateway routed users to the replica again", value=self.gw.pool.lapsed_drains)
+        yield CounterMetricFamily(
+            "flywheel_replica_drain_leases_lapsed",
+            "Drains whose agent went quiet: the gateway routed users to the replica again",
+            value=self.gw.pool.lapsed_drains,
+        )
         s = self.gw.events.stats
         events = CounterMetricFamily("flywheel_events", "Events by what happened to them", labels=["state"])
-        for name, value in (("submitted", s.submitted), ("spooled", s.spooled), ("produced", s.produced),
-                            ("replayed", s.replayed), ("dropped_queue_full", s.dropped_queue_full),
-                            ("dropped_spool_full", s.dropped_spool_full), ("deadlettered", s.deadlettered)):
+        for name, value in (
+            ("submitted", s.submitted),
+            ("spooled", s.spooled),
+            ("produced", s.produced),
+            ("replayed", s.replayed),
+            ("dropped_queue_full", s.dropped_queue_full),
+            ("dropped_spool_full", s.dropped_spool_full),
+            ("deadlettered", s.deadlettered),
+        ):
             events.add_metric([name], value)
         yield events
-        yield GaugeMetricFamily("flywheel_event_spool_pending_bytes", "Spooled bytes not yet acknowledged by Kafka",
-                                value=s.pending_bytes)
-        yield GaugeMetricFamily("flywheel_event_spool_alarm", "1 while the spool is over its size limit",
-                                value=1.0 if self.gw.events.spool_full else 0.0)
-        yield GaugeMetricFamily("flywheel_kafka_up", "1 if the last delivery to Kafka succeeded",
-                                value=1.0 if s.broker_up else 0.0)
-        yield CounterMetricFamily("flywheel_event_spool_write_failures", "Spool writes that failed and were "
-                                  "retried (disk full, I/O error)", value=s.write_failures)
-        yield CounterMetricFamily("flywheel_event_shipper_restarts", "Times the shipper process died and was "
-                                  "started again", value=s.shipper_restarts)
+        yield GaugeMetricFamily(
+            "flywheel_event_spool_pending_bytes", "Spooled bytes not yet acknowledged by Kafka", value=s.pending_bytes
+        )
+        yield GaugeMetricFamily(
+            "flywheel_event_spool_alarm",
+            "1 while the spool is over its size limit",
+            value=1.0 if self.gw.events.spool_full else 0.0,
+        )
+        yield GaugeMetricFamily(
+            "flywheel_kafka_up", "1 if the last delivery to Kafka succeeded", value=1.0 if s.broker_up else 0.0
+        )
+        yield CounterMetricFamily(
+            "flywheel_event_spool_write_failures",
+            "Spool writes that failed and were retried (disk full, I/O error)",
+            value=s.write_failures,
+        )
+        yield CounterMetricFamily(
+            "flywheel_event_shipper_restarts",
+            "Times the shipper process died and was started again",
+            value=s.shipper_restarts,
+        )
         health = self.gw.events.health() if self.gw.cfg.log_events else {"writer": "off", "shipper": "off"}
-        yield GaugeMetricFamily("flywheel_event_writer_ok", "1 while the spool writer thread writes",
-                                value=1.0 if health["writer"] == "ok" else 0.0)
+        yield GaugeMetricFamily(
+            "flywheel_event_writer_ok",
+            "1 while the spool writer thread writes",
+            value=1.0 if health["writer"] == "ok" else 0.0,
+        )

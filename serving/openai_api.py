@@ -4,6 +4,7 @@ Validation turns a client's JSON into a `GenerationSpec` or raises `ApiError` wi
 body; nothing here talks to an engine. Field names and defaults follow the OpenAI API so existing IDE
 clients (Continue, Cline, Tabby's OpenAI backend, the official SDK) work unchanged.
 """
+
 from __future__ import annotations
 
 import math
@@ -13,8 +14,14 @@ import orjson
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
 
@@ -35,6 +42,7 @@ class Limits:
 @dataclass
 class GenerationSpec:
     """What one request asks for, independent of which API shape it came in."""
+
     kind: str  # "completion" | "chat"
     model: str
     prompt: str
@@ -60,10 +68,19 @@ class GenerationSpec:
 
     def sampling(self) -> dict:
         """The sampling parameters as logged with each completion event."""
-        return {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens,
-                "min_tokens": self.min_tokens, "stop": self.stop, "n": self.n, "seed": self.seed, "presence_penalty": self.presence_penalty,
-                "frequency_penalty": self.frequency_penalty, "fim": self.suffix is not None,
-                "tools": len(self.tools.tools) if self.tools is not None and self.tools.active else 0}
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "max_tokens": self.max_tokens,
+            "min_tokens": self.min_tokens,
+            "stop": self.stop,
+            "n": self.n,
+            "seed": self.seed,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "fim": self.suffix is not None,
+            "tools": len(self.tools.tools) if self.tools is not None and self.tools.active else 0,
+        }
 
 
 def parse_json_body(raw: bytes) -> dict:
@@ -74,14 +91,16 @@ def parse_json_body(raw: bytes) -> dict:
     try:
         body = orjson.loads(text)
     except orjson.JSONDecodeError as e:
-        raise ApiError(400, f"request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}",
-                       code="invalid_json") from None
+        raise ApiError(
+            400, f"request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}", code="invalid_json"
+        ) from None
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object", code="invalid_json")
     return body
 
 
 # ----------------------------------------------------------------------------- field validators
+
 
 def _bool(body: dict, name: str, default: bool) -> bool:
     v = body.get(name, default)
@@ -141,8 +160,9 @@ def _stop(body: dict, limits: Limits) -> list[str]:
 def _unknown(body: dict, allowed: set[str]) -> None:
     extra = sorted(set(body) - allowed)
     if extra:
-        raise ApiError(400, f"Unrecognized request argument supplied: {extra[0]}", param=extra[0],
-                       code="unknown_parameter")
+        raise ApiError(
+            400, f"Unrecognized request argument supplied: {extra[0]}", param=extra[0], code="unknown_parameter"
+        )
 
 
 def _unsupported(body: dict, names: dict[str, object]) -> None:
@@ -152,16 +172,31 @@ def _unsupported(body: dict, names: dict[str, object]) -> None:
             raise ApiError(400, f"'{name}' is not supported by this server", param=name, code="unsupported_parameter")
 
 
-COMMON = {"model", "max_tokens", "min_tokens", "temperature", "top_p", "n", "stop", "stream", "stream_options", "seed",
-          "presence_penalty", "frequency_penalty", "user", "logit_bias"}
+COMMON = {
+    "model",
+    "max_tokens",
+    "min_tokens",
+    "temperature",
+    "top_p",
+    "n",
+    "stop",
+    "stream",
+    "stream_options",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "user",
+    "logit_bias",
+}
 
 
 def _common(body: dict, limits: Limits) -> dict:
     opts = body.get("stream_options")
     # include_obfuscation pads chunks against length side channels on OpenAI's side; nothing to pad here.
     if opts is not None and (not isinstance(opts, dict) or set(opts) - {"include_usage", "include_obfuscation"}):
-        raise ApiError(400, "'stream_options' must be an object with 'include_usage'", param="stream_options",
-                       code="invalid_type")
+        raise ApiError(
+            400, "'stream_options' must be an object with 'include_usage'", param="stream_options", code="invalid_type"
+        )
     _unsupported(body, {"logit_bias": {}})
     out = dict(
         model=_str(body, "model", required=True),
@@ -191,23 +226,39 @@ def parse_completion(body: dict, limits: Limits) -> GenerationSpec:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]  # clients often wrap a single prompt in a list
     if isinstance(prompt, list):
-        raise ApiError(400, "'prompt' must be a string (batches of prompts are not supported)", param="prompt",
-                       code="invalid_type")
+        raise ApiError(
+            400, "'prompt' must be a string (batches of prompts are not supported)", param="prompt", code="invalid_type"
+        )
     if not isinstance(prompt, str):
-        raise ApiError(400, "'prompt' must be a string", param="prompt",
-                       code="missing_required_parameter" if prompt is None else "invalid_type")
+        raise ApiError(
+            400,
+            "'prompt' must be a string",
+            param="prompt",
+            code="missing_required_parameter" if prompt is None else "invalid_type",
+        )
     suffix = _str(body, "suffix")
     if not prompt and not suffix:
         raise ApiError(400, "'prompt' must not be empty", param="prompt", code="empty_prompt")
-    return _lengths(GenerationSpec(kind="completion", prompt=prompt, suffix=suffix,
-                          max_tokens=_int(body, "max_tokens", 16, 1, limits.max_tokens),
-                          logprobs=_int(body, "logprobs", None, 0, 5), **_common(body, limits)))
+    return _lengths(
+        GenerationSpec(
+            kind="completion",
+            prompt=prompt,
+            suffix=suffix,
+            max_tokens=_int(body, "max_tokens", 16, 1, limits.max_tokens),
+            logprobs=_int(body, "logprobs", None, 0, 5),
+            **_common(body, limits),
+        )
+    )
 
 
 def _lengths(spec: GenerationSpec) -> GenerationSpec:
     if spec.min_tokens > spec.max_tokens:
-        raise ApiError(400, f"'min_tokens' ({spec.min_tokens}) must not exceed 'max_tokens' ({spec.max_tokens})",
-                       param="min_tokens", code="out_of_range")
+        raise ApiError(
+            400,
+            f"'min_tokens' ({spec.min_tokens}) must not exceed 'max_tokens' ({spec.max_tokens})",
+            param="min_tokens",
+            code="out_of_range",
+        )
     return spec
 
 
@@ -215,8 +266,16 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 
 # OpenAI chat fields (the official SDK's CompletionCreateParams, openai 2.8) that mean nothing to this
 # server: accepted and ignored (README lists them).
-IGNORED_CHAT = {"store", "metadata", "reasoning_effort", "service_tier", "prompt_cache_key", "prompt_cache_retention",
-                "safety_identifier", "verbosity"}
+IGNORED_CHAT = {
+    "store",
+    "metadata",
+    "reasoning_effort",
+    "service_tier",
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "safety_identifier",
+    "verbosity",
+}
 # Fields for what this server does not do: refused unless neutral (a client asking for audio out must know).
 UNSUPPORTED_CHAT = {"audio": None, "modalities": ["text"], "prediction": None, "web_search_options": None}
 
@@ -237,19 +296,28 @@ def _content(m: dict, i: int) -> str:
         return c
     if c is None and m.get("role") == "assistant" and m.get("tool_calls"):
         return ""  # an assistant turn that only called tools
-    if isinstance(c, list) and all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                                   for p in c):
+    if isinstance(c, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in c
+    ):
         return "".join(p["text"] for p in c)
-    raise ApiError(400, f"messages[{i}].content must be a string or a list of text parts",
-                   param=f"messages[{i}].content", code="invalid_type")
+    raise ApiError(
+        400,
+        f"messages[{i}].content must be a string or a list of text parts",
+        param=f"messages[{i}].content",
+        code="invalid_type",
+    )
 
 
 def _messages(msgs, tools) -> list[dict]:
     from serving import tool_calls as tc
 
     if not isinstance(msgs, list) or not msgs:
-        raise ApiError(400, "'messages' must be a non-empty list", param="messages",
-                       code="missing_required_parameter" if msgs is None else "invalid_type")
+        raise ApiError(
+            400,
+            "'messages' must be a non-empty list",
+            param="messages",
+            code="missing_required_parameter" if msgs is None else "invalid_type",
+        )
     clean, call_ids = [], set()
     for i, m in enumerate(msgs):
         if not isinstance(m, dict):
@@ -257,18 +325,32 @@ def _messages(msgs, tools) -> list[dict]:
         role = m.get("role")
         if role not in ROLES:
             what = " (the legacy 'function' role: send tool messages)" if role == "function" else ""
-            raise ApiError(400, f"messages[{i}].role must be one of {', '.join(ROLES)}{what}",
-                           param=f"messages[{i}].role", code="invalid_value")
-        allowed = {"role", "content", "name"} | ({"tool_calls", "refusal", "audio", "function_call"}
-                                                 if role == "assistant" else set()) | (
-                                                     {"tool_call_id"} if role == "tool" else set())
+            raise ApiError(
+                400,
+                f"messages[{i}].role must be one of {', '.join(ROLES)}{what}",
+                param=f"messages[{i}].role",
+                code="invalid_value",
+            )
+        allowed = (
+            {"role", "content", "name"}
+            | ({"tool_calls", "refusal", "audio", "function_call"} if role == "assistant" else set())
+            | ({"tool_call_id"} if role == "tool" else set())
+        )
         extra = sorted(set(m) - allowed)
         if extra:
-            raise ApiError(400, f"messages[{i}]: unrecognized field {extra[0]!r} for role {role}",
-                           param=f"messages[{i}].{extra[0]}", code="unknown_parameter")
+            raise ApiError(
+                400,
+                f"messages[{i}]: unrecognized field {extra[0]!r} for role {role}",
+                param=f"messages[{i}].{extra[0]}",
+                code="unknown_parameter",
+            )
         if m.get("function_call") is not None or m.get("audio") is not None:
-            raise ApiError(400, f"messages[{i}]: 'function_call' and 'audio' are not supported (use tool_calls)",
-                           param=f"messages[{i}]", code="unsupported_parameter")
+            raise ApiError(
+                400,
+                f"messages[{i}]: 'function_call' and 'audio' are not supported (use tool_calls)",
+                param=f"messages[{i}]",
+                code="unsupported_parameter",
+            )
         entry = {"role": role, "content": _content(m, i)}
         if role == "tool":
             entry["tool_call_id"] = m.get("tool_call_id")
@@ -278,11 +360,19 @@ def _messages(msgs, tools) -> list[dict]:
         if role == "tool":
             tid = m.get("tool_call_id")
             if not isinstance(tid, str) or not tid:
-                raise ApiError(400, f"messages[{i}].tool_call_id is required for role tool",
-                               param=f"messages[{i}].tool_call_id", code="missing_required_parameter")
+                raise ApiError(
+                    400,
+                    f"messages[{i}].tool_call_id is required for role tool",
+                    param=f"messages[{i}].tool_call_id",
+                    code="missing_required_parameter",
+                )
             if tid not in call_ids:
-                raise ApiError(400, f"messages[{i}] answers tool call {tid[:80]!r}, which no earlier assistant "
-                                    "message made", param=f"messages[{i}].tool_call_id", code="invalid_value")
+                raise ApiError(
+                    400,
+                    f"messages[{i}] answers tool call {tid[:80]!r}, which no earlier assistant message made",
+                    param=f"messages[{i}].tool_call_id",
+                    code="invalid_value",
+                )
         clean.append(entry)
     if not any(m["content"].strip() or m.get("calls") for m in clean):
         raise ApiError(400, "'messages' contain no text", param="messages", code="empty_prompt")
@@ -292,24 +382,55 @@ def _messages(msgs, tools) -> list[dict]:
 def parse_chat(body: dict, limits: Limits) -> GenerationSpec:
     from serving import tool_calls as tc
 
-    _unknown(body, COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
-                             "response_format", "parallel_tool_calls", "functions", "function_call"}
-             | IGNORED_CHAT | set(UNSUPPORTED_CHAT))
+    _unknown(
+        body,
+        COMMON
+        | {
+            "messages",
+            "max_completion_tokens",
+            "logprobs",
+            "top_logprobs",
+            "tools",
+            "tool_choice",
+            "response_format",
+            "parallel_tool_calls",
+            "functions",
+            "function_call",
+        }
+        | IGNORED_CHAT
+        | set(UNSUPPORTED_CHAT),
+    )
     if body.get("functions") is not None or body.get("function_call") is not None:
-        raise ApiError(400, "'functions' and 'function_call' are deprecated and not supported: send 'tools' and "
-                            "'tool_choice'", param="functions" if "functions" in body else "function_call",
-                       code="unsupported_parameter")
+        raise ApiError(
+            400,
+            "'functions' and 'function_call' are deprecated and not supported: send 'tools' and 'tool_choice'",
+            param="functions" if "functions" in body else "function_call",
+            code="unsupported_parameter",
+        )
     _unsupported(body, UNSUPPORTED_CHAT)
     meta = body.get("metadata")
-    if meta is not None and (not isinstance(meta, dict) or len(meta) > 16 or not all(
-            isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= 512 for k, v in meta.items())):
-        raise ApiError(400, "'metadata' must be at most 16 string pairs (keys up to 64 chars, values up to 512)",
-                       param="metadata", code="invalid_value")
+    if meta is not None and (
+        not isinstance(meta, dict)
+        or len(meta) > 16
+        or not all(
+            isinstance(k, str) and len(k) <= 64 and isinstance(v, str) and len(v) <= 512 for k, v in meta.items()
+        )
+    ):
+        raise ApiError(
+            400,
+            "'metadata' must be at most 16 string pairs (keys up to 64 chars, values up to 512)",
+            param="metadata",
+            code="invalid_value",
+        )
     rf = body.get("response_format")
     if rf is not None and rf != {"type": "text"}:
-        raise ApiError(400, "only response_format {'type': 'text'} is supported: the engine runs without a grammar "
-                            "backend, so JSON output could not be guaranteed", param="response_format",
-                       code="unsupported_parameter")
+        raise ApiError(
+            400,
+            "only response_format {'type': 'text'} is supported: the engine runs without a grammar "
+            "backend, so JSON output could not be guaranteed",
+            param="response_format",
+            code="unsupported_parameter",
+        )
     tools = tc.parse_tools(body)
     clean = _messages(body.get("messages"), tools)
     max_tokens = _int(body, "max_completion_tokens", None, 1, limits.max_tokens)
@@ -320,13 +441,23 @@ def parse_chat(body: dict, limits: Limits) -> GenerationSpec:
     if top is not None and not want_lp:
         raise ApiError(400, "'top_logprobs' requires logprobs=true", param="top_logprobs")
     prefill = tools.opening() if tools is not None and tools.active else ""
-    return _lengths(GenerationSpec(kind="chat", prompt=render_chat(clean, tools) + prefill, max_tokens=max_tokens,
-                                   logprobs=(top or 0) if want_lp else None, tools=tools, prefill=prefill,
-                                   messages=clean, session_hint=(meta or {}).get("session_id"),
-                                   **_common(body, limits)))
+    return _lengths(
+        GenerationSpec(
+            kind="chat",
+            prompt=render_chat(clean, tools) + prefill,
+            max_tokens=max_tokens,
+            logprobs=(top or 0) if want_lp else None,
+            tools=tools,
+            prefill=prefill,
+            messages=clean,
+            session_hint=(meta or {}).get("session_id"),
+            **_common(body, limits),
+        )
+    )
 
 
 # ----------------------------------------------------------------------------- responses
+
 
 def finish_reason(sglang_finish: dict | None) -> str:
     kind = (sglang_finish or {}).get("type")

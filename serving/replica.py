@@ -4,6 +4,7 @@ On a CPU-only machine the replica runs with SGLang's CPU flags, a bounded KV poo
 compatibility layer (serving.cpu_compat); on a GPU it runs plain SGLang. A replica records its
 pid, URL and log under $FLYWHEEL_HOME/replicas/<port>.json so `flywheel replica stop` finds it.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,18 @@ from flywheel.core.procs import (
     write_state,
 )
 
-CPU_FLAGS = ["--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend", "pytorch",
-             "--grammar-backend", "none", "--disable-cuda-graph", "--sleep-on-idle"]
+CPU_FLAGS = [
+    "--device",
+    "cpu",
+    "--attention-backend",
+    "torch_native",
+    "--sampling-backend",
+    "pytorch",
+    "--grammar-backend",
+    "none",
+    "--disable-cuda-graph",
+    "--sleep-on-idle",
+]
 
 
 @dataclass
@@ -77,12 +88,34 @@ def _state_dir() -> Path:
 def command(cfg: ReplicaConfig, port: int) -> list[str]:
     """The full command line of a replica (module, then SGLang's own flags)."""
     module = "serving.cpu_compat.launch" if cfg.device == "cpu" else "sglang.launch_server"
-    args = [sys.executable, "-m", module, "--model-path", str(Path(cfg.model_path).resolve()),
-            "--host", cfg.host, "--port", str(port), "--dtype", cfg.dtype,
-            "--max-total-tokens", str(cfg.max_total_tokens), "--max-running-requests", str(cfg.max_running_requests),
-            "--chunked-prefill-size", str(cfg.chunked_prefill_size),
-            "--enable-return-routed-experts", "--enable-metrics", "--weight-version", str(cfg.weight_version),
-            "--random-seed", str(cfg.random_seed), "--skip-server-warmup", "--log-level", "warning"]
+    args = [
+        sys.executable,
+        "-m",
+        module,
+        "--model-path",
+        str(Path(cfg.model_path).resolve()),
+        "--host",
+        cfg.host,
+        "--port",
+        str(port),
+        "--dtype",
+        cfg.dtype,
+        "--max-total-tokens",
+        str(cfg.max_total_tokens),
+        "--max-running-requests",
+        str(cfg.max_running_requests),
+        "--chunked-prefill-size",
+        str(cfg.chunked_prefill_size),
+        "--enable-return-routed-experts",
+        "--enable-metrics",
+        "--weight-version",
+        str(cfg.weight_version),
+        "--random-seed",
+        str(cfg.random_seed),
+        "--skip-server-warmup",
+        "--log-level",
+        "warning",
+    ]
     if cfg.device == "cpu":
         args += CPU_FLAGS
     return args + list(cfg.extra_args)
@@ -122,16 +155,36 @@ def start(cfg: ReplicaConfig, die_with_parent: bool = True) -> Replica:
     log_dir.mkdir(parents=True, exist_ok=True)
     log_file = log_dir / f"replica-{port}.log"
     with open(log_file, "ab") as log:
-        proc = spawn(command(cfg, port), die_with_parent=die_with_parent, stdout=log, stderr=subprocess.STDOUT,
-                     stdin=subprocess.DEVNULL, env=_env(cfg), cwd=REPO_ROOT)
+        proc = spawn(
+            command(cfg, port),
+            die_with_parent=die_with_parent,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=_env(cfg),
+            cwd=REPO_ROOT,
+        )
     url = f"http://{cfg.host}:{port}"
     replica = Replica(pid=proc.pid, port=port, url=url, log_file=log_file, model_path=str(cfg.model_path))
-    write_state(_state_dir() / f"{port}.json", {**identity(proc.pid), "port": port, "url": url,
-                                                "log_file": str(log_file), "model_path": str(cfg.model_path),
-                                                "started": time.time()})
+    write_state(
+        _state_dir() / f"{port}.json",
+        {
+            **identity(proc.pid),
+            "port": port,
+            "url": url,
+            "log_file": str(log_file),
+            "model_path": str(cfg.model_path),
+            "started": time.time(),
+        },
+    )
     try:
-        wait_until(lambda: healthy(url), cfg.start_timeout_s, interval=0.5, what=f"SGLang replica on {url}",
-                   alive=lambda: proc.poll() is None)
+        wait_until(
+            lambda: healthy(url),
+            cfg.start_timeout_s,
+            interval=0.5,
+            what=f"SGLang replica on {url}",
+            alive=lambda: proc.poll() is None,
+        )
     except (TimeoutError, RuntimeError) as e:
         replica.stop()
         raise RuntimeError(f"{e}\n--- {log_file} ---\n{tail(log_file, 40)}") from None
@@ -142,8 +195,13 @@ def find(port: int) -> Replica | None:
     state = read_state(_state_dir() / f"{port}.json")
     if not state or not same_process(state):
         return None
-    return Replica(pid=state["pid"], port=state["port"], url=state["url"], log_file=Path(state["log_file"]),
-                   model_path=state["model_path"])
+    return Replica(
+        pid=state["pid"],
+        port=state["port"],
+        url=state["url"],
+        log_file=Path(state["log_file"]),
+        model_path=state["model_path"],
+    )
 
 
 def running() -> list[Replica]:

@@ -5,6 +5,7 @@ A replica is `active` (takes user traffic), `draining` (finishes what it has, ta
 answering out of rotation and bring it back when it answers again; a request that fails to connect
 marks it unhealthy at once.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -62,13 +63,25 @@ class ReplicaHandle:
         return self._rate * math.exp(-(time.monotonic() - self._rate_t) / self.RATE_TAU_S)
 
     def view(self) -> dict:
-        return {"id": self.id, "url": self.url, "state": self.state.value, "healthy": self.healthy,
-                "outstanding": self.outstanding, "rollout_outstanding": self.rollout_outstanding,
-                "weight_version": self.weight_version, "served": self.served, "failures": self.failures,
-                "last_error": self.last_error, "request_rate": round(self.rate, 3), "queue_depth": self.queue_depth,
-                "running": self.running, "borrow_pending": self.borrow_pending,
-                "drain_lease_s": None if self.drain_lease_until is None else
-                round(max(0.0, self.drain_lease_until - time.monotonic()), 1)}
+        return {
+            "id": self.id,
+            "url": self.url,
+            "state": self.state.value,
+            "healthy": self.healthy,
+            "outstanding": self.outstanding,
+            "rollout_outstanding": self.rollout_outstanding,
+            "weight_version": self.weight_version,
+            "served": self.served,
+            "failures": self.failures,
+            "last_error": self.last_error,
+            "request_rate": round(self.rate, 3),
+            "queue_depth": self.queue_depth,
+            "running": self.running,
+            "borrow_pending": self.borrow_pending,
+            "drain_lease_s": None
+            if self.drain_lease_until is None
+            else round(max(0.0, self.drain_lease_until - time.monotonic()), 1),
+        }
 
 
 @dataclass
@@ -99,7 +112,8 @@ class ReplicaPool:
     def __init__(self, urls: list[str], cfg: PoolConfig | None = None):
         self.cfg = cfg or PoolConfig()
         self.replicas: dict[str, ReplicaHandle] = {
-            f"r{i}": ReplicaHandle(id=f"r{i}", url=u.rstrip("/")) for i, u in enumerate(urls)}
+            f"r{i}": ReplicaHandle(id=f"r{i}", url=u.rstrip("/")) for i, u in enumerate(urls)
+        }
         self._rr = itertools.count()
         self.lapsed_drains = 0
         self._task: asyncio.Task | None = None
@@ -110,8 +124,9 @@ class ReplicaPool:
             raise KeyError(replica_id)
         return self.replicas[replica_id]
 
-    def pick(self, exclude: set[str] = frozenset(), rollout: bool = False,
-             prefer: frozenset[str] | None = None) -> ReplicaHandle:
+    def pick(
+        self, exclude: set[str] = frozenset(), rollout: bool = False, prefer: frozenset[str] | None = None
+    ) -> ReplicaHandle:
         """Least outstanding requests among healthy replicas in the right state; ties rotate.
 
         User requests go to active replicas; rollout requests to borrowed ones. `prefer` (a canary arm's
@@ -183,8 +198,11 @@ class ReplicaPool:
         lapsed = []
         for r in self.replicas.values():
             if r.state == ReplicaState.DRAINING and r.drain_lease_until is not None and now > r.drain_lease_until:
-                log.warning("replica %s: the drain lease ran out (the agent that drained it went quiet); "
-                            "routing users to it again", r.id)
+                log.warning(
+                    "replica %s: the drain lease ran out (the agent that drained it went quiet); "
+                    "routing users to it again",
+                    r.id,
+                )
                 r.state, r.drain_lease_until, r.borrow_pending = ReplicaState.ACTIVE, None, False
                 self.lapsed_drains += 1
                 lapsed.append(r.id)
@@ -202,6 +220,7 @@ class ReplicaPool:
 @dataclass
 class Lease:
     """Counts a request against a replica's outstanding load for as long as it is held."""
+
     replica: ReplicaHandle
     rollout: bool = False
     started: float = field(default_factory=time.monotonic)

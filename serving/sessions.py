@@ -14,6 +14,7 @@ The calls a session's answers made are remembered the same way (bounded, per pro
 identical to an earlier one of the session is counted as repeated (`flywheel_gateway_tool_calls_repeated`:
 an agent looping on the same call is a reward-hacking sign).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -86,7 +87,7 @@ class Sessions:
         if hit is None:
             last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
             if last is not None:
-                hit = self._get(_key(tenant, messages[:last + 1]))
+                hit = self._get(_key(tenant, messages[: last + 1]))
         parent, session = hit if hit is not None else ("", completion_id)
         return Link(session_id=given or session, parent_id=parent)
 

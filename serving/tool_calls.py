@@ -25,6 +25,7 @@ token limit), never an error: the client
 sees what the model wrote, and the gateway counts it (a rising malformed-call rate is reward hacking's
 first sign).
 """
+
 from __future__ import annotations
 
 import json
@@ -73,18 +74,24 @@ def _check_schema(params: dict, where: str) -> None:
 
     def walk(node, depth: int) -> None:
         if depth > MAX_SCHEMA_DEPTH:
-            raise ApiError(400, f"{where} is nested deeper than {MAX_SCHEMA_DEPTH} levels", param=where,
-                           code="invalid_value")
+            raise ApiError(
+                400, f"{where} is nested deeper than {MAX_SCHEMA_DEPTH} levels", param=where, code="invalid_value"
+            )
         if isinstance(node, dict):
             for k, v in node.items():
                 if k in ("$ref", "$dynamicRef") and (not isinstance(v, str) or not v.startswith("#")):
-                    raise ApiError(400, f"{where}: only local references ('#...') are allowed in $ref",
-                                   param=where, code="invalid_value")
+                    raise ApiError(
+                        400,
+                        f"{where}: only local references ('#...') are allowed in $ref",
+                        param=where,
+                        code="invalid_value",
+                    )
                 if k in ("$ref", "$dynamicRef"):
                     refs.append(v)
                 if k == "patternProperties":
-                    raise ApiError(400, f"{where}: patternProperties is not supported", param=where,
-                                   code="unsupported_parameter")
+                    raise ApiError(
+                        400, f"{where}: patternProperties is not supported", param=where, code="unsupported_parameter"
+                    )
                 walk(v, depth + 1)
         elif isinstance(node, list):
             for v in node:
@@ -97,11 +104,13 @@ def _check_schema(params: dict, where: str) -> None:
         for ref in refs:  # a $ref that leads nowhere fails here, not when the model first calls the tool
             resolver.lookup(ref)
     except SchemaError as e:
-        raise ApiError(400, f"{where} is not a valid JSON schema: {e.message}", param=where,
-                       code="invalid_value") from None
+        raise ApiError(
+            400, f"{where} is not a valid JSON schema: {e.message}", param=where, code="invalid_value"
+        ) from None
     except Exception as e:  # noqa: BLE001 - unresolvable or self-referential $ref (RecursionError too)
-        raise ApiError(400, f"{where} cannot be used ({type(e).__name__}): check its $ref", param=where,
-                       code="invalid_value") from None
+        raise ApiError(
+            400, f"{where} cannot be used ({type(e).__name__}): check its $ref", param=where, code="invalid_value"
+        ) from None
 
 
 @dataclass
@@ -115,6 +124,7 @@ class Tool:
 @dataclass
 class ToolSpec:
     """The tools of one request and how the model may use them."""
+
     tools: dict[str, Tool]
     choice: str = "auto"  # auto | none | required | function
     forced: str | None = None  # the function tool_choice names
@@ -141,14 +151,14 @@ class ToolSpec:
 
 # ----------------------------------------------------------------------------- request
 
+
 def parse_tools(body: dict) -> ToolSpec | None:
     tools_raw, choice_raw = body.get("tools"), body.get("tool_choice")
     parallel = body.get("parallel_tool_calls", True)
     if parallel is None:
         parallel = True
     if not isinstance(parallel, bool):
-        raise ApiError(400, "'parallel_tool_calls' must be a boolean", param="parallel_tool_calls",
-                       code="invalid_type")
+        raise ApiError(400, "'parallel_tool_calls' must be a boolean", param="parallel_tool_calls", code="invalid_type")
     if tools_raw is None or tools_raw == []:
         if choice_raw not in (None, "none", "auto"):
             raise ApiError(400, "'tool_choice' is only allowed when 'tools' are specified", param="tool_choice")
@@ -161,8 +171,12 @@ def parse_tools(body: dict) -> ToolSpec | None:
     for i, t in enumerate(tools_raw):
         p = f"tools[{i}]"
         if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("function"), dict):
-            raise ApiError(400, f"{p} must be {{'type': 'function', 'function': {{...}}}} (only function tools are "
-                                "supported)", param=p, code="invalid_value")
+            raise ApiError(
+                400,
+                f"{p} must be {{'type': 'function', 'function': {{...}}}} (only function tools are supported)",
+                param=p,
+                code="invalid_value",
+            )
         extra = sorted(set(t) - {"type", "function"})
         if extra:
             raise ApiError(400, f"{p}: unrecognized field {extra[0]!r}", param=f"{p}.{extra[0]}")
@@ -172,8 +186,12 @@ def parse_tools(body: dict) -> ToolSpec | None:
             raise ApiError(400, f"{p}.function: unrecognized field {extra[0]!r}", param=f"{p}.function.{extra[0]}")
         name = fn.get("name")
         if not isinstance(name, str) or not _NAME.match(name):
-            raise ApiError(400, f"{p}.function.name must be 1-64 letters, digits, '_' or '-'",
-                           param=f"{p}.function.name", code="invalid_value")
+            raise ApiError(
+                400,
+                f"{p}.function.name must be 1-64 letters, digits, '_' or '-'",
+                param=f"{p}.function.name",
+                code="invalid_value",
+            )
         if name in tools:
             raise ApiError(400, f"{p}: duplicate function name {name!r}", param=f"{p}.function.name")
         desc = fn.get("description", "")
@@ -183,22 +201,38 @@ def parse_tools(body: dict) -> ToolSpec | None:
             raise ApiError(400, f"{p}.function.strict must be a boolean", param=f"{p}.function.strict")
         params = fn.get("parameters", {"type": "object", "properties": {}})
         if not isinstance(params, dict):
-            raise ApiError(400, f"{p}.function.parameters must be a JSON schema object",
-                           param=f"{p}.function.parameters", code="invalid_type")
+            raise ApiError(
+                400,
+                f"{p}.function.parameters must be a JSON schema object",
+                param=f"{p}.function.parameters",
+                code="invalid_type",
+            )
         _check_schema(params, f"{p}.function.parameters")
         tools[name] = Tool(name, desc, params, _Validator(params, registry=_NO_FETCH))
     spec = ToolSpec(tools=tools, parallel=parallel)
     if choice_raw is None or choice_raw in ("auto", "none", "required"):
         spec.choice = choice_raw or "auto"
-    elif (isinstance(choice_raw, dict) and choice_raw.get("type") == "function"
-          and isinstance(choice_raw.get("function"), dict) and isinstance(choice_raw["function"].get("name"), str)):
+    elif (
+        isinstance(choice_raw, dict)
+        and choice_raw.get("type") == "function"
+        and isinstance(choice_raw.get("function"), dict)
+        and isinstance(choice_raw["function"].get("name"), str)
+    ):
         spec.choice, spec.forced = "function", choice_raw["function"]["name"]
         if spec.forced not in tools:
-            raise ApiError(400, f"tool_choice names {spec.forced!r}, which is not in 'tools'", param="tool_choice",
-                           code="invalid_value")
+            raise ApiError(
+                400,
+                f"tool_choice names {spec.forced!r}, which is not in 'tools'",
+                param="tool_choice",
+                code="invalid_value",
+            )
     else:
-        raise ApiError(400, "'tool_choice' must be 'none', 'auto', 'required' or {'type': 'function', 'function': "
-                            "{'name': ...}}", param="tool_choice", code="invalid_value")
+        raise ApiError(
+            400,
+            "'tool_choice' must be 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': ...}}",
+            param="tool_choice",
+            code="invalid_value",
+        )
     return spec
 
 
@@ -213,16 +247,26 @@ def assistant_calls(m: dict, i: int) -> list[dict]:
     for j, c in enumerate(calls):
         p = f"messages[{i}].tool_calls[{j}]"
         fn = c.get("function") if isinstance(c, dict) else None
-        if (not isinstance(c, dict) or c.get("type", "function") != "function" or not isinstance(c.get("id"), str)
-                or not isinstance(fn, dict) or not isinstance(fn.get("name"), str)
-                or not isinstance(fn.get("arguments"), str)):
-            raise ApiError(400, f"{p} must be {{'id', 'type': 'function', 'function': {{'name', 'arguments'}}}}",
-                           param=p, code="invalid_value")
+        if (
+            not isinstance(c, dict)
+            or c.get("type", "function") != "function"
+            or not isinstance(c.get("id"), str)
+            or not isinstance(fn, dict)
+            or not isinstance(fn.get("name"), str)
+            or not isinstance(fn.get("arguments"), str)
+        ):
+            raise ApiError(
+                400,
+                f"{p} must be {{'id', 'type': 'function', 'function': {{'name', 'arguments'}}}}",
+                param=p,
+                code="invalid_value",
+            )
         out.append({"id": c["id"], "name": fn["name"], "arguments": fn["arguments"]})
     return out
 
 
 # ----------------------------------------------------------------------------- prompt
+
 
 def _signature(t: Tool) -> str:
     return tf.signature(t.name, t.description, t.parameters)
@@ -267,8 +311,14 @@ def parse(text: str, spec: ToolSpec) -> Parsed:
     outcome, start, found = tf.read_calls(text, lookup)
     if outcome != "valid":
         return Parsed(content=text, outcome=outcome)
-    calls = [{"id": new_call_id(), "type": "function",
-              "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}} for name, args in found]
+    calls = [
+        {
+            "id": new_call_id(),
+            "type": "function",
+            "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)},
+        }
+        for name, args in found
+    ]
     if spec.single and len(calls) > 1:
         calls, outcome = calls[:1], "dropped_parallel"
     return Parsed(content=text[:start] if text[:start].strip() else None, calls=calls, outcome=outcome)
@@ -292,13 +342,19 @@ class StreamSplitter:
         at = self.buf.find(CALL_OPEN, self.sent)
         if at >= 0:
             self.holding = True
-            out, self.sent = self.buf[self.sent:at], at
+            out, self.sent = self.buf[self.sent : at], at
             return out
         # keep back a tail that could be the beginning of "<tool_call>"
-        keep = next((k for k in range(min(len(CALL_OPEN) - 1, len(self.buf) - self.sent), 0, -1)
-                     if CALL_OPEN.startswith(self.buf[-k:])), 0)
+        keep = next(
+            (
+                k
+                for k in range(min(len(CALL_OPEN) - 1, len(self.buf) - self.sent), 0, -1)
+                if CALL_OPEN.startswith(self.buf[-k:])
+            ),
+            0,
+        )
         end = len(self.buf) - keep
-        out, self.sent = self.buf[self.sent:end], max(self.sent, end)
+        out, self.sent = self.buf[self.sent : end], max(self.sent, end)
         return out
 
     def finish(self) -> tuple[str, Parsed]:
@@ -306,4 +362,4 @@ class StreamSplitter:
         parsed = parse(self.buf, self.spec)
         if parsed.calls:
             return "", parsed
-        return self.buf[self.sent:], parsed
+        return self.buf[self.sent :], parsed

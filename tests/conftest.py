@@ -3,6 +3,7 @@
 Each server is started here, on 127.0.0.1 and free ports, and stopped here by PID. Set
 FLYWHEEL_KAFKA_BOOTSTRAP to use an external broker instead of starting one.
 """
+
 from __future__ import annotations
 
 import os
@@ -50,8 +51,14 @@ def gateway(replica, test_model, kafka_bootstrap, tmp_path_factory):
     from serving import gateway_process
     from tests.helpers import GATEWAY_ADMIN, GATEWAY_KEYS
 
-    gw = gateway_process.start([replica.url], test_model, tmp_path_factory.mktemp("gw"), kafka=kafka_bootstrap,
-                               keys=GATEWAY_KEYS, admin_token=GATEWAY_ADMIN)
+    gw = gateway_process.start(
+        [replica.url],
+        test_model,
+        tmp_path_factory.mktemp("gw"),
+        kafka=kafka_bootstrap,
+        keys=GATEWAY_KEYS,
+        admin_token=GATEWAY_ADMIN,
+    )
     try:
         yield gw
     finally:

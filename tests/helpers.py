@@ -1,4 +1,5 @@
 """Small HTTP helpers and the test gateway's credentials, shared by the integration tests."""
+
 from __future__ import annotations
 
 import json

@@ -13,6 +13,7 @@ cache, {repo_file} / {repo_dir} the checkout, {ports} loopback ports with real s
 (the broker, the gateway), {harness_pid} the process that runs the sandbox, {stdlib} the standard
 library the sandbox's interpreter uses.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -94,27 +95,41 @@ CASES: list[Hostile] = [
     # What lies outside: keys, the cache, the repo, other processes.
     Hostile("read_signing_key", "filesystem", 0, _read("{key}")),
     Hostile("read_cache_file", "filesystem", 0, _read("{cache_file}")),
-    Hostile("list_cache_dir", "filesystem", 0, """
+    Hostile(
+        "list_cache_dir",
+        "filesystem",
+        0,
+        """
         import os
         try:
             os.listdir("{cache_dir}")
         except Exception:
             return x
         return x + 3
-    """),
+    """,
+    ),
     Hostile("read_repo_file", "filesystem", 0, _read("{repo_file}")),
     Hostile("read_hidden_tests_from_cwd", "filesystem", 0, _read("online_rl/tasks.py")),
     Hostile("read_proc_1_environ", "filesystem", 0, _read("/proc/1/environ")),
-    Hostile("scan_proc_cmdlines", "filesystem", 0, """
+    Hostile(
+        "scan_proc_cmdlines",
+        "filesystem",
+        0,
+        """
         import os
         try:
             pids = [p for p in os.listdir("/proc") if p.isdigit()]
         except Exception:
             return x
         return x + 3 if pids else x
-    """),
+    """,
+    ),
     Hostile("read_etc_passwd", "filesystem", 0, _read("/etc/passwd")),
-    Hostile("walk_root_for_secrets", "filesystem", 0, """
+    Hostile(
+        "walk_root_for_secrets",
+        "filesystem",
+        0,
+        """
         import os
         for top, dirs, files in os.walk("/"):
             if top.startswith(("/usr/lib/python3", "/dev")):
@@ -123,7 +138,8 @@ CASES: list[Hostile] = [
             if any(f.endswith((".pem", ".pt", ".safetensors", ".json")) for f in files):
                 return x + 3
         return x
-    """),
+    """,
+    ),
     # Writes outside the private work dir, and leftovers for the next candidate.
     Hostile("write_repo", "filesystem", 0, _write("{repo_dir}/pwned.py")),
     Hostile("write_cache", "filesystem", 0, _write("{cache_dir}/pwned.py")),
@@ -132,15 +148,24 @@ CASES: list[Hostile] = [
     Hostile("fill_dev_shm", "filesystem", 0, _fill("/dev/shm/fill")),  # RAM, if /dev were writable
     Hostile("fill_tmp", None, 0, _fill("/tmp/fill")),  # its own tmpfs, capped
     # Processes.
-    Hostile("fork_bomb", "process", 0, """
+    Hostile(
+        "fork_bomb",
+        "process",
+        0,
+        """
         import os
         while True:
             try:
                 os.fork()
             except OSError:
                 pass
-    """),
-    Hostile("thread_bomb", None, 0, """
+    """,
+    ),
+    Hostile(
+        "thread_bomb",
+        None,
+        0,
+        """
         import threading, time
         try:
             for _ in range(100000):
@@ -148,32 +173,53 @@ CASES: list[Hostile] = [
         except RuntimeError:
             return x
         return x + 3
-    """),
-    Hostile("setsid_grandchild_outlives", "process", 1, "return x + 3", """
+    """,
+    ),
+    Hostile(
+        "setsid_grandchild_outlives",
+        "process",
+        1,
+        "return x + 3",
+        """
         import os, time
         if os.fork() == 0:
             os.setsid()
             if os.fork() == 0:
                 time.sleep(120)
             os._exit(0)
-    """),
-    Hostile("kill_parent", "signal", 1, """
+    """,
+    ),
+    Hostile(
+        "kill_parent",
+        "signal",
+        1,
+        """
         import os
         try:
             os.kill(os.getppid(), 9)
         except OSError:
             pass
         return x + 3
-    """),
-    Hostile("kill_harness_pid", "signal", 1, """
+    """,
+    ),
+    Hostile(
+        "kill_harness_pid",
+        "signal",
+        1,
+        """
         import os
         try:
             os.kill({harness_pid}, 9)
         except OSError:
             pass
         return x + 3
-    """),
-    Hostile("kill_every_pid", "signal", 0, """
+    """,
+    ),
+    Hostile(
+        "kill_every_pid",
+        "signal",
+        0,
+        """
         import os
         for pid in range(1, 1000):
             try:
@@ -181,23 +227,46 @@ CASES: list[Hostile] = [
             except OSError:
                 pass
         return x + 3
-    """),
-    Hostile("nested_user_namespace", "ctypes", 0, """
+    """,
+    ),
+    Hostile(
+        "nested_user_namespace",
+        "ctypes",
+        0,
+        """
         import ctypes
         libc = ctypes.CDLL(None, use_errno=True)
         return x + 3 if libc.unshare(0x10000000) == 0 else x
-    """),
+    """,
+    ),
     # Floods.
-    Hostile("stdout_flood_then_correct", None, 1, "return x + 3", """
+    Hostile(
+        "stdout_flood_then_correct",
+        None,
+        1,
+        "return x + 3",
+        """
         for _ in range(100):
             print("y" * (1 << 20))
-    """),
-    Hostile("stderr_flood_then_correct", None, 1, "return x + 3", """
+    """,
+    ),
+    Hostile(
+        "stderr_flood_then_correct",
+        None,
+        1,
+        "return x + 3",
+        """
         import sys
         for _ in range(100):
             sys.stderr.write("z" * (1 << 20))
-    """),
-    Hostile("result_channel_flood", "output_flood", 0, "return x + 3", """
+    """,
+    ),
+    Hostile(
+        "result_channel_flood",
+        "output_flood",
+        0,
+        "return x + 3",
+        """
         import os
         for fd in range(3, 8):
             try:
@@ -205,8 +274,14 @@ CASES: list[Hostile] = [
                     os.write(fd, b"{" * (1 << 20))
             except OSError:
                 pass
-    """),
-    Hostile("forged_claim_line", "bad_output", 0, "return x", """
+    """,
+    ),
+    Hostile(
+        "forged_claim_line",
+        "bad_output",
+        0,
+        "return x",
+        """
         import os
         for fd in range(3, 8):
             try:
@@ -214,8 +289,14 @@ CASES: list[Hostile] = [
             except OSError:
                 pass
         os._exit(0)
-    """),
-    Hostile("forged_result_then_exit", None, 0, "return x", """
+    """,
+    ),
+    Hostile(
+        "forged_result_then_exit",
+        None,
+        0,
+        "return x",
+        """
         import os
         for fd in range(3, 8):
             try:
@@ -223,8 +304,13 @@ CASES: list[Hostile] = [
             except OSError:
                 pass
         os._exit(0)
-    """),
-    Hostile("forged_second_result", "process", 0, """
+    """,
+    ),
+    Hostile(
+        "forged_second_result",
+        "process",
+        0,
+        """
         import os
         if not hasattr(os, "_forged"):
             os._forged = True
@@ -234,32 +320,57 @@ CASES: list[Hostile] = [
                 except OSError:
                     pass
         return x + 3
-    """),
+    """,
+    ),
     # Resources.
-    Hostile("sleep_forever", "wall_time", 0, """
+    Hostile(
+        "sleep_forever",
+        "wall_time",
+        0,
+        """
         import time
         time.sleep(10 ** 6)
-    """),
-    Hostile("busy_loop", "cpu_time", 0, """
+    """,
+    ),
+    Hostile(
+        "busy_loop",
+        "cpu_time",
+        0,
+        """
         while True:
             pass
-    """),
-    Hostile("ignore_sigxcpu_busy_loop", "cpu_time", 0, """
+    """,
+    ),
+    Hostile(
+        "ignore_sigxcpu_busy_loop",
+        "cpu_time",
+        0,
+        """
         import signal
         signal.signal(signal.SIGXCPU, signal.SIG_IGN)
         while True:
             pass
-    """),
+    """,
+    ),
     Hostile("allocate_20gb", "memory", 0, "return len(bytearray(20 << 30)) + x"),
-    Hostile("mmap_20gb", None, 0, """
+    Hostile(
+        "mmap_20gb",
+        None,
+        0,
+        """
         import mmap
         try:
             mmap.mmap(-1, 20 << 30)
         except (OSError, MemoryError, OverflowError):
             return x
         return x + 3
-    """),
-    Hostile("open_files_exhaustion", None, 0, """
+    """,
+    ),
+    Hostile(
+        "open_files_exhaustion",
+        None,
+        0,
+        """
         fs = []
         try:
             for _ in range(100000):
@@ -267,63 +378,110 @@ CASES: list[Hostile] = [
         except OSError:
             return x
         return x + 3
-    """),
-    Hostile("segfault_ctypes", "crash", 0, """
+    """,
+    ),
+    Hostile(
+        "segfault_ctypes",
+        "crash",
+        0,
+        """
         import ctypes
         ctypes.string_at(0)
         return x + 3
-    """),
+    """,
+    ),
     # Network: the broker, the gateway, anything on loopback, the test range.
     Hostile("connect_broker_and_gateway", "network", 0, _connect("{ports}")),
     Hostile("scan_loopback_ports", "network", 0, _connect("list(range(1, 1025)) + [8000, 8080, 9092, 30000]")),
-    Hostile("connect_test_range", "network", 0, """
+    Hostile(
+        "connect_test_range",
+        "network",
+        0,
+        """
         import socket
         try:
             socket.create_connection(("198.18.0.1", 80), timeout=0.5).close()
         except OSError:
             return x
         return x + 3
-    """),
+    """,
+    ),
     # Ending early.
-    Hostile("sys_exit_at_load", "early_exit", 0, "return x + 3", """
+    Hostile(
+        "sys_exit_at_load",
+        "early_exit",
+        0,
+        "return x + 3",
+        """
         import sys
         sys.exit(0)
-    """),
-    Hostile("os_exit_at_load", "early_exit", 0, "return x + 3", """
+    """,
+    ),
+    Hostile(
+        "os_exit_at_load",
+        "early_exit",
+        0,
+        "return x + 3",
+        """
         import os
         os._exit(0)
-    """),
+    """,
+    ),
     Hostile("system_exit_in_function", "early_exit", 0, "raise SystemExit(0)"),
     # Gaming the comparison.
-    Hostile("eq_always_true", "bad_output", 0, """
+    Hostile(
+        "eq_always_true",
+        "bad_output",
+        0,
+        """
         class Anything:
             def __eq__(self, other):
                 return True
         return Anything()
-    """),
-    Hostile("repr_lies", "bad_output", 0, """
+    """,
+    ),
+    Hostile(
+        "repr_lies",
+        "bad_output",
+        0,
+        """
         class Liar:
             def __repr__(self):
                 return repr(x + 3)
         return Liar()
-    """),
-    Hostile("int_subclass_lies", "bad_output", 0, """
+    """,
+    ),
+    Hostile(
+        "int_subclass_lies",
+        "bad_output",
+        0,
+        """
         class Int(int):
             def __eq__(self, other):
                 return True
             def __repr__(self):
                 return repr(x + 3)
         return Int(0)
-    """),
-    Hostile("framing_injection_string", None, 0,
-            "return '\"}]}\\n{\"outputs\": [{\"repr\": \"' + str(x + 3) + '\"}]}'"),
-    Hostile("monkeypatch_builtins", "tamper", 0, """
+    """,
+    ),
+    Hostile("framing_injection_string", None, 0, 'return \'"}]}\\n{"outputs": [{"repr": "\' + str(x + 3) + \'"}]}\''),
+    Hostile(
+        "monkeypatch_builtins",
+        "tamper",
+        0,
+        """
         import builtins
         builtins.repr = lambda o: "7"
         builtins.type = lambda o: int
         return object()
-    """),
-    Hostile("monkeypatch_json_dumps", "tamper", 0, "return x", """
+    """,
+    ),
+    Hostile(
+        "monkeypatch_json_dumps",
+        "tamper",
+        0,
+        "return x",
+        """
         import json
         real = json.dumps
 
@@ -333,15 +491,26 @@ CASES: list[Hostile] = [
                     o["repr"] = repr(int(o["repr"]) + 3)
             return real(obj, *a, **k)
         json.dumps = fixed
-    """),
-    Hostile("swap_sys_modules_json", "tamper", 0, "return x", """
+    """,
+    ),
+    Hostile(
+        "swap_sys_modules_json",
+        "tamper",
+        0,
+        "return x",
+        """
         import sys, types
         fake = types.ModuleType("json")
         fake.dumps = lambda *a, **k: '{"outputs": [], "attempts": []}'
         fake.loads = lambda s: [0] * 10
         sys.modules["json"] = fake
-    """),
-    Hostile("walk_frames_for_expected", "introspection", 0, """
+    """,
+    ),
+    Hostile(
+        "walk_frames_for_expected",
+        "introspection",
+        0,
+        """
         import sys
         f = sys._getframe(1)
         while f is not None:
@@ -349,15 +518,25 @@ CASES: list[Hostile] = [
                 return x + 3
             f = f.f_back
         return x
-    """),
-    Hostile("gc_search_for_expected", "introspection", 0, """
+    """,
+    ),
+    Hostile(
+        "gc_search_for_expected",
+        "introspection",
+        0,
+        """
         import gc
         for o in gc.get_objects():
             if isinstance(o, dict) and "expected" in o:
                 return x + 3
         return x
-    """),
-    Hostile("traceback_frames", "introspection", 0, """
+    """,
+    ),
+    Hostile(
+        "traceback_frames",
+        "introspection",
+        0,
+        """
         try:
             raise ValueError
         except ValueError as e:
@@ -367,17 +546,28 @@ CASES: list[Hostile] = [
                 return x + 3
             f = f.f_back
         return x
-    """),
-    Hostile("silence_audit_hooks", "tamper", 0, """
+    """,
+    ),
+    Hostile(
+        "silence_audit_hooks",
+        "tamper",
+        0,
+        """
         import sys
         sys.addaudithook(lambda *a: None)
         return x
-    """),
+    """,
+    ),
 ]
 
 # Run one after the other in that order: the second looks for what the first left behind.
 LEFTOVER_PAIR: list[Hostile] = [
-    Hostile("drop_pth_and_sitecustomize", None, 0, "return x", """
+    Hostile(
+        "drop_pth_and_sitecustomize",
+        None,
+        0,
+        "return x",
+        """
         import os
         for d in ("/tmp", os.getcwd()):
             for name in ("sitecustomize.py", "usercustomize.py", "evil.pth", "marker"):
@@ -386,14 +576,20 @@ LEFTOVER_PAIR: list[Hostile] = [
                         f.write("import os\\n")
                 except OSError:
                     pass
-    """),
-    Hostile("find_previous_leftovers", None, 0, """
+    """,
+    ),
+    Hostile(
+        "find_previous_leftovers",
+        None,
+        0,
+        """
         import os, sys
         for d in ("/tmp", os.getcwd()):
             if os.path.exists(os.path.join(d, "marker")):
                 return x + 3
         return x + 3 if "sitecustomize" in sys.modules else x
-    """),
+    """,
+    ),
 ]
 
 

@@ -10,6 +10,7 @@ version, a replica that will not load it) is rejected with one log line and a me
 the version it has. State (<work>/state.json) holds the last good version, so a restarted agent or
 replica comes back on it. Memory: one tensor and a few chunks at a time, whatever the model size.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -69,19 +70,38 @@ class AgentMetrics:
         self.registry = r = CollectorRegistry()
         self.version = Gauge("flywheel_agent_weight_version", "Version the agent's replica serves", registry=r)
         self.pinned = Gauge("flywheel_agent_pinned", "1 while the fleet is pinned to a version", registry=r)
-        self.rejected = Counter("flywheel_agent_rejected_versions", "Versions rejected, by reason", ["reason"],
-                                registry=r)
+        self.rejected = Counter(
+            "flywheel_agent_rejected_versions", "Versions rejected, by reason", ["reason"], registry=r
+        )
         self.switches = Counter("flywheel_agent_switches", "Completed hot-switches", ["mode"], registry=r)
-        self.bad_records = Counter("flywheel_agent_bad_control_records", "Weights records refused (malformed, "
-                                   "unsigned, bad signature, invalid, replayed)", ["reason"], registry=r)
-        self.retries = Counter("flywheel_agent_apply_retries", "Applies that failed for a transient reason (store "
-                               "or replica unreachable) and were retried", registry=r)
-        self.poll_failures = Counter("flywheel_agent_poll_failures", "Reads of the weights topic that failed "
-                                     "(the broker away) and were retried", registry=r)
-        self.commit_failures = Counter("flywheel_agent_offset_commit_failures", "Weights-topic offset commits "
-                                       "that failed (the broker away) and were retried", registry=r)
-        self.phase = Histogram("flywheel_agent_phase_seconds", "Time per phase of applying a version", ["phase"],
-                               buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300), registry=r)
+        self.bad_records = Counter(
+            "flywheel_agent_bad_control_records",
+            "Weights records refused (malformed, unsigned, bad signature, invalid, replayed)",
+            ["reason"],
+            registry=r,
+        )
+        self.retries = Counter(
+            "flywheel_agent_apply_retries",
+            "Applies that failed for a transient reason (store or replica unreachable) and were retried",
+            registry=r,
+        )
+        self.poll_failures = Counter(
+            "flywheel_agent_poll_failures",
+            "Reads of the weights topic that failed (the broker away) and were retried",
+            registry=r,
+        )
+        self.commit_failures = Counter(
+            "flywheel_agent_offset_commit_failures",
+            "Weights-topic offset commits that failed (the broker away) and were retried",
+            registry=r,
+        )
+        self.phase = Histogram(
+            "flywheel_agent_phase_seconds",
+            "Time per phase of applying a version",
+            ["phase"],
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+            registry=r,
+        )
 
 
 class Agent:
@@ -154,17 +174,30 @@ class Agent:
         staging.mkdir()
         base = CheckpointReader(base_dir) if base_dir else None
         try:
-            writer = CheckpointWriter(staging / "model.safetensors", [(e.name, e.dtype, e.shape) for e in manifest.tensors])
+            writer = CheckpointWriter(
+                staging / "model.safetensors", [(e.name, e.dtype, e.shape) for e in manifest.tensors]
+            )
             loop = asyncio.get_running_loop()
             for ti, entry in enumerate(manifest.tensors):
-                frames = await asyncio.gather(*(client.chunk(version, ti, ci, c.size, c.digest)
-                                                for ci, c in enumerate(entry.chunks)))
+                frames = await asyncio.gather(
+                    *(client.chunk(version, ti, ci, c.size, c.digest) for ci, c in enumerate(entry.chunks))
+                )
                 base_bits = base.bits(entry.name) if base else None
-                bits = await loop.run_in_executor(None, codec.decode_tensor, list(zip(entry.chunks, frames)),
-                                                  codec.bit_view(entry.dtype), entry.numel, base_bits, self.pool)
+                bits = await loop.run_in_executor(
+                    None,
+                    codec.decode_tensor,
+                    list(zip(entry.chunks, frames)),
+                    codec.bit_view(entry.dtype),
+                    entry.numel,
+                    base_bits,
+                    self.pool,
+                )
                 if codec.digest(bits) != entry.digest:
-                    raise Rejected("digest_mismatch", f"tensor {entry.name} of v{version} rebuilds to other bytes "
-                                                      f"(wrong base v{manifest.base_version}?)")
+                    raise Rejected(
+                        "digest_mismatch",
+                        f"tensor {entry.name} of v{version} rebuilds to other bytes "
+                        f"(wrong base v{manifest.base_version}?)",
+                    )
                 writer.write(entry.name, bits)
                 del bits, frames, base_bits
             writer.close()
@@ -183,11 +216,13 @@ class Agent:
                 base.close()
         os.replace(staging, target)
         self.metrics.phase.labels("rebuild").observe(time.monotonic() - t)
-        log.info("rebuilt v%d (%s of v%s) in %.2fs", version, manifest.kind, manifest.base_version, time.monotonic() - t)
+        log.info(
+            "rebuilt v%d (%s of v%s) in %.2fs", version, manifest.kind, manifest.base_version, time.monotonic() - t
+        )
         return target
 
     def _prune(self) -> None:
-        keep = set(self.local_versions()[-self.cfg.keep_local:]) | {self.state["version"], self.cfg.initial_version}
+        keep = set(self.local_versions()[-self.cfg.keep_local :]) | {self.state["version"], self.cfg.initial_version}
         for v in self.local_versions():
             if v not in keep:
                 p = self.local_dir(v)
@@ -218,15 +253,27 @@ class Agent:
         except Rejected as e:
             self.metrics.rejected.labels(e.reason).inc()
             self.retry = e.reason not in self.PERMANENT
-            log.error("rejected v%d: %s; replica %s keeps serving v%d%s", version, e, self.cfg.name,
-                      self.state["version"], " (will retry)" if self.retry else "")
+            log.error(
+                "rejected v%d: %s; replica %s keeps serving v%d%s",
+                version,
+                e,
+                self.cfg.name,
+                self.state["version"],
+                " (will retry)" if self.retry else "",
+            )
             return None
         except (SwitchError, aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
             # The store or the replica unreachable, a load that failed: transient, retried with backoff.
             self.metrics.rejected.labels("switch_failed").inc()
             self.retry = True
-            log.error("switch to v%d failed: %s (%s); replica %s keeps serving v%d (will retry)", version,
-                      type(e).__name__, e, self.cfg.name, self.state["version"])
+            log.error(
+                "switch to v%d failed: %s (%s); replica %s keeps serving v%d (will retry)",
+                version,
+                type(e).__name__,
+                e,
+                self.cfg.name,
+                self.state["version"],
+            )
             return None
         self.state["version"] = version
         self._save_state()
@@ -245,12 +292,15 @@ class Agent:
         async with aiohttp.ClientSession() as session:
             served = await served_version(session, self.cfg.replica_url)
         if served != self.state["version"]:
-            log.info("replica %s serves %s, last good version is v%d: switching back", self.cfg.name, served,
-                     self.state["version"])
+            log.info(
+                "replica %s serves %s, last good version is v%d: switching back",
+                self.cfg.name,
+                served,
+                self.state["version"],
+            )
             version = self.state["version"]
             async with aiohttp.ClientSession() as session:
-                report = await switch(self.cfg.replica_url, str(self.local_dir(version).resolve()), version,
-                                      "no_pause")
+                report = await switch(self.cfg.replica_url, str(self.local_dir(version).resolve()), version, "no_pause")
             self.metrics.switches.labels(report["mode"]).inc()
 
     # ------------------------------------------------------------------ topic
@@ -298,13 +348,27 @@ class Agent:
         try:
             asyncio.run(self.ensure_replica_on_current())
         except (aiohttp.ClientError, asyncio.TimeoutError, SwitchError, OSError) as e:  # retried in the loop
-            log.warning("replica %s not ready at start (%s); will put v%d on it when it is", self.cfg.name, e,
-                        self.state["version"])
-        consumer = KafkaConsumer(TOPIC_WEIGHTS, bootstrap_servers=self.cfg.kafka_bootstrap,
-                                 group_id=f"flywheel-agent-{self.cfg.name}", auto_offset_reset="earliest",
-                                 enable_auto_commit=False, client_id=f"flywheel-agent-{self.cfg.name}")
-        log.info("agent %s following %s (replica %s on v%d)", self.cfg.name, TOPIC_WEIGHTS, self.cfg.replica_url,
-                 self.state["version"])
+            log.warning(
+                "replica %s not ready at start (%s); will put v%d on it when it is",
+                self.cfg.name,
+                e,
+                self.state["version"],
+            )
+        consumer = KafkaConsumer(
+            TOPIC_WEIGHTS,
+            bootstrap_servers=self.cfg.kafka_bootstrap,
+            group_id=f"flywheel-agent-{self.cfg.name}",
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            client_id=f"flywheel-agent-{self.cfg.name}",
+        )
+        log.info(
+            "agent %s following %s (replica %s on v%d)",
+            self.cfg.name,
+            TOPIC_WEIGHTS,
+            self.cfg.replica_url,
+            self.state["version"],
+        )
         pending, retry_at, backoff, uncommitted = None, 0.0, self.cfg.retry_base_s, False
         checked, stuck = time.monotonic(), 0
         # The sequence is persisted with the offsets it belongs to: records read again after a restart
@@ -345,8 +409,11 @@ class Agent:
                     except (aiohttp.ClientError, asyncio.TimeoutError, SwitchError, OSError) as e:
                         stuck += 1
                         (log.warning if stuck == 1 else log.debug)(
-                            "replica %s not back on v%d yet (%s); trying every 5 s", self.cfg.name,
-                            self.state["version"], e)
+                            "replica %s not back on v%d yet (%s); trying every 5 s",
+                            self.cfg.name,
+                            self.state["version"],
+                            e,
+                        )
                 if pending is not None and time.monotonic() >= retry_at:
                     asyncio.run(self.apply(pending))
                     if self.retry:  # not committed: a restart reads the record again and retries too

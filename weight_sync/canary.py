@@ -21,6 +21,7 @@ minus stable above `tool_margin` (worse beyond it, with confidence) rolls back. 
 back: with too few tool answers, or no confident excess, acceptance decides alone (a fleet with little
 tool traffic is not held up waiting for it).
 """
+
 from __future__ import annotations
 
 import logging
@@ -77,8 +78,7 @@ def _diff_bound(x_c: int, n_c: int, x_s: int, n_s: int, confidence: float) -> tu
     return diff, diff - z * se, diff + z * se
 
 
-FIGURES = ("requests", "errors", "feedback", "acceptance", "p99_ms", "tool_answers", "tool_malformed",
-           "malformed_rate")
+FIGURES = ("requests", "errors", "feedback", "acceptance", "p99_ms", "tool_answers", "tool_malformed", "malformed_rate")
 
 
 def judge(canary: dict, stable: dict, cfg: CanaryConfig) -> Verdict:
@@ -91,31 +91,51 @@ def judge(canary: dict, stable: dict, cfg: CanaryConfig) -> Verdict:
         if err_c > err_s + cfg.error_margin:
             return Verdict("rollback", f"error rate {err_c:.1%} vs stable {err_s:.1%}", figures)
         if canary["p99_ms"] and stable["p99_ms"] and canary["p99_ms"] > cfg.p99_ratio * stable["p99_ms"]:
-            return Verdict("rollback", f"p99 {canary['p99_ms']:.0f} ms vs stable {stable['p99_ms']:.0f} ms "
-                                       f"(> {cfg.p99_ratio}x)", figures)
+            return Verdict(
+                "rollback",
+                f"p99 {canary['p99_ms']:.0f} ms vs stable {stable['p99_ms']:.0f} ms (> {cfg.p99_ratio}x)",
+                figures,
+            )
     # A gateway older than the tool counts reports none: the guard then has no say.
     t_c, t_s = canary.get("tool_answers") or 0, stable.get("tool_answers") or 0
     if t_c >= cfg.tool_min_answers and t_s >= cfg.tool_min_answers:
         m_c, m_s = canary["tool_malformed"] / t_c, stable["tool_malformed"] / t_s
         diff, lo, _ = _diff_bound(canary["tool_malformed"], t_c, stable["tool_malformed"], t_s, cfg.confidence)
-        figures.update(malformed_rate_canary=round(m_c, 4), malformed_rate_stable=round(m_s, 4),
-                       malformed_diff=round(diff, 4), malformed_diff_lower=round(lo, 4))
+        figures.update(
+            malformed_rate_canary=round(m_c, 4),
+            malformed_rate_stable=round(m_s, 4),
+            malformed_diff=round(diff, 4),
+            malformed_diff_lower=round(lo, 4),
+        )
         if lo > cfg.tool_margin:
-            return Verdict("rollback", f"malformed tool calls {m_c:.1%} vs stable {m_s:.1%}: worse by more than "
-                                       f"{cfg.tool_margin:.0%} ({cfg.confidence:.0%} bound {lo:+.3f})", figures)
+            return Verdict(
+                "rollback",
+                f"malformed tool calls {m_c:.1%} vs stable {m_s:.1%}: worse by more than "
+                f"{cfg.tool_margin:.0%} ({cfg.confidence:.0%} bound {lo:+.3f})",
+                figures,
+            )
     n_c, n_s = canary["feedback"], stable["feedback"]
     if n_c < cfg.min_feedback or n_s < cfg.min_feedback:
-        return Verdict("extend", f"waiting for feedback ({n_c} canary, {n_s} stable; need {cfg.min_feedback} each)",
-                       figures)
+        return Verdict(
+            "extend", f"waiting for feedback ({n_c} canary, {n_s} stable; need {cfg.min_feedback} each)", figures
+        )
     p_c, p_s = canary["accepts"] / n_c, stable["accepts"] / n_s
     diff, lo, hi = _diff_bound(canary["accepts"], n_c, stable["accepts"], n_s, cfg.confidence)
     figures.update(acceptance_diff=round(diff, 4), diff_lower=round(lo, 4), diff_upper=round(hi, 4))
     if hi < -cfg.margin:
-        return Verdict("rollback", f"acceptance {p_c:.1%} vs stable {p_s:.1%}: worse by more than "
-                                   f"{cfg.margin:.0%} ({cfg.confidence:.0%} bound {hi:+.3f})", figures)
+        return Verdict(
+            "rollback",
+            f"acceptance {p_c:.1%} vs stable {p_s:.1%}: worse by more than "
+            f"{cfg.margin:.0%} ({cfg.confidence:.0%} bound {hi:+.3f})",
+            figures,
+        )
     if lo > -cfg.margin:
-        return Verdict("promote", f"acceptance {p_c:.1%} vs stable {p_s:.1%}: not worse than {cfg.margin:.0%} "
-                                  f"({cfg.confidence:.0%} bound {lo:+.3f})", figures)
+        return Verdict(
+            "promote",
+            f"acceptance {p_c:.1%} vs stable {p_s:.1%}: not worse than {cfg.margin:.0%} "
+            f"({cfg.confidence:.0%} bound {lo:+.3f})",
+            figures,
+        )
     return Verdict("extend", f"undecided: difference {diff:+.3f} in [{lo:+.3f}, {hi:+.3f}]", figures)
 
 
@@ -169,8 +189,14 @@ class CanaryController:
             return self._decided(rec)
         n = max(1, min(len(ids) - 1, math.floor(self.cfg.replica_share * len(ids))))
         replicas = ids[-n:]
-        self._announce("canary", version, f"trial on {','.join(replicas)} for {self.cfg.traffic_share:.0%} of users",
-                       replicas=replicas, stable=stable, share=self.cfg.traffic_share)
+        self._announce(
+            "canary",
+            version,
+            f"trial on {','.join(replicas)} for {self.cfg.traffic_share:.0%} of users",
+            replicas=replicas,
+            stable=stable,
+            share=self.cfg.traffic_share,
+        )
         loaded = self._wait_served(replicas, version)
         if isinstance(loaded, dict):
             log.info("v%d: %s by override (%s)", version, loaded["type"], loaded.get("reason"))
@@ -191,9 +217,16 @@ class CanaryController:
                 if verdict.decision != "extend":
                     return self._end(version, stable, verdict, time.monotonic() - t0)
                 if time.monotonic() - t0 > self.cfg.max_trial_s:
-                    return self._end(version, stable, Verdict("rollback", f"undecided after {self.cfg.max_trial_s:.0f}s "
-                                                                          f"({verdict.reason}): the safe choice",
-                                                              verdict.figures), time.monotonic() - t0)
+                    return self._end(
+                        version,
+                        stable,
+                        Verdict(
+                            "rollback",
+                            f"undecided after {self.cfg.max_trial_s:.0f}s ({verdict.reason}): the safe choice",
+                            verdict.figures,
+                        ),
+                        time.monotonic() - t0,
+                    )
             self._stop.wait(self.cfg.poll_s)
         return {}
 
@@ -202,8 +235,9 @@ class CanaryController:
             self._call("DELETE", "/admin/canary")
         except urllib.error.URLError as e:
             log.warning("could not end the gateway's canary split: %s", e)
-        rec = self._announce(verdict.decision, version, verdict.reason, stable=stable, figures=verdict.figures,
-                             trial_s=round(elapsed, 1))
+        rec = self._announce(
+            verdict.decision, version, verdict.reason, stable=stable, figures=verdict.figures, trial_s=round(elapsed, 1)
+        )
         log.info("v%d %s: %s", version, verdict.decision, verdict.reason)
         return self._decided(rec)
 
@@ -233,8 +267,11 @@ class CanaryController:
 
     def _override(self, version: int) -> dict | None:
         for rec in self._records():
-            if (rec.get("type") in ("promote", "rollback") and rec.get("version") == version
-                    and rec.get("seq") not in self._mine):
+            if (
+                rec.get("type") in ("promote", "rollback")
+                and rec.get("version") == version
+                and rec.get("seq") not in self._mine
+            ):
                 return rec
             self._pending.append(rec)
         return None
@@ -245,8 +282,9 @@ class CanaryController:
         so a restarted controller only trials the candidates still undecided."""
         from kafka import KafkaConsumer, TopicPartition
 
-        c = KafkaConsumer(bootstrap_servers=self.cfg.publish.kafka_bootstrap, enable_auto_commit=False,
-                          client_id="flywheel-canary")
+        c = KafkaConsumer(
+            bootstrap_servers=self.cfg.publish.kafka_bootstrap, enable_auto_commit=False, client_id="flywheel-canary"
+        )
         deadline = time.monotonic() + 60
         parts = c.partitions_for_topic(TOPIC_WEIGHTS)
         while not parts and time.monotonic() < deadline and not self._stop.is_set():

@@ -4,6 +4,7 @@ Reading maps the file and hands out one tensor's bits at a time; writing lays ou
 the names, dtypes and shapes, known up front) and then streams each tensor to its place, so neither side
 ever holds more than one tensor. The byte layout is the safetensors format, read back by `safetensors`.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,13 @@ import numpy as np
 from weight_sync.codec import BIT_VIEWS
 
 # Files besides the weights that make a checkpoint directory loadable (SGLang, transformers).
-SIDE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-              "special_tokens_map.json")
+SIDE_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+)
 
 
 def weight_files(ckpt: Path) -> list[Path]:
@@ -41,7 +47,7 @@ class CheckpointReader:
                 m = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
             self._maps.append(m)
             (n,) = struct.unpack("<Q", m[:8])
-            header = json.loads(m[8:8 + n])
+            header = json.loads(m[8 : 8 + n])
             base = 8 + n
             for name, info in header.items():
                 if name == "__metadata__":

@@ -1,4 +1,5 @@
 """`flywheel weights ...`: keys, publish, list, rollback, pin/unpin, the store server, and the agent."""
+
 from __future__ import annotations
 
 import argparse
@@ -21,9 +22,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     def common(q, kafka=True):
         q.add_argument("--store", type=Path, default=None, help="store dir (default $FLYWHEEL_HOME/weights/store)")
         if kafka:
-            q.add_argument("--kafka", default=os.environ.get("FLYWHEEL_KAFKA_BOOTSTRAP"),
-                           help="bootstrap servers for announcements (default $FLYWHEEL_KAFKA_BOOTSTRAP)")
-        q.add_argument("--key", type=Path, default=None, help="signing key (default $FLYWHEEL_HOME/weights/keys/signing.pem)")
+            q.add_argument(
+                "--kafka",
+                default=os.environ.get("FLYWHEEL_KAFKA_BOOTSTRAP"),
+                help="bootstrap servers for announcements (default $FLYWHEEL_KAFKA_BOOTSTRAP)",
+            )
+        q.add_argument(
+            "--key", type=Path, default=None, help="signing key (default $FLYWHEEL_HOME/weights/keys/signing.pem)"
+        )
 
     k = w.add_parser("keygen", help="create the trainer's ed25519 signing key pair")
     k.add_argument("--out", type=Path, default=None, help="default $FLYWHEEL_HOME/weights/keys")
@@ -68,8 +74,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     common(ab)
     ab.set_defaults(func=_abort)
 
-    can = w.add_parser("canary", help="run the canary controller: trial each version the trainer publishes "
-                                      "with --canary, then promote or roll back")
+    can = w.add_parser(
+        "canary",
+        help="run the canary controller: trial each version the trainer publishes "
+        "with --canary, then promote or roll back",
+    )
     can.add_argument("--gateway", default=os.environ.get("FLYWHEEL_GATEWAY_URL"), required=False)
     can.add_argument("--admin-token", default=os.environ.get("FLYWHEEL_ADMIN_TOKEN"))
     can.add_argument("--replica-share", type=float, default=0.5)
@@ -79,10 +88,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     can.add_argument("--confidence", type=float, default=0.95)
     can.add_argument("--p99-ratio", type=float, default=1.5)
     can.add_argument("--max-trial", type=float, default=900.0, help="seconds before an undecided trial rolls back")
-    can.add_argument("--tool-min-answers", type=int, default=100,
-                     help="tool-call answers per arm before the malformed-call rate is judged")
-    can.add_argument("--tool-margin", type=float, default=0.05,
-                     help="malformed-call rate above stable's that rolls back (with confidence)")
+    can.add_argument(
+        "--tool-min-answers",
+        type=int,
+        default=100,
+        help="tool-call answers per arm before the malformed-call rate is judged",
+    )
+    can.add_argument(
+        "--tool-margin",
+        type=float,
+        default=0.05,
+        help="malformed-call rate above stable's that rolls back (with confidence)",
+    )
     common(can)
     can.set_defaults(func=_canary)
 
@@ -129,19 +146,34 @@ def _keygen(args) -> int:
 def _cfg(args):
     from weight_sync.publish import PublishConfig
 
-    return PublishConfig(store=_store(args), private_key=_key(args), kafka_bootstrap=getattr(args, "kafka", None),
-                         store_url=getattr(args, "store_url", None), full_every=getattr(args, "full_every", 10),
-                         progress=True)
+    return PublishConfig(
+        store=_store(args),
+        private_key=_key(args),
+        kafka_bootstrap=getattr(args, "kafka", None),
+        store_url=getattr(args, "store_url", None),
+        full_every=getattr(args, "full_every", 10),
+        progress=True,
+    )
 
 
 def _publish(args) -> int:
     from weight_sync.publish import publish
 
     r = publish(args.checkpoint, _cfg(args), force_full=args.full)
-    print(json.dumps({"version": r.version, "kind": r.kind, "base_version": r.base_version,
-                      "raw_mb": round(r.raw_bytes / 2**20, 2), "published_mb": round(r.published_bytes / 2**20, 3),
-                      "ratio": round(r.ratio, 1), "changed_pct": round(100 * r.changed_share, 2),
-                      "seconds": round(r.seconds, 2)}))
+    print(
+        json.dumps(
+            {
+                "version": r.version,
+                "kind": r.kind,
+                "base_version": r.base_version,
+                "raw_mb": round(r.raw_bytes / 2**20, 2),
+                "published_mb": round(r.published_bytes / 2**20, 3),
+                "ratio": round(r.ratio, 1),
+                "changed_pct": round(100 * r.changed_share, 2),
+                "seconds": round(r.seconds, 2),
+            }
+        )
+    )
     return 0
 
 
@@ -166,11 +198,20 @@ def _canary(args) -> int:
 
     if not (args.gateway and args.admin_token and args.kafka):
         raise ValueError("the canary controller needs --gateway, --admin-token and --kafka (or their env vars)")
-    cfg = CanaryConfig(gateway_url=args.gateway, admin_token=args.admin_token, publish=_cfg(args),
-                       replica_share=args.replica_share, traffic_share=args.traffic_share,
-                       min_feedback=args.min_feedback, margin=args.margin, confidence=args.confidence,
-                       p99_ratio=args.p99_ratio, max_trial_s=args.max_trial,
-                       tool_min_answers=args.tool_min_answers, tool_margin=args.tool_margin)
+    cfg = CanaryConfig(
+        gateway_url=args.gateway,
+        admin_token=args.admin_token,
+        publish=_cfg(args),
+        replica_share=args.replica_share,
+        traffic_share=args.traffic_share,
+        min_feedback=args.min_feedback,
+        margin=args.margin,
+        confidence=args.confidence,
+        p99_ratio=args.p99_ratio,
+        max_trial_s=args.max_trial,
+        tool_min_answers=args.tool_min_answers,
+        tool_margin=args.tool_margin,
+    )
     CanaryController(cfg).run()
     return 0
 
@@ -183,16 +224,20 @@ def _list(args) -> int:
     store = Store(_store(args))
     serving = {}
     if args.gateway and args.admin_token:
-        req = urllib.request.Request(f"{args.gateway}/admin/weights", headers={"Authorization": f"Bearer {args.admin_token}"})
+        req = urllib.request.Request(
+            f"{args.gateway}/admin/weights", headers={"Authorization": f"Bearer {args.admin_token}"}
+        )
         with urllib.request.urlopen(req, timeout=10) as r:
             serving = json.loads(r.read())["replicas"]
     print(f"{'version':>7} {'kind':5} {'base':>4} {'raw MB':>8} {'sent MB':>8} {'ratio':>7}  replicas")
     for v in store.versions():
         m = store.manifest(v)
         reps = ",".join(sorted(r for r, sv in serving.items() if sv == v))
-        print(f"{v:>7} {m.kind:5} {'' if m.base_version is None else m.base_version:>4} "
-              f"{m.nbytes_raw / 2**20:8.2f} {m.nbytes_compressed / 2**20:8.3f} "
-              f"{m.nbytes_raw / max(1, m.nbytes_compressed):7.1f}  {reps}")
+        print(
+            f"{v:>7} {m.kind:5} {'' if m.base_version is None else m.base_version:>4} "
+            f"{m.nbytes_raw / 2**20:8.2f} {m.nbytes_compressed / 2**20:8.3f} "
+            f"{m.nbytes_raw / max(1, m.nbytes_compressed):7.1f}  {reps}"
+        )
     for a in store.activations():
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a.get("ts", 0)))
         extra = "".join(f" {k}={a[k]}" for k in ("replicas", "stable", "trial_s") if k in a)
@@ -212,10 +257,19 @@ def _serve(args) -> int:
 def _agent(args) -> int:
     from weight_sync.agent import Agent, AgentConfig
 
-    cfg = AgentConfig(name=args.name, replica_url=args.replica, store_url=args.store_url,
-                      public_key=args.public_key or _home() / "keys" / "signing.pub",
-                      work_dir=args.work_dir or _home() / "agents" / args.name, initial_model=args.initial_model,
-                      kafka_bootstrap=args.kafka, gateway_url=args.gateway, admin_token=args.admin_token,
-                      gateway_replica_id=args.name, switch_mode=args.switch_mode, metrics_port=args.metrics_port)
+    cfg = AgentConfig(
+        name=args.name,
+        replica_url=args.replica,
+        store_url=args.store_url,
+        public_key=args.public_key or _home() / "keys" / "signing.pub",
+        work_dir=args.work_dir or _home() / "agents" / args.name,
+        initial_model=args.initial_model,
+        kafka_bootstrap=args.kafka,
+        gateway_url=args.gateway,
+        admin_token=args.admin_token,
+        gateway_replica_id=args.name,
+        switch_mode=args.switch_mode,
+        metrics_port=args.metrics_port,
+    )
     Agent(cfg).run()
     return 0

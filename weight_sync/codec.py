@@ -10,6 +10,7 @@ decode in parallel) in whichever of these is smaller for its share of changed el
           (plane-split): a few bytes per changed element, independent of the unchanged ones.
 Each chunk is one zstd frame.
 """
+
 from __future__ import annotations
 
 import struct
@@ -23,8 +24,17 @@ import zstandard
 from kernels import delta as delta_kernels
 
 # safetensors dtype name -> unsigned integer view of its bits
-BIT_VIEWS = {"BF16": np.uint16, "F16": np.uint16, "F32": np.uint32, "F64": np.uint64,
-             "I8": np.uint8, "U8": np.uint8, "I16": np.uint16, "I32": np.uint32, "I64": np.uint64}
+BIT_VIEWS = {
+    "BF16": np.uint16,
+    "F16": np.uint16,
+    "F32": np.uint32,
+    "F64": np.uint64,
+    "I8": np.uint8,
+    "U8": np.uint8,
+    "I16": np.uint16,
+    "I32": np.uint32,
+    "I64": np.uint64,
+}
 # The smaller form by share of changed elements, measured on bf16 updates of 1-2 ULP (benchmarks.delta):
 # sparse was 1.3x-1.8x smaller than planes from 2% to 30% changed; past ~35% positions cost more than
 # the zero runs planes leave to zstd. Coding both and keeping the smaller would halve encode throughput.
@@ -45,8 +55,14 @@ class ChunkMeta:
     changed: int  # elements that differ from the base (all of them for a full snapshot)
 
     def to_json(self) -> dict:
-        return {"offset": self.offset, "elems": self.elems, "encoding": self.encoding, "size": self.size,
-                "digest": self.digest, "changed": self.changed}
+        return {
+            "offset": self.offset,
+            "elems": self.elems,
+            "encoding": self.encoding,
+            "size": self.size,
+            "digest": self.digest,
+            "changed": self.changed,
+        }
 
     @classmethod
     def from_json(cls, d: dict) -> "ChunkMeta":
@@ -72,6 +88,7 @@ join_planes = delta_kernels.join_planes
 
 
 # ---------------------------------------------------------------------------------------------- chunks
+
 
 def _compressor(level: int) -> zstandard.ZstdCompressor:
     return zstandard.ZstdCompressor(level=level, write_content_size=True)
@@ -115,15 +132,21 @@ def decode_chunk(frame: bytes, encoding: str, view: type, n: int, base: np.ndarr
         if k and idx[-1] >= n:
             raise ValueError("sparse chunk points past its end")
         out = base.copy()  # only the changed elements are touched
-        out[idx] ^= join_planes(body[4 * k:], view, k)
+        out[idx] ^= join_planes(body[4 * k :], view, k)
         return out
     raise ValueError(f"unknown chunk encoding {encoding!r}")
 
 
 # ---------------------------------------------------------------------------------------------- tensors
 
-def encode_tensor(new: np.ndarray, base: np.ndarray | None, chunk_elems: int = DEFAULT_CHUNK_ELEMS,
-                  level: int = DEFAULT_LEVEL, pool: Executor | None = None) -> list[tuple[ChunkMeta, bytes]]:
+
+def encode_tensor(
+    new: np.ndarray,
+    base: np.ndarray | None,
+    chunk_elems: int = DEFAULT_CHUNK_ELEMS,
+    level: int = DEFAULT_LEVEL,
+    pool: Executor | None = None,
+) -> list[tuple[ChunkMeta, bytes]]:
     """new/base: flat uint bit views of one tensor. Chunks are coded in parallel when a pool is given."""
     if base is not None and (base.shape != new.shape or base.dtype != new.dtype):
         raise ValueError(f"base {base.dtype}{base.shape} does not match new {new.dtype}{new.shape}")
@@ -131,14 +154,15 @@ def encode_tensor(new: np.ndarray, base: np.ndarray | None, chunk_elems: int = D
 
     def one(span):
         o, n = span
-        frame, encoding, changed = encode_chunk(new[o:o + n], None if base is None else base[o:o + n], level)
+        frame, encoding, changed = encode_chunk(new[o : o + n], None if base is None else base[o : o + n], level)
         return ChunkMeta(o, n, encoding, len(frame), digest(frame), changed), frame
 
     return list(pool.map(one, spans)) if pool is not None else [one(s) for s in spans]
 
 
-def decode_tensor(chunks: list[tuple[ChunkMeta, bytes]], view: type, numel: int, base: np.ndarray | None,
-                  pool: Executor | None = None) -> np.ndarray:
+def decode_tensor(
+    chunks: list[tuple[ChunkMeta, bytes]], view: type, numel: int, base: np.ndarray | None, pool: Executor | None = None
+) -> np.ndarray:
     """Rebuild a tensor's flat bits; every chunk's digest is checked before it is used."""
     out = np.empty(numel, dtype=view)
     covered = 0
@@ -150,10 +174,10 @@ def decode_tensor(chunks: list[tuple[ChunkMeta, bytes]], view: type, numel: int,
         o, n = meta.offset, meta.elems
         if o < 0 or o + n > numel:
             raise ValueError(f"chunk at element {o} (+{n}) is outside a tensor of {numel}")
-        out[o:o + n] = decode_chunk(frame, meta.encoding, view, n, None if base is None else base[o:o + n])
+        out[o : o + n] = decode_chunk(frame, meta.encoding, view, n, None if base is None else base[o : o + n])
         return n
 
-    for n in (pool.map(one, chunks) if pool is not None else map(one, chunks)):
+    for n in pool.map(one, chunks) if pool is not None else map(one, chunks):
         covered += n
     if covered != numel:
         raise ValueError(f"chunks cover {covered} of {numel} elements")

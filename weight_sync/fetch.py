@@ -1,4 +1,5 @@
 """Download a version's pieces from a store server: parallel, resumable, checked against their digests."""
+
 from __future__ import annotations
 
 import asyncio
@@ -15,8 +16,15 @@ class FetchError(Exception):
 
 
 class StoreClient:
-    def __init__(self, base_url: str, session: aiohttp.ClientSession, download_dir: Path, parallel: int = 4,
-                 retries: int = 3, timeout_s: float = 120.0):
+    def __init__(
+        self,
+        base_url: str,
+        session: aiohttp.ClientSession,
+        download_dir: Path,
+        parallel: int = 4,
+        retries: int = 3,
+        timeout_s: float = 120.0,
+    ):
         self.base = base_url.rstrip("/")
         self.session = session
         self.dir = Path(download_dir)
@@ -70,8 +78,9 @@ class StoreClient:
                 try:
                     if have < size:
                         headers = {"Range": f"bytes={have}-"} if have else {}
-                        async with self.session.get(f"{self.base}/versions/{version}/chunks/{name}", headers=headers,
-                                                    timeout=self.timeout) as r:
+                        async with self.session.get(
+                            f"{self.base}/versions/{version}/chunks/{name}", headers=headers, timeout=self.timeout
+                        ) as r:
                             if r.status == 404:
                                 raise FetchError(f"chunk {name} of v{version}: not in the store")
                             if r.status not in (200, 206):

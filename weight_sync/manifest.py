@@ -6,6 +6,7 @@ xxh3-128 of the compressed bytes) and the xxh3-128 of the rebuilt bytes. The tra
 JSON (sorted keys, no whitespace); servers hold only the public key. The Kafka announcement of a version
 (`weights` topic) and of an activation (rollback) are defined here too.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,13 +45,23 @@ class TensorEntry:
         return math.prod(self.shape)
 
     def to_json(self) -> dict:
-        return {"name": self.name, "dtype": self.dtype, "shape": self.shape, "digest": self.digest,
-                "chunks": [c.to_json() for c in self.chunks]}
+        return {
+            "name": self.name,
+            "dtype": self.dtype,
+            "shape": self.shape,
+            "digest": self.digest,
+            "chunks": [c.to_json() for c in self.chunks],
+        }
 
     @classmethod
     def from_json(cls, d: dict) -> "TensorEntry":
-        return cls(name=d["name"], dtype=d["dtype"], shape=list(d["shape"]), digest=d["digest"],
-                   chunks=[ChunkMeta.from_json(c) for c in d["chunks"]])
+        return cls(
+            name=d["name"],
+            dtype=d["dtype"],
+            shape=list(d["shape"]),
+            digest=d["digest"],
+            chunks=[ChunkMeta.from_json(c) for c in d["chunks"]],
+        )
 
 
 @dataclass
@@ -66,9 +77,17 @@ class Manifest:
     schema: str = MANIFEST_SCHEMA
 
     def to_json(self) -> dict:
-        return {"schema": self.schema, "version": self.version, "base_version": self.base_version,
-                "kind": self.kind, "config_digest": self.config_digest, "created": self.created,
-                "signer": self.signer, "files": self.files, "tensors": [t.to_json() for t in self.tensors]}
+        return {
+            "schema": self.schema,
+            "version": self.version,
+            "base_version": self.base_version,
+            "kind": self.kind,
+            "config_digest": self.config_digest,
+            "created": self.created,
+            "signer": self.signer,
+            "files": self.files,
+            "tensors": [t.to_json() for t in self.tensors],
+        }
 
     def canonical(self) -> bytes:
         return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":")).encode()
@@ -79,9 +98,16 @@ class Manifest:
             d = json.loads(raw)
             if d.get("schema") != MANIFEST_SCHEMA:
                 raise ManifestError(f"unknown manifest schema {d.get('schema')!r}")
-            m = cls(version=d["version"], base_version=d["base_version"], kind=d["kind"],
-                    config_digest=d["config_digest"], created=d["created"], signer=d["signer"],
-                    files=dict(d.get("files", {})), tensors=[TensorEntry.from_json(t) for t in d["tensors"]])
+            m = cls(
+                version=d["version"],
+                base_version=d["base_version"],
+                kind=d["kind"],
+                config_digest=d["config_digest"],
+                created=d["created"],
+                signer=d["signer"],
+                files=dict(d.get("files", {})),
+                tensors=[TensorEntry.from_json(t) for t in d["tensors"]],
+            )
         except ManifestError:
             raise
         except (ValueError, KeyError, TypeError) as e:
@@ -126,13 +152,16 @@ class Manifest:
     def check_model(self, expected: dict[str, tuple[str, list[int]]], config_digest: str) -> None:
         """The manifest describes exactly the served model: same config, tensor names, dtypes and shapes."""
         if self.config_digest != config_digest:
-            raise ManifestError(f"version {self.version} is for another model config "
-                                f"({self.config_digest[:12]} != {config_digest[:12]})")
+            raise ManifestError(
+                f"version {self.version} is for another model config "
+                f"({self.config_digest[:12]} != {config_digest[:12]})"
+            )
         names = {t.name for t in self.tensors}
         if names != set(expected):
             missing, extra = sorted(set(expected) - names), sorted(names - set(expected))
-            raise ManifestError(f"version {self.version} tensors differ from the model: missing {missing[:3]}, "
-                                f"unexpected {extra[:3]}")
+            raise ManifestError(
+                f"version {self.version} tensors differ from the model: missing {missing[:3]}, unexpected {extra[:3]}"
+            )
         for t in self.tensors:
             dtype, shape = expected[t.name]
             if t.dtype != dtype or list(t.shape) != list(shape):
@@ -151,16 +180,19 @@ class Manifest:
 
 # ------------------------------------------------------------------------------------------- signatures
 
+
 def generate_key(private_path: Path, public_path: Path) -> str:
     """A new ed25519 key pair (PEM); the private key file is 0600. Returns the key id."""
     key = Ed25519PrivateKey.generate()
     private_path = Path(private_path)
     private_path.parent.mkdir(parents=True, exist_ok=True)
-    private_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                               serialization.NoEncryption()))
+    private_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
     private_path.chmod(0o600)
-    Path(public_path).write_bytes(key.public_key().public_bytes(serialization.Encoding.PEM,
-                                                                serialization.PublicFormat.SubjectPublicKeyInfo))
+    Path(public_path).write_bytes(
+        key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
     return key_id(key.public_key())
 
 
@@ -206,11 +238,16 @@ def verify(body: bytes, signature: bytes | None, public: Ed25519PublicKey) -> Ma
 # ------------------------------------------------------------------------------------------- announcements
 
 
-
 def announcement(manifest: Manifest, manifest_url: str, manifest_digest: str) -> dict:
     """A new version on the `weights` topic (DESIGN.md: version, base_version, kind, location, digest, signer)."""
-    return {"schema": control.SCHEMA, "type": "version", "version": manifest.version,
-            "base_version": manifest.base_version, "kind": manifest.kind, "manifest": manifest_url,
-            "manifest_digest": manifest_digest, "signer": manifest.signer, "ts": time.time()}
-
-
+    return {
+        "schema": control.SCHEMA,
+        "type": "version",
+        "version": manifest.version,
+        "base_version": manifest.base_version,
+        "kind": manifest.kind,
+        "manifest": manifest_url,
+        "manifest_digest": manifest_digest,
+        "signer": manifest.signer,
+        "ts": time.time(),
+    }

@@ -1,5 +1,6 @@
 """Publish a checkpoint as the next version: delta against the previous one (or a full snapshot every K),
 signed, atomically visible in the store, announced on the Kafka `weights` topic."""
+
 from __future__ import annotations
 
 import logging
@@ -58,9 +59,16 @@ def _kafka_send(bootstrap: str, value: bytes, timeout_s: float = 30.0) -> None:
     # Bounded waits: a broker that is down fails this call in about timeout_s, and the caller retries.
     # The record expires with it (delivery timeout), so close() has nothing left to flush.
     ms = int(timeout_s * 1000)
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True,
-                             compression_type="zstd", client_id="flywheel-publisher", max_block_ms=ms,
-                             request_timeout_ms=ms // 2, delivery_timeout_ms=ms)
+    producer = KafkaProducer(
+        bootstrap_servers=bootstrap,
+        acks="all",
+        enable_idempotence=True,
+        compression_type="zstd",
+        client_id="flywheel-publisher",
+        max_block_ms=ms,
+        request_timeout_ms=ms // 2,
+        delivery_timeout_ms=ms,
+    )
     try:
         # One key for every weights record: a single partition keeps versions and activations in order.
         producer.send(TOPIC_WEIGHTS, key=b"weights", value=value).get(timeout=timeout_s + 5)
@@ -68,8 +76,7 @@ def _kafka_send(bootstrap: str, value: bytes, timeout_s: float = 30.0) -> None:
         producer.close(timeout=5)
 
 
-def _send_control(cfg: PublishConfig, store: Store, record: dict, timeout_s: float = 30.0,
-                  keep: bool = False) -> dict:
+def _send_control(cfg: PublishConfig, store: Store, record: dict, timeout_s: float = 30.0, keep: bool = False) -> dict:
     """Number, sign and send one control record (flywheel.core.control) under the store's sequence lock; with
     keep, record it in the store first (a decision retention must honour even if the send then fails)."""
     key = load_private(cfg.private_key)
@@ -103,8 +110,11 @@ def unannounced(cfg: PublishConfig) -> list[dict]:
     out = []
     for v in store.unannounced():
         body = (store.version_dir(v) / "manifest.json").read_bytes()
-        location = (f"{cfg.store_url}/versions/{v}/manifest.json" if cfg.store_url
-                    else str(store.version_dir(v) / "manifest.json"))
+        location = (
+            f"{cfg.store_url}/versions/{v}/manifest.json"
+            if cfg.store_url
+            else str(store.version_dir(v) / "manifest.json")
+        )
         record = announcement(Manifest.parse(body), location, codec.digest(body))
         if cfg.canary:
             record["canary"] = True
@@ -133,8 +143,13 @@ def _replace_dir(src: Path, dst: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def publish(checkpoint: Path, cfg: PublishConfig, version: int | None = None, force_full: bool = False,
-            announce_now: bool = True) -> PublishResult:
+def publish(
+    checkpoint: Path,
+    cfg: PublishConfig,
+    version: int | None = None,
+    force_full: bool = False,
+    announce_now: bool = True,
+) -> PublishResult:
     """Publish `checkpoint` as the next version. With announce_now=False the version is in the store but
     not yet on the weights topic: the caller sends `result.announcement` with announce() (and retries it
     on its own if the broker is away)."""
@@ -154,8 +169,12 @@ def publish(checkpoint: Path, cfg: PublishConfig, version: int | None = None, fo
     kind = "full"
     # The delta is coded against head, so it names head's own version as its base: after a crash between
     # committing a version and refreshing head, head is older than the latest, and that is still right.
-    if (not force_full and head_version is not None and head_version in store.versions()
-            and version % cfg.full_every != 0):
+    if (
+        not force_full
+        and head_version is not None
+        and head_version in store.versions()
+        and version % cfg.full_every != 0
+    ):
         base = CheckpointReader(head)
         if base.specs() == new.specs() and config_digest(head / "config.json") == cdigest:
             kind = "delta"
@@ -167,15 +186,23 @@ def publish(checkpoint: Path, cfg: PublishConfig, version: int | None = None, fo
     try:
         with ThreadPoolExecutor(cfg.threads) as pool:
             names = sorted(new.names())
-            for t, name in enumerate(bar(names, desc=f"publish v{version} ({kind})", unit="tensor",
-                                         enabled=cfg.progress)):
+            for t, name in enumerate(
+                bar(names, desc=f"publish v{version} ({kind})", unit="tensor", enabled=cfg.progress)
+            ):
                 dtype, shape = new.spec(name)
                 bits = new.bits(name)
                 chunks = codec.encode_tensor(bits, base.bits(name) if base else None, cfg.chunk_elems, cfg.level, pool)
                 for c, (_meta, frame) in enumerate(chunks):
                     (staging / "chunks" / chunk_name(t, c)).write_bytes(frame)
-                entries.append(TensorEntry(name=name, dtype=dtype, shape=list(shape), digest=codec.digest(bits),
-                                           chunks=[m for m, _ in chunks]))
+                entries.append(
+                    TensorEntry(
+                        name=name,
+                        dtype=dtype,
+                        shape=list(shape),
+                        digest=codec.digest(bits),
+                        chunks=[m for m, _ in chunks],
+                    )
+                )
                 raw_bytes += bits.nbytes
                 changed += sum(m.changed for m, _ in chunks)
                 total += bits.size
@@ -185,8 +212,14 @@ def publish(checkpoint: Path, cfg: PublishConfig, version: int | None = None, fo
             if src.exists():
                 shutil.copyfile(src, staging / "files" / name)
                 files[name] = codec.digest(src.read_bytes())
-        manifest = Manifest(version=version, base_version=head_version if kind == "delta" else None, kind=kind,
-                            config_digest=cdigest, tensors=entries, files=files)
+        manifest = Manifest(
+            version=version,
+            base_version=head_version if kind == "delta" else None,
+            kind=kind,
+            config_digest=cdigest,
+            tensors=entries,
+            files=files,
+        )
         body, signature = sign(manifest, key)
         (staging / "manifest.json").write_bytes(body)
         (staging / "manifest.sig").write_bytes(signature)
@@ -212,19 +245,36 @@ def publish(checkpoint: Path, cfg: PublishConfig, version: int | None = None, fo
     _replace_dir(head_new, head)
     store.retain(cfg.keep, protect=store.decided())
 
-    result = PublishResult(version=version, base_version=manifest.base_version, kind=kind, raw_bytes=raw_bytes,
-                           published_bytes=manifest.nbytes_compressed + len(body),
-                           changed_share=changed / max(1, total), seconds=time.monotonic() - t0)
-    location = (f"{cfg.store_url}/versions/{version}/manifest.json" if cfg.store_url
-                else str(store.version_dir(version) / "manifest.json"))
+    result = PublishResult(
+        version=version,
+        base_version=manifest.base_version,
+        kind=kind,
+        raw_bytes=raw_bytes,
+        published_bytes=manifest.nbytes_compressed + len(body),
+        changed_share=changed / max(1, total),
+        seconds=time.monotonic() - t0,
+    )
+    location = (
+        f"{cfg.store_url}/versions/{version}/manifest.json"
+        if cfg.store_url
+        else str(store.version_dir(version) / "manifest.json")
+    )
     result.announcement = announcement(manifest, location, codec.digest(body))
     if cfg.canary:
         result.announcement["canary"] = True
     if announce_now:
         announce(cfg, result.announcement)
-    log.info("published v%d (%s, base %s): %.1f MB -> %.2f MB (%.1fx), %.1f%% changed, %.2fs", version, kind,
-             manifest.base_version, raw_bytes / 2**20, result.published_bytes / 2**20, result.ratio,
-             100 * result.changed_share, result.seconds)
+    log.info(
+        "published v%d (%s, base %s): %.1f MB -> %.2f MB (%.1fx), %.1f%% changed, %.2fs",
+        version,
+        kind,
+        manifest.base_version,
+        raw_bytes / 2**20,
+        result.published_bytes / 2**20,
+        result.ratio,
+        100 * result.changed_share,
+        result.seconds,
+    )
     return result
 
 
@@ -235,5 +285,6 @@ def activate(cfg: PublishConfig, version: int, reason: str, kind: str = "activat
     store = Store(cfg.store)
     if kind in ("activate", "pin", "canary", "promote") and version not in store.versions():
         raise ValueError(f"version {version} is not in the store (have {store.versions()})")
-    return _send_control(cfg, store, {"schema": control.SCHEMA, "type": kind, "version": version,
-                                      "reason": reason, **extra}, keep=True)
+    return _send_control(
+        cfg, store, {"schema": control.SCHEMA, "type": kind, "version": version, "reason": reason, **extra}, keep=True
+    )

@@ -13,6 +13,7 @@ Chunk and file paths are derived from indices and validated names, never taken f
 nothing a manifest says can reach outside the store. A version is visible only after the rename, which
 happens after every chunk, file and the signed manifest are on disk.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -154,8 +155,10 @@ class Store:
             if versions:
                 self.mark_announced(versions[-1])
             return []
-        decided = max((a.get("ts", 0.0) for a in self.activations()
-                       if a.get("type") in ("activate", "rollback", "pin", "unpin")), default=0.0)
+        decided = max(
+            (a.get("ts", 0.0) for a in self.activations() if a.get("type") in ("activate", "rollback", "pin", "unpin")),
+            default=0.0,
+        )
         return [v for v in versions if v > done and self.version_dir(v).stat().st_mtime > decided]
 
     def record_activation(self, record: dict) -> None:
@@ -227,7 +230,12 @@ class Store:
             return web.FileResponse(path)
 
         app = web.Application()
-        app.add_routes([web.get("/versions", versions), web.get("/versions/{version}/{name}", manifest),
-                        web.get("/versions/{version}/chunks/{name}", chunk),
-                        web.get("/versions/{version}/files/{name}", side_file)])
+        app.add_routes(
+            [
+                web.get("/versions", versions),
+                web.get("/versions/{version}/{name}", manifest),
+                web.get("/versions/{version}/chunks/{name}", chunk),
+                web.get("/versions/{version}/files/{name}", side_file),
+            ]
+        )
         return app

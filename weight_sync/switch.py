@@ -11,6 +11,7 @@ Modes (facts.md measured all three on a machine like ours; benchmarks.delta comp
             load, continue. A request's tokens then span two versions, and its meta_info says so.
 Never `abort` (drops requests), never `in_place` without a flush (keeps KV computed by the old weights).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -32,14 +33,16 @@ class SwitchError(Exception):
 @dataclass
 class GatewayLink:
     """How an agent reaches its replica's entry in the gateway (to drain it during a switch)."""
+
     url: str
     admin_token: str
     replica_id: str
 
 
 async def _post(session, url, body=None, headers=None, timeout=300.0) -> tuple[int, dict]:
-    async with session.post(url, json=body or {}, headers=headers or {},
-                            timeout=aiohttp.ClientTimeout(total=timeout)) as r:
+    async with session.post(
+        url, json=body or {}, headers=headers or {}, timeout=aiohttp.ClientTimeout(total=timeout)
+    ) as r:
         try:
             data = await r.json(content_type=None)
         except ValueError:
@@ -54,9 +57,11 @@ async def served_version(session: aiohttp.ClientSession, replica_url: str) -> in
 
 async def _load(session, replica_url: str, model_dir: str, version: int) -> float:
     t = time.monotonic()
-    status, out = await _post(session, f"{replica_url}/update_weights_from_disk",
-                              {"model_path": model_dir, "weight_version": str(version), "flush_cache": True,
-                               "abort_all_requests": False})
+    status, out = await _post(
+        session,
+        f"{replica_url}/update_weights_from_disk",
+        {"model_path": model_dir, "weight_version": str(version), "flush_cache": True, "abort_all_requests": False},
+    )
     if status != 200 or not out.get("success"):
         raise SwitchError(f"update_weights_from_disk failed ({status}): {out.get('message', out)}")
     return time.monotonic() - t
@@ -67,8 +72,9 @@ async def _drain(session, gw: GatewayLink, timeout_s: float) -> bool:
     headers = {"Authorization": f"Bearer {gw.admin_token}"}
     deadline = time.monotonic() + timeout_s
     while True:
-        status, out = await _post(session, f"{gw.url}/admin/replicas/{gw.replica_id}/drain",
-                                  {"lease_s": DRAIN_LEASE_S}, headers=headers)
+        status, out = await _post(
+            session, f"{gw.url}/admin/replicas/{gw.replica_id}/drain", {"lease_s": DRAIN_LEASE_S}, headers=headers
+        )
         if status != 409:
             break
         # Refused as the last active replica. If another one is draining (switching), wait for our turn:
@@ -87,8 +93,9 @@ async def _drain(session, gw: GatewayLink, timeout_s: float) -> bool:
         if reps[gw.replica_id]["outstanding"] == 0:
             return True
         if time.monotonic() - renewed > DRAIN_LEASE_S / 3:  # a long wait for stragglers keeps the lease
-            await _post(session, f"{gw.url}/admin/replicas/{gw.replica_id}/drain", {"lease_s": DRAIN_LEASE_S},
-                        headers=headers)
+            await _post(
+                session, f"{gw.url}/admin/replicas/{gw.replica_id}/drain", {"lease_s": DRAIN_LEASE_S}, headers=headers
+            )
             renewed = time.monotonic()
         await asyncio.sleep(0.05)
     return True  # still busy: the update's writer lock waits for the stragglers
@@ -101,8 +108,13 @@ async def _renew_drain(session, gw: GatewayLink) -> None:
     while True:
         await asyncio.sleep(DRAIN_LEASE_S / 3)
         try:
-            await _post(session, f"{gw.url}/admin/replicas/{gw.replica_id}/drain", {"lease_s": DRAIN_LEASE_S},
-                        headers=headers, timeout=10)
+            await _post(
+                session,
+                f"{gw.url}/admin/replicas/{gw.replica_id}/drain",
+                {"lease_s": DRAIN_LEASE_S},
+                headers=headers,
+                timeout=10,
+            )
         except (aiohttp.ClientError, asyncio.TimeoutError):
             pass
 
@@ -115,14 +127,23 @@ async def _activate_quietly(session, gw: GatewayLink) -> None:
 
 
 async def _activate(session, gw: GatewayLink) -> None:
-    status, out = await _post(session, f"{gw.url}/admin/replicas/{gw.replica_id}/activate",
-                              headers={"Authorization": f"Bearer {gw.admin_token}"})
+    status, out = await _post(
+        session,
+        f"{gw.url}/admin/replicas/{gw.replica_id}/activate",
+        headers={"Authorization": f"Bearer {gw.admin_token}"},
+    )
     if status != 200:
         raise SwitchError(f"gateway refused to re-activate {gw.replica_id} ({status}): {out}")
 
 
-async def switch(replica_url: str, model_dir: str, version: int, mode: str = "drain",
-                 gateway: GatewayLink | None = None, drain_timeout_s: float = 120.0) -> dict:
+async def switch(
+    replica_url: str,
+    model_dir: str,
+    version: int,
+    mode: str = "drain",
+    gateway: GatewayLink | None = None,
+    drain_timeout_s: float = 120.0,
+) -> dict:
     """Switch the replica; returns the mode used and the time of each phase (ms)."""
     if mode not in MODES:
         raise ValueError(f"unknown switch mode {mode!r}; choose from {MODES}")

@@ -12,6 +12,7 @@ and skip: never a crash, never an offset that replays it forever.
 Wire format: {"record": {...}, "sig": base64(ed25519(canonical JSON of the record)), "signer": key id}.
 Versions are plain ints everywhere.
 """
+
 from __future__ import annotations
 
 import base64
@@ -24,9 +25,18 @@ KINDS = ("version", "canary", "promote", "rollback", "activate", "pin", "unpin")
 
 # Optional fields by type (name -> accepted types); "version" is an int on every kind but unpin.
 _FIELDS = {
-    "reason": (str,), "stable": (int,), "replicas": (list,), "canary": (bool,), "share": (int, float),
-    "base_version": (int, type(None)), "kind": (str,), "manifest": (str,), "manifest_digest": (str,),
-    "signer": (str,), "figures": (dict,), "trial_s": (int, float),
+    "reason": (str,),
+    "stable": (int,),
+    "replicas": (list,),
+    "canary": (bool,),
+    "share": (int, float),
+    "base_version": (int, type(None)),
+    "kind": (str,),
+    "manifest": (str,),
+    "manifest_digest": (str,),
+    "signer": (str,),
+    "figures": (dict,),
+    "trial_s": (int, float),
 }
 
 

@@ -7,6 +7,7 @@ partition and a consumer sees a completion before the feedback that follows it. 
 session is keyed by its session id instead: it may overtake some of the session's turns (other partitions),
 which the consumer allows for (online_rl.stream).
 """
+
 from __future__ import annotations
 
 import time
@@ -84,9 +85,13 @@ class CompletionEvent:
     def encode(self) -> bytes:
         d = _fields(self)
         experts = np.ascontiguousarray(self.routed_experts, dtype=np.uint8)
-        d.update(prompt_ids=_pack(self.prompt_ids, "<i4"), output_ids=_pack(self.output_ids, "<i4"),
-                 logprobs=_pack(self.logprobs, "<f4"), routed_experts=experts.tobytes(),
-                 routed_experts_shape=list(experts.shape))
+        d.update(
+            prompt_ids=_pack(self.prompt_ids, "<i4"),
+            output_ids=_pack(self.output_ids, "<i4"),
+            logprobs=_pack(self.logprobs, "<f4"),
+            routed_experts=experts.tobytes(),
+            routed_experts_shape=list(experts.shape),
+        )
         return msgpack.packb(d, use_bin_type=True)
 
 
@@ -137,8 +142,9 @@ def _check_feedback(f: FeedbackEvent) -> None:
         raise SchemaError(f"unknown feedback kind {f.kind!r}")
     if isinstance(f.choice_index, bool) or not isinstance(f.choice_index, int):
         raise SchemaError("choice_index is not an int")
-    if f.score is not None and (isinstance(f.score, bool) or not isinstance(f.score, (int, float))
-                                or not 0.0 <= f.score <= 1.0):
+    if f.score is not None and (
+        isinstance(f.score, bool) or not isinstance(f.score, (int, float)) or not 0.0 <= f.score <= 1.0
+    ):
         raise SchemaError("score is not a number in [0, 1]")
     if f.accepted_chars is not None and (isinstance(f.accepted_chars, bool) or not isinstance(f.accepted_chars, int)):
         raise SchemaError("accepted_chars is not an int")

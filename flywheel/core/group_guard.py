@@ -7,6 +7,7 @@ an interrupted `make test`. This guard gets the same death signal and ends the w
 SIGKILL to whatever is left after the grace period. It exits on its own once the group is empty (a server
 stopped the normal way). Standard library only, run by path: nothing of the repository is imported.
 """
+
 import os
 import signal
 import sys

@@ -1,6 +1,7 @@
 """Kafka administration every package shares, whichever broker it talks to (the development one that
 flywheel.kafka_broker launches, or a cluster): creating the topics, and quieting kafka-python's logger
 around calls whose failures are expected."""
+
 from __future__ import annotations
 
 import contextlib
@@ -33,9 +34,12 @@ def ensure_topics(bootstrap: str, partitions: int = 4) -> None:
         existing = set(admin.list_topics())
         # The weights topic is never aged out: a new agent replays every decision (a pin from last year
         # included), and its records are a few hundred bytes per version.
-        want = [NewTopic(ev.TOPIC_COMPLETIONS, partitions, 1), NewTopic(ev.TOPIC_FEEDBACK, partitions, 1),
-                NewTopic(ev.TOPIC_WEIGHTS, 1, 1, topic_configs={"retention.ms": "-1", "retention.bytes": "-1"}),
-                NewTopic(ev.TOPIC_DEADLETTER, 1, 1)]
+        want = [
+            NewTopic(ev.TOPIC_COMPLETIONS, partitions, 1),
+            NewTopic(ev.TOPIC_FEEDBACK, partitions, 1),
+            NewTopic(ev.TOPIC_WEIGHTS, 1, 1, topic_configs={"retention.ms": "-1", "retention.bytes": "-1"}),
+            NewTopic(ev.TOPIC_DEADLETTER, 1, 1),
+        ]
         missing = [t for t in want if t.name not in existing]
         if missing:
             try:
@@ -45,7 +49,14 @@ def ensure_topics(bootstrap: str, partitions: int = 4) -> None:
         if ev.TOPIC_WEIGHTS in existing:  # made before this rule (or auto-created): set it now
             from kafka.admin import ConfigResource, ConfigResourceType
 
-            admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, ev.TOPIC_WEIGHTS,
-                                                configs={"retention.ms": "-1", "retention.bytes": "-1"})])
+            admin.alter_configs(
+                [
+                    ConfigResource(
+                        ConfigResourceType.TOPIC,
+                        ev.TOPIC_WEIGHTS,
+                        configs={"retention.ms": "-1", "retention.bytes": "-1"},
+                    )
+                ]
+            )
     finally:
         admin.close()

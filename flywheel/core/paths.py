@@ -1,4 +1,5 @@
 """Where Flywheel keeps what outlives a checkout: the virtualenv, Kafka jars, built models."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """Process and port helpers for the servers Flywheel starts on loopback (broker, replicas, gateway)."""
+
 from __future__ import annotations
 
 import json
@@ -26,10 +27,23 @@ def spawn(cmd: list[str], die_with_parent: bool = True, **kw) -> subprocess.Pope
     if not (die_with_parent and setpriv):
         return subprocess.Popen(cmd, start_new_session=True, **kw)
     proc = subprocess.Popen([setpriv, "--pdeathsig", "TERM", "--", *cmd], start_new_session=True, **kw)
-    proc.guard = subprocess.Popen([setpriv, "--pdeathsig", "TERM", "--", sys.executable, "-I", "-S",
-                                   str(Path(__file__).with_name("group_guard.py")), str(proc.pid)],
-                                  start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL)
+    proc.guard = subprocess.Popen(
+        [
+            setpriv,
+            "--pdeathsig",
+            "TERM",
+            "--",
+            sys.executable,
+            "-I",
+            "-S",
+            str(Path(__file__).with_name("group_guard.py")),
+            str(proc.pid),
+        ],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return proc
 
 
@@ -147,8 +161,13 @@ def _reap(pid: int) -> None:
         pass
 
 
-def wait_until(check: Callable[[], bool], timeout: float, interval: float = 0.25,
-               what: str = "condition", alive: Callable[[], bool] | None = None) -> None:
+def wait_until(
+    check: Callable[[], bool],
+    timeout: float,
+    interval: float = 0.25,
+    what: str = "condition",
+    alive: Callable[[], bool] | None = None,
+) -> None:
     """Poll check() until true; raise TimeoutError after timeout, RuntimeError if alive() turns false."""
     deadline = time.monotonic() + timeout
     last_error = None
@@ -161,8 +180,10 @@ def wait_until(check: Callable[[], bool], timeout: float, interval: float = 0.25
         if alive is not None and not alive():
             raise RuntimeError(f"process died while waiting for {what}")
         if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}"
-                               + (f" (last error: {last_error!r})" if last_error else ""))
+            raise TimeoutError(
+                f"timed out after {timeout:.0f}s waiting for {what}"
+                + (f" (last error: {last_error!r})" if last_error else "")
+            )
         time.sleep(interval)
 
 

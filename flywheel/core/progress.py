@@ -1,4 +1,5 @@
 """Progress bars for long operations: live on a terminal, a line every few seconds in a log file."""
+
 from __future__ import annotations
 
 import sys
@@ -14,5 +15,12 @@ class _Bar(tqdm):
 
 def bar(iterable=None, *, total=None, desc: str = "", unit: str = "it", enabled: bool = True):
     tty = sys.stderr.isatty()
-    return _Bar(iterable, total=total, desc=desc, unit=unit, disable=not enabled, dynamic_ncols=tty,
-                mininterval=0.2 if tty else 10.0)
+    return _Bar(
+        iterable,
+        total=total,
+        desc=desc,
+        unit=unit,
+        disable=not enabled,
+        dynamic_ncols=tty,
+        mininterval=0.2 if tty else 10.0,
+    )

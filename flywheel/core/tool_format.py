@@ -9,6 +9,7 @@ tool, then `# role: text` lines per message; calls are written in the Qwen forma
 call between `<tool_call>` lines, and tool results as `<tool_response>` blocks. The model continues after
 the final newline.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,12 +23,15 @@ _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
 # ----------------------------------------------------------------------------- prompt
 
+
 def signature(name: str, description: str, parameters: dict) -> str:
     """A tool as one line of the prompt: `name(arg: type, opt?: type)  # first line of the description`."""
     props = parameters.get("properties") or {}
     required = set(parameters.get("required") or [])
-    args = ", ".join(f"{k}{'' if k in required else '?'}: {v.get('type', 'any') if isinstance(v, dict) else 'any'}"
-                     for k, v in props.items())
+    args = ", ".join(
+        f"{k}{'' if k in required else '?'}: {v.get('type', 'any') if isinstance(v, dict) else 'any'}"
+        for k, v in props.items()
+    )
     doc = f"  # {description.splitlines()[0]}" if description.strip() else ""
     return f"{name}({args}){doc}"
 
@@ -43,7 +47,7 @@ def call_text(name: str, arguments) -> str:
             arguments = json.loads(arguments)
         except ValueError:
             pass  # a client's own malformed arguments are shown as they were sent
-    return f'{CALL_OPEN}\n{json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)}\n{CALL_CLOSE}'
+    return f"{CALL_OPEN}\n{json.dumps({'name': name, 'arguments': arguments}, ensure_ascii=False)}\n{CALL_CLOSE}"
 
 
 def response_text(content: str) -> str:
@@ -66,6 +70,7 @@ def render_chat(messages: list[dict], tool_lines: list[str] = ()) -> str:
 
 
 # ----------------------------------------------------------------------------- answer
+
 
 def read_calls(text: str, lookup: Callable[[str], Callable[[dict], bool] | None]):
     """The calls in a whole answer, all well formed or none: (outcome, start, [(name, arguments)]).

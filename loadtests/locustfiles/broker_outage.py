@@ -1,6 +1,7 @@
 """broker-outage: Kafka goes down mid-run and comes back. Users must not notice (zero failed requests,
 p99 within the allowed multiple); the gateway spools events on disk and replays them, which
 `flywheel loadtest` checks afterwards: every completion and feedback event issued is in Kafka."""
+
 from loadtests import ide_users, scenario
 from loadtests.ide_users import AgentUser, AutocompleteUser, ChatUser  # noqa: F401  (the users locust runs)
 

@@ -1,5 +1,6 @@
 """hot-switch: three versions published under load; each must reach every replica while users keep
 their latency (zero failed requests, p99 after the first publish within the allowed multiple of before)."""
+
 from loadtests import scenario
 from loadtests.ide_users import AgentUser, AutocompleteUser, ChatUser  # noqa: F401  (the users locust runs)
 
@@ -8,6 +9,7 @@ def _publish(i):
     def publish_version(state):
         v = scenario.publish(scenario.versions()[i])
         scenario.wait_fleet_on(v)
+
     return publish_version
 
 

@@ -2,6 +2,7 @@
 load; the fleet must end on the good version with zero failed requests. Requests the bad version served
 are left out of the p99 comparison: a broken model rambles to max_tokens, which is its fault, not the
 switch's."""
+
 from loadtests import ide_users, scenario
 from loadtests.ide_users import AgentUser, AutocompleteUser, ChatUser  # noqa: F401  (the users locust runs)
 

@@ -7,6 +7,7 @@ Two measured gaps (shared/notes/facts.md), both on paths SGLang's CPU mode reach
 2. `--enable-return-routed-experts` allocates its host buffer with cudaHostRegister (the default entry
    of `ALLOC_MEMORY_FUNCS`); on CPU we register a plain allocation for the "cpu" device instead.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -3,6 +3,7 @@
 SGLang starts its scheduler and detokenizer with multiprocessing "spawn"; a spawned child re-imports
 this module (as __mp_main__), so the module-level apply() patches every SGLang process, not just this one.
 """
+
 import runpy
 
 from serving import cpu_compat

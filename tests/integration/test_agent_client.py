@@ -3,6 +3,7 @@ functions as tools, pointed at our base URL and key as a user would (an OpenAI-c
 extra-openai-models.yaml). It sends OpenAI chat requests with `tools`, runs any call the model makes and
 sends the results back as `tool` messages, turn after turn, up to its chain limit. The tiny model's calls
 may be wrong (then the session ends with its text); the session must finish without a 4xx or 5xx."""
+
 from __future__ import annotations
 
 import json
@@ -52,13 +53,41 @@ def _requests(gateway) -> dict[str, float]:
 def test_llm_cli_runs_an_agent_session_against_the_gateway(gateway, tmp_path, stream):
     home = tmp_path / "llm"
     home.mkdir()
-    (home / "extra-openai-models.yaml").write_text(json.dumps([{
-        "model_id": "flywheel", "model_name": "flywheel-coder", "api_base": f"{gateway.url}/v1",
-        "api_key_name": "flywheel", "supports_tools": True}]))  # JSON is YAML
+    (home / "extra-openai-models.yaml").write_text(
+        json.dumps(
+            [
+                {
+                    "model_id": "flywheel",
+                    "model_name": "flywheel-coder",
+                    "api_base": f"{gateway.url}/v1",
+                    "api_key_name": "flywheel",
+                    "supports_tools": True,
+                }
+            ]
+        )
+    )  # JSON is YAML
     before = _requests(gateway)
-    cmd = [_llm(), "prompt", "-m", "flywheel", "--key", "key-alice", "--functions", FUNCTIONS, "--chain-limit", "4",
-           "--tools-debug", "--no-log", "-o", "max_tokens", "48", "-o", "temperature", "0.7",
-           "The tests fail in app.py. Read it, run the tests, and fix it."]
+    cmd = [
+        _llm(),
+        "prompt",
+        "-m",
+        "flywheel",
+        "--key",
+        "key-alice",
+        "--functions",
+        FUNCTIONS,
+        "--chain-limit",
+        "4",
+        "--tools-debug",
+        "--no-log",
+        "-o",
+        "max_tokens",
+        "48",
+        "-o",
+        "temperature",
+        "0.7",
+        "The tests fail in app.py. Read it, run the tests, and fix it.",
+    ]
     if not stream:
         cmd.insert(2, "--no-stream")
     p = subprocess.run(cmd, env={**os.environ, "LLM_USER_PATH": str(home)}, capture_output=True, text=True, timeout=240)

@@ -1,4 +1,5 @@
 """`flywheel kafka start|status|stop` round trip, and a restart on the same data dir keeps the data."""
+
 import json
 import os
 import subprocess
@@ -14,8 +15,9 @@ pytestmark = pytest.mark.timeout(300)
 
 def _flywheel(*args):
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-    return subprocess.run([sys.executable, "-m", "flywheel", *args], capture_output=True, text=True, env=env,
-                          timeout=200)
+    return subprocess.run(
+        [sys.executable, "-m", "flywheel", *args], capture_output=True, text=True, env=env, timeout=200
+    )
 
 
 def test_start_status_stop_restart(tmp_path):
@@ -41,8 +43,9 @@ def test_start_status_stop_restart(tmp_path):
         assert restarted.returncode == 0, restarted.stderr
         info2 = json.loads(restarted.stdout.strip().splitlines()[-1])
         assert info2["bootstrap"] == info["bootstrap"]  # same ports: clients reconnect by themselves
-        consumer = KafkaConsumer("survives", bootstrap_servers=info2["bootstrap"], auto_offset_reset="earliest",
-                                 consumer_timeout_ms=10_000)
+        consumer = KafkaConsumer(
+            "survives", bootstrap_servers=info2["bootstrap"], auto_offset_reset="earliest", consumer_timeout_ms=10_000
+        )
         values = [r.value for r in consumer]
         consumer.close()
         assert values == [b"before-restart"]

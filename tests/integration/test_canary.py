@@ -2,6 +2,7 @@
 a worse one rolled back automatically (zero failed requests, the fleet ends on the stable version), a
 neutral one promoted within the margin; every decision is on the weights topic and in `weights list`;
 completions record their arm; the trainer stops learning from a rolled-back version."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,8 +31,14 @@ def _arms_in_kafka(bootstrap: str) -> dict[str, int]:
     counts: dict[str, int] = {}
     deadline = time.monotonic() + 60
     with quiet_kafka():
-        c = KafkaConsumer(ev.TOPIC_COMPLETIONS, bootstrap_servers=bootstrap, group_id=f"arms-{uuid.uuid4().hex[:6]}",
-                          auto_offset_reset="earliest", enable_auto_commit=False, consumer_timeout_ms=5000)
+        c = KafkaConsumer(
+            ev.TOPIC_COMPLETIONS,
+            bootstrap_servers=bootstrap,
+            group_id=f"arms-{uuid.uuid4().hex[:6]}",
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            consumer_timeout_ms=5000,
+        )
         try:
             for r in c:
                 arm = ev.decode(r.value).arm
@@ -52,19 +59,40 @@ def test_better_promoted_worse_rolled_back_neutral_promoted(test_model, tmp_path
         # Users start on a degraded copy, so that the base model is a real improvement to trial.
         stable = publish(versions.noisy(test_model, tmp_path / "degraded", seed=1, scale=0.3), pcfg).version
         fleet.wait_fleet_on(stable)
-        ctrl = CanaryController(CanaryConfig(gateway_url=fleet.gateway.url, admin_token=fleet.cfg.admin_token,
-                                             publish=pcfg, min_feedback=60, min_requests=40, margin=0.1,
-                                             p99_ratio=3.0, max_trial_s=240, poll_s=1.0)).start()
-        pop = Population(PopulationConfig(users=12, max_tokens=24, think_s=(0.0, 0.2)), fleet.gateway.url,
-                         list(fleet.keys.values()), preference=HouseStyle()).start()
+        ctrl = CanaryController(
+            CanaryConfig(
+                gateway_url=fleet.gateway.url,
+                admin_token=fleet.cfg.admin_token,
+                publish=pcfg,
+                min_feedback=60,
+                min_requests=40,
+                margin=0.1,
+                p99_ratio=3.0,
+                max_trial_s=240,
+                poll_s=1.0,
+            )
+        ).start()
+        pop = Population(
+            PopulationConfig(users=12, max_tokens=24, think_s=(0.0, 0.2)),
+            fleet.gateway.url,
+            list(fleet.keys.values()),
+            preference=HouseStyle(),
+        ).start()
         canary_cfg = dataclasses.replace(pcfg, canary=True)
         trials = []
         try:
-            for ckpt in (test_model, versions.broken(test_model, tmp_path / "bad", seed=9),
-                         versions.nudged(test_model, tmp_path / "same", seed=2)):
+            for ckpt in (
+                test_model,
+                versions.broken(test_model, tmp_path / "bad", seed=9),
+                versions.nudged(test_model, tmp_path / "same", seed=2),
+            ):
                 v = publish(ckpt, canary_cfg).version
-                wait_until(lambda v=v: any(d["version"] == v for d in ctrl.decisions), 300, interval=1.0,
-                           what=f"a decision on v{v}")
+                wait_until(
+                    lambda v=v: any(d["version"] == v for d in ctrl.decisions),
+                    300,
+                    interval=1.0,
+                    what=f"a decision on v{v}",
+                )
                 decision = next(d for d in ctrl.decisions if d["version"] == v)
                 final = v if decision["type"] == "promote" else decision["stable"]
                 fleet.wait_fleet_on(final)
@@ -72,10 +100,27 @@ def test_better_promoted_worse_rolled_back_neutral_promoted(test_model, tmp_path
             # An SRE ends a trial that would otherwise still be collecting feedback.
             ctrl.cfg.min_feedback = 10**9
             v_held = publish(versions.nudged(test_model, tmp_path / "held", seed=3), canary_cfg).version
-            wait_until(lambda: any(a["type"] == "canary" and a["version"] == v_held
-                                   for a in fleet.store_activations()), 120, what=f"the trial of v{v_held}")
-            assert main(["weights", "abort", str(v_held), "--store", str(fleet.store_root), "--key",
-                         str(fleet.signing_key), "--kafka", fleet.broker.bootstrap]) == 0
+            wait_until(
+                lambda: any(a["type"] == "canary" and a["version"] == v_held for a in fleet.store_activations()),
+                120,
+                what=f"the trial of v{v_held}",
+            )
+            assert (
+                main(
+                    [
+                        "weights",
+                        "abort",
+                        str(v_held),
+                        "--store",
+                        str(fleet.store_root),
+                        "--key",
+                        str(fleet.signing_key),
+                        "--kafka",
+                        fleet.broker.bootstrap,
+                    ]
+                )
+                == 0
+            )
             wait_until(lambda: any(d["version"] == v_held for d in ctrl.decisions), 60, what="the override")
             fleet.wait_fleet_on(trials[-1][2])
         finally:
@@ -114,17 +159,34 @@ def test_trainer_stops_learning_from_a_rolled_back_version(test_model, tmp_path)
     rollback = control.make("rollback", 3, seq=7, stable=2, reason="worse")
 
     def sample(v):
-        return Sample(key=f"k{v}", prompt_ids=np.array([1, 2], np.int32), output_ids=np.array([3], np.int32),
-                      behaviour_logprobs=np.zeros(1, np.float32), routed_experts=np.zeros((2, 2, 2), np.uint8),
-                      reward=1.0, model_version=v)
+        return Sample(
+            key=f"k{v}",
+            prompt_ids=np.array([1, 2], np.int32),
+            output_ids=np.array([3], np.int32),
+            behaviour_logprobs=np.zeros(1, np.float32),
+            routed_experts=np.zeros((2, 2, 2), np.uint8),
+            reward=1.0,
+            model_version=v,
+        )
 
     for keep in (False, True):
-        t = Trainer(TrainerConfig(model_dir=test_model, work_dir=tmp_path / f"t{keep}", train_on_rolled_back=keep,
-                                  publish_key=tmp_path / "k.pem"))
+        t = Trainer(
+            TrainerConfig(
+                model_dir=test_model,
+                work_dir=tmp_path / f"t{keep}",
+                train_on_rolled_back=keep,
+                publish_key=tmp_path / "k.pem",
+            )
+        )
         t.version = 3
         # Unsigned, signed by another key, or not a record at all: counted, never acted on.
-        for raw in (json.dumps(rollback).encode(), control.encode(rollback, other), b"null", b"[1]",
-                    b'{"record": 1, "sig": "x"}'):
+        for raw in (
+            json.dumps(rollback).encode(),
+            control.encode(rollback, other),
+            b"null",
+            b"[1]",
+            b'{"record": 1, "sig": "x"}',
+        ):
             t._weights_record(raw)
         assert t.rolled_back == set() and t.failures.count("control_record") == 5
         signed = control.encode(rollback, key)
@@ -137,8 +199,9 @@ def test_trainer_stops_learning_from_a_rolled_back_version(test_model, tmp_path)
         if not keep:
             assert t.trained_since_ckpt[-1]["dropped"] == "rolled_back"
             t.save()
-            again = Trainer(TrainerConfig(model_dir=test_model, work_dir=tmp_path / "tFalse",
-                                          publish_key=tmp_path / "k.pem"))
+            again = Trainer(
+                TrainerConfig(model_dir=test_model, work_dir=tmp_path / "tFalse", publish_key=tmp_path / "k.pem")
+            )
             assert again.rolled_back == {3}
             again._weights_record(signed)  # the sequence survives the checkpoint: still a replay
             assert again.failures.count("control_record") == 1

@@ -2,6 +2,7 @@
 simulated users, with kill -9 of the gateway, the shipper, an agent, the trainer and the broker, and a
 full event-spool disk, on a seeded schedule. Nothing lost, nothing trained twice, nothing stuck, nothing
 left running, no user request failed outside a gateway kill."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,14 +13,23 @@ pytestmark = pytest.mark.timeout(900)
 
 
 def test_a_short_chaos_run_loses_nothing(tmp_path):
-    r = run(ChaosConfig(duration_s=60.0, seed=3, out_dir=tmp_path / "chaos", users=3, gap_s=(3.0, 6.0),
-                        publish_interval_s=20.0, settle_s=150.0, full_s=8.0,
-                        kinds=("gateway", "shipper", "agent", "trainer", "broker", "disk_spool")))
+    r = run(
+        ChaosConfig(
+            duration_s=60.0,
+            seed=3,
+            out_dir=tmp_path / "chaos",
+            users=3,
+            gap_s=(3.0, 6.0),
+            publish_interval_s=20.0,
+            settle_s=150.0,
+            full_s=8.0,
+            kinds=("gateway", "shipper", "agent", "trainer", "broker", "disk_spool"),
+        )
+    )
     assert r["faults_injected"] >= 5 and r["fault_kinds"] >= 5, r["faults"]
     assert r["faults_not_recovered"] == 0, r["faults"]
     assert r["requests"] > 50 and r["samples_trained"] > 0
-    for k in ("events_lost", "samples_double_trained", "stuck_replicas", "orphans",
-              "user_failed_outside_gateway_kill"):
+    for k in ("events_lost", "samples_double_trained", "stuck_replicas", "orphans", "user_failed_outside_gateway_kill"):
         assert r[k] == 0, (k, r)
     assert r["fleet_on_newest_s"] is not None, r  # the fleet reached the newest version within the settle
 
@@ -40,9 +50,15 @@ def test_an_interrupted_chaos_run_leaves_no_mount_and_no_process(tmp_path):
 
     out = tmp_path / "chaos"
     _mount_tmpfs(out / "gateway" / "spool", 1)  # as a run killed with SIGKILL leaves it
-    proc = subprocess.Popen([sys.executable, "-m", "flywheel", "chaos", "--duration", "5", "--out", str(out)],
-                            cwd=REPO_ROOT, env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)), start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flywheel", "chaos", "--duration", "5", "--out", str(out)],
+        cwd=REPO_ROOT,
+        env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while len(_mounts_under(out)) < 3 and time.monotonic() < deadline:  # the stale one went, three are new

@@ -1,6 +1,7 @@
 """The gateway's event log under faults, each real: a spool on a full filesystem (a small tmpfs, then
 grown), an event larger than the broker takes, a cursor that cannot be saved, a shipper killed with
 SIGKILL. Nothing accepted is lost, nothing stalls, and health says what is wrong while it is."""
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,14 @@ def wait_for(cond, timeout=30.0) -> bool:
 def read_topic(bootstrap: str, topic: str, keys: set[str], timeout_ms: int = 5000) -> list[tuple[str, bytes]]:
     from kafka import KafkaConsumer
 
-    c = KafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False,
-                      consumer_timeout_ms=timeout_ms, group_id=None)
+    c = KafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        consumer_timeout_ms=timeout_ms,
+        group_id=None,
+    )
     try:
         return [(r.key.decode(), r.value) for r in c if r.key and r.key.decode() in keys]
     finally:
@@ -55,8 +62,9 @@ def test_a_full_disk_holds_events_in_the_queue_until_it_has_room(small_fs):
     try:
         value = os.urandom(8 << 10)
         durable = []  # the gateway answers a client only once its event is here
-        accepted = sum(log.submit("completions", f"k{i}", value, on_durable=lambda i=i: durable.append(i))
-                       for i in range(64))  # 512 KiB > 256 KiB
+        accepted = sum(
+            log.submit("completions", f"k{i}", value, on_durable=lambda i=i: durable.append(i)) for i in range(64)
+        )  # 512 KiB > 256 KiB
         assert accepted == 64
         assert wait_for(lambda: log.health()["writer"] == "failing")
         assert "No space left" in log.health()["writer_error"] and not log.health()["ok"]
@@ -65,8 +73,13 @@ def test_a_full_disk_holds_events_in_the_queue_until_it_has_room(small_fs):
         subprocess.run(["mount", "-o", "remount,size=16m", str(small_fs)], check=True)  # room again
         assert wait_for(lambda: log.stats.spooled == accepted)
         assert sorted(durable) == list(range(64))
-        assert log.health() == {"writer": "ok", "writer_error": None, "shipper": "off", "shipper_restarts": 0,
-                                "ok": True}
+        assert log.health() == {
+            "writer": "ok",
+            "writer_error": None,
+            "shipper": "off",
+            "shipper_restarts": 0,
+            "ok": True,
+        }
     finally:
         log.close(timeout=5)
     spool = Spool(small_fs / "spool")
@@ -99,8 +112,11 @@ def test_an_oversize_event_is_dead_lettered_and_the_stream_goes_on(kafka_bootstr
     assert sorted(k for k, _ in got) == sorted(keys)  # the small ones all arrived, none stuck behind it
     import json
 
-    stubs = [json.loads(v) for k, v in read_topic(kafka_bootstrap, ev.TOPIC_DEADLETTER, {"big"})
-             if json.loads(v)["topic"] == topic]
+    stubs = [
+        json.loads(v)
+        for k, v in read_topic(kafka_bootstrap, ev.TOPIC_DEADLETTER, {"big"})
+        if json.loads(v)["topic"] == topic
+    ]
     assert len(stubs) == 1 and stubs[0]["bytes"] == len(big)
     with open(stubs[0]["file"], "rb") as f:
         assert f.read() == big  # kept whole
@@ -109,8 +125,15 @@ def test_an_oversize_event_is_dead_lettered_and_the_stream_goes_on(kafka_bootstr
 def test_a_cursor_that_cannot_be_saved_and_a_killed_shipper_stop_nothing(kafka_bootstrap, tmp_path):
     topic = f"test-eventlog-{uuid.uuid4().hex[:8]}"
     spool_dir = tmp_path / "spool"
-    log = EventLog(EventLogConfig(spool_dir=spool_dir, bootstrap=kafka_bootstrap, ship_interval_s=0.1,
-                                  segment_bytes=4096, cursor_save_interval_s=0.1))
+    log = EventLog(
+        EventLogConfig(
+            spool_dir=spool_dir,
+            bootstrap=kafka_bootstrap,
+            ship_interval_s=0.1,
+            segment_bytes=4096,
+            cursor_save_interval_s=0.1,
+        )
+    )
     (spool_dir / "cursor.json.tmp").mkdir()  # where the cursor is written first: every save fails
     log.start()
     sent = []
@@ -160,14 +183,16 @@ def test_a_gateway_killed_mid_traffic_loses_no_event_it_answered_for(replica, te
         while not stop.is_set():
             try:
                 if stream:
-                    chunks = list(client.completions.create(model="m", prompt="def f(x):\n", max_tokens=4,
-                                                            stream=True))
+                    chunks = list(client.completions.create(model="m", prompt="def f(x):\n", max_tokens=4, stream=True))
                     cid = chunks[0].id  # whole: the stream reached [DONE]
                 else:
                     cid = client.completions.create(model="m", prompt="def f(x):\n", max_tokens=4).id
                 answered.add(cid)
-                req = urllib.request.Request(f"{gw.url}/v1/feedback", headers={"Authorization": "Bearer key-a"},
-                                             data=json.dumps({"completion_id": cid, "kind": "accept"}).encode())
+                req = urllib.request.Request(
+                    f"{gw.url}/v1/feedback",
+                    headers={"Authorization": "Bearer key-a"},
+                    data=json.dumps({"completion_id": cid, "kind": "accept"}).encode(),
+                )
                 with urllib.request.urlopen(req, timeout=30):
                     judged.add(cid)
                 if kill_now.is_set() and not stop.is_set():  # the instant after an answer: the worst moment

@@ -1,4 +1,5 @@
 """The gateway against a real SGLang replica and the real broker, through the official openai client."""
+
 from __future__ import annotations
 
 import json
@@ -30,16 +31,25 @@ def _engine_greedy(replica, test_model, prompt, max_tokens):
     from transformers import AutoTokenizer
 
     ids = AutoTokenizer.from_pretrained(test_model)(prompt)["input_ids"]
-    status, out, _ = post(f"{replica.url}/generate", {
-        "input_ids": ids, "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0.0,
-                                              "stop_token_ids": [0, 1, 2, 3]}})
+    status, out, _ = post(
+        f"{replica.url}/generate",
+        {
+            "input_ids": ids,
+            "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0.0, "stop_token_ids": [0, 1, 2, 3]},
+        },
+    )
     assert status == 200
     return ids, out
 
 
 def _read_events(bootstrap, topic, want_ids: set[str], timeout_s=30.0):
-    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=f"t-{uuid.uuid4().hex[:8]}",
-                             auto_offset_reset="earliest", enable_auto_commit=False)
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=f"t-{uuid.uuid4().hex[:8]}",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
     found: dict[str, list] = {}
     deadline = time.monotonic() + timeout_s
     try:
@@ -56,8 +66,9 @@ def _read_events(bootstrap, topic, want_ids: set[str], timeout_s=30.0):
 
 def test_completions_match_the_engine_and_carry_id_and_version(gateway, replica, test_model):
     ids, direct = _engine_greedy(replica, test_model, PROMPT, 12)
-    raw = _client(gateway).completions.with_raw_response.create(model="flywheel-coder", prompt=PROMPT,
-                                                                max_tokens=12, temperature=0)
+    raw = _client(gateway).completions.with_raw_response.create(
+        model="flywheel-coder", prompt=PROMPT, max_tokens=12, temperature=0
+    )
     r = raw.parse()
     assert r.choices[0].text == direct["text"]
     assert r.id.startswith("cmpl-") and raw.headers["x-flywheel-model-version"] == "0"
@@ -68,24 +79,36 @@ def test_completions_match_the_engine_and_carry_id_and_version(gateway, replica,
 def test_streaming_completions_and_chat(gateway, replica, test_model):
     c = _client(gateway)
     _, direct = _engine_greedy(replica, test_model, PROMPT, 12)
-    chunks = list(c.completions.create(model="m", prompt=PROMPT, max_tokens=12, temperature=0, stream=True,
-                                       stream_options={"include_usage": True}))
+    chunks = list(
+        c.completions.create(
+            model="m", prompt=PROMPT, max_tokens=12, temperature=0, stream=True, stream_options={"include_usage": True}
+        )
+    )
     assert "".join(ch.choices[0].text for ch in chunks if ch.choices) == direct["text"]
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == len(direct["output_ids"])
     assert len({ch.id for ch in chunks}) == 1
 
-    chat = c.chat.completions.create(model="m", messages=[{"role": "user", "content": "add three to x"}],
-                                     max_tokens=10, temperature=0)
-    stream = list(c.chat.completions.create(model="m", messages=[{"role": "user", "content": "add three to x"}],
-                                            max_tokens=10, temperature=0, stream=True))
+    chat = c.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "add three to x"}], max_tokens=10, temperature=0
+    )
+    stream = list(
+        c.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "add three to x"}],
+            max_tokens=10,
+            temperature=0,
+            stream=True,
+        )
+    )
     assert stream[0].choices[0].delta.role == "assistant"
     assert "".join(ch.choices[0].delta.content or "" for ch in stream) == chat.choices[0].message.content
     assert stream[-1].choices[0].finish_reason in ("stop", "length")
 
 
 def test_n_choices_and_logprobs(gateway):
-    r = _client(gateway).completions.create(model="m", prompt=PROMPT, max_tokens=6, n=3, logprobs=2, temperature=1,
-                                            seed=7)
+    r = _client(gateway).completions.create(
+        model="m", prompt=PROMPT, max_tokens=6, n=3, logprobs=2, temperature=1, seed=7
+    )
     assert [c.index for c in r.choices] == [0, 1, 2]
     lp = r.choices[0].logprobs
     assert len(lp.tokens) == len(lp.token_logprobs) and all(x <= 0 for x in lp.token_logprobs)
@@ -103,8 +126,12 @@ def test_logged_events_match_what_the_client_saw(gateway, kafka_bootstrap, test_
     for ch in r2:
         r2_id = ch.id
         r2_text += ch.choices[0].text if ch.choices else ""
-    assert post(f"{gateway.url}/v1/feedback", {"completion_id": r1.id, "kind": "accept", "elapsed_ms": 900},
-                 key="key-alice")[0] == 200
+    assert (
+        post(
+            f"{gateway.url}/v1/feedback", {"completion_id": r1.id, "kind": "accept", "elapsed_ms": 900}, key="key-alice"
+        )[0]
+        == 200
+    )
 
     got = _read_events(kafka_bootstrap, ev.TOPIC_COMPLETIONS, {r1.id, r2_id})
     cfg = json.loads((test_model / "config.json").read_text())
@@ -115,11 +142,14 @@ def test_logged_events_match_what_the_client_saw(gateway, kafka_bootstrap, test_
         assert list(e.prompt_ids) == tok(PROMPT)["input_ids"]
         assert tok.decode(list(e.output_ids), skip_special_tokens=True) == text
         assert len(e.logprobs) == len(e.output_ids) and np.all(e.logprobs <= 0)
-        assert e.routed_experts.shape == (len(e.prompt_ids) + len(e.output_ids) - 1, cfg["num_hidden_layers"],
-                                          cfg["num_experts_per_tok"])
+        assert e.routed_experts.shape == (
+            len(e.prompt_ids) + len(e.output_ids) - 1,
+            cfg["num_hidden_layers"],
+            cfg["num_experts_per_tok"],
+        )
         assert e.latency["e2e_ms"] > 0 and e.sampling["max_tokens"] == 10
     fb = _read_events(kafka_bootstrap, ev.TOPIC_FEEDBACK, {r1.id})
-    (fb_partition, _, f), = fb[r1.id]
+    ((fb_partition, _, f),) = fb[r1.id]
     assert f.kind == "accept" and f.elapsed_ms == 900 and f.tenant == got[r1.id][0][2].tenant
     assert fb_partition == got[r1.id][0][0], "completion and its feedback share a partition"
 
@@ -134,8 +164,10 @@ def test_feedback_ownership_and_tabby_events(gateway):
     assert post(url, {"completion_id": r.id, "kind": "partial", "accepted_chars": 5}, key="key-alice")[0] == 200
     tabby = f"{gateway.url}/v1/events"
     for etype in ("view", "select", "dismiss"):
-        assert post(tabby, {"type": etype, "completion_id": r.id, "choice_index": 0, "elapsed": 10},
-                     key="key-alice")[0] == 200
+        assert (
+            post(tabby, {"type": etype, "completion_id": r.id, "choice_index": 0, "elapsed": 10}, key="key-alice")[0]
+            == 200
+        )
     assert post(tabby + "?select_kind=line", {"type": "select", "completion_id": r.id}, key="key-bob")[0] == 403
 
 
@@ -146,15 +178,17 @@ def test_session_feedback_is_checked_and_logged_once(gateway):
     assert post(url, {"session_id": derived, "kind": "reject"}, key="key-bob")[0] == 403  # another tenant's
     status, body, _ = post(url, {"session_id": "cmpl-1-2-3-4", "kind": "accept"}, key="key-alice")
     assert status == 404 and body["error"]["code"] == "completion_not_found"
-    bad = [({"session_id": derived, "completion_id": r.id, "kind": "accept"}, "completion_id"),
-           ({"kind": "accept"}, "completion_id"),
-           ({"session_id": derived, "kind": "partial"}, "score"),
-           ({"session_id": derived, "kind": "partial", "score": 1.5}, "score"),
-           ({"session_id": derived, "kind": "accept", "score": 0.5}, "score"),
-           ({"session_id": derived, "kind": "accept", "choice_index": 0}, "choice_index"),
-           ({"session_id": "", "kind": "accept"}, "session_id"),
-           ({"session_id": "caf\u00e9", "kind": "accept"}, "session_id"),
-           ({"completion_id": r.id, "kind": "partial", "accepted_chars": 1, "score": 0.5}, "score")]
+    bad = [
+        ({"session_id": derived, "completion_id": r.id, "kind": "accept"}, "completion_id"),
+        ({"kind": "accept"}, "completion_id"),
+        ({"session_id": derived, "kind": "partial"}, "score"),
+        ({"session_id": derived, "kind": "partial", "score": 1.5}, "score"),
+        ({"session_id": derived, "kind": "accept", "score": 0.5}, "score"),
+        ({"session_id": derived, "kind": "accept", "choice_index": 0}, "choice_index"),
+        ({"session_id": "", "kind": "accept"}, "session_id"),
+        ({"session_id": "caf\u00e9", "kind": "accept"}, "session_id"),
+        ({"completion_id": r.id, "kind": "partial", "accepted_chars": 1, "score": 0.5}, "score"),
+    ]
     for payload, param in bad:
         status, body, _ = post(url, payload, key="key-alice")
         assert status == 400 and body["error"]["param"] == param, (payload, body)
@@ -177,8 +211,12 @@ def _metric(gateway, name: str, kind: str) -> float:
     from prometheus_client.parser import text_string_to_metric_families
 
     text = get(f"{gateway.url}/metrics")[1]
-    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
-               if s.name == name and s.labels.get("kind") == kind)
+    return sum(
+        s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name == name and s.labels.get("kind") == kind
+    )
 
 
 def test_only_the_first_feedback_on_a_choice_counts(gateway):
@@ -188,8 +226,12 @@ def test_only_the_first_feedback_on_a_choice_counts(gateway):
     repeated = _metric(gateway, "flywheel_gateway_feedback_repeated_total", "accept")
     for _ in range(20):
         assert post(f"{gateway.url}/v1/feedback", {"completion_id": r.id, "kind": "accept"}, key="key-alice")[0] == 200
-    assert post(f"{gateway.url}/v1/feedback", {"completion_id": r.id, "kind": "accept", "choice_index": 1},
-                key="key-alice")[0] == 200  # the other choice is its own
+    assert (
+        post(
+            f"{gateway.url}/v1/feedback", {"completion_id": r.id, "kind": "accept", "choice_index": 1}, key="key-alice"
+        )[0]
+        == 200
+    )  # the other choice is its own
     assert _metric(gateway, "flywheel_gateway_feedback_total", "accept") - first == 2
     assert _metric(gateway, "flywheel_gateway_feedback_repeated_total", "accept") - repeated == 19
 
@@ -217,10 +259,15 @@ def test_metrics(gateway):
     _client(gateway).completions.create(model="m", prompt=PROMPT, max_tokens=2, stream=True).close()
     status, text = get(f"{gateway.url}/metrics")
     assert status == 200
-    for name in ("flywheel_gateway_requests_total", "flywheel_gateway_time_to_first_token_seconds_bucket",
-                 "flywheel_gateway_e2e_latency_seconds_bucket", "flywheel_replica_inflight_requests",
-                 'flywheel_events_total{state="produced"}', "flywheel_replica_weight_version",
-                 "flywheel_event_spool_pending_bytes"):
+    for name in (
+        "flywheel_gateway_requests_total",
+        "flywheel_gateway_time_to_first_token_seconds_bucket",
+        "flywheel_gateway_e2e_latency_seconds_bucket",
+        "flywheel_replica_inflight_requests",
+        'flywheel_events_total{state="produced"}',
+        "flywheel_replica_weight_version",
+        "flywheel_event_spool_pending_bytes",
+    ):
         assert name in text, name
 
 
@@ -293,11 +340,14 @@ def test_client_closing_a_stream_is_a_quiet_counted_cancel_and_frees_the_replica
     cancels = _metric_route(gateway, "flywheel_gateway_client_cancels_total")
     tokens_before = generated()
     u = urlparse(gateway.url)
-    body = json.dumps({"model": "m", "prompt": PROMPT, "max_tokens": 256, "min_tokens": 256, "n": 4,
-                       "stream": True}).encode()
+    body = json.dumps(
+        {"model": "m", "prompt": PROMPT, "max_tokens": 256, "min_tokens": 256, "n": 4, "stream": True}
+    ).encode()
     with socket.create_connection((u.hostname, u.port), timeout=30) as s:
-        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer key-alice\r\n"
-                  b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        s.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer key-alice\r\n"
+            b"Content-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
         got = b""
         while b"data: " not in got:
             got += s.recv(4096)
@@ -305,8 +355,10 @@ def test_client_closing_a_stream_is_a_quiet_counted_cancel_and_frees_the_replica
     while _metric_route(gateway, "flywheel_gateway_client_cancels_total") <= cancels and time.monotonic() < deadline:
         time.sleep(0.1)
     assert _metric_route(gateway, "flywheel_gateway_client_cancels_total") == cancels + 1
-    while sglang_gauges(get(f"{replica.url}/metrics")[1]).get("sglang:num_running_reqs", 0) and \
-            time.monotonic() < deadline:
+    while (
+        sglang_gauges(get(f"{replica.url}/metrics")[1]).get("sglang:num_running_reqs", 0)
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.1)
     # Aborted: far fewer than the 4 x 256 tokens a finished request would have made.
     assert generated() - tokens_before < 0.75 * 4 * 256
@@ -327,14 +379,21 @@ def test_a_hung_replica_times_out_fails_over_and_leaves_rotation(replica, test_m
 
     proxy = TcpProxy(int(replica.url.rsplit(":", 1)[1]))
     proxy.start()
-    gw = gateway_process.start([proxy.url, replica.url], test_model, tmp_path / "gw", keys=GATEWAY_KEYS,
-                               admin_token=ADMIN, extra_args=["--no-events", "--request-timeout", "3"])
+    gw = gateway_process.start(
+        [proxy.url, replica.url],
+        test_model,
+        tmp_path / "gw",
+        keys=GATEWAY_KEYS,
+        admin_token=ADMIN,
+        extra_args=["--no-events", "--request-timeout", "3"],
+    )
     try:
         proxy.stalled = True
         client = _client(gw)
         outs = [client.completions.create(model="m", prompt=PROMPT, max_tokens=4) for _ in range(3)]
-        stream = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
-                                                max_tokens=4, stream=True)
+        stream = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4, stream=True
+        )
         chunks = [c for c in stream if c.choices]
         assert chunks and chunks[-1].choices[0].finish_reason in ("stop", "length")  # the stream ran to its end
         assert all(o.choices[0].finish_reason for o in outs)

@@ -1,4 +1,5 @@
 """Kafka stopped mid-traffic and restarted: no request fails and every event arrives afterwards."""
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,9 @@ def _health(url):
 
 def test_broker_outage_loses_nothing(replica, test_model, tmp_path):
     broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=tmp_path / "kafka"))
-    gw = gateway_process.start([replica.url], test_model, tmp_path / "gw", kafka=broker.bootstrap,
-                               keys={"alice": "key-a"})
+    gw = gateway_process.start(
+        [replica.url], test_model, tmp_path / "gw", kafka=broker.bootstrap, keys={"alice": "key-a"}
+    )
     client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="key-a", max_retries=0)
     issued, errors, feedback = [], [], []
     phase = {"name": "before"}
@@ -41,8 +43,11 @@ def test_broker_outage_loses_nothing(replica, test_model, tmp_path):
                 r = client.completions.create(model="m", prompt=PROMPT, max_tokens=4, temperature=1.0)
                 issued.append((phase["name"], r.id))
                 if i % 2 == 0:
-                    req = urllib.request.Request(f"{gw.url}/v1/feedback", headers={"Authorization": "Bearer key-a"},
-                                                 data=json.dumps({"completion_id": r.id, "kind": "accept"}).encode())
+                    req = urllib.request.Request(
+                        f"{gw.url}/v1/feedback",
+                        headers={"Authorization": "Bearer key-a"},
+                        data=json.dumps({"completion_id": r.id, "kind": "accept"}).encode(),
+                    )
                     with urllib.request.urlopen(req, timeout=30):
                         feedback.append(r.id)
             except Exception as e:  # any failure is a test failure, reported below
@@ -76,9 +81,14 @@ def test_broker_outage_loses_nothing(replica, test_model, tmp_path):
 
         want_c = {cid for _, cid in issued}
         seen_c, seen_f, event_ids = set(), set(), []
-        consumer = KafkaConsumer(ev.TOPIC_COMPLETIONS, ev.TOPIC_FEEDBACK, bootstrap_servers=broker.bootstrap,
-                                 group_id=f"t-{uuid.uuid4().hex[:6]}", auto_offset_reset="earliest",
-                                 enable_auto_commit=False)
+        consumer = KafkaConsumer(
+            ev.TOPIC_COMPLETIONS,
+            ev.TOPIC_FEEDBACK,
+            bootstrap_servers=broker.bootstrap,
+            group_id=f"t-{uuid.uuid4().hex[:6]}",
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+        )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and (seen_c != want_c or seen_f != set(feedback)):
             for recs in consumer.poll(timeout_ms=500).values():

@@ -1,4 +1,5 @@
 """The real Kafka 4 broker: idempotent zstd producer, consumer group reading every message exactly once."""
+
 import uuid
 
 import pytest
@@ -19,8 +20,9 @@ def _topic(bootstrap: str, partitions: int = 3) -> str:
 
 
 def _consume_all(bootstrap, topic, group, expect, timeout_s=30):
-    consumer = KafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest",
-                             enable_auto_commit=False)
+    consumer = KafkaConsumer(
+        topic, bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest", enable_auto_commit=False
+    )
     got = []
     try:
         import time
@@ -57,8 +59,9 @@ def test_broker_is_kafka_4_kraft(kafka_bootstrap):
 
 def test_idempotent_zstd_producer_and_group_reads_every_message_once(kafka_bootstrap):
     topic = _topic(kafka_bootstrap)
-    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", enable_idempotence=True,
-                             compression_type="zstd", linger_ms=5)
+    producer = KafkaProducer(
+        bootstrap_servers=kafka_bootstrap, acks="all", enable_idempotence=True, compression_type="zstd", linger_ms=5
+    )
     n = 500
     try:
         futures = [producer.send(topic, key=f"cmpl-{i % 37}".encode(), value=f"event-{i}".encode()) for i in range(n)]

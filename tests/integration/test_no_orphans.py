@@ -1,5 +1,6 @@
 """Whichever way the process that started the servers ends, they end with it; and a pid file never makes
 us kill a process that merely reuses a recorded pid."""
+
 from __future__ import annotations
 
 import json
@@ -41,8 +42,13 @@ def test_servers_die_with_the_process_that_started_them(test_model, tmp_path, ho
     """A broker, an SGLang replica (launcher, scheduler, detokenizer) and a gateway (and its shipper),
     started the way the test fixtures and the demo start them; then their parent is killed, with no
     chance to clean up (SIGKILL) or without cleaning up (SIGTERM, as pytest does on a second Ctrl-C)."""
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(test_model), str(tmp_path)], cwd=REPO_ROOT,
-                            env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)), stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(test_model), str(tmp_path)],
+        cwd=REPO_ROOT,
+        env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         pids = json.loads(proc.stdout.readline())
         groups = {p: group(p) for p in pids}
@@ -93,8 +99,13 @@ time.sleep(600)
 
 
 def test_a_child_that_ignores_sigterm_dies_with_the_parent_of_its_server(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-c", LEADER], cwd=REPO_ROOT, env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LEADER],
+        cwd=REPO_ROOT,
+        env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         pgid = int(proc.stdout.readline())
         deadline = time.monotonic() + 30

@@ -1,4 +1,5 @@
 """Trainer vs served numerics on a real replica, and sandbox rollouts through the gateway's admin path."""
+
 import json
 import subprocess
 import sys
@@ -24,9 +25,26 @@ def test_router_replay_matches_served_logprobs(replica, test_model):
 
 
 def test_numerics_cli_prints_one_json_object(replica, test_model):
-    out = subprocess.run([sys.executable, "-m", "flywheel", "numerics", "--replica", replica.url, "--model",
-                          str(test_model), "--prompts", "3", "--json"], capture_output=True, text=True, cwd=REPO_ROOT,
-                         env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"}, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "flywheel",
+            "numerics",
+            "--replica",
+            replica.url,
+            "--model",
+            str(test_model),
+            "--prompts",
+            "3",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"},
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
     for mode in ("replay", "no_replay"):
@@ -35,14 +53,18 @@ def test_numerics_cli_prints_one_json_object(replica, test_model):
 
 def test_rollouts_are_grouped_judged_and_tagged(gateway, test_model, kafka_bootstrap):
     cfg = json.loads((test_model / "config.json").read_text())
-    src = RolloutSource(RolloutConfig(gateway_url=gateway.url, admin_token=GATEWAY_ADMIN, tasks_per_step=3,
-                                      group_size=4, max_tokens=16))
+    src = RolloutSource(
+        RolloutConfig(gateway_url=gateway.url, admin_token=GATEWAY_ADMIN, tasks_per_step=3, group_size=4, max_tokens=16)
+    )
     samples, pass_rates = src.samples(step=0)
     assert len(pass_rates) == 3 and all(0.0 <= p <= 1.0 for p in pass_rates)
     assert len({s.group for s in samples}) == 3 and all(s.source == "rollout" for s in samples)
     for s in samples:
-        assert s.routed_experts.shape == (s.prompt_ids.size + s.output_ids.size - 1, cfg["num_hidden_layers"],
-                                          cfg["num_experts_per_tok"])
+        assert s.routed_experts.shape == (
+            s.prompt_ids.size + s.output_ids.size - 1,
+            cfg["num_hidden_layers"],
+            cfg["num_experts_per_tok"],
+        )
         assert s.behaviour_logprobs.shape == s.output_ids.shape and 0.0 <= s.reward <= 1.0
     # The admin path needs the admin token, and its completions are logged as rollouts, not user traffic.
     assert post(f"{gateway.url}/admin/rollouts", {"prompt": "def f(x):\n", "n": 1}, key="key-alice")[0] == 401
@@ -50,8 +72,13 @@ def test_rollouts_are_grouped_judged_and_tagged(gateway, test_model, kafka_boots
 
     from flywheel.core import events as ev
 
-    consumer = KafkaConsumer(ev.TOPIC_COMPLETIONS, bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest",
-                             group_id=f"t-{uuid.uuid4().hex[:6]}", consumer_timeout_ms=5000)
+    consumer = KafkaConsumer(
+        ev.TOPIC_COMPLETIONS,
+        bootstrap_servers=kafka_bootstrap,
+        auto_offset_reset="earliest",
+        group_id=f"t-{uuid.uuid4().hex[:6]}",
+        consumer_timeout_ms=5000,
+    )
     sources = {e.source for e in (ev.decode(r.value) for r in consumer) if e.completion_id.startswith("rollout-")}
     consumer.close()
     assert sources == {"rollout"}

@@ -1,5 +1,6 @@
 """Off-peak rollouts on two real replicas behind the gateway: borrow in the trough, return at the rise,
 no user request fails, rollouts only where lent, no flapping."""
+
 from __future__ import annotations
 
 import json
@@ -20,11 +21,22 @@ PROMPT = 'def add_three(x):\n    """Return x plus 3."""\n'
 
 
 def test_borrow_in_the_trough_return_at_the_rise(replica, second_replica, test_model, tmp_path):
-    gw = gateway_process.start([replica.url, second_replica.url], test_model, tmp_path / "gw", keys=GATEWAY_KEYS,
-                               admin_token=GATEWAY_ADMIN)
-    sched = OffPeakScheduler(OffPeakConfig(gateway_url=gw.url, admin_token=GATEWAY_ADMIN, low_water=0.5,
-                                           high_water=1.5, hold_s=3.0, cooldown_s=2.0, smoothing_s=1.5,
-                                           interval_s=0.25, max_share=0.5))
+    gw = gateway_process.start(
+        [replica.url, second_replica.url], test_model, tmp_path / "gw", keys=GATEWAY_KEYS, admin_token=GATEWAY_ADMIN
+    )
+    sched = OffPeakScheduler(
+        OffPeakConfig(
+            gateway_url=gw.url,
+            admin_token=GATEWAY_ADMIN,
+            low_water=0.5,
+            high_water=1.5,
+            hold_s=3.0,
+            cooldown_s=2.0,
+            smoothing_s=1.5,
+            interval_s=0.25,
+            max_share=0.5,
+        )
+    )
     client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="key-alice", max_retries=0)
     users = {"n": 4}  # concurrent users wanted now
     stop = threading.Event()
@@ -47,8 +59,11 @@ def test_borrow_in_the_trough_return_at_the_rise(replica, second_replica, test_m
 
     def trainer_rollouts():
         while not stop.is_set():
-            status, body, _ = post(f"{gw.url}/admin/rollouts", {"prompt": PROMPT, "n": 2, "max_tokens": 24,
-                                                                "replicas": "borrowed"}, key=GATEWAY_ADMIN)
+            status, body, _ = post(
+                f"{gw.url}/admin/rollouts",
+                {"prompt": PROMPT, "n": 2, "max_tokens": 24, "replicas": "borrowed"},
+                key=GATEWAY_ADMIN,
+            )
             if status == 503:
                 time.sleep(0.2)
                 continue
@@ -88,8 +103,12 @@ def test_borrow_in_the_trough_return_at_the_rise(replica, second_replica, test_m
     assert sum(f != "abort" for _, _, f in rollouts) > 0
     assert all(r["state"] == "active" for r in load["replicas"]), "stop() handed everything back"
     # Rollouts are counted apart from user completions, so they never read as user traffic.
-    counted = {src: float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-               for src in ("user", "rollout") if line.startswith(f'flywheel_gateway_completions_total{{source="{src}"}}')}
+    counted = {
+        src: float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        for src in ("user", "rollout")
+        if line.startswith(f'flywheel_gateway_completions_total{{source="{src}"}}')
+    }
     assert counted["rollout"] == len(rollouts), (counted, len(rollouts))
     assert counted["user"] == len(lat), (counted, len(lat))
     # Users during the rise: p99 of requests started in the 3 s after it, against the busy phase before.
@@ -104,8 +123,9 @@ def test_fleet_cli_borrow_status_return(replica, second_replica, test_model, tmp
     """What an SRE types: `flywheel fleet status|borrow|return`, with the admin token, and clear refusals."""
     from flywheel.cli import main
 
-    gw = gateway_process.start([replica.url, second_replica.url], test_model, tmp_path / "gw", keys=GATEWAY_KEYS,
-                               admin_token=GATEWAY_ADMIN)
+    gw = gateway_process.start(
+        [replica.url, second_replica.url], test_model, tmp_path / "gw", keys=GATEWAY_KEYS, admin_token=GATEWAY_ADMIN
+    )
     try:
         common = ["--gateway", gw.url, "--admin-token", GATEWAY_ADMIN]
         assert main(["fleet", "status", *common]) == 0
@@ -128,8 +148,9 @@ def test_fleet_cli_borrow_status_return(replica, second_replica, test_model, tmp
         assert main(["fleet", "status", "--gateway", gw.url, "--admin-token", ""]) == 1
         assert "admin token" in capsys.readouterr().err
         # A user request meanwhile goes to the active replica only.
-        status, body, _ = post(f"{gw.url}/v1/completions", {"model": "m", "prompt": PROMPT, "max_tokens": 4},
-                               key="key-alice")
+        status, body, _ = post(
+            f"{gw.url}/v1/completions", {"model": "m", "prompt": PROMPT, "max_tokens": 4}, key="key-alice"
+        )
         assert status == 200
         load = json.loads(get(f"{gw.url}/admin/load", key=GATEWAY_ADMIN)[1])
         assert {r["id"]: r["served"] for r in load["replicas"]}["r1"] == 0
@@ -146,11 +167,21 @@ def test_return_stops_rollouts_in_flight_and_the_trainer_redoes_them(replica, se
     trainer's rollout source puts their task back in its queue."""
     from online_rl.rollouts import RolloutConfig, RolloutSource
 
-    gw = gateway_process.start([replica.url, second_replica.url], test_model, tmp_path / "gw", keys=GATEWAY_KEYS,
-                               admin_token=GATEWAY_ADMIN)
+    gw = gateway_process.start(
+        [replica.url, second_replica.url], test_model, tmp_path / "gw", keys=GATEWAY_KEYS, admin_token=GATEWAY_ADMIN
+    )
     try:
-        src = RolloutSource(RolloutConfig(gateway_url=gw.url, admin_token=GATEWAY_ADMIN, tasks_per_step=1,
-                                          group_size=8, max_tokens=256, min_tokens=256, replicas="borrowed"))
+        src = RolloutSource(
+            RolloutConfig(
+                gateway_url=gw.url,
+                admin_token=GATEWAY_ADMIN,
+                tasks_per_step=1,
+                group_size=8,
+                max_tokens=256,
+                min_tokens=256,
+                replicas="borrowed",
+            )
+        )
         samples, _ = src.samples(0)  # nothing lent: no rollouts, the task waits
         assert samples == [] and len(src.retry) == 1
         waiting = src.retry[0]
@@ -171,8 +202,9 @@ def test_return_stops_rollouts_in_flight_and_the_trainer_redoes_them(replica, se
         time.sleep(0.3)
         t0 = time.monotonic()
         assert post(f"{gw.url}/admin/replicas/r1/return", {}, key=GATEWAY_ADMIN)[0] == 200
-        status, body, _ = post(f"{gw.url}/v1/completions", {"model": "m", "prompt": PROMPT, "max_tokens": 8},
-                               key="key-alice")
+        status, body, _ = post(
+            f"{gw.url}/v1/completions", {"model": "m", "prompt": PROMPT, "max_tokens": 8}, key="key-alice"
+        )
         assert status == 200, body
         t.join(timeout=120)
         assert time.monotonic() - t0 < 10, "the return stopped the rollouts instead of waiting for them"

@@ -1,4 +1,5 @@
 """A real SGLang replica (CPU flags + compat layer) serving the bootstrapped test model."""
+
 import base64
 import json
 import urllib.request
@@ -9,23 +10,32 @@ import torch
 
 pytestmark = pytest.mark.timeout(600)
 
-PROMPTS = ['def add_three(x):\n    """Return x plus 3."""\n',
-           'def keep_above_five(values):\n    """Return the items of values greater than 5."""\n',
-           "def test_shout_two():\n"]
+PROMPTS = [
+    'def add_three(x):\n    """Return x plus 3."""\n',
+    'def keep_above_five(values):\n    """Return the items of values greater than 5."""\n',
+    "def test_shout_two():\n",
+]
 
 
 def _generate(url, payload):
-    req = urllib.request.Request(f"{url}/generate", data=json.dumps(payload).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"{url}/generate", data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=120) as r:
         return json.loads(r.read())
 
 
 def test_generate_returns_logprobs_and_routed_experts(replica, test_model):
     cfg = json.loads((test_model / "config.json").read_text())
-    out = _generate(replica.url, {"text": PROMPTS[0], "sampling_params": {"max_new_tokens": 12, "temperature": 1.0,
-                                                                          "ignore_eos": True},
-                                  "return_logprob": True, "return_routed_experts": True})
+    out = _generate(
+        replica.url,
+        {
+            "text": PROMPTS[0],
+            "sampling_params": {"max_new_tokens": 12, "temperature": 1.0, "ignore_eos": True},
+            "return_logprob": True,
+            "return_routed_experts": True,
+        },
+    )
     meta = out["meta_info"]
     n_out = meta["completion_tokens"]
     assert n_out == 12 and len(out["output_ids"]) == 12
@@ -49,15 +59,21 @@ def test_served_routing_and_logprobs_match_the_trainer_model(replica, test_model
 
     tok = AutoTokenizer.from_pretrained(test_model)
     model = load_pretrained(test_model).eval()
-    out = _generate(replica.url, {"text": PROMPTS[1], "sampling_params": {"max_new_tokens": 10, "temperature": 1.0,
-                                                                          "ignore_eos": True},
-                                  "return_logprob": True, "return_routed_experts": True})
+    out = _generate(
+        replica.url,
+        {
+            "text": PROMPTS[1],
+            "sampling_params": {"max_new_tokens": 10, "temperature": 1.0, "ignore_eos": True},
+            "return_logprob": True,
+            "return_routed_experts": True,
+        },
+    )
     prompt_ids = tok(PROMPTS[1])["input_ids"]
     ids = torch.tensor([prompt_ids + out["output_ids"]])
     with torch.no_grad():
         res = model(ids[:, :-1])
     served = torch.tensor([lp for lp, _, _ in out["meta_info"]["output_token_logprobs"]])
-    ours = token_logprobs(res.logits, ids[:, 1:])[0, len(prompt_ids) - 1:]
+    ours = token_logprobs(res.logits, ids[:, 1:])[0, len(prompt_ids) - 1 :]
     # Same float32 arithmetic up to reduction order (the 1e-5 figure with router replay is online_rl's).
     assert (ours - served).abs().max().item() < 1e-4
     experts = np.frombuffer(base64.b64decode(out["meta_info"]["routed_experts"]), dtype=np.int32)
@@ -77,9 +93,20 @@ def test_checkpoint_loads_in_transformers_and_greedy_matches_sglang(replica, tes
         with torch.no_grad():
             # The explicit mask matters: the leading <|endoftext|> doubles as pad, and generate() would
             # otherwise mask it out.
-            hf_out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False,
-                                 eos_token_id=None, pad_token_id=tok.pad_token_id,
-                                 min_new_tokens=24)[0, ids.shape[1]:].tolist()
-        sg = _generate(replica.url, {"input_ids": ids[0].tolist(),
-                                     "sampling_params": {"max_new_tokens": 24, "temperature": 0.0, "ignore_eos": True}})
+            hf_out = hf.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=24,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=tok.pad_token_id,
+                min_new_tokens=24,
+            )[0, ids.shape[1] :].tolist()
+        sg = _generate(
+            replica.url,
+            {
+                "input_ids": ids[0].tolist(),
+                "sampling_params": {"max_new_tokens": 24, "temperature": 0.0, "ignore_eos": True},
+            },
+        )
         assert sg["output_ids"] == hf_out, f"greedy diverged for {prompt!r}"

@@ -5,6 +5,7 @@ afterwards nothing outside the sandbox changed (the cache and the repo fingerpri
 no sandbox process is left, and this process (the harness, standing where the trainer stands) lives on.
 The broker and the gateway are the real ones of the test session, so "connect to the broker" means it.
 """
+
 from __future__ import annotations
 
 import os
@@ -55,8 +56,13 @@ def secrets(tmp_path_factory):
     os.chmod(keys, 0o755)
     home = flywheel_home()
     cache_file = next(p for p in (home / "venv" / "pyvenv.cfg", home / "setup.lock") if p.exists())
-    return {"key": keys / "signing.pem", "cache_file": cache_file, "cache_dir": home,
-            "repo_file": REPO_ROOT / "online_rl" / "tasks.py", "repo_dir": REPO_ROOT}
+    return {
+        "key": keys / "signing.pem",
+        "cache_file": cache_file,
+        "cache_dir": home,
+        "repo_file": REPO_ROOT / "online_rl" / "tasks.py",
+        "repo_dir": REPO_ROOT,
+    }
 
 
 def test_corpus_is_contained(secrets, kafka_bootstrap, gateway):
@@ -70,12 +76,15 @@ def test_corpus_is_contained(secrets, kafka_bootstrap, gateway):
 
     t0 = time.monotonic()
     verdicts = sandbox.run([hc.render(c, **values) for c in hc.CASES], CFG)
-    pair = sandbox.run([hc.render(c, **values) for c in hc.LEFTOVER_PAIR], sandbox.SandboxConfig(
-        cpu_seconds=1, wall_seconds=3.0, workers=1))
+    pair = sandbox.run(
+        [hc.render(c, **values) for c in hc.LEFTOVER_PAIR],
+        sandbox.SandboxConfig(cpu_seconds=1, wall_seconds=3.0, workers=1),
+    )
     elapsed = time.monotonic() - t0
 
-    wrong = [(c.name, c.honest, v) for c, v in zip(hc.CASES + hc.LEFTOVER_PAIR, verdicts + pair)
-             if not hc.contained(c, v)]
+    wrong = [
+        (c.name, c.honest, v) for c, v in zip(hc.CASES + hc.LEFTOVER_PAIR, verdicts + pair) if not hc.contained(c, v)
+    ]
     assert not wrong, "\n".join(f"{n}: honest reward {h}, got {v}" for n, h, v in wrong)
     assert wait_no_sandbox_processes() == []
     assert fingerprint(flywheel_home()) == before["cache"]
@@ -93,11 +102,14 @@ def test_harness_killed_mid_run_leaves_nothing(tmp_path):
     import subprocess
     import sys
 
-    script = ("from tests import hostile_candidates as hc\nfrom online_rl import sandbox\n"
-              "c = hc.render(hc.Hostile('sleep', None, 0, 'import time\\ntime.sleep(1000)'))\n"
-              "sandbox.run([c, c], sandbox.SandboxConfig(wall_seconds=120, cpu_seconds=60))\n")
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO_ROOT,
-                            env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)))
+    script = (
+        "from tests import hostile_candidates as hc\nfrom online_rl import sandbox\n"
+        "c = hc.render(hc.Hostile('sleep', None, 0, 'import time\\ntime.sleep(1000)'))\n"
+        "sandbox.run([c, c], sandbox.SandboxConfig(wall_seconds=120, cpu_seconds=60))\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=REPO_ROOT, env=dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    )
     try:
         deadline = time.monotonic() + 60
         while len(sandbox_processes()) < 4 and time.monotonic() < deadline:  # 2 x (bwrap, init, python)

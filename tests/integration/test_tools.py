@@ -2,6 +2,7 @@
 tools, forced and parallel calls, a tool-message round trip, streaming. The tiny model's calls may be
 wrong; the protocol must hold either way: valid calls come back as tool_calls (finish "tool_calls"),
 anything else as text (finish "stop"/"length"), counted, never a 4xx/5xx."""
+
 from __future__ import annotations
 
 import json
@@ -15,15 +16,28 @@ from tests.helpers import get
 pytestmark = pytest.mark.timeout(300)
 
 TOOLS = [
-    {"type": "function", "function": {"name": "read_file", "description": "Read a file of the repository",
-                                      "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
-                                                     "required": ["path"]}}},
-    {"type": "function", "function": {"name": "run_tests", "description": "Run the test suite",
-                                      "parameters": {"type": "object", "properties": {}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a file of the repository",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "run_tests",
+            "description": "Run the test suite",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    },
 ]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
-MESSAGES = [{"role": "system", "content": "You are a coding agent."},
-            {"role": "user", "content": "The tests fail in app.py; find out why."}]
+MESSAGES = [
+    {"role": "system", "content": "You are a coding agent."},
+    {"role": "user", "content": "The tests fail in app.py; find out why."},
+]
 
 
 def _client(gateway):
@@ -44,8 +58,15 @@ def _holds(choice) -> None:
 
 @pytest.mark.parametrize("choice", ["auto", "required", {"type": "function", "function": {"name": "run_tests"}}])
 def test_tool_requests_answer_with_calls_or_text(gateway, choice):
-    r = _client(gateway).chat.completions.create(model="flywheel-coder", messages=MESSAGES, tools=TOOLS,
-                                                 tool_choice=choice, max_completion_tokens=48, temperature=0, n=2)
+    r = _client(gateway).chat.completions.create(
+        model="flywheel-coder",
+        messages=MESSAGES,
+        tools=TOOLS,
+        tool_choice=choice,
+        max_completion_tokens=48,
+        temperature=0,
+        n=2,
+    )
     assert len(r.choices) == 2
     for c in r.choices:
         _holds(c)
@@ -53,21 +74,43 @@ def test_tool_requests_answer_with_calls_or_text(gateway, choice):
 
 def test_a_tool_message_round_trip_and_parallel_calls_off(gateway):
     msgs = MESSAGES + [
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_a", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "app.py"}'}},
-            {"id": "call_b", "type": "function", "function": {"name": "run_tests", "arguments": "{}"}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_a",
+                    "type": "function",
+                    "function": {"name": "read_file", "arguments": '{"path": "app.py"}'},
+                },
+                {"id": "call_b", "type": "function", "function": {"name": "run_tests", "arguments": "{}"}},
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_a", "content": "def add(a, b):\n    return a - b\n"},
-        {"role": "tool", "tool_call_id": "call_b", "content": "FAILED test_add: assert add(1, 2) == 3"}]
-    r = _client(gateway).chat.completions.create(model="flywheel-coder", messages=msgs, tools=TOOLS,
-                                                 parallel_tool_calls=False, max_completion_tokens=32, temperature=0.7)
+        {"role": "tool", "tool_call_id": "call_b", "content": "FAILED test_add: assert add(1, 2) == 3"},
+    ]
+    r = _client(gateway).chat.completions.create(
+        model="flywheel-coder",
+        messages=msgs,
+        tools=TOOLS,
+        parallel_tool_calls=False,
+        max_completion_tokens=32,
+        temperature=0.7,
+    )
     _holds(r.choices[0])
     assert len(r.choices[0].message.tool_calls or []) <= 1
 
 
 def test_streamed_tool_requests_assemble_like_whole_ones(gateway):
     client = _client(gateway)
-    kw = dict(model="flywheel-coder", messages=MESSAGES, tools=TOOLS, max_completion_tokens=48, temperature=0,
-              tool_choice={"type": "function", "function": {"name": "read_file"}})
+    kw = dict(
+        model="flywheel-coder",
+        messages=MESSAGES,
+        tools=TOOLS,
+        max_completion_tokens=48,
+        temperature=0,
+        tool_choice={"type": "function", "function": {"name": "read_file"}},
+    )
     whole = client.chat.completions.create(**kw).choices[0]
     content, calls, finish = "", {}, None
     for chunk in client.chat.completions.create(stream=True, **kw):
@@ -83,15 +126,22 @@ def test_streamed_tool_requests_assemble_like_whole_ones(gateway):
         finish = chunk.choices[0].finish_reason or finish
     assert finish == whole.finish_reason
     if finish == "tool_calls":
-        assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == \
-            [(c.function.name, json.loads(c.function.arguments)) for c in whole.message.tool_calls]
+        assert [(c["name"], json.loads(c["arguments"])) for c in calls.values()] == [
+            (c.function.name, json.loads(c.function.arguments)) for c in whole.message.tool_calls
+        ]
     else:
         assert not calls and content == whole.message.content
 
 
 def test_tool_outcomes_are_counted(gateway):
-    _client(gateway).chat.completions.create(model="flywheel-coder", messages=MESSAGES, tools=TOOLS,
-                                             tool_choice="required", max_completion_tokens=24, temperature=0)
+    _client(gateway).chat.completions.create(
+        model="flywheel-coder",
+        messages=MESSAGES,
+        tools=TOOLS,
+        tool_choice="required",
+        max_completion_tokens=24,
+        temperature=0,
+    )
     status, body = get(f"{gateway.url}/metrics")
     assert status == 200
     counted = [line for line in body.splitlines() if line.startswith("flywheel_gateway_tool_calls_total{")]
@@ -103,8 +153,12 @@ def _tool_series(gateway) -> dict[tuple, float]:
 
     status, body = get(f"{gateway.url}/metrics")
     assert status == 200
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(body)
-            for s in f.samples if s.name.startswith("flywheel_gateway_tool_calls")}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(body)
+        for s in f.samples
+        if s.name.startswith("flywheel_gateway_tool_calls")
+    }
 
 
 def test_a_malformed_call_is_counted_with_the_version_that_wrote_it(gateway):
@@ -113,8 +167,13 @@ def test_a_malformed_call_is_counted_with_the_version_that_wrote_it(gateway):
 
     before = _tool_series(gateway)
     r = _client(gateway).chat.completions.create(
-        model="flywheel-coder", messages=MESSAGES, tools=TOOLS, max_completion_tokens=1, temperature=0,
-        tool_choice={"type": "function", "function": {"name": "read_file"}})
+        model="flywheel-coder",
+        messages=MESSAGES,
+        tools=TOOLS,
+        max_completion_tokens=1,
+        temperature=0,
+        tool_choice={"type": "function", "function": {"name": "read_file"}},
+    )
     c = r.choices[0]
     assert c.finish_reason in ("length", "stop") and not c.message.tool_calls
     assert c.message.content.startswith('<tool_call>\n{"name": "read_file", "arguments": ')
@@ -138,18 +197,28 @@ def test_a_multi_turn_session_is_linked_in_the_completion_events(gateway, kafka_
     client = _client(gateway)
     first = client.chat.completions.create(model="flywheel-coder", messages=MESSAGES, max_completion_tokens=8)
     assert first.model_extra["session_id"] == first.id  # a first turn names the session
-    turn2 = MESSAGES + [{"role": "assistant", "content": first.choices[0].message.content},
-                        {"role": "user", "content": "Now run the tests."}]
-    second = client.chat.completions.create(model="flywheel-coder", messages=turn2, max_completion_tokens=8,
-                                            stream=True)
+    turn2 = MESSAGES + [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "Now run the tests."},
+    ]
+    second = client.chat.completions.create(
+        model="flywheel-coder", messages=turn2, max_completion_tokens=8, stream=True
+    )
     second_id = [c.id for c in second][0]
     given = f"ide-session-{uuid.uuid4().hex[:8]}"
-    third = client.chat.completions.create(model="flywheel-coder", messages=turn2, max_completion_tokens=8,
-                                           extra_headers={"X-Session-Id": given})
+    third = client.chat.completions.create(
+        model="flywheel-coder", messages=turn2, max_completion_tokens=8, extra_headers={"X-Session-Id": given}
+    )
     assert third.model_extra["session_id"] == given
     want = {first.id, second_id, third.id}
-    c = KafkaConsumer(ev.TOPIC_COMPLETIONS, bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest",
-                      enable_auto_commit=False, group_id=None, consumer_timeout_ms=5000)
+    c = KafkaConsumer(
+        ev.TOPIC_COMPLETIONS,
+        bootstrap_servers=kafka_bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        group_id=None,
+        consumer_timeout_ms=5000,
+    )
     events = {}
     for r in c:
         e = ev.decode(r.value)
@@ -183,25 +252,45 @@ def test_an_agent_session_is_joined_and_trained_with_tool_results_masked(gateway
     client, sid = _client(gateway), f"agent-{uuid.uuid4().hex[:8]}"
     results = {"call_r1": "RESULT-ONE def add(a, b): return a - b", "call_t1": "RESULT-TWO FAILED test_add"}
     msgs, cids = list(MESSAGES), []
-    for call_id, name, args in [("call_r1", "read_file", '{"path": "app.py"}'), ("call_t1", "run_tests", "{}"),
-                                (None, None, None)]:
-        r = client.chat.completions.create(model="flywheel-coder", messages=msgs, tools=TOOLS, temperature=0,
-                                           max_completion_tokens=24, extra_headers={"X-Session-Id": sid})
+    for call_id, name, args in [
+        ("call_r1", "read_file", '{"path": "app.py"}'),
+        ("call_t1", "run_tests", "{}"),
+        (None, None, None),
+    ]:
+        r = client.chat.completions.create(
+            model="flywheel-coder",
+            messages=msgs,
+            tools=TOOLS,
+            temperature=0,
+            max_completion_tokens=24,
+            extra_headers={"X-Session-Id": sid},
+        )
         assert r.model_extra["session_id"] == sid
         cids.append(r.id)
         if name is None:
             break
         # The agent's next request carries a call and its result (written here: the tiny model's own call
         # may be malformed, and the protocol lets a client send any well-formed history).
-        msgs += [{"role": "assistant", "content": None, "tool_calls": [
-                     {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}]},
-                 {"role": "tool", "tool_call_id": call_id, "content": results[call_id]}]
+        msgs += [
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}],
+            },
+            {"role": "tool", "tool_call_id": call_id, "content": results[call_id]},
+        ]
     status, body, _ = post(f"{gateway.url}/v1/feedback", {"session_id": sid, "kind": "accept"}, key="key-alice")
     assert status == 200 and body["session_id"] == sid
 
     def read(topic, keep):
-        c = KafkaConsumer(topic, bootstrap_servers=kafka_bootstrap, auto_offset_reset="earliest",
-                          enable_auto_commit=False, group_id=None, consumer_timeout_ms=5000)
+        c = KafkaConsumer(
+            topic,
+            bootstrap_servers=kafka_bootstrap,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            group_id=None,
+            consumer_timeout_ms=5000,
+        )
         got = [e for e in (ev.decode(r.value) for r in c) if keep(e)]
         c.close()
         return got
@@ -229,16 +318,23 @@ def test_an_agent_session_is_joined_and_trained_with_tool_results_masked(gateway
             first, last = int(np.searchsorted(ends, lo, side="right")), int(np.searchsorted(ends, hi - 1, side="right"))
             assert 0 < first < last < p
             # token i of the sequence is the target at position i - 1: none of a result's tokens is scored
-            assert batch.mask[b, first - 1:last].sum() == 0
-        assert batch.mask[b].sum() == n and batch.mask[b, p - 1:p - 1 + n].all()  # exactly the turn's output
+            assert batch.mask[b, first - 1 : last].sum() == 0
+        assert batch.mask[b].sum() == n and batch.mask[b, p - 1 : p - 1 + n].all()  # exactly the turn's output
 
     model = load_pretrained(test_model, torch.float32)
     before = [t.detach().clone() for t in model.parameters()]
     from online_rl.loss import advantages
 
     adv, _ = advantages(samples, LossConfig(), baseline=0.0)
-    m = update(model, None, make_optimizer(model, OptimConfig(lr=1e-3)), samples, adv, LossConfig(kl_coef=0.0),
-               OptimConfig(lr=1e-3))
+    m = update(
+        model,
+        None,
+        make_optimizer(model, OptimConfig(lr=1e-3)),
+        samples,
+        adv,
+        LossConfig(kl_coef=0.0),
+        OptimConfig(lr=1e-3),
+    )
     assert m["tokens"] == sum(s.n_tokens for s in samples) and 0 < m["grad_norm"] < float("inf")
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
@@ -252,10 +348,20 @@ def test_the_bootstrapped_model_calls_the_tools_its_corpus_taught(gateway):
     task = tasks("heldout")[0]
     msgs = [{"role": "user", "content": A.ASKS[0].format(p="app.py")}]
     read = {"id": "call_r", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "app.py"}'}}
-    for history in ([], [{"role": "assistant", "content": None, "tool_calls": [read]},
-                         {"role": "tool", "tool_call_id": "call_r", "content": task.prompt}]):
-        r = _client(gateway).chat.completions.create(model="flywheel-coder", messages=msgs + history,
-                                                     tools=A.openai_tools(), max_completion_tokens=96, temperature=0)
+    for history in (
+        [],
+        [
+            {"role": "assistant", "content": None, "tool_calls": [read]},
+            {"role": "tool", "tool_call_id": "call_r", "content": task.prompt},
+        ],
+    ):
+        r = _client(gateway).chat.completions.create(
+            model="flywheel-coder",
+            messages=msgs + history,
+            tools=A.openai_tools(),
+            max_completion_tokens=96,
+            temperature=0,
+        )
         c = r.choices[0]
         assert c.finish_reason == "tool_calls", c.message.content
         call = c.message.tool_calls[0].function

@@ -1,5 +1,6 @@
 """The trainer against a real broker: it learns a preference from feedback events, survives kill -9
 without training a sample twice or skipping one, and 2 data-parallel ranks make the 1-rank update."""
+
 from __future__ import annotations
 
 import json
@@ -57,9 +58,16 @@ def acceptance(model, tok, eval_tasks, seed: int) -> float:
 def test_feedback_events_teach_a_hidden_preference(broker, test_model, tmp_path):
     tok = _tok(test_model)
     train_tasks, eval_tasks = heldout_split()
-    cfg = TrainerConfig(model_dir=test_model, work_dir=tmp_path / "trainer", kafka_bootstrap=broker.bootstrap,
-                        group_id="learn", batch_size=32, min_batch=1, loss=LossConfig(kl_coef=0.0),
-                        optim=OptimConfig(lr=6e-4))
+    cfg = TrainerConfig(
+        model_dir=test_model,
+        work_dir=tmp_path / "trainer",
+        kafka_bootstrap=broker.bootstrap,
+        group_id="learn",
+        batch_size=32,
+        min_batch=1,
+        loss=LossConfig(kl_coef=0.0),
+        optim=OptimConfig(lr=6e-4),
+    )
     trainer = Trainer(cfg)
     before = acceptance(trainer.model, tok, eval_tasks, seed=100)
     gen = torch.Generator().manual_seed(0)
@@ -99,16 +107,34 @@ def test_kill_9_at_any_moment_trains_every_sample_exactly_once(broker, test_mode
     produce(broker.bootstrap, records)
     expected = {f"k9-{i}:0" for i in range(len(samples))}
     work = tmp_path / "trainer"
-    cmd = [sys.executable, "-m", "flywheel", "train", "--model", str(test_model), "--work-dir", str(work),
-           "--kafka", broker.bootstrap, "--batch-size", "8", "--min-batch", "1", "--checkpoint-every", "2",
-           "--lr", "1e-4"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "flywheel",
+        "train",
+        "--model",
+        str(test_model),
+        "--work-dir",
+        str(work),
+        "--kafka",
+        broker.bootstrap,
+        "--batch-size",
+        "8",
+        "--min-batch",
+        "1",
+        "--checkpoint-every",
+        "2",
+        "--lr",
+        "1e-4",
+    ]
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     rng = random.Random(7)
     kills = 0
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
-        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+        )
         if kills < 4:
             time.sleep(rng.uniform(4.0, 9.0))  # somewhere in start-up, ingest, update or save
             os.killpg(proc.pid, signal.SIGKILL)
@@ -152,9 +178,19 @@ def test_two_ranks_make_the_same_update_as_one(test_model, tmp_path):
     tok = _tok(test_model)
     model = load_pretrained(test_model)
     raw = sample_completions(model, tok, heldout_split()[0][:6], 2, torch.Generator().manual_seed(3))
-    samples = [Sample(key=str(i), prompt_ids=np.asarray(p), output_ids=np.asarray(o), behaviour_logprobs=lp,
-                      routed_experts=e, reward=float(i % 2), model_version=0, group=str(i // 4))
-               for i, (p, o, lp, e) in enumerate(raw)]
+    samples = [
+        Sample(
+            key=str(i),
+            prompt_ids=np.asarray(p),
+            output_ids=np.asarray(o),
+            behaviour_logprobs=lp,
+            routed_experts=e,
+            reward=float(i % 2),
+            model_version=0,
+            group=str(i // 4),
+        )
+        for i, (p, o, lp, e) in enumerate(raw)
+    ]
     adv, _ = advantages(samples, LossConfig(), 0.0)
     _one_update(0, 1, 0, str(test_model), samples, adv, str(tmp_path / "one.pt"))
     mp.spawn(_one_update, args=(2, free_port(), str(test_model), samples, adv, str(tmp_path / "two.pt")), nprocs=2)
@@ -170,10 +206,15 @@ def test_stale_samples_are_dropped(test_model, tmp_path):
     trainer = Trainer(TrainerConfig(model_dir=test_model, work_dir=tmp_path / "t", staleness=2, min_batch=1))
     trainer.version = 10
     c = trainer.model.cfg
-    mk = lambda v: Sample(key=f"v{v}", prompt_ids=np.array([0, 5]), output_ids=np.array([6]),  # noqa: E731
-                          behaviour_logprobs=np.array([-1.0], np.float32),
-                          routed_experts=np.zeros((2, c.num_hidden_layers, c.num_experts_per_tok), np.uint8),
-                          reward=1.0, model_version=v)
+    mk = lambda v: Sample(
+        key=f"v{v}",
+        prompt_ids=np.array([0, 5]),
+        output_ids=np.array([6]),  # noqa: E731
+        behaviour_logprobs=np.array([-1.0], np.float32),
+        routed_experts=np.zeros((2, c.num_hidden_layers, c.num_experts_per_tok), np.uint8),
+        reward=1.0,
+        model_version=v,
+    )
     trainer.buffer = [mk(7), mk(8), mk(10)]
     batch = trainer._take_batch()
     assert [s.key for s in batch] == ["v8", "v10"]
@@ -194,9 +235,16 @@ def test_publish_hands_a_delta_to_weight_sync(broker, test_model, tmp_path):
     from weight_sync.store import Store
 
     generate_key(tmp_path / "k.pem", tmp_path / "k.pub")
-    cfg = TrainerConfig(model_dir=test_model, work_dir=tmp_path / "trainer", kafka_bootstrap=broker.bootstrap,
-                        group_id="publish", min_batch=1, publish_store=tmp_path / "store", publish_key=tmp_path / "k.pem",
-                        optim=OptimConfig(lr=1e-3))
+    cfg = TrainerConfig(
+        model_dir=test_model,
+        work_dir=tmp_path / "trainer",
+        kafka_bootstrap=broker.bootstrap,
+        group_id="publish",
+        min_batch=1,
+        publish_store=tmp_path / "store",
+        publish_key=tmp_path / "k.pem",
+        optim=OptimConfig(lr=1e-3),
+    )
     trainer = Trainer(cfg)
     tok = _tok(test_model)
     samples = sample_completions(trainer.model, tok, heldout_split()[0][:10], 2, torch.Generator().manual_seed(5))
@@ -224,8 +272,14 @@ def test_publish_hands_a_delta_to_weight_sync(broker, test_model, tmp_path):
     again = Trainer(cfg)
     assert [r["version"] for r in again.pending_announcements] == [2]
     assert again.announce() and store.announced() == 2 and store.unannounced() == []
-    c = KafkaConsumer(TOPIC_WEIGHTS, bootstrap_servers=broker.bootstrap, auto_offset_reset="earliest",
-                      enable_auto_commit=False, group_id=None, consumer_timeout_ms=3000)
+    c = KafkaConsumer(
+        TOPIC_WEIGHTS,
+        bootstrap_servers=broker.bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        group_id=None,
+        consumer_timeout_ms=3000,
+    )
     pub = load_private(tmp_path / "k.pem").public_key()
     announced = []
     for m in c:
@@ -239,14 +293,27 @@ def test_publish_hands_a_delta_to_weight_sync(broker, test_model, tmp_path):
     assert announced[-3:] == [0, 1, 2]
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "flywheel", "weights", "serve", "--store", str(tmp_path / "store"),
-                             "--port", str(port)], cwd=REPO_ROOT, env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flywheel", "weights", "serve", "--store", str(tmp_path / "store"), "--port", str(port)],
+        cwd=REPO_ROOT,
+        env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: get(f"{url}/versions")[0] == 200, 30, what="store server")
-        agent = Agent(AgentConfig(name="a", replica_url="http://unused", store_url=url, public_key=tmp_path / "k.pub",
-                                  work_dir=tmp_path / "agent", initial_model=test_model))
+        agent = Agent(
+            AgentConfig(
+                name="a",
+                replica_url="http://unused",
+                store_url=url,
+                public_key=tmp_path / "k.pub",
+                work_dir=tmp_path / "agent",
+                initial_model=test_model,
+            )
+        )
 
         async def rebuild():
             async with aiohttp.ClientSession() as s:
@@ -271,12 +338,21 @@ def test_join_windows_and_duplicates_against_the_broker(broker, test_model, tmp_
     feedbacks = [r for r in recs if r[0] == ev.TOPIC_FEEDBACK]
     # 2 completions never get feedback; 1 feedback names a completion that never existed; 3 records twice.
     orphan = ev.FeedbackEvent(completion_id="win-ghost", choice_index=0, tenant="t", kind="accept")
-    produce(broker.bootstrap, completions + feedbacks[2:] + feedbacks[2:5] +
-            [(ev.TOPIC_FEEDBACK, "win-ghost", orphan.encode())])
+    produce(
+        broker.bootstrap,
+        completions + feedbacks[2:] + feedbacks[2:5] + [(ev.TOPIC_FEEDBACK, "win-ghost", orphan.encode())],
+    )
     from online_rl.stream import JoinConfig
 
-    trainer = Trainer(TrainerConfig(model_dir=test_model, work_dir=tmp_path / "t", kafka_bootstrap=broker.bootstrap,
-                                    group_id="windows", join=JoinConfig(window_s=1.0, orphan_wait_s=1.0)))
+    trainer = Trainer(
+        TrainerConfig(
+            model_dir=test_model,
+            work_dir=tmp_path / "t",
+            kafka_bootstrap=broker.bootstrap,
+            group_id="windows",
+            join=JoinConfig(window_s=1.0, orphan_wait_s=1.0),
+        )
+    )
     trainer.consumer()
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -300,10 +376,20 @@ def test_batch_invariant_switch_makes_logprobs_independent_of_the_batch(test_mod
         assert bi.enabled()
         tok = _tok(test_model)
         train_tasks, _ = heldout_split()
-        samples = [Sample(key=str(i), prompt_ids=np.asarray(p, np.int32), output_ids=np.asarray(o, np.int32),
-                          behaviour_logprobs=lp, routed_experts=ex, reward=0.0, model_version=0)
-                   for i, (p, o, lp, ex) in enumerate(sample_completions(trainer.model, tok, train_tasks[:3], 2,
-                                                                         torch.Generator().manual_seed(0)))]
+        samples = [
+            Sample(
+                key=str(i),
+                prompt_ids=np.asarray(p, np.int32),
+                output_ids=np.asarray(o, np.int32),
+                behaviour_logprobs=lp,
+                routed_experts=ex,
+                reward=0.0,
+                model_version=0,
+            )
+            for i, (p, o, lp, ex) in enumerate(
+                sample_completions(trainer.model, tok, train_tasks[:3], 2, torch.Generator().manual_seed(0))
+            )
+        ]
         longest = max(samples, key=lambda s: s.prompt_ids.size + s.output_ids.size)
         others = [s for s in samples if s is not longest][:4]
 
@@ -337,10 +423,18 @@ def test_checkpoint_round_trips_as_plain_state_and_refuses_pickled_code(test_mod
     cfg = TrainerConfig(model_dir=test_model, work_dir=tmp_path / "t")
     trainer = Trainer(cfg)
     c = trainer.model.cfg
-    trainer.buffer = [Sample(key="k", prompt_ids=np.array([0, 5], np.int32), output_ids=np.array([6, 7], np.int32),
-                             behaviour_logprobs=np.array([-1.0, -2.0], np.float32),
-                             routed_experts=np.ones((3, c.num_hidden_layers, c.num_experts_per_tok), np.uint8),
-                             reward=0.75, model_version=3, event_ids=("a", "b"))]
+    trainer.buffer = [
+        Sample(
+            key="k",
+            prompt_ids=np.array([0, 5], np.int32),
+            output_ids=np.array([6, 7], np.int32),
+            behaviour_logprobs=np.array([-1.0, -2.0], np.float32),
+            routed_experts=np.ones((3, c.num_hidden_layers, c.num_experts_per_tok), np.uint8),
+            reward=0.75,
+            model_version=3,
+            event_ids=("a", "b"),
+        )
+    ]
     trainer.step = 5
     trainer.save()
     again = Trainer(cfg)

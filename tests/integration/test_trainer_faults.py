@@ -4,6 +4,7 @@ HTTP calls to a gateway that went away (a TCP proxy switched off), a publish the
 where the output directory goes), and announcements while the broker is down (stopped, then restarted on
 its data dir). The run goes on, recovers from each, and ends with the right counts: every good sample
 trained once, every version in the store announced."""
+
 from __future__ import annotations
 
 import json
@@ -61,8 +62,9 @@ def test_trainer_survives_each_failure_mid_run(test_model, gateway, tmp_path, mo
     try:
         tok = Tokenizer.from_file(str(test_model / "tokenizer.json"))
         model = load_pretrained(test_model)
-        raw = sample_completions(model, tok, heldout_split()[0][:12], 2, torch.Generator().manual_seed(4),
-                                 max_tokens=12)
+        raw = sample_completions(
+            model, tok, heldout_split()[0][:12], 2, torch.Generator().manual_seed(4), max_tokens=12
+        )
         ids, out, lp, experts = raw[0]
         bad = (ids, out[:-1] + [model.cfg.vocab_size + 7], lp, experts)  # the same shapes, one impossible token
         records = events_for(raw, lambda o: "accept" if len(o) % 2 else "reject", prefix="ft")
@@ -75,12 +77,23 @@ def test_trainer_survives_each_failure_mid_run(test_model, gateway, tmp_path, mo
         work.mkdir()
         (work / "published").write_text("a file where the publisher writes its checkpoint directory")
         cfg = TrainerConfig(
-            model_dir=test_model, work_dir=work, kafka_bootstrap=broker.bootstrap, group_id="faults",
-            batch_size=8, min_batch=1, publish_interval_s=2.0, publish_store=tmp_path / "store",
-            publish_key=tmp_path / "k.pem", poll_ms=200, optim=OptimConfig(lr=1e-4),
-            retry=RetryConfig(base_s=0.5, max_s=2.0), announce_timeout_s=3.0,
-            rollouts=RolloutConfig(gateway_url=proxy.url, admin_token=GATEWAY_ADMIN, tasks_per_step=1,
-                                   group_size=4, max_tokens=16))
+            model_dir=test_model,
+            work_dir=work,
+            kafka_bootstrap=broker.bootstrap,
+            group_id="faults",
+            batch_size=8,
+            min_batch=1,
+            publish_interval_s=2.0,
+            publish_store=tmp_path / "store",
+            publish_key=tmp_path / "k.pem",
+            poll_ms=200,
+            optim=OptimConfig(lr=1e-4),
+            retry=RetryConfig(base_s=0.5, max_s=2.0),
+            announce_timeout_s=3.0,
+            rollouts=RolloutConfig(
+                gateway_url=proxy.url, admin_token=GATEWAY_ADMIN, tasks_per_step=1, group_size=4, max_tokens=16
+            ),
+        )
         trainer = Trainer(cfg)
 
         # One rollout group cannot be judged (the sandbox call fails once); the real sandbox otherwise.
@@ -106,8 +119,10 @@ def test_trainer_survives_each_failure_mid_run(test_model, gateway, tmp_path, mo
         count = trainer.failures.count
 
         # The bad sample, the broken group and the blocked publish all happen in the first seconds.
-        wait_for("a bad sample, a broken group, a failed publish",
-                 lambda: count("sample") >= 1 and count("rollout_group") >= 1 and count("publish") >= 1)
+        wait_for(
+            "a bad sample, a broken group, a failed publish",
+            lambda: count("sample") >= 1 and count("rollout_group") >= 1 and count("publish") >= 1,
+        )
         (work / "published").unlink()
         wait_for("a publish after the disk is fixed", lambda: len(Store(tmp_path / "store").versions()) >= 2)
 
@@ -130,8 +145,11 @@ def test_trainer_survives_each_failure_mid_run(test_model, gateway, tmp_path, mo
         versions = Store(tmp_path / "store").versions()
         from weight_sync.manifest import load_public
 
-        announced = [r["version"] for r in weights_records(broker.bootstrap, load_public(tmp_path / "k.pub"))
-                     if r["type"] == "version"]
+        announced = [
+            r["version"]
+            for r in weights_records(broker.bootstrap, load_public(tmp_path / "k.pub"))
+            if r["type"] == "version"
+        ]
         assert set(announced) == set(versions) and len(versions) >= 3, (announced, versions)
         ledger = [e for f in sorted((work / "ledger").glob("step-*.json")) for e in json.loads(f.read_text())]
         trained = [e["key"] for e in ledger if e["key"].startswith("ft-") and "dropped" not in e]
@@ -139,8 +157,10 @@ def test_trainer_survives_each_failure_mid_run(test_model, gateway, tmp_path, mo
         assert set(trained) == good
         assert {e["key"]: e["dropped"] for e in ledger if e["key"].startswith("ftbad-")} == {"ftbad-0:0": "invalid"}
         metrics = trainer.metrics.registry
-        assert metrics.get_sample_value("flywheel_trainer_failures_total",
-                                        {"stage": "sample", "cause": "InvalidSample"}) == 1
+        assert (
+            metrics.get_sample_value("flywheel_trainer_failures_total", {"stage": "sample", "cause": "InvalidSample"})
+            == 1
+        )
     finally:
         stop.set()
         if thread is not None:

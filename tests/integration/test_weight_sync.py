@@ -1,4 +1,5 @@
 """Weight sync against real replicas: publish, verify, rebuild, hot-switch under load, reject bad versions."""
+
 from __future__ import annotations
 
 import asyncio
@@ -53,9 +54,14 @@ def weights(test_model, tmp_path_factory):
         ckpts.append(perturbed(ckpts[-1], root / f"ckpt{v}", seed=v, share=0.02, ulps=40 if v == 2 else 1))
         publish(ckpts[-1], cfg)
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "flywheel", "weights", "serve", "--store", str(root / "store"),
-                             "--port", str(port)], cwd=REPO_ROOT, env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flywheel", "weights", "serve", "--store", str(root / "store"), "--port", str(port)],
+        cwd=REPO_ROOT,
+        env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     wait_until(lambda: get(f"{url}/versions")[0] == 200, 30, what="store server")
     try:
@@ -72,8 +78,9 @@ def announce(weights, bootstrap: str, v: int) -> None:
 
     store = Store(weights["root"] / "store")
     body = (store.version_dir(v) / "manifest.json").read_bytes()
-    cfg = PublishConfig(store=weights["root"] / "store", private_key=weights["root"] / "signing.pem",
-                        kafka_bootstrap=bootstrap)
+    cfg = PublishConfig(
+        store=weights["root"] / "store", private_key=weights["root"] / "signing.pem", kafka_bootstrap=bootstrap
+    )
     send(cfg, announcement(store.manifest(v), f"{weights['url']}/versions/{v}/manifest.json", codec.digest(body)))
 
 
@@ -84,8 +91,13 @@ def completion_events(bootstrap: str, ids: set[str], timeout_s: float = 60.0) ->
 
     from flywheel.core import events as ev
 
-    consumer = KafkaConsumer(ev.TOPIC_COMPLETIONS, bootstrap_servers=bootstrap, group_id=f"t-{uuid.uuid4().hex[:6]}",
-                             auto_offset_reset="earliest", enable_auto_commit=False)
+    consumer = KafkaConsumer(
+        ev.TOPIC_COMPLETIONS,
+        bootstrap_servers=bootstrap,
+        group_id=f"t-{uuid.uuid4().hex[:6]}",
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
     found = {}
     deadline = time.monotonic() + timeout_s
     try:
@@ -101,15 +113,25 @@ def completion_events(bootstrap: str, ids: set[str], timeout_s: float = 60.0) ->
 
 
 def _agent(weights, replica, name, work, **kw) -> Agent:
-    return Agent(AgentConfig(name=name, replica_url=replica.url, store_url=weights["url"],
-                             public_key=weights["root"] / "signing.pub", work_dir=work,
-                             initial_model=weights["ckpts"][0], **kw))
+    return Agent(
+        AgentConfig(
+            name=name,
+            replica_url=replica.url,
+            store_url=weights["url"],
+            public_key=weights["root"] / "signing.pub",
+            work_dir=work,
+            initial_model=weights["ckpts"][0],
+            **kw,
+        )
+    )
 
 
 def _greedy(url: str) -> list:
     """Greedy tokens and their logprobs: any change of weights shows in the logprobs."""
-    status, out, _ = post(f"{url}/generate", {"text": PROMPT, "return_logprob": True,
-                                              "sampling_params": {"max_new_tokens": 16, "temperature": 0.0}})
+    status, out, _ = post(
+        f"{url}/generate",
+        {"text": PROMPT, "return_logprob": True, "sampling_params": {"max_new_tokens": 16, "temperature": 0.0}},
+    )
     assert status == 200
     return [(t, lp) for lp, t, _ in out["meta_info"]["output_token_logprobs"]]
 
@@ -166,9 +188,17 @@ def _corrupt(store_root: Path, src_version: int, new_version: int, how: str, cfg
         chunk.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("how, reason", [("bad_signature", "bad_manifest"), ("unsigned", "bad_manifest"),
-                                         ("truncated_chunk", "fetch_failed"), ("corrupt_chunk", "fetch_failed"),
-                                         ("wrong_base", "digest_mismatch"), ("unknown", "unknown_version")])
+@pytest.mark.parametrize(
+    "how, reason",
+    [
+        ("bad_signature", "bad_manifest"),
+        ("unsigned", "bad_manifest"),
+        ("truncated_chunk", "fetch_failed"),
+        ("corrupt_chunk", "fetch_failed"),
+        ("wrong_base", "digest_mismatch"),
+        ("unknown", "unknown_version"),
+    ],
+)
 def test_bad_versions_are_rejected_and_the_replica_keeps_serving(weights, second_replica, tmp_path, how, reason):
     number = 100 + ["bad_signature", "unsigned", "truncated_chunk", "corrupt_chunk", "wrong_base", "unknown"].index(how)
     if how != "unknown":
@@ -187,20 +217,59 @@ def test_hot_switch_under_load_through_the_gateway(weights, replica, second_repl
     from tests.helpers import GATEWAY_KEYS
 
     root = tmp_path
-    gw = gateway_process.start([replica.url, second_replica.url], weights["ckpts"][0], root / "gw",
-                               kafka=kafka_bootstrap, keys=GATEWAY_KEYS, admin_token=GATEWAY_ADMIN)
-    topic_cfg = PublishConfig(store=weights["root"] / "store", private_key=weights["root"] / "signing.pem",
-                              kafka_bootstrap=kafka_bootstrap, store_url=weights["url"])
+    gw = gateway_process.start(
+        [replica.url, second_replica.url],
+        weights["ckpts"][0],
+        root / "gw",
+        kafka=kafka_bootstrap,
+        keys=GATEWAY_KEYS,
+        admin_token=GATEWAY_ADMIN,
+    )
+    topic_cfg = PublishConfig(
+        store=weights["root"] / "store",
+        private_key=weights["root"] / "signing.pem",
+        kafka_bootstrap=kafka_bootstrap,
+        store_url=weights["url"],
+    )
     activate(topic_cfg, 0, "test start: serve v0")
     agents = []
     for rid, rep in (("r0", replica), ("r1", second_replica)):
-        cmd = [sys.executable, "-m", "flywheel", "weights", "agent", "--name", rid, "--replica", rep.url,
-               "--store-url", weights["url"], "--public-key", str(weights["root"] / "signing.pub"),
-               "--initial-model", str(weights["ckpts"][0]), "--work-dir", str(root / f"agent-{rid}"),
-               "--kafka", kafka_bootstrap, "--gateway", gw.url, "--admin-token", GATEWAY_ADMIN]
+        cmd = [
+            sys.executable,
+            "-m",
+            "flywheel",
+            "weights",
+            "agent",
+            "--name",
+            rid,
+            "--replica",
+            rep.url,
+            "--store-url",
+            weights["url"],
+            "--public-key",
+            str(weights["root"] / "signing.pub"),
+            "--initial-model",
+            str(weights["ckpts"][0]),
+            "--work-dir",
+            str(root / f"agent-{rid}"),
+            "--kafka",
+            kafka_bootstrap,
+            "--gateway",
+            gw.url,
+            "--admin-token",
+            GATEWAY_ADMIN,
+        ]
         log = open(root / f"agent-{rid}.log", "wb")
-        agents.append(subprocess.Popen(cmd, cwd=REPO_ROOT, env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"},
-                                       stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        agents.append(
+            subprocess.Popen(
+                cmd,
+                cwd=REPO_ROOT,
+                env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
     client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="key-alice", max_retries=0)
     results, errors, stop = [], [], threading.Event()
 
@@ -291,8 +360,14 @@ def test_a_failed_load_never_leaves_the_replica_paused_or_draining(weights, seco
     assert _greedy(second_replica.url) and _version(second_replica.url) == version  # not left paused
     from tests.helpers import GATEWAY_KEYS
 
-    gw = gateway_process.start([second_replica.url, second_replica.url + "/"], test_model, tmp_path / "gw",
-                               keys=GATEWAY_KEYS, admin_token=GATEWAY_ADMIN, extra_args=["--no-events"])
+    gw = gateway_process.start(
+        [second_replica.url, second_replica.url + "/"],
+        test_model,
+        tmp_path / "gw",
+        keys=GATEWAY_KEYS,
+        admin_token=GATEWAY_ADMIN,
+        extra_args=["--no-events"],
+    )
 
     def state(rid):
         reps = json.loads(get(f"{gw.url}/admin/replicas", key=GATEWAY_ADMIN)[1])["replicas"]
@@ -300,8 +375,11 @@ def test_a_failed_load_never_leaves_the_replica_paused_or_draining(weights, seco
 
     try:
         with pytest.raises(SwitchError):
-            asyncio.run(switch(second_replica.url, str(tmp_path / "missing"), 9, "drain",
-                               GatewayLink(gw.url, GATEWAY_ADMIN, "r0")))
+            asyncio.run(
+                switch(
+                    second_replica.url, str(tmp_path / "missing"), 9, "drain", GatewayLink(gw.url, GATEWAY_ADMIN, "r0")
+                )
+            )
         assert state("r0") == "active"
         # An agent that drained its replica and died: its lease runs out and the gateway takes it back.
         assert post(f"{gw.url}/admin/replicas/r0/drain", {"lease_s": 1}, key=GATEWAY_ADMIN)[0] == 200
@@ -328,10 +406,20 @@ def test_a_transient_apply_failure_is_retried_and_its_offset_not_committed(weigh
 
     broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=tmp_path / "kafka"))
     proxy = TcpProxy(int(weights["url"].rsplit(":", 1)[1]))  # not started: the store is unreachable
-    agent = Agent(AgentConfig(name="retry", replica_url=second_replica.url, store_url=proxy.url,
-                              public_key=weights["root"] / "signing.pub", work_dir=tmp_path / "agent",
-                              initial_model=weights["ckpts"][0], kafka_bootstrap=broker.bootstrap,
-                              switch_mode="no_pause", retry_base_s=0.3, retry_max_s=1.0))
+    agent = Agent(
+        AgentConfig(
+            name="retry",
+            replica_url=second_replica.url,
+            store_url=proxy.url,
+            public_key=weights["root"] / "signing.pub",
+            work_dir=tmp_path / "agent",
+            initial_model=weights["ckpts"][0],
+            kafka_bootstrap=broker.bootstrap,
+            switch_mode="no_pause",
+            retry_base_s=0.3,
+            retry_max_s=1.0,
+        )
+    )
     stop = threading.Event()
     thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
 
@@ -380,12 +468,21 @@ def test_the_agent_acts_only_on_signed_fresh_records(weights, second_replica, tm
 
     broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=tmp_path / "kafka"))
     ensure_topics(broker.bootstrap)
-    cfg = PublishConfig(store=weights["root"] / "store", private_key=weights["root"] / "signing.pem",
-                        kafka_bootstrap=broker.bootstrap)
-    agent = Agent(AgentConfig(name="guarded", replica_url=second_replica.url, store_url=weights["url"],
-                              public_key=weights["root"] / "signing.pub", work_dir=tmp_path / "agent",
-                              initial_model=weights["ckpts"][0], kafka_bootstrap=broker.bootstrap,
-                              switch_mode="no_pause"))
+    cfg = PublishConfig(
+        store=weights["root"] / "store", private_key=weights["root"] / "signing.pem", kafka_bootstrap=broker.bootstrap
+    )
+    agent = Agent(
+        AgentConfig(
+            name="guarded",
+            replica_url=second_replica.url,
+            store_url=weights["url"],
+            public_key=weights["root"] / "signing.pub",
+            work_dir=tmp_path / "agent",
+            initial_model=weights["ckpts"][0],
+            kafka_bootstrap=broker.bootstrap,
+            switch_mode="no_pause",
+        )
+    )
     stop = threading.Event()
     thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
     producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
@@ -402,13 +499,24 @@ def test_the_agent_acts_only_on_signed_fresh_records(weights, second_replica, tm
         c.close()
         forged = control.make("activate", 2, seq=10_000, reason="forged")
         generate_key(tmp_path / "evil.pem", tmp_path / "evil.pub")
-        for raw in (first, b"null", b"[1]", b"not json", json.dumps(forged).encode(),
-                    control.encode(forged, load_private(tmp_path / "evil.pem"))):
+        for raw in (
+            first,
+            b"null",
+            b"[1]",
+            b"not json",
+            json.dumps(forged).encode(),
+            control.encode(forged, load_private(tmp_path / "evil.pem")),
+        ):
             producer.send(TOPIC_WEIGHTS, key=b"weights", value=raw)
         producer.flush()
         bad = agent.metrics.bad_records
-        wait_until(lambda: sum(bad.labels(r)._value.get() for r in ("replayed", "malformed", "unsigned",
-                                                                    "bad_signature")) == 6, 30, what="6 refusals")
+        wait_until(
+            lambda: (
+                sum(bad.labels(r)._value.get() for r in ("replayed", "malformed", "unsigned", "bad_signature")) == 6
+            ),
+            30,
+            what="6 refusals",
+        )
         assert bad.labels("replayed")._value.get() == 1 and bad.labels("malformed")._value.get() == 3
         assert bad.labels("unsigned")._value.get() == 1 and bad.labels("bad_signature")._value.get() == 1
         assert thread.is_alive() and _version(second_replica.url) == "3"

@@ -1,6 +1,7 @@
 """The bootstrap corpus teaches the tool language serving speaks: each agent turn's prompt is byte for byte
 what the gateway renders for that conversation, a configured share of the calls is malformed, and the
 call check online_rl uses judges like the gateway's parser."""
+
 import json
 import random
 import re
@@ -37,10 +38,20 @@ def _openai_messages(prompt: str) -> list[dict]:
     msgs = [{"role": "user", "content": user}]
     for i, (call, result) in enumerate(_HISTORY.findall(prompt)):
         obj = json.loads(call)
-        msgs += [{"role": "assistant", "content": None, "tool_calls": [
-            {"id": f"call_{i}", "type": "function",
-             "function": {"name": obj["name"], "arguments": json.dumps(obj["arguments"])}}]},
-            {"role": "tool", "tool_call_id": f"call_{i}", "content": result}]
+        msgs += [
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"call_{i}",
+                        "type": "function",
+                        "function": {"name": obj["name"], "arguments": json.dumps(obj["arguments"])},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": f"call_{i}", "content": result},
+        ]
     return msgs
 
 
@@ -67,9 +78,11 @@ def test_an_episode_reads_writes_tests_and_answers_honestly():
     task = T.Task("add", 3, "x")
     neg = sum(x < 0 for x in task.test_inputs())
     assert 0 < neg < 10
-    for body, result, final in ((task.reference, "10 passed", A.DONE),
-                                (task.render_body("return {a} - {k}"), "10 failed", A.STILL_FAILING),
-                                ("    return abs(x) + 3\n", f"{neg} failed, {10 - neg} passed", A.STILL_FAILING)):
+    for body, result, final in (
+        (task.reference, "10 passed", A.DONE),
+        (task.render_body("return {a} - {k}"), "10 failed", A.STILL_FAILING),
+        ("    return abs(x) + 3\n", f"{neg} failed, {10 - neg} passed", A.STILL_FAILING),
+    ):
         messages, turns = A.episode(task, body, "app.py", A.ASKS[0])
         assert [t.call for t in turns] == ["read_file", "write_file", "run_tests", None]
         assert messages[2]["content"] == task.prompt  # the file holds the task's prompt

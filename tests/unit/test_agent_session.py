@@ -1,5 +1,6 @@
 """The agent user's session logic on scripted answers (the gateway's JSON as it sends it); the sessions
 against a real gateway run in tests/integration (load test, demo parts)."""
+
 import json
 import random
 
@@ -16,10 +17,16 @@ def judge(task, code):  # one test: the file is the reference implementation
 def answer(i, calls=None, text=None):
     msg = {"role": "assistant", "content": text}
     if calls:
-        msg["tool_calls"] = [{"id": f"call_{i}_{k}", "type": "function",
-                              "function": {"name": n, "arguments": json.dumps(a)}} for k, (n, a) in enumerate(calls)]
-    return {"id": f"cmpl-{i}", "session_id": "cmpl-0", "model_version": 3,
-            "choices": [{"index": 0, "message": msg, "finish_reason": "tool_calls" if calls else "stop"}]}
+        msg["tool_calls"] = [
+            {"id": f"call_{i}_{k}", "type": "function", "function": {"name": n, "arguments": json.dumps(a)}}
+            for k, (n, a) in enumerate(calls)
+        ]
+    return {
+        "id": f"cmpl-{i}",
+        "session_id": "cmpl-0",
+        "model_version": 3,
+        "choices": [{"index": 0, "message": msg, "finish_reason": "tool_calls" if calls else "stop"}],
+    }
 
 
 def scripted(answers):
@@ -28,6 +35,7 @@ def scripted(answers):
     def chat(messages):
         seen.append([dict(m) for m in messages])
         return answers[len(seen) - 1]
+
     return chat, seen
 
 
@@ -35,10 +43,14 @@ def test_a_session_that_writes_passing_code_is_kept():
     rng = random.Random(0)
     path = random.Random(0).choice(PATHS)  # the file the session will ask about (its first draw)
     good = TASK.prompt + TASK.reference
-    chat, seen = scripted([answer(0, [("read_file", {"path": path})]),
-                           answer(1, [("write_file", {"path": path, "content": good})]),
-                           answer(2, [("run_tests", {"path": path})]),
-                           answer(3, text="Done: the tests pass.")])
+    chat, seen = scripted(
+        [
+            answer(0, [("read_file", {"path": path})]),
+            answer(1, [("write_file", {"path": path, "content": good})]),
+            answer(2, [("run_tests", {"path": path})]),
+            answer(3, text="Done: the tests pass."),
+        ]
+    )
     res = run_session(chat, TASK, rng, judge)
     assert (res.outcome, res.turns, res.calls, res.text_answers) == ("accept", 4, 3, 1)
     assert res.session_id == "cmpl-0" and res.versions == [3, 3, 3, 3] and res.completion_ids[0] == "cmpl-0"

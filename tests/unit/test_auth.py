@@ -1,4 +1,5 @@
 """API keys are kept hashed; completion ids prove their tenant and cannot be forged."""
+
 import json
 import time
 

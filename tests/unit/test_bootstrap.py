@@ -1,4 +1,5 @@
 """The model is made here, deterministically: same preset and seed, same bytes."""
+
 import dataclasses
 import json
 
@@ -67,7 +68,8 @@ def test_report_carries_the_valid_tool_call_rate(test_model):
     assert ev["agent_turns"] == 3 * min(cfg.agent_tasks, ev["heldout_tasks"])
     assert sum(ev["tool_call_outcomes_t1"].values()) == ev["agent_turns"] * cfg.agent_samples
     assert ev["tool_call_outcomes_t1"]["valid"] / (ev["agent_turns"] * cfg.agent_samples) == pytest.approx(
-        ev["tool_call_valid_rate"], abs=1e-4)
+        ev["tool_call_valid_rate"], abs=1e-4
+    )
 
 
 def test_unknown_preset_is_an_error():

@@ -1,4 +1,5 @@
 """The broker's formatting arguments."""
+
 from flywheel.kafka_broker import _cluster_id
 
 

@@ -1,4 +1,5 @@
 """Canary judgement and the gateway's split, on figures alone (no servers)."""
+
 import random
 
 import pytest
@@ -7,25 +8,42 @@ from serving.canary_split import CanarySplit
 from weight_sync.canary import CanaryConfig, judge
 from weight_sync.publish import PublishConfig
 
-CFG = CanaryConfig(gateway_url="http://unused", admin_token="t", publish=PublishConfig(store=".", private_key="."),
-                   min_feedback=100, min_requests=50, margin=0.05, confidence=0.95)
+CFG = CanaryConfig(
+    gateway_url="http://unused",
+    admin_token="t",
+    publish=PublishConfig(store=".", private_key="."),
+    min_feedback=100,
+    min_requests=50,
+    margin=0.05,
+    confidence=0.95,
+)
 
 
 def arm(n, p, requests=None, errors=0, p99=100.0):
     accepts = round(n * p)
-    return {"requests": requests if requests is not None else n, "errors": errors, "accepts": accepts,
-            "rejects": n - accepts, "feedback": n, "acceptance": p, "p99_ms": p99}
+    return {
+        "requests": requests if requests is not None else n,
+        "errors": errors,
+        "accepts": accepts,
+        "rejects": n - accepts,
+        "feedback": n,
+        "acceptance": p,
+        "p99_ms": p99,
+    }
 
 
-@pytest.mark.parametrize("canary, stable, decision", [
-    (arm(50, 0.1), arm(50, 0.5), "extend"),  # too little feedback yet
-    (arm(300, 0.30), arm(300, 0.50), "rollback"),  # clearly worse
-    (arm(300, 0.70), arm(300, 0.50), "promote"),  # clearly better
-    (arm(2000, 0.50), arm(2000, 0.50), "promote"),  # neutral with enough evidence: within the margin
-    (arm(150, 0.47), arm(150, 0.50), "extend"),  # neutral, not enough evidence yet
-    (arm(300, 0.60, p99=400.0), arm(300, 0.50, p99=100.0), "rollback"),  # slower beyond the p99 ratio
-    (arm(300, 0.60, errors=30), arm(300, 0.50), "rollback"),  # errors
-])
+@pytest.mark.parametrize(
+    "canary, stable, decision",
+    [
+        (arm(50, 0.1), arm(50, 0.5), "extend"),  # too little feedback yet
+        (arm(300, 0.30), arm(300, 0.50), "rollback"),  # clearly worse
+        (arm(300, 0.70), arm(300, 0.50), "promote"),  # clearly better
+        (arm(2000, 0.50), arm(2000, 0.50), "promote"),  # neutral with enough evidence: within the margin
+        (arm(150, 0.47), arm(150, 0.50), "extend"),  # neutral, not enough evidence yet
+        (arm(300, 0.60, p99=400.0), arm(300, 0.50, p99=100.0), "rollback"),  # slower beyond the p99 ratio
+        (arm(300, 0.60, errors=30), arm(300, 0.50), "rollback"),  # errors
+    ],
+)
 def test_decisions(canary, stable, decision):
     v = judge(canary, stable, CFG)
     assert v.decision == decision, v
@@ -35,26 +53,33 @@ def test_decisions(canary, stable, decision):
 def tools(arm_figures, answers, malformed_rate):
     """An arm's figures with its tool-call answers, as GET /admin/canary reports them."""
     bad = round(answers * malformed_rate)
-    return {**arm_figures, "tool_answers": answers, "tool_malformed": bad,
-            "malformed_rate": bad / answers if answers else None}
+    return {
+        **arm_figures,
+        "tool_answers": answers,
+        "tool_malformed": bad,
+        "malformed_rate": bad / answers if answers else None,
+    }
 
 
-@pytest.mark.parametrize("canary, stable, decision, why", [
-    # worse malformed-call rate, with confidence: rolled back before any feedback and despite better acceptance
-    (tools(arm(20, 0.5), 200, 0.30), tools(arm(20, 0.5), 200, 0.05), "rollback", "malformed tool calls"),
-    (tools(arm(300, 0.70), 200, 0.30), tools(arm(300, 0.50), 200, 0.05), "rollback", "malformed tool calls"),
-    # the same rate: the guard has no say, acceptance decides (both ways)
-    (tools(arm(300, 0.70), 400, 0.10), tools(arm(300, 0.50), 400, 0.10), "promote", "acceptance"),
-    (tools(arm(300, 0.30), 400, 0.10), tools(arm(300, 0.50), 400, 0.10), "rollback", "acceptance"),
-    # better than stable, or worse only within the margin: passes
-    (tools(arm(300, 0.70), 400, 0.02), tools(arm(300, 0.50), 400, 0.10), "promote", "acceptance"),
-    (tools(arm(300, 0.70), 400, 0.12), tools(arm(300, 0.50), 400, 0.10), "promote", "acceptance"),
-    # much worse, but too few tool answers on an arm: no verdict from this guard
-    (tools(arm(300, 0.70), 99, 0.90), tools(arm(300, 0.50), 400, 0.0), "promote", "acceptance"),
-    (tools(arm(20, 0.5), 400, 0.90), tools(arm(20, 0.5), 50, 0.0), "extend", "waiting for feedback"),
-    # figures from a gateway without tool counts: judged on acceptance as before
-    (arm(300, 0.70), arm(300, 0.50), "promote", "acceptance"),
-])
+@pytest.mark.parametrize(
+    "canary, stable, decision, why",
+    [
+        # worse malformed-call rate, with confidence: rolled back before any feedback and despite better acceptance
+        (tools(arm(20, 0.5), 200, 0.30), tools(arm(20, 0.5), 200, 0.05), "rollback", "malformed tool calls"),
+        (tools(arm(300, 0.70), 200, 0.30), tools(arm(300, 0.50), 200, 0.05), "rollback", "malformed tool calls"),
+        # the same rate: the guard has no say, acceptance decides (both ways)
+        (tools(arm(300, 0.70), 400, 0.10), tools(arm(300, 0.50), 400, 0.10), "promote", "acceptance"),
+        (tools(arm(300, 0.30), 400, 0.10), tools(arm(300, 0.50), 400, 0.10), "rollback", "acceptance"),
+        # better than stable, or worse only within the margin: passes
+        (tools(arm(300, 0.70), 400, 0.02), tools(arm(300, 0.50), 400, 0.10), "promote", "acceptance"),
+        (tools(arm(300, 0.70), 400, 0.12), tools(arm(300, 0.50), 400, 0.10), "promote", "acceptance"),
+        # much worse, but too few tool answers on an arm: no verdict from this guard
+        (tools(arm(300, 0.70), 99, 0.90), tools(arm(300, 0.50), 400, 0.0), "promote", "acceptance"),
+        (tools(arm(20, 0.5), 400, 0.90), tools(arm(20, 0.5), 50, 0.0), "extend", "waiting for feedback"),
+        # figures from a gateway without tool counts: judged on acceptance as before
+        (arm(300, 0.70), arm(300, 0.50), "promote", "acceptance"),
+    ],
+)
 def test_malformed_call_rate_guard(canary, stable, decision, why):
     v = judge(canary, stable, CFG)
     assert v.decision == decision and v.reason.startswith(why), v
@@ -75,8 +100,7 @@ def test_simulated_malformed_rates_reach_the_right_decision():
             for x, p in ((c, 0.1 + extra), (s, 0.1)):
                 x["n"] += 1
                 x["bad"] += rng.random() < p
-            verdict = judge(*[{**arm(0, 0.0), "tool_answers": x["n"], "tool_malformed": x["bad"]} for x in (c, s)],
-                            CFG)
+            verdict = judge(*[{**arm(0, 0.0), "tool_answers": x["n"], "tool_malformed": x["bad"]} for x in (c, s)], CFG)
             if verdict.decision != "extend":
                 break
         assert verdict.decision == want, (extra, verdict)
@@ -102,8 +126,12 @@ def test_split_keeps_a_user_on_one_arm_and_counts_per_arm():
     split.tool_answer("r1", malformed=False, repeated=True)
     split.tool_answer("r0", malformed=False, repeated=False)
     v = split.view()["arms"]
-    assert [v["canary"][k] for k in ("tool_answers", "tool_malformed", "tool_repeated", "malformed_rate")] == \
-        [2, 1, 1, 0.5]
+    assert [v["canary"][k] for k in ("tool_answers", "tool_malformed", "tool_repeated", "malformed_rate")] == [
+        2,
+        1,
+        1,
+        0.5,
+    ]
     assert [v["stable"][k] for k in ("tool_answers", "tool_malformed", "malformed_rate")] == [1, 0, 0.0]
 
 
@@ -121,8 +149,18 @@ def test_simulated_trials_reach_the_right_decision():
             for x, p in ((c, 0.5 + true_diff), (s, 0.5)):
                 x["n"] += 1
                 x["a"] += rng.random() < p
-            figures = [{"requests": x["n"], "errors": 0, "accepts": x["a"], "rejects": x["n"] - x["a"],
-                        "feedback": x["n"], "acceptance": x["a"] / x["n"], "p99_ms": 100.0} for x in (c, s)]
+            figures = [
+                {
+                    "requests": x["n"],
+                    "errors": 0,
+                    "accepts": x["a"],
+                    "rejects": x["n"] - x["a"],
+                    "feedback": x["n"],
+                    "acceptance": x["a"] / x["n"],
+                    "p99_ms": 100.0,
+                }
+                for x in (c, s)
+            ]
             verdict = judge(*figures, CFG)
         assert verdict.decision == want, (true_diff, verdict)
 

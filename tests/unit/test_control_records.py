@@ -1,4 +1,5 @@
 """Control records on the weights topic: typed, signed, sequenced; anything else is refused with a reason."""
+
 import json
 
 import pytest
@@ -29,25 +30,38 @@ def test_round_trip_and_tampering(keys):
     assert e.value.reason == "bad_signature"
 
 
-@pytest.mark.parametrize("raw, reason", [
-    (b"null", "malformed"), (b"[1, 2]", "malformed"), (b"\xff\xfe", "malformed"), (b"42", "malformed"),
-    (b'{"type": "pin", "version": 1, "seq": 3}', "unsigned"), (b'{"record": [], "sig": "AA=="}', "malformed"),
-    (b'{"record": {"type": "pin"}, "sig": "not base64!"}', "bad_signature"),
-])
+@pytest.mark.parametrize(
+    "raw, reason",
+    [
+        (b"null", "malformed"),
+        (b"[1, 2]", "malformed"),
+        (b"\xff\xfe", "malformed"),
+        (b"42", "malformed"),
+        (b'{"type": "pin", "version": 1, "seq": 3}', "unsigned"),
+        (b'{"record": [], "sig": "AA=="}', "malformed"),
+        (b'{"record": {"type": "pin"}, "sig": "not base64!"}', "bad_signature"),
+    ],
+)
 def test_what_is_not_a_signed_record_is_refused(keys, raw, reason):
     with pytest.raises(control.ControlError) as e:
         control.decode(raw, keys[0].public_key())
     assert e.value.reason == reason
 
 
-@pytest.mark.parametrize("record", [
-    {"type": "bogus", "version": 1, "seq": 1}, {"type": "pin", "seq": 1}, {"type": "pin", "version": "3", "seq": 1},
-    {"type": "pin", "version": True, "seq": 1}, {"type": "activate", "version": 1}, {"type": "activate", "version": 1,
-                                                                                      "seq": 0},
-    {"type": "rollback", "version": 2, "seq": 1, "stable": "1"}, {"type": "canary", "version": 2, "seq": 1,
-                                                                    "replicas": [1]},
-    {"type": "version", "version": -1, "seq": 1},
-])
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"type": "bogus", "version": 1, "seq": 1},
+        {"type": "pin", "seq": 1},
+        {"type": "pin", "version": "3", "seq": 1},
+        {"type": "pin", "version": True, "seq": 1},
+        {"type": "activate", "version": 1},
+        {"type": "activate", "version": 1, "seq": 0},
+        {"type": "rollback", "version": 2, "seq": 1, "stable": "1"},
+        {"type": "canary", "version": 2, "seq": 1, "replicas": [1]},
+        {"type": "version", "version": -1, "seq": 1},
+    ],
+)
 def test_records_of_the_wrong_shape_are_invalid_even_when_signed(keys, record):
     key = keys[0]
     import base64

@@ -1,4 +1,5 @@
 """The CPU compatibility layer: small, in one place, and it really patches SGLang in a fresh process."""
+
 import subprocess
 import sys
 
@@ -17,9 +18,14 @@ def test_apply_patches_sglang_allocator_and_provides_vllm_stub():
         "from vllm._custom_ops import rotary_embedding\n"
         "try:\n    rotary_embedding()\nexcept NotImplementedError:\n    print('stub ok')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT,
-                         env={"PYTHONPATH": str(REPO_ROOT), "CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"},
-                         timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=REPO_ROOT,
+        env={"PYTHONPATH": str(REPO_ROOT), "CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"},
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "stub ok" in out.stdout
 

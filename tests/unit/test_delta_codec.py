@@ -1,4 +1,5 @@
 """Delta coding is lossless: bit-identical round trips, special values included (property-based)."""
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -7,8 +8,17 @@ from weight_sync import codec
 
 SPECIAL = {
     np.uint16: [0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC0, 0x7F81, 0xFFFF, 0x0001, 0x8001, 0x007F],  # bf16
-    np.uint32: [0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0x7F800001, 0xFFFFFFFF,
-                0x00000001, 0x807FFFFF],  # f32: ±0, ±inf, NaN payloads, denormals
+    np.uint32: [
+        0x00000000,
+        0x80000000,
+        0x7F800000,
+        0xFF800000,
+        0x7FC00000,
+        0x7F800001,
+        0xFFFFFFFF,
+        0x00000001,
+        0x807FFFFF,
+    ],  # f32: ±0, ±inf, NaN payloads, denormals
 }
 
 
@@ -84,7 +94,7 @@ def test_damaged_chunks_are_refused(damage):
     base = rng.integers(0, 65535, 5000, dtype=np.uint16)
     new = base.copy()
     new[::37] ^= 1
-    (meta, frame), = codec.encode_tensor(new, base)
+    ((meta, frame),) = codec.encode_tensor(new, base)
     if damage == "truncate":
         frame = frame[:-3]
     elif damage == "flip":

@@ -1,4 +1,5 @@
 """The event spool on its own (no broker): durable, crash-tolerant, bounded."""
+
 import time
 
 from serving.event_log import EventLog, EventLogConfig

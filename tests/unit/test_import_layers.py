@@ -21,6 +21,7 @@ read here too, and `loadtests.cli` is the only name in it that is allowed to poi
 
 flywheel/__init__.py imports nothing either: importing flywheel.core runs it first.
 """
+
 from __future__ import annotations
 
 import ast
@@ -120,7 +121,9 @@ def edges() -> list[tuple[str, str, str, str]]:
 
 def test_every_package_of_the_repository_has_a_layer():
     packages = {p.parent.name for p in REPO_ROOT.glob("*/__init__.py")}
-    assert packages <= set(ALLOWED) | FREE, f"a new package needs its place in ALLOWED: {packages - set(ALLOWED) - FREE}"
+    assert packages <= set(ALLOWED) | FREE, (
+        f"a new package needs its place in ALLOWED: {packages - set(ALLOWED) - FREE}"
+    )
     assert (REPO_ROOT / "flywheel" / "core" / "__init__.py").exists()
 
 
@@ -136,9 +139,13 @@ def test_the_layers_form_no_cycle():
 
 
 def test_imports_follow_the_layers():
-    bad = [f"{f} ({src}) imports {target} ({dst})" for f, src, target, dst in edges()
-           if src in ALLOWED and dst not in ALLOWED[src]
-           and (module_name(REPO_ROOT / f), target) not in UPWARD_REGISTRATIONS]
+    bad = [
+        f"{f} ({src}) imports {target} ({dst})"
+        for f, src, target, dst in edges()
+        if src in ALLOWED
+        and dst not in ALLOWED[src]
+        and (module_name(REPO_ROOT / f), target) not in UPWARD_REGISTRATIONS
+    ]
     assert not bad, "imports against the layers:\n" + "\n".join(bad)
 
 
@@ -149,8 +156,11 @@ def test_named_rules():
     assert ("weight_sync", "online_rl") not in seen
     assert not {dst for src, dst in seen if src == "kernels"}, "kernels import nothing of ours"
     assert not {dst for src, dst in seen if src == "flywheel.core"}, "the core imports none of the packages"
-    static = {(src, dst) for f, src, target, dst in edges()
-              if (module_name(REPO_ROOT / f), target) not in UPWARD_REGISTRATIONS}
+    static = {
+        (src, dst)
+        for f, src, target, dst in edges()
+        if (module_name(REPO_ROOT / f), target) not in UPWARD_REGISTRATIONS
+    }
     for src in PRODUCTION:
         assert (src, "loadtests") not in static, f"{src} imports loadtests"
         assert not {dst for s, dst in seen if s == src} & FREE, f"{src} imports tests or benchmarks"
@@ -168,11 +178,18 @@ def test_the_one_upward_registration_is_the_loadtest_command():
 
 def test_the_scanner_sees_every_kind_of_import():
     """The rules are only as good as the scan: function-level, relative and importlib imports count."""
-    source = ("import importlib\n\n\ndef f():\n    from online_rl import trainer\n    import weight_sync.agent\n"
-              "    from . import gateway\n    from .cpu_compat import launch\n"
-              "    importlib.import_module('loadtests.cli')\n")
+    source = (
+        "import importlib\n\n\ndef f():\n    from online_rl import trainer\n    import weight_sync.agent\n"
+        "    from . import gateway\n    from .cpu_compat import launch\n"
+        "    importlib.import_module('loadtests.cli')\n"
+    )
     found = imports_in(source, "serving.probe")
-    assert {"online_rl.trainer", "weight_sync.agent", "serving.gateway", "serving.cpu_compat.launch",
-            "loadtests.cli"} <= found
+    assert {
+        "online_rl.trainer",
+        "weight_sync.agent",
+        "serving.gateway",
+        "serving.cpu_compat.launch",
+        "loadtests.cli",
+    } <= found
     assert "flywheel.core.events" in imports_in("from ..core import events\n", "flywheel.core.probe")
     assert "flywheel.core.events" in imports_in("from . import events\n", "flywheel.core", is_package=True)

@@ -1,5 +1,6 @@
 """Batch-invariant ops (CPU path): a row's result is bit-identical alone and inside batches of other
 sizes and positions, and within tolerance of the float64 reference; the model in that mode likewise."""
+
 import pytest
 import torch
 
@@ -34,12 +35,20 @@ def test_linear(K, N):
         assert torch.allclose(alone.double(), ref.linear(row, w), rtol=1e-5, atol=1e-5 * row.abs().max().item())
 
 
-@pytest.mark.parametrize("op, reference, D", [
-    (bi.softmax, ref.softmax, 8), (bi.softmax, ref.softmax, 301),
-    (bi.log_softmax, ref.log_softmax, 301), (bi.log_softmax, ref.log_softmax, 1000),
-    (lambda x: bi.rms_norm(x, torch.linspace(0.5, 2, x.shape[-1]), 1e-6),
-     lambda x: ref.rms_norm(x, torch.linspace(0.5, 2, x.shape[-1]), 1e-6), 64),
-])
+@pytest.mark.parametrize(
+    "op, reference, D",
+    [
+        (bi.softmax, ref.softmax, 8),
+        (bi.softmax, ref.softmax, 301),
+        (bi.log_softmax, ref.log_softmax, 301),
+        (bi.log_softmax, ref.log_softmax, 1000),
+        (
+            lambda x: bi.rms_norm(x, torch.linspace(0.5, 2, x.shape[-1]), 1e-6),
+            lambda x: ref.rms_norm(x, torch.linspace(0.5, 2, x.shape[-1]), 1e-6),
+            64,
+        ),
+    ],
+)
 def test_rowwise(op, reference, D):
     for row in rows(D, seed=D):
         alone = op(row[None])[0]
@@ -60,8 +69,17 @@ def test_topk_breaks_ties_to_the_lower_index():
         assert torch.equal(bi.topk(b, 2)[1][i], bi.topk(probs[7:8], 2)[1][0])
 
 
-TINY = ModelConfig(vocab_size=301, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                   head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
+TINY = ModelConfig(
+    vocab_size=301,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    num_experts=8,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+)
 
 
 def test_model_forward_is_batch_invariant_in_that_mode():

@@ -1,11 +1,13 @@
 """Delta kernels (numpy path): bit-exact against the element-by-element reference, special values included."""
+
 import numpy as np
 import pytest
 
 from kernels import delta, reference as ref
 
-SPECIAL_BF16 = np.array([0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC0, 0xFFFF, 0x0001, 0x8001, 0x007F, 0x3F80, 0xBF80],
-                        np.uint16)  # +-0, +-inf, NaN, all ones, denormals, +-1.0
+SPECIAL_BF16 = np.array(
+    [0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC0, 0xFFFF, 0x0001, 0x8001, 0x007F, 0x3F80, 0xBF80], np.uint16
+)  # +-0, +-inf, NaN, all ones, denormals, +-1.0
 SPECIAL_F32 = np.array([0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFFFFFFF, 1, 0x3F800000], np.uint32)
 
 

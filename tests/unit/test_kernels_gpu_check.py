@@ -1,4 +1,5 @@
 """The prepared GPU script: refuses clearly where it cannot measure anything (no CUDA); passes on a GPU."""
+
 import torch
 
 from kernels import gpu_check

@@ -1,5 +1,6 @@
 """Pieces of the load tests and the demo report that need no servers: preferences judged by code, the
 duration flag, the per-version summary and the demo's verdict."""
+
 import pytest
 
 from flywheel import demo_report
@@ -45,15 +46,25 @@ def test_summary_per_version_and_verdict():
         def __init__(self, raw, comp, kind):
             self.nbytes_raw, self.nbytes_compressed, self.kind = raw, comp, kind
 
-    records = ([rec(0, "accept", 1.0 + i) for i in range(40)] + [rec(0, "reject", 50.0 + i) for i in range(60)]
-               + [rec(0, "ignore", 99.0)]
-               + [rec(1, "accept", 200.0 + i, 0.2) for i in range(70)] + [rec(1, "reject", 300.0 + i) for i in range(30)]
-               + [rec(None, "failed", 250.0), rec(None, "failed", 0.5)]  # the second before any answer
-               + [Interaction("a", "t", 260.0 + i, 2.0, 1, o, kind="agent", turns=4)
-                  for i, o in enumerate(("accept", "accept", "reject"))])
-    switches = [{"version": 1, "pause_ms": 0.0, "drain_ms": 120.0, "load_ms": 300.0},
-                {"version": 1, "pause_ms": 15.0, "load_ms": 280.0}]
-    rows = demo_report.summarize(records, switches, {0: M(4_000_000, 3_000_000, "full"), 1: M(4_000_000, 100_000, "delta")})
+    records = (
+        [rec(0, "accept", 1.0 + i) for i in range(40)]
+        + [rec(0, "reject", 50.0 + i) for i in range(60)]
+        + [rec(0, "ignore", 99.0)]
+        + [rec(1, "accept", 200.0 + i, 0.2) for i in range(70)]
+        + [rec(1, "reject", 300.0 + i) for i in range(30)]
+        + [rec(None, "failed", 250.0), rec(None, "failed", 0.5)]  # the second before any answer
+        + [
+            Interaction("a", "t", 260.0 + i, 2.0, 1, o, kind="agent", turns=4)
+            for i, o in enumerate(("accept", "accept", "reject"))
+        ]
+    )
+    switches = [
+        {"version": 1, "pause_ms": 0.0, "drain_ms": 120.0, "load_ms": 300.0},
+        {"version": 1, "pause_ms": 15.0, "load_ms": 280.0},
+    ]
+    rows = demo_report.summarize(
+        records, switches, {0: M(4_000_000, 3_000_000, "full"), 1: M(4_000_000, 100_000, "delta")}
+    )
     v0, v1 = rows
     assert (v0["version"], v0["acceptance"], v0["judged"], v0["requests"], v0["failed"]) == (0, 0.4, 100, 101, 1)
     assert (v1["acceptance"], v1["failed"], v1["switch_pause_ms"], v1["out_of_rotation_ms"]) == (0.7, 1, 15.0, 420.0)

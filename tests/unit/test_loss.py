@@ -1,4 +1,5 @@
 """The policy loss: importance weights, the trust region that stops stale samples pulling, and k2 KL."""
+
 import numpy as np
 import pytest
 import torch
@@ -7,8 +8,17 @@ from online_rl.loss import LossConfig, make_batch, policy_loss
 from online_rl.model import ModelConfig, MoECoder, token_logprobs
 from online_rl.samples import Sample
 
-TINY = ModelConfig(vocab_size=301, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                   head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+TINY = ModelConfig(
+    vocab_size=301,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+)
 
 
 @pytest.fixture(scope="module")
@@ -24,9 +34,16 @@ def sample(model, shift: float) -> Sample:
     seq = torch.from_numpy(np.concatenate([prompt, out]))[None]
     with torch.no_grad():
         r = model(seq[:, :-1])
-    lp = token_logprobs(r.logits, seq[:, 1:])[0, prompt.size - 1:].numpy()
-    return Sample(key="s", prompt_ids=prompt, output_ids=out, behaviour_logprobs=(lp - shift).astype(np.float32),
-                  routed_experts=r.experts[0].numpy().astype(np.uint8), reward=0.0, model_version=0)
+    lp = token_logprobs(r.logits, seq[:, 1:])[0, prompt.size - 1 :].numpy()
+    return Sample(
+        key="s",
+        prompt_ids=prompt,
+        output_ids=out,
+        behaviour_logprobs=(lp - shift).astype(np.float32),
+        routed_experts=r.experts[0].numpy().astype(np.uint8),
+        reward=0.0,
+        model_version=0,
+    )
 
 
 def grad_norm(model, s: Sample, advantage: float, cfg: LossConfig) -> float:
@@ -36,13 +53,16 @@ def grad_norm(model, s: Sample, advantage: float, cfg: LossConfig) -> float:
     return float(sum(p.grad.norm() ** 2 for p in model.parameters() if p.grad is not None) ** 0.5), metrics
 
 
-@pytest.mark.parametrize("advantage, shift, pulls", [
-    (-0.5, 0.0, True),  # on policy: rho = 1
-    (-0.5, np.log(0.5), False),  # A < 0 and the policy already halved these tokens' probability: done
-    (-0.5, np.log(1.5), True),  # A < 0, the tokens became likelier: keep pushing down
-    (0.5, np.log(2.0), False),  # A > 0 and already twice as likely: done
-    (0.5, np.log(0.5), True),  # A > 0, less likely than when sampled: keep pulling up
-])
+@pytest.mark.parametrize(
+    "advantage, shift, pulls",
+    [
+        (-0.5, 0.0, True),  # on policy: rho = 1
+        (-0.5, np.log(0.5), False),  # A < 0 and the policy already halved these tokens' probability: done
+        (-0.5, np.log(1.5), True),  # A < 0, the tokens became likelier: keep pushing down
+        (0.5, np.log(2.0), False),  # A > 0 and already twice as likely: done
+        (0.5, np.log(0.5), True),  # A > 0, less likely than when sampled: keep pulling up
+    ],
+)
 def test_trust_region_against_the_behaviour_policy(model, advantage, shift, pulls):
     cfg = LossConfig(kl_coef=0.0)
     norm, metrics = grad_norm(model, sample(model, shift), advantage, cfg)

@@ -1,4 +1,5 @@
 """Manifests are signed and validated; the store publishes atomically and keeps what chains need."""
+
 import numpy as np
 import pytest
 import torch
@@ -23,8 +24,9 @@ from weight_sync.store import Store
 def _entry(name="w", dtype="BF16", shape=(4, 3)):
     bits = np.arange(12, dtype=np.uint16)
     chunks = codec.encode_tensor(bits, None, chunk_elems=5)
-    return TensorEntry(name=name, dtype=dtype, shape=list(shape), digest=codec.digest(bits),
-                       chunks=[m for m, _ in chunks])
+    return TensorEntry(
+        name=name, dtype=dtype, shape=list(shape), digest=codec.digest(bits), chunks=[m for m, _ in chunks]
+    )
 
 
 @pytest.fixture
@@ -47,17 +49,20 @@ def test_signature_round_trip_and_tampering(keys, tmp_path):
         verify(body, sig, load_public(tmp_path / "other.pub"))
 
 
-@pytest.mark.parametrize("mutate, match", [
-    (lambda m: setattr(m.tensors[0], "name", "../../etc/passwd"), "bad tensor name"),
-    (lambda m: setattr(m.tensors[0], "name", "a/b"), "bad tensor name"),
-    (lambda m: setattr(m.tensors[0], "dtype", "F8_WEIRD"), "unknown dtype"),
-    (lambda m: setattr(m.tensors[0], "shape", [4, 4]), "cover"),
-    (lambda m: m.tensors[0].chunks.pop(), "cover"),
-    (lambda m: setattr(m, "base_version", 7), "bad base"),
-    (lambda m: setattr(m, "kind", "weird"), "bad kind"),
-    (lambda m: m.files.update({"../x": "d"}), "bad file name"),
-    (lambda m: m.tensors.append(m.tensors[0]), "twice"),
-])
+@pytest.mark.parametrize(
+    "mutate, match",
+    [
+        (lambda m: setattr(m.tensors[0], "name", "../../etc/passwd"), "bad tensor name"),
+        (lambda m: setattr(m.tensors[0], "name", "a/b"), "bad tensor name"),
+        (lambda m: setattr(m.tensors[0], "dtype", "F8_WEIRD"), "unknown dtype"),
+        (lambda m: setattr(m.tensors[0], "shape", [4, 4]), "cover"),
+        (lambda m: m.tensors[0].chunks.pop(), "cover"),
+        (lambda m: setattr(m, "base_version", 7), "bad base"),
+        (lambda m: setattr(m, "kind", "weird"), "bad kind"),
+        (lambda m: m.files.update({"../x": "d"}), "bad file name"),
+        (lambda m: m.tensors.append(m.tensors[0]), "twice"),
+    ],
+)
 def test_structural_checks(mutate, match):
     m = Manifest(version=3, base_version=2, kind="delta", config_digest="c" * 32, tensors=[_entry()])
     mutate(m)
@@ -99,12 +104,16 @@ def _ckpt(path, seed, base=None, share=0.02):
     path.mkdir(parents=True)
     g = torch.Generator().manual_seed(seed)
     if base is None:
-        sd = {"model.w1": torch.randn(64, 32, generator=g).to(torch.bfloat16), "model.w2": torch.randn(100, generator=g)}
+        sd = {
+            "model.w1": torch.randn(64, 32, generator=g).to(torch.bfloat16),
+            "model.w2": torch.randn(100, generator=g),
+        }
     else:
         sd = load_file(str(base / "model.safetensors"))
         m = torch.rand(sd["model.w1"].shape, generator=g) < share
         sd["model.w1"] = torch.where(m, sd["model.w1"].view(torch.int16) + 1, sd["model.w1"].view(torch.int16)).view(
-            torch.bfloat16)
+            torch.bfloat16
+        )
     save_file(sd, str(path / "model.safetensors"))
     (path / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "hidden_size": 32}))
     return path
@@ -141,8 +150,16 @@ def test_agent_follows_versions_rollbacks_and_pins(test_model, tmp_path):
     from weight_sync.agent import Agent, AgentConfig
 
     generate_key(tmp_path / "s.pem", tmp_path / "s.pub")
-    agent = Agent(AgentConfig(name="a", replica_url="http://unused", store_url="http://unused",
-                              public_key=tmp_path / "s.pub", work_dir=tmp_path / "w", initial_model=test_model))
+    agent = Agent(
+        AgentConfig(
+            name="a",
+            replica_url="http://unused",
+            store_url="http://unused",
+            public_key=tmp_path / "s.pub",
+            work_dir=tmp_path / "w",
+            initial_model=test_model,
+        )
+    )
     v = lambda n: {"type": "version", "version": n}  # noqa: E731
     assert agent.decide([v(1), v(2), v(3)]) == 3  # a backlog: only the newest matters
     assert agent.decide([{"type": "activate", "version": 1}]) == 1  # rollback
@@ -161,8 +178,9 @@ def _rebuild(store: Store, version: int) -> dict[str, np.ndarray]:
     base = _rebuild(store, m.base_version) if m.kind == "delta" else {}
     out = {}
     for t, e in enumerate(m.tensors):
-        frames = [(c, (store.version_dir(version) / "chunks" / chunk_name(t, i)).read_bytes())
-                  for i, c in enumerate(e.chunks)]
+        frames = [
+            (c, (store.version_dir(version) / "chunks" / chunk_name(t, i)).read_bytes()) for i, c in enumerate(e.chunks)
+        ]
         out[e.name] = codec.decode_tensor(frames, codec.bit_view(e.dtype), e.numel, base.get(e.name))
     return out
 
@@ -192,8 +210,10 @@ def test_delta_after_a_crash_before_head_refresh_names_heads_version(tmp_path):
     want = load_file(str(c3 / "model.safetensors"))
     got = _rebuild(store, 3)
     for name, t in want.items():
-        assert np.array_equal(got[name], t.view(torch.int16 if t.dtype == torch.bfloat16 else torch.int32)
-                              .numpy().view(got[name].dtype).reshape(-1)), name
+        assert np.array_equal(
+            got[name],
+            t.view(torch.int16 if t.dtype == torch.bfloat16 else torch.int32).numpy().view(got[name].dtype).reshape(-1),
+        ), name
     # A head without its version record (an older store) makes the next version a full snapshot.
     (head / "VERSION").unlink()
     assert publish(_ckpt(tmp_path / "c4", 4, base=c3), cfg).kind == "full"

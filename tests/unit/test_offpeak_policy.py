@@ -1,18 +1,36 @@
 """The off-peak scheduler's policy on load snapshots (no servers): hysteresis, hold, limits, no flapping."""
+
 import random
 
 from online_rl.offpeak import OffPeakConfig, OffPeakScheduler
 
 
 def snap(load, states=("active", "active"), pending=()):
-    reps = [{"id": f"r{i}", "state": s, "healthy": True, "outstanding": 0, "rollout_outstanding": 0,
-             "borrow_pending": f"r{i}" in pending} for i, s in enumerate(states)]
+    reps = [
+        {
+            "id": f"r{i}",
+            "state": s,
+            "healthy": True,
+            "outstanding": 0,
+            "rollout_outstanding": 0,
+            "borrow_pending": f"r{i}" in pending,
+        }
+        for i, s in enumerate(states)
+    ]
     return {"fleet": {"load_per_active": load}, "replicas": reps}
 
 
 def cfg(**kw):
-    base = dict(gateway_url="http://unused", admin_token="t", low_water=0.5, high_water=2.0, hold_s=10, cooldown_s=5,
-                max_share=0.5, smoothing_s=3)
+    base = dict(
+        gateway_url="http://unused",
+        admin_token="t",
+        low_water=0.5,
+        high_water=2.0,
+        hold_s=10,
+        cooldown_s=5,
+        max_share=0.5,
+        smoothing_s=3,
+    )
     return OffPeakConfig(**{**base, **kw})
 
 

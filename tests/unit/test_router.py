@@ -1,4 +1,5 @@
 """Least-outstanding routing over replica states (no servers: the pool's choice alone)."""
+
 import pytest
 
 from serving.router import Lease, NoReplica, ReplicaPool, ReplicaState

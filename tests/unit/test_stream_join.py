@@ -1,4 +1,5 @@
 """The join of completions and feedback into rewarded samples (no broker: the Joiner alone)."""
+
 import numpy as np
 import pytest
 
@@ -8,21 +9,34 @@ from online_rl.stream import JoinConfig, Joiner
 
 
 def completion(cid, ts, source="user", choice=0, session="", tenant="t"):
-    return ev.CompletionEvent(completion_id=cid, choice_index=choice, tenant=tenant, model_version=2,
-                              prompt_ids=np.array([0, 5, 6], np.int32), output_ids=np.array([7, 8], np.int32),
-                              logprobs=np.array([-0.1, -0.2], np.float32),
-                              routed_experts=np.zeros((4, 2, 2), np.uint8), sampling={}, finish_reason="stop",
-                              latency={}, source=source, ts=ts, session_id=session)
+    return ev.CompletionEvent(
+        completion_id=cid,
+        choice_index=choice,
+        tenant=tenant,
+        model_version=2,
+        prompt_ids=np.array([0, 5, 6], np.int32),
+        output_ids=np.array([7, 8], np.int32),
+        logprobs=np.array([-0.1, -0.2], np.float32),
+        routed_experts=np.zeros((4, 2, 2), np.uint8),
+        sampling={},
+        finish_reason="stop",
+        latency={},
+        source=source,
+        ts=ts,
+        session_id=session,
+    )
 
 
 def session_feedback(sid, kind, ts, score=None, tenant="t"):
-    return ev.FeedbackEvent(completion_id="", choice_index=0, tenant=tenant, kind=kind, session_id=sid, score=score,
-                            ts=ts)
+    return ev.FeedbackEvent(
+        completion_id="", choice_index=0, tenant=tenant, kind=kind, session_id=sid, score=score, ts=ts
+    )
 
 
 def feedback(cid, kind, ts, choice=0, accepted=None):
-    return ev.FeedbackEvent(completion_id=cid, choice_index=choice, tenant="t", kind=kind, accepted_chars=accepted,
-                            ts=ts)
+    return ev.FeedbackEvent(
+        completion_id=cid, choice_index=choice, tenant="t", kind=kind, accepted_chars=accepted, ts=ts
+    )
 
 
 def test_join_rewards_and_dedupe():
@@ -137,8 +151,10 @@ def test_session_state_round_trips_and_turns_expire():
 def test_feedback_names_a_completion_or_a_session():
     good = session_feedback("S", "accept", 1.0)
     assert ev.decode(good.encode()).session_id == "S"
-    for bad in (ev.FeedbackEvent(completion_id="", choice_index=0, tenant="t", kind="accept"),
-                ev.FeedbackEvent(completion_id="c", choice_index=0, tenant="t", kind="accept", session_id="S")):
+    for bad in (
+        ev.FeedbackEvent(completion_id="", choice_index=0, tenant="t", kind="accept"),
+        ev.FeedbackEvent(completion_id="c", choice_index=0, tenant="t", kind="accept", session_id="S"),
+    ):
         with pytest.raises(ev.SchemaError):
             ev.decode(bad.encode())
 

@@ -1,4 +1,5 @@
 """Tasks are judged by running code, and the sandbox holds candidates to their limits."""
+
 import functools
 import json
 
@@ -33,7 +34,7 @@ def test_reference_passes_and_every_wrong_body_fails():
     wrong = [sandbox.candidate_for(t, w) for t in ts for w in t.wrong_bodies()]
     verdicts = sandbox.run(cands + wrong)
     assert all(v.ok for v in verdicts[: len(cands)])
-    assert not any(v.ok for v in verdicts[len(cands):])
+    assert not any(v.ok for v in verdicts[len(cands) :])
 
 
 def test_equivalent_code_passes_regardless_of_text():
@@ -52,8 +53,15 @@ def test_limits_are_counted_by_kind():
         "syntax": "  return (\n",
         "peek": "    import gc\n    return [o for o in gc.get_objects() if isinstance(o, dict) and 'expected' in o][0]\n",
     }
-    v = dict(zip(bodies, sandbox.run([sandbox.candidate_for(t, b) for b in bodies.values()],
-                                     sandbox.SandboxConfig(cpu_seconds=1, wall_seconds=3))))
+    v = dict(
+        zip(
+            bodies,
+            sandbox.run(
+                [sandbox.candidate_for(t, b) for b in bodies.values()],
+                sandbox.SandboxConfig(cpu_seconds=1, wall_seconds=3),
+            ),
+        )
+    )
     assert v["loop"].error in ("cpu time limit", "wall time limit")
     assert v["memory"].passed == 0 and "memory" in v["memory"].contained
     assert v["syntax"].error.startswith("does not load") and v["syntax"].contained == ()

@@ -1,5 +1,6 @@
 """Function tools: request validation, the prompt format, and calls read back from answers (whole and
 streamed). Any call the model gets wrong becomes text, counted, never an error."""
+
 import json
 
 import pytest
@@ -8,9 +9,19 @@ from serving import tool_calls as tc
 from serving.openai_api import ApiError, Limits, parse_chat
 
 L = Limits()
-READ = {"type": "function", "function": {"name": "read_file", "description": "Read a file\nmore",
-                                         "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
-                                                        "required": ["path"], "additionalProperties": False}}}
+READ = {
+    "type": "function",
+    "function": {
+        "name": "read_file",
+        "description": "Read a file\nmore",
+        "parameters": {
+            "type": "object",
+            "properties": {"path": {"type": "string"}},
+            "required": ["path"],
+            "additionalProperties": False,
+        },
+    },
+}
 TESTS = {"type": "function", "function": {"name": "run_tests", "parameters": {"type": "object", "properties": {}}}}
 USER = [{"role": "user", "content": "fix the bug"}]
 
@@ -20,7 +31,7 @@ def chat(**kw):
 
 
 def call(name, args):
-    return f'<tool_call>\n{json.dumps({"name": name, "arguments": args})}\n</tool_call>'
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': args})}\n</tool_call>"
 
 
 def test_tools_render_as_signatures_and_choices_prefill_the_answer():
@@ -35,35 +46,49 @@ def test_tools_render_as_signatures_and_choices_prefill_the_answer():
 
 
 def test_a_tool_round_trip_renders_calls_and_results_in_the_qwen_format():
-    msgs = USER + [{"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "a.py"}'}}]},
-        {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "x = 1"}]}]
+    msgs = USER + [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "a.py"}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "x = 1"}]},
+    ]
     s = parse_chat({"model": "m", "messages": msgs, "tools": [READ]}, L)
-    assert s.prompt.endswith('# user: fix the bug\n<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"}}\n'
-                             "</tool_call>\n<tool_response>\nx = 1\n</tool_response>\n")
+    assert s.prompt.endswith(
+        '# user: fix the bug\n<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"}}\n'
+        "</tool_call>\n<tool_response>\nx = 1\n</tool_response>\n"
+    )
 
 
-@pytest.mark.parametrize("extra, param", [
-    ({"tools": [{"type": "code_interpreter"}]}, "tools[0]"),
-    ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools[0].function.name"),
-    ({"tools": [READ, READ]}, "tools[1].function.name"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}]},
-     "tools[0].function.parameters"),
-    ({"tools": [READ], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
-    ({"tools": [READ], "tool_choice": "sometimes"}, "tool_choice"),
-    ({"tool_choice": "required"}, "tool_choice"),
-    ({"tools": [READ], "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
-    ({"functions": [READ["function"]]}, "functions"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"modalities": ["text", "audio"]}, "modalities"),
-    ({"metadata": {"k": 5}}, "metadata"),
-    ({"frobnicate": True}, "frobnicate"),
-    ({"messages": USER + [{"role": "tool", "tool_call_id": "call_9", "content": "x"}]}, "messages[1].tool_call_id"),
-    ({"messages": USER + [{"role": "tool", "content": "x"}]}, "messages[1].tool_call_id"),
-    ({"messages": USER + [{"role": "assistant", "tool_calls": [{"id": "c"}]}]}, "messages[1].tool_calls[0]"),
-    ({"messages": [{"role": "function", "name": "f", "content": "x"}]}, "messages[0].role"),
-    ({"messages": [{"role": "user", "content": "x", "tool_call_id": "c"}]}, "messages[0].tool_call_id"),
-])
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        ({"tools": [{"type": "code_interpreter"}]}, "tools[0]"),
+        ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools[0].function.name"),
+        ({"tools": [READ, READ]}, "tools[1].function.name"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}]},
+            "tools[0].function.parameters",
+        ),
+        ({"tools": [READ], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        ({"tools": [READ], "tool_choice": "sometimes"}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": [READ], "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+        ({"functions": [READ["function"]]}, "functions"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"modalities": ["text", "audio"]}, "modalities"),
+        ({"metadata": {"k": 5}}, "metadata"),
+        ({"frobnicate": True}, "frobnicate"),
+        ({"messages": USER + [{"role": "tool", "tool_call_id": "call_9", "content": "x"}]}, "messages[1].tool_call_id"),
+        ({"messages": USER + [{"role": "tool", "content": "x"}]}, "messages[1].tool_call_id"),
+        ({"messages": USER + [{"role": "assistant", "tool_calls": [{"id": "c"}]}]}, "messages[1].tool_calls[0]"),
+        ({"messages": [{"role": "function", "name": "f", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "user", "content": "x", "tool_call_id": "c"}]}, "messages[0].tool_call_id"),
+    ],
+)
 def test_bad_tool_requests_are_clear_400s(extra, param):
     with pytest.raises(ApiError) as e:
         parse_chat({"model": "m", "messages": USER, **extra}, L)
@@ -71,13 +96,38 @@ def test_bad_tool_requests_are_clear_400s(extra, param):
 
 
 def test_fields_real_clients_send_are_accepted():
-    s = parse_chat({"model": "m", "messages": USER, "store": False, "metadata": {"session": "abc"},
-                    "reasoning_effort": "low", "service_tier": "auto", "prompt_cache_key": "k", "safety_identifier": "u1",
-                    "verbosity": "low", "prompt_cache_retention": "in-memory", "modalities": ["text"], "audio": None,
-                    "max_completion_tokens": 9, "user": "u1", "presence_penalty": 0.5, "frequency_penalty": 0.25,
-                    "response_format": {"type": "text"}, "parallel_tool_calls": True, "stream": True,
-                    "stream_options": {"include_usage": True, "include_obfuscation": False}}, L)
-    assert (s.max_tokens, s.user, s.presence_penalty, s.frequency_penalty, s.include_usage) == (9, "u1", 0.5, 0.25, True)
+    s = parse_chat(
+        {
+            "model": "m",
+            "messages": USER,
+            "store": False,
+            "metadata": {"session": "abc"},
+            "reasoning_effort": "low",
+            "service_tier": "auto",
+            "prompt_cache_key": "k",
+            "safety_identifier": "u1",
+            "verbosity": "low",
+            "prompt_cache_retention": "in-memory",
+            "modalities": ["text"],
+            "audio": None,
+            "max_completion_tokens": 9,
+            "user": "u1",
+            "presence_penalty": 0.5,
+            "frequency_penalty": 0.25,
+            "response_format": {"type": "text"},
+            "parallel_tool_calls": True,
+            "stream": True,
+            "stream_options": {"include_usage": True, "include_obfuscation": False},
+        },
+        L,
+    )
+    assert (s.max_tokens, s.user, s.presence_penalty, s.frequency_penalty, s.include_usage) == (
+        9,
+        "u1",
+        0.5,
+        0.25,
+        True,
+    )
 
 
 def test_a_well_formed_answer_becomes_tool_calls():
@@ -96,16 +146,19 @@ def test_a_well_formed_answer_becomes_tool_calls():
     assert s.outcome == "valid" and json.loads(s.calls[0]["function"]["arguments"]) == {"path": "b.py"}
 
 
-@pytest.mark.parametrize("text, outcome", [
-    ("<tool_call>\n{not json}\n</tool_call>", "malformed"),
-    (call("read_file", {"path": 3}), "malformed"),  # fails the schema
-    (call("read_file", {"path": "a", "mode": "w"}), "malformed"),  # additionalProperties: false
-    (call("read_file", {}), "malformed"),  # required
-    (call("delete_everything", {}), "unknown_tool"),
-    ('<tool_call>\n{"name": "read_file", "arguments": {"path": "a', "malformed"),  # cut off
-    (call("run_tests", {}) + "\nand then some prose", "malformed"),
-    ('<tool_call>\n["read_file"]\n</tool_call>', "malformed"),
-])
+@pytest.mark.parametrize(
+    "text, outcome",
+    [
+        ("<tool_call>\n{not json}\n</tool_call>", "malformed"),
+        (call("read_file", {"path": 3}), "malformed"),  # fails the schema
+        (call("read_file", {"path": "a", "mode": "w"}), "malformed"),  # additionalProperties: false
+        (call("read_file", {}), "malformed"),  # required
+        (call("delete_everything", {}), "unknown_tool"),
+        ('<tool_call>\n{"name": "read_file", "arguments": {"path": "a', "malformed"),  # cut off
+        (call("run_tests", {}) + "\nand then some prose", "malformed"),
+        ('<tool_call>\n["read_file"]\n</tool_call>', "malformed"),
+    ],
+)
 def test_a_call_the_model_gets_wrong_is_returned_as_text(text, outcome):
     p = tc.parse(text, chat().tools)
     assert p.outcome == outcome and p.calls == [] and p.content == text and p.finish_reason is None
@@ -119,13 +172,13 @@ def test_no_tools_or_tool_choice_none_reads_no_calls():
 
 def test_a_forced_function_must_be_the_one_called():
     spec = chat(tool_choice={"type": "function", "function": {"name": "run_tests"}}).tools
-    assert tc.parse(spec.opening() + '{}}\n</tool_call>', spec).outcome == "valid"
+    assert tc.parse(spec.opening() + "{}}\n</tool_call>", spec).outcome == "valid"
     assert tc.parse(call("read_file", {"path": "a"}), spec).outcome == "unknown_tool"
 
 
 def test_streaming_lets_text_through_and_holds_what_may_be_a_call():
     split = tc.StreamSplitter(chat().tools)
-    pieces = ["Let me ", "look.\n<to", "ol_call>\n{\"name\": \"run_tests\", ", "\"arguments\": {}}\n</tool_call>"]
+    pieces = ["Let me ", "look.\n<to", 'ol_call>\n{"name": "run_tests", ', '"arguments": {}}\n</tool_call>']
     streamed = "".join(split.feed(p) for p in pieces)
     rest, parsed = split.finish()
     assert streamed == "Let me look.\n" and rest == "" and parsed.outcome == "valid"
@@ -149,13 +202,16 @@ for _ in range(40):
     DEEP = {"not": DEEP}
 
 
-@pytest.mark.parametrize("params", [
-    {"type": "object", "properties": {"p": {"$ref": "http://10.255.255.1/schema.json"}}},
-    {"type": "object", "properties": {"p": {"$ref": "file:///dev/zero"}}},
-    {"type": "object", "properties": {"p": {"$ref": "#/nowhere"}}},
-    {"type": "object", "patternProperties": {"(a+)+$": {"type": "string"}}},
-    {"type": "object", "properties": {"p": DEEP}},
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"type": "object", "properties": {"p": {"$ref": "http://10.255.255.1/schema.json"}}},
+        {"type": "object", "properties": {"p": {"$ref": "file:///dev/zero"}}},
+        {"type": "object", "properties": {"p": {"$ref": "#/nowhere"}}},
+        {"type": "object", "patternProperties": {"(a+)+$": {"type": "string"}}},
+        {"type": "object", "properties": {"p": DEEP}},
+    ],
+)
 def test_client_schemas_never_fetch_and_never_run_away(params):
     with pytest.raises(ApiError) as e:
         chat(tools=[{"type": "function", "function": {"name": "f", "parameters": params}}])
@@ -165,13 +221,35 @@ def test_client_schemas_never_fetch_and_never_run_away(params):
 def test_a_pathological_pattern_fails_the_arguments_in_bounded_time():
     import time
 
-    spec = chat(tools=[{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"p": {"type": "string", "pattern": "^(a+)+$"}}}}}]).tools
+    spec = chat(
+        tools=[
+            {
+                "type": "function",
+                "function": {
+                    "name": "f",
+                    "parameters": {"type": "object", "properties": {"p": {"type": "string", "pattern": "^(a+)+$"}}},
+                },
+            }
+        ]
+    ).tools
     t = time.monotonic()
     p = tc.parse(call("f", {"p": "a" * 40 + "!"}), spec)
     assert p.outcome == "malformed" and time.monotonic() - t < 2
-    local = chat(tools=[{"type": "function", "function": {"name": "g", "parameters": {
-        "$defs": {"path": {"type": "string"}}, "type": "object", "properties": {"p": {"$ref": "#/$defs/path"}}}}}]).tools
+    local = chat(
+        tools=[
+            {
+                "type": "function",
+                "function": {
+                    "name": "g",
+                    "parameters": {
+                        "$defs": {"path": {"type": "string"}},
+                        "type": "object",
+                        "properties": {"p": {"$ref": "#/$defs/path"}},
+                    },
+                },
+            }
+        ]
+    ).tools
     assert tc.parse(call("g", {"p": "a.py"}), local).outcome == "valid"
     assert tc.parse(call("g", {"p": 3}), local).outcome == "malformed"
 

@@ -1,6 +1,7 @@
 """Reward hacking in tool use is watched: tool-call outcomes and repeated calls counted per weight version,
 and per canary arm. A gateway in this process in front of scripted stand-in replicas (each says its
 version and writes the text a test gives it), so what is counted is known exactly."""
+
 from __future__ import annotations
 
 import asyncio
@@ -15,9 +16,16 @@ from serving.gateway import Gateway, GatewayConfig
 from serving.metrics import ToolCallStats
 
 ADMIN = {"Authorization": "Bearer admin-secret"}
-TOOLS = [{"type": "function", "function": {"name": "read_file", "parameters": {
-    "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}},
-    {"type": "function", "function": {"name": "run_tests", "parameters": {"type": "object", "properties": {}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+        },
+    },
+    {"type": "function", "function": {"name": "run_tests", "parameters": {"type": "object", "properties": {}}}},
+]
 USER = [{"role": "user", "content": "The tests fail; find out why."}]
 READ_A = '<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"}}\n</tool_call>'
 MALFORMED = '<tool_call>\n{"name": "read_file", "arguments": {"path": '  # cut off
@@ -31,13 +39,25 @@ class FakeReplica:
         self.version = version
         self.texts: list[str] = []  # what the next answers say, in order (the last one repeats)
         self.app = web.Application()
-        self.app.add_routes([web.post("/generate", self.generate), web.get("/model_info", self.model_info),
-                             web.get("/metrics", self.metrics)])
+        self.app.add_routes(
+            [
+                web.post("/generate", self.generate),
+                web.get("/model_info", self.model_info),
+                web.get("/metrics", self.metrics),
+            ]
+        )
 
     def _out(self, text: str) -> dict:
-        return {"text": text, "output_ids": [1] * max(1, len(text) // 4), "meta_info": {
-            "weight_version": str(self.version), "finish_reason": {"type": "stop"}, "prompt_tokens": 3,
-            "output_token_logprobs": [[-0.1, 1, None]] * max(1, len(text) // 4)}}
+        return {
+            "text": text,
+            "output_ids": [1] * max(1, len(text) // 4),
+            "meta_info": {
+                "weight_version": str(self.version),
+                "finish_reason": {"type": "stop"},
+                "prompt_tokens": 3,
+                "output_token_logprobs": [[-0.1, 1, None]] * max(1, len(text) // 4),
+            },
+        }
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -60,14 +80,22 @@ class FakeReplica:
 
 def run_with_gateway(test_model, tmp_path, versions: list[int], scenario):
     """Start len(versions) fake replicas and a gateway in front of them, run `scenario(client, fakes)`."""
+
     async def main():
         fakes = [FakeReplica(v) for v in versions]
         servers = [TestServer(f.app) for f in fakes]
         for s in servers:
             await s.start_server()
-        gw = Gateway(GatewayConfig(replicas=[str(s.make_url("")).rstrip("/") for s in servers], model_dir=test_model,
-                                   state_dir=tmp_path / "gw", api_keys=",".join(f"u{i}:key-u{i}" for i in range(40)),
-                                   admin_token="admin-secret", log_events=False))
+        gw = Gateway(
+            GatewayConfig(
+                replicas=[str(s.make_url("")).rstrip("/") for s in servers],
+                model_dir=test_model,
+                state_dir=tmp_path / "gw",
+                api_keys=",".join(f"u{i}:key-u{i}" for i in range(40)),
+                admin_token="admin-secret",
+                log_events=False,
+            )
+        )
         client = TestClient(TestServer(gw.app))
         await client.start_server()
         try:
@@ -76,6 +104,7 @@ def run_with_gateway(test_model, tmp_path, versions: list[int], scenario):
             await client.close()
             for s in servers:
                 await s.close()
+
     return asyncio.run(main())
 
 
@@ -96,8 +125,12 @@ async def chat(client, key="key-u0", stream=False, **kw) -> dict:
 
 async def scrape(client) -> dict[tuple, float]:
     text = await (await client.get("/metrics")).text()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text)
-            for s in f.samples if s.name.startswith("flywheel_gateway_tool_calls")}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if s.name.startswith("flywheel_gateway_tool_calls")
+    }
 
 
 def calls(values: dict, outcome: str, version: str) -> float:
@@ -115,8 +148,10 @@ def test_outcomes_and_repeated_calls_are_counted_per_version(test_model, tmp_pat
         assert first["choices"][0]["finish_reason"] == "tool_calls" and first["model_version"] == 7
         call = first["choices"][0]["message"]["tool_calls"][0]
         # the agent's next turn: the tool's result; the model makes the very same call again
-        turn2 = USER + [{"role": "assistant", "content": None, "tool_calls": [call]},
-                        {"role": "tool", "tool_call_id": call["id"], "content": "x = 1"}]
+        turn2 = USER + [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": call["id"], "content": "x = 1"},
+        ]
         second = await chat(client, messages=turn2)
         assert second["session_id"] == first["session_id"]
         assert second["choices"][0]["finish_reason"] == "tool_calls"
@@ -167,6 +202,14 @@ def test_version_labels_are_bounded():
     assert list(stats.view()) == ["9", "7", "unknown"]
     series = {tuple(s.labels.values()) for f in stats.collect() for s in f.samples}
     assert {lab[-1] for lab in series} == {"9", "7", "unknown"}
-    assert stats.view()["7"] == {"valid": 2, "malformed": 1, "unknown_tool": 0, "dropped_parallel": 0,
-                                 "repeated": 1, "answers": 2, "malformed_answers": 1, "malformed_rate": 0.5,
-                                 "repeated_rate": 0.5}
+    assert stats.view()["7"] == {
+        "valid": 2,
+        "malformed": 1,
+        "unknown_tool": 0,
+        "dropped_parallel": 0,
+        "repeated": 1,
+        "answers": 2,
+        "malformed_answers": 1,
+        "malformed_rate": 0.5,
+        "repeated_rate": 0.5,
+    }

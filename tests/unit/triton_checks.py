@@ -1,6 +1,7 @@
 """The Triton kernels, run on the CPU by Triton's interpreter on small shapes (run by test_kernels_triton.py
 in a process of its own, TRITON_INTERPRET=1 from the start): the same answers as the
 CPU path / references, bit-exact for the delta kernels, batch-invariant for the row ops."""
+
 import os
 
 os.environ["TRITON_INTERPRET"] = "1"  # before Triton compiles anything: kernels run on CPU tensors
@@ -20,8 +21,8 @@ def test_linear_batch_invariant_and_accurate():
     x = torch.randn(37, 50, generator=g)
     full = triton_ops.linear(x, w)
     for i in (0, 5, 36):
-        assert torch.equal(triton_ops.linear(x[i:i + 1], w)[0], full[i])
-        assert torch.equal(triton_ops.linear(x[i:i + 3], w)[0], full[i])
+        assert torch.equal(triton_ops.linear(x[i : i + 1], w)[0], full[i])
+        assert torch.equal(triton_ops.linear(x[i : i + 3], w)[0], full[i])
     assert torch.allclose(full.double(), ref.linear(x, w), rtol=1e-5, atol=1e-5)
 
 
@@ -37,7 +38,7 @@ def test_rowwise(name, D):
     }[name]
     full = op(x)
     for i in (0, 4, 8):
-        assert torch.equal(op(x[i:i + 1])[0], full[i])
+        assert torch.equal(op(x[i : i + 1])[0], full[i])
     assert torch.allclose(full.double(), reference(x), rtol=1e-5, atol=1e-6)
 
 

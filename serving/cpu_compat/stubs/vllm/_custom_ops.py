@@ -2,5 +2,7 @@
 
 
 def rotary_embedding(*args, **kwargs):
-    raise NotImplementedError("vllm._custom_ops.rotary_embedding is a stub (serving.cpu_compat): "
-                              "this SGLang code path is not supported on CPU")
+    raise NotImplementedError(
+        "vllm._custom_ops.rotary_embedding is a stub (serving.cpu_compat): "
+        "this SGLang code path is not supported on CPU"
+    )

@@ -170,9 +170,10 @@ def run(cfg: DemoConfig) -> int:
     verdict = demo_report.verdict(rows, goal_points=cfg.goal_points)
     demo_report.write(rows, verdict, out)
     print("\n" + demo_report.table(rows))
+    rise = "-" if verdict["rise_points"] is None else format(verdict["rise_points"], "+")
     print(
         f"\nacceptance v{verdict['base_version']} {_pct(verdict['base_acceptance'])} -> "
-        f"v{verdict['final_version']} {_pct(verdict['final_acceptance'])} ({'-' if verdict['rise_points'] is None else format(verdict['rise_points'], '+')} points; goal "
+        f"v{verdict['final_version']} {_pct(verdict['final_acceptance'])} ({rise} points; goal "
         f"+{cfg.goal_points:.0f}), {verdict['failed_requests']} failed requests: "
         f"{'GOAL MET' if verdict['goal_met'] else 'goal missed'}"
     )

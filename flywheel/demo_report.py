@@ -1,11 +1,12 @@
 """The demo's per-version summary: what users saw of each weight version, and what each switch cost.
 
-From the population's interactions (outcome, latency, serving version), the agents' switch reports and
-the store's manifests: one row per version with acceptance (accepted / judged; ignored completions are
-not judged) of the autocomplete users and of the agent users' sessions (a session counts for the version
-of its first turn; accepted: the file it left passes its hidden tests), requests, failed requests (counted against the version the fleet served when they failed),
-p50/p99 latency of the autocomplete requests, the user-visible switch pause (max over replicas), time out of rotation, and the delta's
-size and compression ratio.
+From the population's interactions (outcome, latency, serving version), the agents' switch reports and the
+store's manifests: one row per version with acceptance (accepted / judged; ignored completions are not
+judged) of the autocomplete users and of the agent users' sessions (a session counts for the version of its
+first turn; accepted: the file it left passes its hidden tests), requests, failed requests (counted against
+the version the fleet served when they failed), p50/p99 latency of the autocomplete requests, the
+user-visible switch pause (max over replicas), time out of rotation, and the delta's size and compression
+ratio.
 """
 
 from __future__ import annotations
@@ -84,8 +85,8 @@ def _rate(judged: list) -> float | None:
 
 def table(rows: list[dict]) -> str:
     head = (
-        f"{'version':>7} {'accept':>7} {'judged':>6} {'agent':>7} {'sess':>5} {'reqs':>5} {'failed':>6} {'p50 ms':>7} {'p99 ms':>7} "
-        f"{'pause ms':>8} {'out ms':>7} {'delta MB':>8} {'ratio':>6}"
+        f"{'version':>7} {'accept':>7} {'judged':>6} {'agent':>7} {'sess':>5} {'reqs':>5} {'failed':>6} "
+        f"{'p50 ms':>7} {'p99 ms':>7} {'pause ms':>8} {'out ms':>7} {'delta MB':>8} {'ratio':>6}"
     )
     lines = [head, "-" * len(head)]
 

@@ -14,7 +14,7 @@ MIN_GPU_BYTES = 8 * 2**20  # below this the host<->device copies cost more than 
 
 @functools.lru_cache(maxsize=1)
 def backend() -> str:
-    """ "triton" when a CUDA device and Triton are usable, else "numpy"."""
+    """The backend: "triton" when a CUDA device and Triton are usable, else "numpy"."""
     try:
         import torch
 

@@ -6,13 +6,14 @@
                                    '-> KafkaProducer (idempotent, acks=all, zstd); cursor moves on ack
 
 The request path only does a non-blocking queue put; a caller that needs to know when its event is on disk
-(the gateway answers a client only then, so a crash never loses what a client was told) passes
-`on_durable`, called from the writer thread after the fsync that covers it. A write that fails (disk full, I/O error) is cut
-back to the last durable record and retried after a backoff: the queue, then submit(), takes the pressure
-and /health says so. A shipper that dies is started again from the cursor it had reached. Every event is written to the spool before it is
-sent, so a dead or slow broker fills the disk (up to `max_spool_bytes`, with an alarm), never the heap;
-when the broker returns the backlog goes out in the order it was written. A batch that fails is sent
-again from the cursor, so Kafka may hold an event twice; consumers drop duplicates by event_id.
+(the gateway answers a client only then, so a crash never loses what a client was told) passes `on_durable`,
+called from the writer thread after the fsync that covers it. A write that fails (disk full, I/O error) is
+cut back to the last durable record and retried after a backoff: the queue, then submit(), takes the
+pressure and /health says so. A shipper that dies is started again from the cursor it had reached. Every
+event is written to the spool before it is sent, so a dead or slow broker fills the disk (up to
+`max_spool_bytes`, with an alarm), never the heap; when the broker returns the backlog goes out in the order
+it was written. A batch that fails is sent again from the cursor, so Kafka may hold an event twice;
+consumers drop duplicates by event_id.
 kafka-python runs in its own process: in a thread, its pure-Python work held the GIL often enough to add
 milliseconds to the gateway's p50 (measured in benchmarks.gateway).
 """

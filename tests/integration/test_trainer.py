@@ -206,15 +206,18 @@ def test_stale_samples_are_dropped(test_model, tmp_path):
     trainer = Trainer(TrainerConfig(model_dir=test_model, work_dir=tmp_path / "t", staleness=2, min_batch=1))
     trainer.version = 10
     c = trainer.model.cfg
-    mk = lambda v: Sample(
-        key=f"v{v}",
-        prompt_ids=np.array([0, 5]),
-        output_ids=np.array([6]),  # noqa: E731
-        behaviour_logprobs=np.array([-1.0], np.float32),
-        routed_experts=np.zeros((2, c.num_hidden_layers, c.num_experts_per_tok), np.uint8),
-        reward=1.0,
-        model_version=v,
-    )
+
+    def mk(v):
+        return Sample(
+            key=f"v{v}",
+            prompt_ids=np.array([0, 5]),
+            output_ids=np.array([6]),
+            behaviour_logprobs=np.array([-1.0], np.float32),
+            routed_experts=np.zeros((2, c.num_hidden_layers, c.num_experts_per_tok), np.uint8),
+            reward=1.0,
+            model_version=v,
+        )
+
     trainer.buffer = [mk(7), mk(8), mk(10)]
     batch = trainer._take_batch()
     assert [s.key for s in batch] == ["v8", "v10"]

@@ -51,7 +51,8 @@ def test_limits_are_counted_by_kind():
         "loop": "    while True:\n        pass\n",
         "memory": "    return len(bytearray(10 ** 10))\n",
         "syntax": "  return (\n",
-        "peek": "    import gc\n    return [o for o in gc.get_objects() if isinstance(o, dict) and 'expected' in o][0]\n",
+        "peek": "    import gc\n"
+        "    return [o for o in gc.get_objects() if isinstance(o, dict) and 'expected' in o][0]\n",
     }
     v = dict(
         zip(

@@ -1,4 +1,4 @@
-# Flywheel: `make demo` runs the main job, `make test` the whole suite, `make bench` the benchmarks.
+# Flywheel: `make demo` runs the main job, `make test` lint and the whole suite, `make bench` the benchmarks.
 # Each target sets itself up first (virtualenv + Kafka jars cached under $FLYWHEEL_HOME).
 FLYWHEEL_HOME ?= $(HOME)/.cache/flywheel
 export FLYWHEEL_HOME
@@ -7,12 +7,17 @@ PY := $(VENV)/bin/python
 export PYTHONPATH := $(CURDIR)
 PYTEST_ARGS ?=
 
-.PHONY: setup test demo bench clean
+.PHONY: setup lint test demo bench clean
 
 setup:
 	@scripts/setup.sh
 
-test: setup
+# ruff's configuration is in pyproject.toml; `ruff format .` (from the venv) rewrites what --check rejects.
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 demo: setup

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One-time set-up, cached outside the checkout: the virtualenv and the Kafka jars under $FLYWHEEL_HOME.
-# A second run (or a fresh clone) reinstalls nothing unless pyproject.toml changed.
+# A second run (or a fresh clone) reinstalls nothing unless pyproject.toml (or the extras below) changed.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 home=${FLYWHEEL_HOME:-$HOME/.cache/flywheel}
@@ -31,11 +31,12 @@ if [ ! -x "$venv/bin/python" ]; then
   echo "setup: creating virtualenv $venv"
   "$python" -m venv "$venv"
 fi
-deps_want=$(sha256sum "$repo/pyproject.toml" | cut -c1-16)
+extras=dev  # pyproject's optional dependencies: tests, load tests, lint
+deps_want=$( { cat "$repo/pyproject.toml"; echo "extras=$extras"; } | sha256sum | cut -c1-16)
 if [ "$(cat "$venv/.flywheel-deps" 2>/dev/null)" != "$deps_want" ]; then
   echo "setup: installing dependencies into $venv (first time: a few minutes, ~11 GB with SGLang and torch)"
   start=$(date +%s)
-  "$venv/bin/pip" install --progress-bar on -e "$repo"
+  "$venv/bin/pip" install --progress-bar on -e "$repo[$extras]"
   echo "$deps_want" > "$venv/.flywheel-deps"
   echo "$repo" > "$venv/.flywheel-checkout"
   echo "setup: dependencies installed in $(( $(date +%s) - start ))s"

@@ -38,16 +38,10 @@ def test_short_hot_switch_run_passes(tmp_path):
     assert rc == 0, result
     assert result["passed"] and result["failures"] == 0 and result["requests"] > 50
     assert result["p99_multiple_allowed"] == 5.0
-    reached = [
-        m["version"] for m in result["marks"] if m["what"].startswith("fleet on")
-    ]
-    assert reached == [1, 2, 3], result[
-        "marks"
-    ]  # three versions published and switched to, in order
+    reached = [m["version"] for m in result["marks"] if m["what"].startswith("fleet on")]
+    assert reached == [1, 2, 3], result["marks"]  # three versions published and switched to, in order
     assert result["completions_before"] > 10 and result["completions_after"] > 10
-    names = {
-        row["Name"]: row for row in csv.DictReader((out / "locust_stats.csv").open())
-    }
+    names = {row["Name"]: row for row in csv.DictReader((out / "locust_stats.csv").open())}
     assert {
         "TTFT /v1/chat/completions",
         "/v1/feedback",
@@ -56,14 +50,10 @@ def test_short_hot_switch_run_passes(tmp_path):
         "/v1/feedback [session]",
     } <= set(names), set(names)
     assert all(row["Failure Count"] == "0" for row in names.values())
-    assert (out / "locust_stats_history.csv").exists() and (
-        out / "latency.png"
-    ).stat().st_size > 10_000
+    assert (out / "locust_stats_history.csv").exists() and (out / "latency.png").stat().st_size > 10_000
 
 
-def test_deployed_fleet_steady_passes_and_a_failed_action_fails_the_run(
-    gateway, tmp_path, monkeypatch
-):
+def test_deployed_fleet_steady_passes_and_a_failed_action_fails_the_run(gateway, tmp_path, monkeypatch):
     for name in (
         "FLYWHEEL_LOADTEST_VERSIONS",
         "FLYWHEEL_WEIGHTS_STORE",
@@ -81,23 +71,15 @@ def test_deployed_fleet_steady_passes_and_a_failed_action_fails_the_run(
     )
     assert run(LoadTestConfig(scenario="steady", **common)) == 0
     steady = json.loads((tmp_path / "steady" / "result.json").read_text())
-    assert (
-        steady["passed"] and steady["requests"] > 10 and steady["p99_ratio"] is not None
-    )
+    assert steady["passed"] and steady["requests"] > 10 and steady["p99_ratio"] is not None
     # hot-switch without the environment it publishes with: the action fails, so the run fails, clearly.
     assert run(LoadTestConfig(scenario="hot-switch", **common)) == 1
     failed = json.loads((tmp_path / "hot-switch" / "result.json").read_text())
-    assert not failed["passed"] and any(
-        "FLYWHEEL_LOADTEST_VERSIONS" in r for r in failed["reasons"]
-    ), failed
+    assert not failed["passed"] and any("FLYWHEEL_LOADTEST_VERSIONS" in r for r in failed["reasons"]), failed
 
 
 def test_unknown_scenario_and_missing_keys_are_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="unknown scenario"):
         run(LoadTestConfig(scenario="chaos", out_dir=tmp_path))
     with pytest.raises(ValueError, match="--keys"):
-        run(
-            LoadTestConfig(
-                scenario="steady", out_dir=tmp_path, gateway="http://127.0.0.1:9"
-            )
-        )
+        run(LoadTestConfig(scenario="steady", out_dir=tmp_path, gateway="http://127.0.0.1:9"))

@@ -75,3 +75,11 @@ def test_report_carries_the_valid_tool_call_rate(test_model):
 def test_unknown_preset_is_an_error():
     with pytest.raises(ValueError, match="unknown preset"):
         B.preset("huge")
+
+
+def test_cache_key_follows_the_program_not_its_layout():
+    src = 'def f(x):\n    """Doc."""\n    # why\n    return x + 1\n'
+    same = "def f(x):\n    return (x\n            + 1)  # reworded\n"
+    other = "def f(x):\n    return x + 2\n"
+    assert B._code_digest(src) == B._code_digest(same)
+    assert B._code_digest(src) != B._code_digest(other)

@@ -107,7 +107,7 @@ async def generate(
             if r.status != 200:
                 raise await _error(r)
             out = orjson.loads(await r.read())
-    except aiohttp.ClientConnectionError as e:
+    except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:  # the latter: a body cut short
         raise EngineUnavailable(f"{type(e).__name__}: {e}") from None
     except asyncio.TimeoutError:
         raise EngineUnavailable(f"no answer within {timeout_s:g} s") from None
@@ -144,7 +144,8 @@ async def generate_stream(
                 _fill(result, out, layers, top_k)
                 got_first = True
                 yield result.text[before:], result
-    except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as e:
+    # A replica that dies mid-answer cuts the chunked body short (ClientPayloadError), or the connection.
+    except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, asyncio.TimeoutError) as e:
         why = f"no answer within {timeout_s:g} s" if isinstance(e, asyncio.TimeoutError) else f"{type(e).__name__}: {e}"
         if got_first:
             raise ReplicaBroke(f"replica stream broke: {why}") from None

@@ -17,6 +17,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from aiohttp import web
+
+from serving.schema import ApiError
+
 
 @dataclass(frozen=True)
 class Tenant:
@@ -82,6 +86,9 @@ def add_key(keys_file: Path, name: str) -> str:
     return key
 
 
+TENANT = web.RequestKey("tenant", Tenant)  # the request's tenant, set by tenant_middleware
+
+
 def bearer(header: str | None) -> str | None:
     if not header:
         return None
@@ -91,6 +98,41 @@ def bearer(header: str | None) -> str | None:
 
 def admin_ok(presented: str | None, admin_token: str | None) -> bool:
     return bool(presented and admin_token and hmac.compare_digest(_raw(presented), _raw(admin_token)))
+
+
+def tenant_middleware(keys: KeyStore):
+    """Every request to the public API names its tenant by key (`request[TENANT]`), else 401. A path
+    that matches no route passes through to its 404/405."""
+
+    @web.middleware
+    async def tenant(request: web.Request, handler):
+        if request.match_info.http_exception is None:
+            key = bearer(request.headers.get("Authorization")) or request.headers.get("X-Api-Key")
+            request[TENANT] = keys.lookup(key)
+            if request[TENANT] is None:
+                raise ApiError(
+                    401,
+                    "Incorrect API key provided" if key else "Missing API key: send Authorization: Bearer <key>",
+                    "authentication_error",
+                    code="invalid_api_key",
+                )
+        return await handler(request)
+
+    return tenant
+
+
+def admin_middleware(admin_token: str | None):
+    """Every admin request (unknown admin paths too: nothing to probe) carries the admin token, else 401."""
+
+    @web.middleware
+    async def admin(request: web.Request, handler):
+        if not admin_ok(bearer(request.headers.get("Authorization")), admin_token):
+            raise ApiError(
+                401, "admin endpoints need the admin token", "authentication_error", code="invalid_admin_token"
+            )
+        return await handler(request)
+
+    return admin
 
 
 class CompletionIds:
@@ -106,6 +148,25 @@ class CompletionIds:
     def issue(self, tenant: Tenant) -> str:
         body = f"{int(time.time()):x}-{secrets.token_hex(6)}-{tenant.id}"
         return f"cmpl-{body}-{self._mac(body)}"
+
+    def check(self, tenant: Tenant, completion_id, param: str = "completion_id") -> str:
+        """The id, if it is one we issued to this tenant: else 404 (unknown, expired) or 403 (another's)."""
+        if not isinstance(completion_id, str) or not completion_id:
+            raise ApiError(400, f"'{param}' must be a non-empty string", param=param, code="invalid_type")
+        owner = self.owner(completion_id)
+        if owner is None:
+            raise ApiError(
+                404, f"unknown completion id {completion_id[:80]!r}", param=param, code="completion_not_found"
+            )
+        if owner != tenant.id:
+            raise ApiError(
+                403,
+                "this completion was issued to another API key",
+                "permission_error",
+                param=param,
+                code="not_your_completion",
+            )
+        return completion_id
 
     def owner(self, completion_id: str) -> str | None:
         """The tenant id the id was issued to, or None if it is not an id we issued (or it expired)."""

@@ -7,26 +7,19 @@ clients (Continue, Cline, Tabby's OpenAI backend, the official SDK) work unchang
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
-import orjson
-
-
-class ApiError(Exception):
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        type_: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-    ):
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+from serving.schema import (  # noqa: F401  (ApiError, parse_json_body: imported from here by callers)
+    ApiError,
+    Field,
+    boolean,
+    integer,
+    number,
+    parse_json_body,
+    refuse_unknown,
+    string,
+    value,
+)
 
 
 @dataclass
@@ -83,65 +76,24 @@ class GenerationSpec:
         }
 
 
-def parse_json_body(raw: bytes) -> dict:
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ApiError(400, f"request body is not valid UTF-8 (byte {e.start})", code="invalid_encoding") from None
-    try:
-        body = orjson.loads(text)
-    except orjson.JSONDecodeError as e:
-        raise ApiError(
-            400, f"request body is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}", code="invalid_json"
-        ) from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "request body must be a JSON object", code="invalid_json")
-    return body
-
-
 # ----------------------------------------------------------------------------- field validators
+# The flat fields go through serving.schema's checks, like every other body the gateway takes.
 
 
 def _bool(body: dict, name: str, default: bool) -> bool:
-    v = body.get(name, default)
-    if v is None:
-        return default
-    if not isinstance(v, bool):
-        raise ApiError(400, f"'{name}' must be a boolean", param=name, code="invalid_type")
-    return v
+    return value(body, name, Field(boolean(), default))
 
 
 def _int(body: dict, name: str, default, lo: int, hi: int, limit_code: str = "out_of_range"):
-    v = body.get(name, default)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise ApiError(400, f"'{name}' must be an integer", param=name, code="invalid_type")
-    if not lo <= v <= hi:
-        raise ApiError(400, f"'{name}' must be between {lo} and {hi}, got {v}", param=name, code=limit_code)
-    return v
+    return value(body, name, Field(integer(lo, hi, limit_code), default))
 
 
 def _float(body: dict, name: str, default: float, lo: float, hi: float) -> float:
-    v = body.get(name, default)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise ApiError(400, f"'{name}' must be a number", param=name, code="invalid_type")
-    if not lo <= v <= hi:
-        raise ApiError(400, f"'{name}' must be between {lo} and {hi}, got {v}", param=name, code="out_of_range")
-    return float(v)
+    return value(body, name, Field(number(lo, hi), default))
 
 
 def _str(body: dict, name: str, required: bool = False, default=None):
-    v = body.get(name, default)
-    if v is None:
-        if required:
-            raise ApiError(400, f"'{name}' is required", param=name, code="missing_required_parameter")
-        return default
-    if not isinstance(v, str):
-        raise ApiError(400, f"'{name}' must be a string", param=name, code="invalid_type")
-    return v
+    return value(body, name, Field(string(), default, required))
 
 
 def _stop(body: dict, limits: Limits) -> list[str]:
@@ -155,14 +107,6 @@ def _stop(body: dict, limits: Limits) -> list[str]:
     if len(v) > limits.max_stop:
         raise ApiError(400, f"'stop' takes at most {limits.max_stop} sequences", param="stop", code="out_of_range")
     return v
-
-
-def _unknown(body: dict, allowed: set[str]) -> None:
-    extra = sorted(set(body) - allowed)
-    if extra:
-        raise ApiError(
-            400, f"Unrecognized request argument supplied: {extra[0]}", param=extra[0], code="unknown_parameter"
-        )
 
 
 def _unsupported(body: dict, names: dict[str, object]) -> None:
@@ -220,7 +164,7 @@ def _common(body: dict, limits: Limits) -> dict:
 
 
 def parse_completion(body: dict, limits: Limits) -> GenerationSpec:
-    _unknown(body, COMMON | {"prompt", "suffix", "logprobs", "echo", "best_of"})
+    refuse_unknown(body, COMMON | {"prompt", "suffix", "logprobs", "echo", "best_of"})
     _unsupported(body, {"echo": False, "best_of": 1})
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
@@ -382,7 +326,7 @@ def _messages(msgs, tools) -> list[dict]:
 def parse_chat(body: dict, limits: Limits) -> GenerationSpec:
     from serving import tool_calls as tc
 
-    _unknown(
+    refuse_unknown(
         body,
         COMMON
         | {

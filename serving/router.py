@@ -3,7 +3,11 @@
 A replica is `active` (takes user traffic), `draining` (finishes what it has, takes nothing new) or
 `borrowed` (lent to the trainer for rollouts; no user traffic). Health checks take a replica that stops
 answering out of rotation and bring it back when it answers again; a request that fails to connect
-marks it unhealthy at once.
+marks it unhealthy at once. Every change of state goes through the pool's methods (drain, activate,
+borrow, give_back, mark_failed, check, expire_drain_leases): nothing else writes `state`.
+
+    active --drain--> draining --activate--> active
+    active --borrow--> draining (borrow pending) --last request done--> borrowed --give_back--> active
 """
 
 from __future__ import annotations
@@ -108,6 +112,10 @@ class NoReplica(Exception):
     """No healthy active replica can take the request."""
 
 
+class LastActive(Exception):
+    """Taking this replica from users would leave none serving them."""
+
+
 class ReplicaPool:
     def __init__(self, urls: list[str], cfg: PoolConfig | None = None):
         self.cfg = cfg or PoolConfig()
@@ -117,6 +125,7 @@ class ReplicaPool:
         self._rr = itertools.count()
         self.lapsed_drains = 0
         self._task: asyncio.Task | None = None
+        self._pending: set[asyncio.Task] = set()  # borrows settling
         self._session: aiohttp.ClientSession | None = None
 
     def get(self, replica_id: str) -> ReplicaHandle:
@@ -142,6 +151,56 @@ class ReplicaPool:
         low = min(load(r) for r in candidates)
         best = [r for r in candidates if load(r) == low]
         return best[next(self._rr) % len(best)]
+
+    # ------------------------------------------------------------------ state transitions
+    def _leave_users(self, replica: ReplicaHandle, why: str) -> None:
+        if replica.state == ReplicaState.ACTIVE and not any(
+            r.state == ReplicaState.ACTIVE for r in self.replicas.values() if r is not replica
+        ):
+            raise LastActive(f"refusing to {why} {replica.id}: it is the last active replica")
+
+    def drain(self, replica_id: str, lease_s: float | None = None) -> ReplicaHandle:
+        """No new user requests; those in flight finish. With a lease (an agent switching weights) the
+        drain lapses unless renewed; without (an SRE's), it holds until activated."""
+        r = self.get(replica_id)
+        self._leave_users(r, "drain")
+        r.state, r.borrow_pending = ReplicaState.DRAINING, False
+        r.drain_lease_until = time.monotonic() + lease_s if lease_s is not None else None
+        return r
+
+    def borrow(self, replica_id: str, settle_timeout_s: float = 300.0) -> ReplicaHandle:
+        """Lend to rollouts: users first, so the replica drains, and is borrowed once its last user
+        request is done (within settle_timeout_s; past it, borrowed all the same)."""
+        r = self.get(replica_id)
+        if r.state != ReplicaState.BORROWED:
+            self._leave_users(r, "borrow")
+            r.state, r.borrow_pending, r.drain_lease_until = ReplicaState.DRAINING, True, None
+            task = asyncio.ensure_future(self._settle_borrow(r, settle_timeout_s))
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
+        return r
+
+    async def _settle_borrow(self, r: ReplicaHandle, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while r.borrow_pending and r.outstanding > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if r.borrow_pending:  # not activated meanwhile
+            r.state, r.borrow_pending = ReplicaState.BORROWED, False
+            log.info("replica %s drained: borrowed for rollouts", r.id)
+
+    def activate(self, replica_id: str) -> ReplicaHandle:
+        """Users come back at once (from draining, borrowed, or a borrow still pending). The caller stops
+        the rollouts still running there (`rollout_rids`) for the trainer to redo."""
+        r = self.get(replica_id)
+        r.state, r.borrow_pending, r.drain_lease_until = ReplicaState.ACTIVE, False, None
+        return r
+
+    give_back = activate  # the off-peak scheduler returning a borrowed replica
+
+    def served(self, replica: ReplicaHandle, weight_version: int | None) -> None:
+        replica.served += 1
+        if weight_version is not None:
+            replica.weight_version = weight_version
 
     def mark_failed(self, replica: ReplicaHandle, error: str) -> None:
         if replica.healthy:
@@ -209,12 +268,13 @@ class ReplicaPool:
         return lapsed
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+        for task in [self._task, *self._pending]:
+            if task is not None:
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
 
 
 @dataclass
@@ -223,11 +283,14 @@ class Lease:
 
     replica: ReplicaHandle
     rollout: bool = False
+    rid: str | None = None  # a rollout's request id, kept while it runs (to abort it when users come back)
     started: float = field(default_factory=time.monotonic)
 
     def __enter__(self) -> ReplicaHandle:
         if self.rollout:
             self.replica.rollout_outstanding += 1
+            if self.rid is not None:
+                self.replica.rollout_rids.add(self.rid)
         else:
             self.replica.outstanding += 1
             self.replica.count_request()
@@ -236,5 +299,6 @@ class Lease:
     def __exit__(self, *exc) -> None:
         if self.rollout:
             self.replica.rollout_outstanding -= 1
+            self.replica.rollout_rids.discard(self.rid)
         else:
             self.replica.outstanding -= 1

@@ -41,7 +41,7 @@ from referencing.jsonschema import DRAFT202012
 
 from flywheel.core import tool_format as tf
 from flywheel.core.tool_format import CALL_OPEN
-from serving.openai_api import ApiError
+from serving.schema import ApiError
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_TOOLS = 64
@@ -363,3 +363,8 @@ class StreamSplitter:
         if parsed.calls:
             return "", parsed
         return self.buf[self.sent :], parsed
+
+
+def trimmed_close(finish: dict | None) -> str:
+    """The closing tag of a call when SGLang stopped on it (and trimmed it from the text)."""
+    return tf.CALL_CLOSE if (finish or {}).get("matched") == tf.CALL_CLOSE else ""

@@ -7,13 +7,10 @@ from __future__ import annotations
 import asyncio
 import json
 
-import orjson
-from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from serving.gateway import Gateway, GatewayConfig
 from serving.metrics import ToolCallStats
+from tests.fake_engine import gateway_over_fakes
 
 ADMIN = {"Authorization": "Bearer admin-secret"}
 TOOLS = [
@@ -32,78 +29,12 @@ MALFORMED = '<tool_call>\n{"name": "read_file", "arguments": {"path": '  # cut o
 UNKNOWN = '<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>'
 
 
-class FakeReplica:
-    """SGLang's /generate, /model_info and /metrics as far as the gateway uses them."""
-
-    def __init__(self, version: int):
-        self.version = version
-        self.texts: list[str] = []  # what the next answers say, in order (the last one repeats)
-        self.app = web.Application()
-        self.app.add_routes(
-            [
-                web.post("/generate", self.generate),
-                web.get("/model_info", self.model_info),
-                web.get("/metrics", self.metrics),
-            ]
-        )
-
-    def _out(self, text: str) -> dict:
-        return {
-            "text": text,
-            "output_ids": [1] * max(1, len(text) // 4),
-            "meta_info": {
-                "weight_version": str(self.version),
-                "finish_reason": {"type": "stop"},
-                "prompt_tokens": 3,
-                "output_token_logprobs": [[-0.1, 1, None]] * max(1, len(text) // 4),
-            },
-        }
-
-    async def generate(self, request: web.Request) -> web.StreamResponse:
-        body = await request.json()
-        text = self.texts.pop(0) if len(self.texts) > 1 else self.texts[0]
-        if not body.get("stream"):
-            return web.json_response(self._out(text))
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        for end in (len(text) // 2, len(text)):  # cumulative, as SGLang sends
-            await resp.write(b"data: " + orjson.dumps(self._out(text[:end])) + b"\n\n")
-        await resp.write(b"data: [DONE]\n\n")
-        return resp
-
-    async def model_info(self, request: web.Request) -> web.Response:
-        return web.json_response({"weight_version": str(self.version)})
-
-    async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(text="")
-
-
 def run_with_gateway(test_model, tmp_path, versions: list[int], scenario):
     """Start len(versions) fake replicas and a gateway in front of them, run `scenario(client, fakes)`."""
 
     async def main():
-        fakes = [FakeReplica(v) for v in versions]
-        servers = [TestServer(f.app) for f in fakes]
-        for s in servers:
-            await s.start_server()
-        gw = Gateway(
-            GatewayConfig(
-                replicas=[str(s.make_url("")).rstrip("/") for s in servers],
-                model_dir=test_model,
-                state_dir=tmp_path / "gw",
-                api_keys=",".join(f"u{i}:key-u{i}" for i in range(40)),
-                admin_token="admin-secret",
-                log_events=False,
-            )
-        )
-        client = TestClient(TestServer(gw.app))
-        await client.start_server()
-        try:
+        async with gateway_over_fakes(test_model, tmp_path / "gw", versions) as (client, fakes):
             return await scenario(client, fakes)
-        finally:
-            await client.close()
-            for s in servers:
-                await s.close()
 
     return asyncio.run(main())
 

@@ -1,0 +1,195 @@
+"""The admin sub-app (`/admin`, admin token): replica states, weights, user load, rollouts, canary trials.
+
+The weight-sync agent drains and re-activates a replica around a switch; the off-peak scheduler borrows
+and returns replicas and reads the load; the trainer asks for rollouts; weight_sync.canary starts and ends
+trials. State changes themselves belong to the replica pool (serving.router).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from flywheel.core import events as ev
+from serving import engine
+from serving.api.respond import json_response
+from serving.auth import Tenant, admin_middleware
+from serving.canary_split import CanarySplit
+from serving.openai_api import finish_reason, parse_completion
+from serving.router import LastActive, ReplicaState
+from serving.schema import ApiError, Field, Schema, number, one_of, parse_json_body, string_list, value
+
+if TYPE_CHECKING:
+    from serving.gateway import Gateway
+
+log = logging.getLogger(__name__)
+
+ACTIONS = ("drain", "activate", "borrow", "return")
+DRAIN_BODY = Schema(
+    {"lease_s": Field(number(0, 3600, "'lease_s' must be a number of seconds in (0, 3600]", open_lo=True))}
+)
+
+
+def _version(v, name: str) -> int:
+    version = ev.parse_version(v)
+    if version is None:
+        raise ApiError(400, f"'{name}' must be the canary's weight version (an integer)", param=name)
+    return version
+
+
+CANARY_BODY = Schema(
+    {
+        "version": Field(_version, required=True),
+        "replicas": Field(string_list(), required=True),
+        "share": Field(
+            number(0, 1, "'share' must be a number between 0 and 1", open_lo=True, open_hi=True), required=True
+        ),
+    }
+)
+
+
+class AdminApi:
+    def __init__(self, gw: Gateway):
+        self.gw = gw
+
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[admin_middleware(self.gw.cfg.admin_token)])
+        app.add_routes(
+            [
+                web.get("/replicas", self.replicas),
+                web.post("/replicas/{replica}/{action}", self.replica_action),
+                web.get("/weights", self.weights),
+                web.post("/rollouts", self.rollouts),
+                web.get("/load", self.load),
+                web.get("/canary", self.canary),
+                web.put("/canary", self.canary_start),
+                web.delete("/canary", self.canary_end),
+            ]
+        )
+        return app
+
+    async def replicas(self, request: web.Request) -> web.Response:
+        return json_response({"replicas": [r.view() for r in self.gw.pool.replicas.values()]})
+
+    async def replica_action(self, request: web.Request) -> web.Response:
+        pool = self.gw.pool
+        rid, action = request.match_info["replica"], request.match_info["action"]
+        if rid not in pool.replicas:
+            raise ApiError(404, f"no replica {rid!r}", code="replica_not_found")
+        if action not in ACTIONS:
+            raise ApiError(404, f"unknown action {action!r} ({', '.join(ACTIONS)})", code="not_found")
+        body = DRAIN_BODY.parse(await request.read()) if action == "drain" else {}
+        try:
+            if action == "drain":
+                replica = pool.drain(rid, body["lease_s"])
+            elif action == "borrow":
+                replica = pool.borrow(rid)
+            else:  # activate / return: users come back at once; rollouts in flight stop for the trainer to redo
+                replica = pool.activate(rid)
+                await self.gw.dispatcher.abort_rollouts(replica)
+        except LastActive as e:
+            raise ApiError(409, str(e), code="last_active") from None
+        log.info(
+            "replica %s -> %s%s (admin)",
+            rid,
+            replica.state.value,
+            " (borrow pending)" if replica.borrow_pending else "",
+        )
+        return json_response(replica.view())
+
+    async def load(self, request: web.Request) -> web.Response:
+        """User load per replica and for the fleet: what the off-peak scheduler decides on."""
+        reps = list(self.gw.pool.replicas.values())
+        active = [r for r in reps if r.state == ReplicaState.ACTIVE and r.healthy]
+        in_flight = sum(r.outstanding for r in reps)
+        queue = sum(r.queue_depth for r in active)
+        return json_response(
+            {
+                "replicas": [r.view() for r in reps],
+                "fleet": {
+                    "replicas": len(reps),
+                    "active": len(active),
+                    "borrowed": sum(r.state == ReplicaState.BORROWED for r in reps),
+                    "borrow_pending": sum(r.borrow_pending for r in reps),
+                    "in_flight": in_flight,
+                    "queue_depth": queue,
+                    "request_rate": round(sum(r.rate for r in reps), 3),
+                    "load_per_active": round((in_flight + queue) / max(1, len(active)), 3),
+                },
+            }
+        )
+
+    async def rollouts(self, request: web.Request) -> web.Response:
+        """Trainer-side generation: n samples of one prompt, with token ids, behaviour logprobs, routed
+        experts and version, on replicas lent to rollouts. Logged as source=rollout, never as user traffic.
+        The body is a completions body (its schema) plus `replicas`: any | borrowed."""
+        gw = self.gw
+        body = parse_json_body(await request.read())
+        where = value(body, "replicas", Field(one_of("any", "borrowed"), "any"))
+        body.pop("replicas", None)
+        spec = parse_completion({"model": "rollout", **{k: v for k, v in body.items() if k != "model"}}, gw.cfg.limits)
+        if spec.stream:
+            raise ApiError(400, "rollouts do not stream", param="stream")
+        prompt_ids = await gw.prompter.prompt_ids(spec)
+        sampling = gw.prompter.sampling(spec)
+        rid = f"rollout-{time.time_ns():x}"
+        bodies = [engine.payload(prompt_ids, sampling, 0, False, f"{rid}-{i}") for i in range(spec.n)]
+        results = await asyncio.gather(
+            *(gw.dispatcher.run_choice(b, False, rollout=True, borrowed_only=where == "borrowed") for b in bodies)
+        )
+        trainer = Tenant(id="trainer", name="trainer")
+        choices = []
+        for i, (res, replica_id, timing) in enumerate(results):
+            gw.dispatcher.log_completion(trainer, spec, rid, i, prompt_ids, res, replica_id, timing, source="rollout")
+            experts = gw.dispatcher.experts(res)
+            choices.append(
+                {
+                    "index": i,
+                    "text": res.text,
+                    "output_ids": res.output_ids,
+                    "logprobs": res.logprobs,
+                    "routed_experts": base64.b64encode(experts.tobytes()).decode(),
+                    "routed_experts_shape": list(experts.shape),
+                    "weight_version": res.weight_version,
+                    "finish_reason": "abort"
+                    if (res.finish or {}).get("type") == "abort"
+                    else finish_reason(res.finish),
+                    "replica": replica_id,
+                }
+            )
+        return json_response({"id": rid, "prompt_ids": prompt_ids, "choices": choices})
+
+    async def canary(self, request: web.Request) -> web.Response:
+        c = self.gw.dispatcher.canary
+        return json_response({"canary": None if c is None else c.view()})
+
+    async def canary_start(self, request: web.Request) -> web.Response:
+        """Start a trial: {"version", "replicas": [ids], "share"}: that share of users goes to those replicas."""
+        b = CANARY_BODY.parse(await request.read())
+        reps, pool = b["replicas"], self.gw.pool
+        unknown = [r for r in reps if r not in pool.replicas]
+        if unknown:
+            raise ApiError(400, f"unknown replicas {unknown}", param="replicas")
+        if len(set(reps)) >= len(pool.replicas):
+            raise ApiError(400, "a canary must leave at least one stable replica", param="replicas")
+        c = CanarySplit(version=b["version"], replicas=frozenset(reps), share=b["share"])
+        self.gw.dispatcher.canary = c
+        log.info("canary trial of v%s on %s for %.0f%% of users", c.version, ",".join(reps), 100 * c.share)
+        return json_response({"canary": c.view()})
+
+    async def canary_end(self, request: web.Request) -> web.Response:
+        ended, self.gw.dispatcher.canary = self.gw.dispatcher.canary, None
+        return json_response({"canary": None if ended is None else ended.view()})
+
+    async def weights(self, request: web.Request) -> web.Response:
+        return json_response(
+            {
+                "replicas": {r.id: r.weight_version for r in self.gw.pool.replicas.values()},
+                "tool_calls": self.gw.metrics.tools.view(),
+            }
+        )

@@ -1,0 +1,199 @@
+"""The OpenAI API: `/v1/completions`, `/v1/chat/completions` (plain, or streamed as server-sent events)
+and `/v1/models`.
+
+    body --schema (serving.openai_api)--> GenerationSpec --prompter--> token ids, sampling
+         --dispatcher, one per choice--> EngineResult --> OpenAI response (+ completion id, model version)
+                                                     '--> completion event (on disk before the answer)
+
+Agent turns (tools offered, or a conversation) are linked into sessions (serving.sessions); a tool call
+the model writes becomes OpenAI `tool_calls` (serving.tool_calls).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from flywheel.core import events as ev
+from serving import engine, tool_calls as tc
+from serving.api.respond import SESSION_HEADER, VERSION_HEADER, fingerprint, json_response
+from serving.api.stream import stream_choices
+from serving.auth import TENANT, Tenant
+from serving.openai_api import (
+    GenerationSpec,
+    chat_logprobs,
+    completion_logprobs,
+    finish_reason,
+    parse_chat,
+    parse_completion,
+)
+from serving.schema import ApiError, parse_json_body
+from serving.sessions import MAX_SESSION_ID
+
+if TYPE_CHECKING:
+    from serving.gateway import Gateway
+
+
+class CompletionsApi:
+    def __init__(self, gw: Gateway):
+        self.gw = gw
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.post("/completions", self.completions),
+            web.post("/chat/completions", self.chat_completions),
+            web.get("/models", self.models),
+        ]
+
+    async def models(self, request: web.Request) -> web.Response:
+        return json_response(
+            {
+                "object": "list",
+                "data": [{"id": self.gw.cfg.model_name, "object": "model", "created": 0, "owned_by": "flywheel"}],
+            }
+        )
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        spec = parse_completion(parse_json_body(await request.read()), self.gw.cfg.limits)
+        return await self.generate(request, request[TENANT], spec)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        tenant: Tenant = request[TENANT]
+        spec = parse_chat(parse_json_body(await request.read()), self.gw.cfg.limits)
+        given = request.headers.get(SESSION_HEADER) or spec.session_hint
+        if given is not None and (
+            not given.isascii() or not given.isprintable() or not 0 < len(given) <= MAX_SESSION_ID
+        ):
+            raise ApiError(
+                400,
+                f"a session id is 1-{MAX_SESSION_ID} printable ASCII characters",
+                param="session_id",
+                code="invalid_value",
+            )
+        if given is not None and given.startswith("cmpl-"):  # our ids' shape: only one we issued to this key
+            try:
+                self.gw.ids.check(tenant, given)
+            except ApiError:
+                raise ApiError(
+                    400,
+                    "a session id that starts with 'cmpl-' must be one this server derived for "
+                    "this API key (name your own sessions otherwise)",
+                    param="session_id",
+                    code="invalid_value",
+                ) from None
+        spec.session_hint = given
+        return await self.generate(request, tenant, spec)
+
+    async def generate(self, request: web.Request, tenant: Tenant, spec: GenerationSpec) -> web.StreamResponse:
+        gw = self.gw
+        prompt_ids = await gw.prompter.prompt_ids(spec)
+        cid = gw.ids.issue(tenant)
+        if spec.kind == "chat":
+            spec.session = gw.sessions.link(tenant.id, spec.messages, spec.session_hint, cid)
+        sampling = gw.prompter.sampling(spec)
+        top_n = spec.logprobs or 0
+        bodies = [engine.payload(prompt_ids, sampling, top_n, spec.stream, f"{cid}-{i}") for i in range(spec.n)]
+        if spec.stream:
+            return await stream_choices(self, request, tenant, spec, cid, prompt_ids, bodies)
+        t0 = time.monotonic()
+        results = await asyncio.gather(*(gw.dispatcher.run_choice(b, False, tenant=tenant.id) for b in bodies))
+        choices = []
+        durable = []
+        for i, (res, replica_id, timing) in enumerate(results):
+            durable.append(gw.dispatcher.log_completion(tenant, spec, cid, i, prompt_ids, res, replica_id, timing))
+            choices.append(self.choice(spec, i, res, tenant, cid, replica_id))
+            if spec.session is not None:
+                m = choices[-1]["message"]
+                self.remember(tenant, spec, cid, i, m["content"], m.get("tool_calls", []))
+        await gw.sink.wait(durable, ev.TOPIC_COMPLETIONS)
+        version = results[0][0].weight_version
+        completion_tokens = sum(len(r.output_ids) for r, _, _ in results)
+        body = {
+            "id": cid,
+            "object": "text_completion" if spec.kind == "completion" else "chat.completion",
+            "created": int(time.time()),
+            "model": spec.model,
+            "choices": choices,
+            "model_version": version,
+            "system_fingerprint": fingerprint(version),
+            "usage": {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": completion_tokens,
+                "total_tokens": len(prompt_ids) + completion_tokens,
+            },
+        }
+        headers = {VERSION_HEADER: "" if version is None else str(version)}
+        if spec.session is not None:
+            body["session_id"] = headers[SESSION_HEADER] = spec.session.session_id
+        gw.metrics.e2e.labels(request.path).observe(time.monotonic() - t0)
+        return json_response(body, headers=headers)
+
+    def remember(
+        self, tenant: Tenant, spec: GenerationSpec, cid: str, i: int, content: str | None, calls: list[dict]
+    ) -> None:
+        """An answer, as the client will send it back next turn (serving.sessions)."""
+        answer = {
+            "role": "assistant",
+            "content": content or "",
+            "calls": [
+                {"id": c["id"], "name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in calls
+            ],
+        }
+        self.gw.sessions.record(tenant.id, spec.messages, answer, f"{cid}:{i}", spec.session.session_id)
+
+    def logprobs(self, spec: GenerationSpec, res: engine.EngineResult) -> dict | None:
+        if spec.logprobs is None:
+            return None
+        tok = self.gw.prompter.tok
+        tokens = self.gw.prompter.token_strings(res.output_ids)
+        tops = None
+        if spec.logprobs and res.top_logprobs:
+            tops = [
+                {tok.decode([tid], skip_special_tokens=False): lp for tid, lp in row.items()}
+                for row in res.top_logprobs
+            ]
+        if spec.kind == "completion":
+            return completion_logprobs(tokens, res.logprobs, tops, len(spec.prompt))
+        return chat_logprobs(tokens, res.logprobs, tops)
+
+    def choice(
+        self, spec: GenerationSpec, i: int, res: engine.EngineResult, tenant: Tenant, cid: str, replica_id: str
+    ) -> dict:
+        fr = finish_reason(res.finish)
+        if spec.kind == "completion":
+            return {"index": i, "text": res.text, "logprobs": self.logprobs(spec, res), "finish_reason": fr}
+        message = {"role": "assistant", "content": res.text}
+        if spec.tools is not None and spec.tools.active:
+            parsed = tc.parse(spec.prefill + res.text + tc.trimmed_close(res.finish), spec.tools)
+            self.count_tools(parsed, spec, tenant, cid, i, res, replica_id)
+            message["content"] = parsed.content
+            if parsed.calls:
+                message["tool_calls"], fr = parsed.calls, "tool_calls"
+            elif parsed.outcome != "none" and fr != "length":
+                fr = "stop"  # a call the model got wrong comes back as its text (a cut-off one says length)
+        return {"index": i, "message": message, "logprobs": self.logprobs(spec, res), "finish_reason": fr}
+
+    def count_tools(
+        self,
+        parsed: tc.Parsed,
+        spec: GenerationSpec,
+        tenant: Tenant,
+        cid: str,
+        i: int,
+        res: engine.EngineResult,
+        replica_id: str,
+    ) -> None:
+        """Counts an answer's calls by outcome and by the version that wrote them, the calls repeating an
+        earlier one of the session, and, during a canary trial, the tool answer on its arm."""
+        if parsed.outcome == "none":
+            return
+        gw = self.gw
+        repeated = 0
+        if parsed.calls and spec.session is not None:
+            repeated = gw.sessions.repeated_calls(tenant.id, spec.session.session_id, parsed.calls, cid, i)
+        gw.metrics.tools.count(res.weight_version, parsed.outcome, max(1, len(parsed.calls)), repeated)
+        if gw.dispatcher.canary is not None:
+            gw.dispatcher.canary.tool_answer(replica_id, parsed.outcome in tc.MALFORMED, repeated > 0)

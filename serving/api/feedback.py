@@ -1,0 +1,170 @@
+"""Feedback in: `/v1/feedback` (on one completion's choice, or on a whole agent session) and Tabby's
+`/v1/events` (view | select | dismiss). Each becomes a feedback event keyed like the completion (or the
+session) it judges, on disk before the client is answered."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from flywheel.core import events as ev
+from serving.api.respond import json_response
+from serving.auth import TENANT, Tenant
+from serving.schema import ApiError, Body, Field, Schema, integer, number, one_of, string
+from serving.sessions import MAX_SESSION_ID
+
+if TYPE_CHECKING:
+    from serving.gateway import Gateway
+
+
+def _one_target(b: Body) -> None:
+    if ("session_id" in b.given) == ("completion_id" in b.given):
+        raise ApiError(
+            400,
+            "feedback names a 'completion_id' or a 'session_id' (exactly one)",
+            param="completion_id",
+            code="missing_required_parameter",
+        )
+
+
+def _fields_fit_target(b: Body) -> None:
+    if "session_id" in b.given:
+        for name in ("choice_index", "accepted_chars"):
+            if name in b.given:
+                raise ApiError(400, f"'{name}' goes with a completion's feedback, not a session's", param=name)
+        if b["kind"] == "partial" and "score" not in b.given:
+            raise ApiError(
+                400,
+                "partial session feedback needs 'score', a number in [0, 1] (the share of edits kept or tests passed)",
+                param="score",
+                code="invalid_value",
+            )
+        if b["kind"] != "partial" and "score" in b.given:
+            raise ApiError(400, "'score' only goes with kind=partial", param="score")
+        return
+    if "score" in b.given:
+        raise ApiError(400, "'score' goes with session feedback (use accepted_chars for a completion)", param="score")
+    if b["kind"] == "partial" and "accepted_chars" not in b.given:
+        raise ApiError(
+            400,
+            "partial feedback needs 'accepted_chars' (a non-negative integer)",
+            param="accepted_chars",
+            code="invalid_value",
+        )
+    if b["kind"] != "partial" and "accepted_chars" in b.given:
+        raise ApiError(400, "'accepted_chars' only goes with kind=partial", param="accepted_chars")
+
+
+def feedback_schema(max_n: int) -> Schema:
+    return Schema(
+        {
+            "completion_id": Field(string(nonempty=True)),
+            "session_id": Field(string(max_len=MAX_SESSION_ID, printable_ascii=True, nonempty=True)),
+            "kind": Field(one_of(*ev.FEEDBACK_KINDS), required=True),
+            "choice_index": Field(
+                integer(0, max_n - 1, "invalid_value", "'choice_index' must be an integer within n"), 0
+            ),
+            "accepted_chars": Field(integer(0, 2**62, "invalid_value")),
+            "elapsed_ms": Field(number(0, 1e10, "'elapsed_ms' must be a non-negative number")),
+            "score": Field(number(0.0, 1.0)),
+        },
+        rules=(_one_target, _fields_fit_target),
+    )
+
+
+def tabby_schema(max_n: int) -> Schema:
+    return Schema(
+        {
+            "type": Field(one_of("view", "select", "dismiss"), required=True),
+            "completion_id": Field(string(nonempty=True), required=True),
+            "choice_index": Field(
+                integer(0, max_n - 1, "invalid_value", "'choice_index' must be an integer within n"), 0
+            ),
+            "elapsed": Field(number(0, 1e10, "'elapsed' must be a non-negative number (ms)")),
+        },
+        ignore_unknown=True,  # Tabby sends more (view_id, ...) than it needs here
+    )
+
+
+class FeedbackApi:
+    def __init__(self, gw: Gateway):
+        self.gw = gw
+        self.feedback_body = feedback_schema(gw.cfg.limits.max_n)
+        self.tabby_body = tabby_schema(gw.cfg.limits.max_n)
+
+    def routes(self) -> list[web.RouteDef]:
+        return [web.post("/feedback", self.feedback), web.post("/events", self.tabby_events)]
+
+    async def feedback(self, request: web.Request) -> web.Response:
+        """Feedback on one completion's choice (`completion_id`), or on a whole agent session (`session_id`:
+        its outcome, e.g. the edits kept or the tests passed; `kind` partial takes a `score` in [0, 1])."""
+        tenant: Tenant = request[TENANT]
+        b = self.feedback_body.parse(await request.read())
+        if "session_id" in b.given:
+            sid = b["session_id"]
+            if sid.startswith("cmpl-"):  # one we derived (a signed completion id): checked like one
+                self.gw.ids.check(tenant, sid, param="session_id")
+            fb = ev.FeedbackEvent(
+                completion_id="",
+                choice_index=0,
+                tenant=tenant.id,
+                kind=b["kind"],
+                elapsed_ms=b["elapsed_ms"],
+                session_id=sid,
+                score=b["score"],
+            )
+            await self.log(fb)
+            return json_response({"status": "ok", "session_id": sid})
+        cid = self.gw.ids.check(tenant, b["completion_id"])
+        await self.log(
+            ev.FeedbackEvent(
+                completion_id=cid,
+                choice_index=b["choice_index"],
+                tenant=tenant.id,
+                kind=b["kind"],
+                accepted_chars=b["accepted_chars"],
+                elapsed_ms=b["elapsed_ms"],
+            )
+        )
+        return json_response({"status": "ok", "completion_id": cid})
+
+    async def tabby_events(self, request: web.Request) -> web.Response:
+        """Tabby's /v1/events: view | select | dismiss; `?select_kind=line` makes a select partial."""
+        tenant: Tenant = request[TENANT]
+        b = self.tabby_body.parse(await request.read())
+        cid = self.gw.ids.check(tenant, b["completion_id"])
+        if b["type"] == "view":  # shown, not yet judged: the trainer's window decides what silence means
+            self.gw.metrics.feedback.labels("view").inc()
+            return json_response({"status": "ok"})
+        partial = request.query.get("select_kind") == "line"
+        kind = "reject" if b["type"] == "dismiss" else ("partial" if partial else "accept")
+        await self.log(
+            ev.FeedbackEvent(
+                completion_id=cid,
+                choice_index=b["choice_index"],
+                tenant=tenant.id,
+                kind=kind,
+                elapsed_ms=b["elapsed"],
+                origin="tabby:line" if partial else "tabby",
+            )
+        )
+        return json_response({"status": "ok"})
+
+    async def log(self, fb: ev.FeedbackEvent) -> None:
+        gw, m = self.gw, self.gw.metrics
+        if fb.session_id:  # a session's outcome: one per session; the canary votes on completions only
+            # Its own memory: client-named session ids cost nothing to make up, and must not push the
+            # completions' entries (one canary vote each) out of theirs.
+            first = gw.first_session_feedback.first(f"{fb.tenant}/{fb.session_id}", -1)
+            (m.session_feedback if first else m.feedback_repeated).labels(fb.kind).inc()
+        elif gw.first_feedback.first(fb.completion_id, fb.choice_index):
+            m.feedback.labels(fb.kind).inc()
+            # The canary takes one vote per completion, whatever its n: a tenant cannot multiply its say.
+            canary = gw.dispatcher.canary
+            if canary is not None and gw.first_feedback.first(fb.completion_id, -1):
+                canary.feedback(fb.completion_id, fb.kind)
+        else:  # logged all the same (the trainer's Joiner also takes only the first), counted apart
+            m.feedback_repeated.labels(fb.kind).inc()
+        key = fb.session_id or fb.completion_id
+        await gw.sink.wait([gw.sink.submit(ev.TOPIC_FEEDBACK, key, fb.encode())], ev.TOPIC_FEEDBACK)

@@ -1,0 +1,220 @@
+"""Runs one choice of a request on the fleet: pick a replica, hold a lease on it, retry on another if it
+fails before the first byte, and log the completion event.
+
+    pick (canary arm, least outstanding) -> Lease -> engine.generate[_stream]
+        EngineUnavailable (before any output) -> replica out of rotation, abort there, next replica
+        ReplicaBroke (after output started)   -> replica out of rotation, the request fails (502)
+        client gone / cancelled               -> abort on the replica (nobody reads it any more)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+import aiohttp
+import numpy as np
+
+from flywheel.core import events as ev
+from serving import engine
+from serving.auth import Tenant
+from serving.canary_split import CanarySplit
+from serving.event_sink import EventSink
+from serving.openai_api import GenerationSpec, finish_reason
+from serving.router import Lease, NoReplica, ReplicaHandle, ReplicaPool, ReplicaState
+from serving.schema import ApiError
+
+log = logging.getLogger(__name__)
+
+
+class ClientGone(Exception):
+    """The client closed its connection mid-stream (IDE clients cancel all the time)."""
+
+
+@dataclass
+class DispatchConfig:
+    max_attempts: int = 3  # replicas tried for one request that fails before its first byte
+    request_timeout_s: float = 300.0
+    layers: int = 0  # of the served model: the shape of routed experts
+    top_k: int = 0
+
+
+class Dispatcher:
+    def __init__(self, pool: ReplicaPool, sink: EventSink, metrics, cfg: DispatchConfig):
+        self.pool, self.sink, self.metrics, self.cfg = pool, sink, metrics, cfg
+        self.canary: CanarySplit | None = None  # a trial in progress (weight_sync.canary starts and ends it)
+        self.session: aiohttp.ClientSession | None = None
+        self._background: set[asyncio.Task] = set()  # aborts sent to replicas, kept until done
+
+    # ------------------------------------------------------------------ choosing
+    def pick(self, tried: set[str], rollout: bool, borrowed_only: bool = False, tenant: str | None = None):
+        if not rollout:
+            prefer = None
+            if self.canary is not None and tenant is not None:  # a user stays on its arm during a trial
+                ids = set(self.pool.replicas)
+                prefer = (
+                    self.canary.replicas
+                    if self.canary.arm_of(tenant) == "canary"
+                    else frozenset(ids - self.canary.replicas)
+                )
+            return self.pool.pick(exclude=tried, prefer=prefer)
+        try:  # rollouts go to borrowed replicas; without an off-peak scheduler lending some, to any replica
+            return self.pool.pick(exclude=tried, rollout=True)
+        except NoReplica:
+            if borrowed_only:
+                raise
+            return self.pool.pick(exclude=tried)
+
+    def pool_version(self) -> str:
+        """The weight versions users are being served from now (the streaming header)."""
+        versions = sorted(
+            {
+                r.weight_version
+                for r in self.pool.replicas.values()
+                if r.healthy and r.state == ReplicaState.ACTIVE and r.weight_version is not None
+            }
+        )
+        return ",".join(map(str, versions))
+
+    # ------------------------------------------------------------------ running
+    async def run_choice(
+        self,
+        body: dict,
+        stream: bool,
+        on_chunk=None,
+        rollout: bool = False,
+        borrowed_only: bool = False,
+        tenant: str | None = None,
+    ) -> tuple[engine.EngineResult, str, dict]:
+        """One choice on one replica; retried on another if the replica fails before its first byte.
+        Returns the result, the replica's id and the timings (ttft_ms when streamed, e2e_ms)."""
+        tried: set[str] = set()
+        last: Exception | None = None
+        for attempt in range(self.cfg.max_attempts):
+            try:
+                replica = self.pick(tried, rollout, borrowed_only, tenant)
+            except NoReplica as e:
+                last = e
+                break
+            tried.add(replica.id)
+            if attempt:
+                self.metrics.retries.inc()
+            t0 = time.monotonic()
+            timing = {"ttft_ms": None}
+            try:
+                with Lease(replica, rollout=rollout, rid=body["rid"] if rollout else None):
+                    res = await self._generate(replica, body, stream, on_chunk, t0, timing)
+            except engine.EngineUnavailable as e:  # before any output: another replica takes it
+                self.pool.mark_failed(replica, str(e))
+                self.abort_soon(replica, body["rid"])  # a replica that timed out may still be generating
+                last = e
+                continue
+            except engine.ReplicaBroke as e:  # after output started: the request fails, the replica is out
+                self.pool.mark_failed(replica, str(e))
+                self.abort_soon(replica, body["rid"])
+                raise ApiError(502, f"engine: {e}", "server_error", code="replica_failed") from None
+            except (ClientGone, asyncio.CancelledError):
+                self.abort_soon(replica, body["rid"])  # nobody reads it any more: free the replica
+                raise
+            except engine.EngineError as e:
+                raise ApiError(
+                    400 if e.status < 500 else 502,
+                    f"engine: {e}",
+                    "invalid_request_error" if e.status < 500 else "server_error",
+                ) from None
+            self.pool.served(replica, res.weight_version)
+            timing["e2e_ms"] = 1000 * (time.monotonic() - t0)
+            return res, replica.id, timing
+        if self.canary is not None and tenant is not None:
+            self.canary.failed(tenant)
+        raise ApiError(503, f"no replica could serve the request ({last})", "server_error", code="no_replica")
+
+    async def _generate(self, replica: ReplicaHandle, body, stream, on_chunk, t0, timing) -> engine.EngineResult:
+        args = (self.session, replica.url, body, self.cfg.layers, self.cfg.top_k, self.cfg.request_timeout_s)
+        if not stream:
+            return await engine.generate(*args)
+        res = None
+        async for delta, res in engine.generate_stream(*args):
+            if timing["ttft_ms"] is None:
+                timing["ttft_ms"] = 1000 * (time.monotonic() - t0)
+            await on_chunk(delta, res)
+        if res is None:
+            raise engine.EngineUnavailable("stream ended before any output")
+        return res
+
+    # ------------------------------------------------------------------ aborting
+    async def abort(self, replica: ReplicaHandle, rid: str) -> bool:
+        """Ask a replica to stop generating `rid` (SGLang's /abort_request)."""
+        try:
+            async with self.session.post(
+                f"{replica.url}/abort_request", json={"rid": rid}, timeout=aiohttp.ClientTimeout(total=10)
+            ) as r:
+                await r.read()
+                return r.status < 400
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            log.debug("could not abort %s on %s: %s", rid, replica.id, e)
+            return False
+
+    def abort_soon(self, replica: ReplicaHandle, rid: str) -> None:
+        task = asyncio.ensure_future(self.abort(replica, rid))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def abort_rollouts(self, replica: ReplicaHandle) -> None:
+        for rid in list(replica.rollout_rids):
+            if not await self.abort(replica, rid):
+                log.warning("could not abort rollout %s on %s", rid, replica.id)
+
+    # ------------------------------------------------------------------ logging
+    def log_completion(
+        self,
+        tenant: Tenant,
+        spec: GenerationSpec,
+        cid: str,
+        i: int,
+        prompt_ids: list[int],
+        res: engine.EngineResult,
+        replica_id: str,
+        timing: dict,
+        source: str = "user",
+    ) -> asyncio.Future | None:
+        """Counts the completion (and, in a canary trial, on its arm) and submits its event; the future
+        resolves when the event is on disk."""
+        self.metrics.completions.labels(source).inc()
+        arm = ""
+        if self.canary is not None and source == "user":
+            arm = self.canary.served(cid, replica_id, timing.get("e2e_ms") or 0.0)
+        self.metrics.completion_tokens.labels(source).inc(len(res.output_ids))
+        if not self.sink.enabled:
+            return None
+        spans = res.weight_versions or []
+        switch = next((s.get("start") for s in spans[1:]), None) if len(spans) > 1 else None
+        event = ev.CompletionEvent(
+            completion_id=cid,
+            choice_index=i,
+            tenant=tenant.id,
+            model_version=res.weight_version,
+            prompt_ids=np.asarray(prompt_ids, np.int32),
+            output_ids=np.asarray(res.output_ids, np.int32),
+            logprobs=np.asarray(res.logprobs, np.float32),
+            routed_experts=self.experts(res),
+            sampling=spec.sampling(),
+            finish_reason=finish_reason(res.finish),
+            latency={**timing, "queue_ms": res.queue_ms},
+            weight_versions=spans,
+            switch_index=switch,
+            source=source,
+            replica=replica_id,
+            arm=arm,
+            session_id=spec.session.session_id if spec.session is not None else "",
+            parent_id=spec.session.parent_id if spec.session is not None else "",
+        )
+        return self.sink.submit(ev.TOPIC_COMPLETIONS, cid, event.encode())
+
+    def experts(self, res: engine.EngineResult) -> np.ndarray:
+        """(tokens, layers, top_k) uint8; empty when the replica returned none."""
+        if res.routed_experts is not None:
+            return res.routed_experts
+        return np.zeros((0, self.cfg.layers, self.cfg.top_k), np.uint8)

@@ -1,0 +1,108 @@
+"""An in-process stand-in for an SGLang replica, for unit tests of the gateway's own logic (routing,
+retries, counting): /generate (plain and streamed), /abort_request, /model_info and /metrics as far as the
+gateway uses them, with faults on request. Tests that claim to test SGLang run the real one."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import orjson
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+
+class FakeReplica:
+    def __init__(self, version: int):
+        self.version = version
+        self.texts: list[str] = ["x = 1"]  # what the next answers say, in order (the last one repeats)
+        self.fail_status: int | None = None  # answer /generate with this status before any output
+        self.break_mid_stream = False  # send one chunk, then drop the connection
+        self.delay_s = 0.0  # before answering
+        self.rids: list[str] = []  # /generate requests seen
+        self.aborted: list[str] = []  # /abort_request rids seen
+        self.app = web.Application()
+        self.app.add_routes(
+            [
+                web.post("/generate", self.generate),
+                web.post("/abort_request", self.abort),
+                web.get("/model_info", self.model_info),
+                web.get("/metrics", self.metrics),
+            ]
+        )
+
+    def _out(self, text: str) -> dict:
+        return {
+            "text": text,
+            "output_ids": [1] * max(1, len(text) // 4),
+            "meta_info": {
+                "weight_version": str(self.version),
+                "finish_reason": {"type": "stop"},
+                "prompt_tokens": 3,
+                "output_token_logprobs": [[-0.1, 1, None]] * max(1, len(text) // 4),
+            },
+        }
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.rids.append(body["rid"])
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        if self.fail_status is not None:
+            return web.json_response({"error": {"message": "engine overloaded"}}, status=self.fail_status)
+        text = self.texts.pop(0) if len(self.texts) > 1 else self.texts[0]
+        if not body.get("stream"):
+            return web.json_response(self._out(text))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for end in (len(text) // 2, len(text)):  # cumulative, as SGLang sends
+            await resp.write(b"data: " + orjson.dumps(self._out(text[:end])) + b"\n\n")
+            if self.break_mid_stream:
+                await asyncio.sleep(0.05)
+                request.transport.close()  # the replica dies with the answer half sent
+                return resp
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    async def abort(self, request: web.Request) -> web.Response:
+        self.aborted.append((await request.json())["rid"])
+        return web.json_response({})
+
+    async def model_info(self, request: web.Request) -> web.Response:
+        return web.json_response({"weight_version": str(self.version)})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+
+@contextlib.asynccontextmanager
+async def gateway_over_fakes(test_model, state_dir, versions: list[int], tenants: int = 40, **cfg):
+    """A gateway in this process in front of len(versions) fake replicas: yields (client, fakes).
+    Health checks run once at start (the interval is an hour): a replica marked failed stays out."""
+    from serving.gateway import Gateway, GatewayConfig
+    from serving.router import PoolConfig
+
+    fakes = [FakeReplica(v) for v in versions]
+    servers = [TestServer(f.app) for f in fakes]
+    for s in servers:
+        await s.start_server()
+    gw = Gateway(
+        GatewayConfig(
+            replicas=[str(s.make_url("")).rstrip("/") for s in servers],
+            model_dir=test_model,
+            state_dir=state_dir,
+            api_keys=",".join(f"u{i}:key-u{i}" for i in range(tenants)),
+            admin_token="admin-secret",
+            log_events=False,
+            pool=PoolConfig(health_interval_s=3600),
+            **cfg,
+        )
+    )
+    client = TestClient(TestServer(gw.app))
+    await client.start_server()
+    try:
+        yield client, fakes
+    finally:
+        await client.close()
+        for s in servers:
+            await s.close()

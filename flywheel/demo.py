@@ -169,6 +169,10 @@ def run(cfg: DemoConfig) -> int:
     rows = demo_report.summarize(pop.snapshot(), switches, {v: store.manifest(v) for v in store.versions()})
     verdict = demo_report.verdict(rows, goal_points=cfg.goal_points)
     demo_report.write(rows, verdict, out)
+    if (out / "trainer" / "history.json").exists():  # what the trainer learnt from, by version
+        from online_rl.plots import reward_by_version
+
+        reward_by_version(out / "trainer" / "history.json", out / "reward_by_version.png")
     print("\n" + demo_report.table(rows))
     rise = "-" if verdict["rise_points"] is None else format(verdict["rise_points"], "+")
     print(

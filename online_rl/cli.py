@@ -28,6 +28,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     n.add_argument("--json", action="store_true", help="print only the JSON report")
     n.set_defaults(func=_numerics)
 
+    g = sub.add_parser("train-plot", help="draw a trainer's reward and acceptance by version (reward_by_version.png)")
+    g.add_argument(
+        "--work-dir", type=Path, default=None, help="the trainer's work dir (default $FLYWHEEL_HOME/trainer)"
+    )
+    g.add_argument("--out", type=Path, default=None, help="default <work-dir>/reward_by_version.png")
+    g.set_defaults(func=_train_plot)
+
     t = sub.add_parser("train", help="the online RL trainer daemon (Kafka stream + sandbox rollouts)")
     t.add_argument("--model", type=Path, default=None, help="starting checkpoint (default: the bootstrap preset)")
     t.add_argument("--preset", default="demo", choices=["test", "demo"])
@@ -115,11 +122,21 @@ def _numerics(args) -> int:
     return 0
 
 
+def _train_plot(args) -> int:
+    from flywheel.core.paths import flywheel_home
+    from online_rl.plots import reward_by_version
+
+    work = args.work_dir or flywheel_home() / "trainer"
+    print(reward_by_version(work / "history.json", args.out or work / "reward_by_version.png"))
+    return 0
+
+
 def _train(args) -> int:
     from flywheel.core.paths import flywheel_home
     from online_rl.bootstrap import bootstrap
     from online_rl.loss import LossConfig
     from online_rl.offpeak import OffPeakConfig
+    from online_rl.publisher import PublisherConfig
     from online_rl.rollouts import RolloutConfig
     from online_rl.trainer import TrainerConfig, run_distributed
     from online_rl.update import OptimConfig
@@ -132,15 +149,17 @@ def _train(args) -> int:
         min_batch=args.min_batch,
         checkpoint_every=args.checkpoint_every,
         staleness=args.staleness,
-        publish_interval_s=args.publish_interval,
-        publish_store=args.store,
-        publish_key=args.key or flywheel_home() / "weights" / "keys" / "signing.pem",
-        publish_store_url=args.store_url,
+        publish=PublisherConfig(
+            store=args.store,
+            key=args.key or flywheel_home() / "weights" / "keys" / "signing.pem",
+            store_url=args.store_url,
+            canary=args.canary,
+            interval_s=args.publish_interval,
+        ),
         max_steps=args.max_steps,
         metrics_port=args.metrics_port,
         threads=args.threads,
         batch_invariant=args.batch_invariant,
-        publish_canary=args.canary,
         train_on_rolled_back=args.train_on_rolled_back,
         loss=LossConfig(kl_coef=args.kl),
         optim=OptimConfig(lr=args.lr),

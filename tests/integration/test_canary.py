@@ -149,6 +149,7 @@ def test_trainer_stops_learning_from_a_rolled_back_version(test_model, tmp_path)
     import json
 
     from flywheel.core import control
+    from online_rl.publisher import PublisherConfig
     from online_rl.samples import Sample
     from online_rl.trainer import Trainer, TrainerConfig
     from weight_sync.manifest import generate_key, load_private
@@ -175,7 +176,7 @@ def test_trainer_stops_learning_from_a_rolled_back_version(test_model, tmp_path)
                 model_dir=test_model,
                 work_dir=tmp_path / f"t{keep}",
                 train_on_rolled_back=keep,
-                publish_key=tmp_path / "k.pem",
+                publish=PublisherConfig(key=tmp_path / "k.pem"),
             )
         )
         t.version = 3
@@ -200,7 +201,9 @@ def test_trainer_stops_learning_from_a_rolled_back_version(test_model, tmp_path)
             assert t.trained_since_ckpt[-1]["dropped"] == "rolled_back"
             t.save()
             again = Trainer(
-                TrainerConfig(model_dir=test_model, work_dir=tmp_path / "tFalse", publish_key=tmp_path / "k.pem")
+                TrainerConfig(
+                    model_dir=test_model, work_dir=tmp_path / "tFalse", publish=PublisherConfig(key=tmp_path / "k.pem")
+                )
             )
             assert again.rolled_back == {3}
             again._weights_record(signed)  # the sequence survives the checkpoint: still a replay

@@ -20,6 +20,7 @@ from flywheel import kafka_broker
 from flywheel.core.paths import REPO_ROOT
 from online_rl.loss import LossConfig, advantages
 from online_rl.model import load_pretrained
+from online_rl.publisher import PublisherConfig
 from online_rl.samples import Sample
 from online_rl.simulate import events_for, heldout_split, produce, sample_completions
 from online_rl.trainer import Trainer, TrainerConfig
@@ -244,8 +245,7 @@ def test_publish_hands_a_delta_to_weight_sync(broker, test_model, tmp_path):
         kafka_bootstrap=broker.bootstrap,
         group_id="publish",
         min_batch=1,
-        publish_store=tmp_path / "store",
-        publish_key=tmp_path / "k.pem",
+        publish=PublisherConfig(store=tmp_path / "store", key=tmp_path / "k.pem"),
         optim=OptimConfig(lr=1e-3),
     )
     trainer = Trainer(cfg)
@@ -259,7 +259,11 @@ def test_publish_hands_a_delta_to_weight_sync(broker, test_model, tmp_path):
     assert trainer.publish() == 1
     store = Store(tmp_path / "store")
     assert store.versions() == [0, 1] and store.manifest(1).kind == "delta" and store.manifest(1).base_version == 0
-    assert (tmp_path / "trainer" / "reward_by_version.png").exists()
+    history = json.loads((tmp_path / "trainer" / "history.json").read_text())  # for the plot, drawn elsewhere
+    assert history == trainer.history and sum(h["n"] for h in history.values()) == len(samples)
+    from online_rl.plots import reward_by_version
+
+    assert reward_by_version(tmp_path / "trainer" / "history.json", tmp_path / "r.png").stat().st_size > 5_000
     assert store.announced() == 1 and store.unannounced() == []
 
     # Killed between committing v2 and announcing it: the next trainer announces v2 before anything else.
@@ -270,11 +274,11 @@ def test_publish_hands_a_delta_to_weight_sync(broker, test_model, tmp_path):
     from weight_sync.manifest import load_private
     from weight_sync.publish import publish
 
-    publish(test_model, trainer._publish_config(), announce_now=False)
+    publish(test_model, trainer.publisher._config(), announce_now=False)
     assert store.unannounced() == [2]
     again = Trainer(cfg)
-    assert [r["version"] for r in again.pending_announcements] == [2]
-    assert again.announce() and store.announced() == 2 and store.unannounced() == []
+    assert [r["version"] for r in again.publisher.pending] == [2]
+    assert again.publisher.announce() and store.announced() == 2 and store.unannounced() == []
     c = KafkaConsumer(
         TOPIC_WEIGHTS,
         bootstrap_servers=broker.bootstrap,

@@ -19,6 +19,7 @@ from flywheel.core.procs import wait_until
 from online_rl import rollouts as rollouts_mod
 from online_rl.failures import RetryConfig
 from online_rl.model import load_pretrained
+from online_rl.publisher import PublisherConfig
 from online_rl.rollouts import RolloutConfig
 from online_rl.simulate import events_for, heldout_split, produce, sample_completions
 from online_rl.trainer import Trainer, TrainerConfig
@@ -83,13 +84,12 @@ def test_trainer_survives_each_failure_mid_run(test_model, gateway, tmp_path, mo
             group_id="faults",
             batch_size=8,
             min_batch=1,
-            publish_interval_s=2.0,
-            publish_store=tmp_path / "store",
-            publish_key=tmp_path / "k.pem",
+            publish=PublisherConfig(
+                store=tmp_path / "store", key=tmp_path / "k.pem", interval_s=2.0, announce_timeout_s=3.0
+            ),
             poll_ms=200,
             optim=OptimConfig(lr=1e-4),
             retry=RetryConfig(base_s=0.5, max_s=2.0),
-            announce_timeout_s=3.0,
             rollouts=RolloutConfig(
                 gateway_url=proxy.url, admin_token=GATEWAY_ADMIN, tasks_per_step=1, group_size=4, max_tokens=16
             ),
@@ -136,7 +136,7 @@ def test_trainer_survives_each_failure_mid_run(test_model, gateway, tmp_path, mo
         wait_for("a failed announcement", lambda: count("announce") >= 1, timeout=60)
         assert thread.is_alive()
         broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=tmp_path / "kafka"))
-        wait_for("every version announced", lambda: not trainer.pending_announcements, timeout=120)
+        wait_for("every version announced", lambda: not trainer.publisher.pending, timeout=120)
         stop.set()
         thread.join(timeout=120)
         assert not thread.is_alive() and not errors, errors

@@ -1,0 +1,139 @@
+"""The trainer's hand-off to weight_sync: the current weights as the next version in the store, then its
+announcement on the weights topic.
+
+Publishing and announcing are apart: a version committed to the store but not announced (the broker
+away, or a kill between the two) stays pending and is announced, oldest first, before anything newer;
+a trainer that restarts finds the store's unannounced versions and announces them first.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from online_rl.failures import Failures
+from online_rl.model import save_pretrained
+
+log = logging.getLogger(__name__)
+SIDE_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+)
+
+
+@dataclass
+class PublisherConfig:
+    store: Path | None = None  # weight_sync store; None: do not publish
+    key: Path | None = None  # signing key
+    store_url: str | None = None
+    canary: bool = False  # new versions go through a canary trial (weight_sync.canary) before the fleet
+    interval_s: float = 3600.0
+    announce_timeout_s: float = 15.0  # one attempt to put a new version on the weights topic
+
+
+class Publisher:
+    def __init__(
+        self,
+        cfg: PublisherConfig,
+        base_model: Path,
+        work: Path,
+        failures: Failures,
+        kafka_bootstrap: str | None = None,
+        enabled: bool = True,
+    ):
+        self.cfg, self.base_model, self.failures, self.kafka = cfg, Path(base_model), failures, kafka_bootstrap
+        self.enabled = enabled and cfg.store is not None  # rank 0 only
+        self.dir = Path(work) / "published"
+        self.last = time.monotonic()
+        self.published_step: int | None = None  # the step the newest version holds (None: not yet, this run)
+        self.pending: list[dict] = []  # published to the store, not yet on the weights topic
+        if self.enabled and kafka_bootstrap:
+            from weight_sync.publish import unannounced
+
+            # A trainer killed between committing a version and announcing it: announce it now, first.
+            self.pending = unannounced(self._config())
+
+    def _config(self):
+        from weight_sync.publish import PublishConfig
+
+        return PublishConfig(
+            store=self.cfg.store,
+            private_key=self.cfg.key,
+            kafka_bootstrap=self.kafka,
+            store_url=self.cfg.store_url,
+            canary=self.cfg.canary,
+        )
+
+    def resumed(self, step: int) -> None:
+        """After a restart at `step`: whether those weights are already a version (no publishing them twice)."""
+        done = [int(p.parent.name.split("-")[1]) for p in self.dir.glob("step-*/PUBLISHED")]
+        if step in done:
+            self.published_step = step
+
+    def due(self, step: int) -> bool:
+        """The interval has passed and there is something new: publishing the same weights again would
+        only make the fleet switch for nothing."""
+        return (
+            self.enabled
+            and time.monotonic() - self.last >= self.cfg.interval_s
+            and step != self.published_step
+            and self.failures.ready("publish")
+        )
+
+    def publish(self, model: torch.nn.Module, step: int, history: dict) -> int | None:
+        """The weights as the next version in the store (announce() follows); the version, or None when
+        this trainer does not publish. `history` (reward and acceptance by version) is written beside it
+        as history.json, for `flywheel train-plot` and the demo."""
+        if not self.enabled:
+            return None
+        from weight_sync.publish import publish
+        from weight_sync.store import Store
+
+        pcfg = self._config()
+        if Store(self.cfg.store).latest() is None:
+            # v0 = the starting model, the version the fleet serves first
+            self.pending.append(publish(self.base_model, pcfg, announce_now=False).announcement)
+        out = self.dir / f"step-{step:08d}"
+        shutil.rmtree(out, ignore_errors=True)
+        save_pretrained(model, out, torch.bfloat16)
+        for name in SIDE_FILES:
+            if name != "config.json" and (self.base_model / name).exists():
+                shutil.copyfile(self.base_model / name, out / name)
+        shutil.copyfile(self.base_model / "config.json", out / "config.json")  # the served config, as is
+        result = publish(out, pcfg, announce_now=False)
+        self.pending.append(result.announcement)
+        self.published_step = step
+        (out / "PUBLISHED").write_text(str(result.version))  # read by resumed(): no republishing the same weights
+        self.last = time.monotonic()
+        for old in sorted(self.dir.glob("step-*"))[:-2]:
+            shutil.rmtree(old, ignore_errors=True)
+        tmp = self.dir.parent / "history.json.tmp"
+        tmp.write_text(json.dumps(history, sort_keys=True))
+        tmp.replace(self.dir.parent / "history.json")
+        log.info("published v%d at step %d (%s, %.1fx)", result.version, step, result.kind, result.ratio)
+        self.announce()
+        return result.version
+
+    def announce(self) -> bool:
+        """Put published versions on the weights topic, oldest first. One that fails (the broker away)
+        stays pending and is retried after backoff; True when nothing is pending."""
+        from weight_sync.publish import announce
+
+        while self.pending and self.failures.ready("announce"):
+            try:
+                announce(self._config(), self.pending[0], self.cfg.announce_timeout_s)
+            except Exception as e:
+                self.failures.failed("announce", e, retry=True)
+                return False
+            self.pending.pop(0)
+            self.failures.succeeded("announce")
+        return not self.pending

@@ -1,0 +1,101 @@
+"""The trainer's view of Kafka: completions, feedback and the weights topic, read from the offsets its
+checkpoint holds (not the group's), and committed to the group only after a checkpoint has them.
+
+Every partition is assigned, not subscribed: one trainer reads everything, and a rebalance can never move
+a partition away between a read and the checkpoint that accounts for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+
+from flywheel.core import events as ev
+
+log = logging.getLogger(__name__)
+TOPICS = (ev.TOPIC_COMPLETIONS, ev.TOPIC_FEEDBACK, ev.TOPIC_WEIGHTS)
+
+
+class StreamReader:
+    def __init__(self, bootstrap: str | None, group_id: str, poll_ms: int = 500):
+        self.bootstrap, self.group_id, self.poll_ms = bootstrap, group_id, poll_ms
+        self.offsets: dict[str, int] = {}  # "topic:partition" -> next offset to read (the checkpoint's)
+        self._consumer = None
+
+    def _connect(self):
+        from kafka import KafkaConsumer, TopicPartition
+
+        from flywheel.core.kafka_admin import ensure_topics
+
+        ensure_topics(self.bootstrap)  # weights too: a rollback announced later must reach us
+        c = KafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            group_id=self.group_id,
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            client_id="flywheel-trainer",
+            max_poll_records=2000,
+        )
+        try:
+            parts = []
+            for topic in TOPICS:
+                ids = c.partitions_for_topic(topic)
+                deadline = time.monotonic() + 10
+                while not ids and time.monotonic() < deadline:  # auto-created on first use
+                    c.topics()
+                    time.sleep(0.2)
+                    ids = c.partitions_for_topic(topic)
+                parts += [TopicPartition(topic, p) for p in sorted(ids or [])]
+            c.assign(parts)
+            committed = {tp: c.committed(tp) for tp in parts}
+            for tp in parts:
+                key = f"{tp.topic}:{tp.partition}"
+                if key in self.offsets:  # the checkpoint decides, not the group's committed offset
+                    c.seek(tp, self.offsets[key])
+                elif committed[tp] is not None:
+                    c.seek(tp, committed[tp])
+                else:
+                    c.seek_to_beginning(tp)
+        except BaseException:
+            c.close()  # a half-made consumer holds sockets: the next try makes a new one
+            raise
+        return c
+
+    def fetch(self) -> dict:
+        """The records that came within poll_ms, by partition. Raises when the broker cannot be reached."""
+        if self.bootstrap is None:
+            return {}
+        if self._consumer is None:
+            self._consumer = self._connect()
+        return self._consumer.poll(timeout_ms=self.poll_ms)
+
+    def read(self, batch: dict) -> Iterator[tuple[str, bytes]]:
+        """(topic, value) of each fetched record, in order per partition; a record's offset counts as read
+        once the caller has taken it (asked for the next)."""
+        for tp, records in batch.items():
+            for r in records:
+                yield tp.topic, r.value
+                self.offsets[f"{tp.topic}:{tp.partition}"] = r.offset + 1
+
+    def commit(self) -> None:
+        """The offsets a checkpoint now holds, to the consumer group (for monitoring and tools: the
+        checkpoint stays authoritative, so a failed commit only delays what they see)."""
+        if self._consumer is None or not self.offsets:
+            return
+        from kafka import TopicPartition
+        from kafka.structs import OffsetAndMetadata
+
+        offsets = {}
+        for key, offset in self.offsets.items():
+            topic, partition = key.rsplit(":", 1)
+            offsets[TopicPartition(topic, int(partition))] = OffsetAndMetadata(offset, "", -1)
+        try:
+            self._consumer.commit(offsets)
+        except Exception as e:
+            log.warning("offset commit failed (%s); the checkpoint's offsets stay authoritative", e)
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None

@@ -1,0 +1,75 @@
+"""The trainer's Prometheus metrics (served on --metrics-port)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from online_rl import sandbox
+
+
+class JoinCounts(Collector):
+    """flywheel_trainer_events_total{outcome}: the Joiner's own counts (online_rl.stream.JoinStats), read at
+    each scrape: they live in the checkpoint, so they continue across restarts."""
+
+    def __init__(self, stats: Callable[[], object]):
+        self.stats = stats
+
+    def collect(self):
+        family = CounterMetricFamily("flywheel_trainer_events", "Stream events by outcome", labels=["outcome"])
+        for name, count in dataclasses.asdict(self.stats()).items():
+            family.add_metric([name], count)
+        yield family
+
+
+class TrainerMetrics:
+    def __init__(self, join_stats: Callable[[], object]):
+        self.registry = r = CollectorRegistry()
+        r.register(JoinCounts(join_stats))
+        self.samples = Counter("flywheel_trainer_samples", "Samples trained, by source", ["source"], registry=r)
+        self.dropped = Counter(
+            "flywheel_trainer_dropped", "Samples dropped before training, by reason", ["reason"], registry=r
+        )
+        self.reward = Gauge(
+            "flywheel_trainer_reward_mean", "Mean reward of trained samples, by version", ["version"], registry=r
+        )
+        self.acceptance = Gauge(
+            "flywheel_trainer_acceptance", "Share of user samples accepted, by version", ["version"], registry=r
+        )
+        # The k1 estimate (log ratio) is what is reported; the loss optimises k2 (online_rl.loss).
+        self.kl = Gauge("flywheel_trainer_kl_per_token", "k1 KL estimate to the reference, per token", registry=r)
+        self.mismatch = Gauge(
+            "flywheel_trainer_logprob_mismatch_max", "Max |trainer - behaviour| logprob in the last batch", registry=r
+        )
+        self.step_time = Histogram(
+            "flywheel_trainer_step_seconds",
+            "Update step time",
+            registry=r,
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
+        self.tokens_per_s = Gauge("flywheel_trainer_tokens_per_s", "Trained tokens per second, last step", registry=r)
+        self.version = Gauge("flywheel_trainer_published_version", "Newest version published", registry=r)
+        self.step = Gauge("flywheel_trainer_step", "Updates done", registry=r)
+        self.failures = Counter(
+            "flywheel_trainer_failures",
+            "Failures the daemon lived through, by stage "
+            "(ingest, sample, update, rollout_http, rollout_group, publish, announce) and cause",
+            ["stage", "cause"],
+            registry=r,
+        )
+        r.register(sandbox.CONTAINED)  # flywheel_sandbox_contained_total{kind}: reward hacking, contained
+
+    def trained(self, history: dict[str, dict], m: dict) -> None:
+        """After an update: the per-version means and the step's figures."""
+        for v, h in history.items():
+            if h["n"]:
+                self.reward.labels(v).set(h["reward"] / h["n"])
+                self.acceptance.labels(v).set(h["accepted"] / h["n"])
+        self.kl.set(m["kl_per_token"])
+        self.mismatch.set(m["logprob_mismatch_max"])
+        self.step_time.observe(m["step_s"])
+        self.tokens_per_s.set(m["tokens_per_s"])

@@ -48,9 +48,10 @@ def _samples(model_dir: Path, n: int):
 def _rank(rank: int, size: int, port: int, model_dir: str, samples, out: str) -> None:
     import torch.distributed as dist
 
-    from online_rl.loss import LossConfig, advantages
+    from online_rl.config import LossConfig, OptimConfig
+    from online_rl.loss import advantages
     from online_rl.model import load_pretrained
-    from online_rl.update import OptimConfig, make_optimizer, update
+    from online_rl.update import make_optimizer, update
 
     if size > 1:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
@@ -95,8 +96,9 @@ def update_throughput(model_dir: Path, tmp: Path) -> dict:
 
 def ingest_rate(model_dir: Path, tmp: Path, pairs: int = 3000) -> dict:
     from flywheel import kafka_broker
+    from online_rl.config import TrainerConfig
     from online_rl.simulate import events_for, produce
-    from online_rl.trainer import Trainer, TrainerConfig
+    from online_rl.trainer import Trainer
 
     broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=tmp / "kafka"))
     try:

@@ -14,39 +14,42 @@ Everything started here is stopped here, by PID; the output directory is started
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import shutil
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
+
+from flywheel.core.config import check_modes, option
 
 
 @dataclass
 class DemoConfig:
-    preset: str = "demo"
-    seed: int = 0
-    out_dir: Path = Path("demo_out")
-    users: int = 6  # autocomplete users
-    agents: int = 1  # agent users: short tool-using sessions (read, write, run tests), judged per session
-    versions: int = 6  # new versions to publish and serve before stopping
-    minutes: float = 13.0  # bound on the loop (setup aside); a first run also builds the model (~6 min)
-    publish_interval_s: float = 75.0
-    lr: float = 1e-4
-    temperature: float = 1.0
-    replicas: int = 2
-    goal_points: float = 20.0
+    preset: Literal["test", "demo"] = option("demo", help="the base model to build (or take from the cache)")
+    seed: int = option(0, help="of the model, the users and their preferences")
+    out_dir: Path = option(Path("demo_out"), help="logs, interactions, summary and figures")
+    users: int = option(6, help="simulated IDE users (autocomplete)")
+    agents: int = option(1, help="agent users: short tool-using sessions (read, write, run tests), judged per session")
+    versions: int = option(6, help="new versions to publish and serve before stopping")
+    minutes: float = option(13.0, help="bound on the loop (setup aside); a first run also builds the model")
+    publish_interval_s: float = option(75.0, help="seconds between published versions")
+    lr: float = option(1e-4, help="the trainer's learning rate")
+    temperature: float = option(1.0, help="the users' sampling temperature")
+    replicas: int = option(2, help="SGLang replicas")
+    goal_points: float = option(20.0, help="acceptance rise (points) the demo must reach")
+
+    def __post_init__(self):
+        check_modes(self)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from flywheel.core.config import add_flags, build
+
     p = sub.add_parser("demo", help="run the whole loop on this machine (see README)")
-    for f in dataclasses.fields(DemoConfig):
-        flag = "--" + f.name.replace("_", "-")
-        p.add_argument(flag, type=type(f.default) if not isinstance(f.default, Path) else Path, default=f.default)
-    p.set_defaults(
-        func=lambda a: run(DemoConfig(**{f.name: getattr(a, f.name) for f in dataclasses.fields(DemoConfig)}))
-    )
+    add_flags(p, DemoConfig)
+    p.set_defaults(func=lambda a: run(build(DemoConfig, a)))
 
 
 def _trainer(cfg: DemoConfig, fleet, model: Path, out: Path) -> subprocess.Popen:

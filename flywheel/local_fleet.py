@@ -15,8 +15,10 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from flywheel.core.config import check_modes
 from flywheel.core.paths import REPO_ROOT
 from flywheel.core.procs import free_port, spawn, stop_pid, tail, wait_until
+from weight_sync.switch import SwitchMode
 
 
 @dataclass
@@ -26,9 +28,12 @@ class LocalFleetConfig:
     replicas: int = 2
     threads: int = 1  # per replica: replicas sharing the cores must split them (README, weight sync)
     max_total_tokens: int = 32768
-    switch_mode: str = "drain"
+    switch_mode: SwitchMode = "drain"
     tenants: int = 8  # API keys made for simulated users: tenant-0 .. tenant-{n-1}
     admin_token: str = field(default_factory=lambda: "fw-admin-" + secrets.token_hex(8))
+
+    def __post_init__(self):
+        check_modes(self)
 
 
 class LocalFleet:

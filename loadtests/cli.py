@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
+
+from flywheel.core.config import env
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,11 +26,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--gateway",
-        default=os.environ.get("FLYWHEEL_GATEWAY_URL"),
+        default=env("FLYWHEEL_GATEWAY_URL"),
         help="a deployed gateway (default: start a local fleet)",
     )
-    p.add_argument("--keys", default=os.environ.get("FLYWHEEL_LOADTEST_KEYS"), help="API keys, comma-separated")
-    p.add_argument("--admin-token", default=os.environ.get("FLYWHEEL_ADMIN_TOKEN"))
+    p.add_argument("--keys", default=env("FLYWHEEL_LOADTEST_KEYS"), help="API keys, comma-separated")
+    p.add_argument("--admin-token", default=env("FLYWHEEL_ADMIN_TOKEN"))
     p.add_argument("--preset", default=d.preset, choices=["test", "demo"], help="model of the local fleet")
     p.add_argument("--replicas", type=int, default=d.replicas, help="replicas of the local fleet")
     p.set_defaults(func=_run)

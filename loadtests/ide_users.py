@@ -22,7 +22,6 @@ from __future__ import annotations
 import csv
 import itertools
 import json
-import os
 import random
 import time
 from pathlib import Path
@@ -30,14 +29,15 @@ from pathlib import Path
 import numpy as np
 from locust import FastHttpUser, between, events, task
 
+from flywheel.core.config import env
 from flywheel.core.events import parse_version
 from flywheel.population import HouseStyle
 from online_rl import tasks
 
-OUT = Path(os.environ.get("FLYWHEEL_LOADTEST_OUT", "loadtest_out"))
-P99_MULTIPLE = float(os.environ.get("FLYWHEEL_LOADTEST_P99_MULTIPLE", "2.0"))
-P99_FLOOR_MS = float(os.environ.get("FLYWHEEL_LOADTEST_P99_FLOOR_MS", "50"))  # below this, p99 is noise
-KEYS = [k for k in os.environ.get("FLYWHEEL_LOADTEST_KEYS", "").split(",") if k]
+OUT = Path(env("FLYWHEEL_LOADTEST_OUT") or "loadtest_out")
+P99_MULTIPLE = float(env("FLYWHEEL_LOADTEST_P99_MULTIPLE") or "2.0")
+P99_FLOOR_MS = float(env("FLYWHEEL_LOADTEST_P99_FLOOR_MS") or "50")  # below this, p99 is noise
+KEYS = [k for k in (env("FLYWHEEL_LOADTEST_KEYS") or "").split(",") if k]
 TASKS = tasks.tasks("heldout")
 SUFFIX = "\n\n\ndef main():\n    print({name}({arg}))\n"  # code after the cursor: a caller of the function
 

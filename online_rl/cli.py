@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 
@@ -35,53 +34,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--out", type=Path, default=None, help="default <work-dir>/reward_by_version.png")
     g.set_defaults(func=_train_plot)
 
+    from flywheel.core.config import add_flags
+    from online_rl.config import TrainerConfig
+    from online_rl.offpeak import OffPeakConfig
+
     t = sub.add_parser("train", help="the online RL trainer daemon (Kafka stream + sandbox rollouts)")
     t.add_argument("--model", type=Path, default=None, help="starting checkpoint (default: the bootstrap preset)")
     t.add_argument("--preset", default="demo", choices=["test", "demo"])
     t.add_argument("--work-dir", type=Path, default=None, help="default $FLYWHEEL_HOME/trainer")
-    t.add_argument("--kafka", default=os.environ.get("FLYWHEEL_KAFKA_BOOTSTRAP"))
-    t.add_argument("--gateway", default=os.environ.get("FLYWHEEL_GATEWAY_URL"), help="for rollouts (admin path)")
-    t.add_argument("--admin-token", default=os.environ.get("FLYWHEEL_ADMIN_TOKEN"))
-    t.add_argument("--rollout-tasks", type=int, default=0, help="sandbox tasks per update (0: user feedback only)")
-    t.add_argument("--batch-size", type=int, default=32)
-    t.add_argument("--min-batch", type=int, default=8, help="fewer buffered samples wait (rollouts aside)")
-    t.add_argument("--checkpoint-every", type=int, default=1, help="updates between checkpoints + offset commits")
-    t.add_argument("--lr", type=float, default=3e-5)
-    t.add_argument("--kl", type=float, default=0.05)
-    t.add_argument("--staleness", type=int, default=4)
-    t.add_argument("--publish-interval", type=float, default=3600.0, help="seconds between published versions")
-    t.add_argument("--store", type=Path, default=None, help="weights store to publish into (default: none)")
-    t.add_argument(
-        "--key", type=Path, default=None, help="signing key (default $FLYWHEEL_HOME/weights/keys/signing.pem)"
-    )
-    t.add_argument("--store-url", default=os.environ.get("FLYWHEEL_STORE_URL"))
-    t.add_argument("--max-steps", type=int, default=None)
     t.add_argument("--nproc", type=int, default=1, help="data-parallel ranks (gloo on CPU)")
-    t.add_argument(
-        "--canary",
-        action="store_true",
-        help="announce new versions as canary candidates (flywheel weights canary judges them)",
-    )
-    t.add_argument(
-        "--train-on-rolled-back",
-        action="store_true",
-        help="keep learning from samples of versions a canary trial rolled back",
-    )
-    t.add_argument("--threads", type=int, default=0, help="torch threads per rank (0: cores / ranks)")
-    t.add_argument(
-        "--batch-invariant",
-        action="store_true",
-        help="batch-invariant kernels in the model (slower; a row's logprobs never depend on its batch)",
-    )
-    t.add_argument("--metrics-port", type=int, default=0)
     t.add_argument(
         "--offpeak",
         action="store_true",
         help="borrow replicas for rollouts while user load is low (rollouts then run on borrowed replicas only)",
     )
-    t.add_argument("--low-water", type=float, default=0.5, help="user requests per active replica to borrow under")
-    t.add_argument("--high-water", type=float, default=2.0, help="user requests per active replica to return over")
-    t.add_argument("--hold", type=float, default=10.0, help="seconds of low load before borrowing")
+    add_flags(t, TrainerConfig)  # every other flag: declared once, on the config's fields (online_rl.config)
+    add_flags(t, OffPeakConfig)
     t.set_defaults(func=_train)
 
 
@@ -132,52 +100,29 @@ def _train_plot(args) -> int:
 
 
 def _train(args) -> int:
+    from flywheel.core.config import build
     from flywheel.core.paths import flywheel_home
     from online_rl.bootstrap import bootstrap
-    from online_rl.loss import LossConfig
+    from online_rl.config import PublisherConfig, RolloutConfig, TrainerConfig
     from online_rl.offpeak import OffPeakConfig
-    from online_rl.publisher import PublisherConfig
-    from online_rl.rollouts import RolloutConfig
-    from online_rl.trainer import TrainerConfig, run_distributed
-    from online_rl.update import OptimConfig
+    from online_rl.trainer import run_distributed
 
-    cfg = TrainerConfig(
+    rollouts = build(RolloutConfig, args, replicas="borrowed" if args.offpeak else "any")
+    publish = build(PublisherConfig, args)
+    publish.key = publish.key or flywheel_home() / "weights" / "keys" / "signing.pem"
+    offpeak = None
+    if args.offpeak:
+        if not rollouts.gateway_url or not rollouts.admin_token:
+            raise ValueError("--offpeak needs the gateway and its admin token (--gateway, --admin-token)")
+        offpeak = build(OffPeakConfig, args, gateway_url=rollouts.gateway_url, admin_token=rollouts.admin_token)
+    cfg = build(
+        TrainerConfig,
+        args,
         model_dir=args.model or bootstrap(args.preset, 0),
         work_dir=args.work_dir or flywheel_home() / "trainer",
-        kafka_bootstrap=args.kafka,
-        batch_size=args.batch_size,
-        min_batch=args.min_batch,
-        checkpoint_every=args.checkpoint_every,
-        staleness=args.staleness,
-        publish=PublisherConfig(
-            store=args.store,
-            key=args.key or flywheel_home() / "weights" / "keys" / "signing.pem",
-            store_url=args.store_url,
-            canary=args.canary,
-            interval_s=args.publish_interval,
-        ),
-        max_steps=args.max_steps,
-        metrics_port=args.metrics_port,
-        threads=args.threads,
-        batch_invariant=args.batch_invariant,
-        train_on_rolled_back=args.train_on_rolled_back,
-        loss=LossConfig(kl_coef=args.kl),
-        optim=OptimConfig(lr=args.lr),
-        rollouts=RolloutConfig(
-            gateway_url=args.gateway,
-            admin_token=args.admin_token,
-            tasks_per_step=args.rollout_tasks,
-            replicas="borrowed" if args.offpeak else "any",
-        ),
-        offpeak=OffPeakConfig(
-            gateway_url=args.gateway,
-            admin_token=args.admin_token,
-            low_water=args.low_water,
-            high_water=args.high_water,
-            hold_s=args.hold,
-        )
-        if args.offpeak
-        else None,
+        publish=publish,
+        rollouts=rollouts,
+        offpeak=offpeak,
     )
     run_distributed(cfg, args.nproc)
     return 0

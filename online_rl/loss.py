@@ -17,25 +17,14 @@ that produced the tokens.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from online_rl.config import LossConfig
 from online_rl.model import MoECoder, token_logprobs
-from online_rl.samples import LengthPenalty, Sample
-
-
-@dataclass
-class LossConfig:
-    is_cap: float = 2.0  # C: importance weights above it are truncated
-    clip_low: float = 0.2  # PPO trust region against the behaviour policy: a token with A < 0 whose ratio
-    clip_high: float = 0.28  # fell under 1 - clip_low (A > 0: rose over 1 + clip_high) gets no more gradient
-    kl_coef: float = 0.05  # beta
-    length_penalty: LengthPenalty = field(default_factory=LengthPenalty)
-    group_std: bool = False  # divide group advantages by the group's std (GRPO); off: Dr.GRPO-style
-    baseline_momentum: float = 0.9  # running baseline of user rewards
-    router_replay: bool = True
+from online_rl.samples import Sample
 
 
 @dataclass

@@ -23,6 +23,7 @@ import urllib.error
 from dataclasses import dataclass, field
 
 from flywheel.core.admin_client import admin_call
+from flywheel.core.config import option
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +32,9 @@ log = logging.getLogger(__name__)
 class OffPeakConfig:
     gateway_url: str
     admin_token: str
-    low_water: float = 0.5  # user requests in flight + queued, per active replica
-    high_water: float = 2.0
-    hold_s: float = 10.0
+    low_water: float = option(0.5, help="user requests (in flight + queued) per active replica to borrow under")
+    high_water: float = option(2.0, help="user requests per active replica to return borrowed replicas over")
+    hold_s: float = option(10.0, flag="hold", help="seconds of low load before borrowing")
     cooldown_s: float = 5.0
     max_share: float = 0.5
     interval_s: float = 1.0

@@ -12,11 +12,11 @@ import json
 import logging
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from online_rl.config import PublisherConfig
 from online_rl.failures import Failures
 from online_rl.model import save_pretrained
 
@@ -28,16 +28,6 @@ SIDE_FILES = (
     "tokenizer_config.json",
     "special_tokens_map.json",
 )
-
-
-@dataclass
-class PublisherConfig:
-    store: Path | None = None  # weight_sync store; None: do not publish
-    key: Path | None = None  # signing key
-    store_url: str | None = None
-    canary: bool = False  # new versions go through a canary trial (weight_sync.canary) before the fleet
-    interval_s: float = 3600.0
-    announce_timeout_s: float = 15.0  # one attempt to put a new version on the weights topic
 
 
 class Publisher:

@@ -8,11 +8,11 @@ import json
 import random
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from online_rl import sandbox, tasks
+from online_rl.config import RolloutConfig
 from online_rl.failures import Failures
 from online_rl.samples import Sample
 
@@ -23,20 +23,6 @@ def _local_counter():
     return Counter(
         "flywheel_rollout_failures", "Rollout failures by stage and cause", ["stage", "cause"], registry=None
     )
-
-
-@dataclass
-class RolloutConfig:
-    gateway_url: str | None = None
-    admin_token: str | None = None
-    tasks_per_step: int = 0  # 0: learn from user feedback only
-    group_size: int = 8
-    temperature: float = 1.0
-    max_tokens: int = 40
-    min_tokens: int = 0  # >0: no end-of-text before this many tokens (long rollouts, e.g. to measure a return)
-    task_seed: int = 0
-    replicas: str = "any"  # "borrowed": only replicas the off-peak scheduler lent (none lent: no rollouts)
-    sandbox: sandbox.SandboxConfig = field(default_factory=sandbox.SandboxConfig)
 
 
 class RolloutSource:

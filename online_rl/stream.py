@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from flywheel.core import events as ev
-from online_rl.samples import RewardTable, Sample
+from online_rl.config import JoinConfig, RewardTable
+from online_rl.samples import Sample
 
 
 def _is_turn(c: ev.CompletionEvent) -> bool:
@@ -41,15 +42,6 @@ def _is_turn(c: ev.CompletionEvent) -> bool:
     session window would keep its prompt, logprobs and routed experts in memory and checkpoints 7x longer."""
     tools = c.sampling.get("tools") if isinstance(c.sampling, dict) else 0
     return bool(c.session_id) and bool(c.parent_id or c.session_id != c.completion_id or tools)
-
-
-@dataclass
-class JoinConfig:
-    window_s: float = 120.0
-    orphan_wait_s: float = 60.0
-    session_window_s: float = 900.0  # an agent session's turn waits this long for feedback (its own or its session's)
-    turn_discount: float = 1.0  # turn k of K gets the session outcome times turn_discount ** (K - 1 - k)
-    dedupe_capacity: int = 1_000_000  # event ids remembered
 
 
 @dataclass

@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -28,46 +27,20 @@ from flywheel.core import control, events as ev
 from kernels import batch_invariant as bi
 from online_rl import sandbox
 from online_rl.checkpoints import Checkpoints
-from online_rl.failures import Failures, RetryConfig
-from online_rl.loss import LossConfig, advantages
+from online_rl.config import TrainerConfig
+from online_rl.failures import Failures
+from online_rl.loss import advantages
 from online_rl.model import load_pretrained
-from online_rl.offpeak import OffPeakConfig, OffPeakScheduler
-from online_rl.publisher import Publisher, PublisherConfig
-from online_rl.rollouts import RolloutConfig, RolloutSource
-from online_rl.samples import InvalidSample, RewardTable, Sample
-from online_rl.stream import JoinConfig, Joiner
+from online_rl.offpeak import OffPeakScheduler
+from online_rl.publisher import Publisher
+from online_rl.rollouts import RolloutSource
+from online_rl.samples import InvalidSample, Sample
+from online_rl.stream import Joiner
 from online_rl.stream_reader import StreamReader
 from online_rl.trainer_metrics import TrainerMetrics
-from online_rl.update import OptimConfig, make_optimizer, share_batch, update, world
+from online_rl.update import make_optimizer, share_batch, update, world
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class TrainerConfig:
-    model_dir: Path  # the starting checkpoint, also the KL reference
-    work_dir: Path = Path("trainer")
-    kafka_bootstrap: str | None = None
-    group_id: str = "flywheel-trainer"
-    batch_size: int = 32  # samples per update
-    min_batch: int = 8  # a smaller batch waits for more samples, unless rollouts fill it
-    staleness: int = 4  # eta: samples produced more than this many versions ago are dropped
-    checkpoint_every: int = 1  # updates between checkpoints (offsets are committed at each checkpoint)
-    max_steps: int | None = None
-    poll_ms: int = 500
-    seed: int = 0
-    threads: int = 0  # torch threads per rank (0: cores / ranks)
-    train_on_rolled_back: bool = False  # learn from samples of versions a canary trial rolled back
-    batch_invariant: bool = False  # kernels.batch_invariant in the model: a row's logprobs never depend on its batch
-    metrics_port: int = 0
-    publish: PublisherConfig = field(default_factory=PublisherConfig)  # its key also verifies control records
-    loss: LossConfig = field(default_factory=LossConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    join: JoinConfig = field(default_factory=JoinConfig)
-    rewards: RewardTable = field(default_factory=RewardTable)
-    rollouts: RolloutConfig = field(default_factory=RolloutConfig)
-    offpeak: OffPeakConfig | None = None  # borrow serving replicas for rollouts while user load is low
-    retry: RetryConfig = field(default_factory=RetryConfig)  # backoff of transient failures (Kafka, HTTP, disk)
 
 
 class Trainer:

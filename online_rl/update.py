@@ -5,24 +5,15 @@ gradients are summed across ranks, and every rank steps identically."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from online_rl.loss import LossConfig, make_batch, policy_loss
+from online_rl.config import LossConfig, OptimConfig
+from online_rl.loss import make_batch, policy_loss
 from online_rl.model import MoECoder
 from online_rl.samples import Sample
-
-
-@dataclass
-class OptimConfig:
-    lr: float = 3e-5
-    weight_decay: float = 0.0
-    betas: tuple = (0.9, 0.99)
-    grad_clip: float = 1.0
-    micro_batch: int = 16  # sequences per forward, to bound activation memory
 
 
 def make_optimizer(model: MoECoder, cfg: OptimConfig) -> torch.optim.Optimizer:

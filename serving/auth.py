@@ -19,6 +19,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from flywheel.core.config import env
 from serving.schema import ApiError
 
 
@@ -188,9 +189,9 @@ class CompletionIds:
 
 def load_or_create_secret(path: Path) -> bytes:
     """The id-signing secret: FLYWHEEL_ID_SECRET, else a file kept beside the gateway's state."""
-    env = os.environ.get("FLYWHEEL_ID_SECRET")
-    if env:
-        return env.encode()
+    given = env("FLYWHEEL_ID_SECRET")
+    if given:
+        return given.encode()
     path = Path(path)
     if path.exists():
         return path.read_bytes()

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
+
+from flywheel.core.config import env
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from flywheel.core.config import add_flags
+    from serving.config import GatewayConfig
+
     p = sub.add_parser("replica", help="SGLang serving replicas (CPU flags and compat layer on a CPU machine)")
     rsub = p.add_subparsers(dest="replica_cmd", required=True)
     s = rsub.add_parser("start", help="launch a replica in the background and wait until it generates")
@@ -36,26 +40,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="replica base URL (repeat); default: every replica started on this machine",
     )
     g.add_argument("--model", type=Path, default=None, help="model dir (tokenizer); default: the replicas' model")
-    g.add_argument("--host", default="127.0.0.1")
-    g.add_argument("--port", type=int, default=8000)
     g.add_argument(
         "--state-dir", type=Path, default=None, help="event spool and id secret (default $FLYWHEEL_HOME/gateway)"
     )
     g.add_argument("--keys-file", type=Path, default=None, help="hashed API keys (see `flywheel keys add`)")
-    g.add_argument("--kafka", default=None, help="bootstrap servers (default $FLYWHEEL_KAFKA_BOOTSTRAP)")
-    g.add_argument("--no-events", action="store_true", help="do not log events (benchmarks)")
-    g.add_argument(
-        "--request-timeout",
-        type=float,
-        default=300.0,
-        help="seconds a replica has for one request before the gateway gives up on it and fails over",
-    )
-    g.add_argument(
-        "--durable-wait",
-        type=float,
-        default=2.0,
-        help="seconds a response waits for its event to be on disk before it goes out anyway (counted)",
-    )
+    add_flags(g, GatewayConfig)  # the rest: declared once, on the config's fields (serving.config)
     g.set_defaults(func=_serve)
 
     f = sub.add_parser("fleet", help="SRE view of the fleet behind a gateway (admin token)")
@@ -70,8 +59,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         q = fsub.add_parser(name, help=doc)
         if name != "status":
             q.add_argument("replica", help="replica id, e.g. r0")
-        q.add_argument("--gateway", default=os.environ.get("FLYWHEEL_GATEWAY_URL", "http://127.0.0.1:8000"))
-        q.add_argument("--admin-token", default=os.environ.get("FLYWHEEL_ADMIN_TOKEN"))
+        q.add_argument("--gateway", default=(env("FLYWHEEL_GATEWAY_URL") or "http://127.0.0.1:8000"))
+        q.add_argument("--admin-token", default=env("FLYWHEEL_ADMIN_TOKEN"))
         q.set_defaults(func=_fleet)
 
     k = sub.add_parser("keys", help="API keys of the gateway (stored hashed)")
@@ -134,8 +123,10 @@ def _status(args) -> int:
 
 
 def _serve(args) -> int:
+    from flywheel.core.config import build
     from flywheel.core.paths import flywheel_home
-    from serving.gateway import GatewayConfig, run
+    from serving.config import GatewayConfig
+    from serving.gateway import run
     from serving.replica import running
 
     replicas = args.replicas
@@ -150,18 +141,7 @@ def _serve(args) -> int:
         raise ValueError("pass --model DIR (the served checkpoint, for its tokenizer)")
     state = args.state_dir or flywheel_home() / "gateway"
     keys_file = args.keys_file or state / "keys.json"
-    cfg = GatewayConfig.from_env(
-        replicas=replicas,
-        model_dir=model,
-        host=args.host,
-        port=args.port,
-        state_dir=state,
-        keys_file=keys_file,
-        kafka_bootstrap=args.kafka,
-        log_events=not args.no_events,
-        request_timeout_s=args.request_timeout,
-        durable_wait_s=args.durable_wait,
-    )
+    cfg = build(GatewayConfig, args, replicas=replicas, model_dir=model, state_dir=state, keys_file=keys_file)
     run(cfg)
     return 0
 

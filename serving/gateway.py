@@ -14,8 +14,6 @@ event sink, metrics), the root app (errors, /health, /metrics) and the sub-apps 
 from __future__ import annotations
 
 import logging
-import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -27,50 +25,18 @@ from serving.api.completions import CompletionsApi
 from serving.api.feedback import FeedbackApi
 from serving.api.respond import error_response, json_response
 from serving.auth import CompletionIds, KeyStore, load_or_create_secret, tenant_middleware
+from serving.config import GatewayConfig
 from serving.dispatcher import DispatchConfig, Dispatcher
 from serving.event_log import EventLog, EventLogConfig
 from serving.event_sink import EventSink
 from serving.first_feedback import FirstFeedback
 from serving.metrics import GatewayMetrics
-from serving.openai_api import Limits
 from serving.prompts import Prompter
-from serving.router import PoolConfig, ReplicaPool, ReplicaState
+from serving.router import ReplicaPool, ReplicaState
 from serving.schema import ApiError
 from serving.sessions import Sessions
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class GatewayConfig:
-    replicas: list[str] = field(default_factory=list)
-    model_dir: Path | None = None  # tokenizer.json + config.json of the served model
-    model_name: str = "flywheel-coder"
-    host: str = "127.0.0.1"
-    port: int = 8000
-    state_dir: Path = Path("gateway-state")  # event spool, id secret
-    keys_file: Path | None = None
-    api_keys: str | None = None  # "name:key,..." (FLYWHEEL_API_KEYS)
-    admin_token: str | None = None  # FLYWHEEL_ADMIN_TOKEN
-    kafka_bootstrap: str | None = None  # FLYWHEEL_KAFKA_BOOTSTRAP; None: events stay in the spool
-    log_events: bool = True
-    limits: Limits = field(default_factory=Limits)
-    pool: PoolConfig = field(default_factory=PoolConfig)
-    request_timeout_s: float = 300.0
-    max_attempts: int = 3  # replicas tried for one request that fails before its first byte
-    max_spool_bytes: int = 1 << 30
-    # A response waits (at most this long) until its completion or feedback event is on disk, so a gateway
-    # that crashes never loses an event its client was answered for. Past it (disk full, failing) the
-    # response goes out anyway, counted: serving does not stop for the spool.
-    durable_wait_s: float = 2.0
-
-    @classmethod
-    def from_env(cls, **overrides) -> "GatewayConfig":
-        cfg = cls(**overrides)
-        cfg.api_keys = cfg.api_keys or os.environ.get("FLYWHEEL_API_KEYS")
-        cfg.admin_token = cfg.admin_token or os.environ.get("FLYWHEEL_ADMIN_TOKEN")
-        cfg.kafka_bootstrap = cfg.kafka_bootstrap or os.environ.get("FLYWHEEL_KAFKA_BOOTSTRAP")
-        return cfg
 
 
 class Gateway:

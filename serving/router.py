@@ -23,6 +23,7 @@ from enum import Enum
 import aiohttp
 
 from flywheel.core.events import parse_version
+from serving.config import PoolConfig
 
 log = logging.getLogger(__name__)
 
@@ -86,12 +87,6 @@ class ReplicaHandle:
             if self.drain_lease_until is None
             else round(max(0.0, self.drain_lease_until - time.monotonic()), 1),
         }
-
-
-@dataclass
-class PoolConfig:
-    health_interval_s: float = 2.0
-    health_timeout_s: float = 5.0
 
 
 def sglang_gauges(text: str) -> dict[str, float]:

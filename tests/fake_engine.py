@@ -79,8 +79,8 @@ class FakeReplica:
 async def gateway_over_fakes(test_model, state_dir, versions: list[int], tenants: int = 40, **cfg):
     """A gateway in this process in front of len(versions) fake replicas: yields (client, fakes).
     Health checks run once at start (the interval is an hour): a replica marked failed stays out."""
-    from serving.gateway import Gateway, GatewayConfig
-    from serving.router import PoolConfig
+    from serving.config import GatewayConfig, PoolConfig
+    from serving.gateway import Gateway
 
     fakes = [FakeReplica(v) for v in versions]
     servers = [TestServer(f.app) for f in fakes]

@@ -27,12 +27,13 @@ import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from flywheel.core import control
+from flywheel.core.config import check_modes
 from flywheel.core.events import TOPIC_WEIGHTS
 from weight_sync import codec
 from weight_sync.checkpoint import CheckpointReader, CheckpointWriter, config_digest
 from weight_sync.fetch import FetchError, StoreClient
 from weight_sync.manifest import ManifestError, load_public, verify
-from weight_sync.switch import GatewayLink, SwitchError, served_version, switch
+from weight_sync.switch import GatewayLink, SwitchError, SwitchMode, served_version, switch
 
 log = logging.getLogger(__name__)
 
@@ -56,13 +57,16 @@ class AgentConfig:
     gateway_url: str | None = None
     admin_token: str | None = None
     gateway_replica_id: str | None = None
-    switch_mode: str = "drain"
+    switch_mode: SwitchMode = "drain"
     retry_base_s: float = 1.0  # a transient failure (store or replica unreachable) is retried after this,
     retry_max_s: float = 30.0  # doubling up to this; the offset is committed only once it succeeds
     keep_local: int = 3
     parallel_downloads: int = 4
     threads: int = 2
     metrics_port: int = 0  # 0: no /metrics server
+
+    def __post_init__(self):
+        check_modes(self)
 
 
 class AgentMetrics:

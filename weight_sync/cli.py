@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from pathlib import Path
+
+from flywheel.core.config import env
 
 
 def _home() -> Path:
@@ -16,6 +17,8 @@ def _home() -> Path:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from weight_sync.switch import MODES
+
     p = sub.add_parser("weights", help="versions of the served weights: publish, list, rollback, pin, agents")
     w = p.add_subparsers(dest="weights_cmd", required=True)
 
@@ -24,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         if kafka:
             q.add_argument(
                 "--kafka",
-                default=os.environ.get("FLYWHEEL_KAFKA_BOOTSTRAP"),
+                default=env("FLYWHEEL_KAFKA_BOOTSTRAP"),
                 help="bootstrap servers for announcements (default $FLYWHEEL_KAFKA_BOOTSTRAP)",
             )
         q.add_argument(
@@ -39,13 +42,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     pub.add_argument("--checkpoint", type=Path, required=True)
     pub.add_argument("--full", action="store_true", help="a full snapshot even if a delta is possible")
     pub.add_argument("--full-every", type=int, default=10)
-    pub.add_argument("--store-url", default=os.environ.get("FLYWHEEL_STORE_URL"), help="where agents fetch from")
+    pub.add_argument("--store-url", default=env("FLYWHEEL_STORE_URL"), help="where agents fetch from")
     common(pub)
     pub.set_defaults(func=_publish)
 
     ls = w.add_parser("list", help="versions, sizes, ratios, activations, and which replica runs which")
-    ls.add_argument("--gateway", default=os.environ.get("FLYWHEEL_GATEWAY_URL"))
-    ls.add_argument("--admin-token", default=os.environ.get("FLYWHEEL_ADMIN_TOKEN"))
+    ls.add_argument("--gateway", default=env("FLYWHEEL_GATEWAY_URL"))
+    ls.add_argument("--admin-token", default=env("FLYWHEEL_ADMIN_TOKEN"))
     common(ls, kafka=False)
     ls.set_defaults(func=_list)
 
@@ -79,8 +82,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="run the canary controller: trial each version the trainer publishes "
         "with --canary, then promote or roll back",
     )
-    can.add_argument("--gateway", default=os.environ.get("FLYWHEEL_GATEWAY_URL"), required=False)
-    can.add_argument("--admin-token", default=os.environ.get("FLYWHEEL_ADMIN_TOKEN"))
+    can.add_argument("--gateway", default=env("FLYWHEEL_GATEWAY_URL"), required=False)
+    can.add_argument("--admin-token", default=env("FLYWHEEL_ADMIN_TOKEN"))
     can.add_argument("--replica-share", type=float, default=0.5)
     can.add_argument("--traffic-share", type=float, default=0.5)
     can.add_argument("--min-feedback", type=int, default=100, help="feedback events per arm before judging")
@@ -116,10 +119,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     ag.add_argument("--public-key", type=Path, default=None, help="default $FLYWHEEL_HOME/weights/keys/signing.pub")
     ag.add_argument("--initial-model", type=Path, required=True, help="the checkpoint the replica started with")
     ag.add_argument("--work-dir", type=Path, default=None)
-    ag.add_argument("--kafka", default=os.environ.get("FLYWHEEL_KAFKA_BOOTSTRAP"))
-    ag.add_argument("--gateway", default=os.environ.get("FLYWHEEL_GATEWAY_URL"))
-    ag.add_argument("--admin-token", default=os.environ.get("FLYWHEEL_ADMIN_TOKEN"))
-    ag.add_argument("--switch-mode", default="drain", choices=["drain", "no_pause", "retract"])
+    ag.add_argument("--kafka", default=env("FLYWHEEL_KAFKA_BOOTSTRAP"))
+    ag.add_argument("--gateway", default=env("FLYWHEEL_GATEWAY_URL"))
+    ag.add_argument("--admin-token", default=env("FLYWHEEL_ADMIN_TOKEN"))
+    ag.add_argument("--switch-mode", default="drain", choices=MODES)
     ag.add_argument("--metrics-port", type=int, default=0)
     ag.set_defaults(func=_agent)
 

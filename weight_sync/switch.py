@@ -17,12 +17,16 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import aiohttp
 
 from flywheel.core.events import parse_version
 
-MODES = ("drain", "no_pause", "retract")
+# drain: the gateway routes around the replica while it loads; no_pause: load while serving (a request spans
+# both versions); retract: pause, retract running requests, load, resume (facts.md: hot-switch modes)
+SwitchMode = Literal["drain", "no_pause", "retract"]
+MODES = get_args(SwitchMode)
 DRAIN_LEASE_S = 30.0  # an agent's drain lapses unless renewed: a dead agent never leaves a replica draining
 
 
@@ -140,7 +144,7 @@ async def switch(
     replica_url: str,
     model_dir: str,
     version: int,
-    mode: str = "drain",
+    mode: SwitchMode = "drain",
     gateway: GatewayLink | None = None,
     drain_timeout_s: float = 120.0,
 ) -> dict:

@@ -31,10 +31,12 @@ def option(
     help: str,
     flag: str | None = None,
     env: str | None = None,
+    cli: bool = True,
     default_factory: Any = _NO_DEFAULT,
 ) -> Any:
-    """A config field that is also a CLI flag (`--name-with-dashes`, or `flag`), optionally set from `env`."""
-    meta = {"help": help, "flag": flag, "env": env}
+    """A config field that is also a CLI flag (`--name-with-dashes`, or `flag`), optionally set from `env`.
+    cli=False: from the environment only (a secret: a flag would show it to every `ps` on the machine)."""
+    meta = {"help": help, "flag": flag, "env": env, "cli": cli}
     if default_factory is not _NO_DEFAULT:
         return dataclasses.field(default_factory=default_factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -74,8 +76,18 @@ def choices_of(tp) -> tuple | None:
     return None
 
 
+def _bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {text!r} (1/0, true/false, yes/no, on/off)")
+
+
 def _converter(tp):
     tp = _base(tp)
+    if tp is bool:
+        return _bool
     if typing.get_origin(tp) is Literal:
         kinds = {type(a) for a in typing.get_args(tp)}
         return kinds.pop() if len(kinds) == 1 else str
@@ -132,7 +144,7 @@ def _default(f: dataclasses.Field):
 def add_flags(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()) -> None:
     """One flag per option of cls (and its nested configs), its help showing the default and env var."""
     for dest, flag, f, tp in _options(cls):
-        if dest in skip:
+        if dest in skip or not f.metadata["cli"]:
             continue
         default, meta = _default(f), f.metadata
         shown = default.value if isinstance(default, enum.Enum) else default
@@ -148,7 +160,6 @@ def add_flags(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()) 
             type=_converter(tp),
             choices=choices_of(tp) and [_converter(tp)(c) for c in choices_of(tp)],
             default=argparse.SUPPRESS,  # absent from the namespace unless given: the config's default stands
-            metavar=None if choices_of(tp) else f.name.upper(),
             help=text,
         )
 

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from flywheel.core.config import env
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def flywheel_home() -> Path:
     """$FLYWHEEL_HOME, default ~/.cache/flywheel; created on first use."""
-    home = Path(os.environ.get("FLYWHEEL_HOME") or Path.home() / ".cache" / "flywheel")
+    home = Path(env("FLYWHEEL_HOME") or Path.home() / ".cache" / "flywheel")
     home.mkdir(parents=True, exist_ok=True)
     return home

@@ -149,9 +149,9 @@ def test_trainer_stops_learning_from_a_rolled_back_version(test_model, tmp_path)
     import json
 
     from flywheel.core import control
-    from online_rl.publisher import PublisherConfig
+    from online_rl.config import PublisherConfig, TrainerConfig
     from online_rl.samples import Sample
-    from online_rl.trainer import Trainer, TrainerConfig
+    from online_rl.trainer import Trainer
     from weight_sync.manifest import generate_key, load_private
 
     generate_key(tmp_path / "k.pem", tmp_path / "k.pub")

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from flywheel.core.paths import REPO_ROOT
+from online_rl.config import RolloutConfig
 from online_rl.numerics import measure
-from online_rl.rollouts import RolloutConfig, RolloutSource
+from online_rl.rollouts import RolloutSource
 from tests.helpers import GATEWAY_ADMIN, post
 
 pytestmark = pytest.mark.timeout(600)

@@ -165,7 +165,8 @@ def test_fleet_cli_borrow_status_return(replica, second_replica, test_model, tmp
 def test_return_stops_rollouts_in_flight_and_the_trainer_redoes_them(replica, second_replica, test_model, tmp_path):
     """Rollouts run only where lent; a return aborts the ones in flight there (users untouched), and the
     trainer's rollout source puts their task back in its queue."""
-    from online_rl.rollouts import RolloutConfig, RolloutSource
+    from online_rl.config import RolloutConfig
+    from online_rl.rollouts import RolloutSource
 
     gw = gateway_process.start(
         [replica.url, second_replica.url], test_model, tmp_path / "gw", keys=GATEWAY_KEYS, admin_token=GATEWAY_ADMIN

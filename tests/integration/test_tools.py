@@ -243,10 +243,11 @@ def test_an_agent_session_is_joined_and_trained_with_tool_results_masked(gateway
     from tokenizers import Tokenizer
 
     from flywheel.core import events as ev
-    from online_rl.loss import LossConfig, make_batch
+    from online_rl.config import LossConfig, OptimConfig
+    from online_rl.loss import make_batch
     from online_rl.model import load_pretrained
     from online_rl.stream import Joiner
-    from online_rl.update import OptimConfig, make_optimizer, update
+    from online_rl.update import make_optimizer, update
     from tests.helpers import post
 
     client, sid = _client(gateway), f"agent-{uuid.uuid4().hex[:8]}"

@@ -18,13 +18,12 @@ import torch
 
 from flywheel import kafka_broker
 from flywheel.core.paths import REPO_ROOT
-from online_rl.loss import LossConfig, advantages
+from online_rl.config import LossConfig, OptimConfig, PublisherConfig, TrainerConfig
+from online_rl.loss import advantages
 from online_rl.model import load_pretrained
-from online_rl.publisher import PublisherConfig
 from online_rl.samples import Sample
 from online_rl.simulate import events_for, heldout_split, produce, sample_completions
-from online_rl.trainer import Trainer, TrainerConfig
-from online_rl.update import OptimConfig
+from online_rl.trainer import Trainer
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -349,7 +348,7 @@ def test_join_windows_and_duplicates_against_the_broker(broker, test_model, tmp_
         broker.bootstrap,
         completions + feedbacks[2:] + feedbacks[2:5] + [(ev.TOPIC_FEEDBACK, "win-ghost", orphan.encode())],
     )
-    from online_rl.stream import JoinConfig
+    from online_rl.config import JoinConfig
 
     trainer = Trainer(
         TrainerConfig(

@@ -17,13 +17,11 @@ from flywheel import kafka_broker
 from flywheel.core import events as ev
 from flywheel.core.procs import wait_until
 from online_rl import rollouts as rollouts_mod
+from online_rl.config import OptimConfig, PublisherConfig, RolloutConfig, TrainerConfig
 from online_rl.failures import RetryConfig
 from online_rl.model import load_pretrained
-from online_rl.publisher import PublisherConfig
-from online_rl.rollouts import RolloutConfig
 from online_rl.simulate import events_for, heldout_split, produce, sample_completions
-from online_rl.trainer import Trainer, TrainerConfig
-from online_rl.update import OptimConfig
+from online_rl.trainer import Trainer
 from tests.helpers import GATEWAY_ADMIN, TcpProxy
 
 pytestmark = pytest.mark.timeout(600)

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from online_rl.loss import LossConfig, make_batch, policy_loss
+from online_rl.config import LossConfig
+from online_rl.loss import make_batch, policy_loss
 from online_rl.model import ModelConfig, MoECoder, token_logprobs
 from online_rl.samples import Sample
 

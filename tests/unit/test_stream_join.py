@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from flywheel.core import events as ev
-from online_rl.samples import LengthPenalty, RewardTable
-from online_rl.stream import JoinConfig, Joiner
+from online_rl.config import JoinConfig, LengthPenalty, RewardTable
+from online_rl.stream import Joiner
 
 
 def completion(cid, ts, source="user", choice=0, session="", tenant="t"):

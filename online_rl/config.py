@@ -1,0 +1,150 @@
+"""The trainer's configuration, one dataclass per part, as the one source of its options (flywheel.core.config):
+each option's default, help and environment variable is written here once, and `flywheel train`'s flags
+are generated from it. Torch-free, so that building the command line stays instant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from flywheel.core.config import check_modes, nested, option
+from online_rl.failures import RetryConfig
+from online_rl.offpeak import OffPeakConfig
+from online_rl.sandbox import SandboxConfig
+
+
+@dataclass
+class RewardTable:
+    """Rewards for user signals (default like Cursor Tab: +0.75 accept, -0.25 reject)."""
+
+    accept: float = 0.75
+    reject: float = -0.25
+    partial_floor: float = 0.0  # a partial accept of none of the text; scales to `accept` for all of it
+
+    def reward(
+        self, kind: str, accepted_chars: int | None = None, total_chars: int | None = None, score: float | None = None
+    ) -> float:
+        """score: a session's partial outcome in [0, 1], in place of the share of characters kept."""
+        if kind == "accept":
+            return self.accept
+        if kind == "reject":
+            return self.reject
+        if kind == "partial":
+            if score is not None:
+                frac = min(1.0, max(0.0, float(score)))
+            else:
+                frac = (
+                    0.5
+                    if not total_chars or accepted_chars is None
+                    else min(1.0, max(0.0, accepted_chars / total_chars))
+                )
+            return self.partial_floor + frac * (self.accept - self.partial_floor)
+        raise ValueError(f"unknown feedback kind {kind!r}")
+
+
+@dataclass
+class LengthPenalty:
+    """Composer 2's concave penalty on the token count: reward - coef * n ** power, 0 < power <= 1."""
+
+    coef: float = 0.0
+    power: float = 0.5
+
+    def __call__(self, n_tokens: int) -> float:
+        return self.coef * float(n_tokens) ** self.power
+
+
+@dataclass
+class JoinConfig:
+    window_s: float = 120.0
+    orphan_wait_s: float = 60.0
+    session_window_s: float = 900.0  # an agent session's turn waits this long for feedback (its own or its session's)
+    turn_discount: float = 1.0  # turn k of K gets the session outcome times turn_discount ** (K - 1 - k)
+    dedupe_capacity: int = 1_000_000  # event ids remembered
+
+
+@dataclass
+class LossConfig:
+    is_cap: float = 2.0  # C: importance weights above it are truncated
+    clip_low: float = 0.2  # PPO trust region against the behaviour policy: a token with A < 0 whose ratio
+    clip_high: float = 0.28  # fell under 1 - clip_low (A > 0: rose over 1 + clip_high) gets no more gradient
+    kl_coef: float = option(0.05, flag="kl", help="beta: weight of the k2 KL penalty to the starting model")
+    length_penalty: LengthPenalty = field(default_factory=LengthPenalty)
+    group_std: bool = False  # divide group advantages by the group's std (GRPO); off: Dr.GRPO-style
+    baseline_momentum: float = 0.9  # running baseline of user rewards
+    router_replay: bool = True
+
+
+@dataclass
+class OptimConfig:
+    lr: float = option(3e-5, help="AdamW learning rate")
+    weight_decay: float = 0.0
+    betas: tuple = (0.9, 0.99)
+    grad_clip: float = 1.0
+    micro_batch: int = 16  # sequences per forward, to bound activation memory
+
+
+@dataclass
+class RolloutConfig:
+    gateway_url: str | None = option(
+        None, flag="gateway", env="FLYWHEEL_GATEWAY_URL", help="gateway for rollouts (its admin path)"
+    )
+    admin_token: str | None = option(None, env="FLYWHEEL_ADMIN_TOKEN", help="the gateway's admin token")
+    tasks_per_step: int = option(0, flag="rollout-tasks", help="sandbox tasks per update (0: user feedback only)")
+    group_size: int = 8
+    temperature: float = 1.0
+    max_tokens: int = 40
+    min_tokens: int = 0  # >0: no end-of-text before this many tokens (long rollouts, e.g. to measure a return)
+    task_seed: int = 0
+    # borrowed: only replicas the off-peak scheduler lent (none lent: no rollouts); `flywheel train --offpeak` sets it
+    replicas: Literal["any", "borrowed"] = "any"
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+
+    def __post_init__(self):
+        check_modes(self)
+
+
+@dataclass
+class PublisherConfig:
+    store: Path | None = option(None, help="weights store to publish into (none: do not publish)")
+    key: Path | None = option(
+        None, help="signing key; also verifies control records (`flywheel train`: $FLYWHEEL_HOME/weights/keys)"
+    )
+    store_url: str | None = option(None, env="FLYWHEEL_STORE_URL", help="where agents fetch the store from")
+    canary: bool = option(
+        False, help="announce new versions as canary candidates (flywheel weights canary judges them)"
+    )
+    interval_s: float = option(3600.0, flag="publish-interval", help="seconds between published versions")
+    announce_timeout_s: float = option(15.0, help="seconds one attempt to announce a version may take")
+
+
+@dataclass
+class TrainerConfig:
+    model_dir: Path  # the starting checkpoint, also the KL reference
+    work_dir: Path = Path("trainer")
+    kafka_bootstrap: str | None = option(
+        None, flag="kafka", env="FLYWHEEL_KAFKA_BOOTSTRAP", help="Kafka bootstrap servers"
+    )
+    group_id: str = option("flywheel-trainer", help="Kafka consumer group")
+    batch_size: int = option(32, help="samples per update")
+    min_batch: int = option(8, help="fewer buffered samples wait for more (unless rollouts fill the batch)")
+    staleness: int = option(4, help="eta: samples produced more than this many versions ago are dropped")
+    checkpoint_every: int = option(1, help="updates between checkpoints (offsets are committed at each)")
+    max_steps: int | None = option(None, help="stop after this many updates (none: run until stopped)")
+    poll_ms: int = option(500, help="Kafka poll timeout")
+    seed: int = 0
+    threads: int = option(0, help="torch threads per rank (0: cores / ranks)")
+    train_on_rolled_back: bool = option(False, help="keep learning from samples of versions a canary rolled back")
+    batch_invariant: bool = option(
+        False, help="batch-invariant kernels in the model (slower; a row's logprobs never depend on its batch)"
+    )
+    metrics_port: int = option(0, help="port of /metrics on 127.0.0.1 (0: none)")
+    publish: PublisherConfig = nested(PublisherConfig)
+    loss: LossConfig = nested(LossConfig)
+    optim: OptimConfig = nested(OptimConfig)
+    join: JoinConfig = field(default_factory=JoinConfig)
+    rewards: RewardTable = field(default_factory=RewardTable)
+    rollouts: RolloutConfig = nested(RolloutConfig)
+    offpeak: OffPeakConfig | None = None  # borrow serving replicas for rollouts while user load is low
+    retry: RetryConfig = field(default_factory=RetryConfig)  # backoff of transient failures (Kafka, HTTP, disk)

@@ -1,0 +1,51 @@
+"""The gateway's configuration, the one source of `flywheel serve`'s options (flywheel.core.config).
+Light to import: the command line is built from it without loading the server."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flywheel.core.config import option
+from serving.openai_api import Limits
+
+
+@dataclass
+class PoolConfig:
+    health_interval_s: float = 2.0
+    health_timeout_s: float = 5.0
+
+
+@dataclass
+class GatewayConfig:
+    replicas: list[str] = field(default_factory=list)
+    model_dir: Path | None = None  # tokenizer.json + config.json of the served model
+    model_name: str = option("flywheel-coder", help="the model's name in the API (/v1/models)")
+    host: str = option("127.0.0.1", help="address to listen on")
+    port: int = option(8000, help="port to listen on")
+    state_dir: Path = Path("gateway-state")  # event spool, id secret
+    keys_file: Path | None = None
+    api_keys: str | None = option(None, env="FLYWHEEL_API_KEYS", cli=False, help="'name:key,...' beside the keys file")
+    admin_token: str | None = option(None, env="FLYWHEEL_ADMIN_TOKEN", cli=False, help="the admin endpoints' token")
+    kafka_bootstrap: str | None = option(
+        None,
+        flag="kafka",
+        env="FLYWHEEL_KAFKA_BOOTSTRAP",
+        help="Kafka bootstrap servers (none: events stay in the spool)",
+    )
+    log_events: bool = option(True, flag="events", help="log completion and feedback events (--no-events: benchmarks)")
+    limits: Limits = field(default_factory=Limits)
+    pool: PoolConfig = field(default_factory=PoolConfig)
+    request_timeout_s: float = option(
+        300.0,
+        flag="request-timeout",
+        help="seconds a replica has for one request before the gateway gives up on it and fails over",
+    )
+    max_attempts: int = option(3, help="replicas tried for one request that fails before its first byte")
+    max_spool_bytes: int = option(1 << 30, help="bound of the on-disk event spool while Kafka is away")
+    # A response waits (at most this long) until its completion or feedback event is on disk, so a gateway
+    # that crashes never loses an event its client was answered for. Past it (disk full, failing) the
+    # response goes out anyway, counted: serving does not stop for the spool.
+    durable_wait_s: float = option(
+        2.0, flag="durable-wait", help="seconds a response waits for its event to be on disk before it goes out anyway"
+    )

@@ -16,6 +16,9 @@ ones in Kafka (by completion id; duplicates dropped by event_id; gateway kills i
 waits for the event to be on disk), samples trained twice (trainer ledger), replicas not
 on the newest version or not active, processes left over, user requests that failed outside the
 windows of a gateway kill, and the time each fault took to recover from.
+
+Why one file: faults, restarts and the final checks share the fleet's processes, ports and mount
+points (the Chaos object); apart, each would take all of them.
 """
 
 from __future__ import annotations

@@ -3,6 +3,9 @@
 Validation turns a client's JSON into a `GenerationSpec` or raises `ApiError` with the OpenAI error
 body; nothing here talks to an engine. Field names and defaults follow the OpenAI API so existing IDE
 clients (Continue, Cline, Tabby's OpenAI backend, the official SDK) work unchanged.
+
+Why one file: it is the whole contract with OpenAI clients, request shapes and response shapes
+together, so a field's parsing and its echo in the answer are read side by side.
 """
 
 from __future__ import annotations

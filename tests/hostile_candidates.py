@@ -12,6 +12,8 @@ Placeholders filled per run (`render`): {key} a signing key, {cache_file} / {cac
 cache, {repo_file} / {repo_dir} the checkout, {ports} loopback ports with real servers behind them
 (the broker, the gateway), {harness_pid} the process that runs the sandbox, {stdlib} the standard
 library the sandbox's interpreter uses.
+
+Why one file: it is a corpus (data, one entry per attack), read top to bottom.
 """
 
 from __future__ import annotations

@@ -9,6 +9,9 @@ Anything wrong with a version (bad signature, digest mismatch, truncated chunk, 
 version, a replica that will not load it) is rejected with one log line and a metric; the replica keeps
 the version it has. State (<work>/state.json) holds the last good version, so a restarted agent or
 replica comes back on it. Memory: one tensor and a few chunks at a time, whatever the model size.
+
+Why one file: the agent is one loop (verify, fetch, rebuild, switch, report) over state that every
+step reads (the served version, the pin, the local copies); split, each part would take all of it.
 """
 
 from __future__ import annotations

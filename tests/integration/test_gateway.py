@@ -1,4 +1,8 @@
-"""The gateway against a real SGLang replica and the real broker, through the official openai client."""
+"""The gateway against a real SGLang replica and the real broker, through the official openai client.
+
+Why one file: these tests share one session-scoped replica, broker and gateway process (each
+costs seconds to start).
+"""
 
 from __future__ import annotations
 

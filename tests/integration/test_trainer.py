@@ -1,5 +1,8 @@
 """The trainer against a real broker: it learns a preference from feedback events, survives kill -9
-without training a sample twice or skipping one, and 2 data-parallel ranks make the 1-rank update."""
+without training a sample twice or skipping one, and 2 data-parallel ranks make the 1-rank update.
+
+Why one file: these tests share one broker and the test model, and read as the trainer's contract.
+"""
 
 from __future__ import annotations
 

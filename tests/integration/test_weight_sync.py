@@ -1,4 +1,7 @@
-"""Weight sync against real replicas: publish, verify, rebuild, hot-switch under load, reject bad versions."""
+"""Weight sync against real replicas: publish, verify, rebuild, hot-switch under load, reject bad versions.
+
+Why one file: these tests share replicas, a store and a signing key that take long to set up.
+"""
 
 from __future__ import annotations
 

@@ -19,15 +19,9 @@ import torch
 from online_rl.config import PublisherConfig
 from online_rl.failures import Failures
 from online_rl.model import save_pretrained
+from weight_sync.checkpoint import SIDE_FILES  # what makes a checkpoint directory loadable
 
 log = logging.getLogger(__name__)
-SIDE_FILES = (
-    "config.json",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-)
 
 
 class Publisher:

@@ -1,1 +1,11 @@
-"""The trainer side of Flywheel: the model, its bootstrap, tasks and sandbox, and (later) the RL daemon."""
+"""Online RL: the trainer daemon and what it learns from and with.
+
+    trainer.py        the loop (ingest, rollout, update, save, publish) over its parts:
+    stream_reader.py  Kafka in;  stream.py  the Joiner (completion + feedback -> rewarded sample)
+    rollouts.py, sandbox*.py, tasks.py   offline tasks run by the model, judged in the sandbox
+    offpeak.py        borrows serving replicas for rollouts while user load is low
+    loss.py, update.py, model.py         the policy-gradient step on the tiny Qwen3-MoE
+    checkpoints.py, publisher.py         exactly-once state, and the hand-off to weight_sync
+    config.py         every part's configuration (the `flywheel train` flags)
+    bootstrap.py      the base model, made here from a seed
+"""

@@ -1,4 +1,6 @@
-"""Weight sync: delta encoding, signed manifests, the version store, the serving-side agent, rollback.
+"""Weight sync: the trainer's versions to the serving fleet.
 
-(Grows with the weight-sync issue; see shared/DESIGN.md, "Weights" and "Hot-switch".)
+    publish.py, codec.py, manifest.py, store.py   delta encoding, signed manifests, the version store
+    fetch.py, agent.py, switch.py                 the serving-side agent: fetch, verify, rebuild, hot-switch
+    canary.py                                     a version tried on part of the fleet, promoted or rolled back
 """

@@ -175,7 +175,10 @@ def run(cfg: DemoConfig) -> int:
     if (out / "trainer" / "history.json").exists():  # what the trainer learnt from, by version
         from online_rl.plots import reward_by_version
 
-        reward_by_version(out / "trainer" / "history.json", out / "reward_by_version.png")
+        try:
+            reward_by_version(out / "trainer" / "history.json", out / "reward_by_version.png")
+        except (ValueError, OSError) as e:  # a figure is not worth the verdict
+            print(f"reward_by_version.png not drawn: {e}")
     print("\n" + demo_report.table(rows))
     rise = "-" if verdict["rise_points"] is None else format(verdict["rise_points"], "+")
     print(
@@ -184,7 +187,10 @@ def run(cfg: DemoConfig) -> int:
         f"+{cfg.goal_points:.0f}), {verdict['failed_requests']} failed requests: "
         f"{'GOAL MET' if verdict['goal_met'] else 'goal missed'}"
     )
-    print(f"wrote {out}/summary.json, {out}/acceptance.png, {out}/interactions.jsonl; everything started was stopped")
+    print(
+        f"wrote {out}/summary.json, {out}/acceptance.png, {out}/reward_by_version.png, {out}/interactions.jsonl; "
+        "everything started was stopped"
+    )
     return 0 if verdict["goal_met"] else 1
 
 

@@ -116,7 +116,9 @@ class PublisherConfig:
         False, help="announce new versions as canary candidates (flywheel weights canary judges them)"
     )
     interval_s: float = option(3600.0, flag="publish-interval", help="seconds between published versions")
-    announce_timeout_s: float = option(15.0, help="seconds one attempt to announce a version may take")
+    announce_timeout_s: float = option(
+        15.0, flag="announce-timeout", help="seconds one attempt to announce a version may take"
+    )
 
 
 @dataclass

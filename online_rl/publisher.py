@@ -100,9 +100,12 @@ class Publisher:
         self.last = time.monotonic()
         for old in sorted(self.dir.glob("step-*"))[:-2]:
             shutil.rmtree(old, ignore_errors=True)
-        tmp = self.dir.parent / "history.json.tmp"
-        tmp.write_text(json.dumps(history, sort_keys=True))
-        tmp.replace(self.dir.parent / "history.json")
+        try:  # the version is in the store already: a figure's data is not worth a failed publish
+            tmp = self.dir.parent / "history.json.tmp"
+            tmp.write_text(json.dumps(history, sort_keys=True))
+            tmp.replace(self.dir.parent / "history.json")
+        except OSError as e:
+            log.warning("history.json not written: %s", e)
         log.info("published v%d at step %d (%s, %.1fx)", result.version, step, result.kind, result.ratio)
         self.announce()
         return result.version

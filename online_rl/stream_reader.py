@@ -64,7 +64,7 @@ class StreamReader:
 
     def fetch(self) -> dict:
         """The records that came within poll_ms, by partition. Raises when the broker cannot be reached."""
-        if self.bootstrap is None:
+        if not self.bootstrap:
             return {}
         if self._consumer is None:
             self._consumer = self._connect()

@@ -214,7 +214,7 @@ class Trainer:
     def ingest(self) -> int:
         """Reads what the stream has (completions and feedback into the Joiner, rollbacks from the weights
         topic); the broker away is a failure to back off from, never a crash."""
-        if self.cfg.kafka_bootstrap is None:
+        if not self.cfg.kafka_bootstrap:
             return 0
         if not self.failures.ready("ingest"):
             time.sleep(self.cfg.poll_ms / 1000)

@@ -123,11 +123,14 @@ def tenant_middleware(keys: KeyStore):
 
 
 def admin_middleware(admin_token: str | None):
-    """Every admin request (unknown admin paths too: nothing to probe) carries the admin token, else 401."""
+    """Every admin request carries the admin token, else 401. A path that matches no route passes through
+    to its 404/405, as on the public API."""
 
     @web.middleware
     async def admin(request: web.Request, handler):
-        if not admin_ok(bearer(request.headers.get("Authorization")), admin_token):
+        if request.match_info.http_exception is None and not admin_ok(
+            bearer(request.headers.get("Authorization")), admin_token
+        ):
             raise ApiError(
                 401, "admin endpoints need the admin token", "authentication_error", code="invalid_admin_token"
             )

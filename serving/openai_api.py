@@ -12,17 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from serving.schema import (  # noqa: F401  (ApiError, parse_json_body: imported from here by callers)
-    ApiError,
-    Field,
-    boolean,
-    integer,
-    number,
-    parse_json_body,
-    refuse_unknown,
-    string,
-    value,
-)
+from serving.schema import ApiError, Field, boolean, integer, number, refuse_unknown, string, value
 
 
 @dataclass

@@ -4,10 +4,10 @@ A replica is `active` (takes user traffic), `draining` (finishes what it has, ta
 `borrowed` (lent to the trainer for rollouts; no user traffic). Health checks take a replica that stops
 answering out of rotation and bring it back when it answers again; a request that fails to connect
 marks it unhealthy at once. Every change of state goes through the pool's methods (drain, activate,
-borrow, give_back, mark_failed, check, expire_drain_leases): nothing else writes `state`.
+borrow, mark_failed, check, expire_drain_leases): nothing else writes `state`.
 
     active --drain--> draining --activate--> active
-    active --borrow--> draining (borrow pending) --last request done--> borrowed --give_back--> active
+    active --borrow--> draining (borrow pending) --last request done--> borrowed --activate--> active
 """
 
 from __future__ import annotations
@@ -189,8 +189,6 @@ class ReplicaPool:
         r = self.get(replica_id)
         r.state, r.borrow_pending, r.drain_lease_until = ReplicaState.ACTIVE, False, None
         return r
-
-    give_back = activate  # the off-peak scheduler returning a borrowed replica
 
     def served(self, replica: ReplicaHandle, weight_version: int | None) -> None:
         replica.served += 1

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 ACTIONS = ("drain", "activate", "borrow", "return")
+NO_BODY = Schema({})  # activate, borrow, return: an empty object (or nothing)
 DRAIN_BODY = Schema(
     {"lease_s": Field(number(0, 3600, "'lease_s' must be a number of seconds in (0, 3600]", open_lo=True))}
 )
@@ -83,7 +84,7 @@ class AdminApi:
             raise ApiError(404, f"no replica {rid!r}", code="replica_not_found")
         if action not in ACTIONS:
             raise ApiError(404, f"unknown action {action!r} ({', '.join(ACTIONS)})", code="not_found")
-        body = DRAIN_BODY.parse(await request.read()) if action == "drain" else {}
+        body = (DRAIN_BODY if action == "drain" else NO_BODY).parse(await request.read())
         try:
             if action == "drain":
                 replica = pool.drain(rid, body["lease_s"])

@@ -91,13 +91,14 @@ class CompletionsApi:
         gw = self.gw
         prompt_ids = await gw.prompter.prompt_ids(spec)
         cid = gw.ids.issue(tenant)
+        created = int(time.time())
         if spec.kind == "chat":
             spec.session = gw.sessions.link(tenant.id, spec.messages, spec.session_hint, cid)
         sampling = gw.prompter.sampling(spec)
         top_n = spec.logprobs or 0
         bodies = [engine.payload(prompt_ids, sampling, top_n, spec.stream, f"{cid}-{i}") for i in range(spec.n)]
         if spec.stream:
-            return await stream_choices(self, request, tenant, spec, cid, prompt_ids, bodies)
+            return await stream_choices(self, request, tenant, spec, cid, prompt_ids, bodies, created)
         t0 = time.monotonic()
         results = await asyncio.gather(*(gw.dispatcher.run_choice(b, False, tenant=tenant.id) for b in bodies))
         choices = []
@@ -114,7 +115,7 @@ class CompletionsApi:
         body = {
             "id": cid,
             "object": "text_completion" if spec.kind == "completion" else "chat.completion",
-            "created": int(time.time()),
+            "created": created,
             "model": spec.model,
             "choices": choices,
             "model_version": version,

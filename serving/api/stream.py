@@ -34,6 +34,7 @@ async def stream_choices(
     cid: str,
     prompt_ids: list[int],
     bodies: list[dict],
+    created: int,
 ) -> web.StreamResponse:
     gw = api.gw
     resp = web.StreamResponse(
@@ -45,7 +46,6 @@ async def stream_choices(
         }
     )
     obj = "text_completion" if spec.kind == "completion" else "chat.completion.chunk"
-    created = int(time.time())
     t0 = time.monotonic()
     last_chunk = [None]
     write_lock = asyncio.Lock()

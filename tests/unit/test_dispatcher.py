@@ -174,9 +174,12 @@ def test_bodies_are_checked_by_their_schema(test_model, tmp_path):
             "/v1/events", json={"type": "view", "completion_id": cid, "view_id": "v"}, headers=key()
         )
         drain = await client.post("/admin/replicas/r0/drain", json={"lease_s": 0}, headers=ADMIN)
-        return out, [c[2] for c in cases], tabby.status, drain.status
+        activate = await client.post("/admin/replicas/r0/activate", data=b"{nope", headers=ADMIN)
+        unknown = [(await client.get(p)).status for p in ("/admin/nope", "/v1/nope")]  # no token, no key
+        return out, [c[2] for c in cases], tabby.status, drain.status, activate.status, unknown
 
-    out, params, tabby, drain = run(test_model, tmp_path, [1, 1], scenario)
+    out, params, tabby, drain, activate, unknown = run(test_model, tmp_path, [1, 1], scenario)
     assert out == [(400, p) for p in params]
     assert tabby == 200  # Tabby's own extra fields are ignored
-    assert drain == 400
+    assert drain == 400 and activate == 400
+    assert unknown == [404, 404]  # an unknown path is a 404, credentials or not

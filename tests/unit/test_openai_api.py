@@ -2,7 +2,8 @@
 
 import pytest
 
-from serving.openai_api import ApiError, Limits, parse_chat, parse_completion, parse_json_body, render_chat
+from serving.openai_api import Limits, parse_chat, parse_completion, render_chat
+from serving.schema import ApiError, parse_json_body
 
 L = Limits()
 

@@ -6,7 +6,8 @@ import json
 import pytest
 
 from serving import tool_calls as tc
-from serving.openai_api import ApiError, Limits, parse_chat
+from serving.openai_api import Limits, parse_chat
+from serving.schema import ApiError
 
 L = Limits()
 READ = {

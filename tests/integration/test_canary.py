@@ -138,8 +138,15 @@ def test_better_promoted_worse_rolled_back_neutral_promoted(test_model, tmp_path
     bad_seen = [r for r in records if r.version == v_bad]
     assert bad_seen and np.mean([r.outcome == "accept" for r in bad_seen if r.outcome != "ignore"]) < 0.2
     assert arms.get("canary", 0) > 0 and arms.get("stable", 0) > 0  # completions record their arm
-    for v, kind in ((v_better, "promote"), (v_bad, "rollback"), (v_same, "promote")):
-        assert any(f" {kind:8} v{v}" in line and "acceptance" in line for line in listing.splitlines()), listing
+    # The broken version is rolled back on whichever guard trips first: its users' acceptance, or its p99
+    # (random weights write to max_tokens, so its answers are also the slowest).
+    for v, kind, why in (
+        (v_better, "promote", ("acceptance",)),
+        (v_bad, "rollback", ("acceptance", "p99")),
+        (v_same, "promote", ("acceptance",)),
+    ):
+        lines = [line for line in listing.splitlines() if f" {kind:8} v{v}" in line]
+        assert any(w in line for line in lines for w in why), listing
     assert listing.count(" canary ") >= 4
     held = next(d for d in ctrl.decisions if d["version"] == v_held)
     assert held["type"] == "rollback" and held["reason"] == "aborted by SRE override"

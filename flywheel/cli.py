@@ -14,6 +14,7 @@ import sys
 # Packages that contribute subcommands, in the order they appear in --help.
 COMMAND_MODULES = [
     "flywheel.kafka_cli",
+    "flywheel.hosts_cli",
     "online_rl.cli",
     "serving.cli",
     "weight_sync.cli",

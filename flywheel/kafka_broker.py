@@ -1,4 +1,5 @@
-"""A real single-node Apache Kafka 4 broker (KRaft: broker and controller in one JVM) on loopback.
+"""A real Apache Kafka 4 broker (KRaft: broker and controller in one JVM): a single node on loopback, or
+one node of a cluster on a test host (flywheel.kafka_cluster: a static quorum of voters, topics replicated).
 
 The jars come from Maven Central through the small Maven project beside this file and are cached
 under $FLYWHEEL_HOME/kafka/<version>/libs. The broker keeps its pid, ports and log under a data dir;
@@ -53,6 +54,15 @@ class BrokerConfig:
     heap: str = "512m"
     num_partitions: int = 4
     start_timeout_s: float = 120.0
+    # One node of a cluster (flywheel.kafka_cluster): its address, id, the quorum's voters
+    # ("1@host:port,2@host:port,..."), the replication of internal topics, and the namespace it runs in.
+    host: str = "127.0.0.1"
+    node_id: int = 1
+    voters: str | None = None  # None: a standalone controller (formatted with --standalone)
+    cluster_id: str | None = None  # shared by a cluster's nodes (a standalone node draws its own)
+    replication: int = 1
+    min_insync: int = 1
+    netns: str | None = None
 
 
 @dataclass
@@ -111,7 +121,7 @@ def fetch_jars(quiet: bool = False) -> Path:
     return libs
 
 
-def _cluster_id() -> str:
+def new_cluster_id() -> str:
     # Kafka's Uuid text form: url-safe base64 of 16 bytes, no padding. One that starts with "-" reads as
     # an option to kafka-storage's argument parser (1 in 64: it failed a demo run): draw again.
     while True:
@@ -121,24 +131,29 @@ def _cluster_id() -> str:
 
 
 def _server_properties(cfg: BrokerConfig, port: int, cport: int, log_dirs: Path) -> str:
+    h, rf, isr = cfg.host, cfg.replication, cfg.min_insync
+    quorum = (
+        f"controller.quorum.voters={cfg.voters}" if cfg.voters else f"controller.quorum.bootstrap.servers={h}:{cport}"
+    )
     return f"""\
 process.roles=broker,controller
-node.id=1
-controller.quorum.bootstrap.servers=127.0.0.1:{cport}
-listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}
-advertised.listeners=PLAINTEXT://127.0.0.1:{port}
+node.id={cfg.node_id}
+{quorum}
+listeners=PLAINTEXT://{h}:{port},CONTROLLER://{h}:{cport}
+advertised.listeners=PLAINTEXT://{h}:{port}
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
 log.dirs={log_dirs}
 num.partitions={cfg.num_partitions}
-default.replication.factor=1
-offsets.topic.replication.factor=1
+default.replication.factor={rf}
+min.insync.replicas={isr}
+offsets.topic.replication.factor={rf}
 offsets.topic.num.partitions=4
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
+transaction.state.log.replication.factor={rf}
+transaction.state.log.min.isr={isr}
+share.coordinator.state.topic.replication.factor={rf}
+share.coordinator.state.topic.min.isr={isr}
 group.initial.rebalance.delay.ms=0
 auto.create.topics.enable=true
 log.retention.hours=168
@@ -200,8 +215,9 @@ def running(data_dir: Path) -> Broker | None:
     )
 
 
-def start(cfg: BrokerConfig | None = None, die_with_parent: bool = True) -> Broker:
-    """Start (formatting on first use) a KRaft broker+controller; wait until it serves metadata."""
+def start(cfg: BrokerConfig | None = None, die_with_parent: bool = True, wait: bool = True) -> Broker:
+    """Start (formatting on first use) a KRaft broker+controller; wait until it serves metadata (a cluster's
+    nodes are started with wait=False: none serves before a majority of the voters is up)."""
     cfg = cfg or BrokerConfig()
     data_dir = Path(cfg.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -215,10 +231,10 @@ def start(cfg: BrokerConfig | None = None, die_with_parent: bool = True) -> Brok
     formatted = (log_dirs / "meta.properties").exists()
     # A formatted standalone controller has its endpoint in the metadata log: a restart keeps its ports.
     previous = (read_state(data_dir / PORTS_FILE) or {}) if formatted else {}
-    port = cfg.port or previous.get("port") or free_port()
-    cport = cfg.controller_port or previous.get("controller_port") or free_port()
+    port = cfg.port or previous.get("port") or free_port(cfg.host)
+    cport = cfg.controller_port or previous.get("controller_port") or free_port(cfg.host)
     while cport == port:
-        cport = free_port()
+        cport = free_port(cfg.host)
     props = data_dir / "server.properties"
     props.write_text(_server_properties(cfg, port, cport, log_dirs))
     log_file = data_dir / "broker.log"
@@ -241,8 +257,12 @@ def start(cfg: BrokerConfig | None = None, die_with_parent: bool = True) -> Brok
     ]
 
     if not formatted:
+        # A cluster's nodes share one id and list their voters in server.properties (a static quorum).
+        if cfg.voters and not cfg.cluster_id:
+            raise ValueError("a cluster node needs the cluster's id (BrokerConfig.cluster_id)")
+        how = ["-t", cfg.cluster_id] if cfg.voters else ["--standalone", "-t", cfg.cluster_id or new_cluster_id()]
         fmt = subprocess.run(
-            jvm + ["kafka.tools.StorageTool", "format", "--standalone", "-t", _cluster_id(), "-c", str(props)],
+            jvm + ["kafka.tools.StorageTool", "format", *how, "-c", str(props)],
             capture_output=True,
             text=True,
         )
@@ -251,8 +271,9 @@ def start(cfg: BrokerConfig | None = None, die_with_parent: bool = True) -> Brok
     write_state(data_dir / PORTS_FILE, {"port": port, "controller_port": cport})
 
     stdout = open(data_dir / "broker.stdout", "ab")
+    cmd = jvm + ["kafka.Kafka", str(props)]
     proc = spawn(
-        jvm + ["kafka.Kafka", str(props)],
+        ["ip", "netns", "exec", cfg.netns, *cmd] if cfg.netns else cmd,
         die_with_parent=die_with_parent,
         stdout=stdout,
         stderr=subprocess.STDOUT,
@@ -260,7 +281,7 @@ def start(cfg: BrokerConfig | None = None, die_with_parent: bool = True) -> Brok
         cwd=data_dir,
     )
     stdout.close()
-    bootstrap = f"127.0.0.1:{port}"
+    bootstrap = f"{cfg.host}:{port}"
     broker = Broker(pid=proc.pid, bootstrap=bootstrap, data_dir=data_dir, log_file=log_file)
     write_state(
         data_dir / STATE_FILE,
@@ -274,6 +295,8 @@ def start(cfg: BrokerConfig | None = None, die_with_parent: bool = True) -> Brok
             "started": time.time(),
         },
     )
+    if not wait:
+        return broker
     try:
         wait_until(
             lambda: metadata_ok(bootstrap, 3.0),

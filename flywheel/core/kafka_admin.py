@@ -23,7 +23,8 @@ def quiet_kafka():
 
 def ensure_topics(bootstrap: str, partitions: int = 4) -> None:
     """Create the event and weights topics if they are missing (weights: one partition, one order), so
-    the first producer does not race the broker's auto-creation."""
+    the first producer does not race the broker's auto-creation. Replicated three ways when the cluster
+    has three brokers or more (its min.insync.replicas then makes acks=all survive one broker's death)."""
     from kafka.admin import KafkaAdminClient, NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
@@ -32,13 +33,14 @@ def ensure_topics(bootstrap: str, partitions: int = 4) -> None:
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="flywheel-topics")
     try:
         existing = set(admin.list_topics())
+        rf = min(3, len(admin.describe_cluster()["brokers"]))
         # The weights topic is never aged out: a new agent replays every decision (a pin from last year
         # included), and its records are a few hundred bytes per version.
         want = [
-            NewTopic(ev.TOPIC_COMPLETIONS, partitions, 1),
-            NewTopic(ev.TOPIC_FEEDBACK, partitions, 1),
-            NewTopic(ev.TOPIC_WEIGHTS, 1, 1, topic_configs={"retention.ms": "-1", "retention.bytes": "-1"}),
-            NewTopic(ev.TOPIC_DEADLETTER, 1, 1),
+            NewTopic(ev.TOPIC_COMPLETIONS, partitions, rf),
+            NewTopic(ev.TOPIC_FEEDBACK, partitions, rf),
+            NewTopic(ev.TOPIC_WEIGHTS, 1, rf, topic_configs={"retention.ms": "-1", "retention.bytes": "-1"}),
+            NewTopic(ev.TOPIC_DEADLETTER, 1, rf),
         ]
         missing = [t for t in want if t.name not in existing]
         if missing:

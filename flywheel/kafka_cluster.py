@@ -1,0 +1,142 @@
+"""A Kafka 4 cluster over test hosts: one KRaft node (broker and controller) per host, a static quorum of
+voters, topics replicated three ways with min.insync.replicas=2, so one broker can die under load and
+nothing acknowledged is lost (producers ask for acks=all).
+
+    host i: node i+1  PLAINTEXT <addr>:9092, CONTROLLER <addr>:9093, data <data_root>/node<i+1>
+
+Each host has its own network namespace, so every node listens on the same ports at its own address.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flywheel import kafka_broker as kb
+from flywheel.core.kafka_admin import quiet_kafka
+from flywheel.core.procs import wait_until
+from flywheel.hosts import Host
+
+
+@dataclass
+class ClusterConfig:
+    data_root: Path
+    port: int = 9092
+    controller_port: int = 9093
+    replication: int = 3
+    min_insync: int = 2
+    heap: str = "384m"  # three JVMs share this machine
+    num_partitions: int = 4
+    start_timeout_s: float = 180.0
+
+
+@dataclass
+class Cluster:
+    cfg: ClusterConfig
+    nodes: list[kb.BrokerConfig]
+    brokers: list[kb.Broker | None] = field(default_factory=list)
+
+    @property
+    def bootstrap(self) -> str:
+        """Every node's address: a client reaches the cluster through whichever answers."""
+        return ",".join(f"{n.host}:{n.port}" for n in self.nodes)
+
+    def kill(self, i: int) -> None:
+        """kill -9 node i (its JVM and its group)."""
+        broker = self.brokers[i]
+        assert broker is not None, f"node {i} is not running"
+        try:
+            os.killpg(os.getpgid(broker.pid), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        wait_until(lambda: not _alive(broker.pid), 30, what=f"node {i + 1} gone")
+        broker.stop(timeout=5)  # forgets its state file
+        self.brokers[i] = None
+
+    def restart(self, i: int) -> kb.Broker:
+        """Node i again, same data and ports: it rejoins the quorum and catches its replicas up."""
+        self.brokers[i] = kb.start(self.nodes[i])
+        return self.brokers[i]
+
+    def stop(self) -> bool:
+        ok = True
+        for b in self.brokers:
+            if b is not None:
+                ok &= b.stop()
+        self.brokers = [None] * len(self.nodes)
+        return ok
+
+    def broker_ids(self) -> list[int]:
+        """The nodes the cluster reports registered and not fenced."""
+        from kafka import KafkaAdminClient
+
+        with quiet_kafka():
+            admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="flywheel-cluster")
+            try:
+                return sorted(b["broker_id"] for b in admin.describe_cluster()["brokers"] if not b.get("is_fenced"))
+            finally:
+                admin.close()
+
+    def in_sync(self, topic: str) -> dict[int, list[int]]:
+        """partition -> its in-sync replicas."""
+        from kafka import KafkaAdminClient
+
+        with quiet_kafka():
+            admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="flywheel-cluster")
+            try:
+                (desc,) = admin.describe_topics([topic])
+                return {p["partition_index"]: sorted(p["isr_nodes"]) for p in desc["partitions"]}
+            finally:
+                admin.close()
+
+
+def _alive(pid: int) -> bool:
+    from flywheel.core.procs import pid_alive
+
+    return pid_alive(pid)
+
+
+def start(hosts: list[Host], cfg: ClusterConfig) -> Cluster:
+    """One node per host (three or more for replication 3), started together, ready once every node
+    serves metadata and the cluster reports them all."""
+    if len(hosts) < cfg.replication:
+        raise ValueError(f"replication {cfg.replication} needs at least that many hosts, got {len(hosts)}")
+    cid = kb.new_cluster_id()
+    voters = ",".join(f"{i + 1}@{h.addr}:{cfg.controller_port}" for i, h in enumerate(hosts))
+    nodes = [
+        kb.BrokerConfig(
+            data_dir=Path(cfg.data_root) / f"node{i + 1}",
+            port=cfg.port,
+            controller_port=cfg.controller_port,
+            heap=cfg.heap,
+            num_partitions=cfg.num_partitions,
+            start_timeout_s=cfg.start_timeout_s,
+            host=h.addr,
+            node_id=i + 1,
+            voters=voters,
+            cluster_id=cid,
+            replication=cfg.replication,
+            min_insync=cfg.min_insync,
+            netns=h.netns,
+        )
+        for i, h in enumerate(hosts)
+    ]
+    cluster = Cluster(cfg, nodes, [])
+    try:
+        for n in nodes:  # none answers before a majority of voters is up: start all, then wait
+            cluster.brokers.append(kb.start(n, wait=False))
+        wait_until(
+            lambda: (
+                all(kb.metadata_ok(f"{n.host}:{n.port}", 3.0) for n in nodes)
+                and len(cluster.broker_ids()) == len(nodes)
+            ),
+            cfg.start_timeout_s,
+            interval=1.0,
+            what=f"Kafka cluster of {len(nodes)} on {cluster.bootstrap}",
+        )
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster

@@ -1,0 +1,110 @@
+"""Test hosts (flywheel.hosts): namespaces that talk by address over a bridge, cannot reach beyond it, can
+be shaped, and leave nothing behind: not on exit, not after their owner is killed -9."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from flywheel.core.procs import free_port, stop_pid, wait_until
+from flywheel.hosts import HostsConfig, TestHosts, _links, _netns, reap_stale, recorded
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def fetch(host, url: str, timeout: float = 10.0) -> subprocess.CompletedProcess:
+    """GET url from inside a host; stdout: the number of bytes read."""
+    code = f"import urllib.request as u, sys; sys.stdout.write(str(len(u.urlopen({url!r}, timeout={timeout}).read())))"
+    return host.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout + 20)
+
+
+def serve(host, directory, port: int, bind: str):
+    proc = host.spawn([sys.executable, "-m", "http.server", str(port), "--bind", bind, "--directory", str(directory)])
+    wait_until(lambda: fetch(host, f"http://{bind}:{port}/", 2).returncode == 0, 30, what=f"http.server on {bind}")
+    return proc
+
+
+def test_hosts_talk_by_address_and_nothing_leaves(tmp_path):
+    (tmp_path / "blob").write_bytes(b"x" * 1000)
+    with TestHosts.up(HostsConfig(n=3)) as hosts:
+        a, b, c = hosts.hosts
+        net = f"198.{18 + hosts.k // 256}.{hosts.k % 256}"
+        assert [h.addr for h in hosts.hosts] == [f"{net}.{i}" for i in (1, 2, 3)] and hosts.gateway_addr == f"{net}.254"
+        port, port2 = free_port(), free_port()
+        server = serve(a, tmp_path, port, a.addr)
+        local = serve(a, tmp_path, port2, "127.0.0.1")
+        assert fetch(b, f"http://{a.addr}:{port}/blob").stdout == "1000"  # host to host, by address
+        assert fetch(c, f"http://{a.addr}:{port}/blob").stdout == "1000"
+        with urllib.request.urlopen(f"http://{a.addr}:{port}/blob", timeout=10) as r:  # this machine, via the bridge
+            assert len(r.read()) == 1000
+        # Each host has its own loopback: a's 127.0.0.1 server is not b's.
+        assert fetch(b, f"http://127.0.0.1:{port2}/", 2).returncode != 0
+        out = fetch(b, "http://192.0.2.1:80/", 3)  # nothing routes out of a host
+        assert out.returncode != 0 and "unreachable" in out.stderr.lower()
+        pids = a.pids()
+        assert server.pid in pids and local.pid in pids  # `ip netns exec` execs: the server keeps the pid
+        names = [h.netns for h in hosts.hosts]
+        state = hosts.state_file
+        assert state.exists()
+    assert not set(names) & _netns() and hosts.bridge not in _links() and not state.exists()
+    assert not any(pid_alive(p) for p in pids)  # what ran inside went with the hosts
+    stop_pid(server.pid)
+    stop_pid(local.pid)
+
+
+def pid_alive(pid: int) -> bool:
+    from flywheel.core.procs import pid_alive as alive
+
+    return alive(pid)
+
+
+def test_a_shaped_link_is_slower(tmp_path):
+    size = 2_000_000
+    (tmp_path / "blob").write_bytes(b"y" * size)
+    with TestHosts.up(HostsConfig(n=2)) as hosts:
+        a, b = hosts.hosts
+        port = free_port()
+        server = serve(a, tmp_path, port, a.addr)
+        try:
+            a.shape(rate_mbit=8)  # 1 MB/s out of a: 2 MB take about 2 s, whatever the load here
+            t0 = time.monotonic()
+            assert fetch(b, f"http://{a.addr}:{port}/blob", 30).stdout == str(size)
+            assert time.monotonic() - t0 > 1.2
+        finally:
+            stop_pid(server.pid)
+
+
+def test_the_hosts_of_a_killed_owner_are_reaped():
+    code = (
+        "import os, json, signal; from flywheel.hosts import HostsConfig, TestHosts; "
+        "h = TestHosts.up(HostsConfig(n=2)); print(json.dumps(h.view()), flush=True); "
+        "os.kill(os.getpid(), signal.SIGKILL)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    view = json.loads(r.stdout.splitlines()[0])
+    names = {h["netns"] for h in view["hosts"]}
+    assert names <= _netns() and view["bridge"] in _links()  # killed -9: nothing cleaned up by it
+    assert view["k"] in reap_stale()
+    assert not names & _netns() and view["bridge"] not in _links()
+    assert view["k"] not in [s["k"] for s in recorded()]
+
+
+def test_command_line_hosts_stay_until_down():
+    from flywheel.cli import main
+
+    r = subprocess.run(
+        [sys.executable, "-m", "flywheel", "hosts", "up", "2"], capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    view = json.loads(r.stdout.splitlines()[0])
+    try:
+        assert {h["netns"] for h in view["hosts"]} <= _netns()
+        assert reap_stale() == [] and view["k"] in [s["k"] for s in recorded()]  # no owner: not reaped
+    finally:
+        assert main(["hosts", "down", str(view["k"])]) == 0
+    assert view["bridge"] not in _links()

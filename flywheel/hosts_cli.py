@@ -16,7 +16,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     hsub.add_parser("list", help="the sets recorded here").set_defaults(func=_list)
     down = hsub.add_parser("down", help="remove a set (and end what runs in it)")
     down.add_argument("k", type=int, nargs="?", help="the set's number (see list)")
-    down.add_argument("--all", action="store_true", help="every recorded set")
+    down.add_argument("--all", action="store_true", help="every recorded set not in use by a running process")
+    down.add_argument("--force", action="store_true", help="also sets a running process owns (its servers die)")
     down.set_defaults(func=_down)
 
 
@@ -39,12 +40,12 @@ def _list(args) -> int:
 
 
 def _down(args) -> int:
-    from flywheel.hosts import down_recorded, recorded
+    from flywheel.hosts import down_recorded, in_use, recorded
 
     if args.all == (args.k is not None):
         raise ValueError("give a set's number K, or --all")
-    ks = [int(s["k"]) for s in recorded()] if args.all else [args.k]
-    missing = [k for k in ks if not down_recorded(k)]
+    ks = [int(s["k"]) for s in recorded() if args.force or not in_use(s)] if args.all else [args.k]
+    missing = [k for k in ks if not down_recorded(k, force=args.force)]
     if missing:
         raise ValueError(f"no recorded test hosts {missing}")
     print(f"removed test hosts {ks}")

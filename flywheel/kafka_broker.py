@@ -226,6 +226,8 @@ def start(cfg: BrokerConfig | None = None, die_with_parent: bool = True, wait: b
         raise RuntimeError(
             f"a broker is already running from {data_dir} (pid {existing.pid}, {existing.bootstrap}); stop it first"
         )
+    if cfg.netns and not (cfg.port and cfg.controller_port):
+        raise ValueError("a broker in a namespace needs its ports given (free ports are probed here, outside it)")
     libs = fetch_jars(quiet=True)
     log_dirs = data_dir / "logs"
     formatted = (log_dirs / "meta.properties").exists()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from flywheel import kafka_broker as kb
 from flywheel.core.kafka_admin import quiet_kafka
-from flywheel.core.procs import wait_until
+from flywheel.core.procs import tail, wait_until
 from flywheel.hosts import Host
 
 
@@ -79,15 +79,22 @@ class Cluster:
             finally:
                 admin.close()
 
+    def leaders(self, topic: str) -> dict[int, int]:
+        """partition -> its leader's node id."""
+        return {p: leader for p, (leader, _) in self._partitions(topic).items()}
+
     def in_sync(self, topic: str) -> dict[int, list[int]]:
         """partition -> its in-sync replicas."""
+        return {p: isr for p, (_, isr) in self._partitions(topic).items()}
+
+    def _partitions(self, topic: str) -> dict[int, tuple[int, list[int]]]:
         from kafka import KafkaAdminClient
 
         with quiet_kafka():
             admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="flywheel-cluster")
             try:
                 (desc,) = admin.describe_topics([topic])
-                return {p["partition_index"]: sorted(p["isr_nodes"]) for p in desc["partitions"]}
+                return {p["partition_index"]: (p["leader_id"], sorted(p["isr_nodes"])) for p in desc["partitions"]}
             finally:
                 admin.close()
 
@@ -135,7 +142,12 @@ def start(hosts: list[Host], cfg: ClusterConfig) -> Cluster:
             cfg.start_timeout_s,
             interval=1.0,
             what=f"Kafka cluster of {len(nodes)} on {cluster.bootstrap}",
+            alive=lambda: all(_alive(b.pid) for b in cluster.brokers),
         )
+    except (TimeoutError, RuntimeError) as e:
+        logs = "\n".join(f"--- node {i + 1} ---\n{tail(b.log_file)}" for i, b in enumerate(cluster.brokers))
+        cluster.stop()
+        raise RuntimeError(f"{e}\n{logs}") from None
     except BaseException:
         cluster.stop()
         raise

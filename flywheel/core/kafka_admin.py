@@ -23,8 +23,9 @@ def quiet_kafka():
 
 def ensure_topics(bootstrap: str, partitions: int = 4) -> None:
     """Create the event and weights topics if they are missing (weights: one partition, one order), so
-    the first producer does not race the broker's auto-creation. Replicated three ways when the cluster
-    has three brokers or more (its min.insync.replicas then makes acks=all survive one broker's death)."""
+    the first producer does not race the broker's auto-creation. Replicated as the brokers' own
+    default.replication.factor says (-1: 1 on a development broker, 3 on flywheel.kafka_cluster, whose
+    min.insync.replicas=2 then makes acks=all survive one broker's death)."""
     from kafka.admin import KafkaAdminClient, NewTopic
     from kafka.errors import TopicAlreadyExistsError
 
@@ -33,7 +34,7 @@ def ensure_topics(bootstrap: str, partitions: int = 4) -> None:
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="flywheel-topics")
     try:
         existing = set(admin.list_topics())
-        rf = min(3, len(admin.describe_cluster()["brokers"]))
+        rf = -1  # the broker's default (KIP-464)
         # The weights topic is never aged out: a new agent replays every decision (a pin from last year
         # included), and its records are a few hundred bytes per version.
         want = [

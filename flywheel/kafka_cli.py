@@ -12,7 +12,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ksub = p.add_subparsers(dest="kafka_cmd", required=True)
     for name, fn, doc in [
         ("fetch", _fetch, "resolve the broker jars from Maven Central into the cache"),
-        ("start", _start, "start a broker on 127.0.0.1 (free ports) and wait until it serves"),
+        ("start", _start, "start a broker (127.0.0.1, free ports, by default) and wait until it serves"),
         ("stop", _stop, "stop the broker of a data dir (by PID)"),
         ("status", _status, "is the broker of a data dir running and answering"),
     ]:
@@ -21,6 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             q.add_argument("--data-dir", type=Path, default=None, help="default $FLYWHEEL_HOME/kafka-data")
         if name == "start":
             q.add_argument("--port", type=int, default=0, help="client port (default: a free one)")
+            q.add_argument("--host", default="127.0.0.1", help="address to listen on and advertise")
             q.add_argument("--heap", default="512m")
         q.set_defaults(func=fn)
 
@@ -47,7 +48,7 @@ def _start(args) -> int:
     from flywheel.kafka_broker import start
 
     cfg = _cfg(args)
-    cfg.port, cfg.heap = args.port, args.heap
+    cfg.port, cfg.heap, cfg.host = args.port, args.heap, args.host
     t0 = time.monotonic()
     b = start(cfg, die_with_parent=False)  # the command returns; the broker stays
     print(

@@ -141,7 +141,8 @@ class TrainerConfig:
     batch_invariant: bool = option(
         False, help="batch-invariant kernels in the model (slower; a row's logprobs never depend on its batch)"
     )
-    metrics_port: int = option(0, help="port of /metrics on 127.0.0.1 (0: none)")
+    metrics_port: int = option(0, help="port of /metrics (0: none)")
+    metrics_host: str = option("127.0.0.1", help="address /metrics listens on")
     publish: PublisherConfig = nested(PublisherConfig)
     loss: LossConfig = nested(LossConfig)
     optim: OptimConfig = nested(OptimConfig)

@@ -98,7 +98,7 @@ class Trainer:
         if self.cfg.metrics_port and self.rank == 0:
             from prometheus_client import start_http_server
 
-            start_http_server(self.cfg.metrics_port, addr="127.0.0.1", registry=self.metrics.registry)
+            start_http_server(self.cfg.metrics_port, addr=self.cfg.metrics_host, registry=self.metrics.registry)
         scheduler = OffPeakScheduler(self.cfg.offpeak).start() if self.cfg.offpeak and self.rank == 0 else None
         try:
             while (stop is None or not stop.is_set()) and (

@@ -18,6 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s = rsub.add_parser("start", help="launch a replica in the background and wait until it generates")
     s.add_argument("--model", type=Path, required=True, help="checkpoint dir (Hugging Face layout)")
     s.add_argument("--port", type=int, default=0)
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on")
     s.add_argument("--device", default="cpu")
     s.add_argument("--dtype", default="float32")
     s.add_argument("--max-total-tokens", type=int, default=32768, help="KV pool bound (tokens)")
@@ -78,6 +79,7 @@ def _start(args) -> int:
 
     cfg = ReplicaConfig(
         model_path=args.model,
+        host=args.host,
         port=args.port,
         device=args.device,
         dtype=args.dtype,

@@ -67,6 +67,7 @@ class AgentConfig:
     parallel_downloads: int = 4
     threads: int = 2
     metrics_port: int = 0  # 0: no /metrics server
+    metrics_host: str = "127.0.0.1"
 
     def __post_init__(self):
         check_modes(self)
@@ -351,7 +352,7 @@ class Agent:
         if self.cfg.metrics_port:
             from prometheus_client import start_http_server
 
-            start_http_server(self.cfg.metrics_port, addr="127.0.0.1", registry=self.metrics.registry)
+            start_http_server(self.cfg.metrics_port, addr=self.cfg.metrics_host, registry=self.metrics.registry)
         try:
             asyncio.run(self.ensure_replica_on_current())
         except (aiohttp.ClientError, asyncio.TimeoutError, SwitchError, OSError) as e:  # retried in the loop

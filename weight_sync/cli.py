@@ -124,6 +124,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ag.add_argument("--admin-token", default=env("FLYWHEEL_ADMIN_TOKEN"))
     ag.add_argument("--switch-mode", default="drain", choices=MODES)
     ag.add_argument("--metrics-port", type=int, default=0)
+    ag.add_argument("--metrics-host", default="127.0.0.1", help="address /metrics listens on")
     ag.set_defaults(func=_agent)
 
 
@@ -273,6 +274,7 @@ def _agent(args) -> int:
         gateway_replica_id=args.name,
         switch_mode=args.switch_mode,
         metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
     )
     Agent(cfg).run()
     return 0

@@ -119,3 +119,27 @@ def test_command_line_hosts_stay_until_down():
     finally:
         assert main(["hosts", "down", str(view["k"])]) == 0
     assert view["bridge"] not in _links()
+
+
+def test_a_broker_on_the_bridge_serves_the_hosts(tmp_path):
+    """Addresses by configuration: `flywheel kafka start --host` on this machine's bridge address, and a
+    client inside a host produces to it and reads the record back."""
+    from flywheel.cli import main
+
+    with TestHosts.up(HostsConfig(n=1)) as hosts:
+        (host,) = hosts.hosts
+        data = tmp_path / "kafka"
+        assert main(["kafka", "start", "--host", hosts.gateway_addr, "--data-dir", str(data)]) == 0
+        try:
+            state = json.loads((data / "broker.json").read_text())
+            assert state["bootstrap"].startswith(f"{hosts.gateway_addr}:")
+            code = (
+                "from kafka import KafkaProducer, KafkaConsumer; import sys; b = sys.argv[1]; "
+                "p = KafkaProducer(bootstrap_servers=b, acks='all'); p.send('hosts-probe', b'hello').get(30); "
+                "c = KafkaConsumer('hosts-probe', bootstrap_servers=b, auto_offset_reset='earliest', "
+                "consumer_timeout_ms=20000); print(next(iter(c)).value.decode())"
+            )
+            r = host.run([sys.executable, "-c", code, state["bootstrap"]], capture_output=True, text=True, timeout=120)
+            assert r.returncode == 0 and r.stdout.strip() == "hello", r.stderr[-2000:]
+        finally:
+            assert main(["kafka", "stop", "--data-dir", str(data)]) == 0

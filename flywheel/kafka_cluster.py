@@ -16,7 +16,7 @@ from pathlib import Path
 
 from flywheel import kafka_broker as kb
 from flywheel.core.kafka_admin import quiet_kafka
-from flywheel.core.procs import tail, wait_until
+from flywheel.core.procs import pid_alive, tail, wait_until
 from flywheel.hosts import Host
 
 
@@ -51,7 +51,7 @@ class Cluster:
             os.killpg(os.getpgid(broker.pid), signal.SIGKILL)
         except ProcessLookupError:
             pass
-        wait_until(lambda: not _alive(broker.pid), 30, what=f"node {i + 1} gone")
+        wait_until(lambda: not pid_alive(broker.pid), 30, what=f"node {i + 1} gone")
         broker.stop(timeout=5)  # forgets its state file
         self.brokers[i] = None
 
@@ -99,12 +99,6 @@ class Cluster:
                 admin.close()
 
 
-def _alive(pid: int) -> bool:
-    from flywheel.core.procs import pid_alive
-
-    return pid_alive(pid)
-
-
 def start(hosts: list[Host], cfg: ClusterConfig) -> Cluster:
     """One node per host (three or more for replication 3), started together, ready once every node
     serves metadata and the cluster reports them all."""
@@ -142,7 +136,7 @@ def start(hosts: list[Host], cfg: ClusterConfig) -> Cluster:
             cfg.start_timeout_s,
             interval=1.0,
             what=f"Kafka cluster of {len(nodes)} on {cluster.bootstrap}",
-            alive=lambda: all(_alive(b.pid) for b in cluster.brokers),
+            alive=lambda: all(pid_alive(b.pid) for b in cluster.brokers),
         )
     except (TimeoutError, RuntimeError) as e:
         logs = "\n".join(f"--- node {i + 1} ---\n{tail(b.log_file)}" for i, b in enumerate(cluster.brokers))

@@ -33,27 +33,19 @@ def _fields_fit_target(b: Body) -> None:
         for name in ("choice_index", "accepted_chars"):
             if name in b.given:
                 raise ApiError(400, f"'{name}' goes with a completion's feedback, not a session's", param=name)
-        if b["kind"] == "partial" and "score" not in b.given:
-            raise ApiError(
-                400,
-                "partial session feedback needs 'score', a number in [0, 1] (the share of edits kept or tests passed)",
-                param="score",
-                code="invalid_value",
-            )
-        if b["kind"] != "partial" and "score" in b.given:
-            raise ApiError(400, "'score' only goes with kind=partial", param="score")
+        _amount_of_partial(b, "score", "a number in [0, 1] (the share of edits kept or tests passed)")
         return
     if "score" in b.given:
         raise ApiError(400, "'score' goes with session feedback (use accepted_chars for a completion)", param="score")
-    if b["kind"] == "partial" and "accepted_chars" not in b.given:
-        raise ApiError(
-            400,
-            "partial feedback needs 'accepted_chars' (a non-negative integer)",
-            param="accepted_chars",
-            code="invalid_value",
-        )
-    if b["kind"] != "partial" and "accepted_chars" in b.given:
-        raise ApiError(400, "'accepted_chars' only goes with kind=partial", param="accepted_chars")
+    _amount_of_partial(b, "accepted_chars", "a non-negative integer")
+
+
+def _amount_of_partial(b: Body, name: str, what: str) -> None:
+    """A partial accept says how much was kept (`name`); no other kind does."""
+    if b["kind"] == "partial" and name not in b.given:
+        raise ApiError(400, f"partial feedback needs '{name}', {what}", param=name, code="invalid_value")
+    if b["kind"] != "partial" and name in b.given:
+        raise ApiError(400, f"'{name}' only goes with kind=partial", param=name)
 
 
 def feedback_schema(max_n: int) -> Schema:

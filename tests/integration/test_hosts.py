@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from flywheel.core.procs import free_port, stop_pid, wait_until
+from flywheel.core.procs import free_port, pid_alive, stop_pid, wait_until
 from flywheel.hosts import HostsConfig, TestHosts, _links, _netns, reap_stale, recorded
 
 pytestmark = pytest.mark.timeout(180)
@@ -63,12 +63,6 @@ def test_hosts_talk_by_address_and_nothing_leaves(tmp_path):
     assert not any(pid_alive(p) for p in pids)  # what ran inside went with the hosts
     stop_pid(server.pid)
     stop_pid(local.pid)
-
-
-def pid_alive(pid: int) -> bool:
-    from flywheel.core.procs import pid_alive as alive
-
-    return alive(pid)
 
 
 def test_a_shaped_link_is_slower(tmp_path):

@@ -1,6 +1,7 @@
 """An in-process stand-in for an SGLang replica, for unit tests of the gateway's own logic (routing,
-retries, counting): /generate (plain and streamed), /abort_request, /model_info and /metrics as far as the
-gateway uses them, with faults on request. Tests that claim to test SGLang run the real one."""
+retries, counting) and of a switch's dealings with gateways: /generate (plain and streamed),
+/abort_request, /model_info, /metrics and /update_weights_from_disk as far as those use them, with faults
+on request. Tests that claim to test SGLang run the real one."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ class FakeReplica:
         self.delay_s = 0.0  # before answering
         self.rids: list[str] = []  # /generate requests seen
         self.aborted: list[str] = []  # /abort_request rids seen
+        self.load_s = 0.0  # how long /update_weights_from_disk takes
+        self.during_load = None  # async callable run while a load is under way (a test's look at the gateways)
         self.app = web.Application()
         self.app.add_routes(
             [
@@ -28,6 +31,7 @@ class FakeReplica:
                 web.post("/abort_request", self.abort),
                 web.get("/model_info", self.model_info),
                 web.get("/metrics", self.metrics),
+                web.post("/update_weights_from_disk", self.update_weights),
             ]
         )
 
@@ -73,6 +77,14 @@ class FakeReplica:
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(text="")
+
+    async def update_weights(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        if self.during_load is not None:
+            await self.during_load()
+        await asyncio.sleep(self.load_s)
+        self.version = int(body["weight_version"])
+        return web.json_response({"success": True, "message": "ok"})
 
 
 @contextlib.asynccontextmanager

@@ -57,7 +57,7 @@ class AgentConfig:
     initial_model: Path  # the checkpoint the replica was started with
     initial_version: int = 0
     kafka_bootstrap: str | None = None
-    gateway_url: str | None = None
+    gateway_url: str | None = None  # one gateway, or several comma-separated: the replica is drained on each
     admin_token: str | None = None
     gateway_replica_id: str | None = None
     switch_mode: SwitchMode = "drain"
@@ -252,11 +252,10 @@ class Agent:
             async with aiohttp.ClientSession() as session:
                 client = StoreClient(self.cfg.store_url, session, self.work / "downloads", self.cfg.parallel_downloads)
                 path = await self.materialize(client, version)
-            gw = None
-            if self.cfg.gateway_url and self.cfg.admin_token and self.cfg.gateway_replica_id:
-                gw = GatewayLink(self.cfg.gateway_url, self.cfg.admin_token, self.cfg.gateway_replica_id)
             t = time.monotonic()
-            report = await switch(self.cfg.replica_url, str(path.resolve()), version, self.cfg.switch_mode, gw)
+            report = await switch(
+                self.cfg.replica_url, str(path.resolve()), version, self.cfg.switch_mode, self.gateways()
+            )
             self.metrics.phase.labels("switch").observe(time.monotonic() - t)
         except Rejected as e:
             self.metrics.rejected.labels(e.reason).inc()
@@ -294,6 +293,13 @@ class Agent:
         log.info("replica %s now serves v%d (%s)", self.cfg.name, version, report)
         self._prune()
         return report
+
+    def gateways(self) -> list[GatewayLink]:
+        """Every gateway that routes to this replica (drained on each during a switch)."""
+        if not (self.cfg.gateway_url and self.cfg.admin_token and self.cfg.gateway_replica_id):
+            return []
+        urls = [u.strip() for u in self.cfg.gateway_url.split(",") if u.strip()]
+        return [GatewayLink(u, self.cfg.admin_token, self.cfg.gateway_replica_id) for u in urls]
 
     async def ensure_replica_on_current(self) -> None:
         """After a restart (of the agent or of the replica): make the replica serve the last good version."""

@@ -120,7 +120,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     ag.add_argument("--initial-model", type=Path, required=True, help="the checkpoint the replica started with")
     ag.add_argument("--work-dir", type=Path, default=None)
     ag.add_argument("--kafka", default=env("FLYWHEEL_KAFKA_BOOTSTRAP"))
-    ag.add_argument("--gateway", default=env("FLYWHEEL_GATEWAY_URL"))
+    ag.add_argument(
+        "--gateway",
+        default=env("FLYWHEEL_GATEWAY_URL"),
+        help="the gateway's URL, or every gateway's, comma-separated (the replica is drained on each)",
+    )
     ag.add_argument("--admin-token", default=env("FLYWHEEL_ADMIN_TOKEN"))
     ag.add_argument("--switch-mode", default="drain", choices=MODES)
     ag.add_argument("--metrics-port", type=int, default=0)

@@ -10,11 +10,17 @@ Modes (facts.md measured all three on a machine like ours; benchmarks.delta comp
   retract   pause with retract (running requests are requeued, their KV recomputed after the update),
             load, continue. A request's tokens then span two versions, and its meta_info says so.
 Never `abort` (drops requests), never `in_place` without a flush (keeps KV computed by the old weights).
+
+More than one gateway (behind a load balancer) routes to the same replica, so a drain is asked of each.
+One that cannot be reached is passed over: a dead gateway routes nothing, and one that is alive but cut off
+sees a switch in place (SGLang holds its requests during the load; none mixes versions). A gateway that
+refuses (the replica is its last active one) makes the whole switch one in place.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass
 from typing import Literal, get_args
@@ -23,10 +29,13 @@ import aiohttp
 
 from flywheel.core.events import parse_version
 
+log = logging.getLogger(__name__)
+
 # drain: the gateway routes around the replica while it loads; no_pause: load while serving (a request spans
 # both versions); retract: pause, retract running requests, load, resume (facts.md: hot-switch modes)
 SwitchMode = Literal["drain", "no_pause", "retract"]
 MODES = get_args(SwitchMode)
+ADMIN_TIMEOUT_S = 10.0  # a gateway's admin call; one cut off must not hold the switch for minutes
 DRAIN_LEASE_S = 30.0  # an agent's drain lapses unless renewed: a dead agent never leaves a replica draining
 
 
@@ -77,13 +86,17 @@ async def _drain(session, gw: GatewayLink, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while True:
         status, out = await _post(
-            session, f"{gw.url}/admin/replicas/{gw.replica_id}/drain", {"lease_s": DRAIN_LEASE_S}, headers=headers
+            session,
+            f"{gw.url}/admin/replicas/{gw.replica_id}/drain",
+            {"lease_s": DRAIN_LEASE_S},
+            headers=headers,
+            timeout=ADMIN_TIMEOUT_S,
         )
         if status != 409:
             break
         # Refused as the last active replica. If another one is draining (switching), wait for our turn:
         # replicas switch one at a time. If none will come back, switch in place.
-        async with session.get(f"{gw.url}/admin/replicas", headers=headers) as r:
+        async with session.get(f"{gw.url}/admin/replicas", headers=headers, timeout=_admin_timeout()) as r:
             others = [x for x in (await r.json())["replicas"] if x["id"] != gw.replica_id]
         if not any(x["state"] == "draining" and x["healthy"] for x in others) or time.monotonic() > deadline:
             return False
@@ -92,13 +105,17 @@ async def _drain(session, gw: GatewayLink, timeout_s: float) -> bool:
         raise SwitchError(f"gateway refused to drain {gw.replica_id} ({status}): {out}")
     renewed = time.monotonic()
     while time.monotonic() < deadline:
-        async with session.get(f"{gw.url}/admin/replicas", headers=headers) as r:
+        async with session.get(f"{gw.url}/admin/replicas", headers=headers, timeout=_admin_timeout()) as r:
             reps = {x["id"]: x for x in (await r.json())["replicas"]}
         if reps[gw.replica_id]["outstanding"] == 0:
             return True
         if time.monotonic() - renewed > DRAIN_LEASE_S / 3:  # a long wait for stragglers keeps the lease
             await _post(
-                session, f"{gw.url}/admin/replicas/{gw.replica_id}/drain", {"lease_s": DRAIN_LEASE_S}, headers=headers
+                session,
+                f"{gw.url}/admin/replicas/{gw.replica_id}/drain",
+                {"lease_s": DRAIN_LEASE_S},
+                headers=headers,
+                timeout=ADMIN_TIMEOUT_S,
             )
             renewed = time.monotonic()
         await asyncio.sleep(0.05)
@@ -117,7 +134,7 @@ async def _renew_drain(session, gw: GatewayLink) -> None:
                 f"{gw.url}/admin/replicas/{gw.replica_id}/drain",
                 {"lease_s": DRAIN_LEASE_S},
                 headers=headers,
-                timeout=10,
+                timeout=ADMIN_TIMEOUT_S,
             )
         except (aiohttp.ClientError, asyncio.TimeoutError):
             pass
@@ -135,9 +152,48 @@ async def _activate(session, gw: GatewayLink) -> None:
         session,
         f"{gw.url}/admin/replicas/{gw.replica_id}/activate",
         headers={"Authorization": f"Bearer {gw.admin_token}"},
+        timeout=ADMIN_TIMEOUT_S,
     )
     if status != 200:
         raise SwitchError(f"gateway refused to re-activate {gw.replica_id} ({status}): {out}")
+
+
+def _admin_timeout() -> aiohttp.ClientTimeout:
+    return aiohttp.ClientTimeout(total=ADMIN_TIMEOUT_S)
+
+
+def _unreachable(e: BaseException) -> bool:
+    return isinstance(e, (aiohttp.ClientConnectionError, asyncio.TimeoutError))
+
+
+async def _drain_all(session, gws: list[GatewayLink], timeout_s: float) -> list[GatewayLink] | None:
+    """Drain the replica on every gateway. Returns those that drained it, or None when it is to be switched
+    in place (a gateway refused, or none could be reached); the ones drained then route to it again."""
+    results = await asyncio.gather(*(_drain(session, gw, timeout_s) for gw in gws), return_exceptions=True)
+    drained = [gw for gw, r in zip(gws, results, strict=True) if r is True]
+    errors = [r for r in results if isinstance(r, BaseException)]
+    for gw, r in zip(gws, results, strict=True):
+        if isinstance(r, BaseException) and _unreachable(r):
+            log.warning("gateway %s unreachable (%s): switching %s without it", gw.url, type(r).__name__, gw.replica_id)
+    fatal = [e for e in errors if not _unreachable(e)]
+    if fatal or any(r is False for r in results) or not drained:
+        await asyncio.gather(*(_activate_quietly(session, gw) for gw in gws))  # drains it may have begun
+        if fatal:
+            raise fatal[0]
+        return None
+    return drained
+
+
+async def _activate_all(session, gws: list[GatewayLink]) -> None:
+    """Route to the replica again on every gateway that drained it. One that has gone away since is passed
+    over (a gateway starts with every replica active); a refusal is an error."""
+    results = await asyncio.gather(*(_activate(session, gw) for gw in gws), return_exceptions=True)
+    for gw, r in zip(gws, results, strict=True):
+        if isinstance(r, BaseException) and _unreachable(r):
+            log.warning("gateway %s unreachable to re-activate %s (%s)", gw.url, gw.replica_id, type(r).__name__)
+    fatal = [r for r in results if isinstance(r, BaseException) and not _unreachable(r)]
+    if fatal:
+        raise fatal[0]
 
 
 async def switch(
@@ -145,30 +201,32 @@ async def switch(
     model_dir: str,
     version: int,
     mode: SwitchMode = "drain",
-    gateway: GatewayLink | None = None,
+    gateway: GatewayLink | list[GatewayLink] | None = None,
     drain_timeout_s: float = 120.0,
 ) -> dict:
-    """Switch the replica; returns the mode used and the time of each phase (ms)."""
+    """Switch the replica; returns the mode used and the time of each phase (ms). `gateway`: the one, or
+    every one, that routes to the replica (drain mode)."""
     if mode not in MODES:
         raise ValueError(f"unknown switch mode {mode!r}; choose from {MODES}")
+    gws = [gateway] if isinstance(gateway, GatewayLink) else list(gateway or [])
     timings: dict = {}
     t0 = time.monotonic()
     async with aiohttp.ClientSession() as session:
-        used = mode
+        used, drained = mode, []
         if mode == "drain":
-            if gateway is None:
+            if not gws:
                 used = "no_pause"
             else:
                 t = time.monotonic()
                 try:
-                    drained = await _drain(session, gateway, drain_timeout_s)
-                except BaseException:
-                    await _activate_quietly(session, gateway)  # a drain it may have begun
+                    drained = await _drain_all(session, gws, drain_timeout_s)
+                except asyncio.CancelledError:
+                    await asyncio.gather(*(_activate_quietly(session, gw) for gw in gws))
                     raise
                 timings["drain_ms"] = 1000 * (time.monotonic() - t)
-                if not drained:
-                    used = "no_pause"  # the last active replica: the gateway keeps routing to it
-        renew = asyncio.ensure_future(_renew_drain(session, gateway)) if used == "drain" else None
+                if drained is None:
+                    used, drained = "no_pause", []  # the last active replica somewhere: it keeps serving
+        renew = [asyncio.ensure_future(_renew_drain(session, gw)) for gw in drained]
         try:
             if used == "retract":
                 t = time.monotonic()
@@ -183,11 +241,11 @@ async def switch(
                 # drain: nothing was routed here meanwhile; no_pause: requests were held during the load.
                 timings["pause_ms"] = 0.0 if used == "drain" else timings["load_ms"]
         finally:
-            if renew is not None:
-                renew.cancel()  # and wait for it: a renewal in flight must not drain it again after
-                await asyncio.gather(renew, return_exceptions=True)
-            if used == "drain":
-                await _activate(session, gateway)
+            for r in renew:
+                r.cancel()  # and wait for them: a renewal in flight must not drain it again after
+            await asyncio.gather(*renew, return_exceptions=True)
+            if drained:
+                await _activate_all(session, drained)
         now = await served_version(session, replica_url)
         if now != version:
             raise SwitchError(f"replica reports version {now} after switching to {version}")

@@ -194,11 +194,16 @@ class LocalFleet:
                 out += [{"replica": name, **json.loads(line)} for line in f.read_text().splitlines() if line]
         return out
 
-    def _python(self, args: list[str], log_name: str) -> subprocess.Popen:
+    def gateway_urls(self) -> list[str]:
+        """Every gateway routing to the replicas (each drains a replica during its switch)."""
+        return [self.gateway.url]
+
+    def _python(self, args: list[str], log_name: str, netns: str | None = None) -> subprocess.Popen:
         (self.out / "logs").mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "flywheel", *args]
         with open(self.out / "logs" / log_name, "ab") as log:
             return spawn(
-                [sys.executable, "-m", "flywheel", *args],
+                ["ip", "netns", "exec", netns, *cmd] if netns else cmd,
                 cwd=REPO_ROOT,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -206,11 +211,15 @@ class LocalFleet:
                 env=_child_env(),
             )
 
-    def _spawn_store(self, port: int = 0) -> str:
-        port = port or free_port()
-        proc = self._python(["weights", "serve", "--store", str(self.store_root), "--port", str(port)], "store.log")
+    def _spawn_store(self, port: int = 0, host: str = "127.0.0.1", netns: str | None = None) -> str:
+        port = port or free_port(host)
+        proc = self._python(
+            ["weights", "serve", "--store", str(self.store_root), "--host", host, "--port", str(port)],
+            "store.log",
+            netns,
+        )
         self.store_pid = proc.pid
-        url = f"http://127.0.0.1:{port}"
+        url = f"http://{host}:{port}"
 
         def up() -> bool:
             try:
@@ -224,7 +233,7 @@ class LocalFleet:
         wait_until(up, 30, interval=0.2, what="weight store server", alive=lambda: proc.poll() is None)
         return url
 
-    def _spawn_agent(self, name: str, replica_url: str) -> int:
+    def _spawn_agent(self, name: str, replica_url: str, netns: str | None = None) -> int:
         proc = self._python(
             [
                 "weights",
@@ -244,13 +253,14 @@ class LocalFleet:
                 "--kafka",
                 self.broker.bootstrap,
                 "--gateway",
-                self.gateway.url,
+                ",".join(self.gateway_urls()),
                 "--admin-token",
                 self.cfg.admin_token,
                 "--switch-mode",
                 self.cfg.switch_mode,
             ],
             f"agent-{name}.log",
+            netns,
         )
         time.sleep(0.5)
         if proc.poll() is not None:

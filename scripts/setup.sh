@@ -11,18 +11,29 @@ exec 9>"$home/setup.lock"
 flock 9  # two set-ups at once would race on the venv
 
 # System packages from Debian, installed only when missing: bubblewrap for the sandbox that runs
-# model-written code, and Debian's python3.11, the interpreter inside it (one an unprivileged uid can read).
+# model-written code, Debian's python3.11, the interpreter inside it (one an unprivileged uid can read), and
+# haproxy, the load balancer in front of two gateways in the multi-host tests (started by them, never as a
+# service: see below).
 need=()
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 [ -x /usr/bin/python3.11 ] || need+=(python3.11)
+[ -x /usr/sbin/haproxy ] || need+=(haproxy)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "setup: installing ${need[*]} from Debian"
     apt-get update -qq
+    # A package's postinst may start its daemon (haproxy on :80); invoke-rc.d asks policy-rc.d, and 101
+    # means "do not start". Ours only while installing, and only where the machine has none of its own.
+    made_policy=
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+      printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod +x /usr/sbin/policy-rc.d && made_policy=1
+      trap 'rm -f /usr/sbin/policy-rc.d' EXIT  # also when the install fails
+    fi
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+    [ -z "$made_policy" ] || { rm -f /usr/sbin/policy-rc.d; trap - EXIT; }
   else
     echo "setup: missing system packages: ${need[*]}. Install them as root (apt-get install ${need[*]});" \
-         "the sandbox refuses to run model-written code without them." >&2
+         "the sandbox refuses to run model-written code without them; the multi-host tests need haproxy." >&2
     exit 1
   fi
 fi

@@ -41,16 +41,25 @@ def start(
     port: int = 0,
     extra_args: list[str] = (),
     timeout_s: float = 60.0,
+    host: str = "127.0.0.1",
+    netns: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> GatewayProcess:
-    port = port or free_port()
+    """A gateway listening on host:port, inside network namespace `netns` if given (a test host: give
+    the port, it cannot be probed from here). `env` adds to its environment (FLYWHEEL_ID_SECRET shared by
+    gateways behind one load balancer)."""
+    if netns and not port:
+        raise ValueError("a gateway in a network namespace needs its port")
+    port = port or free_port(host)
     state_dir = Path(state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-    env.pop("FLYWHEEL_KAFKA_BOOTSTRAP", None)
+    child_env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    child_env.pop("FLYWHEEL_KAFKA_BOOTSTRAP", None)
     if keys:
-        env["FLYWHEEL_API_KEYS"] = ",".join(f"{name}:{key}" for name, key in keys.items())
+        child_env["FLYWHEEL_API_KEYS"] = ",".join(f"{name}:{key}" for name, key in keys.items())
     if admin_token:
-        env["FLYWHEEL_ADMIN_TOKEN"] = admin_token
+        child_env["FLYWHEEL_ADMIN_TOKEN"] = admin_token
+    child_env.update(env or {})
     cmd = [
         sys.executable,
         "-m",
@@ -58,6 +67,8 @@ def start(
         "serve",
         "--model",
         str(model_dir),
+        "--host",
+        host,
         "--port",
         str(port),
         "--state-dir",
@@ -67,10 +78,12 @@ def start(
     ]
     if kafka:
         cmd += ["--kafka", kafka]
+    if netns:
+        cmd = ["ip", "netns", "exec", netns, *cmd]  # execs: the pid stays the gateway's
     log_file = state_dir / "gateway.log"
     with open(log_file, "ab") as log:
-        proc = spawn(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=REPO_ROOT)
-    url = f"http://127.0.0.1:{port}"
+        proc = spawn(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env, cwd=REPO_ROOT)
+    url = f"http://{host}:{port}"
     gw = GatewayProcess(pid=proc.pid, url=url, log_file=log_file)
     try:
         wait_until(

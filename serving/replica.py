@@ -47,6 +47,7 @@ class ReplicaConfig:
     model_path: Path
     port: int = 0  # 0: a free port
     host: str = "127.0.0.1"
+    netns: str | None = None  # a test host's network namespace to run in (then give the port)
     device: str = "cpu"
     # float32 on CPU: bf16 checkpoints are upcast, so trainer and server compute the same numbers.
     dtype: str = "float32"
@@ -77,6 +78,21 @@ class Replica:
 
     def alive(self) -> bool:
         return pid_alive(self.pid)
+
+    def ready(self, timeout_s: float = 240.0) -> "Replica":
+        """Wait until it generates; if it dies or times out, stop it and raise with its log's tail."""
+        try:
+            wait_until(
+                lambda: healthy(self.url),
+                timeout_s,
+                interval=0.5,
+                what=f"SGLang replica on {self.url}",
+                alive=self.alive,
+            )
+        except (TimeoutError, RuntimeError) as e:
+            self.stop()
+            raise RuntimeError(f"{e}\n--- {self.log_file} ---\n{tail(self.log_file, 40)}") from None
+        return self
 
 
 def _state_dir() -> Path:
@@ -147,16 +163,22 @@ def healthy(url: str, timeout: float = 5.0) -> bool:
         return r.status == 200
 
 
-def start(cfg: ReplicaConfig, die_with_parent: bool = True) -> Replica:
+def start(cfg: ReplicaConfig, die_with_parent: bool = True, wait: bool = True) -> Replica:
     """Start a replica and wait until it generates; on failure the log's tail is in the error. It ends
-    with the calling process unless die_with_parent is False (the CLI, which starts it and returns)."""
+    with the calling process unless die_with_parent is False (the CLI, which starts it and returns). With
+    wait=False it returns at once: call `ready()` (several replicas then load side by side)."""
+    if cfg.netns and not cfg.port:
+        raise ValueError("a replica in a network namespace needs its port")
     port = cfg.port or free_port(cfg.host)
     log_dir = Path(cfg.log_dir) if cfg.log_dir else flywheel_home() / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     log_file = log_dir / f"replica-{port}.log"
+    cmd = command(cfg, port)
+    if cfg.netns:
+        cmd = ["ip", "netns", "exec", cfg.netns, *cmd]  # execs: the pid stays the server's
     with open(log_file, "ab") as log:
         proc = spawn(
-            command(cfg, port),
+            cmd,
             die_with_parent=die_with_parent,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -177,17 +199,8 @@ def start(cfg: ReplicaConfig, die_with_parent: bool = True) -> Replica:
             "started": time.time(),
         },
     )
-    try:
-        wait_until(
-            lambda: healthy(url),
-            cfg.start_timeout_s,
-            interval=0.5,
-            what=f"SGLang replica on {url}",
-            alive=lambda: proc.poll() is None,
-        )
-    except (TimeoutError, RuntimeError) as e:
-        replica.stop()
-        raise RuntimeError(f"{e}\n--- {log_file} ---\n{tail(log_file, 40)}") from None
+    if wait:
+        replica.ready(cfg.start_timeout_s)
     return replica
 
 

@@ -395,36 +395,9 @@ class Chaos:
                 self.say(f"chaos: {kind} NOT RECOVERED: {e}")
 
     # ------------------------------------------------------------------ checks
-    def _topic_ids(self, topic: str) -> dict[str, int]:
-        """completion_id -> distinct events in the topic (duplicates by event_id dropped)."""
-        from kafka import KafkaConsumer
-
-        from flywheel.core import events as ev
-
-        c = KafkaConsumer(
-            topic,
-            bootstrap_servers=self.fleet.broker.bootstrap,
-            auto_offset_reset="earliest",
-            enable_auto_commit=False,
-            group_id=None,
-            consumer_timeout_ms=5000,
-        )
-        seen, ids = set(), {}
-        try:
-            for r in c:
-                try:
-                    e = ev.decode(r.value)
-                except ev.SchemaError:
-                    continue
-                if e.event_id not in seen:
-                    seen.add(e.event_id)
-                    ids[e.completion_id] = ids.get(e.completion_id, 0) + 1
-        finally:
-            c.close()
-        return ids
-
     def check(self) -> dict:
         from flywheel.core import events as ev
+        from flywheel.event_audit import read_topic
         from weight_sync.store import Store
 
         fleet = self.fleet
@@ -449,8 +422,8 @@ class Chaos:
             timeout=120,
         )
         served = [r for r in records if r.outcome != "failed" and r.completion_id]
-        completions = self._topic_ids(ev.TOPIC_COMPLETIONS)
-        feedback = self._topic_ids(ev.TOPIC_FEEDBACK)
+        completions = read_topic(fleet.broker.bootstrap, ev.TOPIC_COMPLETIONS).per_completion
+        feedback = read_topic(fleet.broker.bootstrap, ev.TOPIC_FEEDBACK).per_completion
         lost_c = [r.completion_id for r in served if r.completion_id not in completions]
         judged = [r for r in served if r.outcome in ("accept", "reject")]
         lost_f = [r.completion_id for r in judged if r.completion_id not in feedback]

@@ -1,0 +1,233 @@
+"""The fleet over test hosts under simulated IDE traffic, through HAProxy, with the faults a multi-host
+fleet must ride through (`python -m benchmarks.fleet`; a short run in the suite):
+
+  1. what HAProxy adds: p50 of a request to a gateway directly and through the balancer, interleaved;
+  2. kill -9 of gateway g0 under load: only requests in flight then may fail; feedback for completions g0
+     issued, sent after its death, is taken by g1 (the shared id secret); g0 restarts on its spool;
+  3. kill -9 of a Kafka node under load, a new version published while it is down: no request fails or
+     waits on Kafka (each gateway's spool absorbs it), every agent switches its replica through the leader
+     change; the node restarts and the cluster heals (every partition back to 3 in-sync replicas);
+  4. the trainer (on host 0, reading the cluster throughout) trains on events from before, during and
+     after the node's death, none twice;
+  5. at the end: both spools drained, every answered completion and feedback event read back from the
+     cluster (after dedupe by event_id: none lost, none twice).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from flywheel.core.procs import pid_alive, stop_pid, wait_until
+from flywheel.host_fleet import HostFleet, HostFleetConfig
+from flywheel.population import HouseStyle, Population, PopulationConfig
+
+
+@dataclass
+class DrillConfig:
+    model: Path
+    out_dir: Path
+    hosts: int = 3
+    users: int = 4
+    think_s: tuple[float, float] = (0.05, 0.3)
+    warmup_s: float = 15.0  # load before the first fault
+    gateway_down_s: float = 15.0  # g0 dead (under load) before it restarts
+    broker_down_s: float = 30.0  # the Kafka node dead (under load; v1 is published meanwhile)
+    after_s: float = 15.0  # load after the last fault
+    lb_probes: int = 200  # requests each way for lb_added_p50_ms
+    direct_completions: int = 8  # issued on g0 just before it dies; their feedback goes through the balancer
+    killed_node: int = 2  # index of the Kafka node to kill (host 2: a gateway's host too)
+    switch_timeout_s: float = 180.0
+    heal_timeout_s: float = 180.0
+    seed: int = 0
+
+
+def _call(url: str, key: str | None = None, body: dict | None = None, timeout: float = 60.0) -> tuple[int, dict]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode() if body is not None else None)
+    req.add_header("Content-Type", "application/json")
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def lb_added_ms(fleet: HostFleet, n: int) -> dict:
+    """p50 of GET /health straight to g0 and through the balancer, one after the other, n of each (new
+    connections both ways, as an IDE's first request makes)."""
+    direct, through = [], []
+    for _ in range(n):
+        for url, out in ((fleet.gateways[0].url, direct), (fleet.gateway.url, through)):
+            t = time.perf_counter()
+            _call(f"{url}/health", timeout=10)
+            out.append(1000 * (time.perf_counter() - t))
+    d, t = statistics.median(direct), statistics.median(through)
+    return {"direct_p50_ms": round(d, 2), "through_lb_p50_ms": round(t, 2), "lb_added_p50_ms": round(t - d, 2)}
+
+
+def _spools_drained(fleet: HostFleet) -> bool:
+    return all(_call(f"{u}/health", timeout=5)[1].get("spool_pending_bytes") == 0 for u in fleet.gateway_urls())
+
+
+def _in_sync(fleet: HostFleet, topics: list[str]) -> bool:
+    n = len(fleet.broker.nodes)
+    return all(len(isr) == n for t in topics for isr in fleet.broker.in_sync(t).values())
+
+
+def run(cfg: DrillConfig, say=print) -> dict:
+    from flywheel.core import events as ev
+    from flywheel.event_audit import read_topic
+    from loadtests.versions import nudged
+    from weight_sync.publish import publish
+    from weight_sync.store import Store
+
+    out = Path(cfg.out_dir)
+    fleet_cfg = HostFleetConfig(model=cfg.model, out_dir=out / "fleet", hosts=cfg.hosts, tenants=cfg.users)
+    r: dict = {"hosts": cfg.hosts}
+    with HostFleet(fleet_cfg, say=say) as fleet:
+        key = next(iter(fleet.keys.values()))
+        # Publishing is this drill's own (v1 while a node is down); the trainer only reads and trains.
+        trainer = fleet.spawn_trainer(
+            out / "trainer", "--publish-interval", "86400", "--threads", "1", "--min-batch", "4", "--lr", "1e-4"
+        )
+        r.update(lb_added_ms(fleet, cfg.lb_probes))
+        say(f"drill: haproxy adds {r['lb_added_p50_ms']} ms at p50 ({r['direct_p50_ms']} -> {r['through_lb_p50_ms']})")
+        pop = Population(
+            PopulationConfig(users=cfg.users, think_s=cfg.think_s, seed=cfg.seed),
+            fleet.gateway.url,
+            list(fleet.keys.values()),
+            preference=HouseStyle(),
+        ).start()
+        try:
+            time.sleep(cfg.warmup_s)
+
+            # -- gateway g0 dies under load
+            direct = []
+            for i in range(cfg.direct_completions):
+                status, body = _call(
+                    f"{fleet.gateways[0].url}/v1/completions",
+                    key,
+                    {"model": "flywheel-coder", "prompt": f"def f{i}(x):\n", "max_tokens": 8},
+                )
+                if status != 200:
+                    raise RuntimeError(f"a completion straight to g0 failed ({status}): {body}")
+                direct.append(body["id"])
+            t_gw_kill = time.time()
+            fleet.kill_gateway(0)
+            say("drill: gateway g0 killed (kill -9)")
+            fleet.balancer_sees(0, "DOWN")
+            fb = [
+                _call(f"{fleet.gateway.url}/v1/feedback", key, {"completion_id": c, "kind": "accept"}) for c in direct
+            ]
+            r["dead_gateway_feedback_taken"] = sum(s == 200 for s, _ in fb)
+            r["dead_gateway_feedback_sent"] = len(fb)
+            time.sleep(cfg.gateway_down_s)
+            fleet.restart_gateway(0)
+            fleet.balancer_sees(0, "UP")
+            t_gw_back = time.time()
+            say(f"drill: gateway g0 back after {t_gw_back - t_gw_kill:.1f} s")
+            time.sleep(cfg.warmup_s / 2)
+
+            # -- a Kafka node dies under load; v1 is published while it is down
+            t_b_kill = time.time()
+            fleet.broker.kill(cfg.killed_node)
+            say(f"drill: Kafka node {cfg.killed_node + 1} killed (kill -9)")
+            v1_dir = nudged(cfg.model, out / "v1-model", seed=cfg.seed + 1)
+            v1 = publish(v1_dir, fleet.publish_config()).version
+            t = time.monotonic()
+            fleet.wait_fleet_on(v1, cfg.switch_timeout_s)
+            r["switch_with_node_down_s"] = round(time.monotonic() - t, 1)
+            say(f"drill: every replica on v{v1} after {r['switch_with_node_down_s']} s (one Kafka node down)")
+            r["v1_switch_modes"] = sorted(x["mode"] for x in fleet.switch_reports() if x["version"] == v1)
+            time.sleep(max(0.0, cfg.broker_down_s - (time.time() - t_b_kill)))
+            # The cluster noticed: the dead node left the in-sync set of the event topics.
+            dead = fleet.broker.nodes[cfg.killed_node].node_id
+            r["isr_shrank_while_down"] = all(
+                dead not in isr
+                for t in (ev.TOPIC_COMPLETIONS, ev.TOPIC_FEEDBACK)
+                for isr in fleet.broker.in_sync(t).values()
+            )
+            t = time.monotonic()
+            fleet.broker.restart(cfg.killed_node)
+            wait_until(
+                lambda: _in_sync(fleet, [ev.TOPIC_COMPLETIONS, ev.TOPIC_FEEDBACK, "weights"]),
+                cfg.heal_timeout_s,
+                interval=1.0,
+                what="every partition back to 3 in-sync replicas",
+            )
+            t_b_back = time.time()
+            r["broker_heal_s"] = round(time.monotonic() - t, 1)
+            say(f"drill: Kafka node back, cluster healed in {r['broker_heal_s']} s")
+            time.sleep(cfg.after_s)
+        finally:
+            pop.stop()
+        records = pop.snapshot()
+        r["trainer_alive"] = pid_alive(trainer.pid)
+        stop_pid(trainer.pid)
+
+        # -- checks
+        wait_until(lambda: _spools_drained(fleet), 120, interval=0.5, what="both gateways' spools drained")
+        served = [x for x in records if x.outcome != "failed" and x.completion_id]
+        judged = [x for x in served if x.outcome in ("accept", "reject")]
+        completions = read_topic(fleet.broker.bootstrap, ev.TOPIC_COMPLETIONS)
+        feedback = read_topic(fleet.broker.bootstrap, ev.TOPIC_FEEDBACK)
+        lost_c = [x for x in served if x.completion_id not in completions.per_completion]
+        lost_c += [c for c in direct if c not in completions.per_completion]
+        lost_f = [x for x in judged if x.completion_id not in feedback.per_completion]
+        lost_f += [c for c in direct if c not in feedback.per_completion]
+
+        def during(x, a: float, b: float) -> bool:
+            return x.started <= b and x.started + x.latency_s >= a
+
+        def in_flight_at(x, t: float) -> bool:
+            return x.started <= t <= x.started + x.latency_s
+
+        failed = [x for x in records if x.outcome == "failed"]
+        failed_inflight = [x for x in failed if in_flight_at(x, t_gw_kill)]
+        lost_in_broker_kill = [x for x in lost_c + lost_f if not isinstance(x, str) and during(x, t_b_kill, t_b_back)]
+        in_broker_kill = [x for x in records if x.outcome != "failed" and during(x, t_b_kill, t_b_back)]
+        latencies = sorted(x.latency_s for x in records if x.outcome != "failed")
+        trained = []
+        for f in sorted((out / "trainer" / "ledger").glob("step-*.json")):
+            trained += [e["key"].rsplit(":", 1)[0] for e in json.loads(f.read_text()) if "dropped" not in e]
+        started_at = {x.completion_id: x.started for x in served}
+        r.update(
+            {
+                "fleet_requests": len(records) + len(direct),
+                "fleet_failed": len(failed) - len(failed_inflight),
+                "gateway_kill_failed_inflight": len(failed_inflight),
+                "gateway_kill_failed_outside_inflight": sum(
+                    not in_flight_at(x, t_gw_kill) and during(x, t_gw_kill, t_gw_back) for x in failed
+                ),
+                "broker_kill_requests": len(in_broker_kill),
+                "broker_kill_max_latency_s": round(max((x.latency_s for x in in_broker_kill), default=0.0), 2),
+                "p99_latency_s": round(latencies[int(0.99 * (len(latencies) - 1))], 2) if latencies else None,
+                "broker_kill_events_lost": len(lost_in_broker_kill),
+                "events_lost": len(lost_c) + len(lost_f),
+                "broker_kill_duplicates_after_dedupe": len(completions.twice()) + len(feedback.twice()),
+                "duplicates_dropped_by_event_id": completions.repeated + feedback.repeated,
+                "completion_events": len(served) + len(direct),
+                "feedback_events": len(judged) + len(direct),
+                "fleet_version": Store(fleet.store_root).latest(),
+                "samples_trained": len(trained),
+                "samples_double_trained": len(trained) - len(set(trained)),
+                # Trained from requests answered while the node was down, and after it came back.
+                "samples_trained_in_broker_kill": sum(t_b_kill <= started_at.get(c, 0) <= t_b_back for c in trained),
+                "samples_trained_after_broker_kill": sum(started_at.get(c, 0) > t_b_back for c in trained),
+                "failures": [x.error for x in failed][:10],
+            }
+        )
+    return r
+
+
+def table(r: dict) -> str:
+    keys = [k for k in r if k != "failures"]
+    width = max(len(k) for k in keys)
+    return "\n".join(f"{k:<{width}}  {r[k]}" for k in keys)

@@ -397,7 +397,7 @@ class Chaos:
     # ------------------------------------------------------------------ checks
     def check(self) -> dict:
         from flywheel.core import events as ev
-        from flywheel.event_audit import read_topic
+        from flywheel.event_audit import read_topic, trained_keys
         from weight_sync.store import Store
 
         fleet = self.fleet
@@ -433,9 +433,7 @@ class Chaos:
 
         failed = [r for r in records if r.outcome == "failed"]
         failed_outside = [r for r in failed if not in_gateway_kill(r)]
-        ledger = []
-        for f in sorted((self.out / "trainer" / "ledger").glob("step-*.json")):
-            ledger += [e["key"] for e in json.loads(f.read_text()) if "dropped" not in e]
+        ledger = trained_keys(self.out / "trainer")
         twice = len(ledger) - len(set(ledger))
         stuck = [
             r["id"]

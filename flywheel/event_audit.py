@@ -1,17 +1,18 @@
-"""What reached Kafka, read back for an audit (the chaos run, the fleet drill): every record of a topic from
-the start, duplicates by event_id dropped (the trainer drops them the same way)."""
+"""Audits after a fault drill (the chaos run, the fleet drill): what reached Kafka (every record of a topic
+from the start, duplicates by event_id dropped, as the trainer drops them) and what the trainer trained
+(its checkpoints' ledgers)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 @dataclass
 class TopicAudit:
     per_completion: dict[str, int] = field(default_factory=dict)  # completion_id -> distinct events
-    records: int = 0  # records read
     repeated: int = 0  # records whose event_id was already seen (a producer's retry), dropped
-    undecodable: int = 0
 
     def twice(self) -> list[str]:
         """Completions with more than one distinct event: duplicates that survive the dedupe."""
@@ -35,11 +36,9 @@ def read_topic(bootstrap: str, topic: str, idle_ms: int = 5000) -> TopicAudit:
     )
     try:
         for r in c:
-            audit.records += 1
             try:
                 e = ev.decode(r.value)
             except ev.SchemaError:
-                audit.undecodable += 1
                 continue
             if e.event_id in seen:
                 audit.repeated += 1
@@ -49,3 +48,12 @@ def read_topic(bootstrap: str, topic: str, idle_ms: int = 5000) -> TopicAudit:
     finally:
         c.close()
     return audit
+
+
+def trained_keys(trainer_dir: Path) -> list[str]:
+    """Every user sample the trainer trained (not dropped), by key "<completion_id>:<choice>"; a key there
+    twice is a sample trained twice."""
+    keys = []
+    for f in sorted((Path(trainer_dir) / "ledger").glob("step-*.json")):
+        keys += [e["key"] for e in json.loads(f.read_text()) if "dropped" not in e]
+    return keys

@@ -12,14 +12,16 @@ gateway that dies fail; a request is never sent twice once a gateway has taken i
 from __future__ import annotations
 
 import csv
+import secrets
 import shutil
 import socket as socketlib
 import subprocess
+import tempfile
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flywheel.core.procs import spawn, stop_pid, tail, wait_until
+from flywheel.core.procs import in_netns, spawn, stop_pid, tail, wait_until
 
 SERVED_BY = "X-Flywheel-Gateway"  # response header naming the gateway that answered (its server name)
 
@@ -38,27 +40,31 @@ class HaproxyConfig:
     # Longer than the gateway's own request timeout (300 s): the gateway, not the balancer, ends slow requests.
     request_timeout_s: float = 330.0
     maxconn: int = 4096
-    extra_global: list[str] = field(default_factory=list)
+    # The stats socket: a short path of its own (a Unix socket path is at most 107 bytes; pytest's
+    # temporary directories can be longer).
+    socket: Path = field(
+        default_factory=lambda: Path(tempfile.gettempdir()) / f"fw-haproxy-{secrets.token_hex(4)}.sock"
+    )
 
 
 def render(cfg: HaproxyConfig) -> str:
     servers = []
     for i, url in enumerate(cfg.backends):
         hostport = url.split("://", 1)[-1].rstrip("/")
-        servers.append(
-            f"    server gw{i} {hostport} check inter {cfg.check_ms} fall {cfg.fall} rise {cfg.rise} maxconn 1024"
-        )
+        servers.append(f"    server gw{i} {hostport} check inter {cfg.check_ms} fall {cfg.fall} rise {cfg.rise}")
     lines = [
         "global",
         f"    maxconn {cfg.maxconn}",
-        f"    stats socket {Path(cfg.state_dir).resolve() / 'haproxy.sock'} mode 600 level user",
-        *[f"    {x}" for x in cfg.extra_global],
+        f"    stats socket {cfg.socket} mode 600 level user",
         "defaults",
         "    mode http",
         f"    timeout connect {int(cfg.connect_timeout_s * 1000)}ms",
         f"    timeout client {int(cfg.request_timeout_s)}s",
         f"    timeout server {int(cfg.request_timeout_s)}s",
+        f"    timeout queue {int(cfg.request_timeout_s)}s",
         "    timeout http-keep-alive 10s",
+        # A new connection to the gateway per request: a killed gateway then fails only the requests it had
+        # taken, never one sent down a pooled connection it left behind.
         "    option http-server-close",
         "    retries 2",
         "    option redispatch 1",
@@ -82,16 +88,16 @@ class Haproxy:
     url: str
     config_file: Path
     log_file: Path
+    socket: Path
 
     def stop(self, timeout: float = 10.0) -> bool:
-        return stop_pid(self.pid, timeout)
+        gone = stop_pid(self.pid, timeout)
+        self.socket.unlink(missing_ok=True)
+        return gone
 
-    @property
-    def socket(self) -> Path:
-        return self.config_file.with_name("haproxy.sock")
-
-    def servers(self) -> dict[str, str]:
-        """The balancer's own view, from its stats socket: gateway server name (gw0, ...) -> UP / DOWN / ..."""
+    def servers(self) -> dict[str, dict]:
+        """The balancer's own view, from its stats socket: gateway server name (gw0, ...) -> {"status": UP /
+        DOWN / ..., "sessions": requests it has on that gateway now}."""
         with socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM) as s:
             s.settimeout(5)
             s.connect(str(self.socket))
@@ -101,9 +107,9 @@ class Haproxy:
                 data += chunk
         rows = list(csv.reader(data.decode().lstrip("# ").splitlines()))
         head = rows[0]
-        px, sv, status = head.index("pxname"), head.index("svname"), head.index("status")
+        px, sv, status, scur = (head.index(k) for k in ("pxname", "svname", "status", "scur"))
         return {
-            r[sv]: r[status].split()[0]
+            r[sv]: {"status": r[status].split()[0], "sessions": int(r[scur] or 0)}
             for r in rows[1:]
             if len(r) > status and r[px] == "gateways" and r[sv] not in ("FRONTEND", "BACKEND")
         }
@@ -135,11 +141,12 @@ def start(cfg: HaproxyConfig, timeout_s: float = 30.0) -> Haproxy:
     if checked.returncode != 0:
         raise ValueError(f"haproxy refused {conf}: {checked.stderr.strip() or checked.stdout.strip()}")
     cmd = [binary, "-db", "-f", str(conf)]  # -db: foreground, no daemon; its pid is the balancer's
-    if cfg.netns:
-        cmd = ["ip", "netns", "exec", cfg.netns, *cmd]
+    cmd = in_netns(cfg.netns, cmd)
     with open(log_file, "ab") as log:
         proc = spawn(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    lb = Haproxy(pid=proc.pid, url=f"http://{cfg.host}:{cfg.port}", config_file=conf, log_file=log_file)
+    lb = Haproxy(
+        pid=proc.pid, url=f"http://{cfg.host}:{cfg.port}", config_file=conf, log_file=log_file, socket=cfg.socket
+    )
     try:
         wait_until(
             lambda: _reaches_a_gateway(lb.url),

@@ -9,18 +9,17 @@ Every process binds its own host's address and reaches its peers by theirs: the 
 replica and all three brokers, the agents their own replica, the store on host 0, every gateway (a
 replica is drained on each during a switch) and the brokers. The gateways share the id-signing secret,
 so feedback for a completion one of them issued is taken by the other. Each gateway keeps its own spool.
-Ports differ per host only so that the replicas' pid files (keyed by port) do not collide.
+Ports differ per host so that the replicas' pid files (machine-wide, keyed by port) do not collide; two
+fleets over hosts at once would still collide there (the tests run one at a time).
 """
 
 from __future__ import annotations
 
-import os
 import secrets
-import signal
 import time
 from dataclasses import dataclass, field
 
-from flywheel.core.procs import pid_alive, wait_until
+from flywheel.core.procs import kill_group_now, wait_until
 from flywheel.local_fleet import LocalFleet, LocalFleetConfig
 
 STORE_PORT = 8100
@@ -90,7 +89,7 @@ class HostFleet(LocalFleet):
             )
             self.replicas.append(start_replica(rcfg, wait=False))
         for i, rep in enumerate(self.replicas):
-            rep.ready(rcfg.start_timeout_s)
+            rep.ready(ReplicaConfig.start_timeout_s)
             self.say(f"sglang  r{i} {rep.url}  (pid {rep.pid}, ready after {time.monotonic() - t:.1f}s)")
         for j in range(self.cfg.gateways):
             self.gateways.append(self._start_gateway(j))
@@ -105,10 +104,12 @@ class HostFleet(LocalFleet):
             if g is not None:
                 g.stop()
         self.gateways.clear()
-        super().stop()
-        if self.test_hosts is not None:
-            self.test_hosts.down()  # and whatever still ran inside
-            self.test_hosts = None
+        try:
+            super().stop()
+        finally:
+            if self.test_hosts is not None:
+                self.test_hosts.down()  # and whatever still ran inside
+                self.test_hosts = None
 
     # ------------------------------------------------------------------ parts
     def start_broker(self) -> None:
@@ -174,12 +175,7 @@ class HostFleet(LocalFleet):
     # ------------------------------------------------------------------ faults
     def kill_gateway(self, j: int) -> None:
         """kill -9 gateway j and its group (what it had in flight is lost; what it answered is on disk)."""
-        gw = self.gateways[j]
-        try:
-            os.killpg(os.getpgid(gw.pid), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        wait_until(lambda: not pid_alive(gw.pid), 30, what=f"gateway g{j} gone")
+        kill_group_now(self.gateways[j].pid)
         self.gateways[j] = None
 
     def restart_gateway(self, j: int) -> None:
@@ -187,4 +183,6 @@ class HostFleet(LocalFleet):
         self.gateways[j] = self._start_gateway(j)
 
     def balancer_sees(self, j: int, status: str, timeout_s: float = 30.0) -> None:
-        wait_until(lambda: self.gateway.servers().get(f"gw{j}") == status, timeout_s, what=f"haproxy: gw{j} {status}")
+        wait_until(
+            lambda: self.gateway.servers()[f"gw{j}"]["status"] == status, timeout_s, what=f"haproxy: gw{j} {status}"
+        )

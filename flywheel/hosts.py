@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flywheel.core.procs import identity, read_state, same_process, spawn, write_state
+from flywheel.core.procs import identity, in_netns, read_state, same_process, spawn, write_state
 
 log = logging.getLogger(__name__)
 NETWORK = ipaddress.ip_network("198.18.0.0/15")
@@ -75,7 +75,7 @@ class Host:
 
     def cmd(self, argv: list[str]) -> list[str]:
         """argv, run inside this host's namespace (`ip netns exec` execs it: it keeps the pid)."""
-        return ["ip", "netns", "exec", self.netns, *argv]
+        return in_netns(self.netns, argv)
 
     def run(self, argv: list[str], **kw) -> subprocess.CompletedProcess:
         return subprocess.run(self.cmd(argv), **kw)

@@ -25,6 +25,7 @@ from flywheel.core.paths import flywheel_home
 from flywheel.core.procs import (
     free_port,
     identity,
+    in_netns,
     read_state,
     same_process,
     spawn,
@@ -275,7 +276,7 @@ def start(cfg: BrokerConfig | None = None, die_with_parent: bool = True, wait: b
     stdout = open(data_dir / "broker.stdout", "ab")
     cmd = jvm + ["kafka.Kafka", str(props)]
     proc = spawn(
-        ["ip", "netns", "exec", cfg.netns, *cmd] if cfg.netns else cmd,
+        in_netns(cfg.netns, cmd),
         die_with_parent=die_with_parent,
         stdout=stdout,
         stderr=subprocess.STDOUT,

@@ -9,14 +9,12 @@ Each host has its own network namespace, so every node listens on the same ports
 
 from __future__ import annotations
 
-import os
-import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from flywheel import kafka_broker as kb
 from flywheel.core.kafka_admin import quiet_kafka
-from flywheel.core.procs import pid_alive, tail, wait_until
+from flywheel.core.procs import kill_group_now, pid_alive, tail, wait_until
 from flywheel.hosts import Host
 
 
@@ -47,11 +45,7 @@ class Cluster:
         """kill -9 node i (its JVM and its group)."""
         broker = self.brokers[i]
         assert broker is not None, f"node {i} is not running"
-        try:
-            os.killpg(os.getpgid(broker.pid), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        wait_until(lambda: not pid_alive(broker.pid), 30, what=f"node {i + 1} gone")
+        kill_group_now(broker.pid)
         broker.stop(timeout=5)  # forgets its state file
         self.brokers[i] = None
 

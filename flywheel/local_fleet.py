@@ -17,7 +17,7 @@ from pathlib import Path
 
 from flywheel.core.config import check_modes
 from flywheel.core.paths import REPO_ROOT
-from flywheel.core.procs import free_port, spawn, stop_pid, tail, wait_until
+from flywheel.core.procs import free_port, in_netns, spawn, stop_pid, tail, wait_until
 from weight_sync.switch import SwitchMode
 
 
@@ -203,7 +203,7 @@ class LocalFleet:
         cmd = [sys.executable, "-m", "flywheel", *args]
         with open(self.out / "logs" / log_name, "ab") as log:
             return spawn(
-                ["ip", "netns", "exec", netns, *cmd] if netns else cmd,
+                in_netns(netns, cmd),
                 cwd=REPO_ROOT,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -82,149 +82,164 @@ def _in_sync(fleet: HostFleet, topics: list[str]) -> bool:
 
 
 def run(cfg: DrillConfig, say=print) -> dict:
-    from flywheel.core import events as ev
-    from flywheel.event_audit import read_topic
-    from loadtests.versions import nudged
-    from weight_sync.publish import publish
-    from weight_sync.store import Store
-
     out = Path(cfg.out_dir)
     fleet_cfg = HostFleetConfig(model=cfg.model, out_dir=out / "fleet", hosts=cfg.hosts, tenants=cfg.users)
     r: dict = {"hosts": cfg.hosts}
     with HostFleet(fleet_cfg, say=say) as fleet:
-        key = next(iter(fleet.keys.values()))
         # Publishing is this drill's own (v1 while a node is down); the trainer only reads and trains.
         trainer = fleet.spawn_trainer(
             out / "trainer", "--publish-interval", "86400", "--threads", "1", "--min-batch", "4", "--lr", "1e-4"
         )
-        r.update(lb_added_ms(fleet, cfg.lb_probes))
-        say(f"drill: haproxy adds {r['lb_added_p50_ms']} ms at p50 ({r['direct_p50_ms']} -> {r['through_lb_p50_ms']})")
-        pop = Population(
-            PopulationConfig(users=cfg.users, think_s=cfg.think_s, seed=cfg.seed),
-            fleet.gateway.url,
-            list(fleet.keys.values()),
-            preference=HouseStyle(),
-        ).start()
         try:
-            time.sleep(cfg.warmup_s)
-
-            # -- gateway g0 dies under load
-            direct = []
-            for i in range(cfg.direct_completions):
-                status, body = _call(
-                    f"{fleet.gateways[0].url}/v1/completions",
-                    key,
-                    {"model": "flywheel-coder", "prompt": f"def f{i}(x):\n", "max_tokens": 8},
-                )
-                if status != 200:
-                    raise RuntimeError(f"a completion straight to g0 failed ({status}): {body}")
-                direct.append(body["id"])
-            t_gw_kill = time.time()
-            fleet.kill_gateway(0)
-            say("drill: gateway g0 killed (kill -9)")
-            fleet.balancer_sees(0, "DOWN")
-            fb = [
-                _call(f"{fleet.gateway.url}/v1/feedback", key, {"completion_id": c, "kind": "accept"}) for c in direct
-            ]
-            r["dead_gateway_feedback_taken"] = sum(s == 200 for s, _ in fb)
-            r["dead_gateway_feedback_sent"] = len(fb)
-            time.sleep(cfg.gateway_down_s)
-            fleet.restart_gateway(0)
-            fleet.balancer_sees(0, "UP")
-            t_gw_back = time.time()
-            say(f"drill: gateway g0 back after {t_gw_back - t_gw_kill:.1f} s")
-            time.sleep(cfg.warmup_s / 2)
-
-            # -- a Kafka node dies under load; v1 is published while it is down
-            t_b_kill = time.time()
-            fleet.broker.kill(cfg.killed_node)
-            say(f"drill: Kafka node {cfg.killed_node + 1} killed (kill -9)")
-            v1_dir = nudged(cfg.model, out / "v1-model", seed=cfg.seed + 1)
-            v1 = publish(v1_dir, fleet.publish_config()).version
-            t = time.monotonic()
-            fleet.wait_fleet_on(v1, cfg.switch_timeout_s)
-            r["switch_with_node_down_s"] = round(time.monotonic() - t, 1)
-            say(f"drill: every replica on v{v1} after {r['switch_with_node_down_s']} s (one Kafka node down)")
-            r["v1_switch_modes"] = sorted(x["mode"] for x in fleet.switch_reports() if x["version"] == v1)
-            time.sleep(max(0.0, cfg.broker_down_s - (time.time() - t_b_kill)))
-            # The cluster noticed: the dead node left the in-sync set of the event topics.
-            dead = fleet.broker.nodes[cfg.killed_node].node_id
-            r["isr_shrank_while_down"] = all(
-                dead not in isr
-                for t in (ev.TOPIC_COMPLETIONS, ev.TOPIC_FEEDBACK)
-                for isr in fleet.broker.in_sync(t).values()
-            )
-            t = time.monotonic()
-            fleet.broker.restart(cfg.killed_node)
-            wait_until(
-                lambda: _in_sync(fleet, [ev.TOPIC_COMPLETIONS, ev.TOPIC_FEEDBACK, "weights"]),
-                cfg.heal_timeout_s,
-                interval=1.0,
-                what="every partition back to 3 in-sync replicas",
-            )
-            t_b_back = time.time()
-            r["broker_heal_s"] = round(time.monotonic() - t, 1)
-            say(f"drill: Kafka node back, cluster healed in {r['broker_heal_s']} s")
-            time.sleep(cfg.after_s)
+            r.update(lb_added_ms(fleet, cfg.lb_probes))
+            say(f"drill: haproxy adds {r['lb_added_p50_ms']} ms at p50 (direct {r['direct_p50_ms']} ms)")
+            pop = Population(
+                PopulationConfig(users=cfg.users, think_s=cfg.think_s, seed=cfg.seed),
+                fleet.gateway.url,
+                list(fleet.keys.values()),
+                preference=HouseStyle(),
+            ).start()
+            try:
+                time.sleep(cfg.warmup_s)
+                gw_kill = _kill_a_gateway(fleet, cfg, r, say)
+                time.sleep(cfg.warmup_s / 2)
+                broker_kill = _kill_a_broker(fleet, cfg, r, out, say)
+                time.sleep(cfg.after_s)
+            finally:
+                pop.stop()
+            r["trainer_alive"] = pid_alive(trainer.pid)
         finally:
-            pop.stop()
-        records = pop.snapshot()
-        r["trainer_alive"] = pid_alive(trainer.pid)
-        stop_pid(trainer.pid)
-
-        # -- checks
+            stop_pid(trainer.pid)
         wait_until(lambda: _spools_drained(fleet), 120, interval=0.5, what="both gateways' spools drained")
-        served = [x for x in records if x.outcome != "failed" and x.completion_id]
-        judged = [x for x in served if x.outcome in ("accept", "reject")]
-        completions = read_topic(fleet.broker.bootstrap, ev.TOPIC_COMPLETIONS)
-        feedback = read_topic(fleet.broker.bootstrap, ev.TOPIC_FEEDBACK)
-        lost_c = [x for x in served if x.completion_id not in completions.per_completion]
-        lost_c += [c for c in direct if c not in completions.per_completion]
-        lost_f = [x for x in judged if x.completion_id not in feedback.per_completion]
-        lost_f += [c for c in direct if c not in feedback.per_completion]
-
-        def during(x, a: float, b: float) -> bool:
-            return x.started <= b and x.started + x.latency_s >= a
-
-        def in_flight_at(x, t: float) -> bool:
-            return x.started <= t <= x.started + x.latency_s
-
-        failed = [x for x in records if x.outcome == "failed"]
-        failed_inflight = [x for x in failed if in_flight_at(x, t_gw_kill)]
-        lost_in_broker_kill = [x for x in lost_c + lost_f if not isinstance(x, str) and during(x, t_b_kill, t_b_back)]
-        in_broker_kill = [x for x in records if x.outcome != "failed" and during(x, t_b_kill, t_b_back)]
-        latencies = sorted(x.latency_s for x in records if x.outcome != "failed")
-        trained = []
-        for f in sorted((out / "trainer" / "ledger").glob("step-*.json")):
-            trained += [e["key"].rsplit(":", 1)[0] for e in json.loads(f.read_text()) if "dropped" not in e]
-        started_at = {x.completion_id: x.started for x in served}
-        r.update(
-            {
-                "fleet_requests": len(records) + len(direct),
-                "fleet_failed": len(failed) - len(failed_inflight),
-                "gateway_kill_failed_inflight": len(failed_inflight),
-                "gateway_kill_failed_outside_inflight": sum(
-                    not in_flight_at(x, t_gw_kill) and during(x, t_gw_kill, t_gw_back) for x in failed
-                ),
-                "broker_kill_requests": len(in_broker_kill),
-                "broker_kill_max_latency_s": round(max((x.latency_s for x in in_broker_kill), default=0.0), 2),
-                "p99_latency_s": round(latencies[int(0.99 * (len(latencies) - 1))], 2) if latencies else None,
-                "broker_kill_events_lost": len(lost_in_broker_kill),
-                "events_lost": len(lost_c) + len(lost_f),
-                "broker_kill_duplicates_after_dedupe": len(completions.twice()) + len(feedback.twice()),
-                "duplicates_dropped_by_event_id": completions.repeated + feedback.repeated,
-                "completion_events": len(served) + len(direct),
-                "feedback_events": len(judged) + len(direct),
-                "fleet_version": Store(fleet.store_root).latest(),
-                "samples_trained": len(trained),
-                "samples_double_trained": len(trained) - len(set(trained)),
-                # Trained from requests answered while the node was down, and after it came back.
-                "samples_trained_in_broker_kill": sum(t_b_kill <= started_at.get(c, 0) <= t_b_back for c in trained),
-                "samples_trained_after_broker_kill": sum(started_at.get(c, 0) > t_b_back for c in trained),
-                "failures": [x.error for x in failed][:10],
-            }
-        )
+        r["fleet_served_versions"] = sorted(set(fleet.served_versions().values()))
+        r.update(_audit(fleet, pop.snapshot(), gw_kill, broker_kill, out / "trainer"))
     return r
+
+
+@dataclass
+class _GatewayKill:
+    read: float  # time.time() when the balancer's count was read, just before the kill
+    at: float  # when the gateway was gone
+    back: float  # when the balancer had the restarted gateway in rotation again
+    in_flight: int  # requests the balancer had on the gateway just before the kill
+    direct: list[str]  # completions the gateway issued just before, their feedback sent after its death
+
+
+def _kill_a_gateway(fleet: HostFleet, cfg: DrillConfig, r: dict, say) -> _GatewayKill:
+    key = next(iter(fleet.keys.values()))
+    direct = []
+    for i in range(cfg.direct_completions):
+        status, body = _call(
+            f"{fleet.gateways[0].url}/v1/completions",
+            key,
+            {"model": "flywheel-coder", "prompt": f"def f{i}(x):\n", "max_tokens": 8},
+        )
+        if status != 200:
+            raise RuntimeError(f"a completion straight to g0 failed ({status}): {body}")
+        direct.append(body["id"])
+    t_read = time.time()
+    in_flight = fleet.gateway.servers()["gw0"]["sessions"]
+    fleet.kill_gateway(0)
+    t_kill = time.time()
+    say(f"drill: gateway g0 killed (kill -9) with {in_flight} requests in flight on it")
+    fleet.balancer_sees(0, "DOWN")
+    fb = [_call(f"{fleet.gateway.url}/v1/feedback", key, {"completion_id": c, "kind": "accept"}) for c in direct]
+    r["dead_gateway_feedback_taken"] = sum(s == 200 for s, _ in fb)
+    r["dead_gateway_feedback_sent"] = len(fb)
+    time.sleep(cfg.gateway_down_s)
+    fleet.restart_gateway(0)
+    fleet.balancer_sees(0, "UP")
+    t_back = time.time()
+    say(f"drill: gateway g0 back after {t_back - t_kill:.1f} s")
+    return _GatewayKill(t_read, t_kill, t_back, in_flight, direct)
+
+
+def _kill_a_broker(fleet: HostFleet, cfg: DrillConfig, r: dict, out: Path, say) -> tuple[float, float]:
+    """Kill -9 a Kafka node, publish v1 while it is down, restart it, wait for the cluster to heal.
+    Returns the window (kill, healed) in time.time()."""
+    from flywheel.core import events as ev
+    from loadtests.versions import nudged
+    from weight_sync.publish import publish
+
+    t_kill = time.time()
+    fleet.broker.kill(cfg.killed_node)
+    say(f"drill: Kafka node {cfg.killed_node + 1} killed (kill -9)")
+    v1 = publish(nudged(cfg.model, out / "v1-model", seed=cfg.seed + 1), fleet.publish_config()).version
+    r["switch_with_node_down_s"] = round(fleet.wait_fleet_on(v1, cfg.switch_timeout_s), 1)
+    say(f"drill: every replica on v{v1} after {r['switch_with_node_down_s']} s (one Kafka node down)")
+    r["v1_switch_modes"] = sorted(x["mode"] for x in fleet.switch_reports() if x["version"] == v1)
+    time.sleep(max(0.0, cfg.broker_down_s - (time.time() - t_kill)))
+    # The cluster noticed: the dead node left the in-sync set of every partition of the event topics.
+    dead = fleet.broker.nodes[cfg.killed_node].node_id
+    topics = [ev.TOPIC_COMPLETIONS, ev.TOPIC_FEEDBACK]
+    r["isr_shrank_while_down"] = all(dead not in isr for t in topics for isr in fleet.broker.in_sync(t).values())
+    t = time.monotonic()
+    fleet.broker.restart(cfg.killed_node)
+    wait_until(
+        lambda: _in_sync(fleet, [*topics, "weights"]),
+        cfg.heal_timeout_s,
+        interval=1.0,
+        what="every partition back to 3 in-sync replicas",
+    )
+    r["broker_heal_s"] = round(time.monotonic() - t, 1)
+    say(f"drill: Kafka node back, cluster healed {r['broker_heal_s']} s after its restart began")
+    return t_kill, time.time()
+
+
+def _audit(fleet: HostFleet, records: list, gw: _GatewayKill, broker: tuple[float, float], trainer_dir: Path) -> dict:
+    from flywheel.core import events as ev
+    from flywheel.event_audit import read_topic, trained_keys
+
+    def during(x, a: float, b: float) -> bool:
+        return x.started <= b and x.started + x.latency_s >= a
+
+    def in_flight_at(x, t: float) -> bool:
+        return x.started <= t <= x.started + x.latency_s
+
+    served = [x for x in records if x.outcome != "failed" and x.completion_id]
+    judged = [x for x in served if x.outcome in ("accept", "reject")]
+    feedback_audit = read_topic(fleet.broker.bootstrap, ev.TOPIC_FEEDBACK)
+    completions_audit = read_topic(fleet.broker.bootstrap, ev.TOPIC_COMPLETIONS)
+    completions, feedback = completions_audit.per_completion, feedback_audit.per_completion
+    lost = [x for x in served if x.completion_id not in completions]
+    lost += [x for x in judged if x.completion_id not in feedback]
+    lost_direct = [c for c in gw.direct if c not in completions] + [c for c in gw.direct if c not in feedback]
+
+    # Failures the kill may excuse: requests in flight when the balancer's count was read, at most as many
+    # as it had on the killed gateway (the others were on the live one and must not fail), and those that
+    # began between that reading and the gateway's end.
+    failed = [x for x in records if x.outcome == "failed"]
+    spanning = [x for x in failed if in_flight_at(x, gw.read)]
+    excused = min(len(spanning), gw.in_flight) + sum(gw.read < x.started <= gw.at for x in failed)
+    in_broker_kill = [x for x in records if x.outcome != "failed" and during(x, *broker)]
+    latencies = sorted(x.latency_s for x in records if x.outcome != "failed")
+    trained = trained_keys(trainer_dir)
+    started_at = {x.completion_id: x.started for x in served}
+    trained_at = [started_at.get(k.rsplit(":", 1)[0], 0.0) for k in trained]
+    return {
+        "fleet_requests": len(records) + len(gw.direct),
+        "fleet_failed": len(failed) - excused,
+        "gateway_kill_in_flight": gw.in_flight,
+        "gateway_kill_failed_inflight": excused,
+        "gateway_kill_failed_outside_inflight": sum(during(x, gw.read, gw.back) for x in failed) - excused,
+        "broker_kill_requests": len(in_broker_kill),
+        "broker_kill_max_latency_s": round(max((x.latency_s for x in in_broker_kill), default=0.0), 2),
+        "p99_latency_s": round(latencies[int(0.99 * (len(latencies) - 1))], 2) if latencies else None,
+        "broker_kill_events_lost": sum(during(x, *broker) for x in lost),
+        "events_lost": len(lost) + len(lost_direct),
+        # Over the whole run (the broker kill is where producers re-send): completions or feedback that
+        # reached Kafka as two different events.
+        "broker_kill_duplicates_after_dedupe": len(completions_audit.twice()) + len(feedback_audit.twice()),
+        "duplicates_dropped_by_event_id": completions_audit.repeated + feedback_audit.repeated,
+        "completion_events": len(served) + len(gw.direct),
+        "feedback_events": len(judged) + len(gw.direct),
+        "samples_trained": len(trained),
+        "samples_double_trained": len(trained) - len(set(trained)),
+        # Trained from requests answered while the node was down, and after the cluster healed.
+        "samples_trained_in_broker_kill": sum(broker[0] <= t <= broker[1] for t in trained_at),
+        "samples_trained_after_broker_kill": sum(t > broker[1] for t in trained_at),
+        "failures": [x.error for x in failed][:10],
+    }
 
 
 def table(r: dict) -> str:

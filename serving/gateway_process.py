@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flywheel.core.paths import REPO_ROOT
-from flywheel.core.procs import free_port, spawn, stop_pid, tail, wait_until
+from flywheel.core.procs import free_port, in_netns, spawn, stop_pid, tail, wait_until
 
 
 @dataclass
@@ -78,8 +78,7 @@ def start(
     ]
     if kafka:
         cmd += ["--kafka", kafka]
-    if netns:
-        cmd = ["ip", "netns", "exec", netns, *cmd]  # execs: the pid stays the gateway's
+    cmd = in_netns(netns, cmd)
     log_file = state_dir / "gateway.log"
     with open(log_file, "ab") as log:
         proc = spawn(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env, cwd=REPO_ROOT)

@@ -18,6 +18,7 @@ from flywheel.core.paths import REPO_ROOT, flywheel_home
 from flywheel.core.procs import (
     free_port,
     identity,
+    in_netns,
     pid_alive,
     read_state,
     same_process,
@@ -173,9 +174,7 @@ def start(cfg: ReplicaConfig, die_with_parent: bool = True, wait: bool = True) -
     log_dir = Path(cfg.log_dir) if cfg.log_dir else flywheel_home() / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     log_file = log_dir / f"replica-{port}.log"
-    cmd = command(cfg, port)
-    if cfg.netns:
-        cmd = ["ip", "netns", "exec", cfg.netns, *cmd]  # execs: the pid stays the server's
+    cmd = in_netns(cfg.netns, command(cfg, port))
     with open(log_file, "ab") as log:
         proc = spawn(
             cmd,

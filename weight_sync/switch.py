@@ -166,34 +166,64 @@ def _unreachable(e: BaseException) -> bool:
     return isinstance(e, (aiohttp.ClientConnectionError, asyncio.TimeoutError))
 
 
-async def _drain_all(session, gws: list[GatewayLink], timeout_s: float) -> list[GatewayLink] | None:
-    """Drain the replica on every gateway. Returns those that drained it, or None when it is to be switched
-    in place (a gateway refused, or none could be reached); the ones drained then route to it again."""
-    results = await asyncio.gather(*(_drain(session, gw, timeout_s) for gw in gws), return_exceptions=True)
-    drained = [gw for gw, r in zip(gws, results, strict=True) if r is True]
-    errors = [r for r in results if isinstance(r, BaseException)]
-    for gw, r in zip(gws, results, strict=True):
-        if isinstance(r, BaseException) and _unreachable(r):
-            log.warning("gateway %s unreachable (%s): switching %s without it", gw.url, type(r).__name__, gw.replica_id)
-    fatal = [e for e in errors if not _unreachable(e)]
-    if fatal or any(r is False for r in results) or not drained:
-        await asyncio.gather(*(_activate_quietly(session, gw) for gw in gws))  # drains it may have begun
+class _Drains:
+    """The drains one switch holds on its gateways, each renewed from the moment it is granted."""
+
+    def __init__(self, session):
+        self.session = session
+        self.held: list[GatewayLink] = []
+        self.passed_over: list[GatewayLink] = []  # unreachable (dead, or cut off after it took the drain)
+        self._renewals: list[asyncio.Task] = []
+
+    async def take(self, gws: list[GatewayLink], timeout_s: float) -> bool:
+        """Drain the replica on each gateway in turn, in one order for every agent (sorted by URL), so
+        agents switching at once never hold a drain on one gateway while waiting on another. False: switch
+        in place instead (a gateway refused: the replica is its last active one; or none could be reached);
+        every drain taken is undone then, and on any error."""
+        try:
+            for gw in sorted(gws, key=lambda g: g.url):
+                try:
+                    granted = await _drain(self.session, gw, timeout_s)
+                except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                    if not _unreachable(e):
+                        raise
+                    log.warning(
+                        "gateway %s unreachable (%s): switching %s without it", gw.url, type(e).__name__, gw.replica_id
+                    )
+                    self.passed_over.append(gw)
+                    continue
+                if not granted:
+                    await self.release(quiet=True)
+                    return False
+                self.held.append(gw)
+                self._renewals.append(asyncio.ensure_future(_renew_drain(self.session, gw)))
+        except BaseException:
+            await self.release(quiet=True)
+            raise
+        if not self.held:
+            await self.release(quiet=True)
+            return False
+        return True
+
+    async def release(self, quiet: bool = False) -> None:
+        """Stop renewing, then route to the replica again on every gateway: those passed over too (one may
+        have taken the drain before it stopped answering), quietly. A gateway that refuses to re-activate
+        is an error unless quiet; one that has gone away is passed over (a gateway starts with every replica
+        active)."""
+        for r in self._renewals:
+            r.cancel()  # and wait for them: a renewal in flight must not drain it again after
+        await asyncio.gather(*self._renewals, return_exceptions=True)
+        self._renewals.clear()
+        held, passed = self.held, self.passed_over
+        self.held, self.passed_over = [], []
+        results = await asyncio.gather(*(_activate(self.session, gw) for gw in held), return_exceptions=True)
+        await asyncio.gather(*(_activate_quietly(self.session, gw) for gw in passed))
+        for gw, r in zip(held, results, strict=True):
+            if isinstance(r, BaseException) and (quiet or _unreachable(r)):
+                log.warning("gateway %s: %s not re-activated (%s)", gw.url, gw.replica_id, type(r).__name__)
+        fatal = [r for r in results if isinstance(r, BaseException) and not (quiet or _unreachable(r))]
         if fatal:
             raise fatal[0]
-        return None
-    return drained
-
-
-async def _activate_all(session, gws: list[GatewayLink]) -> None:
-    """Route to the replica again on every gateway that drained it. One that has gone away since is passed
-    over (a gateway starts with every replica active); a refusal is an error."""
-    results = await asyncio.gather(*(_activate(session, gw) for gw in gws), return_exceptions=True)
-    for gw, r in zip(gws, results, strict=True):
-        if isinstance(r, BaseException) and _unreachable(r):
-            log.warning("gateway %s unreachable to re-activate %s (%s)", gw.url, gw.replica_id, type(r).__name__)
-    fatal = [r for r in results if isinstance(r, BaseException) and not _unreachable(r)]
-    if fatal:
-        raise fatal[0]
 
 
 async def switch(
@@ -212,21 +242,17 @@ async def switch(
     timings: dict = {}
     t0 = time.monotonic()
     async with aiohttp.ClientSession() as session:
-        used, drained = mode, []
+        used, drains = mode, _Drains(session)
         if mode == "drain":
             if not gws:
                 used = "no_pause"
             else:
                 t = time.monotonic()
-                try:
-                    drained = await _drain_all(session, gws, drain_timeout_s)
-                except asyncio.CancelledError:
-                    await asyncio.gather(*(_activate_quietly(session, gw) for gw in gws))
-                    raise
+                if not await drains.take(gws, drain_timeout_s):
+                    used = "no_pause"  # the last active replica somewhere: it keeps serving
                 timings["drain_ms"] = 1000 * (time.monotonic() - t)
-                if drained is None:
-                    used, drained = "no_pause", []  # the last active replica somewhere: it keeps serving
-        renew = [asyncio.ensure_future(_renew_drain(session, gw)) for gw in drained]
+                if drains.passed_over:  # those hold their requests during the load (a switch in place there)
+                    timings["gateways_passed_over"] = len(drains.passed_over)
         try:
             if used == "retract":
                 t = time.monotonic()
@@ -241,11 +267,7 @@ async def switch(
                 # drain: nothing was routed here meanwhile; no_pause: requests were held during the load.
                 timings["pause_ms"] = 0.0 if used == "drain" else timings["load_ms"]
         finally:
-            for r in renew:
-                r.cancel()  # and wait for them: a renewal in flight must not drain it again after
-            await asyncio.gather(*renew, return_exceptions=True)
-            if drained:
-                await _activate_all(session, drained)
+            await drains.release()
         now = await served_version(session, replica_url)
         if now != version:
             raise SwitchError(f"replica reports version {now} after switching to {version}")

@@ -47,6 +47,21 @@ def spawn(cmd: list[str], die_with_parent: bool = True, **kw) -> subprocess.Pope
     return proc
 
 
+def in_netns(netns: str | None, cmd: list[str]) -> list[str]:
+    """cmd, run inside a network namespace (a test host) if one is named. `ip netns exec` execs it, so the
+    pid is the command's own."""
+    return ["ip", "netns", "exec", netns, *cmd] if netns else list(cmd)
+
+
+def kill_group_now(pid: int, timeout: float = 30.0) -> None:
+    """kill -9 a server and its process group (a crash, for fault drills), and wait until it is gone."""
+    try:
+        os.killpg(os.getpgid(pid), signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    wait_until(lambda: not pid_alive(pid), timeout, what=f"pid {pid} gone")
+
+
 def identity(pid: int) -> dict:
     """What tells this process apart from a later one that reuses its pid: boot id and start time (and the
     command line, for whoever reads the pid file)."""

@@ -19,7 +19,7 @@ ADMIN = "admin-secret"
 
 
 @contextlib.asynccontextmanager
-async def two_gateways(test_model, tmp_path):
+async def two_gateways(test_model, tmp_path, health_interval_s: float = 3600):
     """Two gateways in this process over the same two fake replicas: yields (fakes, their URLs, [client,
     client])."""
     from serving.config import GatewayConfig, PoolConfig
@@ -40,7 +40,7 @@ async def two_gateways(test_model, tmp_path):
                 api_keys="u0:key-u0",
                 admin_token=ADMIN,
                 log_events=False,
-                pool=PoolConfig(health_interval_s=3600),
+                pool=PoolConfig(health_interval_s=health_interval_s),  # also how often drain leases expire
             )
         )
         c = TestClient(TestServer(gw.app))
@@ -105,11 +105,46 @@ def test_a_gateway_that_refuses_makes_it_a_switch_in_place(test_model, tmp_path)
             # On gateway 1, r1 is drained by an SRE (no lease): r0 is its last active replica.
             r = await gws[1].post("/admin/replicas/r1/drain", json={}, headers={"Authorization": f"Bearer {ADMIN}"})
             assert r.status == 200
-            # Refused while another replica drains: the switch waits for its turn, then switches in place.
+            # Refused while another replica drains (for good: an SRE's drain has no lease): the switch waits
+            # for its turn until its drain timeout, then switches in place.
             gws_links = [link(c) for c in gws]
             report = await switch(urls[0], "/models/v1", 1, "drain", gws_links, drain_timeout_s=1.0)
             assert report["mode"] == "no_pause"
             assert [await states(c) for c in gws] == ["active", "active"]  # gateway 0's drain undone
             assert fakes[0].version == 1
+
+    asyncio.run(main())
+
+
+def test_a_drain_taken_first_is_kept_while_the_next_gateway_waits_for_stragglers(test_model, tmp_path, monkeypatch):
+    """Gateways are drained one after another (in URL order, the same for every agent); a drain already
+    granted is renewed while a later gateway waits for its requests on the replica to finish."""
+    import weight_sync.switch as sw
+
+    monkeypatch.setattr(sw, "DRAIN_LEASE_S", 1.0)  # lapses within the straggler's 3 s unless renewed
+
+    async def main():
+        async with two_gateways(test_model, tmp_path, health_interval_s=0.2) as (fakes, urls, gws):
+            first, second = sorted(gws, key=lambda c: str(c.make_url("")))
+            for f in fakes:
+                f.delay_s = 3.0
+            body = {"model": "flywheel-coder", "prompt": "def f(x):\n", "max_tokens": 4}
+            headers = {"Authorization": "Bearer key-u0"}
+            # Two requests on the second gateway: one on each replica (least outstanding).
+            stragglers = [
+                asyncio.ensure_future(second.post("/v1/completions", json=body, headers=headers)) for _ in "ab"
+            ]
+            await asyncio.sleep(0.5)
+            seen = []
+
+            async def look():
+                seen.append([await states(first), await states(second)])
+
+            fakes[0].during_load = look
+            report = await switch(urls[0], "/models/v1", 1, "drain", [link(c) for c in gws])
+            assert report["mode"] == "drain" and report["drain_ms"] > 2000  # it waited for the straggler
+            assert seen == [["draining", "draining"]]  # the first gateway's drain outlived its 1 s lease
+            assert [await states(c) for c in gws] == ["active", "active"]
+            assert [(await s).status for s in stragglers] == [200, 200]
 
     asyncio.run(main())

@@ -97,7 +97,8 @@ class Haproxy:
 
     def servers(self) -> dict[str, dict]:
         """The balancer's own view, from its stats socket: gateway server name (gw0, ...) -> {"status": UP /
-        DOWN / ..., "sessions": requests it has on that gateway now}."""
+        DOWN / ..., "sessions": requests it has on that gateway now, "errors": answers from it that failed so
+        far (5xx, or the connection broken before an answer)}."""
         with socketlib.socket(socketlib.AF_UNIX, socketlib.SOCK_STREAM) as s:
             s.settimeout(5)
             s.connect(str(self.socket))
@@ -107,9 +108,15 @@ class Haproxy:
                 data += chunk
         rows = list(csv.reader(data.decode().lstrip("# ").splitlines()))
         head = rows[0]
-        px, sv, status, scur = (head.index(k) for k in ("pxname", "svname", "status", "scur"))
+        px, sv, status, scur, eresp, h5 = (
+            head.index(k) for k in ("pxname", "svname", "status", "scur", "eresp", "hrsp_5xx")
+        )
         return {
-            r[sv]: {"status": r[status].split()[0], "sessions": int(r[scur] or 0)}
+            r[sv]: {
+                "status": r[status].split()[0],
+                "sessions": int(r[scur] or 0),
+                "errors": int(r[eresp] or 0) + int(r[h5] or 0),
+            }
             for r in rows[1:]
             if len(r) > status and r[px] == "gateways" and r[sv] not in ("FRONTEND", "BACKEND")
         }

@@ -138,7 +138,8 @@ def _kill_a_gateway(fleet: HostFleet, cfg: DrillConfig, r: dict, say) -> _Gatewa
             raise RuntimeError(f"a completion straight to g0 failed ({status}): {body}")
         direct.append(body["id"])
     t_read = time.time()
-    in_flight = fleet.gateway.servers()["gw0"]["sessions"]
+    seen = fleet.gateway.servers()
+    in_flight, survivor_errors = seen["gw0"]["sessions"], seen["gw1"]["errors"]
     fleet.kill_gateway(0)
     t_kill = time.time()
     say(f"drill: gateway g0 killed (kill -9) with {in_flight} requests in flight on it")
@@ -150,6 +151,8 @@ def _kill_a_gateway(fleet: HostFleet, cfg: DrillConfig, r: dict, say) -> _Gatewa
     fleet.restart_gateway(0)
     fleet.balancer_sees(0, "UP")
     t_back = time.time()
+    # What excuses failures as g0's must not hide one on g1: the balancer counts g1's failed answers.
+    r["gateway_kill_errors_on_survivor"] = fleet.gateway.servers()["gw1"]["errors"] - survivor_errors
     say(f"drill: gateway g0 back after {t_back - t_kill:.1f} s")
     return _GatewayKill(t_read, t_kill, t_back, in_flight, direct)
 
@@ -206,8 +209,8 @@ def _audit(fleet: HostFleet, records: list, gw: _GatewayKill, broker: tuple[floa
     lost_direct = [c for c in gw.direct if c not in completions] + [c for c in gw.direct if c not in feedback]
 
     # Failures the kill may excuse: requests in flight when the balancer's count was read, at most as many
-    # as it had on the killed gateway (the others were on the live one and must not fail), and those that
-    # began between that reading and the gateway's end.
+    # as it had on the killed gateway, and those that began between that reading and the gateway's end.
+    # None of them may have been on the live gateway: gateway_kill_errors_on_survivor counts those.
     failed = [x for x in records if x.outcome == "failed"]
     spanning = [x for x in failed if in_flight_at(x, gw.read)]
     excused = min(len(spanning), gw.in_flight) + sum(gw.read < x.started <= gw.at for x in failed)

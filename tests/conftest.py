@@ -87,3 +87,21 @@ def second_replica(test_model, tmp_path_factory):
         yield r
     finally:
         assert r.stop(), f"replica pid {r.pid} did not stop"
+
+
+@pytest.fixture
+def make_hosts():
+    """Test hosts for one test (flywheel.hosts): `hosts = make_hosts(3)` gives three network namespaces on
+    a bridge; every set made is removed when the test ends, failed or not (and by the next run's reaper if
+    this one is killed -9). Needs root."""
+    from flywheel.hosts import HostsConfig, TestHosts
+
+    made = []
+
+    def up(n: int = 3, **cfg) -> TestHosts:
+        made.append(TestHosts.up(HostsConfig(n=n, **cfg)))
+        return made[-1]
+
+    yield up
+    for hosts in made:
+        hosts.down()

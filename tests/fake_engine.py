@@ -24,6 +24,8 @@ class FakeReplica:
         self.aborted: list[str] = []  # /abort_request rids seen
         self.load_s = 0.0  # how long /update_weights_from_disk takes
         self.during_load = None  # async callable run while a load is under way (a test's look at the gateways)
+        self.unflushed_loads = 0  # loads answered as SGLang does when a request still ran (weights changed)
+        self.flushes: list[str] = []  # /flush_cache calls seen (their query string)
         self.app = web.Application()
         self.app.add_routes(
             [
@@ -32,6 +34,7 @@ class FakeReplica:
                 web.get("/model_info", self.model_info),
                 web.get("/metrics", self.metrics),
                 web.post("/update_weights_from_disk", self.update_weights),
+                web.post("/flush_cache", self.flush_cache),
             ]
         )
 
@@ -84,7 +87,18 @@ class FakeReplica:
             await self.during_load()
         await asyncio.sleep(self.load_s)
         self.version = int(body["weight_version"])
+        if self.unflushed_loads:
+            self.unflushed_loads -= 1
+            message = (
+                "Weights were updated, but the cache was not flushed because requests are still running or "
+                "queued. Retract or finish them, then call /flush_cache."
+            )
+            return web.json_response({"success": False, "message": message}, status=400)
         return web.json_response({"success": True, "message": "ok"})
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        self.flushes.append(request.query_string)
+        return web.Response(text="Cache flushed.\n")
 
 
 @contextlib.asynccontextmanager

@@ -75,15 +75,21 @@ async def _load(session, replica_url: str, model_dir: str, version: int) -> floa
         f"{replica_url}/update_weights_from_disk",
         {"model_path": model_dir, "weight_version": str(version), "flush_cache": True, "abort_all_requests": False},
     )
+    if status == 400 and "cache was not flushed" in str(out.get("message", "")):
+        # The weights did change, but a request still running or queued in SGLang (one finishing as the
+        # drain ended) kept the prefix cache, which holds KV of the old weights: flush it once that is done
+        # (SGLang waits up to `timeout` for it).
+        status, out = await _post(session, f"{replica_url}/flush_cache?timeout=30", timeout=60)
+        out["success"] = status == 200
     if status != 200 or not out.get("success"):
         raise SwitchError(f"update_weights_from_disk failed ({status}): {out.get('message', out)}")
     return time.monotonic() - t
 
 
-async def _drain(session, gw: GatewayLink, timeout_s: float) -> bool:
-    """Ask the gateway to drain the replica; False if it refuses (the last active replica)."""
+async def _drain(session, gw: GatewayLink, deadline: float) -> bool:
+    """Ask the gateway to drain the replica and wait (until `deadline`, monotonic) for its requests there to
+    finish; False if it refuses (the last active replica)."""
     headers = {"Authorization": f"Bearer {gw.admin_token}"}
-    deadline = time.monotonic() + timeout_s
     while True:
         status, out = await _post(
             session,
@@ -94,11 +100,15 @@ async def _drain(session, gw: GatewayLink, timeout_s: float) -> bool:
         )
         if status != 409:
             break
-        # Refused as the last active replica. If another one is draining (switching), wait for our turn:
-        # replicas switch one at a time. If none will come back, switch in place.
+        # Refused as the last active replica. If another one is draining for a switch (its drain has a
+        # lease: it comes back), wait for our turn: replicas switch one at a time. If none will come back
+        # (an SRE's drain has no lease), switch in place.
         async with session.get(f"{gw.url}/admin/replicas", headers=headers, timeout=_admin_timeout()) as r:
-            others = [x for x in (await r.json())["replicas"] if x["id"] != gw.replica_id]
-        if not any(x["state"] == "draining" and x["healthy"] for x in others) or time.monotonic() > deadline:
+            others = [x for x in (await r.json(content_type=None))["replicas"] if x["id"] != gw.replica_id]
+        switching = [
+            x for x in others if x["state"] == "draining" and x["healthy"] and x.get("drain_lease_s") is not None
+        ]
+        if not switching or time.monotonic() > deadline:
             return False
         await asyncio.sleep(0.1)
     if status != 200:
@@ -106,8 +116,8 @@ async def _drain(session, gw: GatewayLink, timeout_s: float) -> bool:
     renewed = time.monotonic()
     while time.monotonic() < deadline:
         async with session.get(f"{gw.url}/admin/replicas", headers=headers, timeout=_admin_timeout()) as r:
-            reps = {x["id"]: x for x in (await r.json())["replicas"]}
-        if reps[gw.replica_id]["outstanding"] == 0:
+            reps = {x["id"]: x for x in (await r.json(content_type=None))["replicas"]}
+        if reps.get(gw.replica_id, {}).get("outstanding", 0) == 0:
             return True
         if time.monotonic() - renewed > DRAIN_LEASE_S / 3:  # a long wait for stragglers keeps the lease
             await _post(
@@ -180,21 +190,25 @@ class _Drains:
         agents switching at once never hold a drain on one gateway while waiting on another. False: switch
         in place instead (a gateway refused: the replica is its last active one; or none could be reached);
         every drain taken is undone then, and on any error."""
+        deadline = time.monotonic() + timeout_s  # one wait for all of them
         try:
             for gw in sorted(gws, key=lambda g: g.url):
+                # Counted as passed over (re-activated quietly on release) until granted: a drain asked for
+                # and then cut short (an error, a cancel, while waiting for stragglers) is undone too.
+                self.passed_over.append(gw)
                 try:
-                    granted = await _drain(self.session, gw, timeout_s)
+                    granted = await _drain(self.session, gw, deadline)
                 except (aiohttp.ClientError, asyncio.TimeoutError) as e:
                     if not _unreachable(e):
                         raise
                     log.warning(
                         "gateway %s unreachable (%s): switching %s without it", gw.url, type(e).__name__, gw.replica_id
                     )
-                    self.passed_over.append(gw)
                     continue
                 if not granted:
                     await self.release(quiet=True)
                     return False
+                self.passed_over.remove(gw)
                 self.held.append(gw)
                 self._renewals.append(asyncio.ensure_future(_renew_drain(self.session, gw)))
         except BaseException:

@@ -36,6 +36,7 @@ def test_a_fleet_over_three_hosts_rides_through_a_gateway_and_a_broker_kill(test
     for k in (
         "fleet_failed",
         "gateway_kill_failed_outside_inflight",
+        "gateway_kill_errors_on_survivor",
         "events_lost",
         "broker_kill_events_lost",
         "broker_kill_duplicates_after_dedupe",

@@ -102,16 +102,57 @@ def test_an_unreachable_gateway_is_passed_over(test_model, tmp_path):
 def test_a_gateway_that_refuses_makes_it_a_switch_in_place(test_model, tmp_path):
     async def main():
         async with two_gateways(test_model, tmp_path) as (fakes, urls, gws):
-            # On gateway 1, r1 is drained by an SRE (no lease): r0 is its last active replica.
-            r = await gws[1].post("/admin/replicas/r1/drain", json={}, headers={"Authorization": f"Bearer {ADMIN}"})
+            first, last = sorted(gws, key=lambda c: str(c.make_url("")))  # the order drains are taken in
+            seen = []
+
+            async def look():
+                seen.append([await states(first), await states(last)])
+
+            fakes[0].during_load = look
+            # On the gateway drained last, r1 is drained by an SRE (no lease: it will not come back soon), so
+            # r0 is its last active replica there: refused, at once, after the first gateway granted it.
+            r = await last.post("/admin/replicas/r1/drain", json={}, headers={"Authorization": f"Bearer {ADMIN}"})
             assert r.status == 200
-            # Refused while another replica drains (for good: an SRE's drain has no lease): the switch waits
-            # for its turn until its drain timeout, then switches in place.
-            gws_links = [link(c) for c in gws]
-            report = await switch(urls[0], "/models/v1", 1, "drain", gws_links, drain_timeout_s=1.0)
-            assert report["mode"] == "no_pause"
-            assert [await states(c) for c in gws] == ["active", "active"]  # gateway 0's drain undone
+            report = await switch(urls[0], "/models/v1", 1, "drain", [link(c) for c in gws])
+            assert report["mode"] == "no_pause" and report["drain_ms"] < 5000
+            assert seen == [["active", "active"]]  # the first gateway's drain undone before the load
+            assert [await states(first), await states(last)] == ["active", "active"]
             assert fakes[0].version == 1
+
+    asyncio.run(main())
+
+
+def test_a_cancelled_switch_leaves_no_gateway_draining(test_model, tmp_path):
+    """Cancelled while the second gateway waits for a straggler (its drain asked for, not yet granted) and
+    while loading: every gateway routes to the replica again."""
+
+    async def main():
+        async with two_gateways(test_model, tmp_path) as (fakes, urls, gws):
+            first, second = sorted(gws, key=lambda c: str(c.make_url("")))
+            for f in fakes:
+                f.delay_s = 3.0
+            body = {"model": "flywheel-coder", "prompt": "def f(x):\n", "max_tokens": 4}
+            headers = {"Authorization": "Bearer key-u0"}
+            stragglers = [
+                asyncio.ensure_future(second.post("/v1/completions", json=body, headers=headers)) for _ in "ab"
+            ]
+            await asyncio.sleep(0.5)
+            task = asyncio.ensure_future(switch(urls[0], "/models/v1", 1, "drain", [link(c) for c in gws]))
+            await asyncio.sleep(1.0)
+            assert [await states(first), await states(second)] == ["draining", "draining"]
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            assert [await states(first), await states(second)] == ["active", "active"]
+            await asyncio.gather(*stragglers)
+            for f in fakes:
+                f.delay_s = 0.0
+            fakes[0].load_s = 5.0
+            task = asyncio.ensure_future(switch(urls[0], "/models/v2", 2, "drain", [link(c) for c in gws]))
+            await asyncio.sleep(1.0)  # loading now
+            assert [await states(first), await states(second)] == ["draining", "draining"]
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            assert [await states(first), await states(second)] == ["active", "active"]
 
     asyncio.run(main())
 
@@ -146,5 +187,20 @@ def test_a_drain_taken_first_is_kept_while_the_next_gateway_waits_for_stragglers
             assert seen == [["draining", "draining"]]  # the first gateway's drain outlived its 1 s lease
             assert [await states(c) for c in gws] == ["active", "active"]
             assert [(await s).status for s in stragglers] == [200, 200]
+
+    asyncio.run(main())
+
+
+def test_weights_loaded_with_a_request_still_running_are_followed_by_a_flush(test_model, tmp_path):
+    """SGLang changes the weights but keeps the prefix cache (KV of the old weights) when a request still
+    runs as the load ends, and answers 400: the switch flushes the cache once that request is done."""
+
+    async def main():
+        async with two_gateways(test_model, tmp_path) as (fakes, urls, gws):
+            fakes[0].unflushed_loads = 1
+            report = await switch(urls[0], "/models/v1", 1, "drain", [link(c) for c in gws])
+            assert report["mode"] == "drain" and fakes[0].version == 1
+            assert fakes[0].flushes == ["timeout=30"]
+            assert [await states(c) for c in gws] == ["active", "active"]
 
     asyncio.run(main())

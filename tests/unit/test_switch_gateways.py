@@ -60,6 +60,17 @@ async def states(client, rid: str = "r0") -> str:
     return next(x["state"] for x in (await r.json())["replicas"] if x["id"] == rid)
 
 
+async def slow_requests_on(client, fakes) -> list:
+    """Two 3 s requests through one gateway, one on each replica (least outstanding), under way on return."""
+    for f in fakes:
+        f.delay_s = 3.0
+    body = {"model": "flywheel-coder", "prompt": "def f(x):\n", "max_tokens": 4}
+    headers = {"Authorization": "Bearer key-u0"}
+    out = [asyncio.ensure_future(client.post("/v1/completions", json=body, headers=headers)) for _ in "ab"]
+    await asyncio.sleep(0.5)
+    return out
+
+
 def link(client, rid: str = "r0") -> GatewayLink:
     return GatewayLink(str(client.make_url("")).rstrip("/"), ADMIN, rid)
 
@@ -129,14 +140,7 @@ def test_a_cancelled_switch_leaves_no_gateway_draining(test_model, tmp_path):
     async def main():
         async with two_gateways(test_model, tmp_path) as (fakes, urls, gws):
             first, second = sorted(gws, key=lambda c: str(c.make_url("")))
-            for f in fakes:
-                f.delay_s = 3.0
-            body = {"model": "flywheel-coder", "prompt": "def f(x):\n", "max_tokens": 4}
-            headers = {"Authorization": "Bearer key-u0"}
-            stragglers = [
-                asyncio.ensure_future(second.post("/v1/completions", json=body, headers=headers)) for _ in "ab"
-            ]
-            await asyncio.sleep(0.5)
+            stragglers = await slow_requests_on(second, fakes)
             task = asyncio.ensure_future(switch(urls[0], "/models/v1", 1, "drain", [link(c) for c in gws]))
             await asyncio.sleep(1.0)
             assert [await states(first), await states(second)] == ["draining", "draining"]
@@ -167,15 +171,7 @@ def test_a_drain_taken_first_is_kept_while_the_next_gateway_waits_for_stragglers
     async def main():
         async with two_gateways(test_model, tmp_path, health_interval_s=0.2) as (fakes, urls, gws):
             first, second = sorted(gws, key=lambda c: str(c.make_url("")))
-            for f in fakes:
-                f.delay_s = 3.0
-            body = {"model": "flywheel-coder", "prompt": "def f(x):\n", "max_tokens": 4}
-            headers = {"Authorization": "Bearer key-u0"}
-            # Two requests on the second gateway: one on each replica (least outstanding).
-            stragglers = [
-                asyncio.ensure_future(second.post("/v1/completions", json=body, headers=headers)) for _ in "ab"
-            ]
-            await asyncio.sleep(0.5)
+            stragglers = await slow_requests_on(second, fakes)
             seen = []
 
             async def look():

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from flywheel.core import weight_patch
 from flywheel.core.paths import REPO_ROOT, flywheel_home
 from flywheel.core.procs import (
     free_port,
@@ -130,6 +131,9 @@ def command(cfg: ReplicaConfig, port: int) -> list[str]:
         "--random-seed",
         str(cfg.random_seed),
         "--skip-server-warmup",
+        # Deltas applied in place by the weights agent (flywheel.core.weight_patch)
+        "--custom-weight-loader",
+        weight_patch.LOADER,
         "--log-level",
         "warning",
     ]

@@ -1,0 +1,67 @@
+"""In-place weight patches: what a weights agent hands the SGLang engine next to it, instead of a whole
+checkpoint to re-read. The one module that says what a patch file holds; the agent writes it
+(weight_sync.inplace), the engine's loader applies it (serving.inplace_loader).
+
+A patch is one safetensors file on the replica's host. For each tensor that changed, by its checkpoint
+(Hugging Face) name, either
+    "<name>"                the whole new tensor, or
+    "<name>#idx", "<name>#val"   the flat positions of the changed elements (int32, or int64 past 2**31)
+                                 and their new values,
+whichever is smaller (positions plus values cost more than the tensor past a third of it changed).
+Values are stored as their bit patterns (numpy has no bfloat16); the metadata names each tensor's dtype
+and shape. The engine is told where the file is through `update_weights_from_tensor` (the only way an
+HTTP caller hands SGLang's custom loader anything): one one-element tensor named PATH_PREFIX + path.
+SGLang reports success whatever a custom loader does (and an exception there would stop its scheduler),
+so the loader writes its outcome next to the patch (result_path), and the agent reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+PATH_PREFIX = "flywheel-patch:"
+IDX, VAL = "#idx", "#val"
+META_KEY = "flywheel.patch"  # metadata: JSON {name: [dtype, shape]} for every patched tensor
+LOADER = "serving.inplace_loader.apply"  # the engine's --custom-weight-loader, and the load_format to ask for
+
+# safetensors dtype -> the signed integer view its bits travel as (numpy writes it, torch reads it back)
+BIT_DTYPES = {"BF16": "int16", "F16": "int16", "F32": "int32"}
+# Past this share of changed elements, positions (4 B) plus values (2 B for bf16) outweigh the tensor.
+SPARSE_MAX_SHARE = 1 / 3
+
+
+def sparse_is_smaller(changed: int, numel: int, itemsize: int) -> bool:
+    idx_bytes = 4 if numel < 2**31 else 8
+    return changed * (idx_bytes + itemsize) < numel * itemsize
+
+
+def encode_meta(specs: dict[str, tuple[str, list[int]]]) -> dict[str, str]:
+    return {META_KEY: json.dumps({n: [d, list(s)] for n, (d, s) in specs.items()}, separators=(",", ":"))}
+
+
+def decode_meta(metadata: dict[str, str] | None) -> dict[str, tuple[str, list[int]]]:
+    if not metadata or META_KEY not in metadata:
+        raise ValueError("not a flywheel weight patch (no patch metadata)")
+    return {n: (d, list(s)) for n, (d, s) in json.loads(metadata[META_KEY]).items()}
+
+
+def result_path(patch: str) -> str:
+    return patch + ".result"
+
+
+def write_result(patch: str, result: dict) -> None:
+    tmp = result_path(patch) + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f)
+    os.replace(tmp, result_path(patch))
+
+
+def read_result(patch: str) -> dict:
+    """The loader's outcome; a missing or unreadable one is a failure (the loader never ran)."""
+    try:
+        with open(result_path(patch)) as f:
+            result = json.load(f)
+    except (OSError, ValueError) as e:
+        return {"ok": False, "error": f"no outcome from the engine's loader ({type(e).__name__})"}
+    return result if isinstance(result, dict) else {"ok": False, "error": "malformed outcome"}

@@ -1,0 +1,129 @@
+"""The engine-side in-place loader (serving.inplace_loader) on small models whose `load_weights` lays tensors
+out the ways SGLang's do: fused along a dimension, stacked per expert, into a non-contiguous slice, by
+item assignment; and one that transposes, which a sparse patch must refuse. (The real engine: the in-place
+tests of tests/integration/test_weight_sync.py.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import save_file
+
+from flywheel.core import weight_patch as wp
+from serving import inplace_loader
+
+
+class Toy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+
+        def param(*shape):  # float32 holding bf16 values, as a replica upcasts a bf16 checkpoint
+            return torch.nn.Parameter(torch.randn(*shape, generator=g).to(torch.bfloat16).float())
+
+        self.qk = param(6, 4)  # q rows 0-2, k rows 3-5 (as qkv_proj)
+        self.w13 = param(2, 3, 4)  # one slab per expert
+        self.cols = param(3, 8)  # "c" lands in columns 2..5
+        self.tr = param(4, 3)  # "t" is stored transposed
+
+    def load_weights(self, named):
+        for name, w in named:
+            if name == "q":
+                self.qk.data.narrow(0, 0, 3).copy_(w)
+            elif name == "k":
+                self.qk.data[3:6] = w
+            elif name.startswith("e"):
+                self.w13.data[int(name[1:])].copy_(w)
+            elif name == "c":
+                self.cols.data[:, 2:6].copy_(w)
+            elif name == "t":
+                self.tr.data.copy_(w.t())
+
+
+def _bits(t: torch.Tensor) -> np.ndarray:
+    return t.to(torch.bfloat16).view(torch.int16).numpy()
+
+
+def _patch(path, sparse: dict, full: dict | None = None, shapes: dict | None = None) -> str:
+    """sparse: name -> (new bf16 tensor, positions changed); full: name -> new bf16 tensor."""
+    arrays, specs = {}, {}
+    for name, (new, idx) in sparse.items():
+        arrays[name + wp.IDX] = np.asarray(idx, np.int32)
+        arrays[name + wp.VAL] = _bits(new).reshape(-1)[idx]
+        specs[name] = ("BF16", list(new.shape))
+    for name, new in (full or {}).items():
+        arrays[name] = _bits(new)
+        specs[name] = ("BF16", list(new.shape))
+    specs.update(shapes or {})
+    save_file(arrays, str(path), wp.encode_meta(specs))
+    return str(path)
+
+
+def _run(model, path) -> dict:
+    inplace_loader.apply(model, [(wp.PATH_PREFIX + path, torch.zeros(1))])
+    return wp.read_result(path)
+
+
+def _new(t: torch.Tensor, positions, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    out = t.detach().clone().to(torch.bfloat16).reshape(-1)
+    out[positions] = torch.randn(len(positions), generator=g).to(torch.bfloat16)
+    return out.reshape(t.shape)
+
+
+def test_sparse_and_whole_tensors_land_where_the_models_loader_puts_them(tmp_path):
+    model, expected = Toy(), Toy()
+    q = _new(model.qk.data[0:3], [0, 5, 11], 1)
+    k = _new(model.qk.data[3:6], [2], 2)
+    e1 = _new(model.w13.data[1], [0, 7], 3)
+    c = _new(model.cols.data[:, 2:6], [1, 4, 9, 10], 4)
+    e0 = _new(model.w13.data[0], list(range(12)), 5)
+    path = _patch(
+        tmp_path / "p.safetensors", {"q": (q, [0, 5, 11]), "k": (k, [2]), "e1": (e1, [0, 7]), "c": (c, [1, 4, 9, 10])}
+    )
+    assert _run(model, path) == {"ok": True, "elements": 10}
+    expected.load_weights([("q", q.float()), ("k", k.float()), ("e1", e1.float()), ("c", c.float())])
+    for a, b in zip(model.parameters(), expected.parameters(), strict=True):
+        assert torch.equal(a, b)
+    path = _patch(tmp_path / "full.safetensors", {}, {"e0": e0})
+    assert _run(model, path)["ok"]
+    assert torch.equal(model.w13.data[0], e0.float())
+
+
+@pytest.mark.parametrize(
+    "how",
+    ["transposed", "unknown_tensor", "position_out_of_range"],
+)
+def test_a_patch_that_does_not_fit_is_refused_and_writes_nothing(tmp_path, how):
+    model = Toy()
+    before = [p.detach().clone() for p in model.parameters()]
+    q = _new(model.qk.data[0:3], [1], 1)
+    sparse = {"q": (q, [1])}  # fits; listed first, so a refusal must come before any write
+    shapes = None
+    if how == "transposed":
+        t = model.tr.data.t().contiguous()
+        sparse["t"] = (_new(t, [0], 2), [0])
+    elif how == "unknown_tensor":
+        sparse["nope"] = (torch.zeros(2, 2), [0])
+    else:
+        sparse["k"] = (_new(model.qk.data[3:6], [0], 3), [0])
+    path = _patch(tmp_path / "p.safetensors", sparse, shapes=shapes)
+    if how == "position_out_of_range":
+        from safetensors.numpy import load_file
+
+        arrays = load_file(path)
+        arrays["k" + wp.IDX] = np.array([12], np.int32)  # k has 12 elements
+        save_file(arrays, path, wp.encode_meta({"q": ("BF16", [3, 4]), "k": ("BF16", [3, 4])}))
+    result = _run(model, path)
+    assert not result["ok"] and result["error"]
+    for a, b in zip(model.parameters(), before, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_the_loader_never_raises_into_the_engine(tmp_path):
+    model = Toy()
+    inplace_loader.apply(model, [("q", torch.zeros(3, 4))])  # not a patch: logged, nothing done
+    assert _run(model, str(tmp_path / "missing.safetensors"))["ok"] is False
+    (tmp_path / "junk.safetensors").write_bytes(b"not safetensors")
+    assert _run(model, str(tmp_path / "junk.safetensors"))["ok"] is False

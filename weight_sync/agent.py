@@ -32,11 +32,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from flywheel.core import control
 from flywheel.core.config import check_modes
 from flywheel.core.events import TOPIC_WEIGHTS
-from weight_sync import codec
+from weight_sync import codec, inplace
 from weight_sync.checkpoint import CheckpointReader, CheckpointWriter, config_digest
 from weight_sync.fetch import FetchError, StoreClient
-from weight_sync.manifest import ManifestError, load_public, verify
-from weight_sync.switch import GatewayLink, SwitchError, SwitchMode, served_version, switch
+from weight_sync.manifest import Manifest, ManifestError, load_public, verify
+from weight_sync.switch import GatewayLink, LoadRefused, SwitchError, SwitchMode, served_version, switch, takes_patches
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,7 @@ class AgentConfig:
     keep_local: int = 3
     parallel_downloads: int = 4
     threads: int = 2
+    inplace: bool = True  # a delta against the served version is applied in place (weight_sync.inplace)
     metrics_port: int = 0  # 0: no /metrics server
     metrics_host: str = "127.0.0.1"
 
@@ -101,6 +102,11 @@ class AgentMetrics:
         self.commit_failures = Counter(
             "flywheel_agent_offset_commit_failures",
             "Weights-topic offset commits that failed (the broker away) and were retried",
+            registry=r,
+        )
+        self.inplace_fallbacks = Counter(
+            "flywheel_agent_inplace_fallbacks",
+            "In-place patches the replica refused (the version was then reloaded from disk)",
             registry=r,
         )
         self.phase = Histogram(
@@ -153,13 +159,8 @@ class Agent:
         return sorted(int(p.name) for p in self.versions_dir.iterdir() if p.name.isdigit())
 
     # ------------------------------------------------------------------ rebuild
-    async def materialize(self, client: StoreClient, version: int, depth: int = 0) -> Path:
-        """A local checkpoint directory of `version`, rebuilt from the store (and its base chain) if needed."""
-        target = self.local_dir(version)
-        if target.exists():
-            return target
-        if depth > 64:
-            raise Rejected("chain_too_long", f"no full snapshot within 64 bases of v{version}")
+    async def manifest(self, client: StoreClient, version: int) -> Manifest:
+        """`version`'s manifest, its signature verified and its model checked against the served one."""
         t = time.monotonic()
         try:
             body, sig = await client.manifest(version)
@@ -173,6 +174,16 @@ class Agent:
         if manifest.version != version:
             raise Rejected("bad_manifest", f"asked for v{version}, manifest says v{manifest.version}")
         self.metrics.phase.labels("verify_manifest").observe(time.monotonic() - t)
+        return manifest
+
+    async def materialize(self, client: StoreClient, version: int, depth: int = 0) -> Path:
+        """A local checkpoint directory of `version`, rebuilt from the store (and its base chain) if needed."""
+        target = self.local_dir(version)
+        if target.exists():
+            return target
+        if depth > 64:
+            raise Rejected("chain_too_long", f"no full snapshot within 64 bases of v{version}")
+        manifest = await self.manifest(client, version)
         base_dir = None
         if manifest.kind == "delta":
             base_dir = await self.materialize(client, manifest.base_version, depth + 1)
@@ -187,19 +198,22 @@ class Agent:
             )
             loop = asyncio.get_running_loop()
             for ti, entry in enumerate(manifest.tensors):
-                frames = await asyncio.gather(
-                    *(client.chunk(version, ti, ci, c.size, c.digest) for ci, c in enumerate(entry.chunks))
-                )
                 base_bits = base.bits(entry.name) if base else None
-                bits = await loop.run_in_executor(
-                    None,
-                    codec.decode_tensor,
-                    list(zip(entry.chunks, frames)),
-                    codec.bit_view(entry.dtype),
-                    entry.numel,
-                    base_bits,
-                    self.pool,
-                )
+                if base_bits is not None and not any(c.changed for c in entry.chunks):
+                    bits, frames = base_bits, None  # unchanged (the signed manifest says so; the digest checks it)
+                else:
+                    frames = await asyncio.gather(
+                        *(client.chunk(version, ti, ci, c.size, c.digest) for ci, c in enumerate(entry.chunks))
+                    )
+                    bits = await loop.run_in_executor(
+                        None,
+                        codec.decode_tensor,
+                        list(zip(entry.chunks, frames)),
+                        codec.bit_view(entry.dtype),
+                        entry.numel,
+                        base_bits,
+                        self.pool,
+                    )
                 if codec.digest(bits) != entry.digest:
                     raise Rejected(
                         "digest_mismatch",
@@ -229,7 +243,70 @@ class Agent:
         )
         return target
 
+    async def _apply_inplace(self, client: StoreClient, version: int) -> dict | None:
+        """Switch by handing the replica only what changed (weight_sync.inplace), when `version` is a delta
+        against the version it serves. None: not possible here, or the replica refused the patch (then the
+        full reload runs, and repairs whatever a refused patch changed)."""
+        if not self.cfg.inplace or self.local_dir(version).exists():
+            return None
+        manifest = await self.manifest(client, version)
+        if manifest.kind != "delta" or manifest.base_version != self.state["version"]:
+            return None
+        base_dir = self.local_dir(manifest.base_version)
+        if not base_dir.exists() or not await takes_patches(client.session, self.cfg.replica_url):
+            return None
+        t0 = time.monotonic()
+        try:
+            patch = await inplace.build_patch(
+                client, manifest, base_dir, self.pool, self.work / "patches" / f"v{version}.safetensors"
+            )
+        except inplace.DigestMismatch as e:
+            raise Rejected("digest_mismatch", f"{e} (wrong base v{manifest.base_version}?)") from None
+        except FetchError as e:
+            raise Rejected("fetch_failed", str(e)) from None
+        except ValueError as e:
+            raise Rejected("corrupt_chunk", str(e)) from None
+        try:
+            self.metrics.phase.labels("patch").observe(time.monotonic() - t0)
+            t = time.monotonic()
+            try:
+                report = await switch(
+                    self.cfg.replica_url, None, version, self.cfg.switch_mode, self.gateways(), patch=str(patch.path)
+                )
+            except LoadRefused as e:
+                self.metrics.inplace_fallbacks.inc()
+                log.warning(
+                    "replica %s refused the in-place patch of v%d (%s): reloading from disk", self.cfg.name, version, e
+                )
+                return None
+            self.metrics.phase.labels("switch").observe(time.monotonic() - t)
+            serving_ms = 1000 * (time.monotonic() - t0)
+            t = time.monotonic()
+            staging = self.work / f".build-{version}"
+            shutil.rmtree(staging, ignore_errors=True)
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, inplace.persist, base_dir, patch, staging)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
+            os.replace(staging, self.local_dir(version))
+            self.metrics.phase.labels("persist").observe(time.monotonic() - t)
+        finally:
+            patch.path.unlink(missing_ok=True)
+        return {
+            "apply": "in_place",
+            **report,
+            "serving_ms": round(serving_ms, 1),
+            "persist_ms": round(1000 * (time.monotonic() - t), 1),
+            "patch_tensors": patch.tensors,
+            "patch_bytes": patch.bytes,
+            "patch_sparse_elems": patch.sparse_elems,
+            "patch_full_elems": patch.full_elems,
+        }
+
     def _prune(self) -> None:
+        for stale in (self.work / "patches").glob("*"):  # left by an agent that died mid-switch
+            stale.unlink(missing_ok=True)
         keep = set(self.local_versions()[-self.cfg.keep_local :]) | {self.state["version"], self.cfg.initial_version}
         for v in self.local_versions():
             if v not in keep:
@@ -251,12 +328,16 @@ class Agent:
         try:
             async with aiohttp.ClientSession() as session:
                 client = StoreClient(self.cfg.store_url, session, self.work / "downloads", self.cfg.parallel_downloads)
-                path = await self.materialize(client, version)
-            t = time.monotonic()
-            report = await switch(
-                self.cfg.replica_url, str(path.resolve()), version, self.cfg.switch_mode, self.gateways()
-            )
-            self.metrics.phase.labels("switch").observe(time.monotonic() - t)
+                report = await self._apply_inplace(client, version)
+                if report is None:
+                    path = await self.materialize(client, version)
+            if report is None:
+                t = time.monotonic()
+                report = await switch(
+                    self.cfg.replica_url, str(path.resolve()), version, self.cfg.switch_mode, self.gateways()
+                )
+                self.metrics.phase.labels("switch").observe(time.monotonic() - t)
+                report = {"apply": "reload", **report}
         except Rejected as e:
             self.metrics.rejected.labels(e.reason).inc()
             self.retry = e.reason not in self.PERMANENT

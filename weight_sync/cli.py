@@ -127,6 +127,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     ag.add_argument("--admin-token", default=env("FLYWHEEL_ADMIN_TOKEN"))
     ag.add_argument("--switch-mode", default="drain", choices=MODES)
+    ag.add_argument(
+        "--no-inplace",
+        dest="inplace",
+        action="store_false",
+        help="always reload whole checkpoints from disk (default: a delta is applied in place, on the same host)",
+    )
     ag.add_argument("--metrics-port", type=int, default=0)
     ag.add_argument("--metrics-host", default="127.0.0.1", help="address /metrics listens on")
     ag.set_defaults(func=_agent)
@@ -277,6 +283,7 @@ def _agent(args) -> int:
         admin_token=args.admin_token,
         gateway_replica_id=args.name,
         switch_mode=args.switch_mode,
+        inplace=args.inplace,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
     )

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from dataclasses import dataclass
 from typing import Literal, get_args
@@ -41,6 +42,10 @@ DRAIN_LEASE_S = 30.0  # an agent's drain lapses unless renewed: a dead agent nev
 
 class SwitchError(Exception):
     pass
+
+
+class LoadRefused(SwitchError):
+    """The replica answered the load itself with an error (a checkpoint or patch it would not take)."""
 
 
 @dataclass
@@ -68,13 +73,17 @@ async def served_version(session: aiohttp.ClientSession, replica_url: str) -> in
         return parse_version((await r.json()).get("weight_version"))
 
 
-async def _load(session, replica_url: str, model_dir: str, version: int) -> float:
+async def _load(session, replica_url: str, model_dir: str | None, version: int, patch: str | None = None) -> float:
+    """Load a checkpoint directory from disk, or apply a patch file in place (weight_sync.inplace)."""
     t = time.monotonic()
-    status, out = await _post(
-        session,
-        f"{replica_url}/update_weights_from_disk",
-        {"model_path": model_dir, "weight_version": str(version), "flush_cache": True, "abort_all_requests": False},
-    )
+    if patch is None:
+        status, out = await _post(
+            session,
+            f"{replica_url}/update_weights_from_disk",
+            {"model_path": model_dir, "weight_version": str(version), "flush_cache": True, "abort_all_requests": False},
+        )
+    else:
+        status, out = await _load_patch(session, replica_url, patch, version)
     if status == 400 and "cache was not flushed" in str(out.get("message", "")):
         # The weights did change, but a request still running or queued in SGLang (one finishing as the
         # drain ended) kept the prefix cache, which holds KV of the old weights: flush it once that is done
@@ -82,8 +91,74 @@ async def _load(session, replica_url: str, model_dir: str, version: int) -> floa
         status, out = await _post(session, f"{replica_url}/flush_cache?timeout=30", timeout=60)
         out["success"] = status == 200
     if status != 200 or not out.get("success"):
-        raise SwitchError(f"update_weights_from_disk failed ({status}): {out.get('message', out)}")
+        how = "update_weights_from_disk" if patch is None else "in-place patch"
+        raise LoadRefused(f"{how} failed ({status}): {out.get('message', out)}")
     return time.monotonic() - t
+
+
+async def _load_patch(session, replica_url: str, patch: str, version: int) -> tuple[int, dict]:
+    """SGLang takes tensors from an HTTP caller only inside a weight-update session, serialized for its
+    multiprocessing unpickler; the patch itself stays in its file, named by the one tensor sent."""
+    import base64
+    import io
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch
+    import torch.multiprocessing
+
+    from flywheel.core import weight_patch
+
+    torch.multiprocessing.set_sharing_strategy("file_system")  # facts.md: how CPU tensors reach SGLang
+    marker = torch.zeros(1)
+    buf = io.BytesIO()
+    ForkingPickler(buf).dump([(weight_patch.PATH_PREFIX + patch, marker)])
+    try:  # an outcome left by an earlier attempt must not pass for this one's
+        os.unlink(weight_patch.result_path(patch))
+    except OSError:
+        pass
+    status, out = await _post(session, f"{replica_url}/begin_weight_update", {})
+    if status == 400 and "already open" in str(out.get("message", "")):  # left open by an agent that died
+        await _post(session, f"{replica_url}/end_weight_update", {})
+        status, out = await _post(session, f"{replica_url}/begin_weight_update", {})
+    if status != 200:
+        return status, out
+    try:
+        status, out = await _post(
+            session,
+            f"{replica_url}/update_weights_from_tensor",
+            {
+                "serialized_named_tensors": [base64.b64encode(buf.getvalue()).decode()],
+                "load_format": weight_patch.LOADER,
+                "weight_version": str(version),
+                "flush_cache": True,
+                "abort_all_requests": False,
+            },
+        )
+    finally:
+        await _post(session, f"{replica_url}/end_weight_update", {})
+        del marker  # alive until the engine has opened it
+    result = weight_patch.read_result(patch)
+    try:
+        os.unlink(weight_patch.result_path(patch))
+    except OSError:
+        pass
+    if not result.get("ok"):
+        # Nothing was written (the loader checks the whole patch first), but SGLang has put the new version's
+        # label on the old weights: the caller reloads from disk at once.
+        return 400, {"success": False, "message": f"the engine refused the patch: {result.get('error')}"}
+    return status, out
+
+
+async def takes_patches(session, replica_url: str) -> bool:
+    """Whether the replica was started with our in-place loader (serving.replica does; one started by hand
+    may not be, and SGLang's scheduler stops on a load format it does not know)."""
+    from flywheel.core import weight_patch
+
+    async with session.get(f"{replica_url}/server_info", timeout=aiohttp.ClientTimeout(total=10)) as r:
+        if r.status != 200:
+            return False
+        info = await r.json(content_type=None)
+    return weight_patch.LOADER in (info.get("custom_weight_loader") or [])
 
 
 async def _drain(session, gw: GatewayLink, deadline: float) -> bool:
@@ -242,14 +317,16 @@ class _Drains:
 
 async def switch(
     replica_url: str,
-    model_dir: str,
+    model_dir: str | None,
     version: int,
     mode: SwitchMode = "drain",
     gateway: GatewayLink | list[GatewayLink] | None = None,
     drain_timeout_s: float = 120.0,
+    patch: str | None = None,
 ) -> dict:
-    """Switch the replica; returns the mode used and the time of each phase (ms). `gateway`: the one, or
-    every one, that routes to the replica (drain mode)."""
+    """Switch the replica to a checkpoint directory, or by a patch file applied in place; returns the mode
+    used and the time of each phase (ms). `gateway`: the one, or every one, that routes to the replica
+    (drain mode). A load the replica refuses raises LoadRefused."""
     if mode not in MODES:
         raise ValueError(f"unknown switch mode {mode!r}; choose from {MODES}")
     gws = [gateway] if isinstance(gateway, GatewayLink) else list(gateway or [])
@@ -272,12 +349,12 @@ async def switch(
                 t = time.monotonic()
                 await _post(session, f"{replica_url}/pause_generation", {"mode": "retract"})
                 try:
-                    timings["load_ms"] = 1000 * await _load(session, replica_url, model_dir, version)
+                    timings["load_ms"] = 1000 * await _load(session, replica_url, model_dir, version, patch)
                 finally:  # a failed load must not leave the replica paused
                     await _post(session, f"{replica_url}/continue_generation", {})
                 timings["pause_ms"] = 1000 * (time.monotonic() - t)
             else:
-                timings["load_ms"] = 1000 * await _load(session, replica_url, model_dir, version)
+                timings["load_ms"] = 1000 * await _load(session, replica_url, model_dir, version, patch)
                 # drain: nothing was routed here meanwhile; no_pause: requests were held during the load.
                 timings["pause_ms"] = 0.0 if used == "drain" else timings["load_ms"]
         finally:

@@ -163,6 +163,65 @@ def test_agent_rebuilds_bit_exact_and_switches(weights, second_replica, tmp_path
     assert same(_greedy(second_replica.url), before)
 
 
+def test_a_delta_is_applied_in_place_and_answers_as_a_reload_does(weights, second_replica, tmp_path):
+    """v1 is a 2% delta on v0: the agent hands the replica only the changed elements; the replica then answers
+    exactly as after reloading v1 from disk, and the agent's local copy of v1 is the published one."""
+    before = _greedy(second_replica.url)
+    agent = _agent(weights, second_replica, "inplace", tmp_path / "inplace", switch_mode="retract")
+    report = asyncio.run(agent.apply(1))
+    assert report and report["apply"] == "in_place" and report["mode"] == "retract", report
+    assert report["patch_tensors"] > 0 and report["patch_sparse_elems"] > 0 and _version(second_replica.url) == "1"
+    in_place = _greedy(second_replica.url)
+    assert not same(in_place, before)
+    persisted = load_file(str(agent.local_dir(1) / "model.safetensors"))
+    for k, v in load_file(str(weights["ckpts"][1] / "model.safetensors")).items():
+        assert torch.equal(persisted[k].view(torch.int16), v.view(torch.int16)), k
+    assert not list((tmp_path / "inplace" / "patches").iterdir()), "the patch file is removed"
+    reload = _agent(weights, second_replica, "reload", tmp_path / "reload", switch_mode="no_pause", inplace=False)
+    assert asyncio.run(reload.apply(0)) and same(_greedy(second_replica.url), before)
+    report = asyncio.run(reload.apply(1))
+    assert report and report["apply"] == "reload"
+    assert same(_greedy(second_replica.url), in_place)
+    # The in-place agent goes back to v0 (its local copy: a reload) and forward again, in place.
+    assert asyncio.run(agent.apply(0))["apply"] == "reload" and same(_greedy(second_replica.url), before)
+    shutil.rmtree(agent.local_dir(1))
+    assert asyncio.run(agent.apply(1))["apply"] == "in_place" and same(_greedy(second_replica.url), in_place)
+    assert asyncio.run(agent.apply(0)) and _version(second_replica.url) == "0"
+
+
+def test_a_patch_the_engine_refuses_is_reloaded_from_disk(weights, second_replica, tmp_path, monkeypatch):
+    """A patch naming a tensor the model does not have: the engine's loader refuses it without writing and
+    without stopping; the agent counts it and reloads the version from disk."""
+    from safetensors.numpy import save_file as save_np
+
+    from flywheel.core import weight_patch
+    from weight_sync import inplace
+
+    real = inplace.build_patch
+
+    async def bad_patch(client, manifest, base_dir, pool, out):
+        patch = await real(client, manifest, base_dir, pool, out)
+        import numpy as np
+
+        save_np(
+            {"model.nope.weight#idx": np.zeros(1, np.int32), "model.nope.weight#val": np.zeros(1, np.int16)},
+            str(patch.path),
+            weight_patch.encode_meta({"model.nope.weight": ("BF16", [4, 4])}),
+        )
+        return patch
+
+    monkeypatch.setattr(inplace, "build_patch", bad_patch)
+    agent = _agent(weights, second_replica, "refused", tmp_path / "agent", switch_mode="no_pause")
+    report = asyncio.run(agent.apply(1))
+    assert report and report["apply"] == "reload" and _version(second_replica.url) == "1"
+    assert agent.metrics.inplace_fallbacks._value.get() == 1
+    reload = _agent(weights, second_replica, "plain", tmp_path / "plain", switch_mode="no_pause", inplace=False)
+    answers = _greedy(second_replica.url)
+    assert asyncio.run(reload.apply(0)) and asyncio.run(reload.apply(1))
+    assert same(_greedy(second_replica.url), answers)
+    assert asyncio.run(reload.apply(0)) and _version(second_replica.url) == "0"
+
+
 def _corrupt(store_root: Path, src_version: int, new_version: int, how: str, cfg) -> None:
     """Copy a published version under a new number, damaged in one way."""
     from weight_sync.manifest import Manifest, load_private, sign

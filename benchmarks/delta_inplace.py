@@ -1,0 +1,145 @@
+"""In-place apply vs a full reload from disk, side by side in one run, on a checkpoint of 1.06 GB of bf16.
+
+One SGLang replica serves the `large` random checkpoint (online_rl.random_checkpoint: our Qwen3-MoE shape,
+531M parameters). For each share of changed elements (2%, 30%; every tensor moved by 1 ULP at random
+positions, as a small optimizer step moves them), a delta is published, and the replica switches to it
+twice: by an agent that applies it in place, and by one that rebuilds the whole checkpoint and reloads it
+from disk (the agent as it was). Switch time: from the agent starting on the version to the replica
+answering with it, fetching and rebuilding included (the store on loopback). Both must then give the same
+greedy tokens and logprobs. Between rounds the replica goes back to v0 (not timed).
+Prints one JSON object as the last line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from flywheel.core.procs import stop_pid
+from weight_sync.checkpoint import CheckpointReader, CheckpointWriter
+
+PROMPT = "def add(a, b):\n"
+SHARES = (0.02, 0.30)
+
+
+def _perturbed(src: Path, dst: Path, share: float, seed: int) -> Path:
+    """A copy of a checkpoint with `share` of every tensor's elements moved by one ULP (tensor at a time)."""
+    rng = np.random.default_rng(seed)
+    dst.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.is_file() and f.suffix != ".safetensors" and not f.name.startswith("."):
+            shutil.copy2(f, dst / f.name)
+    with CheckpointReader(src) as r:
+        specs = r.specs()
+        w = CheckpointWriter(dst / "model.safetensors", [(n, d, s) for n, (d, s) in specs.items()])
+        for name in specs:
+            bits = r.bits(name).copy()
+            idx = np.flatnonzero(rng.random(bits.size) < share)
+            zero = (bits[idx] & 0x7FFF) == 0  # +-0.0 minus one ULP is a NaN pattern: those move up only
+            bits[idx] += np.where(zero | (rng.random(idx.size) < 0.5), 1, -1).astype(bits.dtype)
+            w.write(name, bits)
+        w.close()
+    return dst
+
+
+def _greedy(url: str) -> list:
+    import urllib.request
+
+    body = {"text": PROMPT, "return_logprob": True, "sampling_params": {"max_new_tokens": 8, "temperature": 0.0}}
+    req = urllib.request.Request(
+        f"{url}/generate", json.dumps(body).encode(), {"Content-Type": "application/json"}, method="POST"
+    )
+    with urllib.request.urlopen(req, timeout=120) as r:
+        out = json.loads(r.read())
+    return [(t, lp) for lp, t, _ in out["meta_info"]["output_token_logprobs"]]
+
+
+def _same(a: list, b: list) -> bool:
+    """Same tokens, logprobs equal up to float32 reduction noise."""
+    return [t for t, _ in a] == [t for t, _ in b] and all(abs(x - y) < 1e-4 for (_, x), (_, y) in zip(a, b))
+
+
+def inplace_vs_reload(tmp: Path) -> dict:
+    import torch.multiprocessing  # noqa: F401  (a long-lived agent has imported it before its first switch)
+
+    from benchmarks.delta import _serve_store
+    from online_rl.random_checkpoint import random_checkpoint
+    from serving.replica import ReplicaConfig, start
+    from weight_sync.agent import Agent, AgentConfig
+    from weight_sync.manifest import generate_key
+    from weight_sync.publish import PublishConfig, publish
+
+    v0 = random_checkpoint("large")
+    size_gb = (v0 / "model.safetensors").stat().st_size / 1e9
+    generate_key(tmp / "k.pem", tmp / "k.pub")
+    stores = {}
+    for share in SHARES:
+        key = f"{int(share * 100)}pct"
+        cfg = PublishConfig(store=tmp / f"store-{key}", private_key=tmp / "k.pem")
+        publish(v0, cfg)
+        v1 = _perturbed(v0, tmp / f"v1-{key}", share, seed=int(share * 100))
+        r = publish(v1, cfg)
+        shutil.rmtree(v1)
+        stores[key] = (cfg.store, r.published_bytes)
+    out: dict = {"inplace_model_gb": round(size_gb, 2)}
+    procs = []
+    replica = start(ReplicaConfig(model_path=v0, log_dir=tmp / "logs", max_total_tokens=4096))
+    try:
+        base = _greedy(replica.url)
+        for key, (store, delta_bytes) in stores.items():
+            proc, url = _serve_store(store)
+            procs.append(proc)
+
+            def agent(name: str, inplace: bool, url=url) -> Agent:
+                return Agent(
+                    AgentConfig(
+                        name=name,
+                        replica_url=replica.url,
+                        store_url=url,
+                        public_key=tmp / "k.pub",
+                        work_dir=tmp / f"agent-{name}",
+                        initial_model=v0,
+                        switch_mode="no_pause",
+                        inplace=inplace,
+                    )
+                )
+
+            answers, times = {}, {}
+            for how in ("in_place", "reload"):
+                a = agent(f"{how}-{key}", how == "in_place")
+                t = time.perf_counter()
+                report = asyncio.run(a.apply(1))
+                elapsed = time.perf_counter() - t
+                assert report and report["apply"] == how, report
+                times[how] = report.get("serving_ms", 1000 * elapsed) / 1000
+                answers[how] = _greedy(replica.url)
+                out[f"inplace_report_{key}" if how == "in_place" else f"reload_report_{key}"] = report
+                assert asyncio.run(a.apply(0)) and _same(_greedy(replica.url), base)  # back to v0, untimed
+            out[f"inplace_switch_s_{key}"] = round(times["in_place"], 2)
+            out[f"reload_switch_s_{key}"] = round(times["reload"], 2)
+            out[f"inplace_vs_reload_{key}"] = round(times["in_place"] / times["reload"], 3)
+            out[f"inplace_same_answers_{key}"] = _same(answers["in_place"], answers["reload"]) and not _same(
+                answers["in_place"], base
+            )
+            out[f"inplace_delta_mb_{key}"] = round(delta_bytes / 2**20, 1)
+    finally:
+        for p in procs:
+            stop_pid(p.pid)
+        replica.stop()
+    return out
+
+
+if __name__ == "__main__":
+    d = Path(tempfile.mkdtemp(prefix="bench-inplace-"))
+    try:
+        print(json.dumps(inplace_vs_reload(d)))
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    sys.exit(0)

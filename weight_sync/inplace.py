@@ -1,0 +1,132 @@
+"""In-place apply: a delta handed to the replica as only what changed, then persisted locally.
+
+    1. patch    the tensors the manifest says changed are fetched, rebuilt against the base the replica
+                serves and checked against their digests, as for a full rebuild; what differs from the base
+                goes into a patch file (flywheel.core.weight_patch: positions and values, or the whole
+                tensor where that is smaller). Unchanged tensors are neither fetched nor read.
+    2. switch   the replica applies the patch through its custom loader (weight_sync.switch, same modes,
+                same version label and prefix-cache flush as a reload from disk).
+    3. persist  the version's checkpoint directory, which restarts and rollbacks load from disk, is the
+                base's files copied and the patch written into the copy: after the switch, off its path.
+A switch so costs what changed, not what the model weighs; the full reload stays for full snapshots, for a
+delta against another base than the one served, and as the fallback when the engine refuses a patch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import shutil
+import struct
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from flywheel.core import weight_patch as wp
+from weight_sync import codec
+from weight_sync.checkpoint import CheckpointReader, weight_files
+from weight_sync.manifest import Manifest
+
+
+class DigestMismatch(ValueError):
+    """A rebuilt tensor is not the one the manifest signed (a wrong or damaged base)."""
+
+
+@dataclass
+class Patch:
+    path: Path
+    files: dict[str, bytes] = field(default_factory=dict)  # the version's side files (config, tokenizer)
+    tensors: int = 0  # tensors in the patch
+    sparse_elems: int = 0  # elements sent as position + value
+    full_elems: int = 0  # elements of tensors sent whole
+    bytes: int = 0
+
+
+def changed_tensors(manifest: Manifest) -> list[int]:
+    """Indices of the tensors the (signed) manifest says differ from its base."""
+    return [i for i, t in enumerate(manifest.tensors) if any(c.changed for c in t.chunks)]
+
+
+async def build_patch(client, manifest: Manifest, base_dir: Path, pool: Executor, out: Path) -> Patch:
+    """Fetch and check what changed in `manifest` (a delta against `base_dir`) and write it as a patch file.
+    Raises DigestMismatch, ValueError (a corrupt chunk) or the client's FetchError."""
+    loop = asyncio.get_running_loop()
+    arrays: dict[str, np.ndarray] = {}
+    specs: dict[str, tuple[str, list[int]]] = {}
+    patch = Patch(Path(out))
+    with CheckpointReader(base_dir) as base:
+        for ti in changed_tensors(manifest):
+            entry = manifest.tensors[ti]
+            frames = await asyncio.gather(
+                *(client.chunk(manifest.version, ti, ci, c.size, c.digest) for ci, c in enumerate(entry.chunks))
+            )
+            view = codec.bit_view(entry.dtype)
+            base_bits = base.bits(entry.name)
+            bits = await loop.run_in_executor(
+                None, codec.decode_tensor, list(zip(entry.chunks, frames)), view, entry.numel, base_bits, pool
+            )
+            if codec.digest(bits) != entry.digest:
+                raise DigestMismatch(f"tensor {entry.name} of v{manifest.version} rebuilds to other bytes")
+            idx = np.flatnonzero(bits != base_bits)
+            signed = np.dtype(wp.BIT_DTYPES[entry.dtype])
+            specs[entry.name] = (entry.dtype, list(entry.shape))
+            if wp.sparse_is_smaller(idx.size, entry.numel, signed.itemsize):
+                arrays[entry.name + wp.IDX] = idx.astype(np.int32 if entry.numel < 2**31 else np.int64)
+                arrays[entry.name + wp.VAL] = bits[idx].view(signed)
+                patch.sparse_elems += idx.size
+            else:
+                arrays[entry.name] = bits.view(signed).reshape(entry.shape)
+                patch.full_elems += entry.numel
+            del frames, bits, base_bits
+        for name, want in manifest.files.items():
+            patch.files[name] = await client.file(manifest.version, name, want)
+    patch.path.parent.mkdir(parents=True, exist_ok=True)
+    await loop.run_in_executor(None, save_file, arrays, str(patch.path), wp.encode_meta(specs))
+    patch.tensors, patch.bytes = len(specs), patch.path.stat().st_size
+    return patch
+
+
+def _slots(path: Path) -> tuple[int, dict[str, tuple[str, list[int], int, int]]]:
+    """A safetensors file's data start and its tensors: name -> (dtype, shape, start, end) within the data."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    return 8 + n, {k: (v["dtype"], v["shape"], *v["data_offsets"]) for k, v in header.items() if k != "__metadata__"}
+
+
+def persist(base_dir: Path, patch: Patch, staging: Path) -> None:
+    """Write the version's checkpoint into `staging`: the base's weight files with the patch applied, and the
+    version's side files. Every file is fsynced; the caller renames `staging` into place."""
+    from safetensors import safe_open
+
+    staging.mkdir(parents=True)
+    where: dict[str, tuple[Path, int, str, list[int], int]] = {}
+    for src in weight_files(base_dir):
+        dst = staging / src.name
+        shutil.copyfile(src, dst)
+        start, slots = _slots(dst)
+        for name, (dtype, shape, lo, _) in slots.items():
+            where[name] = (dst, start + lo, dtype, shape, math.prod(shape))
+    with safe_open(str(patch.path), framework="numpy") as f:
+        specs, keys = wp.decode_meta(f.metadata()), set(f.keys())
+        for name, (dtype, shape) in specs.items():
+            dst, offset, have_dtype, have_shape, numel = where[name]
+            if (have_dtype, list(have_shape)) != (dtype, shape):
+                raise ValueError(f"{name}: the base holds {have_dtype}{have_shape}, the patch {dtype}{shape}")
+            mm = np.memmap(dst, dtype=wp.BIT_DTYPES[dtype], mode="r+", offset=offset, shape=(numel,))
+            if name in keys:
+                mm[:] = f.get_tensor(name).reshape(-1)
+            else:
+                mm[f.get_tensor(name + wp.IDX)] = f.get_tensor(name + wp.VAL)
+            mm.flush()
+            del mm
+    for name, data in patch.files.items():
+        (staging / name).write_bytes(data)
+    for p in staging.iterdir():
+        with open(p, "rb") as fh:
+            os.fsync(fh.fileno())

@@ -34,7 +34,7 @@ from flywheel.core.config import check_modes
 from flywheel.core.events import TOPIC_WEIGHTS
 from weight_sync import codec
 from weight_sync.checkpoint import CheckpointReader, CheckpointWriter, config_digest
-from weight_sync.fetch import FetchError, StoreClient
+from weight_sync.fetch import FetchError, StoreClient, open_store
 from weight_sync.manifest import ManifestError, load_public, verify
 from weight_sync.switch import GatewayLink, SwitchError, SwitchMode, served_version, switch
 
@@ -250,7 +250,7 @@ class Agent:
         t0 = time.monotonic()
         try:
             async with aiohttp.ClientSession() as session:
-                client = StoreClient(self.cfg.store_url, session, self.work / "downloads", self.cfg.parallel_downloads)
+                client = open_store(self.cfg.store_url, session, self.work / "downloads", self.cfg.parallel_downloads)
                 path = await self.materialize(client, version)
             t = time.monotonic()
             report = await switch(

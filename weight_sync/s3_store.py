@@ -145,7 +145,7 @@ def explain(e: BaseException, url: str, endpoint: str | None) -> S3StoreError:
         return S3StoreError(
             f"{where}: credentials refused (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY?): {_first_line(e)}"
         )
-    if "error sending request" in text or "connect" in text.lower():
+    if any(s in text.lower() for s in ("error sending request", "connection refused", "dns error", "tcp connect")):
         return S3StoreError(f"{where}: endpoint unreachable: {_first_line(e)}")
     return S3StoreError(f"{where}: {_first_line(e)}")
 

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import aiohttp
@@ -19,7 +25,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from flywheel.core.procs import free_port
+from flywheel.core.paths import REPO_ROOT
+from flywheel.core.procs import free_port, pid_alive
 from weight_sync import s3_store
 from weight_sync.agent import Agent, AgentConfig
 from weight_sync.fetch import FetchError, open_store
@@ -292,3 +299,29 @@ def test_s3_store_module_has_no_bucket_side_effects_at_construction(tmp_path):
     Bucket(f"s3://{BUCKET}/x", opts)
     S3StoreClient(f"s3://{BUCKET}/x", tmp_path, options=opts)
     assert s3_store.parse_url(f"s3://{BUCKET}/a/b/") == (BUCKET, "a/b")
+
+
+def test_s3proxy_dies_with_the_process_that_started_it(tmp_path):
+    """An interrupted run (pytest killed -9) leaves no S3 server behind: spawn's death signal ends it."""
+    child = (
+        "import json, sys, time; from pathlib import Path; from flywheel import s3proxy; "
+        "s = s3proxy.start(s3proxy.S3ProxyConfig(data_dir=Path(sys.argv[1]))); "
+        "print(json.dumps(s.pid), flush=True); time.sleep(600)"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", child, str(tmp_path / "s3")],
+        cwd=REPO_ROOT,
+        env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        pid = json.loads(proc.stdout.readline())
+        assert pid_alive(pid)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    deadline = time.monotonic() + 30
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not pid_alive(pid)

@@ -1,5 +1,5 @@
 # Flywheel: `make demo` runs the main job, `make test` lint and the whole suite, `make bench` the benchmarks.
-# Each target sets itself up first (virtualenv + Kafka jars cached under $FLYWHEEL_HOME).
+# Each target sets itself up first (virtualenv + Kafka and S3Proxy jars cached under $FLYWHEEL_HOME).
 FLYWHEEL_HOME ?= $(HOME)/.cache/flywheel
 export FLYWHEEL_HOME
 VENV := $(FLYWHEEL_HOME)/venv

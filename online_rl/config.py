@@ -112,6 +112,11 @@ class PublisherConfig:
         None, help="signing key; also verifies control records (`flywheel train`: $FLYWHEEL_HOME/weights/keys)"
     )
     store_url: str | None = option(None, env="FLYWHEEL_STORE_URL", help="where agents fetch the store from")
+    s3_url: str | None = option(
+        None,
+        env="FLYWHEEL_S3_URL",
+        help="also publish to this bucket (s3://BUCKET/PREFIX; endpoint, credentials: AWS_*); agents fetch there",
+    )
     canary: bool = option(
         False, help="announce new versions as canary candidates (flywheel weights canary judges them)"
     )

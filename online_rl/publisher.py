@@ -54,6 +54,7 @@ class Publisher:
             private_key=self.cfg.key,
             kafka_bootstrap=self.kafka,
             store_url=self.cfg.store_url,
+            s3_url=self.cfg.s3_url,
             canary=self.cfg.canary,
         )
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-time set-up, cached outside the checkout: the virtualenv and the Kafka jars under $FLYWHEEL_HOME.
+# One-time set-up, cached outside the checkout: the virtualenv and the Kafka and S3Proxy jars under $FLYWHEEL_HOME.
 # A second run (or a fresh clone) reinstalls nothing unless pyproject.toml (or the extras below) changed.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
@@ -58,3 +58,5 @@ elif [ "$(cat "$venv/.flywheel-checkout" 2>/dev/null)" != "$repo" ]; then
 fi
 # Kafka broker jars from Maven Central (cached; no-op when present).
 PYTHONPATH="$repo" "$venv/bin/python" -m flywheel kafka fetch >/dev/null
+# S3Proxy jars, the S3 server the weight store's S3 tests and benchmark run against (cached likewise).
+PYTHONPATH="$repo" "$venv/bin/python" -m flywheel.s3proxy fetch >/dev/null

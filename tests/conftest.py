@@ -1,4 +1,5 @@
-"""Shared fixtures: a real Kafka broker, the bootstrapped test model, a real SGLang replica.
+"""Shared fixtures: a real Kafka broker, a real S3 server (S3Proxy), the bootstrapped test model, a real SGLang
+replica.
 
 Each server is started here, on 127.0.0.1 and free ports, and stopped here by PID. Set
 FLYWHEEL_KAFKA_BOOTSTRAP to use an external broker instead of starting one.
@@ -35,6 +36,19 @@ def kafka_bootstrap(tmp_path_factory) -> str:
         yield broker.bootstrap
     finally:
         assert broker.stop(), f"broker pid {broker.pid} did not stop"
+
+
+@pytest.fixture(scope="session")
+def s3proxy(tmp_path_factory):
+    """S3Proxy (filesystem backend, signed requests) on 127.0.0.1 and a free port, for the whole session;
+    stopped by PID here, and by its death signal if pytest itself is killed (flywheel.core.procs.spawn)."""
+    from flywheel import s3proxy as s3p
+
+    server = s3p.start(s3p.S3ProxyConfig(data_dir=tmp_path_factory.mktemp("s3proxy")))
+    try:
+        yield server
+    finally:
+        assert server.stop(), f"S3Proxy pid {server.pid} did not stop"
 
 
 @pytest.fixture(scope="session")

@@ -34,7 +34,7 @@ from flywheel.core.config import check_modes
 from flywheel.core.events import TOPIC_WEIGHTS
 from weight_sync import codec, inplace
 from weight_sync.checkpoint import CheckpointReader, CheckpointWriter, config_digest
-from weight_sync.fetch import FetchError, StoreClient
+from weight_sync.fetch import FetchError, StoreClient, open_store
 from weight_sync.manifest import Manifest, ManifestError, load_public, verify
 from weight_sync.switch import GatewayLink, LoadRefused, SwitchError, SwitchMode, served_version, switch, takes_patches
 
@@ -243,7 +243,7 @@ class Agent:
         )
         return target
 
-    async def _apply_inplace(self, client: StoreClient, version: int) -> dict | None:
+    async def _apply_inplace(self, client: StoreClient, session, version: int) -> dict | None:
         """Switch by handing the replica only what changed (weight_sync.inplace), when `version` is a delta
         against the version it serves. None: not possible here, or the replica refused the patch (then the
         full reload runs, and repairs whatever a refused patch changed)."""
@@ -253,7 +253,7 @@ class Agent:
         if manifest.kind != "delta" or manifest.base_version != self.state["version"]:
             return None
         base_dir = self.local_dir(manifest.base_version)
-        if not base_dir.exists() or not await takes_patches(client.session, self.cfg.replica_url):
+        if not base_dir.exists() or not await takes_patches(session, self.cfg.replica_url):
             return None
         t0 = time.monotonic()
         try:
@@ -327,8 +327,8 @@ class Agent:
         t0 = time.monotonic()
         try:
             async with aiohttp.ClientSession() as session:
-                client = StoreClient(self.cfg.store_url, session, self.work / "downloads", self.cfg.parallel_downloads)
-                report = await self._apply_inplace(client, version)
+                client = open_store(self.cfg.store_url, session, self.work / "downloads", self.cfg.parallel_downloads)
+                report = await self._apply_inplace(client, session, version)
                 if report is None:
                     path = await self.materialize(client, version)
             if report is None:

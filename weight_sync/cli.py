@@ -43,6 +43,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     pub.add_argument("--full", action="store_true", help="a full snapshot even if a delta is possible")
     pub.add_argument("--full-every", type=int, default=10)
     pub.add_argument("--store-url", default=env("FLYWHEEL_STORE_URL"), help="where agents fetch from")
+    pub.add_argument(
+        "--s3-url",
+        default=env("FLYWHEEL_S3_URL"),
+        help="also upload to this bucket, s3://BUCKET/PREFIX, and announce it there (endpoint and credentials: "
+        "AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION; default $FLYWHEEL_S3_URL)",
+    )
     common(pub)
     pub.set_defaults(func=_publish)
 
@@ -115,7 +121,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     ag = w.add_parser("agent", help="run the weight agent of one replica (follows the weights topic)")
     ag.add_argument("--name", required=True, help="agent name (the replica's id in the gateway, e.g. r0)")
     ag.add_argument("--replica", required=True, help="replica base URL")
-    ag.add_argument("--store-url", required=True)
+    ag.add_argument(
+        "--store-url",
+        required=True,
+        help="the store server's URL, or a bucket: s3://BUCKET/PREFIX (endpoint and credentials from AWS_*)",
+    )
     ag.add_argument("--public-key", type=Path, default=None, help="default $FLYWHEEL_HOME/weights/keys/signing.pub")
     ag.add_argument("--initial-model", type=Path, required=True, help="the checkpoint the replica started with")
     ag.add_argument("--work-dir", type=Path, default=None)
@@ -165,15 +175,29 @@ def _cfg(args):
         private_key=_key(args),
         kafka_bootstrap=getattr(args, "kafka", None),
         store_url=getattr(args, "store_url", None),
+        s3_url=_s3_url(getattr(args, "s3_url", None)),
         full_every=getattr(args, "full_every", 10),
         progress=True,
     )
 
 
+def _s3_url(url: str | None) -> str | None:
+    """A bucket URL checked before anything is published or followed (a typo fails here, not mid-publish)."""
+    if url:
+        from weight_sync.s3_store import parse_url
+
+        parse_url(url)
+    return url
+
+
 def _publish(args) -> int:
     from weight_sync.publish import publish
 
-    r = publish(args.checkpoint, _cfg(args), force_full=args.full)
+    cfg = _cfg(args)
+    try:
+        r = publish(args.checkpoint, cfg, force_full=args.full)
+    except ConnectionError as e:  # the bucket unreachable or refusing: one line, like other errors
+        raise RuntimeError(str(e)) from None
     print(
         json.dumps(
             {
@@ -271,6 +295,8 @@ def _serve(args) -> int:
 def _agent(args) -> int:
     from weight_sync.agent import Agent, AgentConfig
 
+    if args.store_url.startswith("s3://"):
+        _s3_url(args.store_url)
     cfg = AgentConfig(
         name=args.name,
         replica_url=args.replica,

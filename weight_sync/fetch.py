@@ -100,3 +100,21 @@ class StoreClient:
                 except (aiohttp.ClientError, asyncio.TimeoutError) as e:
                     last = e  # broken transfer: the .part file keeps what arrived
         raise FetchError(f"chunk {name} of v{version}: {last}")
+
+
+from typing import TYPE_CHECKING  # noqa: E402 (kept beside the one function that needs it)
+
+if TYPE_CHECKING:
+    from weight_sync.s3_fetch import S3StoreClient
+
+
+def open_store(
+    url: str, session: aiohttp.ClientSession, download_dir: Path, parallel: int = 4
+) -> StoreClient | S3StoreClient:
+    """The client for a store URL: an S3 bucket (s3://BUCKET/PREFIX, weight_sync/s3_fetch.py; endpoint and
+    credentials from the AWS_* variables) or a store server over HTTP."""
+    if url.startswith("s3://"):
+        from weight_sync.s3_fetch import S3StoreClient  # obstore only where a bucket is used
+
+        return S3StoreClient(url, download_dir, parallel)
+    return StoreClient(url, session, download_dir, parallel)

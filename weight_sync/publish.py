@@ -10,6 +10,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flywheel.core import control
 from flywheel.core.events import TOPIC_WEIGHTS
@@ -18,6 +19,9 @@ from weight_sync import codec
 from weight_sync.checkpoint import SIDE_FILES, CheckpointReader, config_digest, weight_files
 from weight_sync.manifest import Manifest, TensorEntry, announcement, key_id, load_private, sign
 from weight_sync.store import Store, chunk_name
+
+if TYPE_CHECKING:
+    from weight_sync.s3_store import Bucket, S3Options
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +37,10 @@ class PublishConfig:
     keep: int = 10  # versions kept in the store (plus what their chains need)
     kafka_bootstrap: str | None = None
     store_url: str | None = None  # where agents fetch from (the announcement's manifest location)
+    # A bucket agents fetch from instead (s3://BUCKET/PREFIX; weight_sync/s3_store.py): each version is
+    # uploaded there too, manifest last, and announced at its s3:// location. None: the directory store only.
+    s3_url: str | None = None
+    s3_options: S3Options | None = None  # endpoint, credentials; None: the AWS_* environment variables
     canary: bool = False  # announce new versions as canary candidates: agents wait for the canary controller
     progress: bool = False
 
@@ -103,6 +111,22 @@ def announce(cfg: PublishConfig, record: dict, timeout_s: float = 30.0) -> dict:
     return sent
 
 
+def _location(cfg: PublishConfig, store: Store, version: int) -> str:
+    """Where the announcement says a version's manifest is: the bucket, the store server, or the directory."""
+    base = cfg.s3_url or cfg.store_url
+    if base:
+        return f"{base.rstrip('/')}/versions/{version}/manifest.json"
+    return str(store.version_dir(version) / "manifest.json")
+
+
+def _bucket(cfg: PublishConfig) -> Bucket | None:
+    if not cfg.s3_url:
+        return None
+    from weight_sync.s3_store import Bucket
+
+    return Bucket(cfg.s3_url, cfg.s3_options)
+
+
 def unannounced(cfg: PublishConfig) -> list[dict]:
     """Announcements of the versions in the store that never reached the weights topic, oldest first: what
     a restarted publisher sends before anything new."""
@@ -110,12 +134,7 @@ def unannounced(cfg: PublishConfig) -> list[dict]:
     out = []
     for v in store.unannounced():
         body = (store.version_dir(v) / "manifest.json").read_bytes()
-        location = (
-            f"{cfg.store_url}/versions/{v}/manifest.json"
-            if cfg.store_url
-            else str(store.version_dir(v) / "manifest.json")
-        )
-        record = announcement(Manifest.parse(body), location, codec.digest(body))
+        record = announcement(Manifest.parse(body), _location(cfg, store, v), codec.digest(body))
         if cfg.canary:
             record["canary"] = True
         out.append(record)
@@ -157,7 +176,13 @@ def publish(
     store = Store(cfg.store)
     key = load_private(cfg.private_key)
     checkpoint = Path(checkpoint)
+    bucket = _bucket(cfg)
     latest = store.latest()
+    if bucket is not None:
+        # A publisher that died after an upload and before its local commit left that number in the bucket:
+        # it is never reused (a visible version is never overwritten).
+        remote = bucket.latest()
+        latest = remote if latest is None else latest if remote is None else max(latest, remote)
     version = (0 if latest is None else latest + 1) if version is None else version
     if latest is not None and version <= latest:
         raise ValueError(f"version {version} is not newer than the latest published ({latest})")
@@ -223,6 +248,8 @@ def publish(
         body, signature = sign(manifest, key)
         (staging / "manifest.json").write_bytes(body)
         (staging / "manifest.sig").write_bytes(signature)
+        if bucket is not None:  # chunks, files, signature, then the manifest: agents see it from here
+            bucket.upload(staging, version)
         store.commit(staging, version)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -243,7 +270,14 @@ def publish(
             shutil.copyfile(checkpoint / name, head_new / name)
     (head_new / HEAD_VERSION).write_text(str(version))
     _replace_dir(head_new, head)
-    store.retain(cfg.keep, protect=store.decided())
+    removed = store.retain(cfg.keep, protect=store.decided())
+    if bucket is not None:
+        from weight_sync.s3_store import S3StoreError
+
+        try:
+            bucket.prune(set(store.versions()), set(removed))
+        except (S3StoreError, OSError) as e:  # the version is out; the next publish prunes again
+            log.warning("retention in %s failed (tried again next publish): %s", cfg.s3_url, e)
 
     result = PublishResult(
         version=version,
@@ -254,12 +288,7 @@ def publish(
         changed_share=changed / max(1, total),
         seconds=time.monotonic() - t0,
     )
-    location = (
-        f"{cfg.store_url}/versions/{version}/manifest.json"
-        if cfg.store_url
-        else str(store.version_dir(version) / "manifest.json")
-    )
-    result.announcement = announcement(manifest, location, codec.digest(body))
+    result.announcement = announcement(manifest, _location(cfg, store, version), codec.digest(body))
     if cfg.canary:
         result.announcement["canary"] = True
     if announce_now:

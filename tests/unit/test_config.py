@@ -82,7 +82,13 @@ def test_the_trainer_command_and_its_config_agree(monkeypatch):
     from flywheel.core.config import build as build_cfg
     from online_rl.config import RolloutConfig, TrainerConfig
 
-    for name in ("FLYWHEEL_KAFKA_BOOTSTRAP", "FLYWHEEL_GATEWAY_URL", "FLYWHEEL_ADMIN_TOKEN", "FLYWHEEL_STORE_URL"):
+    for name in (
+        "FLYWHEEL_KAFKA_BOOTSTRAP",
+        "FLYWHEEL_GATEWAY_URL",
+        "FLYWHEEL_ADMIN_TOKEN",
+        "FLYWHEEL_STORE_URL",
+        "FLYWHEEL_S3_URL",
+    ):
         monkeypatch.delenv(name, raising=False)
     args = build_parser().parse_args(["train"])
     assert build_cfg(TrainerConfig, args, model_dir=Path("m")) == TrainerConfig(model_dir=Path("m"))

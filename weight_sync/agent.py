@@ -134,6 +134,7 @@ class Agent:
         self.pool = ThreadPoolExecutor(cfg.threads)
         self.last_apply: dict = {}
         self.retry = False  # whether the last failed apply is worth trying again
+        self.reload_next = False  # the next apply reloads from disk (an in-place apply found a damaged base)
 
     # ------------------------------------------------------------------ state
     def _load_state(self) -> dict:
@@ -247,7 +248,8 @@ class Agent:
         """Switch by handing the replica only what changed (weight_sync.inplace), when `version` is a delta
         against the version it serves. None: not possible here, or the replica refused the patch (then the
         full reload runs, and repairs whatever a refused patch changed)."""
-        if not self.cfg.inplace or self.local_dir(version).exists():
+        if not self.cfg.inplace or self.local_dir(version).exists() or self.reload_next:
+            self.reload_next = False
             return None
         manifest = await self.manifest(client, version)
         if manifest.kind != "delta" or manifest.base_version != self.state["version"]:
@@ -260,8 +262,6 @@ class Agent:
             patch = await inplace.build_patch(
                 client, manifest, base_dir, self.pool, self.work / "patches" / f"v{version}.safetensors"
             )
-        except inplace.DigestMismatch as e:
-            raise Rejected("digest_mismatch", f"{e} (wrong base v{manifest.base_version}?)") from None
         except FetchError as e:
             raise Rejected("fetch_failed", str(e)) from None
         except ValueError as e:
@@ -286,6 +286,14 @@ class Agent:
             shutil.rmtree(staging, ignore_errors=True)
             try:
                 await asyncio.get_running_loop().run_in_executor(None, inplace.persist, base_dir, patch, staging)
+            except inplace.DigestMismatch as e:
+                # The local base is damaged, so the patch computed from it may be too. The next try rebuilds
+                # the version from the store and reloads it whole (not trusting this base copy again).
+                shutil.rmtree(staging, ignore_errors=True)
+                if not base_dir.is_symlink():
+                    shutil.rmtree(base_dir, ignore_errors=True)
+                self.reload_next = True
+                raise Rejected("damaged_base", f"{e}; replica {self.cfg.name} is reloaded from the store") from None
             except BaseException:
                 shutil.rmtree(staging, ignore_errors=True)
                 raise

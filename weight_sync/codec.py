@@ -112,6 +112,19 @@ def encode_chunk(new: np.ndarray, base: np.ndarray | None, level: int = DEFAULT_
     return cctx.compress(payload), "sparse", changed
 
 
+def _sparse_changes(raw: bytes, view: type, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """A sparse chunk's payload: the positions it changes (sorted, int64) and their XOR with the base."""
+    itemsize = np.dtype(view).itemsize
+    (k,) = _SPARSE_HEADER.unpack_from(raw)
+    if len(raw) != _SPARSE_HEADER.size + k * (4 + itemsize) or k > n:
+        raise ValueError(f"sparse chunk of {len(raw)} bytes does not hold {k} changes")
+    body = np.frombuffer(raw, np.uint8, offset=_SPARSE_HEADER.size)
+    idx = np.cumsum(join_planes(body[: 4 * k], np.uint32, k).astype(np.int64) + 1) - 1
+    if k and idx[-1] >= n:
+        raise ValueError("sparse chunk points past its end")
+    return idx, join_planes(body[4 * k :], view, k)
+
+
 def decode_chunk(frame: bytes, encoding: str, view: type, n: int, base: np.ndarray | None) -> np.ndarray:
     """Rebuild one chunk's bits from its frame and the base chunk (None for a full snapshot)."""
     raw = zstandard.ZstdDecompressor().decompress(frame)
@@ -124,17 +137,27 @@ def decode_chunk(frame: bytes, encoding: str, view: type, n: int, base: np.ndarr
     if encoding == "sparse":
         if base is None:
             raise ValueError("a sparse chunk needs a base")
-        (k,) = _SPARSE_HEADER.unpack_from(raw)
-        if len(raw) != _SPARSE_HEADER.size + k * (4 + itemsize) or k > n:
-            raise ValueError(f"sparse chunk of {len(raw)} bytes does not hold {k} changes")
-        body = np.frombuffer(raw, np.uint8, offset=_SPARSE_HEADER.size)
-        idx = np.cumsum(join_planes(body[: 4 * k], np.uint32, k).astype(np.int64) + 1) - 1
-        if k and idx[-1] >= n:
-            raise ValueError("sparse chunk points past its end")
+        idx, x = _sparse_changes(raw, view, n)
         out = base.copy()  # only the changed elements are touched
-        out[idx] ^= join_planes(body[4 * k :], view, k)
+        out[idx] ^= x
         return out
     raise ValueError(f"unknown chunk encoding {encoding!r}")
+
+
+def chunk_changes(frame: bytes, encoding: str, view: type, n: int, base: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """What a delta chunk changes, without rebuilding the rest: the positions (within the chunk, sorted) and
+    their new bits. A sparse chunk costs what changed; a planes chunk (most of it changed) is decoded whole."""
+    raw = zstandard.ZstdDecompressor().decompress(frame)
+    if encoding == "sparse":
+        idx, x = _sparse_changes(raw, view, n)
+        return idx, base[idx] ^ x
+    if encoding != "planes":
+        raise ValueError(f"unknown chunk encoding {encoding!r}")
+    if len(raw) != n * np.dtype(view).itemsize:
+        raise ValueError(f"planes chunk holds {len(raw)} bytes, expected {n * np.dtype(view).itemsize}")
+    x = join_planes(np.frombuffer(raw, np.uint8), view, n)
+    idx = np.flatnonzero(x)
+    return idx, base[idx] ^ x[idx]
 
 
 # ---------------------------------------------------------------------------------------------- tensors

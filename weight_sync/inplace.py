@@ -1,13 +1,16 @@
 """In-place apply: a delta handed to the replica as only what changed, then persisted locally.
 
-    1. patch    the tensors the manifest says changed are fetched, rebuilt against the base the replica
-                serves and checked against their digests, as for a full rebuild; what differs from the base
-                goes into a patch file (flywheel.core.weight_patch: positions and values, or the whole
-                tensor where that is smaller). Unchanged tensors are neither fetched nor read.
+    1. patch    the chunks of the tensors the manifest says changed are fetched and checked against their
+                digests (the manifest is signed); their changed elements, and only those, are read from
+                the base the replica serves, and go into a patch file (flywheel.core.weight_patch:
+                positions and values, or the whole tensor where that is smaller). Unchanged tensors are
+                neither fetched nor read: the work follows what changed, not the model's size.
     2. switch   the replica applies the patch through its custom loader (weight_sync.switch, same modes,
                 same version label and prefix-cache flush as a reload from disk).
     3. persist  the version's checkpoint directory, which restarts and rollbacks load from disk, is the
-                base's files copied and the patch written into the copy: after the switch, off its path.
+                base's files copied and the patch written into the copy, every patched tensor checked
+                against its digest: after the switch, off its path. A mismatch (a damaged local base) puts
+                the replica back on the base version.
 A switch so costs what changed, not what the model weighs; the full reload stays for full snapshots, for a
 delta against another base than the one served, and as the fallback when the engine refuses a patch.
 """
@@ -41,6 +44,7 @@ class DigestMismatch(ValueError):
 class Patch:
     path: Path
     files: dict[str, bytes] = field(default_factory=dict)  # the version's side files (config, tokenizer)
+    digests: dict[str, str] = field(default_factory=dict)  # patched tensor -> digest of its rebuilt bytes
     tensors: int = 0  # tensors in the patch
     sparse_elems: int = 0  # elements sent as position + value
     full_elems: int = 0  # elements of tensors sent whole
@@ -52,37 +56,80 @@ def changed_tensors(manifest: Manifest) -> list[int]:
     return [i for i, t in enumerate(manifest.tensors) if any(c.changed for c in t.chunks)]
 
 
+def _tensor_changes(chunks, base_bits: np.ndarray, view: type, pool: Executor) -> tuple[np.ndarray, np.ndarray]:
+    """The positions and new bits of every element a tensor's delta chunks change (chunks in parallel)."""
+
+    def one(item):
+        meta, frame = item
+        if len(frame) != meta.size or codec.digest(frame) != meta.digest:
+            raise ValueError(f"chunk at element {meta.offset}: digest mismatch (truncated or corrupt)")
+        o, n = meta.offset, meta.elems
+        if o < 0 or o + n > base_bits.size:
+            raise ValueError(f"chunk at element {o} (+{n}) is outside a tensor of {base_bits.size}")
+        idx, vals = codec.chunk_changes(frame, meta.encoding, view, n, base_bits[o : o + n])
+        return idx + o, vals
+
+    parts = list(pool.map(one, chunks))
+    if not parts:
+        return np.empty(0, np.int64), np.empty(0, view)
+    return np.concatenate([i for i, _ in parts]), np.concatenate([v for _, v in parts])
+
+
 async def build_patch(client, manifest: Manifest, base_dir: Path, pool: Executor, out: Path) -> Patch:
-    """Fetch and check what changed in `manifest` (a delta against `base_dir`) and write it as a patch file.
-    Raises DigestMismatch, ValueError (a corrupt chunk) or the client's FetchError."""
+    """Fetch what changed in `manifest` (a delta against `base_dir`) and write it as a patch file, in time and
+    memory that follow what changed: each chunk's digest is checked (the manifest that lists them is
+    signed), and only its changed elements are read from the base. The rebuilt tensors' own digests are
+    checked by `persist`, which writes them whole. Raises ValueError (a corrupt chunk) or FetchError."""
+    patch = Patch(Path(out))
+    changed = changed_tensors(manifest)
+    # Every changed chunk is asked for at once (the client bounds how many are in flight), so downloads
+    # overlap the work on the tensors already here; together they weigh what the delta weighs.
+    fetches = [
+        asyncio.ensure_future(
+            asyncio.gather(
+                *(
+                    client.chunk(manifest.version, ti, ci, c.size, c.digest)
+                    for ci, c in enumerate(manifest.tensors[ti].chunks)
+                )
+            )
+        )
+        for ti in changed
+    ]
+    try:
+        return await _build(manifest, changed, fetches, base_dir, pool, patch, client)
+    finally:
+        for f in fetches:
+            f.cancel()
+        await asyncio.gather(*fetches, return_exceptions=True)
+
+
+async def _build(manifest, changed, fetches, base_dir, pool, patch: Patch, client) -> Patch:
     loop = asyncio.get_running_loop()
     arrays: dict[str, np.ndarray] = {}
     specs: dict[str, tuple[str, list[int]]] = {}
-    patch = Patch(Path(out))
     with CheckpointReader(base_dir) as base:
-        for ti in changed_tensors(manifest):
+        for ti, fetch in zip(changed, fetches, strict=True):
             entry = manifest.tensors[ti]
-            frames = await asyncio.gather(
-                *(client.chunk(manifest.version, ti, ci, c.size, c.digest) for ci, c in enumerate(entry.chunks))
-            )
+            frames = await fetch
             view = codec.bit_view(entry.dtype)
             base_bits = base.bits(entry.name)
-            bits = await loop.run_in_executor(
-                None, codec.decode_tensor, list(zip(entry.chunks, frames)), view, entry.numel, base_bits, pool
+
+            idx, vals = await loop.run_in_executor(
+                None, _tensor_changes, list(zip(entry.chunks, frames)), base_bits, view, pool
             )
-            if codec.digest(bits) != entry.digest:
-                raise DigestMismatch(f"tensor {entry.name} of v{manifest.version} rebuilds to other bytes")
-            idx = np.flatnonzero(bits != base_bits)
             signed = np.dtype(wp.BIT_DTYPES[entry.dtype])
             specs[entry.name] = (entry.dtype, list(entry.shape))
+            patch.digests[entry.name] = entry.digest
             if wp.sparse_is_smaller(idx.size, entry.numel, signed.itemsize):
                 arrays[entry.name + wp.IDX] = idx.astype(np.int32 if entry.numel < 2**31 else np.int64)
-                arrays[entry.name + wp.VAL] = bits[idx].view(signed)
+                arrays[entry.name + wp.VAL] = vals.view(signed)
                 patch.sparse_elems += idx.size
             else:
+                bits = base_bits.copy()
+                bits[idx] = vals
                 arrays[entry.name] = bits.view(signed).reshape(entry.shape)
                 patch.full_elems += entry.numel
-            del frames, bits, base_bits
+            del frames, base_bits
         for name, want in manifest.files.items():
             patch.files[name] = await client.file(manifest.version, name, want)
     patch.path.parent.mkdir(parents=True, exist_ok=True)
@@ -124,6 +171,8 @@ def persist(base_dir: Path, patch: Patch, staging: Path) -> None:
             else:
                 mm[f.get_tensor(name + wp.IDX)] = f.get_tensor(name + wp.VAL)
             mm.flush()
+            if codec.digest(mm) != patch.digests.get(name):
+                raise DigestMismatch(f"tensor {name} rebuilds to other bytes than the manifest's (a damaged base?)")
             del mm
     for name, data in patch.files.items():
         (staging / name).write_bytes(data)

@@ -73,8 +73,11 @@ async def served_version(session: aiohttp.ClientSession, replica_url: str) -> in
         return parse_version((await r.json()).get("weight_version"))
 
 
-async def _load(session, replica_url: str, model_dir: str | None, version: int, patch: str | None = None) -> float:
-    """Load a checkpoint directory from disk, or apply a patch file in place (weight_sync.inplace)."""
+async def _load(
+    session, replica_url: str, model_dir: str | None, version: int, patch: str | None = None
+) -> tuple[float, dict]:
+    """Load a checkpoint directory from disk, or apply a patch file in place (weight_sync.inplace). Returns
+    the seconds it took and, for a patch, what the engine's loader reported."""
     t = time.monotonic()
     if patch is None:
         status, out = await _post(
@@ -93,7 +96,7 @@ async def _load(session, replica_url: str, model_dir: str | None, version: int, 
     if status != 200 or not out.get("success"):
         how = "update_weights_from_disk" if patch is None else "in-place patch"
         raise LoadRefused(f"{how} failed ({status}): {out.get('message', out)}")
-    return time.monotonic() - t
+    return time.monotonic() - t, out.get("engine") or {}
 
 
 async def _load_patch(session, replica_url: str, patch: str, version: int) -> tuple[int, dict]:
@@ -142,6 +145,7 @@ async def _load_patch(session, replica_url: str, patch: str, version: int) -> tu
         os.unlink(weight_patch.result_path(patch))
     except OSError:
         pass
+    out["engine"] = result  # what the loader did, and how long it took
     if not result.get("ok"):
         # Nothing was written (the loader checks the whole patch first), but SGLang has put the new version's
         # label on the old weights: the caller reloads from disk at once.
@@ -349,12 +353,14 @@ async def switch(
                 t = time.monotonic()
                 await _post(session, f"{replica_url}/pause_generation", {"mode": "retract"})
                 try:
-                    timings["load_ms"] = 1000 * await _load(session, replica_url, model_dir, version, patch)
+                    seconds, engine = await _load(session, replica_url, model_dir, version, patch)
+                    timings["load_ms"] = 1000 * seconds
                 finally:  # a failed load must not leave the replica paused
                     await _post(session, f"{replica_url}/continue_generation", {})
                 timings["pause_ms"] = 1000 * (time.monotonic() - t)
             else:
-                timings["load_ms"] = 1000 * await _load(session, replica_url, model_dir, version, patch)
+                seconds, engine = await _load(session, replica_url, model_dir, version, patch)
+                timings["load_ms"] = 1000 * seconds
                 # drain: nothing was routed here meanwhile; no_pause: requests were held during the load.
                 timings["pause_ms"] = 0.0 if used == "drain" else timings["load_ms"]
         finally:
@@ -363,4 +369,5 @@ async def switch(
         if now != version:
             raise SwitchError(f"replica reports version {now} after switching to {version}")
     timings["total_ms"] = 1000 * (time.monotonic() - t0)
-    return {"mode": used, **{k: round(v, 1) for k, v in timings.items()}}
+    report = {"mode": used, **{k: round(v, 1) for k, v in timings.items()}}
+    return {**report, "engine": engine} if engine else report

@@ -82,7 +82,8 @@ def test_sparse_and_whole_tensors_land_where_the_models_loader_puts_them(tmp_pat
     path = _patch(
         tmp_path / "p.safetensors", {"q": (q, [0, 5, 11]), "k": (k, [2]), "e1": (e1, [0, 7]), "c": (c, [1, 4, 9, 10])}
     )
-    assert _run(model, path) == {"ok": True, "elements": 10}
+    result = _run(model, path)
+    assert result["ok"] and result["elements"] == 10 and result["probed"] == 4, result
     expected.load_weights([("q", q.float()), ("k", k.float()), ("e1", e1.float()), ("c", c.float())])
     for a, b in zip(model.parameters(), expected.parameters(), strict=True):
         assert torch.equal(a, b)

@@ -9,7 +9,8 @@
 (d) hot-switch under load through the gateway: p99 of requests overlapping switches vs steady p99, for a
     fleet of two replicas switching one at a time (drain) and a lone replica (no_pause, retract);
 (e) in-place apply vs a full reload from disk on a 1.06 GB checkpoint, at 2% and 30% changed
-    (benchmarks.delta_inplace).
+    (benchmarks/_delta_inplace.py);
+(f) publishing to an S3 store (S3Proxy on loopback) vs the directory store (benchmarks/_delta_s3.py).
 Prints one JSON object as the last line.
 """
 
@@ -322,13 +323,15 @@ def main() -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="bench-delta-"))
     try:
         result = synthetic()
-        from benchmarks.delta_inplace import inplace_vs_reload
+        from benchmarks._delta_inplace import inplace_vs_reload
+        from benchmarks._delta_s3 import s3_publish
 
         parts = (
             ("trainer", trainer_versions),
             ("apply", apply_memory),
             ("switch", switch_modes),
             ("inplace", inplace_vs_reload),
+            ("s3", s3_publish),
         )
         for part, fn in parts:
             d = tmp / part

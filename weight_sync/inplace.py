@@ -3,14 +3,14 @@
     1. patch    the chunks of the tensors the manifest says changed are fetched and checked against their
                 digests (the manifest is signed); their changed elements, and only those, are read from
                 the base the replica serves, and go into a patch file (flywheel.core.weight_patch:
-                positions and values, or the whole tensor where that is smaller). Unchanged tensors are
+                positions and values while few changed, else the whole tensor). Unchanged tensors are
                 neither fetched nor read: the work follows what changed, not the model's size.
     2. switch   the replica applies the patch through its custom loader (weight_sync.switch, same modes,
                 same version label and prefix-cache flush as a reload from disk).
     3. persist  the version's checkpoint directory, which restarts and rollbacks load from disk, is the
                 base's files copied and the patch written into the copy, every patched tensor checked
-                against its digest: after the switch, off its path. A mismatch (a damaged local base) puts
-                the replica back on the base version.
+                against its digest: after the switch, off its path. A mismatch (a damaged local base):
+                the agent drops that copy, and its retry rebuilds the version from the store and reloads it.
 A switch so costs what changed, not what the model weighs; the full reload stays for full snapshots, for a
 delta against another base than the one served, and as the fallback when the engine refuses a patch.
 """
@@ -120,7 +120,7 @@ async def _build(manifest, changed, fetches, base_dir, pool, patch: Patch, clien
             signed = np.dtype(wp.BIT_DTYPES[entry.dtype])
             specs[entry.name] = (entry.dtype, list(entry.shape))
             patch.digests[entry.name] = entry.digest
-            if wp.sparse_is_smaller(idx.size, entry.numel, signed.itemsize):
+            if wp.travels_sparse(idx.size, entry.numel):
                 arrays[entry.name + wp.IDX] = idx.astype(np.int32 if entry.numel < 2**31 else np.int64)
                 arrays[entry.name + wp.VAL] = vals.view(signed)
                 patch.sparse_elems += idx.size

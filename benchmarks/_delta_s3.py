@@ -6,7 +6,7 @@ its elements moved by one ULP: once to a directory store, once to the same plus 
 and the upload order's cost, not a network's). Each sequence runs REPS times, alternating, into fresh stores; the
 best of each is reported. `s3_publish_vs_dir` = S3 publish time / directory publish time (1.0: free).
 
-    python -m benchmarks.delta_s3      # prints one JSON object
+    python -m benchmarks._delta_s3      # prints one JSON object
 """
 
 from __future__ import annotations

@@ -128,7 +128,11 @@ def _bits_as(t: torch.Tensor, dtype: str) -> torch.Tensor:
 
 def _scatter(view: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor) -> None:
     if view.device.type == "cpu":  # numpy's fancy assignment: ~10x torch's index_put on a CPU
-        view.numpy()[np.unravel_index(idx.numpy(), tuple(view.shape))] = vals.to(view.dtype).numpy()
+        target, new = view.numpy(), vals.to(view.dtype).numpy()
+        if view.is_contiguous():
+            target.reshape(-1)[idx.numpy()] = new
+        else:
+            target[np.unravel_index(idx.numpy(), tuple(view.shape))] = new
     elif view.is_contiguous():
         view.view(-1)[idx.to(view.device)] = vals.to(device=view.device, dtype=view.dtype)
     else:

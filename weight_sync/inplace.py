@@ -56,23 +56,21 @@ def changed_tensors(manifest: Manifest) -> list[int]:
     return [i for i, t in enumerate(manifest.tensors) if any(c.changed for c in t.chunks)]
 
 
-def _tensor_changes(chunks, base_bits: np.ndarray, view: type, pool: Executor) -> tuple[np.ndarray, np.ndarray]:
-    """The positions and new bits of every element a tensor's delta chunks change (chunks in parallel)."""
-
-    def one(item):
-        meta, frame = item
+def _tensor_changes(chunks, base_bits: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """The positions and new bits of every element a tensor's delta chunks change."""
+    view, idxs, vals = codec.bit_view(dtype), [], []
+    for meta, frame in chunks:
         if len(frame) != meta.size or codec.digest(frame) != meta.digest:
             raise ValueError(f"chunk at element {meta.offset}: digest mismatch (truncated or corrupt)")
         o, n = meta.offset, meta.elems
         if o < 0 or o + n > base_bits.size:
             raise ValueError(f"chunk at element {o} (+{n}) is outside a tensor of {base_bits.size}")
-        idx, vals = codec.chunk_changes(frame, meta.encoding, view, n, base_bits[o : o + n])
-        return idx + o, vals
-
-    parts = list(pool.map(one, chunks))
-    if not parts:
+        idx, new = codec.chunk_changes(frame, meta.encoding, view, n, base_bits[o : o + n])
+        idxs.append(idx + o)
+        vals.append(new)
+    if not idxs:
         return np.empty(0, np.int64), np.empty(0, view)
-    return np.concatenate([i for i, _ in parts]), np.concatenate([v for _, v in parts])
+    return np.concatenate(idxs), np.concatenate(vals)
 
 
 async def build_patch(client, manifest: Manifest, base_dir: Path, pool: Executor, out: Path) -> Patch:
@@ -108,18 +106,16 @@ async def _build(manifest, changed, fetches, base_dir, pool, patch: Patch, clien
     arrays: dict[str, np.ndarray] = {}
     specs: dict[str, tuple[str, list[int]]] = {}
     with CheckpointReader(base_dir) as base:
-        for ti, fetch in zip(changed, fetches, strict=True):
+
+        async def one(ti: int, fetch) -> None:
             entry = manifest.tensors[ti]
             frames = await fetch
-            view = codec.bit_view(entry.dtype)
             base_bits = base.bits(entry.name)
-
-            idx, vals = await loop.run_in_executor(
-                None, _tensor_changes, list(zip(entry.chunks, frames)), base_bits, view, pool
-            )
-            signed = np.dtype(wp.BIT_DTYPES[entry.dtype])
+            chunks = list(zip(entry.chunks, frames))
+            idx, vals = await loop.run_in_executor(pool, _tensor_changes, chunks, base_bits, entry.dtype)
             specs[entry.name] = (entry.dtype, list(entry.shape))
             patch.digests[entry.name] = entry.digest
+            signed = np.dtype(wp.BIT_DTYPES[entry.dtype])
             if wp.travels_sparse(idx.size, entry.numel):
                 arrays[entry.name + wp.IDX] = idx.astype(np.int32 if entry.numel < 2**31 else np.int64)
                 arrays[entry.name + wp.VAL] = vals.view(signed)
@@ -129,7 +125,9 @@ async def _build(manifest, changed, fetches, base_dir, pool, patch: Patch, clien
                 bits[idx] = vals
                 arrays[entry.name] = bits.view(signed).reshape(entry.shape)
                 patch.full_elems += entry.numel
-            del frames, base_bits
+
+        # Tensors in parallel, as many as the pool has threads (zstd and numpy release the GIL).
+        await asyncio.gather(*(one(ti, f) for ti, f in zip(changed, fetches, strict=True)))
         for name, want in manifest.files.items():
             patch.files[name] = await client.file(manifest.version, name, want)
     patch.path.parent.mkdir(parents=True, exist_ok=True)

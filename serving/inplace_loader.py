@@ -67,11 +67,13 @@ def _tensors(model) -> dict[str, torch.Tensor]:
     return {**dict(model.named_buffers()), **dict(model.named_parameters())}
 
 
-def _probe(model, shapes: dict[str, list[int]]) -> dict[str, list[tuple[str, int, tuple, tuple]]]:
-    """Where the model's own loader puts each named tensor, asked in one `load_weights` call. A probe is
-    placed only if the loader copies the probe itself, unchanged (same storage, offset, shape and strides),
-    into a view of one parameter; anything else raises PatchError."""
-    probes = {n: torch.empty(s, dtype=torch.float32).as_subclass(_Probe) for n, s in shapes.items()}
+def _probe(model, specs: dict[str, tuple[str, list[int]]]) -> dict[str, list[tuple[str, int, tuple, tuple]]]:
+    """Where the model's own loader puts each named tensor, asked in one `load_weights` call. A probe (of the
+    checkpoint's dtype, on the CPU as a checkpoint's tensors are) is placed only if the loader copies the
+    probe itself, unchanged (same storage, offset, shape and strides), into a view of one parameter;
+    anything else raises PatchError."""
+    probes = {n: torch.empty(s, dtype=_TORCH_DTYPES[d]).as_subclass(_Probe) for n, (d, s) in specs.items()}
+    shapes = {n: s for n, (_, s) in specs.items()}
     by_storage = {p.untyped_storage().data_ptr(): n for n, p in probes.items() if p.numel()}
     _Probe.sink = []
     try:
@@ -109,7 +111,7 @@ def _probe(model, shapes: dict[str, list[int]]) -> dict[str, list[tuple[str, int
 
 def _views(model, specs: dict[str, tuple[str, list[int]]]) -> dict[str, list[torch.Tensor]]:
     """Each patched tensor's views into the model's parameters (placed once per model, then remembered)."""
-    unknown = {n: shape for n, (_, shape) in specs.items() if (id(model), n) not in _places}
+    unknown = {n: spec for n, spec in specs.items() if (id(model), n) not in _places}
     if unknown:
         for name, targets in _probe(model, unknown).items():
             _places[(id(model), name)] = targets
@@ -128,7 +130,11 @@ def _bits_as(t: torch.Tensor, dtype: str) -> torch.Tensor:
 
 def _scatter(view: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor) -> None:
     if view.device.type == "cpu":  # numpy's fancy assignment: ~10x torch's index_put on a CPU
-        target, new = view.numpy(), vals.to(view.dtype).numpy()
+        if view.dtype == vals.dtype:  # numpy has no bfloat16: move the bits
+            bits = {2: torch.int16, 4: torch.int32}[view.element_size()]
+            target, new = view.view(bits).numpy(), vals.view(bits).numpy()
+        else:
+            target, new = view.numpy(), vals.to(view.dtype).numpy()
         if view.is_contiguous():
             target.reshape(-1)[idx.numpy()] = new
         else:
@@ -139,8 +145,9 @@ def _scatter(view: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor) -> None:
         view[torch.unravel_index(idx.to(view.device), tuple(view.shape))] = vals.to(view.device, view.dtype)
 
 
-def _apply(model, path: str) -> dict:
-    """Check the whole patch against the model, then write it. Returns what it did and the time it took."""
+def _apply(model, path: str, done: dict) -> dict:
+    """Check the whole patch against the model, then write it. Returns what it did and the time it took;
+    `done["written"]` counts the tensors written so far (a failure while writing leaves some)."""
     t0, known = time.perf_counter(), len(_places)
     with safe_open(path, framework="pt") as f:
         specs, keys = wp.decode_meta(f.metadata()), set(f.keys())
@@ -163,6 +170,7 @@ def _apply(model, path: str) -> dict:
     t1, written = time.perf_counter(), 0
     with torch.no_grad():
         for targets, idx, vals in plan:
+            done["written"] += 1
             for view in targets:
                 if idx is None:
                     view.copy_(vals)
@@ -180,16 +188,20 @@ def _apply(model, path: str) -> dict:
 def apply(model, named_tensors) -> None:
     """SGLang's custom-loader entry point: `named_tensors` holds one tensor named PATH_PREFIX + the patch file.
     Never raises: an exception here would stop SGLang's scheduler. The outcome goes to <patch>.result (JSON),
-    which the agent reads; a refused patch has written nothing."""
+    which the agent reads: `written` says how many tensors a refused patch changed (0 unless writing itself
+    failed, since every check comes first)."""
     paths = [n[len(wp.PATH_PREFIX) :] for n, _ in named_tensors if n.startswith(wp.PATH_PREFIX)]
-    if len(paths) != 1 or len(named_tensors) != 1:
-        log.error(
-            "weight patch: expected one %s<path> entry, got %s", wp.PATH_PREFIX, [n for n, _ in named_tensors][:3]
-        )
+    if len(paths) != 1 or len(named_tensors) != 1 or not wp.valid_path(paths[0]):
+        log.error("weight patch: expected one %s<absolute path>.safetensors, got %s", wp.PATH_PREFIX, paths[:1])
         return
+    done = {"written": 0}
     try:
-        result = {"ok": True, **_apply(model, paths[0])}
+        result = {"ok": True, **_apply(model, paths[0], done)}
     except Exception as e:  # reported to the agent, which reloads from disk
         result = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    result["written"] = done["written"]
     (log.info if result["ok"] else log.error)("weight patch %s: %s", paths[0], result)
-    wp.write_result(paths[0], result)
+    try:
+        wp.write_result(paths[0], result)
+    except Exception:  # the agent then finds no outcome and takes the patch as refused
+        log.exception("weight patch %s: could not write its outcome", paths[0])

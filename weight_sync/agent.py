@@ -36,7 +36,16 @@ from weight_sync import codec, inplace
 from weight_sync.checkpoint import CheckpointReader, CheckpointWriter, config_digest
 from weight_sync.fetch import FetchError, StoreClient, open_store
 from weight_sync.manifest import Manifest, ManifestError, load_public, verify
-from weight_sync.switch import GatewayLink, LoadRefused, SwitchError, SwitchMode, served_version, switch, takes_patches
+from weight_sync.switch import (
+    GatewayLink,
+    InPlace,
+    LoadRefused,
+    SwitchError,
+    SwitchMode,
+    served_version,
+    switch,
+    takes_patches,
+)
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +115,9 @@ class AgentMetrics:
         )
         self.inplace_fallbacks = Counter(
             "flywheel_agent_inplace_fallbacks",
-            "In-place patches the replica refused (the version was then reloaded from disk)",
+            "Versions reloaded whole after an in-place apply failed: patch_failed (could not be built), "
+            "refused (by the engine), damaged_base (the local base did not rebuild to the manifest's digests)",
+            ["reason"],
             registry=r,
         )
         self.phase = Histogram(
@@ -134,7 +145,8 @@ class Agent:
         self.pool = ThreadPoolExecutor(cfg.threads)
         self.last_apply: dict = {}
         self.retry = False  # whether the last failed apply is worth trying again
-        self.reload_next = False  # the next apply reloads from disk (an in-place apply found a damaged base)
+        if cfg.inplace:  # at start, not on the first switch: the first import of torch takes seconds
+            import torch.multiprocessing  # noqa: F401
 
     # ------------------------------------------------------------------ state
     def _load_state(self) -> dict:
@@ -244,39 +256,47 @@ class Agent:
         )
         return target
 
-    async def _apply_inplace(self, client: StoreClient, session, version: int) -> dict | None:
+    async def _apply_inplace(self, client: StoreClient, session, version: int, t0: float) -> dict | None:
         """Switch by handing the replica only what changed (weight_sync.inplace), when `version` is a delta
-        against the version it serves. None: not possible here, or the replica refused the patch (then the
-        full reload runs, and repairs whatever a refused patch changed)."""
-        if not self.cfg.inplace or self.local_dir(version).exists() or self.reload_next:
-            self.reload_next = False
+        against the version the replica serves. None: not possible here, or it failed in a way a reload
+        from disk repairs (the engine refused the patch, the local base is damaged): the caller reloads."""
+        if not self.cfg.inplace or self.local_dir(version).exists():
             return None
         manifest = await self.manifest(client, version)
-        if manifest.kind != "delta" or manifest.base_version != self.state["version"]:
+        base_dir = self.local_dir(manifest.base_version or 0)
+        if (
+            manifest.kind != "delta"
+            or manifest.base_version != self.state["version"]
+            or not base_dir.exists()
+            or not inplace.supported(manifest)
+            # what the replica serves, not what this agent last did: one restarted by its supervisor serves
+            # its launch checkpoint until the agent notices
+            or await served_version(session, self.cfg.replica_url) != manifest.base_version
+            or not await takes_patches(session, self.cfg.replica_url)
+        ):
             return None
-        base_dir = self.local_dir(manifest.base_version)
-        if not base_dir.exists() or not await takes_patches(session, self.cfg.replica_url):
-            return None
-        t0 = time.monotonic()
+        out = self.work / "patches" / f"v{version}.safetensors"
         try:
-            patch = await inplace.build_patch(
-                client, manifest, base_dir, self.pool, self.work / "patches" / f"v{version}.safetensors"
-            )
+            patch = await inplace.build_patch(client, manifest, base_dir, self.pool, out)
         except FetchError as e:
             raise Rejected("fetch_failed", str(e)) from None
-        except ValueError as e:
-            raise Rejected("corrupt_chunk", str(e)) from None
+        except (ValueError, KeyError) as e:  # the base or the delta: the rebuild from disk tells which
+            self.metrics.inplace_fallbacks.labels("patch_failed").inc()
+            log.warning("v%d: no in-place patch (%s: %s); rebuilding it whole", version, type(e).__name__, e)
+            out.unlink(missing_ok=True)
+            return None
         try:
             self.metrics.phase.labels("patch").observe(time.monotonic() - t0)
             t = time.monotonic()
             try:
+                load = InPlace(str(patch.path.resolve()), manifest.base_version)
                 report = await switch(
-                    self.cfg.replica_url, None, version, self.cfg.switch_mode, self.gateways(), patch=str(patch.path)
+                    self.cfg.replica_url, None, version, self.cfg.switch_mode, self.gateways(), patch=load
                 )
             except LoadRefused as e:
-                self.metrics.inplace_fallbacks.inc()
+                self.metrics.inplace_fallbacks.labels("refused").inc()
                 log.warning(
-                    "replica %s refused the in-place patch of v%d (%s): reloading from disk", self.cfg.name, version, e
+                    "replica %s refused the in-place patch of v%d (%s): reloading it", self.cfg.name, version, e
                 )
                 return None
             self.metrics.phase.labels("switch").observe(time.monotonic() - t)
@@ -286,14 +306,17 @@ class Agent:
             shutil.rmtree(staging, ignore_errors=True)
             try:
                 await asyncio.get_running_loop().run_in_executor(None, inplace.persist, base_dir, patch, staging)
-            except inplace.DigestMismatch as e:
-                # The local base is damaged, so the patch computed from it may be too. The next try rebuilds
-                # the version from the store and reloads it whole (not trusting this base copy again).
+            except (ValueError, KeyError) as e:  # DigestMismatch among them
+                # The local base is damaged, so what the replica now serves may be too: that copy goes, and
+                # the caller rebuilds the version from the store and reloads it whole, now.
                 shutil.rmtree(staging, ignore_errors=True)
-                if not base_dir.is_symlink():
+                if base_dir.is_symlink():
+                    base_dir.unlink()
+                else:
                     shutil.rmtree(base_dir, ignore_errors=True)
-                self.reload_next = True
-                raise Rejected("damaged_base", f"{e}; replica {self.cfg.name} is reloaded from the store") from None
+                self.metrics.inplace_fallbacks.labels("damaged_base").inc()
+                log.error("v%d applied in place over a damaged base (%s): reloading it from the store", version, e)
+                return None
             except BaseException:
                 shutil.rmtree(staging, ignore_errors=True)
                 raise
@@ -336,7 +359,7 @@ class Agent:
         try:
             async with aiohttp.ClientSession() as session:
                 client = open_store(self.cfg.store_url, session, self.work / "downloads", self.cfg.parallel_downloads)
-                report = await self._apply_inplace(client, session, version)
+                report = await self._apply_inplace(client, session, version, t0)
                 if report is None:
                     path = await self.materialize(client, version)
             if report is None:
@@ -345,7 +368,7 @@ class Agent:
                     self.cfg.replica_url, str(path.resolve()), version, self.cfg.switch_mode, self.gateways()
                 )
                 self.metrics.phase.labels("switch").observe(time.monotonic() - t)
-                report = {"apply": "reload", **report}
+                report = {"apply": "reload", **report, "serving_ms": round(1000 * (time.monotonic() - t0), 1)}
         except Rejected as e:
             self.metrics.rejected.labels(e.reason).inc()
             self.retry = e.reason not in self.PERMANENT

@@ -41,6 +41,7 @@ class CheckpointReader:
     def __init__(self, ckpt: Path):
         self.dir = Path(ckpt)
         self._index: dict[str, tuple[mmap.mmap, str, list[int], int, int]] = {}
+        self._files: dict[str, Path] = {}
         self._maps = []
         for f in weight_files(self.dir):
             with open(f, "rb") as fh:
@@ -54,6 +55,7 @@ class CheckpointReader:
                     continue
                 start, end = info["data_offsets"]
                 self._index[name] = (m, info["dtype"], list(info["shape"]), base + start, base + end)
+                self._files[name] = f
 
     def names(self) -> list[str]:
         return list(self._index)
@@ -64,6 +66,10 @@ class CheckpointReader:
 
     def specs(self) -> dict[str, tuple[str, list[int]]]:
         return {n: self.spec(n) for n in self._index}
+
+    def layout(self) -> dict[str, tuple[Path, str, list[int], int]]:
+        """Every tensor's file, dtype, shape and byte offset in that file (for writing it in place)."""
+        return {n: (self._files[n], dtype, shape, start) for n, (_, dtype, shape, start, _) in self._index.items()}
 
     def bits(self, name: str) -> np.ndarray:
         """The tensor's bits as a flat read-only uint array over the mapped file (no copy)."""

@@ -18,11 +18,9 @@ delta against another base than the one served, and as the fallback when the eng
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import os
 import shutil
-import struct
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,11 +42,16 @@ class DigestMismatch(ValueError):
 class Patch:
     path: Path
     files: dict[str, bytes] = field(default_factory=dict)  # the version's side files (config, tokenizer)
-    digests: dict[str, str] = field(default_factory=dict)  # patched tensor -> digest of its rebuilt bytes
+    digests: dict[str, str] = field(default_factory=dict)  # every tensor -> digest of the version's bytes
     tensors: int = 0  # tensors in the patch
     sparse_elems: int = 0  # elements sent as position + value
     full_elems: int = 0  # elements of tensors sent whole
     bytes: int = 0
+
+
+def supported(manifest: Manifest) -> bool:
+    """Whether every tensor's dtype has a patch form (flywheel.core.weight_patch.BIT_DTYPES)."""
+    return all(t.dtype in wp.BIT_DTYPES for t in manifest.tensors)
 
 
 def changed_tensors(manifest: Manifest) -> list[int]:
@@ -59,9 +62,7 @@ def changed_tensors(manifest: Manifest) -> list[int]:
 def _tensor_changes(chunks, base_bits: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
     """The positions and new bits of every element a tensor's delta chunks change."""
     view, idxs, vals = codec.bit_view(dtype), [], []
-    for meta, frame in chunks:
-        if len(frame) != meta.size or codec.digest(frame) != meta.digest:
-            raise ValueError(f"chunk at element {meta.offset}: digest mismatch (truncated or corrupt)")
+    for meta, frame in chunks:  # frames come from the store client, which checked their digests
         o, n = meta.offset, meta.elems
         if o < 0 or o + n > base_bits.size:
             raise ValueError(f"chunk at element {o} (+{n}) is outside a tensor of {base_bits.size}")
@@ -73,12 +74,18 @@ def _tensor_changes(chunks, base_bits: np.ndarray, dtype: str) -> tuple[np.ndarr
     return np.concatenate(idxs), np.concatenate(vals)
 
 
+def _with_changes(base_bits: np.ndarray, idx: np.ndarray, vals: np.ndarray) -> np.ndarray:
+    bits = base_bits.copy()
+    bits[idx] = vals
+    return bits
+
+
 async def build_patch(client, manifest: Manifest, base_dir: Path, pool: Executor, out: Path) -> Patch:
     """Fetch what changed in `manifest` (a delta against `base_dir`) and write it as a patch file, in time and
     memory that follow what changed: each chunk's digest is checked (the manifest that lists them is
     signed), and only its changed elements are read from the base. The rebuilt tensors' own digests are
     checked by `persist`, which writes them whole. Raises ValueError (a corrupt chunk) or FetchError."""
-    patch = Patch(Path(out))
+    patch = Patch(Path(out), digests={t.name: t.digest for t in manifest.tensors})
     changed = changed_tensors(manifest)
     # Every changed chunk is asked for at once (the client bounds how many are in flight), so downloads
     # overlap the work on the tensors already here; together they weigh what the delta weighs.
@@ -114,20 +121,24 @@ async def _build(manifest, changed, fetches, base_dir, pool, patch: Patch, clien
             chunks = list(zip(entry.chunks, frames))
             idx, vals = await loop.run_in_executor(pool, _tensor_changes, chunks, base_bits, entry.dtype)
             specs[entry.name] = (entry.dtype, list(entry.shape))
-            patch.digests[entry.name] = entry.digest
             signed = np.dtype(wp.BIT_DTYPES[entry.dtype])
             if wp.travels_sparse(idx.size, entry.numel):
                 arrays[entry.name + wp.IDX] = idx.astype(np.int32 if entry.numel < 2**31 else np.int64)
                 arrays[entry.name + wp.VAL] = vals.view(signed)
                 patch.sparse_elems += idx.size
             else:
-                bits = base_bits.copy()
-                bits[idx] = vals
+                bits = await loop.run_in_executor(pool, _with_changes, base_bits, idx, vals)
                 arrays[entry.name] = bits.view(signed).reshape(entry.shape)
                 patch.full_elems += entry.numel
 
-        # Tensors in parallel, as many as the pool has threads (zstd and numpy release the GIL).
-        await asyncio.gather(*(one(ti, f) for ti, f in zip(changed, fetches, strict=True)))
+        # Tensors in parallel, as many as the pool has threads (zstd and numpy release the GIL); the first
+        # failure cancels the rest before the base is closed.
+        try:
+            async with asyncio.TaskGroup() as group:
+                for ti, f in zip(changed, fetches, strict=True):
+                    group.create_task(one(ti, f))
+        except ExceptionGroup as e:  # the first failure is the one to report (FetchError, ValueError)
+            raise e.exceptions[0] from None
         for name, want in manifest.files.items():
             patch.files[name] = await client.file(manifest.version, name, want)
     patch.path.parent.mkdir(parents=True, exist_ok=True)
@@ -136,42 +147,43 @@ async def _build(manifest, changed, fetches, base_dir, pool, patch: Patch, clien
     return patch
 
 
-def _slots(path: Path) -> tuple[int, dict[str, tuple[str, list[int], int, int]]]:
-    """A safetensors file's data start and its tensors: name -> (dtype, shape, start, end) within the data."""
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
-    return 8 + n, {k: (v["dtype"], v["shape"], *v["data_offsets"]) for k, v in header.items() if k != "__metadata__"}
-
-
 def persist(base_dir: Path, patch: Patch, staging: Path) -> None:
     """Write the version's checkpoint into `staging`: the base's weight files with the patch applied, and the
-    version's side files. Every file is fsynced; the caller renames `staging` into place."""
-    from safetensors import safe_open
+    version's side files; then check every tensor, patched or not, against the manifest's digest (a damaged
+    base must not live on in the versions built on it). Every file is fsynced; the caller renames `staging`
+    into place. Raises DigestMismatch, or ValueError/KeyError for a base that does not fit the manifest."""
+    from safetensors import safe_open  # numpy's view of the patch (the module imports safetensors.numpy)
 
     staging.mkdir(parents=True)
-    where: dict[str, tuple[Path, int, str, list[int], int]] = {}
+    where: dict[str, tuple[Path, int, str, int]] = {}
     for src in weight_files(base_dir):
-        dst = staging / src.name
-        shutil.copyfile(src, dst)
-        start, slots = _slots(dst)
-        for name, (dtype, shape, lo, _) in slots.items():
-            where[name] = (dst, start + lo, dtype, shape, math.prod(shape))
+        shutil.copyfile(src, staging / src.name)
+    with CheckpointReader(staging) as r:
+        for name, (dst, dtype, shape, start) in r.layout().items():
+            where[name] = (dst, start, dtype, math.prod(shape))
+    if set(where) != set(patch.digests):
+        raise ValueError(
+            f"the base holds other tensors than the manifest ({sorted(set(where) ^ set(patch.digests))[:3]})"
+        )
     with safe_open(str(patch.path), framework="numpy") as f:
         specs, keys = wp.decode_meta(f.metadata()), set(f.keys())
-        for name, (dtype, shape) in specs.items():
-            dst, offset, have_dtype, have_shape, numel = where[name]
-            if (have_dtype, list(have_shape)) != (dtype, shape):
-                raise ValueError(f"{name}: the base holds {have_dtype}{have_shape}, the patch {dtype}{shape}")
+        for name, (dtype, _) in specs.items():
+            dst, offset, have_dtype, numel = where[name]
+            if have_dtype != dtype:
+                raise ValueError(f"{name}: the base holds {have_dtype}, the patch {dtype}")
             mm = np.memmap(dst, dtype=wp.BIT_DTYPES[dtype], mode="r+", offset=offset, shape=(numel,))
             if name in keys:
                 mm[:] = f.get_tensor(name).reshape(-1)
             else:
                 mm[f.get_tensor(name + wp.IDX)] = f.get_tensor(name + wp.VAL)
             mm.flush()
-            if codec.digest(mm) != patch.digests.get(name):
-                raise DigestMismatch(f"tensor {name} rebuilds to other bytes than the manifest's (a damaged base?)")
             del mm
+    for name, (dst, offset, dtype, numel) in where.items():
+        itemsize = np.dtype(codec.bit_view(dtype)).itemsize
+        mm = np.memmap(dst, dtype=np.uint8, mode="r", offset=offset, shape=(numel * itemsize,))
+        if codec.digest(mm) != patch.digests[name]:
+            raise DigestMismatch(f"tensor {name} rebuilds to other bytes than the manifest's (a damaged base?)")
+        del mm
     for name, data in patch.files.items():
         (staging / name).write_bytes(data)
     for p in staging.iterdir():

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal, get_args
 
 import aiohttp
@@ -74,7 +74,7 @@ async def served_version(session: aiohttp.ClientSession, replica_url: str) -> in
 
 
 async def _load(
-    session, replica_url: str, model_dir: str | None, version: int, patch: str | None = None
+    session, replica_url: str, model_dir: str | None, version: int, patch: InPlace | None = None
 ) -> tuple[float, dict]:
     """Load a checkpoint directory from disk, or apply a patch file in place (weight_sync.inplace). Returns
     the seconds it took and, for a patch, what the engine's loader reported."""
@@ -99,26 +99,36 @@ async def _load(
     return time.monotonic() - t, out.get("engine") or {}
 
 
-async def _load_patch(session, replica_url: str, patch: str, version: int) -> tuple[int, dict]:
+class InPlace:
+    """A patch file (weight_sync.inplace) for the replica to apply in place, and the version it applies to.
+    Serialized when made, before any drain or pause: the agent's first import of torch takes seconds."""
+
+    def __init__(self, path: str, base_version: int):
+        import base64
+        import io
+        from multiprocessing.reduction import ForkingPickler
+
+        import torch
+        import torch.multiprocessing
+
+        from flywheel.core import weight_patch
+
+        if not weight_patch.valid_path(path):
+            raise ValueError(f"a patch is an absolute path to a .safetensors file, not {path!r}")
+        self.path, self.base_version = path, base_version
+        torch.multiprocessing.set_sharing_strategy("file_system")  # facts.md: how CPU tensors reach SGLang
+        self._marker = torch.zeros(1)  # the engine opens its shared memory: kept alive as long as this is
+        buf = io.BytesIO()
+        ForkingPickler(buf).dump([(weight_patch.PATH_PREFIX + path, self._marker)])
+        self.payload = base64.b64encode(buf.getvalue()).decode()
+
+
+async def _load_patch(session, replica_url: str, patch: InPlace, version: int) -> tuple[int, dict]:
     """SGLang takes tensors from an HTTP caller only inside a weight-update session, serialized for its
     multiprocessing unpickler; the patch itself stays in its file, named by the one tensor sent."""
-    import base64
-    import io
-    from multiprocessing.reduction import ForkingPickler
-
-    import torch
-    import torch.multiprocessing
-
     from flywheel.core import weight_patch
 
-    torch.multiprocessing.set_sharing_strategy("file_system")  # facts.md: how CPU tensors reach SGLang
-    marker = torch.zeros(1)
-    buf = io.BytesIO()
-    ForkingPickler(buf).dump([(weight_patch.PATH_PREFIX + patch, marker)])
-    try:  # an outcome left by an earlier attempt must not pass for this one's
-        os.unlink(weight_patch.result_path(patch))
-    except OSError:
-        pass
+    Path(weight_patch.result_path(patch.path)).unlink(missing_ok=True)  # an earlier attempt's is not this one's
     status, out = await _post(session, f"{replica_url}/begin_weight_update", {})
     if status == 400 and "already open" in str(out.get("message", "")):  # left open by an agent that died
         await _post(session, f"{replica_url}/end_weight_update", {})
@@ -130,7 +140,7 @@ async def _load_patch(session, replica_url: str, patch: str, version: int) -> tu
             session,
             f"{replica_url}/update_weights_from_tensor",
             {
-                "serialized_named_tensors": [base64.b64encode(buf.getvalue()).decode()],
+                "serialized_named_tensors": [patch.payload],
                 "load_format": weight_patch.LOADER,
                 "weight_version": str(version),
                 "flush_cache": True,
@@ -139,30 +149,40 @@ async def _load_patch(session, replica_url: str, patch: str, version: int) -> tu
         )
     finally:
         await _post(session, f"{replica_url}/end_weight_update", {})
-        del marker  # alive until the engine has opened it
-    result = weight_patch.read_result(patch)
-    try:
-        os.unlink(weight_patch.result_path(patch))
-    except OSError:
-        pass
+    result = weight_patch.read_result(patch.path)
+    Path(weight_patch.result_path(patch.path)).unlink(missing_ok=True)
     out["engine"] = result  # what the loader did, and how long it took
-    if not result.get("ok"):
-        # Nothing was written (the loader checks the whole patch first), but SGLang has put the new version's
-        # label on the old weights: the caller reloads from disk at once.
-        return 400, {"success": False, "message": f"the engine refused the patch: {result.get('error')}"}
+    if status == 200 and not result.get("ok"):
+        # SGLang has put the new version's label on weights the loader did not change (or, if writing itself
+        # failed, changed only in part): the label goes back while the replica is still drained or paused,
+        # and the caller reloads the version from disk.
+        await _post(
+            session,
+            f"{replica_url}/update_weight_version",
+            {"new_version": str(patch.base_version), "abort_all_requests": False},
+            timeout=ADMIN_TIMEOUT_S,
+        )
+        return 400, {
+            "success": False,
+            "message": f"the engine refused the patch ({result.get('written', 0)} tensors written): "
+            f"{result.get('error')}",
+        }
     return status, out
 
 
 async def takes_patches(session, replica_url: str) -> bool:
     """Whether the replica was started with our in-place loader (serving.replica does; one started by hand
-    may not be, and SGLang's scheduler stops on a load format it does not know)."""
+    may not be, and SGLang's scheduler stops on a load format it does not know), on a single rank."""
     from flywheel.core import weight_patch
 
     async with session.get(f"{replica_url}/server_info", timeout=aiohttp.ClientTimeout(total=10)) as r:
         if r.status != 200:
             return False
         info = await r.json(content_type=None)
-    return weight_patch.LOADER in (info.get("custom_weight_loader") or [])
+    # One rank holding the whole model: the loader places whole tensors, and SGLang reads the one
+    # serialized payload as rank 0's (a second rank would find none).
+    single = all(int(info.get(k) or 1) == 1 for k in ("tp_size", "pp_size", "dp_size", "ep_size"))
+    return single and weight_patch.LOADER in (info.get("custom_weight_loader") or [])
 
 
 async def _drain(session, gw: GatewayLink, deadline: float) -> bool:
@@ -326,7 +346,7 @@ async def switch(
     mode: SwitchMode = "drain",
     gateway: GatewayLink | list[GatewayLink] | None = None,
     drain_timeout_s: float = 120.0,
-    patch: str | None = None,
+    patch: InPlace | None = None,
 ) -> dict:
     """Switch the replica to a checkpoint directory, or by a patch file applied in place; returns the mode
     used and the time of each phase (ms). `gateway`: the one, or every one, that routes to the replica

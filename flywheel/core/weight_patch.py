@@ -51,9 +51,20 @@ def result_path(patch: str) -> str:
     return patch + ".result"
 
 
+def valid_path(patch: str) -> bool:
+    """A patch is named by an absolute path to a .safetensors file (the engine resolves nothing itself)."""
+    return os.path.isabs(patch) and patch.endswith(".safetensors") and "\x00" not in patch
+
+
 def write_result(patch: str, result: dict) -> None:
     tmp = result_path(patch) + ".tmp"
-    with open(tmp, "w") as f:
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+    # Never through a link planted where the result goes: the engine writes with its own rights.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
         json.dump(result, f)
     os.replace(tmp, result_path(patch))
 

@@ -214,7 +214,7 @@ def test_a_patch_the_engine_refuses_is_reloaded_from_disk(weights, second_replic
     agent = _agent(weights, second_replica, "refused", tmp_path / "agent", switch_mode="no_pause")
     report = asyncio.run(agent.apply(1))
     assert report and report["apply"] == "reload" and _version(second_replica.url) == "1"
-    assert agent.metrics.inplace_fallbacks._value.get() == 1
+    assert agent.metrics.inplace_fallbacks.labels("refused")._value.get() == 1
     reload = _agent(weights, second_replica, "plain", tmp_path / "plain", switch_mode="no_pause", inplace=False)
     answers = _greedy(second_replica.url)
     assert asyncio.run(reload.apply(0)) and asyncio.run(reload.apply(1))
@@ -226,22 +226,35 @@ def test_an_in_place_apply_on_a_damaged_local_base_is_caught_and_reloaded_from_t
     weights, second_replica, tmp_path
 ):
     """The agent's copy of the version it serves rots on disk; the next delta, applied in place, rebuilds to
-    other bytes than the manifest's: the agent drops that copy and the retry rebuilds the version from the
-    store and reloads it whole, to the same answers as an agent that never saw the damage."""
+    other bytes than the manifest's: the agent drops that copy, rebuilds the version from the store and
+    reloads it whole, to the same answers as an agent that never saw the damage."""
     agent = _agent(weights, second_replica, "rot", tmp_path / "rot", switch_mode="no_pause")
     assert asyncio.run(agent.apply(1))["apply"] == "in_place"
     weights_file = agent.local_dir(1) / "model.safetensors"
     data = bytearray(weights_file.read_bytes())
-    data[len(data) // 2] ^= 0x01
+    data[-3] ^= 0x01  # the last tensor in the file
     weights_file.write_bytes(bytes(data))
-    assert asyncio.run(agent.apply(2)) is None and agent.retry
-    assert agent.metrics.rejected.labels("damaged_base")._value.get() == 1 and not agent.local_dir(1).exists()
     report = asyncio.run(agent.apply(2))
     assert report and report["apply"] == "reload" and _version(second_replica.url) == "2"
+    assert agent.metrics.inplace_fallbacks.labels("damaged_base")._value.get() == 1
     answers = _greedy(second_replica.url)
     clean = _agent(weights, second_replica, "clean", tmp_path / "clean", switch_mode="no_pause", inplace=False)
     assert asyncio.run(clean.apply(0)) and asyncio.run(clean.apply(2)) and same(_greedy(second_replica.url), answers)
     assert asyncio.run(clean.apply(0)) and _version(second_replica.url) == "0"
+
+
+def test_a_replica_not_on_the_agents_version_is_never_patched(weights, second_replica, tmp_path):
+    """A replica restarted by its supervisor serves its launch checkpoint (v0) while its agent's state says
+    v1: a delta on v1 must not be patched onto v0 weights; it is reloaded whole."""
+    agent = _agent(weights, second_replica, "behind", tmp_path / "behind", switch_mode="no_pause")
+    assert asyncio.run(agent.apply(1))["apply"] == "in_place"
+    other = _agent(weights, second_replica, "restart", tmp_path / "restart", switch_mode="no_pause", inplace=False)
+    assert asyncio.run(other.apply(0)) and _version(second_replica.url) == "0"
+    report = asyncio.run(agent.apply(2))
+    assert report and report["apply"] == "reload" and _version(second_replica.url) == "2"
+    answers = _greedy(second_replica.url)
+    assert asyncio.run(other.apply(2)) and same(_greedy(second_replica.url), answers)
+    assert asyncio.run(other.apply(0)) and _version(second_replica.url) == "0"
 
 
 def _corrupt(store_root: Path, src_version: int, new_version: int, how: str, cfg) -> None:

@@ -15,12 +15,12 @@ from serving import inplace_loader
 
 
 class Toy(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, dtype=torch.float32):
         super().__init__()
         g = torch.Generator().manual_seed(0)
 
-        def param(*shape):  # float32 holding bf16 values, as a replica upcasts a bf16 checkpoint
-            return torch.nn.Parameter(torch.randn(*shape, generator=g).to(torch.bfloat16).float())
+        def param(*shape):  # bf16 values, upcast as a float32 replica holds a bf16 checkpoint (or kept bf16)
+            return torch.nn.Parameter(torch.randn(*shape, generator=g).to(torch.bfloat16).to(dtype))
 
         self.qk = param(6, 4)  # q rows 0-2, k rows 3-5 (as qkv_proj)
         self.w13 = param(2, 3, 4)  # one slab per expert
@@ -72,8 +72,9 @@ def _new(t: torch.Tensor, positions, seed: int) -> torch.Tensor:
     return out.reshape(t.shape)
 
 
-def test_sparse_and_whole_tensors_land_where_the_models_loader_puts_them(tmp_path):
-    model, expected = Toy(), Toy()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sparse_and_whole_tensors_land_where_the_models_loader_puts_them(tmp_path, dtype):
+    model, expected = Toy(dtype), Toy(dtype)
     q = _new(model.qk.data[0:3], [0, 5, 11], 1)
     k = _new(model.qk.data[3:6], [2], 2)
     e1 = _new(model.w13.data[1], [0, 7], 3)
@@ -84,12 +85,12 @@ def test_sparse_and_whole_tensors_land_where_the_models_loader_puts_them(tmp_pat
     )
     result = _run(model, path)
     assert result["ok"] and result["elements"] == 10 and result["probed"] == 4, result
-    expected.load_weights([("q", q.float()), ("k", k.float()), ("e1", e1.float()), ("c", c.float())])
+    expected.load_weights([("q", q), ("k", k), ("e1", e1), ("c", c)])
     for a, b in zip(model.parameters(), expected.parameters(), strict=True):
         assert torch.equal(a, b)
     path = _patch(tmp_path / "full.safetensors", {}, {"e0": e0})
     assert _run(model, path)["ok"]
-    assert torch.equal(model.w13.data[0], e0.float())
+    assert torch.equal(model.w13.data[0], e0.to(dtype))
 
 
 @pytest.mark.parametrize(
@@ -117,7 +118,7 @@ def test_a_patch_that_does_not_fit_is_refused_and_writes_nothing(tmp_path, how):
         arrays["k" + wp.IDX] = np.array([12], np.int32)  # k has 12 elements
         save_file(arrays, path, wp.encode_meta({"q": ("BF16", [3, 4]), "k": ("BF16", [3, 4])}))
     result = _run(model, path)
-    assert not result["ok"] and result["error"]
+    assert not result["ok"] and result["error"] and result["written"] == 0
     for a, b in zip(model.parameters(), before, strict=True):
         assert torch.equal(a, b)
 
@@ -125,6 +126,19 @@ def test_a_patch_that_does_not_fit_is_refused_and_writes_nothing(tmp_path, how):
 def test_the_loader_never_raises_into_the_engine(tmp_path):
     model = Toy()
     inplace_loader.apply(model, [("q", torch.zeros(3, 4))])  # not a patch: logged, nothing done
+    inplace_loader.apply(model, [(wp.PATH_PREFIX + "relative.safetensors", torch.zeros(1))])  # refused unread
     assert _run(model, str(tmp_path / "missing.safetensors"))["ok"] is False
     (tmp_path / "junk.safetensors").write_bytes(b"not safetensors")
     assert _run(model, str(tmp_path / "junk.safetensors"))["ok"] is False
+    inplace_loader.apply(model, [(wp.PATH_PREFIX + "/nonexistent-dir/p.safetensors", torch.zeros(1))])  # no outcome
+
+
+def test_the_outcome_is_never_written_through_a_planted_link(tmp_path):
+    model = Toy()
+    q = _new(model.qk.data[0:3], [1], 1)
+    path = _patch(tmp_path / "p.safetensors", {"q": (q, [1])})
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    (tmp_path / "p.safetensors.result.tmp").symlink_to(victim)
+    assert _run(model, path)["ok"]
+    assert victim.read_text() == "keep"

@@ -201,6 +201,7 @@ def start(cfg: S3ProxyConfig | None = None, die_with_parent: bool = True) -> S3P
     if existing is not None:
         raise RuntimeError(f"S3Proxy already runs from {data_dir} (pid {existing.pid}, {existing.endpoint})")
     libs = fetch_jars(quiet=True)
+    data_dir.chmod(0o700)  # the config and state files written below hold the secret
     (data_dir / "buckets").mkdir(exist_ok=True)
     port = cfg.port or free_port(cfg.host)
     endpoint = f"http://{cfg.host}:{port}"

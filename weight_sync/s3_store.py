@@ -28,7 +28,7 @@ import logging
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Callable
@@ -60,7 +60,7 @@ class S3Options:
 
     endpoint: str | None = None  # $AWS_ENDPOINT_URL (or $AWS_ENDPOINT); None: AWS S3 itself
     access_key_id: str | None = None  # $AWS_ACCESS_KEY_ID
-    secret_access_key: str | None = None  # $AWS_SECRET_ACCESS_KEY
+    secret_access_key: str | None = field(default=None, repr=False)  # $AWS_SECRET_ACCESS_KEY (never printed)
     region: str | None = None  # $AWS_REGION / $AWS_DEFAULT_REGION, else us-east-1
     parallel: int = 8  # objects in flight at once while uploading or deleting
     connect_timeout_s: float = 5.0

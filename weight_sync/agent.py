@@ -275,7 +275,7 @@ class Agent:
             or not await takes_patches(session, self.cfg.replica_url)
         ):
             return None
-        out = self.work / "patches" / f"v{version}.safetensors"
+        out, t_patch = self.work / "patches" / f"v{version}.safetensors", time.monotonic()
         try:
             patch = await inplace.build_patch(client, manifest, base_dir, self.pool, out)
         except FetchError as e:
@@ -285,8 +285,9 @@ class Agent:
             log.warning("v%d: no in-place patch (%s: %s); rebuilding it whole", version, type(e).__name__, e)
             out.unlink(missing_ok=True)
             return None
+        patch_ms = 1000 * (time.monotonic() - t_patch)
         try:
-            self.metrics.phase.labels("patch").observe(time.monotonic() - t0)
+            self.metrics.phase.labels("patch").observe(patch_ms / 1000)
             t = time.monotonic()
             try:
                 load = InPlace(str(patch.path.resolve()), manifest.base_version)
@@ -328,6 +329,7 @@ class Agent:
             "apply": "in_place",
             **report,
             "serving_ms": round(serving_ms, 1),
+            "patch_ms": round(patch_ms, 1),  # fetching what changed and writing the patch
             "persist_ms": round(1000 * (time.monotonic() - t), 1),
             "patch_tensors": patch.tensors,
             "patch_bytes": patch.bytes,

@@ -34,8 +34,9 @@ from flywheel.core.config import check_modes
 from flywheel.core.events import TOPIC_WEIGHTS
 from weight_sync import codec
 from weight_sync.checkpoint import CheckpointReader, CheckpointWriter, config_digest
-from weight_sync.fetch import FetchError, StoreClient
+from weight_sync.fetch import FetchError, PeerLink, StoreClient
 from weight_sync.manifest import ManifestError, load_public, verify
+from weight_sync.relay import RelayCache, RelayConfig, RelayServer
 from weight_sync.switch import GatewayLink, SwitchError, SwitchMode, served_version, switch
 
 log = logging.getLogger(__name__)
@@ -68,9 +69,24 @@ class AgentConfig:
     threads: int = 2
     metrics_port: int = 0  # 0: no /metrics server
     metrics_host: str = "127.0.0.1"
+    # The peer relay (weight_sync.relay): other agents fetch the pieces this one verified from here, so the
+    # store sends each version about once. 0: no relay (every piece from the store, as before relays).
+    relay_port: int = 0
+    relay_host: str = "127.0.0.1"
+    relay_url: str | None = None  # what peers are told (default http://relay_host:relay_port)
+    relay_wait_s: float = 30.0  # a peer asking for a piece still arriving here waits this long
 
     def __post_init__(self):
         check_modes(self)
+        if self.relay_port:
+            self.relay_config()  # checks port, host and URL now, not at the first apply
+
+    def relay_config(self) -> RelayConfig | None:
+        if not self.relay_port:
+            return None
+        return RelayConfig(
+            Path(self.work_dir) / "relay", self.relay_port, self.relay_host, self.relay_url, self.relay_wait_s
+        )
 
 
 class AgentMetrics:
@@ -103,6 +119,27 @@ class AgentMetrics:
             "Weights-topic offset commits that failed (the broker away) and were retried",
             registry=r,
         )
+        self.fetched = Counter(
+            "flywheel_agent_fetched_bytes",
+            "Bytes of versions downloaded, by source (the store, or a peer's relay)",
+            ["source"],
+            registry=r,
+        )
+        self.peer_fallbacks = Counter(
+            "flywheel_agent_peer_fallbacks",
+            "Pieces a peer failed to give (missing, unreachable, timeout, corrupt) and the store sent instead",
+            ["reason"],
+            registry=r,
+        )
+        self.relay_requests = Counter(
+            "flywheel_agent_relay_requests",
+            "Requests to this agent's relay, by result (served, missing, timeout, bad)",
+            ["result"],
+            registry=r,
+        )
+        self.relay_sent = Counter(
+            "flywheel_agent_relay_sent_bytes", "Bytes this agent's relay sent to peers", registry=r
+        )
         self.phase = Histogram(
             "flywheel_agent_phase_seconds",
             "Time per phase of applying a version",
@@ -128,6 +165,9 @@ class Agent:
         self.pool = ThreadPoolExecutor(cfg.threads)
         self.last_apply: dict = {}
         self.retry = False  # whether the last failed apply is worth trying again
+        relay = cfg.relay_config()
+        self.relay_cache = RelayCache(relay.root) if relay else None
+        self.relay_server: RelayServer | None = None
 
     # ------------------------------------------------------------------ state
     def _load_state(self) -> dict:
@@ -238,6 +278,41 @@ class Agent:
                     p.unlink()
                 else:
                     shutil.rmtree(p, ignore_errors=True)
+        if self.relay_cache is not None:  # peers are offered what this agent still keeps, no more
+            self.relay_cache.prune(keep)
+
+    # ------------------------------------------------------------------ relay
+    def store_client(self, session: aiohttp.ClientSession) -> StoreClient:
+        """A client of the store; with a relay, one that fetches from peers and fills this agent's relay."""
+        link = None
+        if self.relay_cache is not None:
+            link = PeerLink(self.cfg.relay_config().advertised, self.relay_cache, self.public)
+        return StoreClient(
+            self.cfg.store_url,
+            session,
+            self.work / "downloads",
+            self.cfg.parallel_downloads,
+            relay=link,
+            on_bytes=lambda source, n: self.metrics.fetched.labels(source).inc(n),
+            on_fallback=lambda reason: self.metrics.peer_fallbacks.labels(reason).inc(),
+        )
+
+    def start_relay(self) -> None:
+        """Serve this agent's verified pieces to its peers (no-op without relay_port)."""
+        if self.relay_cache is None or self.relay_server is not None:
+            return
+
+        def count(result: str, nbytes: int) -> None:
+            self.metrics.relay_requests.labels(result).inc()
+            self.metrics.relay_sent.inc(nbytes)
+
+        self.relay_server = RelayServer(self.cfg.relay_config(), self.relay_cache, count).start()
+        log.info("agent %s relays verified pieces at %s", self.cfg.name, self.cfg.relay_config().advertised)
+
+    def stop_relay(self) -> None:
+        if self.relay_server is not None:
+            self.relay_server.stop()
+            self.relay_server = None
 
     # ------------------------------------------------------------------ apply
     # What the store or the replica says about the version itself: trying again gives the same answer.
@@ -250,7 +325,7 @@ class Agent:
         t0 = time.monotonic()
         try:
             async with aiohttp.ClientSession() as session:
-                client = StoreClient(self.cfg.store_url, session, self.work / "downloads", self.cfg.parallel_downloads)
+                client = self.store_client(session)
                 path = await self.materialize(client, version)
             t = time.monotonic()
             report = await switch(
@@ -389,6 +464,7 @@ class Agent:
         # (not committed: an apply still being retried) are accepted again.
         guard = control.ReplayGuard(self.state.get("control_seq", 0))
         try:
+            self.start_relay()  # peers may ask for this agent's pieces from the first apply on
             while stop is None or not stop.is_set():
                 try:
                     batch = consumer.poll(timeout_ms=500)
@@ -447,3 +523,4 @@ class Agent:
                     uncommitted = False
         finally:
             consumer.close()
+            self.stop_relay()

@@ -133,7 +133,7 @@ class AgentMetrics:
         )
         self.relay_requests = Counter(
             "flywheel_agent_relay_requests",
-            "Requests to this agent's relay, by result (served, missing, timeout, bad)",
+            "Requests to this agent's relay, by result (served; missing: not here, not yet, or never; bad name)",
             ["result"],
             registry=r,
         )
@@ -283,9 +283,10 @@ class Agent:
 
     # ------------------------------------------------------------------ relay
     def store_client(self, session: aiohttp.ClientSession) -> StoreClient:
-        """A client of the store; with a relay, one that fetches from peers and fills this agent's relay."""
+        """A client of the store; with a relay running, one that fetches from peers and fills this agent's
+        relay (never advertise a relay that does not listen: peers sent there would only fall back)."""
         link = None
-        if self.relay_cache is not None:
+        if self.relay_cache is not None and self.relay_server is not None:
             link = PeerLink(self.cfg.relay_config().advertised, self.relay_cache, self.public)
         return StoreClient(
             self.cfg.store_url,

@@ -18,7 +18,6 @@ import contextlib
 import os
 import shutil
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -56,6 +55,7 @@ class RelayCache:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self._receiving: dict[tuple[int, str], int] = {}
+        self._waiters: dict[tuple[int, str], list[tuple[asyncio.AbstractEventLoop, asyncio.Future]]] = {}
         self._lock = threading.Lock()
 
     def path(self, version: int, piece: str) -> Path:
@@ -79,10 +79,33 @@ class RelayCache:
                 self._receiving[key] -= 1
                 if not self._receiving[key]:
                     del self._receiving[key]
+                    waiters = self._waiters.pop(key, [])
+                else:
+                    waiters = []
+            for loop, fut in waiters:  # the piece is here (put before this exit) or will not come
+                with contextlib.suppress(RuntimeError):  # that relay stopped meanwhile: nobody to wake
+                    loop.call_soon_threadsafe(lambda f=fut: f.done() or f.set_result(None))
 
-    def is_receiving(self, version: int, piece: str) -> bool:
-        with self._lock:
-            return (int(version), piece) in self._receiving
+    async def arrival(self, version: int, piece: str, timeout_s: float) -> bool:
+        """Wait (on the caller's event loop) until the piece stops arriving: True if it is here then, False
+        if it never was on its way, failed, or took longer than timeout_s."""
+        key = (int(version), piece)
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        with self._lock:  # registered under the lock the receiver ends under: no wake-up is lost
+            receiving = key in self._receiving
+            if receiving:
+                self._waiters.setdefault(key, []).append((loop, fut))
+        if receiving:
+            try:
+                await asyncio.wait_for(fut, timeout_s)
+            except asyncio.TimeoutError:
+                with self._lock:
+                    waiting = self._waiters.get(key, [])
+                    if (loop, fut) in waiting:
+                        waiting.remove((loop, fut))
+                return self.has(version, piece)
+        return self.has(version, piece)
 
     def put(self, version: int, piece: str, data: bytes) -> None:
         """Keep verified bytes (written beside, then renamed: a peer never reads half a piece)."""
@@ -118,7 +141,7 @@ class RelayServer:
     def __init__(self, cfg: RelayConfig, cache: RelayCache, count: Callable[[str, int], None] | None = None):
         self.cfg = cfg
         self.cache = cache
-        self.count = count or (lambda result, nbytes: None)  # (served|missing|timeout|bad, body bytes)
+        self.count = count or (lambda result, nbytes: None)  # (served|missing|bad, body bytes)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
@@ -129,15 +152,9 @@ class RelayServer:
                 self.count("bad", 0)
                 raise web.HTTPNotFound(reason="bad version or piece name")
             path = self.cache.path(int(v), name)
-            deadline = time.monotonic() + self.cfg.wait_s
-            while not path.is_file():
-                if not self.cache.is_receiving(int(v), name):
-                    self.count("missing", 0)
-                    raise web.HTTPNotFound(reason="not held here")
-                if time.monotonic() > deadline:
-                    self.count("timeout", 0)
-                    raise web.HTTPNotFound(reason="still arriving here")
-                await asyncio.sleep(0.02)
+            if not path.is_file() and not await self.cache.arrival(int(v), name, self.cfg.wait_s):
+                self.count("missing", 0)
+                raise web.HTTPNotFound(reason="not held here (or not yet)")
             request[_PIECE] = True
             return web.FileResponse(path)
 

@@ -15,14 +15,14 @@ import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urljoin
 
 import aiohttp
 
 from weight_sync import codec
 from weight_sync.relay import RelayCache
 from weight_sync.store import chunk_name
-from weight_sync.store_relay import peer_url
+from weight_sync.store_relay import PEER_HEADER, peer_url
 
 _REDIRECTS = (301, 302, 303, 307, 308)
 MAX_PIECE = 1 << 30  # a manifest, signature or side file from a peer: more than this is a lie
@@ -146,14 +146,28 @@ class StoreClient:
             q.update(direct="1", failed=failed)
         return f"{url}?{urlencode(q)}"
 
-    def _peer_of(self, location: str, version: int, piece: str) -> str:
-        suffix = f"/versions/{version}/{piece}"
-        try:
-            if not location.endswith(suffix):
-                raise ValueError(location)
-            return peer_url(location[: -len(suffix)])
-        except ValueError:
-            raise FetchError(f"{piece} of v{version}: the store redirected to {location!r}") from None
+    async def _store_get(
+        self, version: int, piece: str, failed: str | None = None, headers: dict | None = None
+    ) -> tuple[aiohttp.ClientResponse | None, tuple[str, str] | None]:
+        """GET a piece from the store: (its response, None), or (None, (peer, location)) when the store sends
+        this agent to a peer. Other redirects (a proxy in front of the store) are followed, as before relays."""
+        url = self._url(version, piece, failed)
+        for _ in range(10):
+            r = await self.session.get(url, headers=headers or {}, timeout=self.timeout, allow_redirects=False)
+            if r.status not in _REDIRECTS:
+                return r, None
+            location, peer = r.headers.get("Location", ""), r.headers.get(PEER_HEADER)
+            r.release()
+            if peer is not None and self.relay is not None and failed is None:
+                try:
+                    peer = peer_url(peer)
+                except ValueError:
+                    raise FetchError(f"{piece} of v{version}: the store named a bad peer {peer!r}") from None
+                if location != f"{peer}/versions/{version}/{piece}":
+                    raise FetchError(f"{piece} of v{version}: the store sent us to {location!r} for {peer}")
+                return None, (peer, location)
+            url = urljoin(url, location)
+        raise FetchError(f"{piece} of v{version}: too many redirects")
 
     async def _from_peer(self, location: str, peer: str, write: Callable[[bytes], object], limit: int) -> None:
         """Stream a piece from a peer into write(); anything wrong is _PeerFailed (the caller goes direct)."""
@@ -175,19 +189,17 @@ class StoreClient:
 
     async def _fetch_small(self, version: int, piece: str, failed: str | None = None) -> tuple[bytes, str | None]:
         """A small piece and the peer it came from (None: the store)."""
-        async with self.session.get(
-            self._url(version, piece, failed), timeout=self.timeout, allow_redirects=False
-        ) as r:
-            if r.status not in _REDIRECTS or failed is not None:
+        r, to_peer = await self._store_get(version, piece, failed)
+        if r is not None:
+            async with r:
                 if r.status == 404:
                     raise FetchError(f"/versions/{version}/{piece}: not in the store")
                 if r.status != 200:
                     raise FetchError(f"/versions/{version}/{piece}: HTTP {r.status}")
                 data = await r.read()
-                self._got("store", len(data))
-                return data, None
-            location = r.headers.get("Location", "")
-        peer = self._peer_of(location, version, piece)
+            self._got("store", len(data))
+            return data, None
+        peer, location = to_peer
         buf = bytearray()
         await self._from_peer(location, peer, buf.extend, MAX_PIECE)
         return bytes(buf), peer
@@ -244,12 +256,10 @@ class StoreClient:
     async def _download(
         self, version: int, piece: str, part: Path, have: int, size: int, failed: str | None
     ) -> str | None:
-        """Append the rest of a chunk to `part`, from the store or the peer it redirects to (returned)."""
-        headers = {"Range": f"bytes={have}-"} if have else {}
-        async with self.session.get(
-            self._url(version, piece, failed), headers=headers, timeout=self.timeout, allow_redirects=False
-        ) as r:
-            if r.status not in _REDIRECTS or self.relay is None or failed is not None or have:
+        """Append the rest of a chunk to `part`, from the store or the peer it sends us to (returned)."""
+        r, to_peer = await self._store_get(version, piece, failed, {"Range": f"bytes={have}-"} if have else None)
+        if r is not None:
+            async with r:
                 if r.status == 404:
                     raise FetchError(f"chunk {piece} of v{version}: not in the store")
                 if r.status not in (200, 206):
@@ -260,10 +270,9 @@ class StoreClient:
                     async for block in r.content.iter_chunked(1 << 20):
                         f.write(block)
                         self._got("store", len(block))
-                return None
-            location = r.headers.get("Location", "")
-        peer = self._peer_of(location, version, piece)
-        with open(part, "wb") as f:
+            return None
+        peer, location = to_peer
+        with open(part, "wb") as f:  # a peer sends the whole piece
             await self._from_peer(location, peer, f.write, size)
         return peer
 

@@ -23,6 +23,7 @@ from weight_sync.tracker import Tracker, TrackerConfig
 
 EGRESS_KIND = web.RequestKey("flywheel_egress_kind", str)  # what a response carries, for the byte count
 KINDS = ("manifest", "chunk", "file", "index")
+PEER_HEADER = "X-Flywheel-Peer"  # on a redirect to a peer's relay: which peer (other redirects are a proxy's)
 
 
 def peer_url(raw: str) -> str:
@@ -89,7 +90,9 @@ class StoreRelay:
                 if holder is not None:
                     self.redirects.labels(kind).inc()
                     self.redirect_totals[kind] += 1
-                    raise web.HTTPTemporaryRedirect(f"{holder}/versions/{version}/{piece}")
+                    raise web.HTTPTemporaryRedirect(
+                        f"{holder}/versions/{version}/{piece}", headers={PEER_HEADER: holder}
+                    )
         request[EGRESS_KIND] = kind
         return web.FileResponse(path)
 

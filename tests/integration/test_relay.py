@@ -227,3 +227,36 @@ def test_bad_requests_to_a_relay_or_the_store_are_4xx(published, store, agents):
     assert status(f"{store}/versions/1/chunks/..%2Fmanifest.json?peer=http://h:1") == 404
     code, text = get(f"{store}/metrics")
     assert code == 200 and "flywheel_store_sent_bytes_total" in text
+
+
+def test_a_proxy_redirecting_to_the_store_is_followed_with_or_without_a_relay(published, store, agents):
+    """Only the store's redirects to a peer (marked X-Flywheel-Peer) are a peer's; any other is followed."""
+    from aiohttp import web
+
+    async def main(relayed: Agent, plain: Agent):
+        async def hop(request):
+            raise web.HTTPTemporaryRedirect(f"{store}{request.path_qs}")
+
+        app = web.Application()
+        app.router.add_get("/{tail:.*}", hop)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        port = free_port()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        try:
+            relayed.cfg.store_url = plain.cfg.store_url = f"http://127.0.0.1:{port}"
+            async with aiohttp.ClientSession() as s:
+                clients = [relayed.store_client(s), plain.store_client(s)]
+                await asyncio.gather(relayed.materialize(clients[0], 1), plain.materialize(clients[1], 1))
+                return clients
+        finally:
+            await runner.cleanup()
+
+    first = agents("first")
+    materialize(first)
+    relayed, plain = agents("relayed"), agents("plain", relay=False)
+    c_relayed, c_plain = asyncio.run(main(relayed, plain))
+    for a in (relayed, plain):
+        assert_bit_identical(a, published["v1"])
+    assert c_relayed.bytes_from_peers > 0 and not c_relayed.fallbacks
+    assert c_plain.bytes_from_peers == 0 and c_plain.bytes_from_store == published["delta"]["total"]

@@ -159,7 +159,7 @@ class RelayServer:
             return web.FileResponse(path)
 
         async def sent(request: web.Request, response: web.StreamResponse) -> None:
-            if request.get(_PIECE) and response.status in (200, 206):
+            if request.get(_PIECE) and request.method != "HEAD" and response.status in (200, 206):
                 self.count("served", response.content_length or 0)
 
         app = web.Application()

@@ -79,6 +79,7 @@ class StoreRelay:
         t = self.tracker
         if version not in t.known:  # a new version: forget those retention deleted meanwhile
             t.retain(set(self.versions()))
+            t.known.add(version)
         if failed is not None:
             t.drop(version, failed)
             self.failed_peers.inc()
@@ -100,7 +101,9 @@ class StoreRelay:
         # on_response_prepare: headers are final, the body is about to go (sendfile bypasses any writer
         # hook, so the body is counted by its announced length).
         kind = request.get(EGRESS_KIND)
-        if kind is None or response.status not in (200, 206) or not response.content_length:
+        if kind is None or request.method == "HEAD" or response.status not in (200, 206):
+            return
+        if not response.content_length:
             return
         self.sent.labels(kind).inc(response.content_length)
         self.totals[kind] += response.content_length

@@ -225,6 +225,10 @@ def test_bad_requests_to_a_relay_or_the_store_are_4xx(published, store, agents):
     for query in ("peer=ftp://x:1", "peer=http://h:1/p", "failed=nonsense", "peer=http://h:1&direct=2"):
         assert status(f"{ok}?{query}") == 400, query
     assert status(f"{store}/versions/1/chunks/..%2Fmanifest.json?peer=http://h:1") == 404
+    before = sent(store)["sent_bytes_total"]
+    with urllib.request.urlopen(urllib.request.Request(f"{store}/versions/1/manifest.json", method="HEAD")) as r:
+        assert r.status == 200 and int(r.headers["Content-Length"]) > 0
+    assert sent(store)["sent_bytes_total"] == before, "a HEAD sends no body"
     code, text = get(f"{store}/metrics")
     assert code == 200 and "flywheel_store_sent_bytes_total" in text
 

@@ -56,6 +56,11 @@ def main() -> None:
         )
     )
     agent.start_relay()
+    # Warm, as a running agent is: the first decode would otherwise import torch (kernels.delta picks its
+    # backend), ~2 s that a fresh process pays once and a fleet's long-running agents never do per version.
+    from kernels import delta
+
+    delta.backend()
     print("ready", flush=True)
     if sys.stdin.readline().strip() != "go":
         return

@@ -4,6 +4,7 @@
     host 1: Kafka node 2, gateway g0 :8000,                                        replica r1 :30001 + agent
     host 2: Kafka node 3, gateway g1 :8001,                                        replica r2 :30002 + agent
     host i (i >= 3):                                                               replica ri :3000i + agent
+    every host: its agent's relay :8200 (agents fetch a version's pieces from each other)
 
 Every process binds its own host's address and reaches its peers by theirs: the gateways take every
 replica and all three brokers, the agents their own replica, the store on host 0, every gateway (a
@@ -26,6 +27,7 @@ STORE_PORT = 8100
 GATEWAY_PORT = 8000  # + j
 REPLICA_PORT = 30000  # + i, below the kernel's ephemeral range
 LB_PORT = 8080
+RELAY_PORT = 8200  # each agent's relay, on its own host's address: peers fetch from each other across hosts
 
 
 @dataclass
@@ -95,7 +97,7 @@ class HostFleet(LocalFleet):
             self.gateways.append(self._start_gateway(j))
         self._start_balancer()
         for i, (h, rep) in enumerate(zip(self.hosts, self.replicas, strict=True)):
-            self.agent_pids[f"r{i}"] = self._spawn_agent(f"r{i}", rep.url, h.netns)
+            self.agent_pids[f"r{i}"] = self._spawn_agent(f"r{i}", rep.url, h.netns, h.addr, RELAY_PORT)
         self.say(f"agents  r0..r{len(self.replicas) - 1} follow the weights topic (store {self.store_url})")
         return self
 

@@ -48,6 +48,7 @@ class LocalFleet:
         self.store_pid: int | None = None
         self.store_url: str | None = None
         self.agent_pids: dict[str, int] = {}
+        self.relay_ports: dict[str, int] = {}
         self.store_root = self.out / "weights" / "store"
         self.signing_key = self.out / "weights" / "keys" / "signing.pem"
         self.public_key = self.out / "weights" / "keys" / "signing.pub"
@@ -233,7 +234,14 @@ class LocalFleet:
         wait_until(up, 30, interval=0.2, what="weight store server", alive=lambda: proc.poll() is None)
         return url
 
-    def _spawn_agent(self, name: str, replica_url: str, netns: str | None = None) -> int:
+    def _spawn_agent(
+        self, name: str, replica_url: str, netns: str | None = None, relay_host: str = "127.0.0.1", relay_port: int = 0
+    ) -> int:
+        """An agent for one replica, with its relay (peers fetch the pieces it verified: the store sends each
+        version about once) on relay_host, at relay_port or a free one. A restarted agent keeps its port, so
+        the store's note that it holds a version's pieces stays true."""
+        relay_port = relay_port or self.relay_ports.get(name) or free_port(relay_host)
+        self.relay_ports[name] = relay_port
         proc = self._python(
             [
                 "weights",
@@ -258,6 +266,10 @@ class LocalFleet:
                 self.cfg.admin_token,
                 "--switch-mode",
                 self.cfg.switch_mode,
+                "--relay-host",
+                relay_host,
+                "--relay-port",
+                str(relay_port),
             ],
             f"agent-{name}.log",
             netns,

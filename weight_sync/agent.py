@@ -34,8 +34,9 @@ from flywheel.core.config import check_modes
 from flywheel.core.events import TOPIC_WEIGHTS
 from weight_sync import codec, inplace
 from weight_sync.checkpoint import CheckpointReader, CheckpointWriter, config_digest
-from weight_sync.fetch import FetchError, StoreClient, open_store
+from weight_sync.fetch import FetchError, PeerLink, StoreClient, open_store
 from weight_sync.manifest import Manifest, ManifestError, load_public, verify
+from weight_sync.relay import RelayCache, RelayConfig, RelayServer
 from weight_sync.switch import (
     GatewayLink,
     InPlace,
@@ -78,9 +79,24 @@ class AgentConfig:
     inplace: bool = True  # a delta against the served version is applied in place (weight_sync.inplace)
     metrics_port: int = 0  # 0: no /metrics server
     metrics_host: str = "127.0.0.1"
+    # The peer relay (weight_sync.relay): other agents fetch the pieces this one verified from here, so the
+    # store sends each version about once. 0: no relay (every piece from the store, as before relays).
+    relay_port: int = 0
+    relay_host: str = "127.0.0.1"
+    relay_url: str | None = None  # what peers are told (default http://relay_host:relay_port)
+    relay_wait_s: float = 30.0  # a peer asking for a piece still arriving here waits this long
 
     def __post_init__(self):
         check_modes(self)
+        if self.relay_port:
+            self.relay_config()  # checks port, host and URL now, not at the first apply
+
+    def relay_config(self) -> RelayConfig | None:
+        if not self.relay_port:
+            return None
+        return RelayConfig(
+            Path(self.work_dir) / "relay", self.relay_port, self.relay_host, self.relay_url, self.relay_wait_s
+        )
 
 
 class AgentMetrics:
@@ -120,6 +136,27 @@ class AgentMetrics:
             ["reason"],
             registry=r,
         )
+        self.fetched = Counter(
+            "flywheel_agent_fetched_bytes",
+            "Bytes of versions downloaded, by source (the store, or a peer's relay)",
+            ["source"],
+            registry=r,
+        )
+        self.peer_fallbacks = Counter(
+            "flywheel_agent_peer_fallbacks",
+            "Pieces a peer failed to give (missing, unreachable, timeout, corrupt) and the store sent instead",
+            ["reason"],
+            registry=r,
+        )
+        self.relay_requests = Counter(
+            "flywheel_agent_relay_requests",
+            "Requests to this agent's relay, by result (served; missing: not here, not yet, or never; bad name)",
+            ["result"],
+            registry=r,
+        )
+        self.relay_sent = Counter(
+            "flywheel_agent_relay_sent_bytes", "Bytes this agent's relay sent to peers", registry=r
+        )
         self.phase = Histogram(
             "flywheel_agent_phase_seconds",
             "Time per phase of applying a version",
@@ -147,6 +184,9 @@ class Agent:
         self.retry = False  # whether the last failed apply is worth trying again
         if cfg.inplace:  # at start, not on the first switch: the first import of torch takes seconds
             import torch.multiprocessing  # noqa: F401
+        relay = cfg.relay_config()
+        self.relay_cache = RelayCache(relay.root) if relay else None
+        self.relay_server: RelayServer | None = None
 
     # ------------------------------------------------------------------ state
     def _load_state(self) -> dict:
@@ -348,6 +388,45 @@ class Agent:
                     p.unlink()
                 else:
                     shutil.rmtree(p, ignore_errors=True)
+        if self.relay_cache is not None:  # peers are offered what this agent still keeps, no more
+            self.relay_cache.prune(keep)
+
+    # ------------------------------------------------------------------ relay
+    def store_client(self, session: aiohttp.ClientSession) -> StoreClient:
+        """A client of the store (of the bucket, for an s3:// store: same interface); with a relay running, one
+        that fetches from peers and fills this agent's relay (never advertise a relay that does not listen:
+        peers sent there would only fall back)."""
+        if self.cfg.store_url.startswith("s3://"):  # a bucket: no tracker, so no relay
+            return open_store(self.cfg.store_url, session, self.work / "downloads", self.cfg.parallel_downloads)
+        link = None
+        if self.relay_cache is not None and self.relay_server is not None:
+            link = PeerLink(self.cfg.relay_config().advertised, self.relay_cache, self.public)
+        return StoreClient(
+            self.cfg.store_url,
+            session,
+            self.work / "downloads",
+            self.cfg.parallel_downloads,
+            relay=link,
+            on_bytes=lambda source, n: self.metrics.fetched.labels(source).inc(n),
+            on_fallback=lambda reason: self.metrics.peer_fallbacks.labels(reason).inc(),
+        )
+
+    def start_relay(self) -> None:
+        """Serve this agent's verified pieces to its peers (no-op without relay_port)."""
+        if self.relay_cache is None or self.relay_server is not None:
+            return
+
+        def count(result: str, nbytes: int) -> None:
+            self.metrics.relay_requests.labels(result).inc()
+            self.metrics.relay_sent.inc(nbytes)
+
+        self.relay_server = RelayServer(self.cfg.relay_config(), self.relay_cache, count).start()
+        log.info("agent %s relays verified pieces at %s", self.cfg.name, self.cfg.relay_config().advertised)
+
+    def stop_relay(self) -> None:
+        if self.relay_server is not None:
+            self.relay_server.stop()
+            self.relay_server = None
 
     # ------------------------------------------------------------------ apply
     # What the store or the replica says about the version itself: trying again gives the same answer.
@@ -360,7 +439,7 @@ class Agent:
         t0 = time.monotonic()
         try:
             async with aiohttp.ClientSession() as session:
-                client = open_store(self.cfg.store_url, session, self.work / "downloads", self.cfg.parallel_downloads)
+                client = self.store_client(session)
                 report = await self._apply_inplace(client, session, version, t0)
                 if report is None:
                     path = await self.materialize(client, version)
@@ -503,6 +582,7 @@ class Agent:
         # (not committed: an apply still being retried) are accepted again.
         guard = control.ReplayGuard(self.state.get("control_seq", 0))
         try:
+            self.start_relay()  # peers may ask for this agent's pieces from the first apply on
             while stop is None or not stop.is_set():
                 try:
                     batch = consumer.poll(timeout_ms=500)
@@ -561,3 +641,4 @@ class Agent:
                     uncommitted = False
         finally:
             consumer.close()
+            self.stop_relay()

@@ -115,6 +115,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     srv = w.add_parser("serve", help="serve the store over HTTP (range requests) for the agents")
     srv.add_argument("--host", default="127.0.0.1")
     srv.add_argument("--port", type=int, default=8100)
+    srv.add_argument(
+        "--relay-fanout",
+        type=int,
+        default=2,
+        help="peers each agent's relay is sent per piece (a tree of this degree); 0: serve everything here",
+    )
     common(srv, kafka=False)
     srv.set_defaults(func=_serve)
 
@@ -145,6 +151,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     ag.add_argument("--metrics-port", type=int, default=0)
     ag.add_argument("--metrics-host", default="127.0.0.1", help="address /metrics listens on")
+    ag.add_argument(
+        "--relay-port", type=int, default=0, help="serve verified pieces to peer agents on this port (0: no relay)"
+    )
+    ag.add_argument("--relay-host", default="127.0.0.1", help="address the relay listens on")
+    ag.add_argument("--relay-url", default=None, help="URL peers reach the relay at (default http://HOST:PORT)")
     ag.set_defaults(func=_agent)
 
 
@@ -287,8 +298,10 @@ def _serve(args) -> int:
     from aiohttp import web
 
     from weight_sync.store import Store
+    from weight_sync.tracker import TrackerConfig
 
-    web.run_app(Store(_store(args)).app(), host=args.host, port=args.port, access_log=None)
+    app = Store(_store(args)).app(TrackerConfig(fanout=args.relay_fanout))
+    web.run_app(app, host=args.host, port=args.port, access_log=None)
     return 0
 
 
@@ -312,6 +325,9 @@ def _agent(args) -> int:
         inplace=args.inplace,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
+        relay_port=args.relay_port,
+        relay_host=args.relay_host,
+        relay_url=args.relay_url,
     )
     Agent(cfg).run()
     return 0

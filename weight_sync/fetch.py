@@ -1,18 +1,55 @@
-"""Download a version's pieces from a store server: parallel, resumable, checked against their digests."""
+"""Download a version's pieces from a store server: parallel, resumable, checked against their digests.
+
+With a relay (PeerLink), every request tells the store where this agent's relay listens; the store may
+answer with a redirect to a peer that has the piece (weight_sync.store_relay). The client follows it
+itself, so it knows the bytes came from a peer: if the peer fails (refused, timed out, 404, bytes that
+fail their digest or signature), nothing it sent is kept and the piece is fetched again from the store
+with `direct=1&failed=<peer>`. A lying peer costs one extra store transfer, never a wrong weight. Each
+verified piece is then kept in the relay cache for the agents that come after.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+from urllib.parse import urlencode, urljoin
 
 import aiohttp
 
 from weight_sync import codec
+from weight_sync.relay import RelayCache
 from weight_sync.store import chunk_name
+from weight_sync.store_relay import PEER_HEADER, peer_url
+
+if TYPE_CHECKING:
+    from weight_sync.s3_fetch import S3StoreClient
+
+_REDIRECTS = (301, 302, 303, 307, 308)
+MAX_PIECE = 1 << 30  # a manifest, signature or side file from a peer: more than this is a lie
 
 
 class FetchError(Exception):
     """A piece could not be downloaded intact (after retries)."""
+
+
+class _PeerFailed(Exception):
+    def __init__(self, peer: str, reason: str):
+        super().__init__(f"peer {peer}: {reason}")
+        self.peer, self.reason = peer, reason
+
+
+@dataclass
+class PeerLink:
+    """What an agent with a relay gives its client: the relay's URL (told to the store), the cache verified
+    pieces go to, and the key a manifest from a peer must be signed with before it is used."""
+
+    url: str
+    cache: RelayCache
+    public_key: object  # Ed25519PublicKey
+    timeout_s: float = 60.0  # one piece from a peer, waiting for it to arrive there included
 
 
 class StoreClient:
@@ -24,6 +61,9 @@ class StoreClient:
         parallel: int = 4,
         retries: int = 3,
         timeout_s: float = 120.0,
+        relay: PeerLink | None = None,
+        on_bytes: Callable[[str, int], None] | None = None,
+        on_fallback: Callable[[str], None] | None = None,
     ):
         self.base = base_url.rstrip("/")
         self.session = session
@@ -32,9 +72,35 @@ class StoreClient:
         self.sem = asyncio.Semaphore(parallel)
         self.retries = retries
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.relay = relay
+        self.peer_timeout = aiohttp.ClientTimeout(total=relay.timeout_s if relay else timeout_s, sock_connect=5)
+        self.on_bytes = on_bytes  # (source: "store" | "peer", bytes): the agent's counters
+        self.on_fallback = on_fallback  # (reason): a peer failed and the store served instead
         self.bytes_downloaded = 0
+        self.bytes_from_store = 0
+        self.bytes_from_peers = 0
+        self.fallbacks: dict[str, int] = {}
         self.resumed = 0
 
+    # ------------------------------------------------------------------ accounting
+    def _got(self, source: str, n: int) -> None:
+        self.bytes_downloaded += n
+        if source == "store":
+            self.bytes_from_store += n
+        else:
+            self.bytes_from_peers += n
+        if self.on_bytes is not None:
+            self.on_bytes(source, n)
+
+    def _fell_back(self, reason: str) -> None:
+        self.fallbacks[reason] = self.fallbacks.get(reason, 0) + 1
+        if self.on_fallback is not None:
+            self.on_fallback(reason)
+
+    def _receiving(self, version: int, piece: str):
+        return self.relay.cache.receiving(version, piece) if self.relay else contextlib.nullcontext()
+
+    # ------------------------------------------------------------------ plain pieces
     async def _get(self, path: str) -> bytes:
         async with self.session.get(f"{self.base}{path}", timeout=self.timeout) as r:
             if r.status == 404:
@@ -42,7 +108,7 @@ class StoreClient:
             if r.status != 200:
                 raise FetchError(f"{path}: HTTP {r.status}")
             data = await r.read()
-        self.bytes_downloaded += len(data)
+        self._got("store", len(data))
         return data
 
     async def versions(self) -> dict:
@@ -51,6 +117,8 @@ class StoreClient:
         return json.loads(await self._get("/versions"))
 
     async def manifest(self, version: int) -> tuple[bytes, bytes]:
+        if self.relay is not None:
+            return await self._relayed_manifest(version)
         body = await self._get(f"/versions/{version}/manifest.json")
         try:
             sig = await self._get(f"/versions/{version}/manifest.sig")
@@ -59,53 +127,195 @@ class StoreClient:
         return body, sig
 
     async def file(self, version: int, name: str, want_digest: str) -> bytes:
-        data = await self._get(f"/versions/{version}/files/{name}")
+        piece = f"files/{name}"
+        if self.relay is None:
+            data = await self._get(f"/versions/{version}/{piece}")
+        else:
+            with self._receiving(version, piece):
+                data = await self._small(version, piece, lambda d: codec.digest(d) == want_digest)
+                if codec.digest(data) == want_digest:
+                    self.relay.cache.put(version, piece, data)
         if codec.digest(data) != want_digest:
             raise FetchError(f"file {name} of v{version}: digest mismatch")
         return data
 
+    # ------------------------------------------------------------------ through the relay
+    def _url(self, version: int, piece: str, failed: str | None = None) -> str:
+        url = f"{self.base}/versions/{version}/{piece}"
+        if self.relay is None:
+            return url
+        q = {"peer": self.relay.url}
+        if failed is not None:
+            q.update(direct="1", failed=failed)
+        return f"{url}?{urlencode(q)}"
+
+    async def _store_get(
+        self, version: int, piece: str, failed: str | None = None, headers: dict | None = None
+    ) -> tuple[aiohttp.ClientResponse | None, tuple[str, str] | None]:
+        """GET a piece from the store: (its response, None), or (None, (peer, location)) when the store sends
+        this agent to a peer. Other redirects (a proxy in front of the store) are followed, as before relays."""
+        url = self._url(version, piece, failed)
+        for _ in range(10):
+            r = await self.session.get(url, headers=headers or {}, timeout=self.timeout, allow_redirects=False)
+            if r.status not in _REDIRECTS:
+                return r, None
+            location, peer = r.headers.get("Location", ""), r.headers.get(PEER_HEADER)
+            r.release()
+            if peer is not None and self.relay is not None and failed is None:
+                try:
+                    peer = peer_url(peer)
+                except ValueError:
+                    raise FetchError(f"{piece} of v{version}: the store named a bad peer {peer!r}") from None
+                if location != f"{peer}/versions/{version}/{piece}":
+                    raise FetchError(f"{piece} of v{version}: the store sent us to {location!r} for {peer}")
+                return None, (peer, location)
+            url = urljoin(url, location)
+        raise FetchError(f"{piece} of v{version}: too many redirects")
+
+    async def _from_peer(self, location: str, peer: str, write: Callable[[bytes], object], limit: int) -> None:
+        """Stream a piece from a peer into write(); anything wrong is _PeerFailed (the caller goes direct)."""
+        try:
+            async with self.session.get(location, timeout=self.peer_timeout, allow_redirects=False) as r:
+                if r.status != 200:
+                    raise _PeerFailed(peer, "missing" if r.status == 404 else "http_error")
+                n = 0
+                async for block in r.content.iter_chunked(1 << 20):
+                    n += len(block)
+                    if n > limit:
+                        raise _PeerFailed(peer, "corrupt")
+                    write(block)
+                    self._got("peer", len(block))
+        except asyncio.TimeoutError:
+            raise _PeerFailed(peer, "timeout") from None
+        except aiohttp.ClientError:
+            raise _PeerFailed(peer, "unreachable") from None
+
+    async def _fetch_small(self, version: int, piece: str, failed: str | None = None) -> tuple[bytes, str | None]:
+        """A small piece and the peer it came from (None: the store)."""
+        r, to_peer = await self._store_get(version, piece, failed)
+        if r is not None:
+            async with r:
+                if r.status == 404:
+                    raise FetchError(f"/versions/{version}/{piece}: not in the store")
+                if r.status != 200:
+                    raise FetchError(f"/versions/{version}/{piece}: HTTP {r.status}")
+                data = await r.read()
+            self._got("store", len(data))
+            return data, None
+        peer, location = to_peer
+        buf = bytearray()
+        await self._from_peer(location, peer, buf.extend, MAX_PIECE)
+        return bytes(buf), peer
+
+    async def _small(self, version: int, piece: str, ok: Callable[[bytes], bool]) -> bytes:
+        """A side file through the relay: from the store when the peer fails or its bytes fail ok()."""
+        try:
+            data, peer = await self._fetch_small(version, piece)
+            if peer is not None and not ok(data):
+                raise _PeerFailed(peer, "corrupt")
+        except _PeerFailed as e:
+            self._fell_back(e.reason)
+            data, _ = await self._fetch_small(version, piece, failed=e.peer)
+        return data
+
+    async def _relayed_manifest(self, version: int) -> tuple[bytes, bytes]:
+        """Manifest and signature through the relay. A peer's copy is used only if it verifies (a wrong one
+        from a peer must not get the version rejected); the store's is returned as it is (the agent judges)."""
+        from weight_sync.manifest import ManifestError, verify
+
+        def signed(body: bytes, sig: bytes) -> bool:
+            try:
+                verify(body, sig, self.relay.public_key)
+                return True
+            except ManifestError:
+                return False
+
+        async def both(failed: str | None = None) -> tuple[bytes, bytes, str | None]:
+            bad = None
+            try:
+                body, p1 = await self._fetch_small(version, "manifest.json", failed)
+                try:
+                    sig, p2 = await self._fetch_small(version, "manifest.sig", failed)
+                except FetchError:
+                    sig, p2 = b"", None
+            except _PeerFailed as e:
+                self._fell_back(e.reason)
+                return await both(e.peer)
+            if (p1 or p2) and not signed(body, sig):
+                bad = p1 or p2
+            return body, sig, bad
+
+        with self._receiving(version, "manifest.json"), self._receiving(version, "manifest.sig"):
+            body, sig, bad = await both()
+            if bad is not None:
+                self._fell_back("corrupt")
+                body, sig, _ = await both(bad)
+            if signed(body, sig):
+                self.relay.cache.put(version, "manifest.json", body)
+                self.relay.cache.put(version, "manifest.sig", sig)
+        return body, sig
+
+    # ------------------------------------------------------------------ chunks
+    async def _download(
+        self, version: int, piece: str, part: Path, have: int, size: int, failed: str | None
+    ) -> str | None:
+        """Append the rest of a chunk to `part`, from the store or the peer it sends us to (returned)."""
+        r, to_peer = await self._store_get(version, piece, failed, {"Range": f"bytes={have}-"} if have else None)
+        if r is not None:
+            async with r:
+                if r.status == 404:
+                    raise FetchError(f"chunk {piece} of v{version}: not in the store")
+                if r.status not in (200, 206):
+                    raise FetchError(f"chunk {piece} of v{version}: HTTP {r.status}")
+                if have and r.status == 206:
+                    self.resumed += 1
+                with open(part, "ab" if r.status == 206 else "wb") as f:
+                    async for block in r.content.iter_chunked(1 << 20):
+                        f.write(block)
+                        self._got("store", len(block))
+            return None
+        peer, location = to_peer
+        with open(part, "wb") as f:  # a peer sends the whole piece
+            await self._from_peer(location, peer, f.write, size)
+        return peer
+
     async def chunk(self, version: int, t: int, c: int, size: int, want_digest: str) -> bytes:
-        """One chunk, resumed with a Range request if an earlier transfer broke off."""
+        """One chunk, resumed with a Range request if an earlier transfer from the store broke off."""
         name = chunk_name(t, c)
+        piece = f"chunks/{name}"
         part = self.dir / f"v{version}-{name}.part"
         last: Exception | None = None
+        failed = None  # a peer that failed us: from then on the store serves this chunk itself
         async with self.sem:
-            for _ in range(self.retries):
-                have = part.stat().st_size if part.exists() else 0
-                if have > size:
-                    part.unlink()
-                    have = 0
-                try:
-                    if have < size:
-                        headers = {"Range": f"bytes={have}-"} if have else {}
-                        async with self.session.get(
-                            f"{self.base}/versions/{version}/chunks/{name}", headers=headers, timeout=self.timeout
-                        ) as r:
-                            if r.status == 404:
-                                raise FetchError(f"chunk {name} of v{version}: not in the store")
-                            if r.status not in (200, 206):
-                                raise FetchError(f"chunk {name} of v{version}: HTTP {r.status}")
-                            if have and r.status == 206:
-                                self.resumed += 1
-                            with open(part, "ab" if r.status == 206 else "wb") as f:
-                                async for block in r.content.iter_chunked(1 << 20):
-                                    f.write(block)
-                                    self.bytes_downloaded += len(block)
-                    data = part.read_bytes()
-                    if len(data) == size and codec.digest(data) == want_digest:
+            with self._receiving(version, piece):
+                attempts = 0
+                while attempts < self.retries:
+                    have = part.stat().st_size if part.exists() else 0
+                    if have > size:
                         part.unlink()
-                        return data
-                    part.unlink()  # complete but wrong: start over
-                    last = FetchError(f"chunk {name} of v{version}: digest mismatch")
-                except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-                    last = e  # broken transfer: the .part file keeps what arrived
+                        have = 0
+                    try:
+                        peer = await self._download(version, piece, part, have, size, failed) if have < size else None
+                        data = part.read_bytes()
+                        if len(data) == size and codec.digest(data) == want_digest:
+                            if self.relay is not None:
+                                self.relay.cache.adopt(version, piece, part)
+                            else:
+                                part.unlink()
+                            return data
+                        part.unlink()  # complete but wrong: start over
+                        if peer is not None:
+                            raise _PeerFailed(peer, "corrupt")
+                        last = FetchError(f"chunk {name} of v{version}: digest mismatch")
+                        attempts += 1
+                    except _PeerFailed as e:  # nothing a failing peer sent is kept; not one of the retries
+                        part.unlink(missing_ok=True)
+                        self._fell_back(e.reason)
+                        failed = e.peer
+                    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                        last = e  # broken transfer: the .part file keeps what arrived
+                        attempts += 1
         raise FetchError(f"chunk {name} of v{version}: {last}")
-
-
-from typing import TYPE_CHECKING  # noqa: E402 (kept beside the one function that needs it)
-
-if TYPE_CHECKING:
-    from weight_sync.s3_fetch import S3StoreClient
 
 
 def open_store(

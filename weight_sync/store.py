@@ -27,6 +27,8 @@ from pathlib import Path
 from aiohttp import web
 
 from weight_sync.manifest import Manifest
+from weight_sync.store_relay import StoreRelay
+from weight_sync.tracker import TrackerConfig
 
 _CHUNK = re.compile(r"^\d{1,6}\.\d{1,6}$")
 _FILE = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
@@ -34,6 +36,16 @@ _FILE = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
 
 def chunk_name(tensor_index: int, chunk_index: int) -> str:
     return f"{tensor_index}.{chunk_index}"
+
+
+def valid_piece(piece: str) -> bool:
+    """What a store or a relay serves of a version: manifest.json, manifest.sig, chunks/T.C, files/NAME."""
+    if piece in ("manifest.json", "manifest.sig"):
+        return True
+    kind, _, name = piece.partition("/")
+    if kind == "chunks":
+        return bool(_CHUNK.fullmatch(name))
+    return kind == "files" and bool(_FILE.fullmatch(name)) and name not in (".", "..")
 
 
 class Store:
@@ -189,45 +201,46 @@ class Store:
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
     # ------------------------------------------------------------------ HTTP
-    def app(self) -> web.Application:
-        """GET /versions, /versions/N/manifest.json|manifest.sig, /versions/N/chunks/T.C, /versions/N/files/NAME.
-        File responses honour Range requests, so an interrupted download resumes."""
+    def app(self, tracker: TrackerConfig | None = None) -> web.Application:
+        """GET /versions, /versions/N/manifest.json|manifest.sig, /versions/N/chunks/T.C, /versions/N/files/NAME;
+        /metrics and /stats (bytes sent, relay redirects). File responses honour Range requests, so an
+        interrupted download resumes. An agent with a relay may be sent to a peer instead
+        (weight_sync.store_relay)."""
+        relay = StoreRelay(self.versions, tracker)
 
-        def version_of(request) -> Path:
+        def version_of(request) -> tuple[int, Path]:
             v = request.match_info["version"]
             if not v.isdigit():
                 raise web.HTTPNotFound(reason="bad version")
             d = self.version_dir(int(v))
             if not d.is_dir():
                 raise web.HTTPNotFound(reason=f"no version {v}")
-            return d
+            return int(v), d
 
         async def versions(request):
+            relay.count_as(request, "index")
             return web.json_response({"versions": self.versions(), "activations": self.activations()})
 
         async def manifest(request):
             name = request.match_info["name"]
             if name not in ("manifest.json", "manifest.sig"):
                 raise web.HTTPNotFound()
-            return web.FileResponse(version_of(request) / name)
+            v, d = version_of(request)
+            return relay.answer(request, "manifest", v, name, d / name)
 
         async def chunk(request):
             name = request.match_info["name"]
             if not _CHUNK.match(name):
                 raise web.HTTPNotFound(reason="bad chunk name")
-            path = version_of(request) / "chunks" / name
-            if not path.exists():
-                raise web.HTTPNotFound()
-            return web.FileResponse(path)
+            v, d = version_of(request)
+            return relay.answer(request, "chunk", v, f"chunks/{name}", d / "chunks" / name)
 
         async def side_file(request):
             name = request.match_info["name"]
             if not _FILE.match(name) or name in (".", ".."):
                 raise web.HTTPNotFound(reason="bad file name")
-            path = version_of(request) / "files" / name
-            if not path.exists():
-                raise web.HTTPNotFound()
-            return web.FileResponse(path)
+            v, d = version_of(request)
+            return relay.answer(request, "file", v, f"files/{name}", d / "files" / name)
 
         app = web.Application()
         app.add_routes(
@@ -238,4 +251,5 @@ class Store:
                 web.get("/versions/{version}/files/{name}", side_file),
             ]
         )
+        relay.install(app)
         return app

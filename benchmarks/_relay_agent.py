@@ -1,4 +1,4 @@
-"""One agent of benchmarks.delta_relay as its own process (on a test host): it starts its relay (unless
+"""One agent of benchmarks._delta_relay as its own process (on a test host): it starts its relay (unless
 --relay-port 0), prints "ready", materializes the version when it reads "go" on stdin, prints one JSON line
 (when it finished, bytes by source, fallbacks), keeps serving its peers until stdin closes, then prints
 what its relay sent.

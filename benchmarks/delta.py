@@ -10,7 +10,9 @@
     fleet of two replicas switching one at a time (drain) and a lone replica (no_pause, retract);
 (e) in-place apply vs a full reload from disk on a 1.06 GB checkpoint, at 2% and 30% changed
     (benchmarks/_delta_inplace.py);
-(f) publishing to an S3 store (S3Proxy on loopback) vs the directory store (benchmarks/_delta_s3.py).
+(f) publishing to an S3 store (S3Proxy on loopback) vs the directory store (benchmarks/_delta_s3.py);
+(g) the peer relay: store bytes out per version and the time until 1, 3 and 6 agents serve it, relays on
+    and off (benchmarks/_delta_relay.py).
 Prints one JSON object as the last line.
 """
 
@@ -324,6 +326,7 @@ def main() -> dict:
     try:
         result = synthetic()
         from benchmarks._delta_inplace import inplace_vs_reload
+        from benchmarks._delta_relay import relay
         from benchmarks._delta_s3 import s3_publish
 
         parts = (
@@ -332,6 +335,7 @@ def main() -> dict:
             ("switch", switch_modes),
             ("inplace", inplace_vs_reload),
             ("s3", s3_publish),
+            ("relay", relay),
         )
         for part, fn in parts:
             d = tmp / part
@@ -345,6 +349,8 @@ def main() -> dict:
             "lone_switch_p99_le_1_5x": result.get("lone_no_pause_p99_ratio", 99) <= 1.5,
             "apply_memory_bounded_by_tensor": result["apply_peak_extra_mb"] <= 4 * result["largest_tensor_mb"],
             "inplace_vs_reload_2pct_le_0_25": result["inplace_vs_reload_2pct"] <= 0.25,
+            "store_egress_ratio_6_le_1_5": result["store_egress_ratio_6"] <= 1.5,
+            "synthetic_store_egress_ratio_6_le_1_5": result["synthetic_store_egress_ratio_6"] <= 1.5,
         }
         return result
     finally:

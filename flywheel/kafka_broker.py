@@ -13,14 +13,13 @@ import os
 import re
 import shutil
 import subprocess
-import sys
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from flywheel.core.kafka_admin import quiet_kafka
+from flywheel.core.maven import resolve_jars
 from flywheel.core.paths import flywheel_home
 from flywheel.core.procs import (
     free_port,
@@ -84,42 +83,7 @@ def libs_dir(version: str | None = None) -> Path:
 def fetch_jars(quiet: bool = False) -> Path:
     """Resolve the broker and its runtime classpath with mvn into the cache (once)."""
     version = pinned_version()
-    libs = libs_dir(version)
-    marker = libs / ".complete"
-    if marker.exists():
-        return libs
-    if shutil.which("mvn") is None:
-        raise RuntimeError("mvn not found: Maven is needed once to fetch the Kafka broker jars")
-    libs.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix="libs-", dir=libs.parent))
-    cmd = [
-        "mvn",
-        "-B",
-        "-q",
-        "-f",
-        str(POM),
-        f"-Dmaven.repo.local={flywheel_home() / 'm2'}",
-        "dependency:copy-dependencies",
-        "-DincludeScope=runtime",
-        f"-DoutputDirectory={staging}",
-    ]
-    if not quiet:
-        print(f"fetching Kafka {version} jars from Maven Central ...", file=sys.stderr)
-    t0 = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise RuntimeError(f"mvn failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    jars = list(staging.glob("*.jar"))
-    if not any(j.name.startswith("kafka_2.13-") for j in jars):
-        raise RuntimeError(f"mvn resolved no kafka_2.13 jar into {staging}")
-    if libs.exists():
-        shutil.rmtree(libs)
-    os.replace(staging, libs)
-    marker.write_text(f"{len(jars)} jars in {time.monotonic() - t0:.1f}s\n")
-    if not quiet:
-        print(f"Kafka {version}: {len(jars)} jars in {libs}", file=sys.stderr)
-    return libs
+    return resolve_jars(POM, libs_dir(version), f"Kafka {version}", "kafka_2.13-", quiet)
 
 
 def new_cluster_id() -> str:

@@ -17,13 +17,13 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from flywheel.core.maven import resolve_jars
 from flywheel.core.paths import flywheel_home
 from flywheel.core.procs import (
     free_port,
@@ -107,42 +107,7 @@ def libs_dir(version: str | None = None) -> Path:
 def fetch_jars(quiet: bool = False) -> Path:
     """Resolve S3Proxy and its runtime classpath with mvn into the cache (once)."""
     version = pinned_version()
-    libs = libs_dir(version)
-    if (libs / ".complete").exists():
-        return libs
-    if shutil.which("mvn") is None:
-        raise RuntimeError("mvn not found: Maven is needed once to fetch the S3Proxy jars")
-    libs.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix="libs-", dir=libs.parent))
-    cmd = [
-        "mvn",
-        "-B",
-        "-q",
-        "-f",
-        str(POM),
-        f"-Dmaven.repo.local={flywheel_home() / 'm2'}",
-        "dependency:copy-dependencies",
-        "-DincludeScope=runtime",
-        f"-DoutputDirectory={staging}",
-    ]
-    if not quiet:
-        print(f"fetching S3Proxy {version} jars from Maven Central ...", file=sys.stderr)
-    t0 = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise RuntimeError(f"mvn failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    jars = list(staging.glob("*.jar"))
-    if not any(j.name == f"s3proxy-{version}.jar" for j in jars):
-        shutil.rmtree(staging, ignore_errors=True)
-        raise RuntimeError(f"mvn resolved no s3proxy-{version}.jar into {staging}")
-    if libs.exists():
-        shutil.rmtree(libs)
-    os.replace(staging, libs)
-    (libs / ".complete").write_text(f"{len(jars)} jars in {time.monotonic() - t0:.1f}s\n")
-    if not quiet:
-        print(f"S3Proxy {version}: {len(jars)} jars in {libs}", file=sys.stderr)
-    return libs
+    return resolve_jars(POM, libs_dir(version), f"S3Proxy {version}", f"s3proxy-{version}.jar", quiet)
 
 
 # S3Proxy ships no logging configuration, and logback's default is DEBUG on stdout (hundreds of lines a

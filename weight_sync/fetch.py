@@ -140,21 +140,29 @@ class StoreClient:
         return data
 
     # ------------------------------------------------------------------ through the relay
-    def _url(self, version: int, piece: str, failed: str | None = None) -> str:
+    def _url(self, version: int, piece: str, failed: str | None = None, direct: bool = False) -> str:
         url = f"{self.base}/versions/{version}/{piece}"
         if self.relay is None:
             return url
         q = {"peer": self.relay.url}
+        if failed is not None or direct:
+            q["direct"] = "1"
         if failed is not None:
-            q.update(direct="1", failed=failed)
+            q["failed"] = failed
         return f"{url}?{urlencode(q)}"
 
     async def _store_get(
-        self, version: int, piece: str, failed: str | None = None, headers: dict | None = None
+        self,
+        version: int,
+        piece: str,
+        failed: str | None = None,
+        headers: dict | None = None,
+        direct: bool = False,
     ) -> tuple[aiohttp.ClientResponse | None, tuple[str, str] | None]:
         """GET a piece from the store: (its response, None), or (None, (peer, location)) when the store sends
-        this agent to a peer. Other redirects (a proxy in front of the store) are followed, as before relays."""
-        url = self._url(version, piece, failed)
+        this agent to a peer. Other redirects (a proxy in front of the store) are followed, as before relays.
+        `direct`: the store serves it (a retry: a peer waiting on this agent for the piece may be next in line)."""
+        url = self._url(version, piece, failed, direct)
         for _ in range(10):
             r = await self.session.get(url, headers=headers or {}, timeout=self.timeout, allow_redirects=False)
             if r.status not in _REDIRECTS:
@@ -168,6 +176,9 @@ class StoreClient:
                     raise FetchError(f"{piece} of v{version}: the store named a bad peer {peer!r}") from None
                 if location != f"{peer}/versions/{version}/{piece}":
                     raise FetchError(f"{piece} of v{version}: the store sent us to {location!r} for {peer}")
+                if peer == self.relay.url:  # sent to ourselves (an address that reaches this agent): go direct
+                    url = self._url(version, piece, direct=True)
+                    continue
                 return None, (peer, location)
             url = urljoin(url, location)
         raise FetchError(f"{piece} of v{version}: too many redirects")
@@ -224,9 +235,10 @@ class StoreClient:
         from weight_sync.manifest import ManifestError, verify
 
         def signed(body: bytes, sig: bytes) -> bool:
+            # Signed, and for this version: another version's signed manifest, replayed by a peer as this
+            # one's, would otherwise pass and get this version rejected for good.
             try:
-                verify(body, sig, self.relay.public_key)
-                return True
+                return verify(body, sig, self.relay.public_key).version == version
             except ManifestError:
                 return False
 
@@ -257,10 +269,12 @@ class StoreClient:
 
     # ------------------------------------------------------------------ chunks
     async def _download(
-        self, version: int, piece: str, part: Path, have: int, size: int, failed: str | None
+        self, version: int, piece: str, part: Path, have: int, size: int, failed: str | None, direct: bool = False
     ) -> str | None:
         """Append the rest of a chunk to `part`, from the store or the peer it sends us to (returned)."""
-        r, to_peer = await self._store_get(version, piece, failed, {"Range": f"bytes={have}-"} if have else None)
+        r, to_peer = await self._store_get(
+            version, piece, failed, {"Range": f"bytes={have}-"} if have else None, direct
+        )
         if r is not None:
             async with r:
                 if r.status == 404:
@@ -295,7 +309,11 @@ class StoreClient:
                         part.unlink()
                         have = 0
                     try:
-                        peer = await self._download(version, piece, part, have, size, failed) if have < size else None
+                        peer = (
+                            await self._download(version, piece, part, have, size, failed, direct=attempts > 0)
+                            if have < size
+                            else None
+                        )
                         data = part.read_bytes()
                         if len(data) == size and codec.digest(data) == want_digest:
                             if self.relay is not None:

@@ -25,6 +25,7 @@ from typing import Callable
 from aiohttp import web
 
 from weight_sync.store import valid_piece
+from weight_sync.store_relay import peer_url
 
 _PIECE = web.RequestKey("flywheel_relay_piece", bool)  # set when the response carries a piece's bytes
 
@@ -42,6 +43,7 @@ class RelayConfig:
             raise ValueError(f"relay: port must be 1..65535, got {self.port}")
         if self.url is None and self.host in ("0.0.0.0", "::", ""):
             raise ValueError("relay: listening on every address, give the URL peers should use (relay_url)")
+        peer_url(self.advertised)  # one the store would refuse (a path, a bad host) fails here, at start
 
     @property
     def advertised(self) -> str:

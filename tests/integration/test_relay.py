@@ -203,6 +203,20 @@ def test_a_peer_serving_corrupt_bytes_is_caught_by_digest_and_replaced(published
     assert late.relay_cache.path(1, piece).read_bytes() != bytes(data), "the lie is not passed on"
 
 
+def test_a_peer_replaying_another_versions_signed_manifest_is_caught_and_replaced(published, store, agents):
+    """v0's manifest and signature are genuine, but not v1's: a peer passing them off as v1's must cost one
+    store fetch, not get v1 rejected."""
+    liar = agents("liar")
+    materialize(liar)
+    v0 = Store(published["root"] / "store").version_dir(0)
+    for name in ("manifest.json", "manifest.sig"):
+        liar.relay_cache.path(1, name).write_bytes((v0 / name).read_bytes())
+    late = agents("late")
+    (client,) = materialize(late)
+    assert_bit_identical(late, published["v1"])
+    assert client.fallbacks == {"corrupt": 1}
+
+
 def test_bad_requests_to_a_relay_or_the_store_are_4xx(published, store, agents):
     a = agents("a")
     materialize(a)

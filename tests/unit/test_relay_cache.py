@@ -66,6 +66,9 @@ def test_relay_config_needs_an_address_peers_can_use():
         RelayConfig(root=None, port=8200, host="0.0.0.0")
     with pytest.raises(ValueError):
         RelayConfig(root=None, port=0)
+    for url in ("http://198.18.0.2:8200/relay", "ftp://198.18.0.2:8200", "http://198.18.0.2:99999"):
+        with pytest.raises(ValueError):  # the store would refuse it on every piece: refused at start instead
+            RelayConfig(root=None, port=8200, url=url)
     assert RelayConfig(root=None, port=8200, host="0.0.0.0", url="http://198.18.0.2:8200/").advertised == (
         "http://198.18.0.2:8200"
     )

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import subprocess
+import sys
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 GATEWAY_KEYS = {"alice": "key-alice", "bob": "key-bob"}
 GATEWAY_ADMIN = "admin-secret"
@@ -115,3 +120,27 @@ class TcpProxy:
         self.stop()
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
+
+
+@contextlib.contextmanager
+def store_server(store: Path):
+    """`flywheel weights serve` on a free loopback port over a store directory: yields its URL, stops it by
+    PID (also when the test fails)."""
+    from flywheel.core.paths import REPO_ROOT
+    from flywheel.core.procs import free_port, stop_pid, wait_until
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flywheel", "weights", "serve", "--store", str(store), "--port", str(port)],
+        cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: get(f"{url}/versions")[0] == 200, 30, what="store server")
+        yield url
+    finally:
+        assert stop_pid(proc.pid), f"store server pid {proc.pid} did not stop"

@@ -102,7 +102,11 @@ class StoreClient:
 
     # ------------------------------------------------------------------ plain pieces
     async def _get(self, path: str) -> bytes:
-        async with self.session.get(f"{self.base}{path}", timeout=self.timeout) as r:
+        return await self._body(await self.session.get(f"{self.base}{path}", timeout=self.timeout), path)
+
+    async def _body(self, r: aiohttp.ClientResponse, path: str) -> bytes:
+        """A store response's whole body (counted as from the store), or FetchError."""
+        async with r:
             if r.status == 404:
                 raise FetchError(f"{path}: not in the store")
             if r.status != 200:
@@ -205,14 +209,7 @@ class StoreClient:
         """A small piece and the peer it came from (None: the store)."""
         r, to_peer = await self._store_get(version, piece, failed)
         if r is not None:
-            async with r:
-                if r.status == 404:
-                    raise FetchError(f"/versions/{version}/{piece}: not in the store")
-                if r.status != 200:
-                    raise FetchError(f"/versions/{version}/{piece}: HTTP {r.status}")
-                data = await r.read()
-            self._got("store", len(data))
-            return data, None
+            return await self._body(r, f"/versions/{version}/{piece}"), None
         peer, location = to_peer
         buf = bytearray()
         await self._from_peer(location, peer, buf.extend, MAX_PIECE)

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -20,9 +18,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from flywheel.core.paths import REPO_ROOT
-from flywheel.core.procs import free_port, stop_pid, wait_until
-from tests.helpers import get
+from flywheel.core.procs import free_port
+from tests.helpers import get, store_server
 from weight_sync.agent import Agent, AgentConfig
 from weight_sync.manifest import generate_key
 from weight_sync.publish import PublishConfig, publish
@@ -64,22 +61,8 @@ def published(tmp_path_factory):
 
 @pytest.fixture
 def store(published):
-    port = free_port()
-    cmd = [sys.executable, "-m", "flywheel", "weights", "serve", "--store", str(published["root"] / "store")]
-    proc = subprocess.Popen(
-        [*cmd, "--port", str(port)],
-        cwd=REPO_ROOT,
-        env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: get(f"{url}/versions")[0] == 200, 30, what="store server")
+    with store_server(published["root"] / "store") as url:
         yield url
-    finally:
-        assert stop_pid(proc.pid)
 
 
 @pytest.fixture

@@ -233,8 +233,7 @@ def test_publish_hands_a_delta_to_weight_sync(broker, test_model, tmp_path):
     import aiohttp
     from safetensors.torch import load_file
 
-    from flywheel.core.procs import free_port, stop_pid, wait_until
-    from tests.helpers import get
+    from tests.helpers import store_server
     from weight_sync.agent import Agent, AgentConfig
     from weight_sync.fetch import StoreClient
     from weight_sync.manifest import generate_key
@@ -301,18 +300,7 @@ def test_publish_hands_a_delta_to_weight_sync(broker, test_model, tmp_path):
     c.close()
     assert announced[-3:] == [0, 1, 2]
 
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "flywheel", "weights", "serve", "--store", str(tmp_path / "store"), "--port", str(port)],
-        cwd=REPO_ROOT,
-        env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: get(f"{url}/versions")[0] == 200, 30, what="store server")
+    with store_server(tmp_path / "store") as url:
         agent = Agent(
             AgentConfig(
                 name="a",
@@ -329,8 +317,6 @@ def test_publish_hands_a_delta_to_weight_sync(broker, test_model, tmp_path):
                 return await agent.materialize(StoreClient(url, s, tmp_path / "dl"), 1)
 
         path = asyncio.run(rebuild())
-    finally:
-        stop_pid(proc.pid)
     rebuilt = load_file(str(path / "model.safetensors"))
     for name, p in trainer.model.state_dict().items():
         assert torch.equal(rebuilt[name].view(torch.int16), p.detach().to(torch.bfloat16).view(torch.int16)), name

@@ -20,9 +20,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from flywheel.core.paths import REPO_ROOT
-from flywheel.core.procs import free_port, stop_pid, wait_until
+from flywheel.core.procs import stop_pid, wait_until
 from serving import gateway_process
-from tests.helpers import GATEWAY_ADMIN, get, post
+from tests.helpers import GATEWAY_ADMIN, get, post, store_server
 from weight_sync.agent import Agent, AgentConfig
 from weight_sync.manifest import generate_key
 from weight_sync.publish import PublishConfig, activate, publish
@@ -56,21 +56,8 @@ def weights(test_model, tmp_path_factory):
     for v in (1, 2, 3):
         ckpts.append(perturbed(ckpts[-1], root / f"ckpt{v}", seed=v, share=0.02, ulps=40 if v == 2 else 1))
         publish(ckpts[-1], cfg)
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "flywheel", "weights", "serve", "--store", str(root / "store"), "--port", str(port)],
-        cwd=REPO_ROOT,
-        env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    wait_until(lambda: get(f"{url}/versions")[0] == 200, 30, what="store server")
-    try:
+    with store_server(root / "store") as url:
         yield {"root": root, "cfg": cfg, "url": url, "ckpts": ckpts}
-    finally:
-        assert stop_pid(proc.pid)
 
 
 def announce(weights, bootstrap: str, v: int) -> None:

@@ -6,7 +6,10 @@ Debian's haproxy (scripts/setup.sh installs it when missing), run in the foregro
 needs it, never as a system service. Each gateway is checked on /health every `check_ms`; a gateway that
 answers (200, or 503 while degraded: it still serves) is in rotation. A connection a dead gateway refuses
 is dispatched to another one (`retries` + `option redispatch`), so only requests already in flight on a
-gateway that dies fail; a request is never sent twice once a gateway has taken it.
+gateway that dies fail; a request is never sent twice once a gateway has taken it. Such a request, when
+it was not the first on its client's keep-alive connection, ends as HAProxy ends a failed keep-alive
+request: the client's connection is closed with no answer (no 502), and neither the log nor the server's
+error count has it (seen in loadtests.fleet_drill); the client sees a connection error.
 """
 
 from __future__ import annotations
@@ -56,8 +59,12 @@ def render(cfg: HaproxyConfig) -> str:
         "global",
         f"    maxconn {cfg.maxconn}",
         f"    stats socket {cfg.socket} mode 600 level user",
+        # One line per request in haproxy.log (the process's stdout): which gateway took it, how it ended.
+        "    log stdout format raw local0 info",
         "defaults",
         "    mode http",
+        "    log global",
+        "    option httplog",
         f"    timeout connect {int(cfg.connect_timeout_s * 1000)}ms",
         f"    timeout client {int(cfg.request_timeout_s)}s",
         f"    timeout server {int(cfg.request_timeout_s)}s",

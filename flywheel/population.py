@@ -23,6 +23,15 @@ from flywheel.core.events import parse_version
 from online_rl import sandbox, tasks
 
 
+def _why(e: BaseException) -> str:
+    """An exception and what caused it (the OpenAI client's "Connection error." hides whether the connection
+    was refused, reset or closed without an answer)."""
+    parts = [f"{type(e).__name__}: {e}"]
+    if e.__cause__ is not None:
+        parts.append(f"{type(e.__cause__).__name__}: {e.__cause__}")
+    return " <- ".join(parts)[:300]
+
+
 @dataclass
 class PopulationConfig:
     users: int = 6  # autocomplete users
@@ -50,6 +59,8 @@ class Interaction:
     session_id: str | None = None
     turns: int = 0
     tool_calls: int = 0
+    # A failure's own request (an interaction is a completion, then its feedback): when it began.
+    failed_request_started: float | None = None
 
 
 class HiddenTests:
@@ -122,6 +133,7 @@ class Population:
         while not self._stop.is_set():
             task = rng.choice(self.tasks)
             started, t = time.time(), time.monotonic()
+            request_started = started
             try:
                 r = client.completions.create(
                     model="flywheel-coder",
@@ -136,6 +148,7 @@ class Population:
                     outcome = "ignore"
                 else:
                     outcome = "accept" if self.prefers(task, r.choices[0].text) else "reject"
+                    request_started = time.time()
                     self._feedback(key, r.id, outcome)
                 rec = Interaction(f"user-{i}", task.task_id, started, latency, version, outcome, completion_id=r.id)
             except Exception as e:  # a failed request is a result, not a crash of the population
@@ -146,7 +159,8 @@ class Population:
                     time.monotonic() - t,
                     None,
                     "failed",
-                    f"{type(e).__name__}: {e}"[:300],
+                    _why(e),
+                    failed_request_started=request_started,
                 )
             with self._lock:
                 self.records.append(rec)
@@ -197,7 +211,7 @@ class Population:
                     time.monotonic() - t,
                     None,
                     "failed",
-                    f"{type(e).__name__}: {e}"[:300],
+                    _why(e),
                     kind="agent",
                 )
             with self._lock:

@@ -196,9 +196,6 @@ def _audit(fleet: HostFleet, records: list, gw: _GatewayKill, broker: tuple[floa
     def during(x, a: float, b: float) -> bool:
         return x.started <= b and x.started + x.latency_s >= a
 
-    def in_flight_at(x, t: float) -> bool:
-        return x.started <= t <= x.started + x.latency_s
-
     served = [x for x in records if x.outcome != "failed" and x.completion_id]
     judged = [x for x in served if x.outcome in ("accept", "reject")]
     feedback_audit = read_topic(fleet.broker.bootstrap, ev.TOPIC_FEEDBACK)
@@ -208,12 +205,14 @@ def _audit(fleet: HostFleet, records: list, gw: _GatewayKill, broker: tuple[floa
     lost += [x for x in judged if x.completion_id not in feedback]
     lost_direct = [c for c in gw.direct if c not in completions] + [c for c in gw.direct if c not in feedback]
 
-    # Failures the kill may excuse: requests in flight when the balancer's count was read, at most as many
-    # as it had on the killed gateway, and those that began between that reading and the gateway's end.
-    # None of them may have been on the live gateway: gateway_kill_errors_on_survivor counts those.
+    # Failures the kill may excuse, by their own request (an interaction is a completion, then its feedback):
+    # those in flight when the balancer's count was read, at most as many as it had on the killed gateway,
+    # and those begun between that reading and the gateway's end. A request refused by a dead gateway is
+    # sent to the other one; one failed on the live gateway is never excused (gateway_kill_errors_on_survivor).
     failed = [x for x in records if x.outcome == "failed"]
-    spanning = [x for x in failed if in_flight_at(x, gw.read)]
-    excused = min(len(spanning), gw.in_flight) + sum(gw.read < x.started <= gw.at for x in failed)
+    began = {id(x): x.failed_request_started or x.started for x in failed}
+    spanning = sum(began[id(x)] <= gw.read <= x.started + x.latency_s for x in failed)
+    excused = min(spanning, gw.in_flight) + sum(gw.read < began[id(x)] <= gw.at for x in failed)
     in_broker_kill = [x for x in records if x.outcome != "failed" and during(x, *broker)]
     latencies = sorted(x.latency_s for x in records if x.outcome != "failed")
     trained = trained_keys(trainer_dir)
@@ -241,7 +240,10 @@ def _audit(fleet: HostFleet, records: list, gw: _GatewayKill, broker: tuple[floa
         # Trained from requests answered while the node was down, and after the cluster healed.
         "samples_trained_in_broker_kill": sum(broker[0] <= t <= broker[1] for t in trained_at),
         "samples_trained_after_broker_kill": sum(t > broker[1] for t in trained_at),
-        "failures": [x.error for x in failed][:10],
+        # Each failure with when it began and ended, in seconds from g0's death.
+        "failures": [
+            f"{x.error} ({began[id(x)] - gw.at:+.2f} s to {x.started + x.latency_s - gw.at:+.2f} s)" for x in failed
+        ][:10],
     }
 
 

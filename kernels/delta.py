@@ -1,6 +1,9 @@
 """Delta-coding hot loops over weight bits (uint views of bf16/fp16/fp32): XOR against the base, byte-plane
 split and its inverse, changed-element count. numpy on CPU (vectorised: each step is one or two whole-array
 operations), Triton on a GPU when one is present (`backend()`); weight_sync.codec calls these.
+What an in-place apply needs of a sparse chunk (its changed positions and their XOR with the base) and the
+scatter that applies them are fused loops (kernels.cpu_ops, numba) where numba imports: numpy's version of each is
+a chain of whole-array passes, several times slower.
 """
 
 from __future__ import annotations
@@ -63,6 +66,48 @@ def join_planes(planes: np.ndarray, view: type, n: int) -> np.ndarray:
 
         return triton_ops.on_host(triton_ops.join_planes, planes, np.dtype(view), n)
     return np.ascontiguousarray(planes.reshape(itemsize, n).T).reshape(-1).view(view)
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_ops():
+    """kernels.cpu_ops when numba imports (SGLang brings it), else None: the numpy paths below."""
+    try:
+        from kernels import cpu_ops
+    except ImportError:
+        return None
+    return cpu_ops
+
+
+def sparse_xor(body: np.ndarray, k: int, n: int, offset: int, idx_out: np.ndarray, xor_out: np.ndarray) -> None:
+    """A sparse chunk's payload after its header, for a chunk of n elements: k zero-based gaps between changed
+    positions (4 byte planes), then each one's XOR with the base (byte planes of xor_out's width). Writes the
+    changed positions plus `offset` into idx_out (k) and their XOR into xor_out (k). ValueError for a
+    position past the chunk's end."""
+    itemsize = xor_out.dtype.itemsize
+    if body.size != (4 + itemsize) * k or idx_out.size != k or xor_out.size != k:
+        raise ValueError(f"a sparse payload of {body.size} bytes, {idx_out.size} positions for {k} changes")
+    if (ops := cpu_ops()) is not None:
+        return ops.sparse_xor(body, k, n, offset, idx_out, xor_out)
+    idx = np.cumsum(join_planes(body[: 4 * k], np.uint32, k).astype(np.int64) + 1) - 1
+    if k and idx[-1] >= n:
+        raise ValueError("sparse chunk points past its end")
+    np.add(idx, offset, out=idx_out, casting="unsafe")
+    xor_out[:] = join_planes(body[4 * k :], xor_out.dtype.type, k)
+
+
+def xor_scatter(target: np.ndarray, idx: np.ndarray, x: np.ndarray, shift: int = 0) -> None:
+    """target[idx] ^= x << shift, on unsigned bits: a flat target, positions inside it, each once (ValueError
+    for one outside: the positions before it are written). shift=16 puts a bf16 XOR into float32 bits (a
+    bf16 value upcast to float32 is its bits followed by 16 zeros)."""
+    if target.ndim != 1 or idx.shape != x.shape or idx.ndim != 1:
+        raise ValueError(f"xor_scatter of {idx.shape} positions and {x.shape} values into {target.shape}")
+    if target.dtype.kind != "u" or x.dtype.kind != "u" or 8 * x.itemsize + shift > 8 * target.itemsize:
+        raise ValueError(f"xor_scatter of {x.dtype} << {shift} into {target.dtype} (unsigned bits, fitting)")
+    if (ops := cpu_ops()) is not None:
+        return ops.xor_scatter(target, idx, x, shift)
+    if idx.size and (idx.min() < 0 or idx.max() >= target.size):
+        raise ValueError(f"a position outside a tensor of {target.size}")
+    target[idx] ^= x.astype(target.dtype) << target.dtype.type(shift)
 
 
 def count_changed(x: np.ndarray) -> int:

@@ -1,7 +1,9 @@
 """SGLang custom weight loader (`--custom-weight-loader serving.inplace_loader.apply`): apply a weight patch
-(flywheel.core.weight_patch) to the served model in place, element by element where few changed.
+(flywheel.core.weight_patch) to the served model in place, element by element where few changed: their
+XOR with the base, applied only where the model holds the base bits the patch names (so never to another
+version, never twice), with a fused loop on a CPU (kernels.delta.xor_scatter), tensors side by side.
 
-A patch's tensors (whole, or positions and values) must land in the model's parameters, which SGLang fuses
+A patch's tensors (whole, or positions and XORs) must land in the model's parameters, which SGLang fuses
 and reshapes (q/k/v into one qkv_proj, the experts' gate/up into w13). Rather than re-implement that
 mapping per architecture, the model's own loader is asked, once for every name a patch brings: it is
 handed probe tensors (allocated, never read or written) and the copies it makes are intercepted, not done.
@@ -15,13 +17,16 @@ the agent then reloads the whole checkpoint from disk.
 from __future__ import annotations
 
 import logging
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
 from safetensors import safe_open
 
 from flywheel.core import weight_patch as wp
+from kernels import delta as delta_kernels
 
 log = logging.getLogger(__name__)
 
@@ -128,21 +133,67 @@ def _bits_as(t: torch.Tensor, dtype: str) -> torch.Tensor:
     return t.view(_TORCH_DTYPES[dtype])
 
 
-def _scatter(view: torch.Tensor, idx: torch.Tensor, vals: torch.Tensor) -> None:
-    if view.device.type == "cpu":  # numpy's fancy assignment: ~10x torch's index_put on a CPU
-        if view.dtype == vals.dtype:  # numpy has no bfloat16: move the bits
-            bits = {2: torch.int16, 4: torch.int32}[view.element_size()]
-            target, new = view.view(bits).numpy(), vals.view(bits).numpy()
-        else:
-            target, new = view.numpy(), vals.to(view.dtype).numpy()
-        if view.is_contiguous():
-            target.reshape(-1)[idx.numpy()] = new
-        else:
-            target[np.unravel_index(idx.numpy(), tuple(view.shape))] = new
-    elif view.is_contiguous():
-        view.view(-1)[idx.to(view.device)] = vals.to(device=view.device, dtype=view.dtype)
-    else:
-        view[torch.unravel_index(idx.to(view.device), tuple(view.shape))] = vals.to(view.device, view.dtype)
+_SIGNED = {2: torch.int16, 4: torch.int32}
+_NUMPY_UNSIGNED = {2: np.uint16, 4: np.uint32}
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """A tensor's bits as signed integers of its width, any layout (torch computes on those)."""
+    return t.view(_SIGNED[t.element_size()])
+
+
+def _unsigned(t: torch.Tensor) -> torch.Tensor:
+    """Bits (a signed integer tensor) as their unsigned values, in int64."""
+    return t.to(torch.int64) & ((1 << 8 * t.element_size()) - 1)
+
+
+def _shift(view: torch.Tensor, dtype: str) -> int:
+    """Where a `dtype` XOR goes in the bits of the parameter `view`: 0 for the same dtype, 16 for bf16 held as
+    float32 (an upcast bf16 is its bits and 16 zeros). Any other pair has no exact bit relation: refused,
+    and the agent reloads from disk."""
+    if view.dtype == _TORCH_DTYPES[dtype]:
+        return 0
+    if dtype == "BF16" and view.dtype == torch.float32:
+        return 16
+    raise PatchError(f"the model holds {view.dtype}, a {dtype} patch applies to {dtype} or bf16 as float32 only")
+
+
+def _elements(view: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, tuple]:
+    """The bits of `view` (any layout) and the index that picks its flat positions `idx` in them."""
+    bits, idx = _bits(view), idx.to(view.device).long()
+    if view.is_contiguous():
+        return bits.view(-1), (idx,)
+    return bits, torch.unravel_index(idx, tuple(view.shape))
+
+
+def _holds(view: torch.Tensor, idx: torch.Tensor, was: torch.Tensor, shift: int) -> bool:
+    """Whether the model holds the base bits `was` at the first positions of `idx`."""
+    bits, at = _elements(view, idx[: was.numel()])
+    return torch.equal(_unsigned(bits[at].cpu()), _unsigned(_bits(was)) << shift)
+
+
+def _xor_scatter(view: torch.Tensor, idx: torch.Tensor, xor: torch.Tensor, shift: int) -> None:
+    """view's flat elements at idx ^= xor << shift (bits). On a CPU, a fused loop (kernels.delta) over the
+    parameter's memory; elsewhere torch's indexing."""
+    xor = _bits(xor)
+    if view.device.type == "cpu" and view.is_contiguous():
+        target = _bits(view).view(-1).numpy().view(_NUMPY_UNSIGNED[view.element_size()])
+        delta_kernels.xor_scatter(target, idx.numpy(), xor.numpy().view(_NUMPY_UNSIGNED[xor.element_size()]), shift)
+        return
+    bits, at = _elements(view, idx)
+    x = _unsigned(xor.to(view.device)) << shift
+    top = 1 << (8 * view.element_size() - 1)
+    bits[at] = bits[at] ^ torch.where(x >= top, x - 2 * top, x).to(bits.dtype)  # the same bits, signed
+
+
+def _write(targets: list[tuple[torch.Tensor, int]], idx: torch.Tensor | None, data: torch.Tensor) -> int:
+    with torch.no_grad():
+        for view, shift in targets:
+            if idx is None:
+                view.copy_(data)
+            else:
+                _xor_scatter(view, idx, data, shift)
+    return data.numel()
 
 
 def _apply(model, path: str, done: dict) -> dict:
@@ -161,28 +212,34 @@ def _apply(model, path: str, done: dict) -> dict:
                 full = _bits_as(f.get_tensor(name), dtype)
                 if list(full.shape) != list(shape):
                     raise PatchError(f"{name}: {list(full.shape)} in the patch, {shape} in its metadata")
-                plan.append((views[name], None, full))
+                plan.append(([(v, 0) for v in views[name]], None, full))
                 continue
-            idx, vals = f.get_tensor(name + wp.IDX).long(), _bits_as(f.get_tensor(name + wp.VAL), dtype)
-            if idx.shape != vals.shape or idx.ndim != 1 or (idx.numel() and (idx.min() < 0 or idx.max() >= numel)):
+            idx = f.get_tensor(name + wp.IDX)
+            xor, was = _bits_as(f.get_tensor(name + wp.XOR), dtype), _bits_as(f.get_tensor(name + wp.WAS), dtype)
+            if idx.shape != xor.shape or idx.ndim != 1 or (idx.numel() and (idx.min() < 0 or idx.max() >= numel)):
                 raise PatchError(f"{name}: positions and values do not fit a tensor of {numel}")
-            plan.append((views[name], idx, vals))
+            if was.shape != (min(wp.WAS_SAMPLE, idx.numel()),):
+                raise PatchError(f"{name}: {tuple(was.shape)} base bits for {idx.numel()} positions")
+            targets = [(view, _shift(view, dtype)) for view in views[name]]
+            if not all(_holds(view, idx, was, shift) for view, shift in targets):
+                raise PatchError(f"{name}: the model does not hold the base this patch applies to (applied twice?)")
+            plan.append((targets, idx, xor))
     t1, written = time.perf_counter(), 0
-    with torch.no_grad():
-        for targets, idx, vals in plan:
+    # Tensors side by side (the CPU loop releases the GIL; the scheduler does nothing else meanwhile).
+    with ThreadPoolExecutor(_threads()) as pool:
+        for n in pool.map(lambda p: _write(*p), plan):
             done["written"] += 1
-            for view in targets:
-                if idx is None:
-                    view.copy_(vals)
-                else:
-                    _scatter(view, idx, vals)
-            written += vals.numel()
+            written += n
     return {
         "elements": written,
         "probed": len(_places) - known,  # tensors placed for the first time (then remembered)
         "check_s": round(t1 - t0, 3),
         "write_s": round(time.perf_counter() - t1, 3),
     }
+
+
+def _threads() -> int:
+    return max(1, min(4, len(os.sched_getaffinity(0))))
 
 
 def apply(model, named_tensors) -> None:

@@ -32,6 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from flywheel.core import control
 from flywheel.core.config import check_modes
 from flywheel.core.events import TOPIC_WEIGHTS
+from kernels import delta as delta_kernels
 from weight_sync import codec, inplace
 from weight_sync.checkpoint import CheckpointReader, CheckpointWriter, config_digest
 from weight_sync.fetch import FetchError, PeerLink, StoreClient, open_store
@@ -46,6 +47,7 @@ from weight_sync.switch import (
     served_version,
     switch,
     takes_patches,
+    warm_patches,
 )
 
 log = logging.getLogger(__name__)
@@ -182,8 +184,12 @@ class Agent:
         self.pool = ThreadPoolExecutor(cfg.threads)
         self.last_apply: dict = {}
         self.retry = False  # whether the last failed apply is worth trying again
-        if cfg.inplace:  # at start, not on the first switch: the first import of torch takes seconds
-            import torch.multiprocessing  # noqa: F401
+        self._warmed = False  # whether the replica's in-place path was warmed since this agent started
+        if cfg.inplace:  # at start, not on the first switch: the first import of torch takes seconds, and
+            import torch.multiprocessing  # noqa: F401  # the fused patch kernels compile (or load their cache)
+
+            if (ops := delta_kernels.cpu_ops()) is not None:
+                ops.warm()
         relay = cfg.relay_config()
         self.relay_cache = RelayCache(relay.root) if relay else None
         self.relay_server: RelayServer | None = None
@@ -494,10 +500,41 @@ class Agent:
         urls = [u.strip() for u in self.cfg.gateway_url.split(",") if u.strip()]
         return [GatewayLink(u, self.cfg.admin_token, self.cfg.gateway_replica_id) for u in urls]
 
+    async def warm_inplace(self) -> dict | None:
+        """Warm the replica's in-place path (weight_sync.switch.warm_patches) so that its first patch costs
+        what later ones do: at agent start, and when the replica has come back from a restart. Best effort:
+        a failure is logged, and the first switch pays for it (or falls back to a reload). Returns the
+        loader's outcome, None when there is no in-place path."""
+        base = self.local_dir(self.state["version"])
+        if not self.cfg.inplace or not base.exists():
+            return None
+        out = self.work / "patches" / "warmup.safetensors"
+        t = time.monotonic()
+        try:
+            async with aiohttp.ClientSession() as session:
+                if not await takes_patches(session, self.cfg.replica_url):
+                    return None
+                await asyncio.get_running_loop().run_in_executor(self.pool, inplace.warmup_patch, base, out)
+                result = await warm_patches(
+                    session, self.cfg.replica_url, InPlace(str(out.resolve()), self.state["version"])
+                )
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
+            log.warning("replica %s: could not warm its in-place path (%s: %s)", self.cfg.name, type(e).__name__, e)
+            return None
+        finally:
+            out.unlink(missing_ok=True)
+        result["warm_s"] = round(time.monotonic() - t, 3)
+        (log.info if result.get("ok") else log.warning)("replica %s: in-place path warmed: %s", self.cfg.name, result)
+        return result
+
     async def ensure_replica_on_current(self) -> None:
-        """After a restart (of the agent or of the replica): make the replica serve the last good version."""
+        """After a restart (of the agent or of the replica): make the replica serve the last good version,
+        and warm its in-place path (once at agent start, then after each replica restart)."""
         async with aiohttp.ClientSession() as session:
             served = await served_version(session, self.cfg.replica_url)
+        if served == self.state["version"] and not self._warmed:
+            self._warmed = True
+            await self.warm_inplace()
         if served != self.state["version"]:
             log.info(
                 "replica %s serves %s, last good version is v%d: switching back",
@@ -509,6 +546,8 @@ class Agent:
             async with aiohttp.ClientSession() as session:
                 report = await switch(self.cfg.replica_url, str(self.local_dir(version).resolve()), version, "no_pause")
             self.metrics.switches.labels(report["mode"]).inc()
+            self._warmed = True
+            await self.warm_inplace()
 
     # ------------------------------------------------------------------ topic
     def decide(self, records: list[dict]) -> int | None:

@@ -144,20 +144,32 @@ def decode_chunk(frame: bytes, encoding: str, view: type, n: int, base: np.ndarr
     raise ValueError(f"unknown chunk encoding {encoding!r}")
 
 
-def chunk_changes(frame: bytes, encoding: str, view: type, n: int, base: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """What a delta chunk changes, without rebuilding the rest: the positions (within the chunk, sorted) and
-    their new bits. A sparse chunk costs what changed; a planes chunk (most of it changed) is decoded whole."""
+def changes_into(frame: bytes, meta: ChunkMeta, view: type, idx_out: np.ndarray, xor_out: np.ndarray) -> None:
+    """What a delta chunk changes, without the base or the rest of the chunk: into idx_out and xor_out
+    (meta.changed each) the positions of its changed elements in the tensor (sorted: meta.offset plus the
+    position in the chunk) and their XOR with the base. A sparse chunk costs what changed (one fused pass,
+    kernels.delta.sparse_xor); a planes chunk (most of it changed) is decoded whole. ValueError when the
+    chunk does not hold meta.changed changes."""
     raw = zstandard.ZstdDecompressor().decompress(frame)
-    if encoding == "sparse":
-        idx, x = _sparse_changes(raw, view, n)
-        return idx, base[idx] ^ x
-    if encoding != "planes":
-        raise ValueError(f"unknown chunk encoding {encoding!r}")
-    if len(raw) != n * np.dtype(view).itemsize:
-        raise ValueError(f"planes chunk holds {len(raw)} bytes, expected {n * np.dtype(view).itemsize}")
-    x = join_planes(np.frombuffer(raw, np.uint8), view, n)
+    k, itemsize = meta.changed, np.dtype(view).itemsize
+    if meta.encoding == "sparse":
+        if len(raw) < _SPARSE_HEADER.size or _SPARSE_HEADER.unpack_from(raw)[0] != k:
+            raise ValueError(f"sparse chunk does not hold the {k} changes its manifest entry says")
+        if len(raw) != _SPARSE_HEADER.size + k * (4 + itemsize):
+            raise ValueError(f"sparse chunk of {len(raw)} bytes does not hold {k} changes")
+        body = np.frombuffer(raw, np.uint8, offset=_SPARSE_HEADER.size)
+        delta_kernels.sparse_xor(body, k, meta.elems, meta.offset, idx_out, xor_out)
+        return
+    if meta.encoding != "planes":
+        raise ValueError(f"unknown chunk encoding {meta.encoding!r}")
+    if len(raw) != meta.elems * itemsize:
+        raise ValueError(f"planes chunk holds {len(raw)} bytes, expected {meta.elems * itemsize}")
+    x = join_planes(np.frombuffer(raw, np.uint8), view, meta.elems)
     idx = np.flatnonzero(x)
-    return idx, base[idx] ^ x[idx]
+    if idx.size != k:
+        raise ValueError(f"planes chunk changes {idx.size} elements, its manifest entry says {k}")
+    np.add(idx, meta.offset, out=idx_out, casting="unsafe")
+    xor_out[:] = x[idx]
 
 
 # ---------------------------------------------------------------------------------------------- tensors

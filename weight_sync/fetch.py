@@ -20,6 +20,7 @@ from urllib.parse import urlencode, urljoin
 import aiohttp
 
 from weight_sync import codec
+from weight_sync.codec import ChunkMeta
 from weight_sync.relay import RelayCache
 from weight_sync.store import chunk_name
 from weight_sync.store_relay import PEER_HEADER, peer_url
@@ -33,6 +34,10 @@ MAX_PIECE = 1 << 30  # a manifest, signature or side file from a peer: more than
 
 class FetchError(Exception):
     """A piece could not be downloaded intact (after retries)."""
+
+
+class PackUnsupported(FetchError):
+    """The store serves no /versions/N/changed (a store server older than it): fetch chunk by chunk."""
 
 
 class _PeerFailed(Exception):
@@ -331,6 +336,50 @@ class StoreClient:
                         last = e  # broken transfer: the .part file keeps what arrived
                         attempts += 1
         raise FetchError(f"chunk {name} of v{version}: {last}")
+
+    async def pack(
+        self, version: int, pieces: list[tuple[int, int, ChunkMeta]], on_chunk: Callable[[int, int, bytes], None]
+    ) -> None:
+        """The chunks of Manifest.pack() from the store's /versions/N/changed, in one response: each goes to
+        on_chunk(t, c, bytes) as soon as it has arrived and its digest checks. A transfer that breaks off resumes
+        where it stopped (Range), up to `retries` times; a chunk whose bytes fail their digest is fetched again
+        on its own (chunk()). Never through a peer: with a relay, chunk by chunk is what spares the store.
+        Raises PackUnsupported (nothing delivered) or FetchError."""
+        url, attempts, i, buf, bad = f"{self.base}/versions/{version}/changed", 0, 0, bytearray(), []
+        done = 0  # bytes of the pack in the chunks handed on (or set aside as bad)
+        # No limit on the whole transfer, which grows with what changed; one on every read.
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout.total, sock_read=self.timeout.total)
+        while i < len(pieces):
+            have = done + len(buf)
+            try:
+                headers = {"Range": f"bytes={have}-"} if have else {}
+                async with self.session.get(url, headers=headers, timeout=timeout) as r:
+                    if r.status == 404 and not have:
+                        raise PackUnsupported(f"{url}: not served by this store")
+                    if r.status not in (200, 206) or (have and r.status != 206):
+                        raise FetchError(f"{url}: HTTP {r.status}")
+                    if have:
+                        self.resumed += 1
+                    async for block in r.content.iter_chunked(1 << 20):
+                        self._got("store", len(block))
+                        buf += block
+                        while i < len(pieces) and len(buf) >= pieces[i][2].size:
+                            t, c, meta = pieces[i]
+                            data = bytes(buf[: meta.size])
+                            del buf[: meta.size]
+                            if codec.digest(data) == meta.digest:
+                                on_chunk(t, c, data)
+                            else:
+                                bad.append(pieces[i])
+                            i, done = i + 1, done + meta.size
+                if i < len(pieces):
+                    raise aiohttp.ClientPayloadError(f"the pack of v{version} ended early")
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                attempts += 1  # what arrived is kept: the next request resumes after it
+                if attempts >= self.retries:
+                    raise FetchError(f"{url}: {type(e).__name__}: {e}") from None
+        for t, c, meta in bad:
+            on_chunk(t, c, await self.chunk(version, t, c, meta.size, meta.digest))
 
 
 def open_store(

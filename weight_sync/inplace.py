@@ -1,10 +1,11 @@
 """In-place apply: a delta handed to the replica as only what changed, then persisted locally.
 
-    1. patch    the chunks of the tensors the manifest says changed are fetched and checked against their
-                digests (the manifest is signed); their changed elements, and only those, are read from
-                the base the replica serves, and go into a patch file (flywheel.core.weight_patch:
-                positions and values while few changed, else the whole tensor). Unchanged tensors are
-                neither fetched nor read: the work follows what changed, not the model's size.
+    1. patch    the chunks of the tensors the manifest says changed are fetched (from a store server, in
+                one request: its pack) and checked against their digests (the manifest is signed); they
+                go into a patch file (flywheel.core.weight_patch) as the positions of the changed elements
+                and their XOR with the base while few changed (the base is not read: a 2% change touches
+                most of its cache lines), else as the whole new tensor. Unchanged tensors are neither
+                fetched nor read: the work follows what changed, not the model's size.
     2. switch   the replica applies the patch through its custom loader (weight_sync.switch, same modes,
                 same version label and prefix-cache flush as a reload from disk).
     3. persist  the version's checkpoint directory, which restarts and rollbacks load from disk, is the
@@ -29,8 +30,10 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from flywheel.core import weight_patch as wp
+from kernels import delta as delta_kernels
 from weight_sync import codec
 from weight_sync.checkpoint import CheckpointReader, weight_files
+from weight_sync.fetch import PackUnsupported, StoreClient
 from weight_sync.manifest import Manifest
 
 
@@ -54,58 +57,88 @@ def supported(manifest: Manifest) -> bool:
     return all(t.dtype in wp.BIT_DTYPES for t in manifest.tensors)
 
 
-def changed_tensors(manifest: Manifest) -> list[int]:
-    """Indices of the tensors the (signed) manifest says differ from its base."""
-    return [i for i, t in enumerate(manifest.tensors) if any(c.changed for c in t.chunks)]
-
-
-def _tensor_changes(chunks, base_bits: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    """The positions and new bits of every element a tensor's delta chunks change."""
-    view, idxs, vals = codec.bit_view(dtype), [], []
+def _tensor_changes(chunks, numel: int, dtype: str, idx_dtype: type) -> tuple[np.ndarray, np.ndarray]:
+    """The positions (idx_dtype) of every element a tensor's delta chunks change and their XOR with the base,
+    decoded straight into arrays as long as the manifest says they change."""
+    view = codec.bit_view(dtype)
+    total = sum(meta.changed for meta, _ in chunks)
+    idx, xor, at = np.empty(total, idx_dtype), np.empty(total, view), 0
     for meta, frame in chunks:  # frames come from the store client, which checked their digests
-        o, n = meta.offset, meta.elems
-        if o < 0 or o + n > base_bits.size:
-            raise ValueError(f"chunk at element {o} (+{n}) is outside a tensor of {base_bits.size}")
-        idx, new = codec.chunk_changes(frame, meta.encoding, view, n, base_bits[o : o + n])
-        idxs.append(idx + o)
-        vals.append(new)
-    if not idxs:
-        return np.empty(0, np.int64), np.empty(0, view)
-    return np.concatenate(idxs), np.concatenate(vals)
+        if meta.offset < 0 or meta.elems < 0 or meta.offset + meta.elems > numel:
+            raise ValueError(f"chunk at element {meta.offset} (+{meta.elems}) is outside a tensor of {numel}")
+        codec.changes_into(frame, meta, view, idx[at : at + meta.changed], xor[at : at + meta.changed])
+        at += meta.changed
+    return idx, xor
 
 
-def _with_changes(base_bits: np.ndarray, idx: np.ndarray, vals: np.ndarray) -> np.ndarray:
+def _with_changes(base_bits: np.ndarray, idx: np.ndarray, xor: np.ndarray) -> np.ndarray:
     bits = base_bits.copy()
-    bits[idx] = vals
+    delta_kernels.xor_scatter(bits, idx, xor)
     return bits
 
 
 async def build_patch(client, manifest: Manifest, base_dir: Path, pool: Executor, out: Path) -> Patch:
     """Fetch what changed in `manifest` (a delta against `base_dir`) and write it as a patch file, in time and
     memory that follow what changed: each chunk's digest is checked (the manifest that lists them is
-    signed), and only its changed elements are read from the base. The rebuilt tensors' own digests are
-    checked by `persist`, which writes them whole. Raises ValueError (a corrupt chunk) or FetchError."""
+    signed); the base is read only for a tensor that travels whole, and for the few base bits a sparse one
+    carries (weight_patch.WAS). The rebuilt tensors' own digests are checked by `persist`, which writes
+    them whole. Raises ValueError (a corrupt chunk) or FetchError."""
     patch = Patch(Path(out), digests={t.name: t.digest for t in manifest.tensors})
-    changed = changed_tensors(manifest)
-    # Every changed chunk is asked for at once (the client bounds how many are in flight), so downloads
-    # overlap the work on the tensors already here; together they weigh what the delta weighs.
-    fetches = [
-        asyncio.ensure_future(
-            asyncio.gather(
-                *(
-                    client.chunk(manifest.version, ti, ci, c.size, c.digest)
-                    for ci, c in enumerate(manifest.tensors[ti].chunks)
-                )
-            )
-        )
-        for ti in changed
-    ]
+    changed = manifest.changed_tensors()
+    arrived, feeder = _fetch_changed(client, manifest, changed)
     try:
-        return await _build(manifest, changed, fetches, base_dir, pool, patch, client)
+        return await _build(manifest, changed, arrived, base_dir, pool, patch, client)
     finally:
-        for f in fetches:
+        feeder.cancel()
+        for f in arrived:
             f.cancel()
-        await asyncio.gather(*fetches, return_exceptions=True)
+        await asyncio.gather(feeder, *arrived, return_exceptions=True)
+
+
+def _fetch_changed(client, manifest: Manifest, changed: list[int]) -> tuple[list[asyncio.Future], asyncio.Task]:
+    """Start fetching every chunk of the changed tensors: one future per tensor (its frames, in order), done
+    as soon as its last chunk is here, so the work on a tensor overlaps the downloads of the next. From a
+    store server without a relay, all of them come in one response (the store's pack: one request instead
+    of hundreds); else chunk by chunk, as many at once as the client allows."""
+    loop = asyncio.get_running_loop()
+    arrived = {t: loop.create_future() for t in changed}
+    frames = {t: [None] * len(manifest.tensors[t].chunks) for t in changed}
+    left = {t: len(frames[t]) for t in changed}
+
+    def got(t: int, c: int, data: bytes) -> None:
+        frames[t][c] = data
+        left[t] -= 1
+        if left[t] == 0 and not arrived[t].done():
+            arrived[t].set_result(frames[t])
+
+    async def chunk_by_chunk(t: int) -> None:
+        entry = manifest.tensors[t]
+        try:
+            data = await asyncio.gather(
+                *(client.chunk(manifest.version, t, c, m.size, m.digest) for c, m in enumerate(entry.chunks))
+            )
+            if not arrived[t].done():
+                arrived[t].set_result(list(data))
+        except BaseException as e:
+            if not arrived[t].done():
+                arrived[t].set_exception(e)
+            raise
+
+    async def feed() -> None:
+        try:
+            if isinstance(client, StoreClient) and client.relay is None:
+                try:
+                    return await client.pack(manifest.version, manifest.pack(), got)
+                except PackUnsupported:
+                    pass
+            await asyncio.gather(*(chunk_by_chunk(t) for t in changed))
+        except BaseException as e:
+            for f in arrived.values():
+                if not f.done():
+                    f.set_exception(e) if isinstance(e, Exception) else f.cancel()
+            raise
+
+    return [arrived[t] for t in changed], asyncio.ensure_future(feed())
 
 
 async def _build(manifest, changed, fetches, base_dir, pool, patch: Patch, client) -> Patch:
@@ -118,16 +151,20 @@ async def _build(manifest, changed, fetches, base_dir, pool, patch: Patch, clien
             entry = manifest.tensors[ti]
             frames = await fetch
             base_bits = base.bits(entry.name)
+            if base_bits.size != entry.numel:
+                raise ValueError(f"{entry.name}: {base_bits.size} elements in the base, {entry.numel} in the manifest")
             chunks = list(zip(entry.chunks, frames))
-            idx, vals = await loop.run_in_executor(pool, _tensor_changes, chunks, base_bits, entry.dtype)
+            idx_dtype = np.int32 if entry.numel < 2**31 else np.int64
+            idx, xor = await loop.run_in_executor(pool, _tensor_changes, chunks, entry.numel, entry.dtype, idx_dtype)
             specs[entry.name] = (entry.dtype, list(entry.shape))
             signed = np.dtype(wp.BIT_DTYPES[entry.dtype])
             if wp.travels_sparse(idx.size, entry.numel):
-                arrays[entry.name + wp.IDX] = idx.astype(np.int32 if entry.numel < 2**31 else np.int64)
-                arrays[entry.name + wp.VAL] = vals.view(signed)
+                arrays[entry.name + wp.IDX] = idx
+                arrays[entry.name + wp.XOR] = xor.view(signed)
+                arrays[entry.name + wp.WAS] = base_bits[idx[: wp.WAS_SAMPLE]].view(signed)
                 patch.sparse_elems += idx.size
             else:
-                bits = await loop.run_in_executor(pool, _with_changes, base_bits, idx, vals)
+                bits = await loop.run_in_executor(pool, _with_changes, base_bits, idx, xor)
                 arrays[entry.name] = bits.view(signed).reshape(entry.shape)
                 patch.full_elems += entry.numel
 
@@ -145,6 +182,22 @@ async def _build(manifest, changed, fetches, base_dir, pool, patch: Patch, clien
     await loop.run_in_executor(None, save_file, arrays, str(patch.path), wp.encode_meta(specs))
     patch.tensors, patch.bytes = len(specs), patch.path.stat().st_size
     return patch
+
+
+def warmup_patch(base_dir: Path, out: Path) -> Path:
+    """A patch that names every tensor of the checkpoint at `base_dir` and changes none (weight_sync.switch.
+    warm_patches)."""
+    arrays, specs = {}, {}
+    with CheckpointReader(base_dir) as base:
+        for name, (dtype, shape) in base.specs().items():
+            if dtype in wp.BIT_DTYPES:
+                signed = wp.BIT_DTYPES[dtype]
+                specs[name] = (dtype, list(shape))
+                arrays[name + wp.IDX] = np.empty(0, np.int32 if math.prod(shape) < 2**31 else np.int64)
+                arrays[name + wp.XOR], arrays[name + wp.WAS] = np.empty(0, signed), np.empty(0, signed)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_file(arrays, str(out), wp.encode_meta(specs))
+    return out
 
 
 def persist(base_dir: Path, patch: Patch, staging: Path) -> None:
@@ -175,7 +228,8 @@ def persist(base_dir: Path, patch: Patch, staging: Path) -> None:
             if name in keys:
                 mm[:] = f.get_tensor(name).reshape(-1)
             else:
-                mm[f.get_tensor(name + wp.IDX)] = f.get_tensor(name + wp.VAL)
+                x = f.get_tensor(name + wp.XOR).view(codec.bit_view(dtype))
+                delta_kernels.xor_scatter(np.asarray(mm).view(x.dtype), f.get_tensor(name + wp.IDX), x)
             mm.flush()
             del mm
     for name, (dst, offset, dtype, numel) in where.items():

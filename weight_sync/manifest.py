@@ -89,6 +89,16 @@ class Manifest:
             "tensors": [t.to_json() for t in self.tensors],
         }
 
+    def changed_tensors(self) -> list[int]:
+        """Indices of the tensors this version changes (a delta chunk with a changed element)."""
+        return [i for i, t in enumerate(self.tensors) if any(c.changed for c in t.chunks)]
+
+    def pack(self) -> list[tuple[int, int, ChunkMeta]]:
+        """What the store's /versions/N/changed sends, in this order: every chunk (tensor index, chunk index,
+        meta) of every changed tensor, its unchanged chunks included (an in-place apply reads whole tensors'
+        chunk lists). The pack is these chunks' bytes back to back; each is checked by its digest."""
+        return [(t, c, meta) for t in self.changed_tensors() for c, meta in enumerate(self.tensors[t].chunks)]
+
     def canonical(self) -> bytes:
         return json.dumps(self.to_json(), sort_keys=True, separators=(",", ":")).encode()
 
@@ -143,6 +153,8 @@ class Manifest:
             for c in t.chunks:
                 if c.offset != pos or c.elems < 0 or c.encoding not in ("planes", "sparse") or c.size < 0:
                     raise ManifestError(f"tensor {t.name}: chunks do not tile it (at element {pos})")
+                if not 0 <= c.changed <= c.elems:
+                    raise ManifestError(f"tensor {t.name}: a chunk at element {pos} changes {c.changed} of {c.elems}")
                 if c.encoding == "sparse" and self.kind == "full":
                     raise ManifestError(f"tensor {t.name}: a full snapshot cannot hold sparse chunks")
                 pos += c.elems

@@ -11,11 +11,14 @@
 
 Chunk and file paths are derived from indices and validated names, never taken from a manifest, so
 nothing a manifest says can reach outside the store. A version is visible only after the rename, which
-happens after every chunk, file and the signed manifest are on disk.
+happens after every chunk, file and the signed manifest are on disk. Over HTTP (Store.app) each of these
+is GET /versions/N/<piece>, and GET /versions/N/changed sends every chunk an in-place apply needs
+(Manifest.pack) back to back, in one response.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -32,6 +35,7 @@ from weight_sync.tracker import TrackerConfig
 
 _CHUNK = re.compile(r"^\d{1,6}\.\d{1,6}$")
 _FILE = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
+_RANGE = re.compile(r"bytes=(\d{1,15})-")
 
 
 def chunk_name(tensor_index: int, chunk_index: int) -> str:
@@ -202,7 +206,8 @@ class Store:
 
     # ------------------------------------------------------------------ HTTP
     def app(self, tracker: TrackerConfig | None = None) -> web.Application:
-        """GET /versions, /versions/N/manifest.json|manifest.sig, /versions/N/chunks/T.C, /versions/N/files/NAME;
+        """GET /versions, /versions/N/manifest.json|manifest.sig, /versions/N/chunks/T.C, /versions/N/files/NAME,
+        /versions/N/changed (the chunks an in-place apply needs, in one response);
         /metrics and /stats (bytes sent, relay redirects). File responses honour Range requests, so an
         interrupted download resumes. An agent with a relay may be sent to a peer instead
         (weight_sync.store_relay)."""
@@ -235,6 +240,36 @@ class Store:
             v, d = version_of(request)
             return relay.answer(request, "chunk", v, f"chunks/{name}", d / "chunks" / name)
 
+        async def changed(request):
+            """Every chunk an in-place apply needs (Manifest.pack), back to back in one response: one request
+            instead of one per chunk. `Range: bytes=N-` resumes it. Never redirected to a peer."""
+            v, d = version_of(request)
+            pieces = [d / "chunks" / chunk_name(t, c) for t, c, _ in self.manifest(v).pack()]
+            sizes = [p.stat().st_size for p in pieces]
+            total, start = sum(sizes), 0
+            if "Range" in request.headers:
+                m = _RANGE.fullmatch(request.headers["Range"].strip())
+                if m is None or int(m[1]) >= total:
+                    raise web.HTTPRequestRangeNotSatisfiable(headers={"Content-Range": f"bytes */{total}"})
+                start = int(m[1])
+            response = web.StreamResponse(status=206 if start else 200)
+            response.content_length = total - start
+            response.content_type = "application/octet-stream"
+            if start:
+                response.headers["Content-Range"] = f"bytes {start}-{total - 1}/{total}"
+            relay.count_as(request, "chunk")
+            await response.prepare(request)
+            loop, at = asyncio.get_running_loop(), 0
+            for path, size in zip(pieces, sizes):
+                if at + size > start:
+                    data = await loop.run_in_executor(None, path.read_bytes) if size > 1 << 20 else path.read_bytes()
+                    if len(data) != size:  # changed under us: cut the response short, the client retries
+                        raise ConnectionResetError(f"{path} changed while sent")
+                    await response.write(memoryview(data)[max(0, start - at) :])
+                at += size
+            await response.write_eof()
+            return response
+
         async def side_file(request):
             name = request.match_info["name"]
             if not _FILE.match(name) or name in (".", ".."):
@@ -246,6 +281,7 @@ class Store:
         app.add_routes(
             [
                 web.get("/versions", versions),
+                web.get("/versions/{version}/changed", changed),
                 web.get("/versions/{version}/{name}", manifest),
                 web.get("/versions/{version}/chunks/{name}", chunk),
                 web.get("/versions/{version}/files/{name}", side_file),

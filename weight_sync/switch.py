@@ -123,9 +123,10 @@ class InPlace:
         self.payload = base64.b64encode(buf.getvalue()).decode()
 
 
-async def _load_patch(session, replica_url: str, patch: InPlace, version: int) -> tuple[int, dict]:
+async def _load_patch(session, replica_url: str, patch: InPlace, version: int | None) -> tuple[int, dict]:
     """SGLang takes tensors from an HTTP caller only inside a weight-update session, serialized for its
-    multiprocessing unpickler; the patch itself stays in its file, named by the one tensor sent."""
+    multiprocessing unpickler; the patch itself stays in its file, named by the one tensor sent. version
+    None: a patch that changes nothing (warm_patches): the label and the prefix cache stay."""
     from flywheel.core import weight_patch
 
     Path(weight_patch.result_path(patch.path)).unlink(missing_ok=True)  # an earlier attempt's is not this one's
@@ -142,8 +143,8 @@ async def _load_patch(session, replica_url: str, patch: InPlace, version: int) -
             {
                 "serialized_named_tensors": [patch.payload],
                 "load_format": weight_patch.LOADER,
-                "weight_version": str(version),
-                "flush_cache": True,
+                "weight_version": None if version is None else str(version),
+                "flush_cache": version is not None,
                 "abort_all_requests": False,
             },
         )
@@ -152,7 +153,7 @@ async def _load_patch(session, replica_url: str, patch: InPlace, version: int) -
     result = weight_patch.read_result(patch.path)
     Path(weight_patch.result_path(patch.path)).unlink(missing_ok=True)
     out["engine"] = result  # what the loader did, and how long it took
-    if status == 200 and not result.get("ok"):
+    if status == 200 and not result.get("ok") and version is not None:
         # SGLang has put the new version's label on weights the loader did not change (or, if writing itself
         # failed, changed only in part): the label goes back while the replica is still drained or paused,
         # and the caller reloads the version from disk.
@@ -168,6 +169,13 @@ async def _load_patch(session, replica_url: str, patch: InPlace, version: int) -
             f"{result.get('error')}",
         }
     return status, out
+
+
+async def warm_patches(session, replica_url: str, patch: InPlace) -> dict:
+    """Hand the replica a patch that changes nothing but names every tensor: its loader is imported, places
+    every tensor and compiles its kernels now, not during the first switch. Returns the loader's outcome."""
+    status, out = await _load_patch(session, replica_url, patch, None)
+    return out.get("engine") or {"ok": False, "error": f"HTTP {status}: {out.get('message')}"}
 
 
 async def takes_patches(session, replica_url: str) -> bool:

@@ -4,10 +4,14 @@ checkpoint to re-read. The one module that says what a patch file holds; the age
 
 A patch is one safetensors file on the replica's host. For each tensor that changed, by its checkpoint
 (Hugging Face) name, either
-    "<name>"                the whole new tensor, or
-    "<name>#idx", "<name>#val"   the flat positions of the changed elements (int32, or int64 past 2**31)
-                                 and their new values,
-the first while few elements changed (SPARSE_MAX_SHARE), the whole tensor past that.
+    "<name>"                 the whole new tensor, or
+    "<name>#idx"             the flat positions of the changed elements (int32, or int64 past 2**31),
+    "<name>#xor"             the XOR of their new bits with the base's,
+    "<name>#was"             the base's bits at the first WAS_SAMPLE of them,
+the second while few elements changed (SPARSE_MAX_SHARE), the whole tensor past that. An XOR costs the
+agent no read of the base (whose every cache line a 2% change touches); it is right only on the base,
+and only once, so the loader applies it only where the model holds the "#was" bits: a patch applied to
+another version, or a second time, is refused before anything is written.
 Values are stored as their bit patterns (numpy has no bfloat16); the metadata names each tensor's dtype
 and shape. The engine is told where the file is through `update_weights_from_tensor` (the only way an
 HTTP caller hands SGLang's custom loader anything): one one-element tensor named PATH_PREFIX + path.
@@ -21,7 +25,8 @@ import json
 import os
 
 PATH_PREFIX = "flywheel-patch:"
-IDX, VAL = "#idx", "#val"
+IDX, XOR, WAS = "#idx", "#xor", "#was"
+WAS_SAMPLE = 16  # base bits a sparse entry carries: each changed, so a repeated XOR never matches them
 META_KEY = "flywheel.patch"  # metadata: JSON {name: [dtype, shape]} for every patched tensor
 LOADER = "serving.inplace_loader.apply"  # the engine's --custom-weight-loader, and the load_format to ask for
 

@@ -176,6 +176,20 @@ def test_a_delta_is_applied_in_place_and_answers_as_a_reload_does(weights, secon
     assert asyncio.run(agent.apply(0)) and _version(second_replica.url) == "0"
 
 
+def test_the_agent_warms_the_replicas_inplace_path_without_changing_what_it_serves(weights, second_replica, tmp_path):
+    """At agent start the replica's loader places every tensor and compiles its kernels on a patch that
+    changes nothing: the label and the answers stay, and the first real patch places nothing more."""
+    before = _greedy(second_replica.url)
+    agent = _agent(weights, second_replica, "warm", tmp_path / "warm", switch_mode="no_pause")
+    first = asyncio.run(agent.warm_inplace())
+    assert first and first["ok"] and first["elements"] == 0 and first["written"] > 0, first
+    assert _version(second_replica.url) == "0" and same(_greedy(second_replica.url), before)
+    assert asyncio.run(agent.warm_inplace())["probed"] == 0
+    report = asyncio.run(agent.apply(1))
+    assert report["apply"] == "in_place" and report["engine"]["probed"] == 0, report
+    assert asyncio.run(agent.apply(0)) and _version(second_replica.url) == "0"
+
+
 def test_a_patch_the_engine_refuses_is_reloaded_from_disk(weights, second_replica, tmp_path, monkeypatch):
     """A patch naming a tensor the model does not have: the engine's loader refuses it without writing and
     without stopping; the agent counts it and reloads the version from disk."""
@@ -191,7 +205,11 @@ def test_a_patch_the_engine_refuses_is_reloaded_from_disk(weights, second_replic
         import numpy as np
 
         save_np(
-            {"model.nope.weight#idx": np.zeros(1, np.int32), "model.nope.weight#val": np.zeros(1, np.int16)},
+            {
+                "model.nope.weight#idx": np.zeros(1, np.int32),
+                "model.nope.weight#xor": np.ones(1, np.int16),
+                "model.nope.weight#was": np.zeros(1, np.int16),
+            },
             str(patch.path),
             weight_patch.encode_meta({"model.nope.weight": ("BF16", [4, 4])}),
         )

@@ -46,11 +46,13 @@ def _bits(t: torch.Tensor) -> np.ndarray:
 
 
 def _patch(path, sparse: dict, full: dict | None = None, shapes: dict | None = None) -> str:
-    """sparse: name -> (new bf16 tensor, positions changed); full: name -> new bf16 tensor."""
+    """sparse: name -> (base tensor, new bf16 tensor, positions changed); full: name -> new bf16 tensor."""
     arrays, specs = {}, {}
-    for name, (new, idx) in sparse.items():
+    for name, (base, new, idx) in sparse.items():
+        was = _bits(base).reshape(-1)[idx]
         arrays[name + wp.IDX] = np.asarray(idx, np.int32)
-        arrays[name + wp.VAL] = _bits(new).reshape(-1)[idx]
+        arrays[name + wp.XOR] = _bits(new).reshape(-1)[idx] ^ was
+        arrays[name + wp.WAS] = was[: wp.WAS_SAMPLE]
         specs[name] = ("BF16", list(new.shape))
     for name, new in (full or {}).items():
         arrays[name] = _bits(new)
@@ -75,14 +77,19 @@ def _new(t: torch.Tensor, positions, seed: int) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_sparse_and_whole_tensors_land_where_the_models_loader_puts_them(tmp_path, dtype):
     model, expected = Toy(dtype), Toy(dtype)
-    q = _new(model.qk.data[0:3], [0, 5, 11], 1)
-    k = _new(model.qk.data[3:6], [2], 2)
-    e1 = _new(model.w13.data[1], [0, 7], 3)
-    c = _new(model.cols.data[:, 2:6], [1, 4, 9, 10], 4)
+    bases = {
+        "q": model.qk.data[0:3].clone(),
+        "k": model.qk.data[3:6].clone(),
+        "e1": model.w13.data[1].clone(),
+        "c": model.cols.data[:, 2:6].clone(),
+    }
+    q = _new(bases["q"], [0, 5, 11], 1)
+    k = _new(bases["k"], [2], 2)
+    e1 = _new(bases["e1"], [0, 7], 3)
+    c = _new(bases["c"], [1, 4, 9, 10], 4)
     e0 = _new(model.w13.data[0], list(range(12)), 5)
-    path = _patch(
-        tmp_path / "p.safetensors", {"q": (q, [0, 5, 11]), "k": (k, [2]), "e1": (e1, [0, 7]), "c": (c, [1, 4, 9, 10])}
-    )
+    changes = {"q": (q, [0, 5, 11]), "k": (k, [2]), "e1": (e1, [0, 7]), "c": (c, [1, 4, 9, 10])}
+    path = _patch(tmp_path / "p.safetensors", {n: (bases[n], new, idx) for n, (new, idx) in changes.items()})
     result = _run(model, path)
     assert result["ok"] and result["elements"] == 10 and result["probed"] == 4, result
     expected.load_weights([("q", q), ("k", k), ("e1", e1), ("c", c)])
@@ -95,21 +102,23 @@ def test_sparse_and_whole_tensors_land_where_the_models_loader_puts_them(tmp_pat
 
 @pytest.mark.parametrize(
     "how",
-    ["transposed", "unknown_tensor", "position_out_of_range"],
+    ["transposed", "unknown_tensor", "position_out_of_range", "not_the_base"],
 )
 def test_a_patch_that_does_not_fit_is_refused_and_writes_nothing(tmp_path, how):
     model = Toy()
     before = [p.detach().clone() for p in model.parameters()]
     q = _new(model.qk.data[0:3], [1], 1)
-    sparse = {"q": (q, [1])}  # fits; listed first, so a refusal must come before any write
+    sparse = {"q": (model.qk.data[0:3], q, [1])}  # fits; listed first, so a refusal must come before any write
     shapes = None
     if how == "transposed":
         t = model.tr.data.t().contiguous()
-        sparse["t"] = (_new(t, [0], 2), [0])
+        sparse["t"] = (t, _new(t, [0], 2), [0])
     elif how == "unknown_tensor":
-        sparse["nope"] = (torch.zeros(2, 2), [0])
+        sparse["nope"] = (torch.zeros(2, 2), torch.ones(2, 2), [0])
+    elif how == "not_the_base":
+        sparse["k"] = (model.qk.data[3:6] + 1, _new(model.qk.data[3:6], [0], 3), [0])
     else:
-        sparse["k"] = (_new(model.qk.data[3:6], [0], 3), [0])
+        sparse["k"] = (model.qk.data[3:6], _new(model.qk.data[3:6], [0], 3), [0])
     path = _patch(tmp_path / "p.safetensors", sparse, shapes=shapes)
     if how == "position_out_of_range":
         from safetensors.numpy import load_file
@@ -136,9 +145,33 @@ def test_the_loader_never_raises_into_the_engine(tmp_path):
 def test_the_outcome_is_never_written_through_a_planted_link(tmp_path):
     model = Toy()
     q = _new(model.qk.data[0:3], [1], 1)
-    path = _patch(tmp_path / "p.safetensors", {"q": (q, [1])})
+    path = _patch(tmp_path / "p.safetensors", {"q": (model.qk.data[0:3], q, [1])})
     victim = tmp_path / "victim"
     victim.write_text("keep")
     (tmp_path / "p.safetensors.result.tmp").symlink_to(victim)
     assert _run(model, path)["ok"]
     assert victim.read_text() == "keep"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_patch_applies_once_and_only_to_its_base(tmp_path, dtype):
+    """An XOR applied twice would give the base back under the new version's label: the second is refused,
+    and the model keeps what the first made."""
+    model = Toy(dtype)
+    q = _new(model.qk.data[0:3], list(range(0, 12, 2)), 1)
+    path = _patch(tmp_path / "p.safetensors", {"q": (model.qk.data[0:3].clone(), q, list(range(0, 12, 2)))})
+    assert _run(model, path)["ok"]
+    assert torch.equal(model.qk.data[0:3], q.to(dtype))
+    again = _run(model, path)
+    assert not again["ok"] and "does not hold the base" in again["error"] and again["written"] == 0
+    assert torch.equal(model.qk.data[0:3], q.to(dtype))
+
+
+def test_a_patch_of_a_dtype_without_an_exact_bit_relation_is_refused(tmp_path):
+    model = Toy(torch.float32)
+    base = model.qk.data[0:3].clone()
+    q = _new(base, [1], 1)
+    path = _patch(tmp_path / "p.safetensors", {"q": (base, q, [1])}, shapes={"q": ("F16", [3, 4])})
+    result = _run(model, path)
+    assert not result["ok"] and "float32" in result["error"] and result["written"] == 0
+    assert torch.equal(model.qk.data[0:3], base)

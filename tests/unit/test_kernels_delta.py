@@ -52,3 +52,58 @@ def test_backend_follows_the_machine():
     import torch
 
     assert delta.backend() == ("triton" if torch.cuda.is_available() else "numpy")
+
+
+@pytest.fixture(params=["numba", "numpy"])
+def path(request, monkeypatch):
+    """Each fused loop and its numpy counterpart (what runs where numba does not import)."""
+    if request.param == "numpy":
+        monkeypatch.setattr(delta, "cpu_ops", lambda: None)
+    else:
+        assert delta.cpu_ops() is not None, "numba comes with SGLang"
+    return request.param
+
+
+@pytest.mark.parametrize("view, special", [(np.uint16, SPECIAL_BF16), (np.uint32, SPECIAL_F32)])
+def test_a_sparse_chunk_decodes_to_its_positions_and_xor(path, view, special):
+    from weight_sync import codec
+
+    for new, base in cases(view, special, seed=3):
+        frame, encoding, k = codec.encode_chunk(new, base)
+        meta = codec.ChunkMeta(1000, new.size, encoding, len(frame), codec.digest(frame), k)
+        for idx_dtype in (np.int32, np.int64):
+            idx, x = np.empty(k, idx_dtype), np.empty(k, view)
+            codec.changes_into(frame, meta, view, idx, x)
+            want = np.flatnonzero(new != base)
+            assert np.array_equal(idx, want + 1000) and np.array_equal(x, new[want] ^ base[want])
+            bits = base.copy()
+            delta.xor_scatter(bits, idx - 1000, x)
+            assert np.array_equal(bits, new)  # the XOR on the base is the new version, bit for bit
+
+
+def test_a_sparse_payload_pointing_past_its_chunk_is_refused(path):
+    body = np.array([9, 0, 0, 0, 1, 0], np.uint8)  # one change, gap 9: position 9 of a 5-element chunk
+    with pytest.raises(ValueError, match="past its end"):
+        delta.sparse_xor(body, 1, 5, 0, np.empty(1, np.int32), np.empty(1, np.uint16))
+    with pytest.raises(ValueError, match="sparse payload"):
+        delta.sparse_xor(body[:5], 1, 5, 0, np.empty(1, np.int32), np.empty(1, np.uint16))
+
+
+def test_xor_scatter_puts_a_bf16_xor_into_float32_bits_and_refuses_what_does_not_fit(path):
+    import torch
+
+    rng = np.random.default_rng(0)
+    base = torch.from_numpy(rng.standard_normal(64).astype(np.float32)).to(torch.bfloat16)
+    new = base.clone()
+    idx = np.array([0, 5, 63], np.int64)
+    new[idx] = torch.tensor([1.5, -2.0, 3.25], dtype=torch.bfloat16)
+    x = (new.view(torch.int16).numpy() ^ base.view(torch.int16).numpy()).view(np.uint16)[idx]
+    held = base.float().numpy().view(np.uint32).copy()  # a float32 replica holding the bf16 base
+    delta.xor_scatter(held, idx, x, shift=16)
+    assert np.array_equal(held.view(np.float32), new.float().numpy())
+    with pytest.raises(ValueError, match="outside"):
+        delta.xor_scatter(held, np.array([64], np.int64), x[:1], shift=16)
+    with pytest.raises(ValueError, match="unsigned bits"):
+        delta.xor_scatter(held.view(np.int32), idx, x)
+    with pytest.raises(ValueError, match="unsigned bits"):
+        delta.xor_scatter(np.zeros(4, np.uint16), idx[:1], x[:1], shift=16)

@@ -56,10 +56,19 @@ def warm() -> None:
     """Compile (or load from the cache) the specialisations the weight path uses: bits as unsigned integers
     of 2 or 4 bytes (and 2-byte XORs into 4-byte bits: bf16 into a float32 replica), positions as int32 or
     int64."""
+
+    def readonly(a: np.ndarray) -> np.ndarray:  # numba types read-only arrays apart (bytes, mapped files)
+        a = a.copy()
+        a.flags.writeable = False
+        return a
+
     for idx_dtype in (np.int32, np.int64):
-        idx = np.zeros(1, idx_dtype)
-        for view in (np.uint16, np.uint32):
-            x = np.zeros(1, view)
-            sparse_xor(np.zeros(4 + x.itemsize, np.uint8), 1, 1, 0, idx, x)
-            xor_scatter(np.zeros(1, view), idx, x)
-        xor_scatter(np.zeros(1, np.uint32), idx, np.zeros(1, np.uint16), 16)
+        for idx in (np.zeros(1, idx_dtype), readonly(np.zeros(1, idx_dtype))):
+            for view in (np.uint16, np.uint32):
+                x = np.zeros(1, view)
+                for body in (np.zeros(4 + x.itemsize, np.uint8), readonly(np.zeros(4 + x.itemsize, np.uint8))):
+                    sparse_xor(body, 1, 1, 0, np.zeros(1, idx_dtype), x)
+                for xs in (x, readonly(x)):
+                    xor_scatter(np.zeros(1, view), idx, xs)
+            for xs in (np.zeros(1, np.uint16), readonly(np.zeros(1, np.uint16))):
+                xor_scatter(np.zeros(1, np.uint32), idx, xs, 16)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -186,14 +187,39 @@ def _xor_scatter(view: torch.Tensor, idx: torch.Tensor, xor: torch.Tensor, shift
     bits[at] = bits[at] ^ torch.where(x >= top, x - 2 * top, x).to(bits.dtype)  # the same bits, signed
 
 
-def _write(targets: list[tuple[torch.Tensor, int]], idx: torch.Tensor | None, data: torch.Tensor) -> int:
+def _write(targets: list[tuple[torch.Tensor, int]], idx: torch.Tensor | None, data: torch.Tensor, done: dict) -> int:
     with torch.no_grad():
         for view, shift in targets:
             if idx is None:
                 view.copy_(data)
             else:
                 _xor_scatter(view, idx, data, shift)
+    with done["lock"]:
+        done["written"] += 1
     return data.numel()
+
+
+def _extent(view: torch.Tensor) -> tuple[int, int, int]:
+    """(storage, first byte, one past the last byte) a view can touch."""
+    size = view.element_size()
+    last = sum((n - 1) * st for n, st in zip(view.shape, view.stride())) if view.numel() else -1
+    start = view.storage_offset() * size
+    return view.untyped_storage().data_ptr(), start, start + (last + 1) * size
+
+
+def _disjoint(plan: list) -> None:
+    """An XOR written twice to the same element cancels (the replica would serve the base under the new
+    label): refuse a target named twice, or places of XOR-patched tensors that overlap (tied weights), before
+    anything is written. Conservative: views whose extents interleave are refused too."""
+    spans = sorted(
+        (*_extent(view), name)
+        for name, targets, idx, _ in plan
+        if idx is not None and idx.numel()
+        for view, _ in targets
+    )
+    for (s1, _, end1, n1), (s2, start2, _, n2) in zip(spans, spans[1:]):
+        if s1 == s2 and start2 < end1:
+            raise PatchError(f"{n1} and {n2} land on the same memory: an XOR there would be written twice")
 
 
 def _apply(model, path: str, done: dict) -> dict:
@@ -212,7 +238,7 @@ def _apply(model, path: str, done: dict) -> dict:
                 full = _bits_as(f.get_tensor(name), dtype)
                 if list(full.shape) != list(shape):
                     raise PatchError(f"{name}: {list(full.shape)} in the patch, {shape} in its metadata")
-                plan.append(([(v, 0) for v in views[name]], None, full))
+                plan.append((name, [(v, 0) for v in views[name]], None, full))
                 continue
             idx = f.get_tensor(name + wp.IDX)
             xor, was = _bits_as(f.get_tensor(name + wp.XOR), dtype), _bits_as(f.get_tensor(name + wp.WAS), dtype)
@@ -223,12 +249,12 @@ def _apply(model, path: str, done: dict) -> dict:
             targets = [(view, _shift(view, dtype)) for view in views[name]]
             if not all(_holds(view, idx, was, shift) for view, shift in targets):
                 raise PatchError(f"{name}: the model does not hold the base this patch applies to (applied twice?)")
-            plan.append((targets, idx, xor))
+            plan.append((name, targets, idx, xor))
+        _disjoint(plan)
     t1, written = time.perf_counter(), 0
     # Tensors side by side (the CPU loop releases the GIL; the scheduler does nothing else meanwhile).
     with ThreadPoolExecutor(_threads()) as pool:
-        for n in pool.map(lambda p: _write(*p), plan):
-            done["written"] += 1
+        for n in pool.map(lambda p: _write(*p[1:], done), plan):
             written += n
     return {
         "elements": written,
@@ -251,7 +277,7 @@ def apply(model, named_tensors) -> None:
     if len(paths) != 1 or len(named_tensors) != 1 or not wp.valid_path(paths[0]):
         log.error("weight patch: expected one %s<absolute path>.safetensors, got %s", wp.PATH_PREFIX, paths[:1])
         return
-    done = {"written": 0}
+    done = {"written": 0, "lock": threading.Lock()}
     try:
         result = {"ok": True, **_apply(model, paths[0], done)}
     except Exception as e:  # reported to the agent, which reloads from disk

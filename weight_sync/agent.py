@@ -47,7 +47,6 @@ from weight_sync.switch import (
     served_version,
     switch,
     takes_patches,
-    warm_patches,
 )
 
 log = logging.getLogger(__name__)
@@ -184,12 +183,15 @@ class Agent:
         self.pool = ThreadPoolExecutor(cfg.threads)
         self.last_apply: dict = {}
         self.retry = False  # whether the last failed apply is worth trying again
-        self._warmed = False  # whether the replica's in-place path was warmed since this agent started
+        self._warm_tries = 0  # warm-ups of the replica's in-place path that failed (WARM_TRIES: done)
         if cfg.inplace:  # at start, not on the first switch: the first import of torch takes seconds, and
             import torch.multiprocessing  # noqa: F401  # the fused patch kernels compile (or load their cache)
 
-            if (ops := delta_kernels.cpu_ops()) is not None:
-                ops.warm()
+            try:
+                if (ops := delta_kernels.cpu_ops()) is not None:
+                    ops.warm()
+            except Exception:  # an optimisation: the first patch compiles them, or numpy does the work
+                log.exception("could not compile the in-place kernels at start")
         relay = cfg.relay_config()
         self.relay_cache = RelayCache(relay.root) if relay else None
         self.relay_server: RelayServer | None = None
@@ -501,11 +503,14 @@ class Agent:
         return [GatewayLink(u, self.cfg.admin_token, self.cfg.gateway_replica_id) for u in urls]
 
     async def warm_inplace(self) -> dict | None:
-        """Warm the replica's in-place path (weight_sync.switch.warm_patches) so that its first patch costs
-        what later ones do: at agent start, and when the replica has come back from a restart. Best effort:
-        a failure is logged, and the first switch pays for it (or falls back to a reload). Returns the
-        loader's outcome, None when there is no in-place path."""
-        base = self.local_dir(self.state["version"])
+        """Warm the replica's in-place path so that its first patch costs what later ones do: a patch that
+        changes nothing but names every tensor (weight_sync.inplace.warmup_patch), handed over in the agent's
+        switch mode (drained or paused like a switch: SGLang holds requests while its loader runs), which
+        keeps the label and the prefix cache. At agent start, and after the agent puts a restarted replica
+        back on its version. Best effort: a failure is logged, and the first switch pays for it (or falls
+        back to a reload). Returns the loader's outcome (or the error), None when there is no in-place path."""
+        version = self.state["version"]
+        base = self.local_dir(version)
         if not self.cfg.inplace or not base.exists():
             return None
         out = self.work / "patches" / "warmup.safetensors"
@@ -514,27 +519,28 @@ class Agent:
             async with aiohttp.ClientSession() as session:
                 if not await takes_patches(session, self.cfg.replica_url):
                     return None
-                await asyncio.get_running_loop().run_in_executor(self.pool, inplace.warmup_patch, base, out)
-                result = await warm_patches(
-                    session, self.cfg.replica_url, InPlace(str(out.resolve()), self.state["version"])
-                )
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as e:
+            await asyncio.get_running_loop().run_in_executor(self.pool, inplace.warmup_patch, base, out)
+            load = InPlace(str(out.resolve()), version, warmup=True)
+            report = await switch(
+                self.cfg.replica_url, None, version, self.cfg.switch_mode, self.gateways(), patch=load
+            )
+            result = report.get("engine") or {"ok": False, "error": "no outcome from the engine's loader"}
+        except Exception as e:  # best effort, never the agent's end
             log.warning("replica %s: could not warm its in-place path (%s: %s)", self.cfg.name, type(e).__name__, e)
-            return None
+            return {"ok": False, "error": f"{type(e).__name__}: {e}"}
         finally:
             out.unlink(missing_ok=True)
         result["warm_s"] = round(time.monotonic() - t, 3)
         (log.info if result.get("ok") else log.warning)("replica %s: in-place path warmed: %s", self.cfg.name, result)
         return result
 
+    WARM_TRIES = 3  # a warm-up that keeps failing is given up (the first switch then pays, or reloads)
+
     async def ensure_replica_on_current(self) -> None:
         """After a restart (of the agent or of the replica): make the replica serve the last good version,
-        and warm its in-place path (once at agent start, then after each replica restart)."""
+        and warm its in-place path (at agent start, and again after putting a restarted replica back)."""
         async with aiohttp.ClientSession() as session:
             served = await served_version(session, self.cfg.replica_url)
-        if served == self.state["version"] and not self._warmed:
-            self._warmed = True
-            await self.warm_inplace()
         if served != self.state["version"]:
             log.info(
                 "replica %s serves %s, last good version is v%d: switching back",
@@ -546,8 +552,11 @@ class Agent:
             async with aiohttp.ClientSession() as session:
                 report = await switch(self.cfg.replica_url, str(self.local_dir(version).resolve()), version, "no_pause")
             self.metrics.switches.labels(report["mode"]).inc()
-            self._warmed = True
-            await self.warm_inplace()
+            self._warm_tries = 0  # a restarted replica has placed nothing yet
+        if self._warm_tries < self.WARM_TRIES:
+            result = await self.warm_inplace()
+            ok = result is None or result.get("ok")  # None: no in-place path to warm
+            self._warm_tries = self.WARM_TRIES if ok else self._warm_tries + 1
 
     # ------------------------------------------------------------------ topic
     def decide(self, records: list[dict]) -> int | None:

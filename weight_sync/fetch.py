@@ -342,14 +342,31 @@ class StoreClient:
     ) -> None:
         """The chunks of Manifest.pack() from the store's /versions/N/changed, in one response: each goes to
         on_chunk(t, c, bytes) as soon as it has arrived and its digest checks. A transfer that breaks off resumes
-        where it stopped (Range), up to `retries` times; a chunk whose bytes fail their digest is fetched again
-        on its own (chunk()). Never through a peer: with a relay, chunk by chunk is what spares the store.
+        where it stopped (Range), up to `retries` times. The first chunk that fails its digest ends the pack
+        (the store's framing is no longer trusted): it and every chunk not yet here are fetched on their own
+        (chunk(), in parallel). Never through a peer: with a relay, chunk by chunk is what spares the store.
         Raises PackUnsupported (nothing delivered) or FetchError."""
-        url, attempts, i, buf, bad = f"{self.base}/versions/{version}/changed", 0, 0, bytearray(), []
-        done = 0  # bytes of the pack in the chunks handed on (or set aside as bad)
+        url, attempts, i, buf = f"{self.base}/versions/{version}/changed", 0, 0, bytearray()
+        total = sum(meta.size for _, _, meta in pieces)
+        done = 0  # bytes of the pack in the chunks handed on
+
+        def take() -> bool:
+            """Hand on every whole chunk in buf; False at one that fails its digest (it stays in buf)."""
+            nonlocal i, done
+            while i < len(pieces) and len(buf) >= pieces[i][2].size:
+                t, c, meta = pieces[i]
+                data = bytes(buf[: meta.size])
+                if codec.digest(data) != meta.digest:
+                    return False
+                del buf[: meta.size]
+                on_chunk(t, c, data)
+                i, done = i + 1, done + meta.size
+            return True
+
         # No limit on the whole transfer, which grows with what changed; one on every read.
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.timeout.total, sock_read=self.timeout.total)
-        while i < len(pieces):
+        trusted = True
+        while trusted and i < len(pieces):
             have = done + len(buf)
             try:
                 headers = {"Range": f"bytes={have}-"} if have else {}
@@ -358,28 +375,34 @@ class StoreClient:
                         raise PackUnsupported(f"{url}: not served by this store")
                     if r.status not in (200, 206) or (have and r.status != 206):
                         raise FetchError(f"{url}: HTTP {r.status}")
+                    if have and not r.headers.get("Content-Range", "").startswith(f"bytes {have}-"):
+                        raise FetchError(f"{url}: resumed at {r.headers.get('Content-Range')!r}, asked for {have}")
                     if have:
                         self.resumed += 1
                     async for block in r.content.iter_chunked(1 << 20):
                         self._got("store", len(block))
                         buf += block
-                        while i < len(pieces) and len(buf) >= pieces[i][2].size:
-                            t, c, meta = pieces[i]
-                            data = bytes(buf[: meta.size])
-                            del buf[: meta.size]
-                            if codec.digest(data) == meta.digest:
-                                on_chunk(t, c, data)
-                            else:
-                                bad.append(pieces[i])
-                            i, done = i + 1, done + meta.size
-                if i < len(pieces):
+                        trusted = take()
+                        if not trusted or done + len(buf) >= total:
+                            break  # a chunk failed its digest, or the whole pack is here (nothing more is read)
+                if trusted and i < len(pieces):
                     raise aiohttp.ClientPayloadError(f"the pack of v{version} ended early")
             except (aiohttp.ClientError, asyncio.TimeoutError) as e:
                 attempts += 1  # what arrived is kept: the next request resumes after it
                 if attempts >= self.retries:
                     raise FetchError(f"{url}: {type(e).__name__}: {e}") from None
-        for t, c, meta in bad:
+
+        # From the first chunk that failed its digest on: each on its own, in parallel (the first failure
+        # cancels the others).
+        async def alone(t: int, c: int, meta: ChunkMeta) -> None:
             on_chunk(t, c, await self.chunk(version, t, c, meta.size, meta.digest))
+
+        try:
+            async with asyncio.TaskGroup() as group:
+                for t, c, meta in pieces[i:]:
+                    group.create_task(alone(t, c, meta))
+        except ExceptionGroup as e:
+            raise e.exceptions[0] from None
 
 
 def open_store(

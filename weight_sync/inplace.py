@@ -131,7 +131,12 @@ def _fetch_changed(client, manifest: Manifest, changed: list[int]) -> tuple[list
                     return await client.pack(manifest.version, manifest.pack(), got)
                 except PackUnsupported:
                     pass
-            await asyncio.gather(*(chunk_by_chunk(t) for t in changed))
+            try:  # the first failure cancels the other tensors' downloads
+                async with asyncio.TaskGroup() as group:
+                    for t in changed:
+                        group.create_task(chunk_by_chunk(t))
+            except ExceptionGroup as e:
+                raise e.exceptions[0] from None
         except BaseException as e:
             for f in arrived.values():
                 if not f.done():
@@ -185,8 +190,7 @@ async def _build(manifest, changed, fetches, base_dir, pool, patch: Patch, clien
 
 
 def warmup_patch(base_dir: Path, out: Path) -> Path:
-    """A patch that names every tensor of the checkpoint at `base_dir` and changes none (weight_sync.switch.
-    warm_patches)."""
+    """A patch that names every tensor of the checkpoint at `base_dir` and changes none (Agent.warm_inplace)."""
     arrays, specs = {}, {}
     with CheckpointReader(base_dir) as base:
         for name, (dtype, shape) in base.specs().items():

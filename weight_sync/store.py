@@ -240,12 +240,19 @@ class Store:
             v, d = version_of(request)
             return relay.answer(request, "chunk", v, f"chunks/{name}", d / "chunks" / name)
 
+        def pack_of(d: Path, v: int) -> tuple[list[Path], list[int]]:
+            manifest = self.manifest(v)
+            if manifest.kind != "delta":  # a full snapshot's "changes" are the whole model: chunk by chunk
+                raise web.HTTPNotFound(reason=f"v{v} is not a delta")
+            pieces = [d / "chunks" / chunk_name(t, c) for t, c, _ in manifest.pack()]
+            return pieces, [p.stat().st_size for p in pieces]
+
         async def changed(request):
             """Every chunk an in-place apply needs (Manifest.pack), back to back in one response: one request
             instead of one per chunk. `Range: bytes=N-` resumes it. Never redirected to a peer."""
             v, d = version_of(request)
-            pieces = [d / "chunks" / chunk_name(t, c) for t, c, _ in self.manifest(v).pack()]
-            sizes = [p.stat().st_size for p in pieces]
+            loop = asyncio.get_running_loop()
+            pieces, sizes = await loop.run_in_executor(None, pack_of, d, v)  # parse and stat off the loop
             total, start = sum(sizes), 0
             if "Range" in request.headers:
                 m = _RANGE.fullmatch(request.headers["Range"].strip())
@@ -257,9 +264,11 @@ class Store:
             response.content_type = "application/octet-stream"
             if start:
                 response.headers["Content-Range"] = f"bytes {start}-{total - 1}/{total}"
+            if request.method == "HEAD":
+                return response
             relay.count_as(request, "chunk")
             await response.prepare(request)
-            loop, at = asyncio.get_running_loop(), 0
+            at = 0
             for path, size in zip(pieces, sizes):
                 if at + size > start:
                     data = await loop.run_in_executor(None, path.read_bytes) if size > 1 << 20 else path.read_bytes()

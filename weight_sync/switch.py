@@ -86,7 +86,7 @@ async def _load(
             {"model_path": model_dir, "weight_version": str(version), "flush_cache": True, "abort_all_requests": False},
         )
     else:
-        status, out = await _load_patch(session, replica_url, patch, version)
+        status, out = await _load_patch(session, replica_url, patch, None if patch.warmup else version)
     if status == 400 and "cache was not flushed" in str(out.get("message", "")):
         # The weights did change, but a request still running or queued in SGLang (one finishing as the
         # drain ended) kept the prefix cache, which holds KV of the old weights: flush it once that is done
@@ -103,7 +103,7 @@ class InPlace:
     """A patch file (weight_sync.inplace) for the replica to apply in place, and the version it applies to.
     Serialized when made, before any drain or pause: the agent's first import of torch takes seconds."""
 
-    def __init__(self, path: str, base_version: int):
+    def __init__(self, path: str, base_version: int, warmup: bool = False):
         import base64
         import io
         from multiprocessing.reduction import ForkingPickler
@@ -115,7 +115,9 @@ class InPlace:
 
         if not weight_patch.valid_path(path):
             raise ValueError(f"a patch is an absolute path to a .safetensors file, not {path!r}")
-        self.path, self.base_version = path, base_version
+        # warmup: a patch that changes nothing (weight_sync.inplace.warmup_patch): the label and the prefix
+        # cache stay; the loader only places every tensor and loads its loops.
+        self.path, self.base_version, self.warmup = path, base_version, warmup
         torch.multiprocessing.set_sharing_strategy("file_system")  # facts.md: how CPU tensors reach SGLang
         self._marker = torch.zeros(1)  # the engine opens its shared memory: kept alive as long as this is
         buf = io.BytesIO()
@@ -126,7 +128,7 @@ class InPlace:
 async def _load_patch(session, replica_url: str, patch: InPlace, version: int | None) -> tuple[int, dict]:
     """SGLang takes tensors from an HTTP caller only inside a weight-update session, serialized for its
     multiprocessing unpickler; the patch itself stays in its file, named by the one tensor sent. version
-    None: a patch that changes nothing (warm_patches): the label and the prefix cache stay."""
+    None: a warm-up patch (InPlace.warmup): the label and the prefix cache stay."""
     from flywheel.core import weight_patch
 
     Path(weight_patch.result_path(patch.path)).unlink(missing_ok=True)  # an earlier attempt's is not this one's
@@ -169,13 +171,6 @@ async def _load_patch(session, replica_url: str, patch: InPlace, version: int | 
             f"{result.get('error')}",
         }
     return status, out
-
-
-async def warm_patches(session, replica_url: str, patch: InPlace) -> dict:
-    """Hand the replica a patch that changes nothing but names every tensor: its loader is imported, places
-    every tensor and compiles its kernels now, not during the first switch. Returns the loader's outcome."""
-    status, out = await _load_patch(session, replica_url, patch, None)
-    return out.get("engine") or {"ok": False, "error": f"HTTP {status}: {out.get('message')}"}
 
 
 async def takes_patches(session, replica_url: str) -> bool:

@@ -9,9 +9,12 @@ A patch is one safetensors file on the replica's host. For each tensor that chan
     "<name>#xor"             the XOR of their new bits with the base's,
     "<name>#was"             the base's bits at the first WAS_SAMPLE of them,
 the second while few elements changed (SPARSE_MAX_SHARE), the whole tensor past that. An XOR costs the
-agent no read of the base (whose every cache line a 2% change touches); it is right only on the base,
-and only once, so the loader applies it only where the model holds the "#was" bits: a patch applied to
-another version, or a second time, is refused before anything is written.
+agent no read of the base (whose every cache line a 2% change touches), but it is right only on the base
+and only once: applied twice it gives the base back, under the new version's label. So the loader applies
+it only where the model holds the "#was" bits: every one of those positions changes, so a second
+application is always refused, before anything is written. That the replica serves the base at all is
+the agent's check (the version it reports); the "#was" bits catch another version only where it differs
+from the base at those positions (likely, not certain).
 Values are stored as their bit patterns (numpy has no bfloat16); the metadata names each tensor's dtype
 and shape. The engine is told where the file is through `update_weights_from_tensor` (the only way an
 HTTP caller hands SGLang's custom loader anything): one one-element tensor named PATH_PREFIX + path.
@@ -26,7 +29,7 @@ import os
 
 PATH_PREFIX = "flywheel-patch:"
 IDX, XOR, WAS = "#idx", "#xor", "#was"
-WAS_SAMPLE = 16  # base bits a sparse entry carries: each changed, so a repeated XOR never matches them
+WAS_SAMPLE = 64  # base bits a sparse entry carries: each changed, so a repeated XOR never matches them
 META_KEY = "flywheel.patch"  # metadata: JSON {name: [dtype, shape]} for every patched tensor
 LOADER = "serving.inplace_loader.apply"  # the engine's --custom-weight-loader, and the load_format to ask for
 

@@ -23,7 +23,7 @@ from safetensors.torch import save_file
 from flywheel.core.procs import free_port
 from tests.helpers import get, store_server
 from weight_sync import inplace
-from weight_sync.fetch import FetchError, StoreClient
+from weight_sync.fetch import FetchError, PackUnsupported, StoreClient
 from weight_sync.manifest import Manifest, generate_key
 from weight_sync.publish import PublishConfig, publish
 from weight_sync.store import Store, chunk_name
@@ -98,12 +98,16 @@ def test_a_range_resumes_the_pack_and_a_range_it_cannot_serve_is_416(published, 
     assert ranged(f"bytes={len(pack)}-")[::2] == (416, f"bytes */{len(pack)}")
     assert ranged("bytes=0-10")[0] == 416  # only "from N to the end" is served
     assert get(f"{store}/versions/9/changed")[0] == 404
+    assert get(f"{store}/versions/0/changed")[0] == 404  # a full snapshot has no pack: chunk by chunk
+    head = urllib.request.Request(f"{store}/versions/1/changed", method="HEAD")
+    with urllib.request.urlopen(head, timeout=30) as r:
+        assert r.status == 200 and int(r.headers["Content-Length"]) == len(pack) and r.read() == b""
 
 
 async def _proxy(target: str, how: str) -> tuple[web.AppRunner, str, dict]:
     """A loopback proxy in front of the store: `cut` ends the first pack response halfway; `damage` flips a
-    byte of the pack's third chunk (the chunk itself, asked alone, is intact); `old` answers 404 for the
-    pack. Returns its runner, URL and what it saw."""
+    byte of the pack's third chunk (the chunk itself, asked alone, is intact); `extra` sends junk after the
+    pack; `old` answers 404 for the pack. Returns its runner, URL and what it saw."""
     seen = {"pack": 0, "ranges": [], "chunks": 0}
 
     async def handle(request: web.Request) -> web.StreamResponse:
@@ -118,7 +122,9 @@ async def _proxy(target: str, how: str) -> tuple[web.AppRunner, str, dict]:
             async with s.get(target + request.path_qs, headers=dict(request.headers)) as r:
                 body = await r.read()
                 out = web.StreamResponse(status=r.status)
-                out.content_length = len(body)
+                out.content_length = len(body) + (
+                    1 << 20 if how == "extra" and request.path.endswith("/changed") else 0
+                )
                 await out.prepare(request)
                 if request.path.endswith("/changed") and how == "cut" and seen["pack"] == 1:
                     await out.write(body[: len(body) // 2])
@@ -127,6 +133,8 @@ async def _proxy(target: str, how: str) -> tuple[web.AppRunner, str, dict]:
                 if request.path.endswith("/changed") and how == "damage":
                     body = bytearray(body)
                     body[seen["third"]] ^= 0xFF
+                if request.path.endswith("/changed") and how == "extra":
+                    body += b"\0" * (1 << 20)
                 await out.write(bytes(body))
                 return out
 
@@ -173,10 +181,16 @@ def test_a_pack_cut_short_resumes_where_it_stopped(published, store, tmp_path):
     assert client.bytes_downloaded == len(published["pack"])  # nothing that arrived was fetched twice
 
 
-def test_a_damaged_chunk_in_the_pack_is_fetched_again_on_its_own(published, store, tmp_path):
+def test_from_a_chunk_that_fails_its_digest_on_each_chunk_is_fetched_on_its_own(published, store, tmp_path):
     got, seen, _ = _pack_through(published, store, "damage", tmp_path)
     _assert_every_chunk_once(published, got)
-    assert seen["pack"] == 1 and seen["chunks"] == 1
+    assert seen["pack"] == 1 and seen["chunks"] == len(published["manifest"].pack()) - 2  # the first two came
+
+
+def test_what_a_store_sends_past_the_pack_is_not_read(published, store, tmp_path):
+    got, seen, client = _pack_through(published, store, "extra", tmp_path)
+    _assert_every_chunk_once(published, got)
+    assert seen["pack"] == 1 and seen["chunks"] == 0 and client.bytes_downloaded < len(published["pack"]) + (1 << 20)
 
 
 def test_a_store_without_the_pack_is_asked_chunk_by_chunk_for_the_same_patch(published, store, tmp_path):
@@ -210,5 +224,6 @@ def test_a_pack_from_a_store_that_is_gone_is_a_fetch_error(published, tmp_path):
             client = StoreClient(f"http://127.0.0.1:{free_port()}", s, tmp_path / "dl", retries=2)
             await client.pack(1, published["manifest"].pack(), lambda *a: None)
 
-    with pytest.raises(FetchError):
+    with pytest.raises(FetchError) as e:
         asyncio.run(main())
+    assert not isinstance(e.value, PackUnsupported)  # a store that is gone is not a store without the pack

@@ -185,6 +185,8 @@ def test_the_agent_warms_the_replicas_inplace_path_without_changing_what_it_serv
     assert first and first["ok"] and first["elements"] == 0 and first["written"] > 0, first
     assert _version(second_replica.url) == "0" and same(_greedy(second_replica.url), before)
     assert asyncio.run(agent.warm_inplace())["probed"] == 0
+    asyncio.run(agent.ensure_replica_on_current())  # what the agent does at start: warms, once
+    assert agent._warm_tries == agent.WARM_TRIES
     report = asyncio.run(agent.apply(1))
     assert report["apply"] == "in_place" and report["engine"]["probed"] == 0, report
     assert asyncio.run(agent.apply(0)) and _version(second_replica.url) == "0"

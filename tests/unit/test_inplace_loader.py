@@ -175,3 +175,48 @@ def test_a_patch_of_a_dtype_without_an_exact_bit_relation_is_refused(tmp_path):
     result = _run(model, path)
     assert not result["ok"] and "float32" in result["error"] and result["written"] == 0
     assert torch.equal(model.qk.data[0:3], base)
+
+
+class Aliased(Toy):
+    """A loader that puts two checkpoint tensors in one place (tied weights), or one tensor twice."""
+
+    def load_weights(self, named):
+        for name, w in named:
+            if name in ("q", "tied_q"):
+                self.qk.data[0:3].copy_(w)
+            elif name == "twice":
+                self.qk.data[3:6].copy_(w)
+                self.qk.data[3:6].copy_(w)
+            else:
+                super().load_weights([(name, w)])
+
+
+@pytest.mark.parametrize("names", [("q", "tied_q"), ("twice",)])
+def test_an_xor_that_would_be_written_twice_to_the_same_place_is_refused(tmp_path, names):
+    model = Aliased()
+    before = [p.detach().clone() for p in model.parameters()]
+    place = model.qk.data[0:3] if names[0] == "q" else model.qk.data[3:6]
+    sparse = {n: (place, _new(place, [1], i), [1]) for i, n in enumerate(names)}
+    result = _run(model, _patch(tmp_path / "p.safetensors", sparse))
+    assert not result["ok"] and "same memory" in result["error"] and result["written"] == 0, result
+    for a, b in zip(model.parameters(), before, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_warm_up_patch_places_every_tensor_and_changes_nothing(tmp_path):
+    model = Toy()
+    before = [p.detach().clone() for p in model.parameters()]
+    names = {"q": [3, 4], "k": [3, 4], "e0": [3, 4], "e1": [3, 4], "c": [3, 4]}
+    arrays = {}
+    for n in names:
+        arrays[n + wp.IDX] = np.empty(0, np.int32)
+        arrays[n + wp.XOR], arrays[n + wp.WAS] = np.empty(0, np.int16), np.empty(0, np.int16)
+    path = str(tmp_path / "warm.safetensors")
+    save_file(arrays, path, wp.encode_meta({n: ("BF16", s) for n, s in names.items()}))
+    result = _run(model, path)
+    assert result["ok"] and result["probed"] == len(names) and result["elements"] == 0, result
+    for a, b in zip(model.parameters(), before, strict=True):
+        assert torch.equal(a, b)
+    q = _new(model.qk.data[0:3], [2], 1)
+    again = _run(model, _patch(tmp_path / "p.safetensors", {"q": (model.qk.data[0:3].clone(), q, [2])}))
+    assert again["ok"] and again["probed"] == 0 and torch.equal(model.qk.data[0:3], q.float())

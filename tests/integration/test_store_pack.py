@@ -122,6 +122,8 @@ async def _proxy(target: str, how: str) -> tuple[web.AppRunner, str, dict]:
             async with s.get(target + request.path_qs, headers=dict(request.headers)) as r:
                 body = await r.read()
                 out = web.StreamResponse(status=r.status)
+                if "Content-Range" in r.headers:
+                    out.headers["Content-Range"] = r.headers["Content-Range"]
                 out.content_length = len(body) + (
                     1 << 20 if how == "extra" and request.path.endswith("/changed") else 0
                 )

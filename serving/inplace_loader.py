@@ -169,6 +169,10 @@ def _elements(view: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, tupl
 
 def _holds(view: torch.Tensor, idx: torch.Tensor, was: torch.Tensor, shift: int) -> bool:
     """Whether the model holds the base bits `was` at the first positions of `idx`."""
+    if view.device.type == "cpu" and view.is_contiguous():  # numpy: a few µs a tensor, torch's ops ~10x that
+        here = _bits(view).view(-1).numpy()[idx[: was.numel()].numpy()].astype(np.int64)
+        here &= (1 << 8 * view.element_size()) - 1
+        return bool(np.array_equal(here, _unsigned(_bits(was)).numpy() << shift))
     bits, at = _elements(view, idx[: was.numel()])
     return torch.equal(_unsigned(bits[at].cpu()), _unsigned(_bits(was)) << shift)
 

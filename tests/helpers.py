@@ -144,3 +144,19 @@ def store_server(store: Path):
         yield url
     finally:
         assert stop_pid(proc.pid), f"store server pid {proc.pid} did not stop"
+
+
+async def loopback_app(handler) -> tuple[object, str]:
+    """An aiohttp app answering every GET with `handler`, on a free loopback port, in the running loop (a
+    proxy in front of a real server). Returns its runner (the caller awaits runner.cleanup()) and its URL."""
+    from aiohttp import web
+
+    from flywheel.core.procs import free_port
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, f"http://127.0.0.1:{port}"

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from flywheel.core.procs import free_port
-from tests.helpers import get, store_server
+from tests.helpers import get, loopback_app, store_server
 from weight_sync.agent import Agent, AgentConfig
 from weight_sync.manifest import generate_key
 from weight_sync.publish import PublishConfig, publish
@@ -238,14 +238,9 @@ def test_a_proxy_redirecting_to_the_store_is_followed_with_or_without_a_relay(pu
         async def hop(request):
             raise web.HTTPTemporaryRedirect(f"{store}{request.path_qs}")
 
-        app = web.Application()
-        app.router.add_get("/{tail:.*}", hop)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        port = free_port()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
+        runner, url = await loopback_app(hop)
         try:
-            relayed.cfg.store_url = plain.cfg.store_url = f"http://127.0.0.1:{port}"
+            relayed.cfg.store_url = plain.cfg.store_url = url
             async with aiohttp.ClientSession() as s:
                 clients = [relayed.store_client(s), plain.store_client(s)]
                 await asyncio.gather(relayed.materialize(clients[0], 1), plain.materialize(clients[1], 1))

@@ -21,7 +21,7 @@ from safetensors.numpy import load_file
 from safetensors.torch import save_file
 
 from flywheel.core.procs import free_port
-from tests.helpers import get, store_server
+from tests.helpers import get, loopback_app, store_server
 from weight_sync import inplace
 from weight_sync.fetch import FetchError, PackUnsupported, StoreClient
 from weight_sync.manifest import Manifest, generate_key
@@ -140,13 +140,8 @@ async def _proxy(target: str, how: str) -> tuple[web.AppRunner, str, dict]:
                 await out.write(bytes(body))
                 return out
 
-    app = web.Application()
-    app.router.add_get("/{tail:.*}", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    return runner, f"http://127.0.0.1:{port}", seen
+    runner, url = await loopback_app(handle)
+    return runner, url, seen
 
 
 def _pack_through(published, store, how: str, tmp_path) -> tuple[dict, dict, StoreClient]:

@@ -85,19 +85,24 @@ class Checkpoints:
             raise
         for f in self.ledger.glob("step-*.json"):
             if f.stem > latest.name:
-                f.unlink()
+                f.unlink(missing_ok=True)  # every rank reads the checkpoint; any may remove it first
         return state
 
-    def save(self, state: dict, step: int, ledger: list[dict]) -> Path:
-        """Write `state` and its ledger as a new checkpoint and make it current. Returns its directory."""
+    def save(self, state: dict, step: int, ledger: list[dict], write_shards=None) -> Path:
+        """Write `state` and its ledger as a new checkpoint and make it current. Returns its directory.
+        write_shards(directory): writes what is not in `state` (a sharded model's files, every rank's)
+        into the new checkpoint before it commits; its files are fsynced here with the rest."""
         name = f"step-{step:08d}-{time.time_ns():016x}"  # sorts by step, then by time
         tmp = self.root / f".{name}.tmp"
         ledger_file = self.ledger / f"{name}.json"
         try:
             tmp.mkdir()
+            if write_shards is not None:
+                write_shards(tmp)
             torch.save(state, tmp / "trainer.pt")
+            for d in [p for p in tmp.rglob("*") if p.is_dir()] + [tmp]:  # every file is fsynced by its writer
+                _fsync(d)
             _fsync(tmp / "trainer.pt")
-            _fsync(tmp)
             _write_durably(ledger_file, json.dumps(ledger).encode())
             final = self.root / name
             os.replace(tmp, final)

@@ -105,7 +105,7 @@ def _train(args) -> int:
     from online_rl.bootstrap import bootstrap
     from online_rl.config import PublisherConfig, RolloutConfig, TrainerConfig
     from online_rl.offpeak import OffPeakConfig
-    from online_rl.trainer import run_distributed
+    from online_rl.ranks import run_distributed
 
     rollouts = build(RolloutConfig, args, replicas="borrowed" if args.offpeak else "any")
     publish = build(PublisherConfig, args)

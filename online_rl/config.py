@@ -127,6 +127,24 @@ class PublisherConfig:
 
 
 @dataclass
+class ShardConfig:
+    """How the model is spread over the ranks (online_rl.sharding)."""
+
+    shard: Literal["dp", "fsdp"] = option(
+        "dp", help="dp: a whole model and optimizer per rank; fsdp: FSDP2 shards parameters, gradients, optimizer"
+    )
+    # FSDP2's mixed precision: the dtype blocks compute in (auto: bfloat16 on GPUs; float32 on CPU, where
+    # bf16 matmuls are no faster and one-rank parity is what the tests check). Gradients are reduced in
+    # float32; the sharded master weights and the optimizer state stay float32 in every case.
+    param_dtype: Literal["auto", "float32", "bfloat16"] = option(
+        "auto", flag="fsdp-param-dtype", help="FSDP2 compute dtype (auto: bfloat16 on GPUs, float32 on CPU)"
+    )
+
+    def __post_init__(self):
+        check_modes(self)
+
+
+@dataclass
 class TrainerConfig:
     model_dir: Path  # the starting checkpoint, also the KL reference
     work_dir: Path = Path("trainer")
@@ -142,6 +160,7 @@ class TrainerConfig:
     poll_ms: int = option(500, help="Kafka poll timeout")
     seed: int = 0
     threads: int = option(0, help="torch threads per rank (0: cores / ranks)")
+    device: Literal["cpu", "cuda"] = option("cpu", help="where the model trains (cuda: rank r on GPU r, NCCL)")
     train_on_rolled_back: bool = option(False, help="keep learning from samples of versions a canary rolled back")
     batch_invariant: bool = option(
         False, help="batch-invariant kernels in the model (slower; a row's logprobs never depend on its batch)"
@@ -151,8 +170,12 @@ class TrainerConfig:
     publish: PublisherConfig = nested(PublisherConfig)
     loss: LossConfig = nested(LossConfig)
     optim: OptimConfig = nested(OptimConfig)
+    sharding: ShardConfig = nested(ShardConfig)
     join: JoinConfig = field(default_factory=JoinConfig)
     rewards: RewardTable = field(default_factory=RewardTable)
     rollouts: RolloutConfig = nested(RolloutConfig)
     offpeak: OffPeakConfig | None = None  # borrow serving replicas for rollouts while user load is low
     retry: RetryConfig = field(default_factory=RetryConfig)  # backoff of transient failures (Kafka, HTTP, disk)
+
+    def __post_init__(self):
+        check_modes(self)

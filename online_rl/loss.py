@@ -37,6 +37,15 @@ class Batch:
     advantages: torch.Tensor  # (B,)
     n_tokens: int
 
+    def to(self, device: torch.device) -> "Batch":
+        if device.type == "cpu":
+            return self
+        move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
+        return Batch(
+            *(move(t) for t in (self.inputs, self.targets, self.mask, self.behaviour, self.replay, self.advantages)),
+            self.n_tokens,
+        )
+
 
 def advantages(samples: list[Sample], cfg: LossConfig, baseline: float) -> tuple[np.ndarray, float]:
     """Per-sample advantages; returns them and the updated user-reward baseline."""

@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from online_rl.config import PublisherConfig
+from online_rl.export import save_streaming
 from online_rl.failures import Failures
-from online_rl.model import save_pretrained
 from weight_sync.checkpoint import SIDE_FILES  # what makes a checkpoint directory loadable
 
 log = logging.getLogger(__name__)
@@ -83,13 +83,14 @@ class Publisher:
         from weight_sync.publish import publish
         from weight_sync.store import Store
 
+        out = self.dir / f"step-{step:08d}"
+        shutil.rmtree(out, ignore_errors=True)
+        # First: a sharded model's other ranks are gathering with this one until the last tensor.
+        save_streaming(model, out, torch.bfloat16)
         pcfg = self._config()
         if Store(self.cfg.store).latest() is None:
             # v0 = the starting model, the version the fleet serves first
             self.pending.append(publish(self.base_model, pcfg, announce_now=False).announcement)
-        out = self.dir / f"step-{step:08d}"
-        shutil.rmtree(out, ignore_errors=True)
-        save_pretrained(model, out, torch.bfloat16)
         for name in SIDE_FILES:
             if name != "config.json" and (self.base_model / name).exists():
                 shutil.copyfile(self.base_model / name, out / name)

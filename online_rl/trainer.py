@@ -10,7 +10,8 @@
 
 The parts: online_rl.stream_reader (Kafka: assign, seek, offsets), online_rl.checkpoints (commit, ledger),
 online_rl.publisher (store, announcements), online_rl.trainer_metrics. Rank 0 does all I/O; with
---nproc N the other ranks join each update (online_rl.update).
+--nproc N the other ranks follow its commands (online_rl.ranks): each update (online_rl.update) and, with
+--shard fsdp (online_rl.sharding), each sharded save and each gather of the weights to publish.
 """
 
 from __future__ import annotations
@@ -33,12 +34,14 @@ from online_rl.loss import advantages
 from online_rl.model import load_pretrained
 from online_rl.offpeak import OffPeakScheduler
 from online_rl.publisher import Publisher
+from online_rl.ranks import SHARDS, command, load_shards, save_shards
 from online_rl.rollouts import RolloutSource
 from online_rl.samples import InvalidSample, Sample
+from online_rl.sharding import shard
 from online_rl.stream import Joiner
 from online_rl.stream_reader import StreamReader
 from online_rl.trainer_metrics import TrainerMetrics
-from online_rl.update import make_optimizer, share_batch, update, world
+from online_rl.update import make_optimizer, update, world
 
 log = logging.getLogger(__name__)
 
@@ -51,12 +54,20 @@ class Trainer:
         bi.set_enabled(cfg.batch_invariant)
         torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // self.world))
         self.work = Path(cfg.work_dir)
-        self.ref = load_pretrained(cfg.model_dir).eval() if cfg.loss.kl_coef else None
+        self.fsdp = cfg.sharding.shard == "fsdp"
+        if self.fsdp and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            raise RuntimeError("--shard fsdp needs a process group: start it with `flywheel train` (any --nproc)")
+        device = torch.device("cuda", torch.cuda.current_device()) if cfg.device == "cuda" else torch.device("cpu")
+        self.ref = load_pretrained(cfg.model_dir).eval().to(device) if cfg.loss.kl_coef else None
         if self.ref is not None:
             for p in self.ref.parameters():
                 p.requires_grad_(False)
-        self.model = load_pretrained(cfg.model_dir).train()
-        self.opt = make_optimizer(self.model, cfg.optim)
+            if self.fsdp:  # the reference is as large as the model: sharded too, gathered block by block
+                shard(self.ref, cfg.sharding, device)
+        self.model = load_pretrained(cfg.model_dir).train().to(device)
+        if self.fsdp:
+            shard(self.model, cfg.sharding, device)
+        self.opt = make_optimizer(self.model, cfg.optim)  # after sharding: its state is sharded alike
         self.joiner = Joiner(cfg.join, cfg.rewards, text_len=self._text_len())
         self.buffer: list[Sample] = []
         self.step = 0
@@ -122,7 +133,7 @@ class Trainer:
             if scheduler is not None:
                 scheduler.stop()  # every borrowed replica goes back to users
             if self.world > 1:
-                share_batch(None, None)  # tells the other ranks to stop
+                command(("stop",))
             self.reader.close()
 
     def _log_step(self, m: dict) -> None:
@@ -145,8 +156,16 @@ class Trainer:
         state = self.checkpoints.load()
         if state is None:
             return
-        self.model.load_state_dict(state["model"])
-        self.opt.load_state_dict(state["optimizer"])
+        if ("model" not in state) != self.fsdp:
+            raise RuntimeError(
+                f"{self.checkpoints.latest()} was written with --shard {'dp' if 'model' in state else 'fsdp'}: "
+                f"resume it with that (or start a new --work-dir)"
+            )
+        if self.fsdp:  # every rank its own shards (DCP reshards when the number of ranks changed)
+            load_shards(self.model, self.opt, self.checkpoints.latest() / SHARDS)
+        else:
+            self.model.load_state_dict(state["model"])
+            self.opt.load_state_dict(state["optimizer"])
         self.joiner.load_state(state["joiner"])
         self.buffer = [Sample.from_state(d) for d in state["buffer"]]
         self.reader.offsets = state["offsets"]
@@ -170,10 +189,10 @@ class Trainer:
         the Kafka offsets it holds are committed to the group too."""
         if self.rank != 0:
             return
+        weights = {} if self.fsdp else {"model": self.model.state_dict(), "optimizer": self.opt.state_dict()}
         self.checkpoints.save(
             {
-                "model": self.model.state_dict(),
-                "optimizer": self.opt.state_dict(),
+                **weights,
                 "joiner": self.joiner.state(),
                 "buffer": [b.state() for b in self.buffer],
                 "offsets": dict(self.reader.offsets),
@@ -186,10 +205,15 @@ class Trainer:
             },
             self.step,
             self.trained_since_ckpt,
+            write_shards=self._save_shards if self.fsdp else None,
         )
         self.trained_since_ckpt = []
         self.saved_step = self.step
         self.reader.commit()
+
+    def _save_shards(self, directory: Path) -> None:
+        command(("save", str(directory / SHARDS)))
+        save_shards(self.model, self.opt, directory / SHARDS)
 
     def checkpoint(self) -> None:
         """save() if anything was trained since the last checkpoint, living through a checkpoint disk that
@@ -298,7 +322,8 @@ class Trainer:
             return None
         try:
             adv, self.baseline = advantages(samples, self.cfg.loss, self.baseline)
-            share_batch(samples, adv)
+            if self.world > 1:
+                command(("update", samples, adv))
             m = update(self.model, self.ref, self.opt, samples, adv, self.cfg.loss, self.cfg.optim)
         except Exception as e:  # a batch the checks let through and the update cannot take: skip it, go on
             if self.world > 1:
@@ -334,6 +359,8 @@ class Trainer:
     # ------------------------------------------------------------------ publish
     def publish(self) -> int | None:
         """The current weights as the next version (online_rl.publisher); a failure waits for the next try."""
+        if self.fsdp and self.world > 1:
+            command(("export",))  # the other ranks take part in gathering each full tensor
         try:
             version = self.publisher.publish(self.model, self.step, self.history)
         except Exception as e:  # store or disk trouble: the weights wait for the next try
@@ -344,41 +371,3 @@ class Trainer:
             self.version = version
             self.metrics.version.set(version)
         return version
-
-
-def worker_loop(trainer: Trainer) -> None:
-    """Ranks > 0: take part in every update rank 0 starts, until it sends None."""
-    while True:
-        samples, adv = share_batch(None, None)
-        if samples is None:
-            return
-        update(trainer.model, trainer.ref, trainer.opt, samples, adv, trainer.cfg.loss, trainer.cfg.optim)
-        trainer.step += 1
-
-
-def _rank_main(rank: int, size: int, port: int, cfg: TrainerConfig) -> None:
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("kafka").setLevel(logging.WARNING)
-    try:
-        trainer = Trainer(cfg)
-        if rank == 0:
-            trainer.run()
-        else:
-            worker_loop(trainer)
-    finally:
-        dist.destroy_process_group()
-
-
-def run_distributed(cfg: TrainerConfig, nproc: int) -> None:
-    """`flywheel train --nproc N`: N ranks over gloo on this machine."""
-    import torch.multiprocessing as mp
-
-    from flywheel.core.procs import free_port
-
-    if nproc <= 1:
-        Trainer(cfg).run()
-        return
-    mp.spawn(_rank_main, args=(nproc, free_port(), cfg), nprocs=nproc, join=True)

@@ -1,6 +1,7 @@
-"""One optimizer step over a list of samples, on one process or data-parallel over several (gloo on CPU,
-the same calls take NCCL on GPUs): rank 0 hands every rank the whole batch, each rank takes its shard,
-gradients are summed across ranks, and every rank steps identically."""
+"""One optimizer step over a list of samples, on one process or over several ranks (gloo on CPU, the same
+calls take NCCL on GPUs): rank 0 hands every rank the whole batch, each rank takes its share of the
+sequences, gradients are summed across ranks (one all-reduce of a whole copy under `dp`; FSDP2's
+reduce-scatter into each rank's shard under `fsdp`, online_rl.sharding), and every rank steps."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from online_rl.config import LossConfig, OptimConfig
 from online_rl.loss import make_batch, policy_loss
 from online_rl.model import MoECoder
 from online_rl.samples import Sample
+from online_rl.sharding import sharded, to_float
 
 
 def make_optimizer(model: MoECoder, cfg: OptimConfig) -> torch.optim.Optimizer:
@@ -57,25 +59,41 @@ def update(
 ) -> dict:
     """Every rank calls this with the same samples; returns metrics (rank 0's view)."""
     rank, size = world()
+    fsdp = sharded(model)
+    device = next(model.parameters()).device
     t0 = time.perf_counter()
     mine = list(range(rank, len(samples), size))
-    opt.zero_grad(set_to_none=False)
-    for p in model.parameters():
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
+    if fsdp:
+        opt.zero_grad(set_to_none=True)
+    else:  # every parameter a gradient, so that one flat all-reduce covers them all
+        opt.zero_grad(set_to_none=False)
+        for p in model.parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
     metrics: dict = {"samples": len(samples), "tokens": 0}
     mismatch, kl_sum = 0.0, 0.0
-    for start in range(0, len(mine), optim_cfg.micro_batch):
-        idx = mine[start : start + optim_cfg.micro_batch]
-        batch = make_batch([samples[i] for i in idx], adv[idx], replay=loss_cfg.router_replay)
+    mb = optim_cfg.micro_batch
+    n_micro = -(-len(mine) // mb)
+    if fsdp:  # each forward gathers parameters in collectives: every rank runs as many as rank 0 (the most)
+        n_micro = -(-len(range(0, len(samples), size)) // mb)
+    for i in range(n_micro):
+        idx = mine[i * mb : (i + 1) * mb]
+        if fsdp:
+            model.set_requires_gradient_sync(i == n_micro - 1)  # one reduce-scatter, after the last backward
+        if not idx:  # FSDP, a rank with no sequence left: the collectives with a zero-weight forward
+            batch = make_batch(samples[:1], adv[:1], replay=loss_cfg.router_replay).to(device)
+            (policy_loss(model, ref, batch, loss_cfg, denominator=len(samples))[0] * 0.0).backward()
+            continue
+        batch = make_batch([samples[j] for j in idx], adv[idx], replay=loss_cfg.router_replay).to(device)
         loss, m = policy_loss(model, ref, batch, loss_cfg, denominator=len(samples))
         loss.backward()
         metrics["tokens"] += m["tokens"]
         mismatch = max(mismatch, m["logprob_mismatch_max"])
         kl_sum += m["kl_per_token"] * m["tokens"]
     if size > 1:
-        _allreduce_grads(model)
-        counts = torch.tensor([float(metrics["tokens"]), kl_sum, mismatch])
+        if not fsdp:
+            _allreduce_grads(model)
+        counts = torch.tensor([float(metrics["tokens"]), kl_sum, mismatch], device=device)
         dist.all_reduce(counts[:2], op=dist.ReduceOp.SUM)
         m3 = counts[2:].clone()
         dist.all_reduce(m3, op=dist.ReduceOp.MAX)
@@ -85,7 +103,7 @@ def update(
     metrics.update(
         kl_per_token=kl_sum / max(1, metrics["tokens"]),
         logprob_mismatch_max=mismatch,
-        grad_norm=float(norm),
+        grad_norm=to_float(norm),
         step_s=time.perf_counter() - t0,
     )
     metrics["tokens_per_s"] = metrics["tokens"] / max(1e-9, metrics["step_s"])

@@ -100,15 +100,43 @@ def _ledger_keys(work: Path, prefix: str) -> list[str]:
     return keys
 
 
-def test_kill_9_at_any_moment_trains_every_sample_exactly_once(broker, test_model, tmp_path):
+def _ranks(pid: int) -> list[int]:
+    """The trainer's rank processes (torch.multiprocessing.spawn's children of `pid`)."""
+    out = []
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        try:
+            if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+                out.append(int(child))
+        except OSError:
+            pass
+    return out
+
+
+def _kill(proc: subprocess.Popen, mode: str, rng: random.Random) -> None:
+    """dp: kill -9 the trainer. fsdp: kill -9 one of its 2 ranks (mid-step, mid-save, mid-start-up), and
+    the run must end by itself: a rank that dies takes the others down, none is left waiting."""
+    if mode == "fsdp" and (ranks := _ranks(proc.pid)):
+        os.kill(rng.choice(ranks), signal.SIGKILL)
+        try:
+            assert proc.wait(timeout=120) != 0
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)
+    else:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+@pytest.mark.parametrize("mode", ["dp", "fsdp"])
+def test_kill_9_at_any_moment_trains_every_sample_exactly_once(broker, test_model, tmp_path, mode):
     tok = _tok(test_model)
     model = load_pretrained(test_model)
     train_tasks, _ = heldout_split(n_train=80)
     samples = sample_completions(model, tok, train_tasks, 3, torch.Generator().manual_seed(1), max_tokens=12)
-    records = events_for(samples, lambda o: random.Random(len(o)).choice(["accept", "reject"]), prefix="k9")
+    prefix = f"k9{mode}"
+    records = events_for(samples, lambda o: random.Random(len(o)).choice(["accept", "reject"]), prefix=prefix)
     records += records[:40]  # re-delivered events (same event ids): must not train twice
     produce(broker.bootstrap, records)
-    expected = {f"k9-{i}:0" for i in range(len(samples))}
+    expected = {f"{prefix}-{i}:0" for i in range(len(samples))}
     work = tmp_path / "trainer"
     cmd = [
         sys.executable,
@@ -129,7 +157,9 @@ def test_kill_9_at_any_moment_trains_every_sample_exactly_once(broker, test_mode
         "2",
         "--lr",
         "1e-4",
-    ]
+        "--group-id",
+        f"exactly-once-{mode}",
+    ] + (["--nproc", "2", "--shard", "fsdp"] if mode == "fsdp" else [])
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     rng = random.Random(7)
     kills = 0
@@ -139,17 +169,17 @@ def test_kill_9_at_any_moment_trains_every_sample_exactly_once(broker, test_mode
             cmd, cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
         )
         if kills < 4:
-            time.sleep(rng.uniform(4.0, 9.0))  # somewhere in start-up, ingest, update or save
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            # somewhere in start-up, ingest, update or save (2 ranks start in about twice the time)
+            time.sleep(rng.uniform(4.0, 9.0) * (2 if mode == "fsdp" else 1))
+            _kill(proc, mode, rng)
             kills += 1
             continue
-        while time.monotonic() < deadline and set(_ledger_keys(work, "k9-")) != expected:
+        while time.monotonic() < deadline and set(_ledger_keys(work, prefix + "-")) != expected:
             time.sleep(0.5)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         break
-    keys = _ledger_keys(work, "k9-")
+    keys = _ledger_keys(work, prefix + "-")
     assert kills == 4
     assert len(keys) == len(set(keys)), "a sample was trained twice"
     assert set(keys) == expected, f"{len(expected - set(keys))} samples never trained"

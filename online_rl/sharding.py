@@ -1,0 +1,73 @@
+"""How the trainer's model is spread over its ranks: `dp` keeps a whole copy (and optimizer state) on every
+rank and sums gradients with one all-reduce (online_rl.update); `fsdp` shards parameters, gradients and
+optimizer state over the ranks with torch's FSDP2 (`fully_shard`, one unit per decoder block, then the
+root for the embedding, final norm and head), so a rank holds about 1/N of them and gathers one block at
+a time. Gloo on CPU, NCCL on GPUs: the same calls.
+
+Under FSDP every collective is entered by every rank in the same order, so the ranks must run the same
+number of forwards (online_rl.update pads with a zero-weight forward), save and load checkpoints together
+(torch.distributed.checkpoint, online_rl.checkpoints) and gather full tensors together to publish.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from online_rl.config import ShardConfig
+
+
+def sharded(model: torch.nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def compute_dtype(cfg: ShardConfig, device: torch.device) -> torch.dtype:
+    if cfg.param_dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, cfg.param_dtype)
+
+
+def shard(model: torch.nn.Module, cfg: ShardConfig, device: torch.device | None = None) -> torch.nn.Module:
+    """FSDP2 over the default process group: each decoder block its own unit, then the root. In place;
+    returns the model. Gradients are summed across ranks, not averaged: the loss already divides by the
+    global number of sequences, as the dp path's all-reduce sums."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    device = device or torch.device("cpu")
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    dtype = compute_dtype(cfg, device)
+    mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    for block in model.model.layers:
+        fully_shard(block, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+    for unit in (m for m in model.modules() if isinstance(m, FSDPModule)):  # each unit's own setting
+        unit.set_gradient_divide_factor(1.0)
+        if dist.get_backend() == "gloo":  # gloo has no PREMUL_SUM: plain sums (a factor of 1 scales nothing)
+            unit.set_force_sum_reduction_for_comms(True)
+    return model
+
+
+def full_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor) of every state-dict entry, one at a time, under the Hugging Face names. A
+    sharded entry is gathered from every rank (a collective: every rank iterates to the end, in this
+    order); at most one gathered tensor is alive at a time if the caller drops each before the next."""
+    for name, t in model.state_dict().items():
+        yield name, (t.full_tensor() if isinstance(t, DTensor) else t).detach()
+
+
+def metadata(model: torch.nn.Module) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Global shape and dtype of every state-dict entry, without gathering anything."""
+    return {name: (tuple(t.shape), t.dtype) for name, t in model.state_dict().items()}
+
+
+def to_float(x) -> float:
+    """A scalar a sharded computation returns (clip_grad_norm_ over DTensor grads gives a DTensor)."""
+    if isinstance(x, DTensor):
+        x = x.full_tensor()
+    return float(x)

@@ -67,7 +67,9 @@ def update(
     mismatch, kl_sum = 0.0, 0.0
     for start in range(0, len(mine), optim_cfg.micro_batch):
         idx = mine[start : start + optim_cfg.micro_batch]
-        batch = make_batch([samples[i] for i in idx], adv[idx], replay=loss_cfg.router_replay)
+        # A dense model has no router: its samples' routing (if any) is not replayed.
+        replay = loss_cfg.router_replay and model.cfg.is_moe
+        batch = make_batch([samples[i] for i in idx], adv[idx], replay=replay)
         loss, m = policy_loss(model, ref, batch, loss_cfg, denominator=len(samples))
         loss.backward()
         metrics["tokens"] += m["tokens"]

@@ -1,12 +1,18 @@
 """Checkpoints transformers writes (Qwen3-MoE, dense Qwen3, Llama), in the shapes of public ones scaled down,
 load into the compact model with the same logits; what it cannot compute the same is refused by name."""
 
+import copy
 import json
 
+import numpy as np
 import pytest
 import torch
 
-from online_rl.model import ModelConfig, load_pretrained, save_pretrained
+from online_rl.config import LossConfig, OptimConfig
+from online_rl.loss import advantages
+from online_rl.model import ModelConfig, MoECoder, load_pretrained, save_pretrained, token_logprobs
+from online_rl.samples import Sample
+from online_rl.update import make_optimizer, update
 
 SMALL = dict(vocab_size=301, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
 
@@ -193,3 +199,44 @@ def test_unsupported_configs_are_refused_by_name(checkpoints, tmp_path, arch, ch
     (tmp_path / "config.json").write_text(json.dumps(d))
     with pytest.raises(ValueError, match=match):
         load_pretrained(tmp_path)
+
+
+def dense_samples(model: MoECoder) -> list[Sample]:
+    """Two rollouts of one task, one rewarded; behaviour logprobs the model's own; routing as the dispatcher
+    logs it when a replica returned none (no positions)."""
+    prompt = np.array([5, 17, 42], np.int64)
+    out = []
+    for i, completion in enumerate(([7, 99, 3, 250], [8, 11, 200, 31])):
+        seq = torch.from_numpy(np.concatenate([prompt, completion]))[None]
+        with torch.no_grad():
+            lp = token_logprobs(model(seq[:, :-1]).logits, seq[:, 1:])[0, prompt.size - 1 :].numpy()
+        out.append(
+            Sample(
+                key=f"s{i}",
+                prompt_ids=prompt,
+                output_ids=np.array(completion, np.int64),
+                behaviour_logprobs=lp.astype(np.float32),
+                routed_experts=np.zeros((0, 2, 2), np.uint8),
+                reward=float(i == 0),
+                model_version=0,
+                source="rollout",
+                group="task",
+            )
+        )
+    return out
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_update_trains_a_dense_model(checkpoints, arch):
+    model = load_pretrained(checkpoints[arch][1]).train()
+    ref = copy.deepcopy(model).eval().requires_grad_(False)
+    c = model.cfg
+    samples = dense_samples(model)
+    assert all(s.problem(c.vocab_size, c.moe_layers, c.num_experts_per_tok, c.num_experts) is None for s in samples)
+    loss_cfg, optim_cfg = LossConfig(router_replay=True), OptimConfig(lr=1e-3)
+    adv, _ = advantages(samples, loss_cfg, 0.0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    m = update(model, ref, make_optimizer(model, optim_cfg), samples, adv, loss_cfg, optim_cfg)
+    assert m["tokens"] == 8 and m["grad_norm"] > 0 and m["logprob_mismatch_max"] < 1e-5
+    still = [k for k, v in model.state_dict().items() if torch.equal(v, before[k])]
+    assert not still, still

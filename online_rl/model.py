@@ -62,7 +62,9 @@ class Linear(nn.Linear):
     """nn.Linear (same parameters, same checkpoint names) that takes the batch-invariant path when on."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not bi.enabled():
+        # An idle expert runs on zero rows: nothing there to keep batch-invariant, and the kernels' paths
+        # would return a tensor cut off from the weight (no gradient) or launch an empty grid.
+        if not bi.enabled() or x.numel() == 0:
             return F.linear(x, self.weight, self.bias)
         y = bi.linear(x, self.weight)
         return y if self.bias is None else y + self.bias
@@ -171,8 +173,11 @@ class SparseMoE(nn.Module):
         weights = weights.to(x.dtype)
         y = torch.zeros_like(x)
         for e, expert in enumerate(self.experts):
-            token, slot = torch.where(ids == e)
-            if token.numel() == 0:
+            token, slot = torch.where(ids == e)  # (n_e,), (n_e,)
+            # With gradients on, every expert runs, on no rows when no token chose it: its weights then get
+            # a zero gradient rather than none, so every data-parallel or FSDP rank reduces the same set.
+            # Without (scoring, generation) an idle expert changes nothing and costs an empty pass: skip it.
+            if token.numel() == 0 and not torch.is_grad_enabled():
                 continue
             y.index_add_(0, token, expert(x[token]) * weights[token, slot, None])
         return y, ids, probs

@@ -201,6 +201,33 @@ def test_unsupported_configs_are_refused_by_name(checkpoints, tmp_path, arch, ch
         load_pretrained(tmp_path)
 
 
+def test_idle_experts_run_with_zero_gradients_and_unchanged_output(checkpoints):
+    """Every expert takes part in every forward (FSDP reduces the same gradients on every rank); the output
+    is bit-identical to skipping the idle ones."""
+    m = load_pretrained(checkpoints["qwen3_moe"][1])
+    x = tokens(4, (1, 3))  # 3 tokens x top-2: at most 6 of 8 experts per layer
+    out = m(x)
+    (out.logits.sum() + out.aux_loss).backward()
+    assert all(p.grad is not None for p in m.parameters())
+    for i, layer in enumerate(m.model.layers):
+        used = set(out.experts[0, :, i].flatten().tolist())
+        assert len(used) < m.cfg.num_experts
+        for e, expert in enumerate(layer.mlp.experts):
+            assert all(p.grad.any() == (e in used) for p in expert.parameters()), (i, e)
+    moe = m.model.layers[0].mlp
+    h = torch.randn(3, m.cfg.hidden_size, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        y, ids, probs = moe(h)
+        w = probs.gather(-1, ids)
+        w = w / w.sum(-1, keepdim=True)
+        ref = torch.zeros_like(h)
+        for e, expert in enumerate(moe.experts):  # the old loop: idle experts skipped
+            token, slot = torch.where(ids == e)
+            if token.numel():
+                ref.index_add_(0, token, expert(h[token]) * w[token, slot, None])
+    assert torch.equal(y, ref)
+
+
 def dense_samples(model: MoECoder) -> list[Sample]:
     """Two rollouts of one task, one rewarded; behaviour logprobs the model's own; routing as the dispatcher
     logs it when a replica returned none (no positions)."""

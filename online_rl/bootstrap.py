@@ -9,7 +9,7 @@ The corpus holds code documents and agent turns (online_rl.agent_episodes); the 
 pass rates of the code and the rate of well-formed tool calls in held-out agent episodes.
 
 Why one file: every line that turns a seed into the checkpoint's bytes is hashed into the cache key
-(`cache_key`, with model.py, tasks.py and agent_episodes.py); one more file would be one more to hash.
+(`cache_key`, with model.py, model_config.py, tasks.py and agent_episodes.py); one more file would be one more to hash.
 """
 
 from __future__ import annotations
@@ -148,6 +148,7 @@ def cache_key(cfg: BootstrapConfig) -> str:
     for path in (
         here / "bootstrap.py",
         here / "model.py",
+        here / "model_config.py",
         here / "tasks.py",
         here / "agent_episodes.py",
         Path(TF.__file__).resolve(),

@@ -72,7 +72,7 @@ def advantages(samples: list[Sample], cfg: LossConfig, baseline: float) -> tuple
 def make_batch(samples: list[Sample], adv: np.ndarray, replay: bool = True) -> Batch:
     B = len(samples)
     T = max(s.prompt_ids.size + s.output_ids.size - 1 for s in samples)
-    L, K = samples[0].routed_experts.shape[1:]
+    L, K = samples[0].routed_experts.shape[1:] if replay else (0, 0)
     inputs = torch.zeros(B, T, dtype=torch.long)
     targets = torch.zeros(B, T, dtype=torch.long)
     mask = torch.zeros(B, T)

@@ -1,4 +1,5 @@
-"""The trainer's model: a compact Qwen3-MoE in one file, loading and saving the Hugging Face layout.
+"""The trainer's model: a compact Qwen3-MoE (also the dense Qwen3 and Llama), loading and saving the
+Hugging Face layout.
 
 Same architecture and parameter names as transformers' `Qwen3MoeForCausalLM` (and SGLang's
 `qwen3_moe`), so one checkpoint serves on SGLang and trains here:
@@ -9,6 +10,17 @@ The forward returns the experts every token was routed to, and takes `replay_exp
 given experts instead (router replay): the gate's probabilities of the forced experts still weight
 their outputs, so the router keeps learning while the routing matches what serving did.
 
+Architectures (config.json `model_type`; parsed and refused in online_rl.model_config):
+  qwen3_moe  every layer sparse; experts per expert on disk, or transformers 5's fused gate_up_proj
+  qwen3      dense SwiGLU `mlp.{gate,up,down}_proj`, q/k norm, tied embeddings or not
+  llama      dense, no q/k norm, optional attention_bias and mlp_bias
+  RoPE "default" or "llama3" (from `rope_parameters` or `rope_theta` + `rope_scaling`), silu, bf16/fp32
+  safetensors. Refused with a ValueError naming the field: other model_types (qwen2_moe, mixtral, ...),
+  other RoPE types or partial rotary, sliding windows in use, a qwen3_moe with dense layers
+  (mlp_only_layers, decoder_sparse_step != 1), quantized checkpoints, hidden_act other than silu.
+A dense model routes nothing: `Output.experts` is (B, T, 0, 0), aux_loss 0, replay is ignored;
+`cfg.moe_layers` (0 there) is the L of the routing samples carry.
+
 Shapes: B batch, T tokens, D hidden, H query heads, G kv heads, Dh head dim, E experts, K top-k,
 L layers, V vocab.
 """
@@ -17,7 +29,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -26,61 +38,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from kernels import batch_invariant as bi
+from online_rl.model_config import ModelConfig
 
-
-@dataclass
-class ModelConfig:
-    vocab_size: int = 1024
-    hidden_size: int = 128
-    num_hidden_layers: int = 4
-    num_attention_heads: int = 4
-    num_key_value_heads: int = 2
-    head_dim: int = 32
-    num_experts: int = 8
-    num_experts_per_tok: int = 2
-    moe_intermediate_size: int = 128
-    max_position_embeddings: int = 512
-    rope_theta: float = 10000.0
-    rms_norm_eps: float = 1e-6
-    norm_topk_prob: bool = True
-    tie_word_embeddings: bool = False
-    bos_token_id: int = 0
-    eos_token_id: int = 0
-
-    def hf_config(self, torch_dtype: str = "bfloat16") -> dict:
-        """config.json for the Hugging Face layout (architecture Qwen3MoeForCausalLM)."""
-        d = asdict(self)
-        d.update(
-            architectures=["Qwen3MoeForCausalLM"],
-            model_type="qwen3_moe",
-            hidden_act="silu",
-            intermediate_size=self.moe_intermediate_size * self.num_experts_per_tok,  # dense MLP: unused
-            decoder_sparse_step=1,
-            mlp_only_layers=[],
-            attention_bias=False,
-            attention_dropout=0.0,
-            use_sliding_window=False,
-            sliding_window=None,
-            max_window_layers=self.num_hidden_layers,
-            rope_scaling=None,
-            router_aux_loss_coef=0.001,
-            output_router_logits=False,
-            use_cache=True,
-            initializer_range=0.02,
-            torch_dtype=torch_dtype,
-            pad_token_id=self.eos_token_id,
-        )
-        return d
-
-    @classmethod
-    def from_hf(cls, d: dict) -> "ModelConfig":
-        known = {f.name for f in fields(cls)}
-        d = dict(d)
-        if "rope_theta" not in d and isinstance(d.get("rope_parameters"), dict):
-            d["rope_theta"] = d["rope_parameters"].get("rope_theta", cls.rope_theta)
-        if d.get("model_type") != "qwen3_moe":
-            raise ValueError(f"not a qwen3_moe config: model_type={d.get('model_type')!r}")
-        return cls(**{k: v for k, v in d.items() if k in known})
+__all__ = ["ModelConfig", "MoECoder", "Output", "load_pretrained", "save_pretrained", "token_logprobs"]
 
 
 class RMSNorm(nn.Module):
@@ -102,14 +62,21 @@ class Linear(nn.Linear):
     """nn.Linear (same parameters, same checkpoint names) that takes the batch-invariant path when on."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return bi.linear(x, self.weight) if bi.enabled() else F.linear(x, self.weight)
+        # An idle expert runs on zero rows: nothing there to keep batch-invariant, and the kernels' paths
+        # would return a tensor cut off from the weight (no gradient) or launch an empty grid.
+        if not bi.enabled() or x.numel() == 0:
+            return F.linear(x, self.weight, self.bias)
+        y = bi.linear(x, self.weight)
+        return y if self.bias is None else y + self.bias
 
 
 def rope_cache(cfg: ModelConfig, T: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin of shape (T, Dh), in the rotate-half layout transformers uses."""
     inv_freq = 1.0 / (
         cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.int64, device=device).float() / cfg.head_dim)
-    )
+    )  # (Dh/2,)
+    if cfg.rope_scaling is not None:
+        inv_freq = llama3_inv_freq(inv_freq, cfg.rope_scaling)
     t = torch.arange(T, device=device, dtype=torch.int64).float()
     freqs = torch.outer(t, inv_freq)  # (T, Dh/2)
     emb = torch.cat((freqs, freqs), dim=-1)  # (T, Dh)
@@ -118,8 +85,24 @@ def rope_cache(cfg: ModelConfig, T: int, device=None) -> tuple[torch.Tensor, tor
     return emb.cos(), emb.sin()
 
 
+def llama3_inv_freq(inv_freq: torch.Tensor, s: dict) -> torch.Tensor:
+    """Llama 3.1's long-context RoPE (transformers' `_compute_llama3_parameters`, same float32 steps):
+    wavelengths past the original context are stretched by `factor`, short ones kept, the band between
+    interpolated."""
+    old_len = s["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old_len / s["low_freq_factor"], old_len / s["high_freq_factor"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / s["factor"], inv_freq)
+    smooth = (old_len / wavelen - s["low_freq_factor"]) / (s["high_freq_factor"] - s["low_freq_factor"])
+    smoothed = (1 - smooth) * scaled / s["factor"] + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: (B, heads, T, Dh); cos/sin: (T, Dh)
+    # x: (B, heads, T, Dh); cos/sin: (T, Dh), float32: cast to x's dtype (as transformers does), so that a
+    # bf16 forward (FSDP2's mixed precision) stays bf16 rather than promoting q and k alone to float32
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat((-x2, x1), dim=-1) * sin
 
@@ -129,18 +112,22 @@ class Attention(nn.Module):
         super().__init__()
         self.cfg = cfg
         D, H, G, Dh = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.q_proj = Linear(D, H * Dh, bias=False)
-        self.k_proj = Linear(D, G * Dh, bias=False)
-        self.v_proj = Linear(D, G * Dh, bias=False)
-        self.o_proj = Linear(H * Dh, D, bias=False)
-        self.q_norm = RMSNorm(Dh, cfg.rms_norm_eps)
-        self.k_norm = RMSNorm(Dh, cfg.rms_norm_eps)
+        bias = cfg.attention_bias
+        self.q_proj = Linear(D, H * Dh, bias=bias)
+        self.k_proj = Linear(D, G * Dh, bias=bias)
+        self.v_proj = Linear(D, G * Dh, bias=bias)
+        self.o_proj = Linear(H * Dh, D, bias=bias)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(Dh, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(Dh, cfg.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
         Dh = self.cfg.head_dim
-        q = self.q_norm(self.q_proj(x).view(B, T, -1, Dh)).transpose(1, 2)  # (B, H, T, Dh)
-        k = self.k_norm(self.k_proj(x).view(B, T, -1, Dh)).transpose(1, 2)  # (B, G, T, Dh)
+        q, k = self.q_proj(x).view(B, T, -1, Dh), self.k_proj(x).view(B, T, -1, Dh)  # (B, T, H|G, Dh)
+        if self.cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, T, Dh), (B, G, T, Dh)
         v = self.v_proj(x).view(B, T, -1, Dh).transpose(1, 2)  # (B, G, T, Dh)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if bi.enabled():
@@ -150,12 +137,14 @@ class Attention(nn.Module):
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
-class Expert(nn.Module):
-    def __init__(self, D: int, inter: int):
+class MLP(nn.Module):
+    """SwiGLU: one routed expert of a MoE layer, or a dense model's whole MLP."""
+
+    def __init__(self, D: int, inter: int, bias: bool = False):
         super().__init__()
-        self.gate_proj = Linear(D, inter, bias=False)
-        self.up_proj = Linear(D, inter, bias=False)
-        self.down_proj = Linear(inter, D, bias=False)
+        self.gate_proj = Linear(D, inter, bias=bias)
+        self.up_proj = Linear(D, inter, bias=bias)
+        self.down_proj = Linear(inter, D, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         act = bi.silu if bi.enabled() else F.silu
@@ -167,7 +156,7 @@ class SparseMoE(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.gate = Linear(cfg.hidden_size, cfg.num_experts, bias=False)
-        self.experts = nn.ModuleList(Expert(cfg.hidden_size, cfg.moe_intermediate_size) for _ in range(cfg.num_experts))
+        self.experts = nn.ModuleList(MLP(cfg.hidden_size, cfg.moe_intermediate_size) for _ in range(cfg.num_experts))
 
     def forward(self, x: torch.Tensor, replay: torch.Tensor | None = None):
         """x: (N, D); replay: (N, K) expert ids or None. Returns y (N, D), ids (N, K), probs (N, E)."""
@@ -186,8 +175,11 @@ class SparseMoE(nn.Module):
         weights = weights.to(x.dtype)
         y = torch.zeros_like(x)
         for e, expert in enumerate(self.experts):
-            token, slot = torch.where(ids == e)
-            if token.numel() == 0:
+            token, slot = torch.where(ids == e)  # (n_e,), (n_e,)
+            # With gradients on, every expert runs, on no rows when no token chose it: its weights then get
+            # a zero gradient rather than none, so every data-parallel or FSDP rank reduces the same set.
+            # Without (scoring, generation) an idle expert changes nothing and costs an empty pass: skip it.
+            if token.numel() == 0 and not torch.is_grad_enabled():
                 continue
             y.index_add_(0, token, expert(x[token]) * weights[token, slot, None])
         return y, ids, probs
@@ -199,11 +191,15 @@ class Block(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = SparseMoE(cfg)
+        self.mlp = SparseMoE(cfg) if cfg.is_moe else MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
 
     def forward(self, x, cos, sin, replay=None):
+        """x: (B, T, D); replay: (B, T, K) or None. Returns x, ids (B, T, K), probs (B, T, E); a dense
+        layer routes nothing and returns None for both."""
         B, T, D = x.shape
         x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        if not isinstance(self.mlp, SparseMoE):
+            return x + self.mlp(self.post_attention_layernorm(x)), None, None
         y, ids, probs = self.mlp(
             self.post_attention_layernorm(x).view(B * T, D), None if replay is None else replay.reshape(B * T, -1)
         )
@@ -221,8 +217,8 @@ class Backbone(nn.Module):
 @dataclass
 class Output:
     logits: torch.Tensor  # (B, T, V)
-    experts: torch.Tensor  # (B, T, L, K): expert ids each token was routed to, per layer
-    aux_loss: torch.Tensor  # scalar: Switch-style load-balancing loss, mean over layers
+    experts: torch.Tensor  # (B, T, L, K): expert ids each token was routed to, per layer; (B, T, 0, 0) if dense
+    aux_loss: torch.Tensor  # scalar: Switch-style load-balancing loss, mean over layers; 0 if dense
 
 
 class MoECoder(nn.Module):
@@ -241,22 +237,30 @@ class MoECoder(nn.Module):
         for name, p in self.named_parameters():
             if name.endswith("norm.weight"):
                 nn.init.ones_(p)
+            elif name.endswith(".bias"):
+                nn.init.zeros_(p)
             else:
                 std = resid_std if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
                 with torch.no_grad():
                     p.copy_(torch.randn(p.shape, generator=g) * std)
 
     def forward(self, idx: torch.Tensor, replay_experts: torch.Tensor | None = None) -> Output:
-        """idx: (B, T) token ids; replay_experts: (B, T, L, K) expert ids to force, or None."""
+        """idx: (B, T) token ids; replay_experts: (B, T, L, K) expert ids to force, or None (always None
+        for a dense model: it has no routing to replay)."""
         B, T = idx.shape
+        if not self.cfg.is_moe:
+            replay_experts = None
         cos, sin = rope_cache(self.cfg, T, idx.device)
         x = self.model.embed_tokens(idx)  # (B, T, D)
         experts, aux = [], []
         for i, layer in enumerate(self.model.layers):
             x, ids, probs = layer(x, cos, sin, None if replay_experts is None else replay_experts[:, :, i])
-            experts.append(ids)
-            aux.append(load_balance_loss(probs, ids, self.cfg.num_experts))
+            if ids is not None:
+                experts.append(ids)
+                aux.append(load_balance_loss(probs, ids, self.cfg.num_experts))
         logits = self.lm_head(self.model.norm(x))
+        if not experts:  # dense
+            return Output(logits, idx.new_zeros(B, T, 0, 0), torch.zeros((), device=idx.device))
         return Output(logits=logits, experts=torch.stack(experts, dim=2), aux_loss=torch.stack(aux).mean())
 
     @torch.no_grad()
@@ -270,7 +274,7 @@ class MoECoder(nn.Module):
     ) -> list[list[int]]:
         """Sample one completion per prompt; prompts must have equal length (no padding, no KV cache:
         these models and outputs are tiny). A completion ends before the first stop id (default: EOS)."""
-        stop_ids = {self.cfg.eos_token_id} if stop_ids is None else stop_ids
+        stop_ids = self.cfg.eos_ids if stop_ids is None else stop_ids
         assert len({len(p) for p in prompts}) == 1, "prompts of one call must have equal length"
         idx = torch.tensor(prompts, dtype=torch.long)  # (B, T)
         done = torch.zeros(len(prompts), dtype=torch.bool)
@@ -307,7 +311,8 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def save_pretrained(model: MoECoder, out_dir: Path, dtype: torch.dtype = torch.bfloat16) -> None:
-    """config.json + model.safetensors in the Hugging Face layout (per-expert tensors, as SGLang loads)."""
+    """config.json + model.safetensors in the Hugging Face layout of cfg.model_type (per-expert tensors, as
+    SGLang loads)."""
     from safetensors.torch import save_file
 
     out_dir = Path(out_dir)
@@ -321,15 +326,22 @@ def save_pretrained(model: MoECoder, out_dir: Path, dtype: torch.dtype = torch.b
 
 
 def load_pretrained(path: Path, dtype: torch.dtype = torch.float32) -> MoECoder:
-    """Load a checkpoint directory written by save_pretrained (or any Qwen3-MoE in that layout)."""
+    """Load a checkpoint directory written by save_pretrained or by transformers (a supported
+    architecture, safetensors shards); ValueError saying why for anything else."""
     from safetensors.torch import load_file
 
     path = Path(path)
     cfg = ModelConfig.from_hf(json.loads((path / "config.json").read_text()))
     model = MoECoder(cfg)
+    shards = sorted(path.glob("*.safetensors"))
+    if not shards:
+        raise ValueError(f"checkpoint {path} has no *.safetensors (only safetensors checkpoints load)")
     sd = {}
-    for f in sorted(path.glob("*.safetensors")):
+    for f in shards:
         sd.update(load_file(str(f)))
+    # Some older Llama checkpoints carry RoPE's inverse frequencies as a buffer; they come from the config.
+    sd = {k: v for k, v in sd.items() if not k.endswith("rotary_emb.inv_freq")}
+    sd = split_fused_experts(sd, cfg)
     if cfg.tie_word_embeddings:
         sd["lm_head.weight"] = sd["model.embed_tokens.weight"]
     missing, unexpected = model.load_state_dict({k: v.to(dtype) for k, v in sd.items()}, strict=False)
@@ -338,3 +350,26 @@ def load_pretrained(path: Path, dtype: torch.dtype = torch.float32) -> MoECoder:
             f"checkpoint {path} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
         )
     return model.to(dtype)
+
+
+def split_fused_experts(sd: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """transformers 5 holds a layer's experts fused (`mlp.experts.gate_up_proj` (E, 2I, D), gate rows
+    first, and `mlp.experts.down_proj` (E, D, I)) and writes them per expert, as SGLang loads; a checkpoint
+    saved fused anyway is split into the per-expert tensors here."""
+    E, inter, D = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
+    out = {}
+    for k, v in sd.items():
+        if k.endswith("mlp.experts.gate_up_proj"):
+            if tuple(v.shape) != (E, 2 * inter, D):
+                raise ValueError(f"{k}: fused shape {tuple(v.shape)}, want (E, 2I, D) = {(E, 2 * inter, D)}")
+            for e in range(E):
+                out[f"{k[: -len('gate_up_proj')]}{e}.gate_proj.weight"] = v[e, :inter]
+                out[f"{k[: -len('gate_up_proj')]}{e}.up_proj.weight"] = v[e, inter:]
+        elif k.endswith("mlp.experts.down_proj"):
+            if tuple(v.shape) != (E, D, inter):
+                raise ValueError(f"{k}: fused shape {tuple(v.shape)}, want (E, D, I) = {(E, D, inter)}")
+            for e in range(E):
+                out[f"{k[: -len('down_proj')]}{e}.down_proj.weight"] = v[e]
+        else:
+            out[k] = v
+    return out

@@ -32,7 +32,9 @@ class Sample:
 
     def problem(self, vocab_size: int, num_layers: int, top_k: int, num_experts: int) -> str | None:
         """Why this sample cannot be trained on by a model of these dimensions, or None. One bad event
-        (a client's garbage, a serving bug) must cost that sample, never the update or the daemon."""
+        (a client's garbage, a serving bug) must cost that sample, never the update or the daemon.
+        num_layers: the model's routed layers (cfg.moe_layers); 0 (a dense model) skips the routing checks,
+        as there is nothing to replay."""
         p, n = self.prompt_ids.size, self.output_ids.size
         if self.prompt_ids.ndim != 1 or self.output_ids.ndim != 1 or p == 0:
             return "token ids are not two non-empty sequences"
@@ -44,9 +46,9 @@ class Sample:
         if np.any(self.behaviour_logprobs > 1e-3):
             return "behaviour logprob above 0"
         want = (p + n - 1, num_layers, top_k)
-        if self.routed_experts.shape != want:
+        if num_layers and self.routed_experts.shape != want:
             return f"routed experts of shape {tuple(self.routed_experts.shape)}, want {want}"
-        if self.routed_experts.size and int(self.routed_experts.max()) >= num_experts:
+        if num_layers and self.routed_experts.size and int(self.routed_experts.max()) >= num_experts:
             return f"routed expert id outside [0, {num_experts})"
         if not np.isfinite(self.reward):
             return "reward not finite"

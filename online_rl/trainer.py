@@ -282,7 +282,7 @@ class Trainer:
     # ------------------------------------------------------------------ update
     def _problem(self, s: Sample) -> str | None:
         c = self.model.cfg
-        return s.problem(c.vocab_size, c.num_hidden_layers, c.num_experts_per_tok, c.num_experts)
+        return s.problem(c.vocab_size, c.moe_layers, c.num_experts_per_tok, c.num_experts)
 
     def _invalid(self, s: Sample, problem: str) -> None:
         self.metrics.dropped.labels("invalid").inc()

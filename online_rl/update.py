@@ -73,6 +73,7 @@ def update(
     metrics: dict = {"samples": len(samples), "tokens": 0}
     mismatch, kl_sum = 0.0, 0.0
     mb = optim_cfg.micro_batch
+    replay = loss_cfg.router_replay and model.cfg.is_moe  # a dense model has no router: nothing to replay
     n_micro = -(-len(mine) // mb)
     if fsdp:  # each forward gathers parameters in collectives: every rank runs as many as rank 0 (the most)
         n_micro = -(-len(range(0, len(samples), size)) // mb)
@@ -81,10 +82,10 @@ def update(
         if fsdp:
             model.set_requires_gradient_sync(i == n_micro - 1)  # one reduce-scatter, after the last backward
         if not idx:  # FSDP, a rank with no sequence left: the collectives with a zero-weight forward
-            batch = make_batch(samples[:1], adv[:1], replay=loss_cfg.router_replay).to(device)
+            batch = make_batch(samples[:1], adv[:1], replay=replay).to(device)
             (policy_loss(model, ref, batch, loss_cfg, denominator=len(samples))[0] * 0.0).backward()
             continue
-        batch = make_batch([samples[j] for j in idx], adv[idx], replay=loss_cfg.router_replay).to(device)
+        batch = make_batch([samples[j] for j in idx], adv[idx], replay=replay).to(device)
         loss, m = policy_loss(model, ref, batch, loss_cfg, denominator=len(samples))
         loss.backward()
         metrics["tokens"] += m["tokens"]

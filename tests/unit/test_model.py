@@ -86,6 +86,6 @@ def test_token_logprobs_shape_and_normalisation(tiny):
 def test_load_rejects_wrong_checkpoint(tmp_path):
     import json
 
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mixtral"}))
     with pytest.raises(ValueError, match="qwen3_moe"):
         load_pretrained(tmp_path)

@@ -1,14 +1,80 @@
-"""The prepared GPU script: refuses clearly where it cannot measure anything (no CUDA); passes on a GPU."""
+"""The prepared GPU script (online_rl.gpu_check, its Triton section in kernels.gpu_check): it refuses clearly
+without CUDA; its CPU dry run really runs the FSDP2 step (gloo, tiny preset) and reports the GPU-only
+sections as skipped; the section runner records errors and overruns instead of raising."""
 
+import json
+import signal
+import time
+
+import pytest
 import torch
 
-from kernels import gpu_check
+from online_rl import gpu_check
+from online_rl.gpu_check_run import Budget, run_section
+
+cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="what the script does without CUDA")
 
 
-def test_refuses_without_a_gpu_and_passes_with_one(tmp_path, capsys):
-    if torch.cuda.is_available():
-        assert gpu_check.main(tmp_path / "r.json") == 0
-        return
+@cpu_only
+def test_refuses_without_a_gpu(tmp_path, capsys):
     assert gpu_check.main(tmp_path / "r.json") == 2
+    assert gpu_check.cli([str(tmp_path / "r.json")]) == 2
     assert "needs a CUDA device" in capsys.readouterr().err
     assert not (tmp_path / "r.json").exists()
+
+
+@cpu_only
+def test_cpu_smoke_runs_the_fsdp2_step_and_skips_the_gpu_sections(tmp_path):
+    lines = []
+    assert gpu_check.main(tmp_path / "r.json", cpu_smoke=True, log=lines.append) == 0
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert {"ok", "complete", "mode", "device", "torch", "triton", "cuda", "python", "sections", "seconds"} <= set(
+        report
+    )
+    assert report["ok"] is True and report["complete"] is True and report["mode"] == "cpu-smoke"
+    assert report["device"].startswith("cpu") and not (tmp_path / "r.json.tmp").exists()
+    assert list(report["sections"]) == list(gpu_check.SECTIONS)
+    fsdp = report["sections"]["fsdp_step"]
+    assert fsdp["ok"] is True and fsdp["backend"] == "gloo" and fsdp["world_size"] == 1
+    assert fsdp["tokens_per_s"] > 0 and fsdp["timed_steps"] == 3 and len(fsdp["losses"]) == 5
+    assert fsdp["loss_decreased"] and fsdp["losses"][-1] < fsdp["losses"][0]
+    assert fsdp["params"] > fsdp["active_params_per_token"] > 0
+    for name in gpu_check.SECTIONS[1:]:
+        assert report["sections"][name] == {"ok": None, "skipped": "no CUDA"}
+    assert any("fsdp_step: ok" in line for line in lines) and json.loads(lines[-2]) == report
+    assert not torch.distributed.is_initialized()  # the section's own process group is gone
+
+
+def test_unknown_sections_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="unknown sections"):
+        gpu_check.main(tmp_path / "r.json", cpu_smoke=True, sections=("fsdp_step", "nope"))
+
+
+def test_a_failing_section_is_recorded_and_the_next_one_runs():
+    lines = []
+
+    def boom(budget):
+        raise ValueError("bad shape")
+
+    failed = run_section("boom", boom, 10, log=lines.append)
+    assert failed["ok"] is False and failed["error"] == "ValueError: bad shape"
+    assert "boom" in failed["traceback"] and failed["budget_s"] == 10 and failed["seconds"] >= 0
+    assert run_section("no_ok", lambda budget: {}, 10, log=lines.append)["ok"] is False
+    passed = run_section("fine", lambda budget: {"ok": True, "value": 1}, 10, log=lines.append)
+    assert passed["ok"] is True and passed["value"] == 1
+    assert any("boom: FAILED (ValueError: bad shape)" in line for line in lines)
+
+
+def test_a_section_past_its_budget_is_stopped_and_recorded():
+    before = signal.getsignal(signal.SIGALRM)
+
+    def forever(budget: Budget):
+        while True:
+            time.sleep(0.01)
+
+    t0 = time.monotonic()
+    result = run_section("forever", forever, 0.3, log=lambda line: None)
+    assert result["ok"] is False and result["error"].startswith("SectionTimeout: over its budget of 0.3 s")
+    assert time.monotonic() - t0 < 5
+    assert signal.getsignal(signal.SIGALRM) is before  # and the alarm is off again
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)

@@ -5,6 +5,8 @@ one JSON report. Sections, each under its own time budget, an error recorded and
                       (online_rl.gpu_check_fsdp)
     triton_kernels    every Triton kernel against its reference, timed against the copy bandwidth and
                       cuBLAS measured in the same run (kernels.gpu_check)
+    delta_codec       the delta codec's GPU path bit for bit against its numpy path, and its throughput
+                      against its own host<->device transfers (online_rl.gpu_check_codec)
 
     python -m online_rl.gpu_check [REPORT.json] [--cpu-smoke] [--sections a,b]
         (default $OUT/gpu_check.json, else ./gpu_check.json)
@@ -31,7 +33,7 @@ import torch
 
 from online_rl.gpu_check_run import SKIPPED_NO_CUDA, run_section, skipped
 
-BUDGETS_S = {"fsdp_step": 150, "triton_kernels": 90}
+BUDGETS_S = {"fsdp_step": 150, "triton_kernels": 90, "delta_codec": 60}
 SECTIONS = tuple(BUDGETS_S)
 WATCHDOG_S = 450  # the lent machine's call is 8 minutes: stop well before it, keeping the report so far
 
@@ -65,6 +67,10 @@ def section_fn(name: str, cpu_smoke: bool, log):
         from kernels import gpu_check as m
 
         return lambda budget: m.triton_kernels(log)
+    if name == "delta_codec":
+        from online_rl import gpu_check_codec as m
+
+        return lambda budget: m.codec_gpu_path(budget, log)
     raise ValueError(f"unknown section {name!r}; the sections are {', '.join(SECTIONS)}")
 
 

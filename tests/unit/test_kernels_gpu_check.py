@@ -1,16 +1,19 @@
 """The prepared GPU script (online_rl.gpu_check, its Triton section in kernels.gpu_check): it refuses clearly
 without CUDA; its CPU dry run really runs the FSDP2 step (gloo, tiny preset) and reports the GPU-only
-sections as skipped; the section runner records errors and overruns instead of raising."""
+sections as skipped; the section runner records errors and overruns instead of raising; the codec section's
+helpers are checked on the CPU (its kernels, under the interpreter, in triton_checks.py)."""
 
 import json
 import signal
 import time
 
+import numpy as np
 import pytest
 import torch
 
-from online_rl import gpu_check
+from online_rl import gpu_check, gpu_check_codec
 from online_rl.gpu_check_run import Budget, run_section
+from weight_sync import codec
 
 cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="what the script does without CUDA")
 
@@ -78,3 +81,21 @@ def test_a_section_past_its_budget_is_stopped_and_recorded():
     assert time.monotonic() - t0 < 5
     assert signal.getsignal(signal.SIGALRM) is before  # and the alarm is off again
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_codec_section_helpers():
+    new, base = gpu_check_codec.deltas(50_000, 0.02)
+    changed = np.count_nonzero(new != base)
+    assert 0.01 * new.size < changed < 0.03 * new.size
+    before = gpu_check_codec.delta.MIN_GPU_BYTES
+    with gpu_check_codec.numpy_path():
+        a = codec.encode_tensor(new, base, chunk_elems=20_000)
+        assert gpu_check_codec.delta.MIN_GPU_BYTES > new.nbytes
+    assert gpu_check_codec.delta.MIN_GPU_BYTES == before
+    assert gpu_check_codec.same_chunks(a, codec.encode_tensor(new, base, chunk_elems=20_000))
+    new[-1] ^= 2
+    assert not gpu_check_codec.same_chunks(a, codec.encode_tensor(new, base, chunk_elems=20_000))
+    real = gpu_check_codec.triton_ops.on_host
+    with gpu_check_codec.counting_gpu_calls() as calls:  # kernels.delta looks on_host up at each call
+        out = gpu_check_codec.triton_ops.on_host(torch.bitwise_xor, new, base)  # CPU tensors without CUDA
+    assert calls == [1] and np.array_equal(out, new ^ base) and gpu_check_codec.triton_ops.on_host is real

@@ -70,3 +70,15 @@ def test_delta_kernels_bit_exact(view):
         assert triton_ops.on_host(triton_ops.count_nonzero, x) == changed
         assert np.array_equal(triton_ops.on_host(triton_ops.join_planes, planes, np.dtype(view), a.size), x)
 
+
+def test_the_gpu_checks_codec_section_on_the_interpreter(monkeypatch):
+    """online_rl.gpu_check's codec section, its kernels interpreted on CPU tensors (small, its timings
+    meaningless): the codec's Triton path gives the numpy path's frames and decodes bit for bit."""
+    from kernels import delta
+    from online_rl import gpu_check_codec
+    from online_rl.gpu_check_run import Budget
+
+    monkeypatch.setattr(delta, "backend", lambda: "triton")
+    monkeypatch.setattr(delta, "MIN_GPU_BYTES", 4096)
+    result = gpu_check_codec.codec_gpu_path(Budget(100), log=lambda line: None, n=1 << 14, dev=torch.device("cpu"))
+    assert result["ok"] and all(result["checks"].values()) and len(result["checks"]) == 13, result["checks"]

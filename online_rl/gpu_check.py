@@ -7,6 +7,8 @@ one JSON report. Sections, each under its own time budget, an error recorded and
                       cuBLAS measured in the same run (kernels.gpu_check)
     delta_codec       the delta codec's GPU path bit for bit against its numpy path, and its throughput
                       against its own host<->device transfers (online_rl.gpu_check_codec)
+    batch_invariance  a row's logits alone and in batches, batch-invariant on and off, and the slowdown
+                      (online_rl.gpu_check_bi)
 
     python -m online_rl.gpu_check [REPORT.json] [--cpu-smoke] [--sections a,b]
         (default $OUT/gpu_check.json, else ./gpu_check.json)
@@ -33,7 +35,7 @@ import torch
 
 from online_rl.gpu_check_run import SKIPPED_NO_CUDA, run_section, skipped
 
-BUDGETS_S = {"fsdp_step": 150, "triton_kernels": 90, "delta_codec": 60}
+BUDGETS_S = {"fsdp_step": 150, "triton_kernels": 90, "delta_codec": 60, "batch_invariance": 60}
 SECTIONS = tuple(BUDGETS_S)
 WATCHDOG_S = 450  # the lent machine's call is 8 minutes: stop well before it, keeping the report so far
 
@@ -71,6 +73,10 @@ def section_fn(name: str, cpu_smoke: bool, log):
         from online_rl import gpu_check_codec as m
 
         return lambda budget: m.codec_gpu_path(budget, log)
+    if name == "batch_invariance":
+        from online_rl import gpu_check_bi as m
+
+        return lambda budget: m.batch_invariance(budget, torch.device("cuda", 0), log=log)
     raise ValueError(f"unknown section {name!r}; the sections are {', '.join(SECTIONS)}")
 
 

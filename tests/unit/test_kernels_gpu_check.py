@@ -1,7 +1,7 @@
 """The prepared GPU script (online_rl.gpu_check, its Triton section in kernels.gpu_check): it refuses clearly
 without CUDA; its CPU dry run really runs the FSDP2 step (gloo, tiny preset) and reports the GPU-only
-sections as skipped; the section runner records errors and overruns instead of raising; the codec section's
-helpers are checked on the CPU (its kernels, under the interpreter, in triton_checks.py)."""
+sections as skipped; the section runner records errors and overruns instead of raising; the parts of the
+batch-invariance and codec sections that have a CPU path are checked on it."""
 
 import json
 import signal
@@ -12,7 +12,9 @@ import pytest
 import torch
 
 from online_rl import gpu_check, gpu_check_codec
+from online_rl.gpu_check_bi import batch_invariance
 from online_rl.gpu_check_run import Budget, run_section
+from online_rl.model import ModelConfig
 from weight_sync import codec
 
 cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="what the script does without CUDA")
@@ -81,6 +83,15 @@ def test_a_section_past_its_budget_is_stopped_and_recorded():
     assert time.monotonic() - t0 < 5
     assert signal.getsignal(signal.SIGALRM) is before  # and the alarm is off again
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_batch_invariance_section_on_the_cpu_path():
+    """The section's comparison, on the CPU ops (the report itself skips it without CUDA)."""
+    r = batch_invariance(Budget(60), torch.device("cpu"), ModelConfig(), batch=6, seq=12, log=lambda line: None)
+    assert r["ok"] is True
+    assert r["batch_invariant"]["logits_identical"] and r["batch_invariant"]["max_abs_diff"] == 0.0
+    assert set(r["default"]) == {"logits_identical", "experts_identical", "max_abs_diff", "forward_s"}
+    assert r["slowdown"] > 0 and r["modes_max_abs_diff"] < 1e-3 * r["modes_logit_scale"]
 
 
 def test_codec_section_helpers():

@@ -1,25 +1,21 @@
-"""The prepared GPU check of kernels/ (one run on a lent GPU): correctness of every Triton kernel against
-the numpy / float64 references on the device, batch invariance on the device, and timings against the
-ceilings measured in the same run (device-to-device copy bandwidth; cuBLAS fp32 matmul without TF32).
+"""The Triton kernels' section of the prepared GPU check (online_rl.gpu_check runs it, with the trainer's
+FSDP2 step, the delta codec's GPU path and the batch-invariant forward): correctness of every Triton kernel
+against the numpy / float64 references on the device, batch invariance on the device, and timings against
+the ceilings measured in the same run (device-to-device copy bandwidth; cuBLAS fp32 matmul without TF32).
 
-    python -m kernels.gpu_check [REPORT.json]      (default $OUT/kernels_gpu.json, else ./kernels_gpu.json)
-
-Exit code 0 when every check passed. Needs CUDA; refuses to run under TRITON_INTERPRET.
+The entry point lives in online_rl because kernels import nothing of ours (tests/unit/test_import_layers.py);
+this module is kernels-only. Needs CUDA and compiled Triton (not TRITON_INTERPRET).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import sys
-import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
 
-def _bench(fn, reps: int = 20) -> float:
+def cuda_bench(fn, reps: int = 20) -> float:
     """Median seconds of fn() on the GPU (CUDA events; warm-up first)."""
     for _ in range(3):
         fn()
@@ -35,29 +31,29 @@ def _bench(fn, reps: int = 20) -> float:
     return float(np.median(times))
 
 
-def main(report_path: Path) -> int:
+def triton_kernels(log=print) -> dict:
+    """The section: {"ok": every check passed, "checks": name -> bool, "timings": name -> number}."""
     if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
-        print("gpu_check needs a CUDA device and compiled Triton (not TRITON_INTERPRET)", file=sys.stderr)
-        return 2
+        raise RuntimeError("the Triton kernels' check needs a CUDA device and compiled Triton (not TRITON_INTERPRET)")
     from kernels import reference as ref, triton_ops as T
 
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = torch.device("cuda")
-    report: dict = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "checks": {}, "timings": {}}
-    checks, timings = report["checks"], report["timings"]
-    t_start = time.time()
+    checks: dict = {}
+    timings: dict = {}
 
     # ---- ceilings, measured here
     n_bytes = 1 << 30
     src = torch.empty(n_bytes, dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
-    copy_s = _bench(lambda: dst.copy_(src))
+    copy_s = cuda_bench(lambda: dst.copy_(src))
     bandwidth = 2 * n_bytes / copy_s / 1e9  # read + write
     timings["copy_bandwidth_gbps"] = round(bandwidth, 1)
     M = N = K = 8192
     a, b = torch.randn(M, K, device=dev), torch.randn(K, N, device=dev)
-    mm_s = _bench(lambda: a @ b, reps=10)
+    mm_s = cuda_bench(lambda: a @ b, reps=10)
     timings["cublas_fp32_tflops"] = round(2 * M * N * K / mm_s / 1e12, 1)
+    log(f"  ceilings: copy {timings['copy_bandwidth_gbps']} GB/s, cuBLAS fp32 {timings['cublas_fp32_tflops']} TFLOP/s")
 
     # ---- delta kernels: bit-exact against numpy, then GB/s against the copy bandwidth
     rng = np.random.default_rng(0)
@@ -83,9 +79,11 @@ def main(report_path: Path) -> int:
         ("join_planes", lambda: T.join_planes(planes, 2, n), 2 * nb),
         ("count_nonzero", lambda: T.count_nonzero(x), nb),
     ):
-        s = _bench(fn)
+        s = cuda_bench(fn)
         timings[f"{name}_gbps"] = round(moved / s / 1e9, 1)
         timings[f"{name}_share_of_copy_bandwidth"] = round(moved / s / 1e9 / bandwidth, 3)
+
+    log(f"  delta kernels: bit-exact {all(checks.values())}, xor {timings['xor_gbps']} GB/s")
 
     # ---- batch-invariant ops: reference tolerance and invariance on the device
     g = torch.Generator(device="cpu").manual_seed(0)
@@ -121,22 +119,13 @@ def main(report_path: Path) -> int:
 
     Mb, Kb, Nb = 8192, 4096, 4096
     xa, wb = torch.randn(Mb, Kb, device=dev), torch.randn(Nb, Kb, device=dev)
-    lin_s = _bench(lambda: T.linear(xa, wb), reps=10)
+    lin_s = cuda_bench(lambda: T.linear(xa, wb), reps=10)
     timings["linear_tflops"] = round(2 * Mb * Nb * Kb / lin_s / 1e12, 2)
     timings["linear_share_of_cublas_fp32"] = round(timings["linear_tflops"] / timings["cublas_fp32_tflops"], 3)
     big = torch.randn(8192, 32768, device=dev)
-    sm_s = _bench(lambda: T.log_softmax(big))
+    sm_s = cuda_bench(lambda: T.log_softmax(big))
     timings["log_softmax_gbps"] = round(2 * big.numel() * 4 / sm_s / 1e9, 1)
     timings["log_softmax_share_of_copy_bandwidth"] = round(timings["log_softmax_gbps"] / bandwidth, 3)
 
-    report["passed"] = all(checks.values())
-    report["seconds"] = round(time.time() - t_start, 1)
-    report_path.parent.mkdir(parents=True, exist_ok=True)
-    report_path.write_text(json.dumps(report, indent=1))
-    print(json.dumps(report))
-    return 0 if report["passed"] else 1
-
-
-if __name__ == "__main__":
-    default = Path(os.environ["OUT"]) / "kernels_gpu.json" if os.environ.get("OUT") else Path("kernels_gpu.json")
-    sys.exit(main(Path(sys.argv[1]) if len(sys.argv) > 1 else default))
+    log(f"  row ops: linear {timings['linear_tflops']} TFLOP/s, log_softmax {timings['log_softmax_gbps']} GB/s")
+    return {"ok": all(checks.values()), "checks": checks, "timings": timings}

@@ -150,8 +150,8 @@ def _join_kernel(p_ptr, o_ptr, n, ITEMSIZE: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
     acc = tl.zeros((BLOCK,), dtype=tl.int32)
-    for k in tl.static_range(ITEMSIZE):
-        acc = acc | (tl.load(p_ptr + k * n + offs, mask=m, other=0).to(tl.int32) << (8 * k))
+    for k in tl.static_range(ITEMSIZE):  # & 0xFF: on_host hands planes over as int8, whose cast sign-extends
+        acc = acc | ((tl.load(p_ptr + k * n + offs, mask=m, other=0).to(tl.int32) & 0xFF) << (8 * k))
     tl.store(o_ptr + offs, acc.to(o_ptr.dtype.element_ty), mask=m)
 
 

@@ -8,4 +8,6 @@
 - loss.py, update.py, model.py: the policy-gradient step on the tiny Qwen3-MoE
 - config.py: every part's configuration (the `flywheel train` flags)
 - bootstrap.py: the base model, made here from a seed
+- gpu_check.py: the prepared check for a lent GPU (FSDP2 step, Triton kernels, the delta codec's GPU path,
+  the batch-invariant forward), its parts in gpu_check_*.py
 """

@@ -60,7 +60,8 @@ def test_delta_kernels_bit_exact(view):
     new = base.copy()
     new[rng.random(base.size) < 0.3] ^= view(0x8001 if view == np.uint16 else 0x80000001)
     special = np.array([0, info.max, 1, info.max // 2 + 1], view)
-    for a, b in ((new, base), (special, special[::-1].copy())):
+    zeros = np.zeros_like(base)  # a full snapshot: every byte of random bits, 0x80 and over included
+    for a, b in ((new, base), (special, special[::-1].copy()), (base, zeros)):
         x = triton_ops.on_host(triton_ops.xor, a, b)
         assert x.dtype == view and np.array_equal(x, a ^ b)
         planes = triton_ops.on_host(triton_ops.split_planes, x)
@@ -68,3 +69,16 @@ def test_delta_kernels_bit_exact(view):
         assert np.array_equal(planes, want)
         assert triton_ops.on_host(triton_ops.count_nonzero, x) == changed
         assert np.array_equal(triton_ops.on_host(triton_ops.join_planes, planes, np.dtype(view), a.size), x)
+
+
+def test_the_gpu_checks_codec_section_on_the_interpreter(monkeypatch):
+    """online_rl.gpu_check's codec section, its kernels interpreted on CPU tensors (small, its timings
+    meaningless): the codec's Triton path gives the numpy path's frames and decodes bit for bit."""
+    from kernels import delta
+    from online_rl import gpu_check_codec
+    from online_rl.gpu_check_run import Budget
+
+    monkeypatch.setattr(delta, "backend", lambda: "triton")
+    monkeypatch.setattr(delta, "MIN_GPU_BYTES", 4096)
+    result = gpu_check_codec.codec_gpu_path(Budget(100), log=lambda line: None, n=1 << 14, dev=torch.device("cpu"))
+    assert result["ok"] and all(result["checks"].values()) and len(result["checks"]) == 13, result["checks"]

@@ -1,6 +1,8 @@
-"""The trainer, side by side in one run: update-step throughput on 1 vs 2 data-parallel processes (same
-batch, same 2 cores), stream ingest rate from a real broker, and the train/serve numerics of the demo
-model with router replay on and off. Prints one JSON object as the last line."""
+"""The trainer, side by side in one run: update-step throughput on 1 vs 2 data-parallel processes and on 2
+FSDP2 processes (same batch, same 2 cores), stream ingest rate from a real broker, the train/serve
+numerics of the demo model with router replay on and off, our training step vs transformers' on the same
+Qwen3-MoE, and FSDP2 vs DP peak memory per rank on a ~290M-parameter preset (benchmarks._trainer_fsdp).
+Prints one JSON object as the last line."""
 
 from __future__ import annotations
 
@@ -45,7 +47,7 @@ def _samples(model_dir: Path, n: int):
     ]
 
 
-def _rank(rank: int, size: int, port: int, model_dir: str, samples, out: str) -> None:
+def _rank(rank: int, size: int, port: int, model_dir: str, samples, out: str, shard: str = "dp") -> None:
     import torch.distributed as dist
 
     from online_rl.config import LossConfig, OptimConfig
@@ -53,10 +55,16 @@ def _rank(rank: int, size: int, port: int, model_dir: str, samples, out: str) ->
     from online_rl.model import load_pretrained
     from online_rl.update import make_optimizer, update
 
-    if size > 1:
+    if size > 1 or shard == "fsdp":
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
     torch.set_num_threads(max(1, 2 // size))
     model, ref = load_pretrained(Path(model_dir)), load_pretrained(Path(model_dir)).eval()
+    if shard == "fsdp":
+        from online_rl.config import ShardConfig
+        from online_rl.sharding import shard as fully_shard
+
+        fully_shard(model, ShardConfig(shard="fsdp"))
+        fully_shard(ref, ShardConfig(shard="fsdp"))
     opt = make_optimizer(model, OptimConfig())
     adv, _ = advantages(samples, LossConfig(), 0.0)
     times, tokens = [], 0
@@ -67,7 +75,7 @@ def _rank(rank: int, size: int, port: int, model_dir: str, samples, out: str) ->
             tokens += m["tokens"]
     if rank == 0:
         Path(out).write_text(json.dumps({"seconds": sum(times), "tokens": tokens, "samples": len(samples) * STEPS}))
-    if size > 1:
+    if dist.is_initialized():
         dist.destroy_process_group()
 
 
@@ -87,6 +95,10 @@ def update_throughput(model_dir: Path, tmp: Path) -> dict:
         r = json.loads(path.read_text())
         out[f"tokens_per_s_{size}proc"] = round(r["tokens"] / r["seconds"], 1)
         out[f"samples_per_s_{size}proc"] = round(r["samples"] / r["seconds"], 2)
+    path = tmp / "fsdp2.json"  # the same batch, FSDP2 over the same 2 processes
+    mp.spawn(_rank, args=(2, free_port(), str(model_dir), samples, str(path), "fsdp"), nprocs=2)
+    r = json.loads(path.read_text())
+    out["fsdp2_tokens_per_s_2proc"] = round(r["tokens"] / r["seconds"], 1)
     out["update_batch"] = {
         "samples": len(samples),
         "mean_tokens": round(float(np.mean([s.n_tokens for s in samples])), 1),
@@ -141,7 +153,13 @@ def main() -> dict:
         result.update(update_throughput(model, tmp))
         result.update(ingest_rate(model, tmp))
         result.update(numerics(model))
+        from benchmarks._trainer_fsdp import fsdp_vs_dp, ours_vs_transformers
+
+        result.update(ours_vs_transformers(tmp))
+        result.update(fsdp_vs_dp(tmp))
         result["targets_met"] = {
+            "fsdp2_peak_rss_le_0.65x_dp": result["fsdp2_vs_dp_peak_rss"] <= 0.65,
+            "ours_step_at_least_as_fast_as_transformers": result["ours_vs_transformers_step_ratio"] >= 1.0,
             "replay_logprob_diff_le_1e-5": result["numerics"]["replay"]["max_abs_logprob_diff"] <= 1e-5,
             "replay_routing_disagreement_zero": result["numerics"]["replay"]["routing_disagreement"] == 0.0,
         }

@@ -1,14 +1,10 @@
 """Section 1 of the prepared GPU check: an FSDP2 training step of the trainer's model on one device.
 
 A one-rank process group (NCCL on a GPU, gloo on the CPU smoke run), the model built on the meta device,
-materialised on the device and initialised by `init_weights`, each decoder layer then the root wrapped by
-`fully_shard` with bf16 parameters and fp32 gradient reduction, AdamW, next-token cross-entropy on one fixed
-batch of random tokens (so the loss falls as the model memorises it). Reports tokens/s over the timed steps,
-their seconds, peak device memory and the losses.
-
-The forward runs under autocast (bf16): with bf16 parameters alone the model's attention fails, because
-apply_rope multiplies bf16 q/k by fp32 cos/sin (rope_cache) and scaled_dot_product_attention then gets fp32
-q/k with a bf16 v ("Expected query, key, and value to have the same dtype").
+materialised on the device and initialised by `init_weights`, sharded as the trainer shards it
+(online_rl.sharding.shard: each decoder block then the root, bf16 compute, fp32 gradient reduction), AdamW,
+next-token cross-entropy on one fixed batch of random tokens (so the loss falls as the model memorises it).
+Reports tokens/s over the timed steps, their seconds, peak device memory and the losses.
 """
 
 from __future__ import annotations
@@ -91,7 +87,8 @@ def fsdp_step(budget: Budget, device: torch.device, preset: Preset, log=print) -
 
 
 def _train(budget: Budget, device: torch.device, preset: Preset, log) -> dict:
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from online_rl.config import ShardConfig
+    from online_rl.sharding import shard
 
     cfg = preset.cfg
     t0 = time.perf_counter()
@@ -100,10 +97,7 @@ def _train(budget: Budget, device: torch.device, preset: Preset, log) -> dict:
     model.to_empty(device=device)
     model.init_weights(seed=0)
     total, active = param_counts(cfg, model)
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    for layer in model.model.layers:
-        fully_shard(layer, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
+    shard(model, ShardConfig(shard="fsdp", param_dtype="bfloat16"), device)
     opt = torch.optim.AdamW(model.parameters(), lr=preset.lr, betas=(0.9, 0.95), weight_decay=0.0)
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, cfg.vocab_size, (preset.batch, preset.seq + 1), generator=g).to(device)
@@ -122,8 +116,7 @@ def _train(budget: Budget, device: torch.device, preset: Preset, log) -> dict:
         t = time.perf_counter()
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="FSDP2-wrapped module")  # Block returns views; harmless here
-            with torch.autocast(device.type, dtype=torch.bfloat16):
-                out = model(inputs)
+            out = model(inputs)
             loss = F.cross_entropy(out.logits.float().flatten(0, 1), targets.flatten())
             loss.backward()
         opt.step()
@@ -146,7 +139,7 @@ def _train(budget: Budget, device: torch.device, preset: Preset, log) -> dict:
         "preset": {**asdict(cfg), "batch": preset.batch, "seq": preset.seq, "lr": preset.lr},
         "params": total,
         "active_params_per_token": active,
-        "autocast_bf16": True,
+        "param_dtype": "bfloat16",
         "setup_s": round(setup_s, 2),
         "tokens_per_step": tokens_per_step,
         "warmup_steps": preset.warmup,

@@ -11,7 +11,9 @@ number of forwards (online_rl.update pads with a zero-weight forward), save and 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -50,6 +52,55 @@ def shard(model: torch.nn.Module, cfg: ShardConfig, device: torch.device | None 
         unit.set_gradient_divide_factor(1.0)
         if dist.get_backend() == "gloo":  # gloo has no PREMUL_SUM: plain sums (a factor of 1 scales nothing)
             unit.set_force_sum_reduction_for_comms(True)
+    return model
+
+
+def load_sharded(path: Path, cfg: ShardConfig, device: torch.device | None = None) -> torch.nn.Module:
+    """A Hugging Face checkpoint straight into a sharded model: built on the meta device, sharded, then each
+    rank copies its rows of each tensor as the checkpoint is read one tensor at a time. No rank ever holds
+    the whole model (online_rl.model.load_pretrained would: a full fp32 copy, then its shard), so a rank's
+    peak at start-up is its shard plus one tensor. Same checks and name mapping as load_pretrained."""
+    from safetensors import safe_open
+
+    from online_rl.model import ModelConfig, MoECoder, split_fused_experts
+
+    device = device or torch.device("cpu")
+    path = Path(path)
+    mcfg = ModelConfig.from_hf(json.loads((path / "config.json").read_text()))
+    with torch.device("meta"):
+        model = MoECoder(mcfg)
+    shard(model, cfg, device)
+    model.to_empty(device=device)
+    params = dict(model.named_parameters())  # a tied head is the embedding: one entry
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"checkpoint {path} has no *.safetensors (only safetensors checkpoints load)")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    done, unexpected = set(), []
+    with torch.no_grad():
+        for f in files:
+            with safe_open(str(f), "pt") as st:
+                for key in st.keys():  # noqa: SIM118 (safe_open is not a dict)
+                    if key.endswith("rotary_emb.inv_freq") or (mcfg.tie_word_embeddings and key == "lm_head.weight"):
+                        continue
+                    for name, full in split_fused_experts({key: st.get_tensor(key)}, mcfg).items():
+                        if name not in params:
+                            unexpected.append(name)
+                            continue
+                        local = params[name].to_local()
+                        chunks = torch.chunk(full, world, dim=0)  # FSDP2's dim-0 split
+                        rows = chunks[rank] if rank < len(chunks) else full[:0]
+                        if tuple(full.shape) != tuple(params[name].shape) or rows.shape != local.shape:
+                            raise ValueError(
+                                f"{name}: checkpoint shape {tuple(full.shape)}, model {tuple(params[name].shape)}"
+                            )
+                        local.copy_(rows)
+                        done.add(name)
+    missing = sorted(set(params) - done)
+    if missing or unexpected:
+        raise ValueError(
+            f"checkpoint {path} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
     return model
 
 

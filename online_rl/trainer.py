@@ -37,7 +37,7 @@ from online_rl.publisher import Publisher
 from online_rl.ranks import SHARDS, command, load_shards, save_shards
 from online_rl.rollouts import RolloutSource
 from online_rl.samples import InvalidSample, Sample
-from online_rl.sharding import shard
+from online_rl.sharding import load_sharded
 from online_rl.stream import Joiner
 from online_rl.stream_reader import StreamReader
 from online_rl.trainer_metrics import TrainerMetrics
@@ -58,15 +58,17 @@ class Trainer:
         if self.fsdp and not (torch.distributed.is_available() and torch.distributed.is_initialized()):
             raise RuntimeError("--shard fsdp needs a process group: start it with `flywheel train` (any --nproc)")
         device = torch.device("cuda", torch.cuda.current_device()) if cfg.device == "cuda" else torch.device("cpu")
-        self.ref = load_pretrained(cfg.model_dir).eval().to(device) if cfg.loss.kl_coef else None
+        # Sharded: each rank reads only its rows (the reference, as large as the model, is sharded too).
+        load = (
+            (lambda: load_sharded(cfg.model_dir, cfg.sharding, device))
+            if self.fsdp
+            else (lambda: load_pretrained(cfg.model_dir).to(device))
+        )
+        self.ref = load().eval() if cfg.loss.kl_coef else None
         if self.ref is not None:
             for p in self.ref.parameters():
                 p.requires_grad_(False)
-            if self.fsdp:  # the reference is as large as the model: sharded too, gathered block by block
-                shard(self.ref, cfg.sharding, device)
-        self.model = load_pretrained(cfg.model_dir).train().to(device)
-        if self.fsdp:
-            shard(self.model, cfg.sharding, device)
+        self.model = load().train()
         self.opt = make_optimizer(self.model, cfg.optim)  # after sharding: its state is sharded alike
         self.joiner = Joiner(cfg.join, cfg.rewards, text_len=self._text_len())
         self.buffer: list[Sample] = []

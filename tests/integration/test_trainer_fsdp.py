@@ -58,17 +58,18 @@ def _steps(rank, size, port, model_dir, samples, adv, out, fsdp: bool) -> None:
     """STEPS updates of the test model (router replay and the KL on); rank 0 saves the full weights."""
     import torch.distributed as dist
 
-    from online_rl.sharding import full_tensors, shard
+    from online_rl.sharding import full_tensors, load_sharded
     from online_rl.update import make_optimizer, update
 
     if fsdp:
         _init(rank, size, port)
     else:
         torch.set_num_threads(1)
-    model, ref = load_pretrained(Path(model_dir)), load_pretrained(Path(model_dir)).eval()
-    if fsdp:
-        shard(model, ShardConfig(shard="fsdp"))
-        shard(ref, ShardConfig(shard="fsdp"))
+    if fsdp:  # each rank reads its rows of the checkpoint (the 1-rank run: load_pretrained, the whole model)
+        model, ref = (load_sharded(Path(model_dir), ShardConfig(shard="fsdp")) for _ in range(2))
+        ref.eval()
+    else:
+        model, ref = load_pretrained(Path(model_dir)), load_pretrained(Path(model_dir)).eval()
     opt = make_optimizer(model, OptimConfig(lr=LR))
     for _ in range(STEPS):
         update(model, ref, opt, samples, adv, LossConfig(kl_coef=0.05), OptimConfig(lr=LR, micro_batch=4))
@@ -158,3 +159,37 @@ def test_fsdp_checkpoint_resumes_on_fewer_ranks_and_exports_the_same_bytes(test_
     exported, base = load_file(tmp_path / "two" / "model.safetensors"), load_pretrained(test_model).state_dict()
     assert exported.keys() == base.keys() and all(t.dtype == torch.bfloat16 for t in exported.values())
     assert max((exported[k].float() - base[k]).abs().max().item() for k in base) > 0  # trained, not the base
+
+
+def _load_rank(rank, size, port, paths: dict, out: str) -> None:
+    import torch.distributed as dist
+
+    from online_rl.sharding import full_tensors, load_sharded
+
+    _init(rank, size, port)
+    gathered = {arch: dict(full_tensors(load_sharded(Path(p), ShardConfig(shard="fsdp")))) for arch, p in paths.items()}
+    if rank == 0:
+        torch.save(gathered, out)
+    dist.destroy_process_group()
+
+
+def test_sharded_load_of_transformers_checkpoints_is_the_whole_load(tmp_path):
+    """Each rank reads its rows of Qwen3-MoE (per-expert and fused), dense tied Qwen3 and Llama checkpoints
+    written by transformers: gathered, they are exactly what load_pretrained reads on one process."""
+    import torch.multiprocessing as mp
+
+    from flywheel.core.procs import free_port
+    from tests.unit.test_model_architectures import ARCHS, build
+
+    paths = {}
+    for arch in ARCHS:
+        paths[arch] = tmp_path / arch
+        build(arch, paths[arch])
+    paths["qwen3_moe_fused"] = tmp_path / "fused"
+    build("qwen3_moe", paths["qwen3_moe_fused"], fused=True)
+    mp.spawn(_load_rank, args=(2, free_port(), {k: str(v) for k, v in paths.items()}, str(tmp_path / "g.pt")), nprocs=2)
+    gathered = torch.load(tmp_path / "g.pt")
+    for arch, path in paths.items():
+        whole = load_pretrained(path).state_dict()
+        assert gathered[arch].keys() == whole.keys(), arch
+        assert all(torch.equal(gathered[arch][k], whole[k]) for k in whole), arch

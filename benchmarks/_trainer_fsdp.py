@@ -4,7 +4,8 @@
   and of transformers' Qwen3MoeForCausalLM loaded from the same checkpoint, same batch, alternating;
 - FSDP2 vs DP memory: the real trainer (online_rl.trainer, 2 gloo ranks, rank 0 driving, rank 1 following
   its commands, KL reference on) on a preset of ~290M parameters, where parameters, gradients, AdamW state
-  and the reference dominate; each mode in fresh processes, peak RSS per rank (ru_maxrss), tokens/s.
+  and the reference dominate; each mode in fresh processes started as `flywheel train` starts its ranks
+  (online_rl.ranks.spawn), peak RSS per rank (ru_maxrss), tokens/s.
 """
 
 from __future__ import annotations
@@ -160,16 +161,15 @@ def _rank(rank: int, size: int, port: int, model_dir: str, shard: str, samples, 
 
 
 def fsdp_vs_dp(tmp: Path, steps: int = 2) -> dict:
-    import torch.multiprocessing as mp
-
     from flywheel.core.procs import free_port
+    from online_rl.ranks import spawn
 
     path = _checkpoint(LARGE, tmp / "large")
     samples = _samples(LARGE, 4, 48, 16)
     res = {}
     for shard in ("dp", "fsdp"):
         out = tmp / f"{shard}.json"
-        mp.spawn(_rank, args=(2, free_port(), str(path), shard, samples, steps, str(out)), nprocs=2)
+        spawn(_rank, (2, free_port(), str(path), shard, samples, steps, str(out)), 2)  # as `flywheel train` does
         res[shard] = json.loads(out.read_text())
     n_params = sum(np.prod(v) for v in _shapes(path).values())
     dp, fsdp = max(res["dp"]["peak_rss_mb"]), max(res["fsdp"]["peak_rss_mb"])

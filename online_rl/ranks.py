@@ -112,12 +112,37 @@ def _rank_main(rank: int, size: int, port: int, cfg: TrainerConfig) -> None:
 
 def run_distributed(cfg: TrainerConfig, nproc: int) -> None:
     """`flywheel train --nproc N`: N ranks on this machine (FSDP needs a process group, even of one)."""
-    import torch.multiprocessing as mp
-
     from flywheel.core.procs import free_port
     from online_rl.trainer import Trainer
 
     if nproc <= 1 and cfg.sharding.shard == "dp":
         Trainer(cfg).run()
         return
-    mp.spawn(_rank_main, args=(max(1, nproc), free_port(), cfg), nprocs=max(1, nproc), join=True)
+    spawn(_rank_main, (max(1, nproc), free_port(), cfg), max(1, nproc))
+
+
+# glibc raises its mmap threshold after each large free (up to 32 MiB), after which tensor-sized blocks come
+# from the heap, whose freed memory a process keeps: a rank whose tensors come and go (FSDP gathers a block,
+# frees it, gathers the next) then holds its high-water mark for good. A fixed threshold keeps every block
+# of 1 MiB or more its own mapping, returned when freed. Measured (benchmarks.trainer, ~290M parameters,
+# 2 FSDP ranks): peak RSS per rank 5.5 GB without, 4.3 GB with, against 3.6 GB of live tensors.
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
+
+
+def spawn(fn, args: tuple, nprocs: int) -> None:
+    """torch.multiprocessing.spawn of `nprocs` ranks, with the allocator settings above (read by glibc at
+    process start, so set for the children only: this process's own allocator is already running)."""
+    import os
+
+    import torch.multiprocessing as mp
+
+    saved = {k: os.environ.get(k) for k in MALLOC_ENV}
+    os.environ.update({k: os.environ.get(k) or v for k, v in MALLOC_ENV.items()})
+    try:
+        mp.spawn(fn, args=args, nprocs=nprocs, join=True)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

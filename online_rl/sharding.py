@@ -47,7 +47,9 @@ def shard(model: torch.nn.Module, cfg: ShardConfig, device: torch.device | None 
     mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
     for block in model.model.layers:
         fully_shard(block, mesh=mesh, mp_policy=mp)
-    fully_shard(model, mesh=mesh, mp_policy=mp)
+    # The root (embedding, final norm, head) is resharded after its forward too: FSDP2 keeps a root gathered
+    # until its backward by default, and the KL reference never runs one, so it would stay whole for good.
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=True)
     for unit in (m for m in model.modules() if isinstance(m, FSDPModule)):  # each unit's own setting
         unit.set_gradient_divide_factor(1.0)
         if dist.get_backend() == "gloo":  # gloo has no PREMUL_SUM: plain sums (a factor of 1 scales nothing)

@@ -173,15 +173,20 @@ class SparseMoE(nn.Module):
         if self.cfg.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         weights = weights.to(x.dtype)
-        y = torch.zeros_like(x)
-        for e, expert in enumerate(self.experts):
-            token, slot = torch.where(ids == e)  # (n_e,), (n_e,)
+        # Dispatch once: the (token, slot) pairs sorted by expert (stable: a token's slots keep their order),
+        # one gather, a contiguous run of rows per expert, one weighted scatter-add back. A token's K
+        # contributions are still added in ascending expert order, as a loop over experts adds them.
+        N, K = ids.shape
+        order = ids.reshape(-1).argsort(stable=True)  # (N*K,)
+        counts = torch.bincount(ids.reshape(-1), minlength=self.cfg.num_experts).tolist()
+        token = order // K  # (N*K,)
+        outs = []
+        for expert, rows in zip(self.experts, x[token].split(counts), strict=True):
             # With gradients on, every expert runs, on no rows when no token chose it: its weights then get
             # a zero gradient rather than none, so every data-parallel or FSDP rank reduces the same set.
             # Without (scoring, generation) an idle expert changes nothing and costs an empty pass: skip it.
-            if token.numel() == 0 and not torch.is_grad_enabled():
-                continue
-            y.index_add_(0, token, expert(x[token]) * weights[token, slot, None])
+            outs.append(rows if rows.shape[0] == 0 and not torch.is_grad_enabled() else expert(rows))
+        y = torch.zeros_like(x).index_add_(0, token, torch.cat(outs) * weights.reshape(-1)[order, None])
         return y, ids, probs
 
 

@@ -55,7 +55,7 @@ def _checkpoint(cfg: dict, out: Path) -> Path:
     return out
 
 
-def ours_vs_transformers(tmp: Path, batch: int = 8, seq: int = 256, steps: int = 5) -> dict:
+def ours_vs_transformers(tmp: Path, batch: int = 8, seq: int = 256, steps: int = 7) -> dict:
     from transformers import AutoModelForCausalLM
 
     from online_rl.model import load_pretrained

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from online_rl.config import LossConfig, OptimConfig, ShardConfig, TrainerConfig
+from online_rl.config import LossConfig, OptimConfig, PublisherConfig, ShardConfig, TrainerConfig
 from online_rl.loss import advantages
 from online_rl.model import load_pretrained
 from online_rl.samples import Sample
@@ -99,8 +99,9 @@ def test_two_fsdp_ranks_make_the_one_rank_update(test_model, tmp_path):
     assert diff < 0.01 * moved, f"2 FSDP ranks differ from 1 rank by {diff} (update size {moved})"
 
 
-def _trainer_rank(rank, size, port, model_dir, work, samples, out) -> None:
-    """A real Trainer on `size` FSDP ranks: rank 0 runs the loop's parts, the others follow its commands."""
+def _trainer_rank(rank, size, port, model_dir, work, samples, out, store=None) -> None:
+    """A real Trainer on `size` FSDP ranks: rank 0 runs the loop's parts, the others follow its commands.
+    With a store, rank 0 publishes through the trainer's own path (the other ranks gather with it)."""
     import torch.distributed as dist
 
     from online_rl.export import save_streaming
@@ -115,6 +116,7 @@ def _trainer_rank(rank, size, port, model_dir, work, samples, out) -> None:
         batch_size=8,
         optim=OptimConfig(lr=LR, micro_batch=4),
         sharding=ShardConfig(shard="fsdp"),
+        publish=PublisherConfig(store=Path(store), key=Path(store).parent / "k.pem") if store else PublisherConfig(),
     )
     trainer = Trainer(cfg)
     if rank == 0:
@@ -124,6 +126,8 @@ def _trainer_rank(rank, size, port, model_dir, work, samples, out) -> None:
             while trainer.buffer:
                 assert trainer.train_step(force=True) is not None
             trainer.save()
+        if store:
+            info["version"] = trainer.publish()
         command(("export",))
         save_streaming(trainer.model, Path(out))
         info["step"] = trainer.step
@@ -134,21 +138,32 @@ def _trainer_rank(rank, size, port, model_dir, work, samples, out) -> None:
     dist.destroy_process_group()
 
 
-def test_fsdp_checkpoint_resumes_on_fewer_ranks_and_exports_the_same_bytes(test_model, tmp_path):
+def test_fsdp_checkpoint_resumes_on_fewer_ranks_publishes_and_exports_the_same_bytes(test_model, tmp_path):
     import torch.multiprocessing as mp
     from safetensors.torch import load_file
 
     from flywheel.core.procs import free_port
+    from weight_sync.manifest import generate_key
+    from weight_sync.store import Store
 
     samples = _samples(test_model, 12)
     work = str(tmp_path / "trainer")
-    mp.spawn(_trainer_rank, args=(2, free_port(), str(test_model), work, samples, str(tmp_path / "two")), nprocs=2)
+    generate_key(tmp_path / "k.pem", tmp_path / "k.pub")
+    store = tmp_path / "store"
+    mp.spawn(
+        _trainer_rank,
+        args=(2, free_port(), str(test_model), work, samples, str(tmp_path / "two"), str(store)),
+        nprocs=2,
+    )
     ckpt = sorted((tmp_path / "trainer" / "checkpoints").glob("step-*"))[-1]
     assert sorted(p.name for p in ckpt.iterdir()) == ["shards", "trainer.pt"]
     assert "model" not in torch.load(ckpt / "trainer.pt", weights_only=True)  # the weights are in the shards
     assert len(list((ckpt / "shards").glob("*.distcp"))) == 2  # one file per rank
     two = torch.load(tmp_path / "two" / "info.pt")
-    assert two == {"resumed_step": 0, "resumed_buffer": 0, "step": 2}  # 12 samples, batches of 8
+    assert two == {"resumed_step": 0, "resumed_buffer": 0, "step": 2, "version": 1}  # 12 samples, batches of 8
+    assert Store(store).versions() == [0, 1]  # v0 the base, v1 what the 2 ranks trained, published by rank 0
+    published = (tmp_path / "trainer" / "published" / "step-00000002" / "model.safetensors").read_bytes()
+    assert published == (tmp_path / "two" / "model.safetensors").read_bytes()
 
     mp.spawn(_trainer_rank, args=(1, free_port(), str(test_model), work, [], str(tmp_path / "one")), nprocs=1)
     one = torch.load(tmp_path / "one" / "info.pt")

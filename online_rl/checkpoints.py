@@ -67,8 +67,9 @@ class Checkpoints:
             )
         return path
 
-    def load(self) -> dict | None:
-        """The newest committed state (ledger files of saves that never committed are removed), or None."""
+    def load(self, prune: bool = True) -> dict | None:
+        """The newest committed state, or None; prune: remove ledger files of saves that never committed
+        (rank 0 only: another rank still starting must not remove the ledger of a save rank 0 is making)."""
         latest = self.latest()
         if latest is None:
             return None
@@ -83,9 +84,9 @@ class Checkpoints:
                     f"on purpose (remove {self.root})"
                 ) from e
             raise
-        for f in self.ledger.glob("step-*.json"):
+        for f in self.ledger.glob("step-*.json") if prune else ():
             if f.stem > latest.name:
-                f.unlink(missing_ok=True)  # every rank reads the checkpoint; any may remove it first
+                f.unlink()
         return state
 
     def save(self, state: dict, step: int, ledger: list[dict], write_shards=None) -> Path:

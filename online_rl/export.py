@@ -43,7 +43,7 @@ def save_streaming(
     gathered, so that the other ranks are never left waiting in a collective."""
     tied = bool(getattr(getattr(model, "cfg", None), "tie_word_embeddings", False))
     entries = {k: v for k, v in metadata(model).items() if not (tied and k == "lm_head.weight")}
-    error: BaseException | None = None
+    error: Exception | None = None
     f = None
     if write:
         try:
@@ -52,15 +52,15 @@ def save_streaming(
             header = _header(entries, dtype)
             f = open(out_dir / "model.safetensors.tmp", "wb")  # noqa: SIM115 (closed below, also on error)
             f.write(struct.pack("<Q", len(header)) + header)
-        except OSError as e:
+        except Exception as e:  # whatever it is: the other ranks are about to gather with this one
             error = e
-    for name, t in full_tensors(model):
-        if f is None or error is not None or name not in entries:
-            continue
-        try:
-            f.write(memoryview(t.to("cpu", dtype).contiguous().view(torch.uint8).numpy()))
-        except OSError as e:
-            error = e
+    for _, t in full_tensors(model, names=entries):  # every rank computed the same `entries`
+        if f is not None and error is None:
+            try:
+                f.write(memoryview(t.to("cpu", dtype).contiguous().view(torch.uint8).numpy()))
+            except Exception as e:  # recorded, raised after the last gather
+                error = e
+        del t  # the next tensor is gathered with this one gone
     if f is not None:
         try:
             f.flush()

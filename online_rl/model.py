@@ -173,9 +173,8 @@ class SparseMoE(nn.Module):
         if self.cfg.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         weights = weights.to(x.dtype)
-        # Dispatch once: the (token, slot) pairs sorted by expert (stable: a token's slots keep their order),
-        # one gather, a contiguous run of rows per expert, one weighted scatter-add back. A token's K
-        # contributions are still added in ascending expert order, as a loop over experts adds them.
+        # Dispatch once: the (token, slot) pairs sorted by expert, one gather, a contiguous run of rows per
+        # expert, one weighted copy back.
         N, K = ids.shape
         order = ids.reshape(-1).argsort(stable=True)  # (N*K,)
         counts = torch.bincount(ids.reshape(-1), minlength=self.cfg.num_experts).tolist()
@@ -186,7 +185,10 @@ class SparseMoE(nn.Module):
             # a zero gradient rather than none, so every data-parallel or FSDP rank reduces the same set.
             # Without (scoring, generation) an idle expert changes nothing and costs an empty pass: skip it.
             outs.append(rows if rows.shape[0] == 0 and not torch.is_grad_enabled() else expert(rows))
-        y = torch.zeros_like(x).index_add_(0, token, torch.cat(outs) * weights.reshape(-1)[order, None])
+        out = torch.cat(outs) * weights.reshape(-1)[order, None]  # (N*K, D), sorted by expert
+        # Back to (token, slot) order (unique indices: deterministic on GPUs too, where an index_add_ with a
+        # token K times is atomic adds in no fixed order), then each token's K in slot order.
+        y = x.new_zeros(N * K, x.shape[1]).index_copy(0, order, out).view(N, K, -1).sum(1)  # (N, D)
         return y, ids, probs
 
 

@@ -14,6 +14,7 @@ from the last committed checkpoint, as after a kill -9 of one process.
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,13 +30,28 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+# The other ranks wait for their next command for as long as rank 0 has nothing to train (no traffic, the
+# broker away, long rollouts): hours, where the default group's timeout (30 min gloo, 10 min NCCL) would end
+# the run. Commands travel on a gloo group of their own with no practical timeout (and, under NCCL, pickled
+# samples then never go through a GPU); the collectives of the work itself keep the default group's.
+COMMAND_TIMEOUT = timedelta(days=365)
+_group = None
+
+
+def _command_group():
+    global _group
+    if _group is None:  # created at the first command, which every rank reaches at the same point
+        _group = dist.new_group(backend="gloo", timeout=COMMAND_TIMEOUT)
+    return _group
+
+
 def command(cmd: tuple | None = None) -> tuple:
     """Rank 0 sends `cmd` to every rank; every rank returns it (one process: returned as is)."""
     rank, size = world()
     if size == 1:
         return cmd
     box = [cmd if rank == 0 else None]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=_command_group())
     return box[0]
 
 
@@ -100,6 +116,7 @@ def _rank_main(rank: int, size: int, port: int, cfg: TrainerConfig) -> None:
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(logging.WARNING)
+    global _group
     try:
         trainer = Trainer(cfg)
         if rank == 0:
@@ -107,6 +124,7 @@ def _rank_main(rank: int, size: int, port: int, cfg: TrainerConfig) -> None:
         else:
             worker_loop(trainer)
     finally:
+        _group = None
         dist.destroy_process_group()
 
 

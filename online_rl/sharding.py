@@ -106,12 +106,13 @@ def load_sharded(path: Path, cfg: ShardConfig, device: torch.device | None = Non
     return model
 
 
-def full_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def full_tensors(model: torch.nn.Module, names=None) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, full tensor) of every state-dict entry, one at a time, under the Hugging Face names. A
     sharded entry is gathered from every rank (a collective: every rank iterates to the end, in this
     order); at most one gathered tensor is alive at a time if the caller drops each before the next."""
     for name, t in model.state_dict().items():
-        yield name, (t.full_tensor() if isinstance(t, DTensor) else t).detach()
+        if names is None or name in names:  # the same `names` on every rank
+            yield name, (t.full_tensor() if isinstance(t, DTensor) else t).detach()
 
 
 def metadata(model: torch.nn.Module) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:

@@ -95,6 +95,7 @@ class Trainer:
 
             self._control_key = load_private(cfg.publish.key).public_key()
         self._control_guard = control.ReplayGuard()
+        self._ranks_broken = False  # an update failed mid-collective: the run ends, and the spawn with it
         self._resume()
 
     def _text_len(self):
@@ -134,8 +135,8 @@ class Trainer:
         finally:
             if scheduler is not None:
                 scheduler.stop()  # every borrowed replica goes back to users
-            if self.world > 1:
-                command(("stop",))
+            if self.world > 1 and not self._ranks_broken:
+                command(("stop",))  # (after a failed update the others are inside its collectives: no stop)
             self.reader.close()
 
     def _log_step(self, m: dict) -> None:
@@ -155,7 +156,7 @@ class Trainer:
         return self.checkpoints.latest()
 
     def _resume(self) -> None:
-        state = self.checkpoints.load()
+        state = self.checkpoints.load(prune=self.rank == 0)
         if state is None:
             return
         if ("model" not in state) != self.fsdp:
@@ -329,6 +330,7 @@ class Trainer:
             m = update(self.model, self.ref, self.opt, samples, adv, self.cfg.loss, self.cfg.optim)
         except Exception as e:  # a batch the checks let through and the update cannot take: skip it, go on
             if self.world > 1:
+                self._ranks_broken = True
                 raise  # the other ranks are inside the update's collectives: skipping alone would hang them
             self.failures.failed("update", e, retry=False)
             self.opt.zero_grad(set_to_none=True)
@@ -361,7 +363,7 @@ class Trainer:
     # ------------------------------------------------------------------ publish
     def publish(self) -> int | None:
         """The current weights as the next version (online_rl.publisher); a failure waits for the next try."""
-        if self.fsdp and self.world > 1:
+        if self.fsdp and self.world > 1 and self.publisher.enabled:  # enabled: publish() gathers, first thing
             command(("export",))  # the other ranks take part in gathering each full tensor
         try:
             version = self.publisher.publish(self.model, self.step, self.history)

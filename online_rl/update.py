@@ -77,10 +77,10 @@ def update(
     n_micro = -(-len(mine) // mb)
     if fsdp:  # each forward gathers parameters in collectives: every rank runs as many as rank 0 (the most)
         n_micro = -(-len(range(0, len(samples), size)) // mb)
+    # FSDP reduce-scatters after every micro-batch's backward, into the sharded gradients: deferring it to the
+    # last (set_requires_gradient_sync) would accumulate full-size unsharded gradients on every rank.
     for i in range(n_micro):
         idx = mine[i * mb : (i + 1) * mb]
-        if fsdp:
-            model.set_requires_gradient_sync(i == n_micro - 1)  # one reduce-scatter, after the last backward
         if not idx:  # FSDP, a rank with no sequence left: the collectives with a zero-weight forward
             batch = make_batch(samples[:1], adv[:1], replay=replay).to(device)
             (policy_loss(model, ref, batch, loss_cfg, denominator=len(samples))[0] * 0.0).backward()

@@ -71,11 +71,13 @@ def _steps(rank, size, port, model_dir, samples, adv, out, fsdp: bool) -> None:
     else:
         model, ref = load_pretrained(Path(model_dir)), load_pretrained(Path(model_dir)).eval()
     opt = make_optimizer(model, OptimConfig(lr=LR))
+    norms = []
     for _ in range(STEPS):
-        update(model, ref, opt, samples, adv, LossConfig(kl_coef=0.05), OptimConfig(lr=LR, micro_batch=4))
+        m = update(model, ref, opt, samples, adv, LossConfig(kl_coef=0.05), OptimConfig(lr=LR, micro_batch=4))
+        norms.append(m["grad_norm"])
     full = dict(full_tensors(model))  # collective under FSDP: every rank gathers
     if rank == 0:
-        torch.save(full, out)
+        torch.save({"weights": full, "grad_norms": norms}, out)
     if fsdp:
         dist.destroy_process_group()
 
@@ -90,6 +92,10 @@ def test_two_fsdp_ranks_make_the_one_rank_update(test_model, tmp_path):
     _steps(0, 1, 0, str(test_model), samples, adv, str(tmp_path / "one.pt"), False)
     mp.spawn(_steps, args=(2, free_port(), str(test_model), samples, adv, str(tmp_path / "two.pt"), True), nprocs=2)
     one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    # The gradient itself, before clipping: AdamW (it divides by sqrt(v)) and the clip would hide a wrong
+    # scale (averaged instead of summed across ranks) in the weights.
+    assert np.allclose(one["grad_norms"], two["grad_norms"], rtol=1e-5, atol=0), (one["grad_norms"], two["grad_norms"])
+    one, two = one["weights"], two["weights"]
     base = load_pretrained(test_model).state_dict()
     assert one.keys() == two.keys() == base.keys()
     moved = max((one[k] - base[k]).abs().max().item() for k in one)
@@ -208,3 +214,36 @@ def test_sharded_load_of_transformers_checkpoints_is_the_whole_load(tmp_path):
         whole = load_pretrained(path).state_dict()
         assert gathered[arch].keys() == whole.keys(), arch
         assert all(torch.equal(gathered[arch][k], whole[k]) for k in whole), arch
+
+
+def _idle_rank(rank, size, port, wait_s: float, out: str) -> None:
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from online_rl.ranks import command
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size, timeout=timedelta(seconds=2)
+    )
+    command(("noop",)) if rank == 0 else command()  # the command group exists on both ranks
+    if rank == 0:
+        import time
+
+        time.sleep(wait_s)  # nothing to train for longer than the default group's timeout
+        got = command(("stop",))
+    else:
+        got = command()
+        Path(out).write_text(repr(got))
+    dist.destroy_process_group()
+
+
+def test_ranks_wait_for_commands_longer_than_the_collective_timeout(tmp_path):
+    """A rank waits for rank 0's next command however long rank 0 has nothing to send: with the default
+    group's timeout at 2 s here (30 min in production), a 6 s silence does not end the run."""
+    import torch.multiprocessing as mp
+
+    from flywheel.core.procs import free_port
+
+    mp.spawn(_idle_rank, args=(2, free_port(), 6.0, str(tmp_path / "got")), nprocs=2)
+    assert (tmp_path / "got").read_text() == "('stop',)"

@@ -42,7 +42,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--model", type=Path, default=None, help="starting checkpoint (default: the bootstrap preset)")
     t.add_argument("--preset", default="demo", choices=["test", "demo"])
     t.add_argument("--work-dir", type=Path, default=None, help="default $FLYWHEEL_HOME/trainer")
-    t.add_argument("--nproc", type=int, default=1, help="ranks (gloo on CPU, NCCL with --device cuda; --shard: how the model spreads)")
+    t.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="ranks (gloo on CPU, NCCL with --device cuda; --shard: how the model spreads)",
+    )
     t.add_argument(
         "--offpeak",
         action="store_true",

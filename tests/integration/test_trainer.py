@@ -211,23 +211,9 @@ def test_two_ranks_make_the_same_update_as_one(test_model, tmp_path):
     import torch.multiprocessing as mp
 
     from flywheel.core.procs import free_port
+    from tests.helpers import served_samples
 
-    tok = _tok(test_model)
-    model = load_pretrained(test_model)
-    raw = sample_completions(model, tok, heldout_split()[0][:6], 2, torch.Generator().manual_seed(3))
-    samples = [
-        Sample(
-            key=str(i),
-            prompt_ids=np.asarray(p),
-            output_ids=np.asarray(o),
-            behaviour_logprobs=lp,
-            routed_experts=e,
-            reward=float(i % 2),
-            model_version=0,
-            group=str(i // 4),
-        )
-        for i, (p, o, lp, e) in enumerate(raw)
-    ]
+    samples = served_samples(test_model)
     adv, _ = advantages(samples, LossConfig(), 0.0)
     _one_update(0, 1, 0, str(test_model), samples, adv, str(tmp_path / "one.pt"))
     mp.spawn(_one_update, args=(2, free_port(), str(test_model), samples, adv, str(tmp_path / "two.pt")), nprocs=2)

@@ -16,35 +16,12 @@ import torch
 from online_rl.config import LossConfig, OptimConfig, PublisherConfig, ShardConfig, TrainerConfig
 from online_rl.loss import advantages
 from online_rl.model import load_pretrained
-from online_rl.samples import Sample
-from online_rl.simulate import heldout_split, sample_completions
+from tests.helpers import served_samples
 
 pytestmark = pytest.mark.timeout(600)
 
 LR = 1e-3
 STEPS = 3
-
-
-def _samples(model_dir: Path, n: int) -> list[Sample]:
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    raw = sample_completions(
-        load_pretrained(model_dir), tok, heldout_split()[0][:6], 2, torch.Generator().manual_seed(3)
-    )
-    return [
-        Sample(
-            key=str(i),
-            prompt_ids=np.asarray(p),
-            output_ids=np.asarray(o),
-            behaviour_logprobs=lp,
-            routed_experts=e,
-            reward=float(i % 2),
-            model_version=0,
-            group=str(i // 4),
-        )
-        for i, (p, o, lp, e) in enumerate(raw)
-    ][:n]
 
 
 def _init(rank: int, size: int, port: int) -> None:
@@ -87,7 +64,7 @@ def test_two_fsdp_ranks_make_the_one_rank_update(test_model, tmp_path):
 
     from flywheel.core.procs import free_port
 
-    samples = _samples(test_model, 9)  # odd: one rank has a micro-batch less and pads with a zero-weight pass
+    samples = served_samples(test_model, 9)  # odd: one rank has a micro-batch less and pads with a zero-weight pass
     adv, _ = advantages(samples, LossConfig(), 0.0)
     _steps(0, 1, 0, str(test_model), samples, adv, str(tmp_path / "one.pt"), False)
     mp.spawn(_steps, args=(2, free_port(), str(test_model), samples, adv, str(tmp_path / "two.pt"), True), nprocs=2)
@@ -152,7 +129,7 @@ def test_fsdp_checkpoint_resumes_on_fewer_ranks_publishes_and_exports_the_same_b
     from weight_sync.manifest import generate_key
     from weight_sync.store import Store
 
-    samples = _samples(test_model, 12)
+    samples = served_samples(test_model, 12)
     work = str(tmp_path / "trainer")
     generate_key(tmp_path / "k.pem", tmp_path / "k.pub")
     store = tmp_path / "store"

@@ -119,7 +119,6 @@ def ingest_rate(model_dir: Path, tmp: Path, pairs: int = 3000) -> dict:
         raw = [(s.prompt_ids.tolist(), s.output_ids.tolist(), s.behaviour_logprobs, s.routed_experts) for s in fake]
         produce(broker.bootstrap, events_for(raw, lambda o: "accept", prefix="ing"))
         trainer = Trainer(TrainerConfig(model_dir=model_dir, work_dir=tmp / "t", kafka_bootstrap=broker.bootstrap))
-        trainer.consumer()
         t = time.perf_counter()
         while trainer.joiner.stats.joined < pairs and time.perf_counter() - t < 300:
             trainer.ingest()

@@ -24,27 +24,14 @@ def _samples(model_dir: Path, n: int):
 
     from online_rl import tasks
     from online_rl.model import load_pretrained
-    from online_rl.samples import Sample
-    from online_rl.simulate import sample_completions
+    from online_rl.simulate import as_samples, sample_completions
 
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     model = load_pretrained(model_dir)
     raw = sample_completions(
         model, tok, tasks.tasks("heldout")[: n // 4 + 1], 4, torch.Generator().manual_seed(0), max_tokens=32
     )[:n]
-    return [
-        Sample(
-            key=str(i),
-            prompt_ids=np.asarray(p),
-            output_ids=np.asarray(o),
-            behaviour_logprobs=lp,
-            routed_experts=e,
-            reward=float(i % 3 == 0),
-            model_version=0,
-            group=str(i // 8),
-        )
-        for i, (p, o, lp, e) in enumerate(raw)
-    ]
+    return as_samples(raw, lambda i: i % 3 == 0, group_size=8)
 
 
 def _rank(rank: int, size: int, port: int, model_dir: str, samples, out: str, shard: str = "dp") -> None:

@@ -31,6 +31,26 @@ def sample_completions(
     return out
 
 
+def as_samples(raw, reward, group_size: int | None = None) -> list:
+    """sample_completions' tuples as the trainer's samples of version 0: the i-th rewarded reward(i), in
+    groups of group_size consecutive samples (None: user samples, no group)."""
+    from online_rl.samples import Sample
+
+    return [
+        Sample(
+            key=str(i),
+            prompt_ids=np.asarray(p),
+            output_ids=np.asarray(o),
+            behaviour_logprobs=lp,
+            routed_experts=e,
+            reward=float(reward(i)),
+            model_version=0,
+            group=None if group_size is None else str(i // group_size),
+        )
+        for i, (p, o, lp, e) in enumerate(raw)
+    ]
+
+
 def events_for(samples, judge, version: int = 0, prefix: str = "cmpl") -> list[tuple[str, str, bytes]]:
     """(topic, key, value) for a completion and its feedback per sample; judge(output ids) -> kind."""
     records = []

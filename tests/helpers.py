@@ -165,28 +165,14 @@ async def loopback_app(handler) -> tuple[object, str]:
 def served_samples(model_dir: Path, n: int | None = None, tasks: int = 6, seed: int = 3) -> list:
     """Samples as the trainer gets them (token ids, behaviour logprobs, routed experts) from the model's own
     completions of `tasks` training tasks, 2 each; rewards alternate; groups of 4."""
-    import numpy as np
     import torch
     from tokenizers import Tokenizer
 
     from online_rl.model import load_pretrained
-    from online_rl.samples import Sample
-    from online_rl.simulate import heldout_split, sample_completions
+    from online_rl.simulate import as_samples, heldout_split, sample_completions
 
     tok = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
     raw = sample_completions(
         load_pretrained(model_dir), tok, heldout_split()[0][:tasks], 2, torch.Generator().manual_seed(seed)
     )
-    return [
-        Sample(
-            key=str(i),
-            prompt_ids=np.asarray(p),
-            output_ids=np.asarray(o),
-            behaviour_logprobs=lp,
-            routed_experts=e,
-            reward=float(i % 2),
-            model_version=0,
-            group=str(i // 4),
-        )
-        for i, (p, o, lp, e) in enumerate(raw)
-    ][:n]
+    return as_samples(raw, lambda i: i % 2, group_size=4)[:n]

@@ -10,7 +10,9 @@ which the consumer allows for (online_rl.stream).
 
 from __future__ import annotations
 
+import math
 import time
+import unicodedata
 import uuid
 from dataclasses import dataclass, field, fields
 
@@ -25,7 +27,27 @@ TOPIC_DEADLETTER = "events.deadletter"  # stubs of events too large for the brok
 COMPLETION_SCHEMA = "flywheel.completion.v1"
 FEEDBACK_SCHEMA = "flywheel.feedback.v1"
 
-FEEDBACK_KINDS = ("accept", "reject", "partial")
+IMMEDIATE_KINDS = ("accept", "reject", "partial")  # the judgment when a completion is shown
+# Signals that come later about the same completion: the user's words about it (a hint for distillation),
+# and whether it is still in the file after_s seconds on (Cody-style persistence). Completions only.
+DELAYED_KINDS = ("comment", "persisted")
+FEEDBACK_KINDS = IMMEDIATE_KINDS + DELAYED_KINDS
+MAX_COMMENT_BYTES = 2048
+
+
+def comment_problem(text) -> str | None:
+    """Why a comment's text is refused (None: it is fine). No control characters at all, line breaks
+    included: the text is inserted into the teacher's context as one comment line (online_rl.loss), and a
+    line break there would turn the rest of a user's words into code."""
+    if not isinstance(text, str) or not text.strip():
+        return "a comment needs a non-empty 'text'"
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_COMMENT_BYTES:
+        return f"'text' is at most {MAX_COMMENT_BYTES} bytes (UTF-8)"
+    if any(unicodedata.category(ch) in ("Cc", "Cs", "Zl", "Zp") for ch in text):
+        return "'text' must not contain control characters (line breaks and tabs included)"
+    return None
+
+
 SOURCES = ("user", "rollout")  # rollout traffic is tagged so it is never mistaken for a user's
 
 
@@ -106,6 +128,10 @@ class FeedbackEvent:
     origin: str = "feedback"  # feedback | tabby (which API the client used)
     session_id: str = ""  # the outcome of a whole agent session (edits kept, tests passed), not of one turn
     score: float | None = None  # a session's partial outcome in [0, 1] (the share of edits kept, of tests passed)
+    text: str | None = None  # comment: the user's words about the completion
+    still_present: bool | None = None  # persisted: is the accepted code still in the file after_s later
+    after_s: float | None = None  # persisted: seconds from the accept to the check
+    edit_distance: int | None = None  # persisted: characters the user changed in it since (optional)
     event_id: str = field(default_factory=new_event_id)
     ts: float = field(default_factory=time.time)
     schema: str = FEEDBACK_SCHEMA
@@ -148,6 +174,21 @@ def _check_feedback(f: FeedbackEvent) -> None:
         raise SchemaError("score is not a number in [0, 1]")
     if f.accepted_chars is not None and (isinstance(f.accepted_chars, bool) or not isinstance(f.accepted_chars, int)):
         raise SchemaError("accepted_chars is not an int")
+    if f.kind in DELAYED_KINDS and f.session_id:
+        raise SchemaError(f"{f.kind} feedback judges a completion, not a session")
+    if f.kind == "comment" and (why := comment_problem(f.text)) is not None:
+        raise SchemaError(why)
+    if f.kind == "persisted":
+        if not isinstance(f.still_present, bool):
+            raise SchemaError("persisted feedback needs still_present (a bool)")
+        if isinstance(f.after_s, bool) or not isinstance(f.after_s, (int, float)) or not math.isfinite(f.after_s):
+            raise SchemaError("persisted feedback needs after_s (a number)")
+        if f.after_s < 0:
+            raise SchemaError("after_s is negative")
+    if f.edit_distance is not None and (
+        isinstance(f.edit_distance, bool) or not isinstance(f.edit_distance, int) or f.edit_distance < 0
+    ):
+        raise SchemaError("edit_distance is not a non-negative int")
 
 
 def decode(raw: bytes) -> CompletionEvent | FeedbackEvent:

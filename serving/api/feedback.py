@@ -1,6 +1,11 @@
 """Feedback in: `/v1/feedback` (on one completion's choice, or on a whole agent session) and Tabby's
-`/v1/events` (view | select | dismiss). Each becomes a feedback event keyed like the completion (or the
-session) it judges, on disk before the client is answered."""
+`/v1/events` (view | select | dismiss, and our comment | persisted). Each becomes a feedback event keyed like
+the completion (or the session) it judges, on disk before the client is answered.
+
+Besides the judgment when a completion is shown (accept | reject | partial), a completion takes two delayed
+signals, sent later: `comment` (`text`: the user's words about it, at most 2 KB, no control characters) and
+`persisted` (`still_present`, `after_s`, optional `edit_distance`: is the accepted code still in the file).
+The trainer joins them to the completion within its window (online_rl.stream)."""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ from aiohttp import web
 from flywheel.core import events as ev
 from serving.api.respond import json_response
 from serving.auth import TENANT, Tenant
-from serving.schema import ApiError, Body, Field, Schema, integer, number, one_of, string
+from serving.schema import ApiError, Body, Field, Schema, boolean, integer, number, one_of, string
 from serving.sessions import MAX_SESSION_ID
 
 if TYPE_CHECKING:
@@ -48,6 +53,44 @@ def _amount_of_partial(b: Body, name: str, what: str) -> None:
         raise ApiError(400, f"'{name}' only goes with kind=partial", param=name)
 
 
+_DELAYED_FIELDS = {"comment": ("text",), "persisted": ("still_present", "after_s", "edit_distance")}
+_REQUIRED = {"comment": ("text",), "persisted": ("still_present", "after_s")}
+
+
+def _delayed_fields_fit_kind(b: Body) -> None:
+    """comment takes `text`, persisted `still_present` + `after_s` (+ `edit_distance`); no other kind
+    takes any of them, and neither judges a whole session."""
+    kind = b["kind"]
+    if kind in ev.DELAYED_KINDS and "session_id" in b.given:
+        raise ApiError(400, f"kind={kind} judges a completion: name its 'completion_id'", param="session_id")
+    for name in _REQUIRED.get(kind, ()):
+        if name not in b.given:
+            raise ApiError(400, f"kind={kind} needs '{name}'", param=name, code="missing_required_parameter")
+    for other, names in _DELAYED_FIELDS.items():
+        for name in names:
+            if other != kind and name in b.given:
+                raise ApiError(400, f"'{name}' only goes with kind={other}", param=name)
+
+
+def comment_text() -> object:
+    def check(v, name):
+        why = ev.comment_problem(v)
+        if why is not None:
+            raise ApiError(400, why, param=name, code="invalid_value")
+        return v
+
+    return check
+
+
+def _delayed_fields() -> dict[str, Field]:
+    return {
+        "text": Field(comment_text()),
+        "still_present": Field(boolean()),
+        "after_s": Field(number(0, 1e9, "'after_s' must be a non-negative number of seconds")),
+        "edit_distance": Field(integer(0, 2**62, "invalid_value", "'edit_distance' must be a non-negative integer")),
+    }
+
+
 def feedback_schema(max_n: int) -> Schema:
     return Schema(
         {
@@ -60,23 +103,37 @@ def feedback_schema(max_n: int) -> Schema:
             "accepted_chars": Field(integer(0, 2**62, "invalid_value")),
             "elapsed_ms": Field(number(0, 1e10, "'elapsed_ms' must be a non-negative number")),
             "score": Field(number(0.0, 1.0)),
+            **_delayed_fields(),
         },
-        rules=(_one_target, _fields_fit_target),
+        rules=(_one_target, _delayed_fields_fit_kind, _fields_fit_target),
     )
 
 
 def tabby_schema(max_n: int) -> Schema:
     return Schema(
         {
-            "type": Field(one_of("view", "select", "dismiss"), required=True),
+            "type": Field(one_of("view", "select", "dismiss", "comment", "persisted"), required=True),
             "completion_id": Field(string(nonempty=True), required=True),
             "choice_index": Field(
                 integer(0, max_n - 1, "invalid_value", "'choice_index' must be an integer within n"), 0
             ),
             "elapsed": Field(number(0, 1e10, "'elapsed' must be a non-negative number (ms)")),
+            **_delayed_fields(),  # comment and persisted: the same fields and rules as /v1/feedback's
         },
+        rules=(_tabby_delayed_fields_fit_type,),
         ignore_unknown=True,  # Tabby sends more (view_id, ...) than it needs here
     )
+
+
+def _tabby_delayed_fields_fit_type(b: Body) -> None:
+    kind = b["type"]
+    for name in _REQUIRED.get(kind, ()):
+        if name not in b.given:
+            raise ApiError(400, f"type={kind} needs '{name}'", param=name, code="missing_required_parameter")
+    for other, names in _DELAYED_FIELDS.items():
+        for name in names:
+            if other != kind and name in b.given:
+                raise ApiError(400, f"'{name}' only goes with type={other}", param=name)
 
 
 class FeedbackApi:
@@ -117,6 +174,10 @@ class FeedbackApi:
                 kind=b["kind"],
                 accepted_chars=b["accepted_chars"],
                 elapsed_ms=b["elapsed_ms"],
+                text=b["text"],
+                still_present=b["still_present"],
+                after_s=b["after_s"],
+                edit_distance=b["edit_distance"],
             )
         )
         return json_response({"status": "ok", "completion_id": cid})
@@ -129,8 +190,8 @@ class FeedbackApi:
         if b["type"] == "view":  # shown, not yet judged: the trainer's window decides what silence means
             self.gw.metrics.feedback.labels("view").inc()
             return json_response({"status": "ok"})
-        partial = request.query.get("select_kind") == "line"
-        kind = "reject" if b["type"] == "dismiss" else ("partial" if partial else "accept")
+        partial = b["type"] == "select" and request.query.get("select_kind") == "line"
+        kind = {"dismiss": "reject", "select": "partial" if partial else "accept"}.get(b["type"], b["type"])
         await self.log(
             ev.FeedbackEvent(
                 completion_id=cid,
@@ -139,6 +200,10 @@ class FeedbackApi:
                 kind=kind,
                 elapsed_ms=b["elapsed"],
                 origin="tabby:line" if partial else "tabby",
+                text=b["text"],
+                still_present=b["still_present"],
+                after_s=b["after_s"],
+                edit_distance=b["edit_distance"],
             )
         )
         return json_response({"status": "ok"})
@@ -150,6 +215,9 @@ class FeedbackApi:
             # completions' entries (one canary vote each) out of theirs.
             first = gw.first_session_feedback.first(f"{fb.tenant}/{fb.session_id}", -1)
             (m.session_feedback if first else m.feedback_repeated).labels(fb.kind).inc()
+        elif fb.kind in ev.DELAYED_KINDS:  # one of each per choice counts; never a canary vote
+            first = gw.first_feedback.first(f"{fb.kind}/{fb.completion_id}", fb.choice_index)
+            (m.feedback if first else m.feedback_repeated).labels(fb.kind).inc()
         elif gw.first_feedback.first(fb.completion_id, fb.choice_index):
             m.feedback.labels(fb.kind).inc()
             # The canary takes one vote per completion, whatever its n: a tenant cannot multiply its say.

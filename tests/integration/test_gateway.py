@@ -46,7 +46,8 @@ def _engine_greedy(replica, test_model, prompt, max_tokens):
     return ids, out
 
 
-def _read_events(bootstrap, topic, want_ids: set[str], timeout_s=30.0):
+def _read_events(bootstrap, topic, want_ids: set[str], timeout_s=30.0, want: int = 1):
+    """Events of these completion ids: until each has `want` of them, or the timeout."""
     consumer = KafkaConsumer(
         topic,
         bootstrap_servers=bootstrap,
@@ -57,7 +58,7 @@ def _read_events(bootstrap, topic, want_ids: set[str], timeout_s=30.0):
     found: dict[str, list] = {}
     deadline = time.monotonic() + timeout_s
     try:
-        while time.monotonic() < deadline and not want_ids <= set(found):
+        while time.monotonic() < deadline and not all(len(found.get(i, [])) >= want for i in want_ids):
             for recs in consumer.poll(timeout_ms=500).values():
                 for r in recs:
                     e = ev.decode(r.value)
@@ -209,6 +210,53 @@ def test_session_feedback_is_checked_and_logged_once(gateway):
     assert post(chat, turn, key="key-bob", headers={"X-Session-Id": derived})[0] == 400  # alice's session
     status, body, _ = post(chat, turn, key="key-alice", headers={"X-Session-Id": derived})
     assert status == 200 and body["session_id"] == derived
+
+
+def test_comments_and_persistence_checks_reach_the_stream_and_bad_ones_get_a_4xx(gateway, kafka_bootstrap):
+    r = _client(gateway).completions.create(model="m", prompt=PROMPT, max_tokens=4)
+    url, tabby = f"{gateway.url}/v1/feedback", f"{gateway.url}/v1/events"
+    bad = [
+        ({"kind": "comment"}, "text"),
+        ({"kind": "comment", "text": ""}, "text"),
+        ({"kind": "comment", "text": "use x + 3\nimport os"}, "text"),  # a line break: a control character
+        ({"kind": "comment", "text": "tab\there"}, "text"),
+        ({"kind": "comment", "text": "\u00e9" * 1025}, "text"),  # 2050 bytes of UTF-8
+        ({"kind": "comment", "text": "ok", "still_present": True}, "still_present"),
+        ({"kind": "persisted", "after_s": 30}, "still_present"),
+        ({"kind": "persisted", "still_present": True}, "after_s"),
+        ({"kind": "persisted", "still_present": "yes", "after_s": 30}, "still_present"),
+        ({"kind": "persisted", "still_present": True, "after_s": -1}, "after_s"),
+        ({"kind": "persisted", "still_present": True, "after_s": 30, "edit_distance": -1}, "edit_distance"),
+        ({"kind": "persisted", "still_present": True, "after_s": 30, "text": "hm"}, "text"),
+        ({"kind": "accept", "still_present": True}, "still_present"),
+    ]
+    for extra, param in bad:
+        status, body, _ = post(url, {"completion_id": r.id, **extra}, key="key-alice")
+        assert status == 400 and body["error"]["param"] == param, (extra, body)
+    status, body, _ = post(url, {"session_id": "s-1", "kind": "comment", "text": "nice"}, key="key-alice")
+    assert status == 400 and body["error"]["param"] == "session_id"
+    assert post(url, {"completion_id": r.id, "kind": "comment", "text": "x"}, key="key-bob")[0] == 403
+    status, body, _ = post(tabby, {"type": "persisted", "completion_id": r.id}, key="key-alice")
+    assert status == 400 and body["error"]["param"] == "still_present"
+
+    ok = [
+        (url, {"completion_id": r.id, "kind": "comment", "text": "use x + 3 \u2014 not minus"}),
+        (url, {"completion_id": r.id, "kind": "persisted", "still_present": False, "after_s": 120.5}),
+        (
+            tabby,
+            {"type": "persisted", "completion_id": r.id, "still_present": True, "after_s": 600, "edit_distance": 4},
+        ),
+    ]
+    first = _metric(gateway, "flywheel_gateway_feedback_total", "persisted")
+    for target, payload in ok:
+        assert post(target, payload, key="key-alice")[0] == 200, payload
+    assert _metric(gateway, "flywheel_gateway_feedback_total", "persisted") - first == 1  # one check per choice counts
+    got = _read_events(kafka_bootstrap, ev.TOPIC_FEEDBACK, {r.id}, want=3)
+    events = sorted((e for _, key, e in got[r.id] if key == r.id), key=lambda e: e.ts)
+    assert [e.kind for e in events] == ["comment", "persisted", "persisted"]
+    assert events[0].text == "use x + 3 \u2014 not minus"
+    assert (events[1].still_present, events[1].after_s) == (False, 120.5)
+    assert (events[2].still_present, events[2].edit_distance, events[2].origin) == (True, 4, "tabby")
 
 
 def _metric(gateway, name: str, kind: str) -> float:

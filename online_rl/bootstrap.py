@@ -351,14 +351,40 @@ def evaluate(model, tok, cfg: BootstrapConfig, progress: bool = True) -> dict:
         bar.update(len(group))
     bar.close()
     vg, vs = sandbox.run(greedy), sandbox.run(sampled)
+    hinted = sandbox.run(_hinted_samples(model, tok, cfg, held, stop))
     return {
         "heldout_tasks": len(held),
         "samples_per_task": cfg.eval.samples,
         "pass_rate_greedy": round(sum(v.ok for v in vg) / len(vg), 4),
         "pass_rate_t1": round(sum(v.ok for v in vs) / len(vs), 4),
+        # The same tasks with a user's hint before the body (the teacher of text-feedback distillation):
+        # it must beat pass_rate_t1 for the teacher to have anything to teach.
+        "pass_rate_t1_hinted": round(sum(v.ok for v in hinted) / len(hinted), 4),
         "example": greedy[0].code,
         **evaluate_agent(model, tok, cfg, held, progress),
     }
+
+
+def _hinted_samples(model, tok, cfg: BootstrapConfig, held: list, stop: set) -> list:
+    """Temperature-1 samples of held-out tasks whose prompt ends in a hint about one of the task's wrong
+    bodies (as the population writes them), one sandbox candidate each."""
+    import torch
+
+    from online_rl import sandbox
+
+    rng = random.Random(cfg.seed + 2)
+    gen = torch.Generator().manual_seed(cfg.seed + 2)
+    by_len: dict[int, list] = {}
+    for task in held:
+        text = task.prompt + T.hint_line(T.hint_for(task, rng.choice(task.wrong_bodies())))
+        ids = tok.encode(text).ids
+        by_len.setdefault(len(ids), []).append((task, ids))
+    out = []
+    for group in by_len.values():
+        many = [ids for _, ids in group for _ in range(cfg.eval.samples)]
+        for i, s in enumerate(model.generate(many, cfg.eval.max_new_tokens, 1.0, stop, generator=gen)):
+            out.append(sandbox.candidate_for(group[i // cfg.eval.samples][0], tok.decode(s)))
+    return out
 
 
 def evaluate_agent(model, tok, cfg: BootstrapConfig, held: list, progress: bool = True) -> dict:

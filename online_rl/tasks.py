@@ -8,7 +8,9 @@ The same generator feeds two disjoint sets, split by a seeded hash of the combin
   part of the time and RL has room to improve it;
 - held-out tasks (`split="heldout"`) for sandbox rollouts and evaluation, never seen in the corpus.
 A share of the corpus documents are turns of agent episodes built from the train tasks (read the file,
-write a body, run the tests, answer: online_rl.agent_episodes).
+write a body, run the tests, answer: online_rl.agent_episodes), and a share are hinted: a comment line
+`# hint: ...` (what a user says about a body that failed, `hint_for`) before the reference body, so that the
+model learns to follow a hint (the teacher of text-feedback distillation, online_rl.loss).
 Correctness is judged by running the code on inputs and comparing with the reference body's outputs,
 never by matching the reference text.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from dataclasses import dataclass
 
 NUMBER_WORDS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine"}
@@ -286,6 +289,37 @@ class Task:
         return "\n".join(lines) + "\n"
 
 
+# ------------------------------------------------------------------------------------------------ hints
+HINT_PREFIX = "# hint: "
+_NUMBER = re.compile(r"\d+")
+
+
+def _return_expr(body: str) -> str | None:
+    """The expression of a body's first `return` line (None: no such line)."""
+    for line in body.split("\n"):
+        if line.strip().startswith("return "):
+            return line.strip()[len("return ") :].strip()
+    return None
+
+
+def hint_for(task: Task, completion: str) -> str:
+    """What a user who knows what the function must do says about a body that failed its hidden tests, in
+    the hint language the corpus teaches: the right expression with a wrong constant -> "use 3, not 4";
+    anything else -> "use <the expression it should return>" (e.g. "use x + 3")."""
+    want = _return_expr(task.reference)
+    got = _return_expr(completion)
+    if got is not None and got != want and _NUMBER.sub("#", got) == _NUMBER.sub("#", want):
+        wrong = [g for g, w in zip(_NUMBER.findall(got), _NUMBER.findall(want)) if g != w]
+        if wrong:
+            return f"use {task.k}, not {wrong[0]}"
+    return f"use {want}"
+
+
+def hint_line(hint: str) -> str:
+    """The hint as the comment line inserted before the body (in the corpus, and in the teacher's context)."""
+    return f"    {HINT_PREFIX}{hint}\n"
+
+
 def _call(fn, x):
     try:
         return fn(list(x) if isinstance(x, list) else x)
@@ -338,6 +372,9 @@ class CorpusConfig:
     # code part of the time, and RL has something to fix. The model under-samples this rare branch: with
     # 0.1 the demo model's temperature-1 calls were 4.2% invalid (0% greedy); 0.2 aims at about 10%.
     malformed_call_share: float = 0.2
+    # Documents whose body follows a hint (hint_for on one of the task's wrong bodies): the model learns to
+    # use a user's hint, which text-feedback distillation's teacher relies on (online_rl.loss).
+    hint_share: float = 0.1
 
 
 FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE, EOS = "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|endoftext|>"
@@ -361,6 +398,9 @@ def corpus(cfg: CorpusConfig) -> list[str]:
             from online_rl import agent_episodes
 
             docs.append(agent_episodes.sample_turn(t, rng, cfg.correct_share, cfg.malformed_call_share).document)
+            continue
+        if cfg.hint_share and rng.random() < cfg.hint_share:
+            docs.append(t.prompt + hint_line(hint_for(t, rng.choice(t.wrong_bodies()))) + t.reference + EOS)
             continue
         body = t.reference if rng.random() < cfg.correct_share else rng.choice(t.wrong_bodies())
         r = rng.random()

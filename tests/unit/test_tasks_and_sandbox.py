@@ -28,6 +28,23 @@ def test_corpus_is_deterministic_and_never_contains_heldout_functions():
             assert f"def {name}({arg})" not in d
 
 
+def test_hints_say_why_a_body_failed_and_the_corpus_follows_them_with_the_right_body():
+    t = tasks.Task("tail", 3, "xs")  # reference: return xs[-3:]
+    assert tasks.hint_for(t, "    return xs[-4:]\n") == "use 3, not 4"  # the right expression, a wrong constant
+    assert tasks.hint_for(t, "    return xs[:3]\n") == "use xs[-3:]"  # anything else: what to return
+    assert tasks.hint_for(t, "    pass\n") == "use xs[-3:]" == tasks.hint_for(t, t.reference)
+    assert tasks.hint_line("use 3, not 4") == "    # hint: use 3, not 4\n"
+    docs = tasks.corpus(tasks.CorpusConfig(seed=0, documents=3000))
+    hinted = [d for d in docs if tasks.HINT_PREFIX in d]
+    assert 0.05 < len(hinted) / len(docs) < 0.15  # hint_share 0.1
+    by_signature = {f"def {t.name}({t.arg}):": t for t in tasks.tasks("train")}
+    for d in hinted[:200]:
+        head, body = d.removesuffix(tasks.EOS).split(tasks.HINT_PREFIX)
+        hint, body = body.split("\n", 1)
+        t = by_signature[head.split("\n", 1)[0]]
+        assert body == t.reference and hint in {tasks.hint_for(t, w) for w in t.wrong_bodies()}
+
+
 def test_reference_passes_and_every_wrong_body_fails():
     ts = tasks.tasks("heldout")
     cands = [sandbox.candidate_for(t, t.reference) for t in ts]

@@ -17,11 +17,40 @@ from online_rl.sandbox import SandboxConfig
 
 @dataclass
 class RewardTable:
-    """Rewards for user signals (default like Cursor Tab: +0.75 accept, -0.25 reject)."""
+    """Rewards for user signals (default like Cursor Tab: +0.75 accept, -0.25 reject), and how persistence
+    changes them: reward = (1 - persist_weight) * immediate + persist_weight * (kept | deleted). The defaults
+    order them accepted and kept (0.875) > accepted then deleted (0.125) > ignored (no sample: 0) > rejected
+    (-0.25); a table that breaks that order is refused."""
 
     accept: float = 0.75
     reject: float = -0.25
     partial_floor: float = 0.0  # a partial accept of none of the text; scales to `accept` for all of it
+    kept: float = 1.0  # an accepted completion still in the file when checked (edit_distance 0)
+    deleted: float = -0.5  # one the user deleted since
+    persist_weight: float = 0.5  # the share of the reward the persistence check decides
+    comment: float = 0.0  # a completion with only the user's words about it (judged neither way)
+
+    def __post_init__(self):
+        w = self.persist_weight
+        if not 0.0 <= w <= 1.0:
+            raise ValueError(f"persist_weight must be in [0, 1], got {w}")
+        kept, deleted = self.combined(self.accept, True), self.combined(self.accept, False)
+        if not self.reject < 0.0 < self.accept or (w > 0 and not kept > deleted > 0.0):
+            raise ValueError(
+                "rewards must order accepted and kept > accepted then deleted > ignored (0) > rejected; "
+                f"this table gives {kept:g} > {deleted:g} > 0 > {self.reject:g}"
+            )
+
+    def combined(
+        self, immediate: float, still_present: bool, edit_distance: int | None = None, total_chars: int | None = None
+    ) -> float:
+        """An immediate reward after its persistence check: an edited completion counts as kept in the share
+        of its characters the user did not change."""
+        keep = self.kept if still_present else self.deleted
+        if still_present and edit_distance and total_chars:
+            frac = max(0.0, 1.0 - edit_distance / total_chars)
+            keep = self.deleted + frac * (self.kept - self.deleted)
+        return (1.0 - self.persist_weight) * immediate + self.persist_weight * keep
 
     def reward(
         self, kind: str, accepted_chars: int | None = None, total_chars: int | None = None, score: float | None = None
@@ -57,11 +86,30 @@ class LengthPenalty:
 
 @dataclass
 class JoinConfig:
+    # Which signals make a sample's reward (online_rl.stream): basic = accept | reject | partial when shown;
+    # persist = also whether accepted code is still in the file (persisted); text = also the user's comments
+    # (a hint for text-feedback distillation, online_rl.loss).
+    signals: Literal["basic", "persist", "text"] = option(
+        "basic",
+        flag="feedback",
+        help="signals learned from: basic (accept/reject), persist (+ kept), text (+ comments)",
+    )
+    # Under persist | text, a judged completion waits this long (stream time) for its delayed signal: its
+    # persisted check when accepted, a comment when rejected (text); then it is trained on what it has.
+    delayed_window_s: float = option(
+        1800.0, flag="delayed-window", help="seconds an accepted completion waits for its persisted check"
+    )
+    # A rejected one (text) waits only this long for a comment: users comment as they reject, and its
+    # negative reward should not wait the persistence window. A comment after it joins nothing (late).
+    comment_wait_s: float = option(120.0, flag="comment-wait", help="seconds a rejected completion waits for a comment")
     window_s: float = 120.0
     orphan_wait_s: float = 60.0
     session_window_s: float = 900.0  # an agent session's turn waits this long for feedback (its own or its session's)
     turn_discount: float = 1.0  # turn k of K gets the session outcome times turn_discount ** (K - 1 - k)
     dedupe_capacity: int = 1_000_000  # event ids remembered
+
+    def __post_init__(self):
+        check_modes(self)
 
 
 @dataclass
@@ -70,6 +118,9 @@ class LossConfig:
     clip_low: float = 0.2  # PPO trust region against the behaviour policy: a token with A < 0 whose ratio
     clip_high: float = 0.28  # fell under 1 - clip_low (A > 0: rose over 1 + clip_high) gets no more gradient
     kl_coef: float = option(0.05, flag="kl", help="beta: weight of the k2 KL penalty to the starting model")
+    distill_coef: float = option(
+        1.0, flag="distill", help="weight of the text-feedback distillation KL (samples with a user's comment)"
+    )
     length_penalty: LengthPenalty = field(default_factory=LengthPenalty)
     group_std: bool = False  # divide group advantages by the group's std (GRPO); off: Dr.GRPO-style
     baseline_momentum: float = 0.9  # running baseline of user rewards
@@ -171,7 +222,7 @@ class TrainerConfig:
     loss: LossConfig = nested(LossConfig)
     optim: OptimConfig = nested(OptimConfig)
     sharding: ShardConfig = nested(ShardConfig)
-    join: JoinConfig = field(default_factory=JoinConfig)
+    join: JoinConfig = nested(JoinConfig)
     rewards: RewardTable = field(default_factory=RewardTable)
     rollouts: RolloutConfig = nested(RolloutConfig)
     offpeak: OffPeakConfig | None = None  # borrow serving replicas for rollouts while user load is low

@@ -25,6 +25,7 @@ class Sample:
     group: str | None = None  # rollouts of one task form a group (group-relative advantages)
     event_ids: tuple = ()  # the events this sample came from (exactly-once accounting)
     session: str = ""  # the agent session of a turn judged by its session's outcome
+    hint_ids: np.ndarray | None = None  # (H,) int: a user's comment as the hint line the teacher sees (online_rl.loss)
 
     @property
     def n_tokens(self) -> int:
@@ -52,6 +53,11 @@ class Sample:
             return f"routed expert id outside [0, {num_experts})"
         if not np.isfinite(self.reward):
             return "reward not finite"
+        if self.hint_ids is not None and (
+            self.hint_ids.ndim != 1
+            or (self.hint_ids.size and not 0 <= self.hint_ids.min() <= self.hint_ids.max() < vocab_size)
+        ):
+            return f"hint token id outside the vocabulary [0, {vocab_size})"
         return None
 
     def state(self) -> dict:
@@ -68,6 +74,7 @@ class Sample:
             "group": self.group,
             "event_ids": list(self.event_ids),
             "session": self.session,
+            "hint_ids": None if self.hint_ids is None else torch.from_numpy(np.ascontiguousarray(self.hint_ids)),
         }
 
     @classmethod
@@ -84,4 +91,5 @@ class Sample:
             group=d["group"],
             event_ids=tuple(d["event_ids"]),
             session=d.get("session", ""),
+            hint_ids=None if d.get("hint_ids") is None else d["hint_ids"].numpy(),
         )

@@ -22,6 +22,16 @@ continued from carries the outcome (all of a last turn's choices do).
 Each turn is its own sample (its prompt, its output, the behaviour logprobs and routed experts of the
 version that served it): the prompt holds the conversation so far, tool results included, and the loss
 only ever scores output tokens, so what the environment wrote is never trained on as the policy's.
+
+Delayed signals (`cfg.signals`): `persisted` (is the accepted code still in the file after_s later) and
+`comment` (the user's words, a hint for text-feedback distillation: online_rl.loss). Under "persist" an
+accepted completion waits up to `delayed_window_s` after its judgment for its persisted check, and its reward
+combines both (RewardTable.combined); under "text" a rejected one waits up to `comment_wait_s` for a comment
+too (users comment as they reject), which the sample carries as the teacher's hint. A signal that comes
+before the judgment moves the completion to the waiting ones (a persisted check implies an accept); one
+whose sample has already been made, or that the mode does not use, is counted (late_signals,
+unused_signals) and joins nothing: each completion is one sample, made once. `held` are the samples
+waiting for a delayed signal (the trainer's flywheel_trainer_samples_waiting).
 """
 
 from __future__ import annotations
@@ -30,9 +40,12 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
+
 from flywheel.core import events as ev
 from online_rl.config import JoinConfig, RewardTable
 from online_rl.samples import Sample
+from online_rl.tasks import hint_line
 
 
 def _is_turn(c: ev.CompletionEvent) -> bool:
@@ -57,6 +70,10 @@ class JoinStats:
     session_feedback: int = 0  # feedback naming a session that found at least one of its turns
     session_turns: int = 0  # samples made from a session's outcome (also counted in joined)
     orphan_session_feedback: int = 0  # feedback naming a session none of whose turns came in time
+    delayed_signals: int = 0  # comments and persisted checks joined to their sample
+    late_signals: int = 0  # delayed signals that came after their sample was made
+    unused_signals: int = 0  # delayed signals the mode does not use (signals=basic; comments under persist)
+    window_expired: int = 0  # samples made at the end of their wait, without the signal they waited for
 
 
 @dataclass
@@ -64,6 +81,7 @@ class Joiner:
     cfg: JoinConfig = field(default_factory=JoinConfig)
     rewards: RewardTable = field(default_factory=RewardTable)
     text_len: Callable[[list[int]], int] | None = None  # chars of a completion (for partial accepts)
+    encode: Callable[[str], list[int]] | None = None  # text -> token ids (a comment's hint for the teacher)
     stats: JoinStats = field(default_factory=JoinStats)
 
     def __post_init__(self):
@@ -71,7 +89,10 @@ class Joiner:
         self.turns: OrderedDict[str, ev.CompletionEvent] = OrderedDict()  # agent-session turns, the same keys
         self.sessions: dict[tuple[str, str], list[str]] = {}  # (tenant, session id) -> keys of waiting turns
         self.closed: OrderedDict[tuple[str, str], list] = OrderedDict()  # judged sessions: [feedback, turns joined]
-        self.orphans: OrderedDict[str, ev.FeedbackEvent] = OrderedDict()
+        self.orphans: OrderedDict[str, list[ev.FeedbackEvent]] = OrderedDict()  # feedback before its completion
+        # Judged (or signalled) completions waiting for a delayed signal, in the order they started waiting:
+        # key -> [completion, {kind: feedback event}, stream time the wait began]
+        self.held: OrderedDict[str, list] = OrderedDict()
         self.judged: OrderedDict[str, float] = OrderedDict()  # keys already turned into samples (late dupes)
         self._seen: set[str] = set()
         self._seen_order: deque[str] = deque()
@@ -111,9 +132,10 @@ class Joiner:
                 self.stats.rollout_events += 1
                 return []
             key = self._key(event.completion_id, event.choice_index)
-            orphan = self.orphans.pop(key, None)
-            if orphan is not None:
-                return [self._sample(event, orphan)]
+            orphans = self.orphans.pop(key, None)
+            if orphans is not None:
+                self.pending[key] = event
+                return [s for f in orphans for s in self._completion_feedback(key, f)]
             if _is_turn(event):
                 skey = (event.tenant, event.session_id)
                 closed = self.closed.get(skey)
@@ -128,26 +150,87 @@ class Joiner:
             return []
         if event.session_id:
             return self._session_feedback(event)
-        key = self._key(event.completion_id, event.choice_index)
+        return self._completion_feedback(self._key(event.completion_id, event.choice_index), event)
+
+    def _uses(self, kind: str) -> bool:
+        return kind == "persisted" and self.cfg.signals != "basic" or kind == "comment" and self.cfg.signals == "text"
+
+    def _completion_feedback(self, key: str, f: ev.FeedbackEvent) -> list[Sample]:
+        delayed = f.kind in ev.DELAYED_KINDS
+        if delayed and not self._uses(f.kind):
+            self.stats.unused_signals += 1
+            return []
+        held = self.held.get(key)
+        if held is not None:
+            if f.kind in held[1] or (not delayed and any(k in held[1] for k in ev.IMMEDIATE_KINDS)):
+                self.stats.extra_feedback += 1
+                return []
+            held[1][f.kind] = f
+            return self._release_if_complete(key)
         completion = self.pending.pop(key, None)
         if completion is None:
             completion = self.turns.pop(key, None)
             if completion is not None:
                 self._forget(key, completion)
         if completion is not None:
-            return [self._sample(completion, event)]
-        if key in self.judged or key in self.orphans:
-            self.stats.extra_feedback += 1
+            if not delayed and not self._waits(f.kind, {}):
+                return [self._sample(completion, {f.kind: f})]
+            self.held[key] = [completion, {f.kind: f}, self.now]
+            return self._release_if_complete(key)
+        if key in self.judged:
+            if delayed:
+                self.stats.late_signals += 1
+            else:
+                self.stats.extra_feedback += 1
             return []
-        self.orphans[key] = event
+        waiting = self.orphans.setdefault(key, [])
+        if any(o.kind == f.kind or (not delayed and o.kind in ev.IMMEDIATE_KINDS) for o in waiting):
+            self.stats.extra_feedback += 1
+        else:
+            waiting.append(f)
         return []
 
-    def _sample(self, c: ev.CompletionEvent, f: ev.FeedbackEvent) -> Sample:
-        total = self.text_len(list(c.output_ids)) if (self.text_len and f.kind == "partial") else None
-        reward = self.rewards.reward(f.kind, f.accepted_chars, total, score=f.score)
+    def _waits(self, judged: str | None, signals: dict) -> bool:
+        """Whether a completion judged `judged` (None: not yet) with these signals waits for more."""
+        if judged in ("accept", "partial") or (judged is None and "persisted" in signals):
+            return self.cfg.signals != "basic" and "persisted" not in signals
+        if judged == "reject":
+            return self.cfg.signals == "text" and "comment" not in signals
+        return judged is None  # only a comment so far: it waits for its judgment (or for the window)
+
+    def _wait_s(self, signals: dict) -> float:
+        return self.cfg.comment_wait_s if "reject" in signals else self.cfg.delayed_window_s
+
+    def _release_if_complete(self, key: str) -> list[Sample]:
+        c, signals, _ = self.held[key]
+        judged = next((k for k in ev.IMMEDIATE_KINDS if k in signals), None)
+        if self._waits(judged, signals):
+            return []
+        del self.held[key]
+        return [self._sample(c, signals)]
+
+    def _sample(self, c: ev.CompletionEvent, signals: dict[str, ev.FeedbackEvent]) -> Sample:
+        """One completion's sample from its feedback: a judgment (accept | reject | partial, or a session's
+        outcome), and the delayed signals that came in time."""
+        f = next((signals[k] for k in ev.IMMEDIATE_KINDS if k in signals), None)
+        persisted, comment = signals.get("persisted"), signals.get("comment")
+        need_len = (f is not None and f.kind == "partial") or (persisted is not None and persisted.edit_distance)
+        total = self.text_len(list(c.output_ids)) if (self.text_len and need_len) else None
+        if f is not None:
+            reward = self.rewards.reward(f.kind, f.accepted_chars, total, score=f.score)
+        elif persisted is not None:  # the code was in the file: it was accepted (its accept never came)
+            reward = self.rewards.accept
+        else:  # only the user's words: judged neither way
+            reward = self.rewards.comment
+        if persisted is not None:
+            reward = self.rewards.combined(reward, persisted.still_present, persisted.edit_distance, total)
+        hint = None
+        if comment is not None and self.encode is not None:
+            hint = np.asarray(self.encode(hint_line(comment.text)), dtype=np.int64)
         key = self._key(c.completion_id, c.choice_index)
         self.judged[key] = self.now
         self.stats.joined += 1
+        self.stats.delayed_signals += (persisted is not None) + (comment is not None)
         return Sample(
             key=key,
             prompt_ids=c.prompt_ids,
@@ -157,8 +240,9 @@ class Joiner:
             reward=reward,
             model_version=c.model_version or 0,
             source="user",
-            event_ids=(c.event_id, f.event_id),
+            event_ids=(c.event_id, *(e.event_id for e in signals.values())),
             session=c.session_id,
+            hint_ids=hint,
         )
 
     def _session_feedback(self, f: ev.FeedbackEvent) -> list[Sample]:
@@ -196,14 +280,21 @@ class Joiner:
 
     def _turn_sample(self, c: ev.CompletionEvent, f: ev.FeedbackEvent, weight: float) -> Sample:
         self.stats.session_turns += 1
-        s = self._sample(c, f)
+        s = self._sample(c, {f.kind: f})
         s.reward *= weight
         return s
 
-    def expire(self, now: float | None = None) -> None:
-        """Drop completions past their window and orphan feedback past its wait."""
+    def expire(self, now: float | None = None) -> list[Sample]:
+        """Drop completions past their window and orphan feedback past its wait; make the samples whose wait
+        for a delayed signal is over (returned)."""
         if now is not None:
             self.now = max(self.now, now)
+        made = []
+        # Two waits (a reject's for a comment is shorter): a scan, not a queue; held is small against pending.
+        for key in [k for k, (_, signals, since) in self.held.items() if self.now - since > self._wait_s(signals)]:
+            c, signals, _ = self.held.pop(key)
+            self.stats.window_expired += 1
+            made.append(self._sample(c, signals))
         while self.pending:
             key, c = next(iter(self.pending.items()))
             if self.now - c.ts <= self.cfg.window_s:
@@ -225,22 +316,28 @@ class Joiner:
             if not joined:
                 self.stats.orphan_session_feedback += 1
         while self.orphans:
-            key, f = next(iter(self.orphans.items()))
-            if self.now - f.ts <= self.cfg.orphan_wait_s:
+            key, fs = next(iter(self.orphans.items()))
+            if self.now - fs[0].ts <= self.cfg.orphan_wait_s:
                 break
             self.orphans.popitem(last=False)
-            self.stats.orphan_feedback += 1
-        while self.judged:  # late duplicates of judged feedback only matter within the window
+            self.stats.orphan_feedback += len(fs)
+        # Late duplicates and late signals only matter within the windows: after them a key is forgotten.
+        keep = max(self.cfg.window_s, self.cfg.delayed_window_s) + self.cfg.orphan_wait_s
+        while self.judged:
             key, ts = next(iter(self.judged.items()))
-            if self.now - ts <= self.cfg.window_s + self.cfg.orphan_wait_s:
+            if self.now - ts <= keep:
                 break
             self.judged.popitem(last=False)
+        return made
 
     # ------------------------------------------------------------------ checkpoint
     def state(self) -> dict:
         return {
             "pending": [c.encode() for c in self.pending.values()],
-            "orphans": [f.encode() for f in self.orphans.values()],
+            "orphans": [f.encode() for fs in self.orphans.values() for f in fs],
+            "held": [
+                [c.encode(), [f.encode() for f in signals.values()], since] for c, signals, since in self.held.values()
+            ],
             "turns": [c.encode() for c in self.turns.values()],
             "closed": [[f.encode(), joined] for f, joined in self.closed.values()],
             "judged": list(self.judged.items()),
@@ -256,7 +353,11 @@ class Joiner:
             self.pending[self._key(c.completion_id, c.choice_index)] = c
         for raw in state["orphans"]:
             f = ev.decode(raw)
-            self.orphans[self._key(f.completion_id, f.choice_index)] = f
+            self.orphans.setdefault(self._key(f.completion_id, f.choice_index), []).append(f)
+        for raw, signals, since in state.get("held", []):  # checkpoints before delayed signals have none
+            c = ev.decode(raw)
+            fs = [ev.decode(r) for r in signals]
+            self.held[self._key(c.completion_id, c.choice_index)] = [c, {f.kind: f for f in fs}, since]
         for raw in state.get("turns", []):  # checkpoints written before sessions have none
             c = ev.decode(raw)
             key = self._key(c.completion_id, c.choice_index)

@@ -70,7 +70,8 @@ class Trainer:
                 p.requires_grad_(False)
         self.model = load().train()
         self.opt = make_optimizer(self.model, cfg.optim)  # after sharding: its state is sharded alike
-        self.joiner = Joiner(cfg.join, cfg.rewards, text_len=self._text_len())
+        text_len, encode = self._tokenizer()
+        self.joiner = Joiner(cfg.join, cfg.rewards, text_len=text_len, encode=encode)
         self.buffer: list[Sample] = []
         self.step = 0
         self.saved_step = 0  # the step the newest checkpoint holds
@@ -79,7 +80,7 @@ class Trainer:
         self.trained_since_ckpt: list[dict] = []  # the ledger of the next checkpoint: samples trained or dropped
         self.history: dict[str, dict] = {}  # version -> reward/acceptance sums (history.json, the plot)
         self.rolled_back: set[int] = set()  # versions a canary trial rolled back (weights topic)
-        self.metrics = TrainerMetrics(lambda: self.joiner.stats)
+        self.metrics = TrainerMetrics(lambda: self.joiner.stats, waiting=lambda: len(self.joiner.held))
         self.failures = Failures(self.metrics.failures, cfg.retry)
         self.reader = StreamReader(cfg.kafka_bootstrap, cfg.group_id, cfg.poll_ms)
         self.checkpoints = Checkpoints(self.work)
@@ -98,14 +99,15 @@ class Trainer:
         self._ranks_broken = False  # an update failed mid-collective: the run ends, and the spawn with it
         self._resume()
 
-    def _text_len(self):
+    def _tokenizer(self):
+        """(chars of a completion's token ids, token ids of a text), or Nones without a tokenizer."""
         from tokenizers import Tokenizer
 
         path = Path(self.cfg.model_dir) / "tokenizer.json"
         if not path.exists():
-            return None
+            return None, None
         tok = Tokenizer.from_file(str(path))
-        return lambda ids: len(tok.decode(ids))
+        return (lambda ids: len(tok.decode(ids))), (lambda text: tok.encode(text, add_special_tokens=False).ids)
 
     # ------------------------------------------------------------------ the loop
     def run(self, stop=None) -> None:
@@ -259,7 +261,8 @@ class Trainer:
             else:
                 self.buffer.extend(self.joiner.add_raw(value))
             n += 1
-        self.joiner.expire(None if n else time.time())  # caught up: let wall time age the windows
+        # Caught up: let wall time age the windows. Samples whose wait for a delayed signal ended come back.
+        self.buffer.extend(self.joiner.expire(None if n else time.time()))
         return n
 
     def _weights_record(self, raw: bytes) -> None:

@@ -27,9 +27,15 @@ class JoinCounts(Collector):
 
 
 class TrainerMetrics:
-    def __init__(self, join_stats: Callable[[], object]):
+    def __init__(self, join_stats: Callable[[], object], waiting: Callable[[], int] = lambda: 0):
         self.registry = r = CollectorRegistry()
         r.register(JoinCounts(join_stats))
+        self.waiting = Gauge(
+            "flywheel_trainer_samples_waiting",
+            "Judged completions waiting for a delayed signal (persisted check, comment)",
+            registry=r,
+        )
+        self.waiting.set_function(waiting)
         self.samples = Counter("flywheel_trainer_samples", "Samples trained, by source", ["source"], registry=r)
         self.dropped = Counter(
             "flywheel_trainer_dropped", "Samples dropped before training, by reason", ["reason"], registry=r

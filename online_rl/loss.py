@@ -11,6 +11,17 @@ loss = ( sum over sequences and output tokens of  -m_t * min(rho_t, C) * A * log
         after a concave length penalty on the token count (Composer 2: coef * n ** power);
   the KL term is k2 against the frozen reference (the bootstrap model); k1 is what /metrics reports;
   no length normalisation: tokens are summed, sequences averaged.
+Text-feedback distillation adds, for each sample whose user commented on it (Sample.hint_ids),
+  + gamma * sum over its output tokens t of  KL( pi(. | served context, y<t) || sg[pi(. | context + hint, y<t)] )
+  the teacher is the same model, no gradient, with the user's words inserted as a hint line just before the
+  completion; the student is the model on the served context. The KL is the reverse one (student first) and
+  exact: summed over the whole vocabulary at each position, since both rows of logits are at hand, rather than
+  the one-sample estimate log pi(y_t) - log teacher(y_t), which is the same in expectation with variance on
+  top. Reverse because it is on-policy distillation: the positions are the student's own samples (the
+  completion as served), and the mode-seeking direction moves the student's mass onto what the teacher
+  wants there, instead of spreading it over everything the teacher allows (forward KL); it is zero where
+  the hint changes nothing, so only the tokens the comment concerns move. The policy-gradient and KL terms
+  stay as they are for these samples.
 The forward replays the experts serving chose (router replay), so training scores exactly the routes
 that produced the tokens.
 """
@@ -36,6 +47,10 @@ class Batch:
     replay: torch.Tensor | None  # (B, T, L, K) experts serving routed each position to
     advantages: torch.Tensor  # (B,)
     n_tokens: int
+    # Distillation (every sample, so that every micro-batch runs the same forwards: FSDP's collectives):
+    teacher_inputs: torch.Tensor | None = None  # (B, T + H) prompt + hint + output minus the last token
+    teacher_pos: torch.Tensor | None = None  # (B, T) the teacher position scoring the same token as each input's
+    distill_mask: torch.Tensor | None = None  # (B, T) 1 on output tokens of samples with a hint
 
     def to(self, device: torch.device) -> "Batch":
         if device.type == "cpu":
@@ -44,6 +59,7 @@ class Batch:
         return Batch(
             *(move(t) for t in (self.inputs, self.targets, self.mask, self.behaviour, self.replay, self.advantages)),
             self.n_tokens,
+            *(move(t) for t in (self.teacher_inputs, self.teacher_pos, self.distill_mask)),
         )
 
 
@@ -69,7 +85,9 @@ def advantages(samples: list[Sample], cfg: LossConfig, baseline: float) -> tuple
     return adv, baseline
 
 
-def make_batch(samples: list[Sample], adv: np.ndarray, replay: bool = True) -> Batch:
+def make_batch(samples: list[Sample], adv: np.ndarray, replay: bool = True, teacher: bool = False) -> Batch:
+    """teacher: also the hinted sequences of text-feedback distillation (a sample without a hint gets its own
+    sequence and no distillation mask)."""
     B = len(samples)
     T = max(s.prompt_ids.size + s.output_ids.size - 1 for s in samples)
     L, K = samples[0].routed_experts.shape[1:] if replay else (0, 0)
@@ -92,7 +110,7 @@ def make_batch(samples: list[Sample], adv: np.ndarray, replay: bool = True) -> B
             if s.routed_experts.shape[0] != n:
                 raise ValueError(f"sample {s.key}: {s.routed_experts.shape[0]} routed positions for {n} inputs")
             experts[b, :n] = torch.from_numpy(s.routed_experts.astype(np.int64))
-    return Batch(
+    batch = Batch(
         inputs,
         targets,
         mask,
@@ -101,6 +119,27 @@ def make_batch(samples: list[Sample], adv: np.ndarray, replay: bool = True) -> B
         torch.tensor(adv, dtype=torch.float32),
         int(mask.sum().item()),
     )
+    if teacher:
+        _add_teacher(batch, samples, T)
+    return batch
+
+
+def _add_teacher(batch: Batch, samples: list[Sample], T: int) -> None:
+    hints = [np.zeros(0, np.int64) if s.hint_ids is None else np.asarray(s.hint_ids, np.int64) for s in samples]
+    B, H = len(samples), max(h.size for h in hints)
+    batch.teacher_inputs = torch.zeros(B, T + H, dtype=torch.long)
+    batch.teacher_pos = torch.zeros(B, T, dtype=torch.long)
+    batch.distill_mask = torch.zeros(B, T)
+    for b, (s, h) in enumerate(zip(samples, hints)):
+        p, h_len = s.prompt_ids.size, h.size
+        seq = np.concatenate([s.prompt_ids, h, s.output_ids]).astype(np.int64)
+        n = seq.size - 1  # = the student's n + h_len
+        batch.teacher_inputs[b, :n] = torch.from_numpy(seq[:-1])
+        pos = torch.arange(n - h_len)
+        pos[p - 1 :] += h_len  # an output token's teacher position: after the hint
+        batch.teacher_pos[b, : n - h_len] = pos
+        if h_len:
+            batch.distill_mask[b] = batch.mask[b]
 
 
 def policy_loss(
@@ -128,6 +167,16 @@ def policy_loss(
         # k1's own gradient, grad log pi, is zero in expectation and only pushes sampled tokens down.
         loss = loss + cfg.kl_coef * 0.5 * (diff**2).sum()
         kl_tok = diff.sum().detach() / max(1, batch.n_tokens)  # reported: the k1 estimate of KL per token
+    distill_kl = torch.zeros(())
+    if batch.teacher_inputs is not None and cfg.distill_coef:
+        with torch.no_grad():
+            t_logits = model(batch.teacher_inputs, None).logits  # its own routing: the hint has no served route
+            V = t_logits.shape[-1]
+            t_logp = torch.log_softmax(t_logits.float().gather(1, batch.teacher_pos[..., None].expand(-1, -1, V)), -1)
+        s_logp = torch.log_softmax(out.logits.float(), -1)  # (B, T, V)
+        kl = (s_logp.exp() * (s_logp - t_logp)).sum(-1) * batch.distill_mask  # (B, T) reverse KL per position
+        loss = loss + cfg.distill_coef * kl.sum()
+        distill_kl = kl.sum().detach()
     loss = loss / denominator
     m = batch.mask.bool()
     metrics = {
@@ -137,5 +186,7 @@ def policy_loss(
         "clipped_share": float(moved[m].float().mean()) if m.any() else 0.0,
         "logprob_mismatch_max": float((logp.detach() - batch.behaviour)[m].abs().max()) if m.any() else 0.0,
         "tokens": batch.n_tokens,
+        "distill_kl_sum": float(distill_kl),  # summed over hinted output tokens
+        "distill_tokens": int(batch.distill_mask.sum()) if batch.distill_mask is not None else 0,
     }
     return loss, metrics

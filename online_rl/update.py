@@ -74,6 +74,9 @@ def update(
     mismatch, kl_sum = 0.0, 0.0
     mb = optim_cfg.micro_batch
     replay = loss_cfg.router_replay and model.cfg.is_moe  # a dense model has no router: nothing to replay
+    # One decision for the whole batch (every rank has it): each micro-batch then runs the same forwards.
+    teacher = bool(loss_cfg.distill_coef) and any(s.hint_ids is not None for s in samples)
+    distill = [0.0, 0.0]  # KL summed over hinted tokens, those tokens
     n_micro = -(-len(mine) // mb)
     if fsdp:  # each forward gathers parameters in collectives: every rank runs as many as rank 0 (the most)
         n_micro = -(-len(range(0, len(samples), size)) // mb)
@@ -82,28 +85,33 @@ def update(
     for i in range(n_micro):
         idx = mine[i * mb : (i + 1) * mb]
         if not idx:  # FSDP, a rank with no sequence left: the collectives with a zero-weight forward
-            batch = make_batch(samples[:1], adv[:1], replay=replay).to(device)
+            batch = make_batch(samples[:1], adv[:1], replay=replay, teacher=teacher).to(device)
             (policy_loss(model, ref, batch, loss_cfg, denominator=len(samples))[0] * 0.0).backward()
             continue
-        batch = make_batch([samples[j] for j in idx], adv[idx], replay=replay).to(device)
+        batch = make_batch([samples[j] for j in idx], adv[idx], replay=replay, teacher=teacher).to(device)
         loss, m = policy_loss(model, ref, batch, loss_cfg, denominator=len(samples))
         loss.backward()
         metrics["tokens"] += m["tokens"]
+        distill[0] += m["distill_kl_sum"]
+        distill[1] += m["distill_tokens"]
         mismatch = max(mismatch, m["logprob_mismatch_max"])
         kl_sum += m["kl_per_token"] * m["tokens"]
     if size > 1:
         if not fsdp:
             _allreduce_grads(model)
-        counts = torch.tensor([float(metrics["tokens"]), kl_sum, mismatch], device=device)
-        dist.all_reduce(counts[:2], op=dist.ReduceOp.SUM)
-        m3 = counts[2:].clone()
+        counts = torch.tensor([float(metrics["tokens"]), kl_sum, *distill, mismatch], device=device)
+        dist.all_reduce(counts[:4], op=dist.ReduceOp.SUM)
+        m3 = counts[4:].clone()
         dist.all_reduce(m3, op=dist.ReduceOp.MAX)
         metrics["tokens"], kl_sum, mismatch = int(counts[0]), float(counts[1]), float(m3[0])
+        distill = [float(counts[2]), float(counts[3])]
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), optim_cfg.grad_clip)
     opt.step()
     metrics.update(
         kl_per_token=kl_sum / max(1, metrics["tokens"]),
         logprob_mismatch_max=mismatch,
+        distill_kl_per_token=distill[0] / max(1.0, distill[1]),  # on hinted tokens (0: none in this batch)
+        distill_tokens=int(distill[1]),
         grad_norm=to_float(norm),
         step_s=time.perf_counter() - t0,
     )

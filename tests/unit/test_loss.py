@@ -89,3 +89,56 @@ def test_kl_term_vanishes_at_the_reference_and_pulls_back_elsewhere(model):
     loss, m = policy_loss(moved, ref, make_batch([s], np.array([0.0])), cfg, 1)
     loss.backward()
     assert moved.lm_head.weight.grad.abs().max() > 1e-6
+
+
+# ------------------------------------------------------------------------- text-feedback distillation
+def _hinted(model, hint: list[int]) -> Sample:
+    s = sample(model, 0.0)
+    s.hint_ids = np.array(hint, np.int64)
+    return s
+
+
+def _distill_only(model, s: Sample, coef: float = 1.0):
+    """The loss of one sample with a zero advantage: the distillation term alone."""
+    cfg = LossConfig(distill_coef=coef)
+    return policy_loss(model, None, make_batch([s], np.array([0.0]), teacher=True), cfg, 1)
+
+
+def test_distillation_is_the_exact_reverse_kl_on_completion_tokens_only(model):
+    s = _hinted(model, [11, 12, 13])
+    loss, m = _distill_only(model, s)
+    # by hand: student rows at the output positions, teacher rows of prompt + hint + output at the same tokens
+    p, h = s.prompt_ids.size, 3
+    student_seq = np.concatenate([s.prompt_ids, s.output_ids])
+    teacher_seq = np.concatenate([s.prompt_ids, s.hint_ids, s.output_ids])
+    with torch.no_grad():
+        sl = torch.log_softmax(model(torch.from_numpy(student_seq[:-1])[None]).logits[0, p - 1 :], -1)
+        tl = torch.log_softmax(model(torch.from_numpy(teacher_seq[:-1])[None]).logits[0, p + h - 1 :], -1)
+    want = (sl.exp() * (sl - tl)).sum()
+    assert m["distill_tokens"] == s.output_ids.size
+    assert float(loss) == pytest.approx(float(want), rel=1e-4) and m["distill_kl_sum"] == pytest.approx(
+        float(want), rel=1e-4
+    )
+    # an empty hint: teacher = student, nothing to learn; no hint at all: no term
+    assert float(_distill_only(model, _hinted(model, []))[0]) == pytest.approx(0.0, abs=1e-6)
+    assert _distill_only(model, sample(model, 0.0))[1]["distill_tokens"] == 0
+
+
+def test_distillation_moves_the_student_towards_the_hinted_teacher(model):
+    import copy
+
+    student = copy.deepcopy(model)
+    s = _hinted(student, [11, 12, 13])
+    opt = torch.optim.SGD(student.parameters(), lr=0.5)
+    before = float(_distill_only(student, s)[0])
+    for _ in range(5):
+        opt.zero_grad()
+        _distill_only(student, s)[0].backward()
+        opt.step()
+    assert float(_distill_only(student, s)[0]) < 0.7 * before  # the KL to the (moving) teacher falls
+
+
+def test_without_a_coefficient_the_hint_costs_nothing(model):
+    s = _hinted(model, [11, 12])
+    loss, m = _distill_only(model, s, coef=0.0)
+    assert float(loss) == pytest.approx(0.0, abs=1e-6) and m["distill_tokens"] == s.output_ids.size

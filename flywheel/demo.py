@@ -39,6 +39,12 @@ class DemoConfig:
     temperature: float = option(1.0, help="the users' sampling temperature")
     replicas: int = option(2, help="SGLang replicas")
     goal_points: float = option(20.0, help="acceptance rise (points) the demo must reach")
+    feedback: Literal["basic", "persist", "text"] = option(
+        "text",
+        help="what users send and the trainer learns from: basic (accept/reject), persist (+ whether accepted code "
+        "is kept), text (+ comments with hints, distilled)",
+    )
+    fooled_rate: float = option(0.25, help="share of failing completions users accept at a glance (deleted later)")
 
     def __post_init__(self):
         check_modes(self)
@@ -50,6 +56,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="run the whole loop on this machine (see README)")
     add_flags(p, DemoConfig)
     p.set_defaults(func=lambda a: run(build(DemoConfig, a)))
+
+
+FEEDBACK_MODES = {
+    "basic": "accept/reject only",
+    "persist": "accept/reject + whether accepted code is kept",
+    "text": "accept/reject + kept + comments distilled",
+}
 
 
 def _trainer(cfg: DemoConfig, fleet, model: Path, out: Path) -> subprocess.Popen:
@@ -79,6 +92,13 @@ def _trainer(cfg: DemoConfig, fleet, model: Path, out: Path) -> subprocess.Popen
         str(cfg.lr),
         "--threads",
         "1",
+        "--feedback",
+        cfg.feedback,
+        # Demo-scale windows: persisted checks come 20-40 s after an accept, comments 2 s after a reject.
+        "--delayed-window",
+        "90",
+        "--comment-wait",
+        "20",
     ]
     with open(out / "logs" / "trainer.log", "ab") as log:  # the child keeps its own copy of the descriptor
         return spawn(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -130,14 +150,22 @@ def run(cfg: DemoConfig) -> int:
         trainer = _trainer(cfg, fleet, model, out)
         print(f"trainer pid {trainer.pid}, publishes every {cfg.publish_interval_s:.0f}s (log {out}/logs/trainer.log)")
         pop = Population(
-            PopulationConfig(users=cfg.users, agents=cfg.agents, temperature=cfg.temperature, seed=cfg.seed),
+            PopulationConfig(
+                users=cfg.users,
+                agents=cfg.agents,
+                temperature=cfg.temperature,
+                seed=cfg.seed,
+                feedback=cfg.feedback,
+                fooled_rate=cfg.fooled_rate,
+            ),
             fleet.gateway.url,
             list(fleet.keys.values()),
         ).start()
         print(
             f"users   {cfg.users} simulated IDE users and {cfg.agents} agent users (hidden preference: the "
-            f"function passes its hidden tests)"
+            f"function passes its hidden tests; {cfg.fooled_rate:.0%} of failing ones accepted at a glance)"
         )
+        print(f"feedback {cfg.feedback}: {FEEDBACK_MODES[cfg.feedback]}")
         print(
             f"setup took {time.monotonic() - t_setup:.0f}s; running until v{cfg.versions} is served "
             f"or {cfg.minutes:.0f} min\n"
@@ -171,6 +199,8 @@ def run(cfg: DemoConfig) -> int:
     store = Store(fleet.store_root)
     rows = demo_report.summarize(pop.snapshot(), switches, {v: store.manifest(v) for v in store.versions()})
     verdict = demo_report.verdict(rows, goal_points=cfg.goal_points)
+    verdict["feedback"] = cfg.feedback
+    verdict["signals_sent"] = pop.signals_sent
     demo_report.write(rows, verdict, out)
     if (out / "trainer" / "history.json").exists():  # what the trainer learnt from, by version
         from online_rl.plots import reward_by_version
@@ -186,6 +216,12 @@ def run(cfg: DemoConfig) -> int:
         f"v{verdict['final_version']} {_pct(verdict['final_acceptance'])} ({rise} points; goal "
         f"+{cfg.goal_points:.0f}), {verdict['failed_requests']} failed requests: "
         f"{'GOAL MET' if verdict['goal_met'] else 'goal missed'}"
+    )
+    to90 = verdict["requests_to_90"]
+    print(
+        f"feedback {cfg.feedback} ({FEEDBACK_MODES[cfg.feedback]}; sent {verdict['signals_sent']['comment']} comments, "
+        f"{verdict['signals_sent']['persisted']} persisted checks): kept share reached 90% "
+        + (f"after {to90} judged requests" if to90 is not None else "in no version")
     )
     print(
         f"wrote {out}/summary.json, {out}/acceptance.png, {out}/reward_by_version.png, {out}/interactions.jsonl; "

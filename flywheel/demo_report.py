@@ -19,6 +19,7 @@ import numpy as np
 FIELDS = (
     "version",
     "acceptance",
+    "kept",
     "judged",
     "agent_acceptance",
     "sessions",
@@ -58,6 +59,7 @@ def summarize(records: list, switches: list[dict], manifests: dict[int, object])
             {
                 "version": v,
                 "acceptance": _rate(judged),
+                "kept": _kept(judged),
                 "judged": len(judged),
                 "agent_acceptance": _rate(sessions),
                 "sessions": len(sessions),
@@ -83,9 +85,15 @@ def _rate(judged: list) -> float | None:
     return round(sum(r.outcome == "accept" for r in judged) / len(judged), 4) if judged else None
 
 
+def _kept(judged: list) -> float | None:
+    """The share accepted and kept: accepted and passing its hidden tests (a fooled accept is deleted later)."""
+    known = [r for r in judged if getattr(r, "passed", None) is not None]
+    return round(sum(r.outcome == "accept" and r.passed for r in known) / len(known), 4) if known else None
+
+
 def table(rows: list[dict]) -> str:
     head = (
-        f"{'version':>7} {'accept':>7} {'judged':>6} {'agent':>7} {'sess':>5} {'reqs':>5} {'failed':>6} "
+        f"{'version':>7} {'accept':>7} {'kept':>7} {'judged':>6} {'agent':>7} {'sess':>5} {'reqs':>5} {'failed':>6} "
         f"{'p50 ms':>7} {'p99 ms':>7} {'pause ms':>8} {'out ms':>7} {'delta MB':>8} {'ratio':>6}"
     )
     lines = [head, "-" * len(head)]
@@ -96,7 +104,8 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         lines.append(
             f"{'v' + str(r['version']):>7} {f(r['acceptance'] and 100 * r['acceptance'], '6.1f')}% "
-            f"{r['judged']:>6} {f(r['agent_acceptance'] and 100 * r['agent_acceptance'], '6.1f')}% "
+            f"{f(r.get('kept') and 100 * r['kept'], '6.1f')}% {r['judged']:>6} "
+            f"{f(r['agent_acceptance'] and 100 * r['agent_acceptance'], '6.1f')}% "
             f"{r['sessions']:>5} {r['requests']:>5} {r['failed']:>6} {f(r['p50_ms'], '7.0f')} "
             f"{f(r['p99_ms'], '7.0f')} {f(r['switch_pause_ms'], '8.0f')} {f(r['out_of_rotation_ms'], '7.0f')} "
             f"{f(r['delta_mb'], '8.3f')} {f(r['delta_ratio'], '6.1f')}"
@@ -111,7 +120,15 @@ def verdict(rows: list[dict], min_judged: int = 30, goal_points: float = 20.0) -
     last = usable[-1] if usable else None
     rise = None if base is None or last is None else round(100 * (last["acceptance"] - base["acceptance"]), 1)
     failed = sum(r["failed"] for r in rows)
+    # Judged requests served before the first version whose kept share reached 90% (None: none did).
+    to90, served = None, 0
+    for r in usable:
+        if r.get("kept") is not None and r["kept"] >= 0.9:
+            to90 = served
+            break
+        served += r["judged"]
     return {
+        "requests_to_90": to90,
         "base_version": 0,
         "base_acceptance": base and base["acceptance"],
         "final_version": last and last["version"],

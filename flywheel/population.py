@@ -8,16 +8,25 @@ at all), and each types at its own pace. Beside them, agent users run short agen
 (flywheel.agent_session: read the file, write the body, run the tests) whose outcome, judged by the same
 hidden tests, is feedback on the whole session. The official openai client talks to the gateway, one API
 key per user, and every outcome is recorded with the weight version that served it.
+
+Besides accept and reject (`react`): a user glancing at a failing function accepts it now and then
+(`fooled_rate`), and finds out later: with `feedback` persist or text, an accepted function is checked
+`persist_after_s` later (`persisted`: a passing one is still in the file, a failing one was deleted), and
+with text a user comments on a failing one (`comment_rate`) with a hint in the language the corpus taught
+(online_rl.tasks.hint_for: why it failed, as the function's author would say it), right after rejecting it
+or when deleting it. Delayed signals are sent by a sender thread of their own at their time.
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 import random
 import threading
 import time
 import urllib.request
 from dataclasses import asdict, dataclass
+from typing import Literal
 
 from flywheel.core.events import parse_version
 from online_rl import sandbox, tasks
@@ -43,6 +52,42 @@ class PopulationConfig:
     think_s: tuple[float, float] = (0.0, 0.4)  # pause between a user's requests
     split: str = "heldout"
     seed: int = 0
+    # Which signals users send besides accept/reject: basic (none), persist (+ persisted checks), text (+ comments)
+    feedback: Literal["basic", "persist", "text"] = "basic"
+    fooled_rate: float = 0.0  # share of failing completions a user accepts at a glance (and deletes later)
+    comment_rate: float = 0.5  # share of failing completions a user comments on (text)
+    persist_after_s: tuple[float, float] = (20.0, 40.0)  # when the persisted check follows an accept
+    comment_after_s: float = 2.0  # a comment follows a reject this soon (a deleted one: with its check)
+
+
+@dataclass
+class Reaction:
+    """What one user does about one completion: the judgment now, and the signals that follow it."""
+
+    outcome: str  # accept | reject | ignore
+    comment: str | None = None  # the user's words: a hint about why it failed
+    comment_after_s: float = 0.0  # seconds after the judgment
+    still_present: bool | None = None  # the persisted check of an accepted completion
+    persist_after_s: float = 0.0
+
+
+def react(
+    rng: random.Random, cfg: PopulationConfig, task: tasks.Task, completion: str, passed: bool, ignore: float
+) -> Reaction:
+    """One user's reaction (the same random draws whatever `cfg.feedback`: runs that differ only in the
+    signals sent see the same users)."""
+    ignored, fooled, comments = rng.random() < ignore, rng.random() < cfg.fooled_rate, rng.random() < cfg.comment_rate
+    persist_after = rng.uniform(*cfg.persist_after_s)
+    if ignored:
+        return Reaction("ignore")
+    outcome = "accept" if passed or fooled else "reject"
+    r = Reaction(outcome)
+    if outcome == "accept" and cfg.feedback != "basic":
+        r.still_present, r.persist_after_s = passed, persist_after
+    if not passed and comments and cfg.feedback == "text":
+        r.comment = tasks.hint_for(task, completion)
+        r.comment_after_s = cfg.comment_after_s if outcome == "reject" else max(0.0, persist_after - 0.5)
+    return r
 
 
 @dataclass
@@ -56,6 +101,9 @@ class Interaction:
     error: str | None = None
     completion_id: str | None = None  # what the gateway issued (its events carry it)
     kind: str = "autocomplete"  # autocomplete | agent (one record per session: its first turn's version)
+    passed: bool | None = None  # whether the completion passes the hidden tests (what a user keeps)
+    comment: str | None = None  # the user's words about it, if any
+    still_present: bool | None = None  # its persisted check, if one is sent
     session_id: str | None = None
     turns: int = 0
     tool_calls: int = 0
@@ -86,6 +134,11 @@ class Population:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._later: list[tuple[float, int, str, dict]] = []  # (due monotonic, seq, key, body): delayed signals
+        self._later_cv = threading.Condition(self._lock)
+        self._later_seq = 0
+        self.signals_sent = {"comment": 0, "persisted": 0}
+        self.signals_dropped = 0  # delayed signals still due when the population stopped
 
     def start(self) -> "Population":
         # The openai package imports its resources lazily, on a client's first use: users starting together
@@ -101,14 +154,44 @@ class Population:
             threading.Thread(target=self._agent, args=(i,), name=f"agent-{i}", daemon=True)
             for i in range(self.cfg.agents)
         ]
+        self._threads.append(threading.Thread(target=self._sender, name="delayed-signals", daemon=True))
         for t in self._threads:
             t.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
+        with self._lock:
+            self._later_cv.notify_all()
         for t in self._threads:
             t.join(timeout=120)
+        with self._lock:
+            self.signals_dropped += len(self._later)
+            self._later.clear()
+
+    def _send_later(self, delay_s: float, key: str, body: dict) -> None:
+        with self._lock:
+            self._later_seq += 1
+            heapq.heappush(self._later, (time.monotonic() + delay_s, self._later_seq, key, body))
+            self._later_cv.notify_all()
+
+    def _sender(self) -> None:
+        """Sends each delayed signal at its time; one that fails is dropped (the user moved on), as a lost
+        signal is in the field: the trainer trains the sample on what it has when its window ends."""
+        while not self._stop.is_set():
+            with self._lock:
+                while not self._stop.is_set() and (not self._later or self._later[0][0] > time.monotonic()):
+                    self._later_cv.wait(timeout=None if not self._later else self._later[0][0] - time.monotonic())
+                if self._stop.is_set():
+                    return
+                _, _, key, body = heapq.heappop(self._later)
+            try:
+                self._post(key, body)
+                with self._lock:
+                    self.signals_sent[body["kind"]] += 1
+            except Exception:
+                with self._lock:
+                    self.signals_dropped += 1
 
     def snapshot(self) -> list[Interaction]:
         with self._lock:
@@ -116,12 +199,25 @@ class Population:
 
     def _feedback(self, key: str, completion_id: str | None, kind: str, session_id: str | None = None) -> None:
         about = {"session_id": session_id} if session_id else {"completion_id": completion_id}
+        self._post(key, {**about, "kind": kind})
+
+    def _post(self, key: str, body: dict) -> None:
         req = urllib.request.Request(
             f"{self.url}/v1/feedback",
-            data=json.dumps({**about, "kind": kind}).encode(),
+            data=json.dumps(body).encode(),
             headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
         )
         urllib.request.urlopen(req, timeout=30).close()
+
+    def _signals(self, key: str, completion_id: str, r: Reaction) -> None:
+        """The delayed signals of a reaction, in their order (a deleted function's comment before its check)."""
+        if r.comment is not None:
+            self._send_later(
+                r.comment_after_s, key, {"completion_id": completion_id, "kind": "comment", "text": r.comment}
+            )
+        if r.still_present is not None:
+            body = {"completion_id": completion_id, "kind": "persisted", "still_present": r.still_present}
+            self._send_later(r.persist_after_s, key, {**body, "after_s": round(r.persist_after_s, 3)})
 
     def _user(self, i: int) -> None:
         import openai
@@ -144,13 +240,25 @@ class Population:
                 )
                 latency = time.monotonic() - t
                 version = parse_version((r.model_extra or {}).get("model_version"))
-                if rng.random() < ignore:
-                    outcome = "ignore"
-                else:
-                    outcome = "accept" if self.prefers(task, r.choices[0].text) else "reject"
+                text = r.choices[0].text
+                passed = self.prefers(task, text)
+                reaction = react(rng, self.cfg, task, text, passed, ignore)
+                if reaction.outcome != "ignore":
                     request_started = time.time()
-                    self._feedback(key, r.id, outcome)
-                rec = Interaction(f"user-{i}", task.task_id, started, latency, version, outcome, completion_id=r.id)
+                    self._feedback(key, r.id, reaction.outcome)
+                    self._signals(key, r.id, reaction)
+                rec = Interaction(
+                    f"user-{i}",
+                    task.task_id,
+                    started,
+                    latency,
+                    version,
+                    reaction.outcome,
+                    completion_id=r.id,
+                    passed=passed,
+                    comment=reaction.comment,
+                    still_present=reaction.still_present,
+                )
             except Exception as e:  # a failed request is a result, not a crash of the population
                 rec = Interaction(
                     f"user-{i}",

@@ -75,3 +75,51 @@ def test_summary_per_version_and_verdict():
     v = demo_report.verdict(rows)
     assert v["rise_points"] == 30.0 and v["failed_requests"] == 2 and not v["goal_met"]  # a failure spoils it
     assert "v1" in demo_report.table(rows)
+
+
+def test_users_react_with_the_same_draws_whatever_they_send():
+    import random
+
+    from flywheel.population import PopulationConfig, react
+
+    task = tasks.tasks("heldout")[3]
+    wrong = task.wrong_bodies()[1]
+    seen = {}
+    for mode in ("basic", "persist", "text"):
+        cfg = PopulationConfig(feedback=mode, fooled_rate=0.3, comment_rate=0.5)
+        rng = random.Random(7)
+        seen[mode] = [react(rng, cfg, task, wrong if i % 2 else task.reference, i % 2 == 0, 0.1) for i in range(200)]
+    outcomes = {m: [r.outcome for r in rs] for m, rs in seen.items()}
+    assert outcomes["basic"] == outcomes["persist"] == outcomes["text"]  # the same users, whatever they send
+    assert all(r.comment is None and r.still_present is None for r in seen["basic"])
+    persist, text = seen["persist"], seen["text"]
+    # an accepted function is checked later: kept when it passes, deleted when it fails (a fooled accept)
+    assert {(i % 2 == 0, r.still_present) for i, r in enumerate(persist) if r.outcome == "accept"} == {
+        (True, True),
+        (False, False),
+    }
+    assert all(r.still_present is None for r in persist if r.outcome != "accept")
+    assert all(r.comment is None for r in persist)
+    # comments only on failing code, in the hint language the corpus teaches
+    comments = [r.comment for i, r in enumerate(text) if r.comment is not None]
+    assert comments and all(i % 2 for i, r in enumerate(text) if r.comment is not None)
+    assert set(comments) == {tasks.hint_for(task, wrong)} and tasks.hint_for(task, wrong).startswith("use ")
+    fooled = [r for i, r in enumerate(text) if i % 2 and r.outcome == "accept"]
+    assert fooled and 0.15 < len(fooled) / 90 < 0.45  # about fooled_rate of the failing ones (ignores aside)
+
+
+def test_kept_share_and_requests_to_90_in_the_demo_summary():
+    def judged(version, n, kept, fooled, start):
+        out = []
+        for i in range(n):
+            passed = i < kept
+            outcome = "accept" if passed or i < kept + fooled else "reject"
+            out.append(Interaction("u", "t", start + i, 0.1, version, outcome, passed=passed))
+        return out
+
+    records = judged(0, 40, 20, 8, 0.0) + judged(1, 40, 30, 4, 100.0) + judged(2, 40, 37, 2, 200.0)
+    rows = demo_report.summarize(records, [], {})
+    assert [r["kept"] for r in rows] == [0.5, 0.75, 0.925]
+    assert [r["acceptance"] for r in rows] == [0.7, 0.85, 0.975]
+    assert demo_report.verdict(rows)["requests_to_90"] == 80  # judged requests of v0 and v1
+    assert "92.5" in demo_report.table(rows)

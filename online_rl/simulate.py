@@ -31,6 +31,32 @@ def sample_completions(
     return out
 
 
+def serve(
+    model: MoECoder, tok, prompts: list[str], generator: torch.Generator, max_tokens: int = 40, temperature: float = 1.0
+) -> list[tuple[list[int], list[int], np.ndarray, np.ndarray]]:
+    """One completion per prompt (prompts of any lengths, batched by length), in prompt order, with what
+    serving logs: (prompt ids, output ids, behaviour logprobs, routed experts). An empty output is kept."""
+    stop = {tok.token_to_id(s) for s in tasks.SPECIAL_TOKENS}
+    encoded = [tok.encode(p).ids for p in prompts]
+    by_len: dict[int, list[int]] = {}
+    for i, ids in enumerate(encoded):
+        by_len.setdefault(len(ids), []).append(i)
+    outs: list[list[int]] = [[] for _ in prompts]
+    model.eval()
+    with torch.no_grad():
+        for idx in by_len.values():
+            for i, o in zip(idx, model.generate([encoded[i] for i in idx], max_tokens, temperature, stop, generator)):
+                outs[i] = o
+        result = []
+        for ids, o in zip(encoded, outs):
+            seq = torch.tensor([ids + o])
+            r = model(seq[:, :-1])  # (P + N - 1) positions: the routes of every input token, as serving logs them
+            lp = token_logprobs(r.logits, seq[:, 1:])[0, len(ids) - 1 :].numpy().astype(np.float32)
+            result.append((ids, o, lp, r.experts[0].numpy().astype(np.uint8)))
+    model.train()
+    return result
+
+
 def as_samples(raw, reward, group_size: int | None = None) -> list:
     """sample_completions' tuples as the trainer's samples of version 0: the i-th rewarded reward(i), in
     groups of group_size consecutive samples (None: user samples, no group)."""

@@ -20,8 +20,9 @@ lint: setup
 test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+DEMO_ARGS ?=
 demo: setup
-	$(PY) -m flywheel demo
+	$(PY) -m flywheel demo $(DEMO_ARGS)
 
 bench: setup
 	$(PY) -m benchmarks

@@ -54,7 +54,9 @@ class LearningConfig:
     seed: int = 0
     budget: int = 768  # judged requests per variant
     requests_per_round: int = 32
-    round_s: float = 60.0  # stream time a round of requests spans
+    # Stream time a round of requests spans; the trainer updates once a round (the demo publishes every 75 s,
+    # production every few hours), and most persisted checks (1-2.5 min after the accept) come within it.
+    round_s: float = 300.0
     eval_every: int = 2  # rounds between evaluations
     eval_samples: int = 1  # per task of the pool
     eval_tasks: int | None = None  # the first this many tasks of the pool (None: all)

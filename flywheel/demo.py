@@ -201,6 +201,7 @@ def run(cfg: DemoConfig) -> int:
     verdict = demo_report.verdict(rows, goal_points=cfg.goal_points)
     verdict["feedback"] = cfg.feedback
     verdict["signals_sent"] = pop.signals_sent
+    verdict["signals_dropped"] = pop.signals_dropped  # still due when the users stopped
     demo_report.write(rows, verdict, out)
     if (out / "trainer" / "history.json").exists():  # what the trainer learnt from, by version
         from online_rl.plots import reward_by_version

@@ -28,7 +28,6 @@ class RewardTable:
     kept: float = 1.0  # an accepted completion still in the file when checked (edit_distance 0)
     deleted: float = -0.5  # one the user deleted since
     persist_weight: float = 0.5  # the share of the reward the persistence check decides
-    comment: float = 0.0  # a completion with only the user's words about it (judged neither way)
 
     def __post_init__(self):
         w = self.persist_weight
@@ -107,9 +106,13 @@ class JoinConfig:
     session_window_s: float = 900.0  # an agent session's turn waits this long for feedback (its own or its session's)
     turn_discount: float = 1.0  # turn k of K gets the session outcome times turn_discount ** (K - 1 - k)
     dedupe_capacity: int = 1_000_000  # event ids remembered
+    max_hint_tokens: int = 128  # a longer comment joins without a hint (the teacher's context stays bounded)
 
     def __post_init__(self):
         check_modes(self)
+        for name in ("delayed_window_s", "comment_wait_s", "window_s", "orphan_wait_s", "session_window_s"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
 
 
 @dataclass

@@ -28,10 +28,13 @@ Delayed signals (`cfg.signals`): `persisted` (is the accepted code still in the 
 accepted completion waits up to `delayed_window_s` after its judgment for its persisted check, and its reward
 combines both (RewardTable.combined); under "text" a rejected one waits up to `comment_wait_s` for a comment
 too (users comment as they reject), which the sample carries as the teacher's hint. A signal that comes
-before the judgment moves the completion to the waiting ones (a persisted check implies an accept); one
-whose sample has already been made, or that the mode does not use, is counted (late_signals,
-unused_signals) and joins nothing: each completion is one sample, made once. `held` are the samples
-waiting for a delayed signal (the trainer's flywheel_trainer_samples_waiting).
+before the judgment waits with the completion for it (a persisted check implies the accept: its sample is
+made at once); a comment alone, never judged, makes no sample; a signal after the wait, or
+after the sample was made, or that the mode does not use (and any on an agent-session turn, which takes its
+session's outcome), is counted (late_signals, unused_signals) and joins nothing: each completion is one
+sample, made once. A hint goes where the corpus taught it, at a line start of a left-to-right prompt: on a
+fill-in-the-middle prompt, mid-line, or longer than `max_hint_tokens`, a comment joins without one.
+`held` are the samples waiting for a delayed signal (the trainer's flywheel_trainer_samples_waiting).
 """
 
 from __future__ import annotations
@@ -82,6 +85,7 @@ class Joiner:
     rewards: RewardTable = field(default_factory=RewardTable)
     text_len: Callable[[list[int]], int] | None = None  # chars of a completion (for partial accepts)
     encode: Callable[[str], list[int]] | None = None  # text -> token ids (a comment's hint for the teacher)
+    hint_fits: Callable[[np.ndarray], bool] | None = None  # does a prompt end where a hint line can go
     stats: JoinStats = field(default_factory=JoinStats)
 
     def __post_init__(self):
@@ -132,22 +136,20 @@ class Joiner:
                 self.stats.rollout_events += 1
                 return []
             key = self._key(event.completion_id, event.choice_index)
-            orphans = self.orphans.pop(key, None)
-            if orphans is not None:
-                self.pending[key] = event
-                return [s for f in orphans for s in self._completion_feedback(key, f)]
+            orphans = self.orphans.pop(key, [])  # its feedback came first (a replayed spool)
             if _is_turn(event):
                 skey = (event.tenant, event.session_id)
                 closed = self.closed.get(skey)
                 if closed is not None and event.ts <= closed[0].ts:  # a turn its session's outcome overtook
                     self.stats.session_feedback += closed[1] == 0
                     closed[1] += 1
+                    self.stats.extra_feedback += len(orphans)
                     return [self._turn_sample(event, closed[0], 1.0)]
                 self.turns[key] = event
                 self.sessions.setdefault(skey, []).append(key)
-                return []
-            self.pending[key] = event
-            return []
+            else:
+                self.pending[key] = event
+            return [s for f in orphans for s in self._completion_feedback(key, f)]
         if event.session_id:
             return self._session_feedback(event)
         return self._completion_feedback(self._key(event.completion_id, event.choice_index), event)
@@ -160,12 +162,26 @@ class Joiner:
         if delayed and not self._uses(f.kind):
             self.stats.unused_signals += 1
             return []
+        if delayed and key in self.turns:  # an agent turn takes its session's outcome, not per-turn signals
+            self.stats.unused_signals += 1
+            return []
         held = self.held.get(key)
         if held is not None:
-            if f.kind in held[1] or (not delayed and any(k in held[1] for k in ev.IMMEDIATE_KINDS)):
+            signals, since = held[1], held[2]
+            if self.now - since > self._wait_s(signals):  # its wait is over (expire() not yet called): late
+                self.held.pop(key)
+                self.stats.window_expired += 1
+                self.stats.late_signals += delayed
+                self.stats.extra_feedback += not delayed
+                return self._expired(held[0], signals)
+            if (
+                f.kind in signals
+                or (not delayed and any(k in signals for k in ev.IMMEDIATE_KINDS))
+                or (f.kind == "persisted" and "reject" in signals)  # a check implies an accept: not this one
+            ):
                 self.stats.extra_feedback += 1
                 return []
-            held[1][f.kind] = f
+            signals[f.kind] = f
             return self._release_if_complete(key)
         completion = self.pending.pop(key, None)
         if completion is None:
@@ -201,6 +217,14 @@ class Joiner:
     def _wait_s(self, signals: dict) -> float:
         return self.cfg.comment_wait_s if "reject" in signals else self.cfg.delayed_window_s
 
+    def _expired(self, c: ev.CompletionEvent, signals: dict) -> list[Sample]:
+        """A sample whose wait ended, on what it has. Only a comment, neither judged nor kept: no sample (a
+        completion nobody judged teaches nothing; a reward for it would push it down against the baseline)."""
+        if not any(k in signals for k in (*ev.IMMEDIATE_KINDS, "persisted")):
+            self.stats.no_signal += 1
+            return []
+        return [self._sample(c, signals)]
+
     def _release_if_complete(self, key: str) -> list[Sample]:
         c, signals, _ = self.held[key]
         judged = next((k for k in ev.IMMEDIATE_KINDS if k in signals), None)
@@ -220,13 +244,14 @@ class Joiner:
             reward = self.rewards.reward(f.kind, f.accepted_chars, total, score=f.score)
         elif persisted is not None:  # the code was in the file: it was accepted (its accept never came)
             reward = self.rewards.accept
-        else:  # only the user's words: judged neither way
-            reward = self.rewards.comment
+        else:  # a comment alone never makes a sample (_expired)
+            raise ValueError(f"{c.completion_id}: a sample needs a judgment or a persisted check")
         if persisted is not None:
             reward = self.rewards.combined(reward, persisted.still_present, persisted.edit_distance, total)
         hint = None
-        if comment is not None and self.encode is not None:
-            hint = np.asarray(self.encode(hint_line(comment.text)), dtype=np.int64)
+        if comment is not None and self.encode is not None and (self.hint_fits is None or self.hint_fits(c.prompt_ids)):
+            ids = self.encode(hint_line(comment.text))
+            hint = np.asarray(ids, dtype=np.int64) if len(ids) <= self.cfg.max_hint_tokens else None
         key = self._key(c.completion_id, c.choice_index)
         self.judged[key] = self.now
         self.stats.joined += 1
@@ -290,11 +315,12 @@ class Joiner:
         if now is not None:
             self.now = max(self.now, now)
         made = []
-        # Two waits (a reject's for a comment is shorter): a scan, not a queue; held is small against pending.
+        # Two waits (a reject's for a comment is shorter), so a scan rather than a queue: under persist every
+        # accepted completion waits here up to delayed_window_s, a scan of those per poll.
         for key in [k for k, (_, signals, since) in self.held.items() if self.now - since > self._wait_s(signals)]:
             c, signals, _ = self.held.pop(key)
             self.stats.window_expired += 1
-            made.append(self._sample(c, signals))
+            made += self._expired(c, signals)
         while self.pending:
             key, c = next(iter(self.pending.items()))
             if self.now - c.ts <= self.cfg.window_s:
@@ -317,12 +343,13 @@ class Joiner:
                 self.stats.orphan_session_feedback += 1
         while self.orphans:
             key, fs = next(iter(self.orphans.items()))
-            if self.now - fs[0].ts <= self.cfg.orphan_wait_s:
+            if self.now - fs[-1].ts <= self.cfg.orphan_wait_s:  # each key waits from its newest
                 break
             self.orphans.popitem(last=False)
             self.stats.orphan_feedback += len(fs)
         # Late duplicates and late signals only matter within the windows: after them a key is forgotten.
-        keep = max(self.cfg.window_s, self.cfg.delayed_window_s) + self.cfg.orphan_wait_s
+        delayed = self.cfg.delayed_window_s if self.cfg.signals != "basic" else 0.0
+        keep = max(self.cfg.window_s, delayed) + self.cfg.orphan_wait_s
         while self.judged:
             key, ts = next(iter(self.judged.items()))
             if self.now - ts <= keep:

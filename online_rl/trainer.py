@@ -70,8 +70,8 @@ class Trainer:
                 p.requires_grad_(False)
         self.model = load().train()
         self.opt = make_optimizer(self.model, cfg.optim)  # after sharding: its state is sharded alike
-        text_len, encode = self._tokenizer()
-        self.joiner = Joiner(cfg.join, cfg.rewards, text_len=text_len, encode=encode)
+        text_len, encode, hint_fits = self._tokenizer()
+        self.joiner = Joiner(cfg.join, cfg.rewards, text_len=text_len, encode=encode, hint_fits=hint_fits)
         self.buffer: list[Sample] = []
         self.step = 0
         self.saved_step = 0  # the step the newest checkpoint holds
@@ -100,14 +100,26 @@ class Trainer:
         self._resume()
 
     def _tokenizer(self):
-        """(chars of a completion's token ids, token ids of a text), or Nones without a tokenizer."""
+        """(chars of a completion's token ids, token ids of a text, whether a prompt ends where a hint line
+        goes: at a line start, not fill-in-the-middle), or Nones without a tokenizer."""
         from tokenizers import Tokenizer
+
+        from online_rl.tasks import FIM_MIDDLE
 
         path = Path(self.cfg.model_dir) / "tokenizer.json"
         if not path.exists():
-            return None, None
+            return None, None, None
         tok = Tokenizer.from_file(str(path))
-        return (lambda ids: len(tok.decode(ids))), (lambda text: tok.encode(text, add_special_tokens=False).ids)
+        fim = tok.token_to_id(FIM_MIDDLE)
+
+        def hint_fits(prompt_ids) -> bool:
+            last = tok.decode([int(prompt_ids[-1])], skip_special_tokens=False) if len(prompt_ids) else ""
+            return last.endswith("\n") and (fim is None or fim not in set(int(i) for i in prompt_ids))
+
+        def encode(text: str) -> list[int]:
+            return tok.encode(text, add_special_tokens=False).ids
+
+        return (lambda ids: len(tok.decode(ids))), encode, hint_fits
 
     # ------------------------------------------------------------------ the loop
     def run(self, stop=None) -> None:

@@ -34,8 +34,6 @@ def test_every_variant_spends_the_same_budget_of_judged_requests(runs):
         assert judged == 96, v
         assert r["updates"] >= 2 and r["curve"][-1][0] == 96 and r["curve"][0][0] == 0
         assert r["users_kept_curve"] and r["users_kept_curve"][0][0] >= 48
-    # the same users: the first round's reactions are drawn alike (the weights only differ after an update)
-    assert len({r["acceptance_start"] for r in runs.values()}) == 1
 
 
 def test_delayed_signals_join_only_where_the_variant_uses_them(runs):

@@ -65,6 +65,8 @@ def test_two_fsdp_ranks_make_the_one_rank_update(test_model, tmp_path):
     from flywheel.core.procs import free_port
 
     samples = served_samples(test_model, 9)  # odd: one rank has a micro-batch less and pads with a zero-weight pass
+    for s in samples[::4]:  # users' comments: every micro-batch on every rank runs the teacher's forward too
+        s.hint_ids = np.array([11, 12, 13], np.int64)
     adv, _ = advantages(samples, LossConfig(), 0.0)
     _steps(0, 1, 0, str(test_model), samples, adv, str(tmp_path / "one.pt"), False)
     mp.spawn(_steps, args=(2, free_port(), str(test_model), samples, adv, str(tmp_path / "two.pt"), True), nprocs=2)

@@ -153,3 +153,62 @@ def test_bad_delayed_signals_are_refused_by_the_schema():
     bad(kind="persisted", still_present=True, after_s=1.0, edit_distance=-2)
     j = joiner("text")
     assert j.add_raw(b"\x81\xa6schema\xa9bad") == [] and j.stats.bad_records == 1
+
+
+def test_a_signal_after_its_wait_is_late_even_before_expire_runs():
+    """Replaying a backlog in one poll must decide as live reading did: the window is checked on arrival."""
+    j = joiner("text")
+    j.add(completion("r", 100.0))
+    j.add(feedback("r", "reject", 101.0))
+    [s] = j.add(comment("r", 400.0))  # comment_wait_s is 60: the sample is made without it
+    assert s.hint_ids is None and s.reward == -0.25
+    assert (j.stats.late_signals, j.stats.window_expired) == (1, 1)
+
+
+def test_a_persisted_check_after_a_reject_is_not_an_accept():
+    j = joiner("text")
+    j.add(completion("r", 100.0))
+    j.add(feedback("r", "reject", 101.0))
+    assert j.add(persisted("r", 102.0, still=True)) == [] and j.stats.extra_feedback == 1
+    [s] = j.add(comment("r", 103.0))
+    assert s.reward == -0.25  # not (1 - w) * -0.25 + w * kept
+
+
+def test_a_comment_alone_makes_no_sample():
+    j = joiner("text")
+    j.add(completion("c", 100.0))
+    assert j.add(comment("c", 101.0)) == []
+    assert j.expire(101.0 + 601) == [] and j.stats.no_signal == 1 and j.stats.joined == 0
+
+
+def test_agent_turns_take_their_sessions_outcome_not_delayed_signals():
+    from tests.unit.test_stream_join import session_feedback
+
+    j = joiner("text")
+    j.add(completion("t1", 100.0, session="s"))
+    j.add(completion("t2", 101.0, session="s"))
+    assert j.add(comment("t1", 102.0)) == [] and j.add(persisted("t2", 103.0)) == []
+    assert j.stats.unused_signals == 2
+    samples = j.add(session_feedback("s", "accept", 104.0))
+    assert sorted(s.key for s in samples) == ["t1:0", "t2:0"] and all(s.reward == 0.75 for s in samples)
+    # a turn whose own judgment came before it (a replayed spool) is judged on its own, like a completion,
+    # and leaves its session's list
+    j.add(feedback("t3", "reject", 105.0))
+    assert j.add(completion("t3", 100.5, session="s2")) == []  # a reject waits for its comment (text)
+    assert "t3:0" in j.held and "t3:0" not in j.turns and ("t", "s2") not in j.sessions
+    [s] = j.add(comment("t3", 106.0))
+    assert s.reward == -0.25 and s.hint_ids is not None
+
+
+def test_orphans_of_one_completion_wait_from_the_newest():
+    j = joiner("text")
+    j.add(comment("o", 100.0))
+    j.add(feedback("o", "reject", 115.0))
+    j.expire(121.0)  # 21 s after the comment, 6 s after the reject: both still wait
+    [s] = j.add(completion("o", 99.0))
+    assert s.hint_ids is not None and j.stats.orphan_feedback == 0
+
+
+def test_negative_windows_are_refused():
+    with pytest.raises(ValueError, match="comment_wait_s"):
+        JoinConfig(comment_wait_s=-1)

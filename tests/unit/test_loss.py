@@ -142,3 +142,16 @@ def test_without_a_coefficient_the_hint_costs_nothing(model):
     s = _hinted(model, [11, 12])
     loss, m = _distill_only(model, s, coef=0.0)
     assert float(loss) == pytest.approx(0.0, abs=1e-6) and m["distill_tokens"] == s.output_ids.size
+
+
+def test_distillation_of_a_mixed_batch_is_the_sum_of_its_samples(model):
+    """Prompts, outputs and hints of different lengths, one sample without a hint: padding and the teacher's
+    positions line up with each sample's own."""
+    a, b, c = _hinted(model, [11, 12, 13]), sample(model, 0.0), _hinted(model, [40])
+    c.prompt_ids, c.output_ids = np.array([5, 17], np.int64), np.array([7, 99], np.int64)
+    c.behaviour_logprobs, c.routed_experts = c.behaviour_logprobs[:2], c.routed_experts[:3]
+    cfg = LossConfig(distill_coef=1.0)
+    alone = [policy_loss(model, None, make_batch([s], np.array([0.0]), teacher=True), cfg, 1)[1] for s in (a, b, c)]
+    _, m = policy_loss(model, None, make_batch([a, b, c], np.zeros(3), teacher=True), cfg, 1)
+    assert m["distill_tokens"] == a.output_ids.size + c.output_ids.size
+    assert m["distill_kl_sum"] == pytest.approx(sum(x["distill_kl_sum"] for x in alone), rel=1e-4)

@@ -40,11 +40,13 @@ class DemoConfig:
     replicas: int = option(2, help="SGLang replicas")
     goal_points: float = option(20.0, help="acceptance rise (points) the demo must reach")
     feedback: Literal["basic", "persist", "text"] = option(
-        "text",
+        "basic",
         help="what users send and the trainer learns from: basic (accept/reject), persist (+ whether accepted code "
         "is kept), text (+ comments with hints, distilled)",
     )
-    fooled_rate: float = option(0.25, help="share of failing completions users accept at a glance (deleted later)")
+    # 0 by default: the demo as it was measured (its 20-point goal is on immediate acceptance, which fooled
+    # accepts inflate); with persist or text, 0.25 gives the persisted checks something to say.
+    fooled_rate: float = option(0.0, help="share of failing completions users accept at a glance (deleted later)")
 
     def __post_init__(self):
         check_modes(self)

@@ -57,19 +57,25 @@ _DELAYED_FIELDS = {"comment": ("text",), "persisted": ("still_present", "after_s
 _REQUIRED = {"comment": ("text",), "persisted": ("still_present", "after_s")}
 
 
-def _delayed_fields_fit_kind(b: Body) -> None:
-    """comment takes `text`, persisted `still_present` + `after_s` (+ `edit_distance`); no other kind
-    takes any of them, and neither judges a whole session."""
-    kind = b["kind"]
-    if kind in ev.DELAYED_KINDS and "session_id" in b.given:
-        raise ApiError(400, f"kind={kind} judges a completion: name its 'completion_id'", param="session_id")
+def _delayed_fields_fit(b: Body, field: str) -> None:
+    """comment takes `text`, persisted `still_present` + `after_s` (+ `edit_distance`); no other kind takes
+    any of them. `field` names the kind: `kind` (/v1/feedback) or `type` (Tabby's /v1/events)."""
+    kind = b[field]
     for name in _REQUIRED.get(kind, ()):
         if name not in b.given:
-            raise ApiError(400, f"kind={kind} needs '{name}'", param=name, code="missing_required_parameter")
+            raise ApiError(400, f"{field}={kind} needs '{name}'", param=name, code="missing_required_parameter")
     for other, names in _DELAYED_FIELDS.items():
         for name in names:
             if other != kind and name in b.given:
-                raise ApiError(400, f"'{name}' only goes with kind={other}", param=name)
+                raise ApiError(400, f"'{name}' only goes with {field}={other}", param=name)
+
+
+def _delayed_fields_fit_kind(b: Body) -> None:
+    """As _delayed_fields_fit, and neither delayed kind judges a whole session."""
+    kind = b["kind"]
+    if kind in ev.DELAYED_KINDS and "session_id" in b.given:
+        raise ApiError(400, f"kind={kind} judges a completion: name its 'completion_id'", param="session_id")
+    _delayed_fields_fit(b, "kind")
 
 
 def comment_text() -> object:
@@ -120,20 +126,9 @@ def tabby_schema(max_n: int) -> Schema:
             "elapsed": Field(number(0, 1e10, "'elapsed' must be a non-negative number (ms)")),
             **_delayed_fields(),  # comment and persisted: the same fields and rules as /v1/feedback's
         },
-        rules=(_tabby_delayed_fields_fit_type,),
+        rules=(lambda b: _delayed_fields_fit(b, "type"),),
         ignore_unknown=True,  # Tabby sends more (view_id, ...) than it needs here
     )
-
-
-def _tabby_delayed_fields_fit_type(b: Body) -> None:
-    kind = b["type"]
-    for name in _REQUIRED.get(kind, ()):
-        if name not in b.given:
-            raise ApiError(400, f"type={kind} needs '{name}'", param=name, code="missing_required_parameter")
-    for other, names in _DELAYED_FIELDS.items():
-        for name in names:
-            if other != kind and name in b.given:
-                raise ApiError(400, f"'{name}' only goes with type={other}", param=name)
 
 
 class FeedbackApi:

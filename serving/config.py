@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
-from flywheel.core.config import option
+from flywheel.core.config import nested, option
 from serving.openai_api import Limits
 
 
@@ -14,6 +15,27 @@ from serving.openai_api import Limits
 class PoolConfig:
     health_interval_s: float = 2.0
     health_timeout_s: float = 5.0
+
+
+@dataclass
+class RoutingConfig:
+    """How the gateway picks a replica for a user's request (serving.routing)."""
+
+    policy: Literal["cache_aware", "least_outstanding"] = option(
+        "cache_aware",
+        flag="routing",
+        help="cache_aware: where the prompt's prefix is cached unless that replica is busier by "
+        "--balance-threshold; least_outstanding: the fewest requests in flight",
+    )
+    block_tokens: int = option(16, help="cache_aware: prompt tokens per block of the prefix index")
+    min_match_tokens: int = option(
+        64, help="cache_aware: a cached prefix shorter than this is not worth a less loaded replica"
+    )
+    balance_threshold: int = option(
+        4, help="cache_aware: requests in flight over the least loaded replica's before the cache is ignored"
+    )
+    # The index follows each replica's KV capacity (its sglang:max_total_num_tokens); this until it is read.
+    default_capacity_tokens: int = 32768
 
 
 @dataclass
@@ -34,8 +56,9 @@ class GatewayConfig:
         help="Kafka bootstrap servers (none: events stay in the spool)",
     )
     log_events: bool = option(True, flag="events", help="log completion and feedback events (--no-events: benchmarks)")
-    limits: Limits = field(default_factory=Limits)
+    limits: Limits = nested(Limits)
     pool: PoolConfig = field(default_factory=PoolConfig)
+    routing: RoutingConfig = nested(RoutingConfig)
     request_timeout_s: float = option(
         300.0,
         flag="request-timeout",

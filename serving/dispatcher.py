@@ -1,7 +1,7 @@
 """Runs one choice of a request on the fleet: pick a replica, hold a lease on it, retry on another if it
 fails before the first byte, and log the completion event.
 
-    pick (canary arm, least outstanding) -> Lease -> engine.generate[_stream]
+    pick (canary arm, routing policy) -> Lease -> engine.generate[_stream] -> policy.on_complete
         EngineUnavailable (before any output) -> replica out of rotation, abort there, next replica
         ReplicaBroke (after output started)   -> replica out of rotation, the request fails (502)
         client gone / cancelled               -> abort on the replica (nobody reads it any more)
@@ -24,6 +24,7 @@ from serving.canary_split import CanarySplit
 from serving.event_sink import EventSink
 from serving.openai_api import GenerationSpec, finish_reason
 from serving.router import Lease, NoReplica, ReplicaHandle, ReplicaPool, ReplicaState
+from serving.routing import RouteRequest
 from serving.schema import ApiError
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,14 @@ class Dispatcher:
         self._background: set[asyncio.Task] = set()  # aborts sent to replicas, kept until done
 
     # ------------------------------------------------------------------ choosing
-    def pick(self, tried: set[str], rollout: bool, borrowed_only: bool = False, tenant: str | None = None):
+    def pick(
+        self,
+        tried: set[str],
+        rollout: bool,
+        borrowed_only: bool = False,
+        tenant: str | None = None,
+        req: RouteRequest | None = None,
+    ):
         if not rollout:
             prefer = None
             if self.canary is not None and tenant is not None:  # a user stays on its arm during a trial
@@ -59,13 +67,13 @@ class Dispatcher:
                     if self.canary.arm_of(tenant) == "canary"
                     else frozenset(ids - self.canary.replicas)
                 )
-            return self.pool.pick(exclude=tried, prefer=prefer)
+            return self.pool.pick(exclude=tried, prefer=prefer, req=req)
         try:  # rollouts go to borrowed replicas; without an off-peak scheduler lending some, to any replica
             return self.pool.pick(exclude=tried, rollout=True)
         except NoReplica:
             if borrowed_only:
                 raise
-            return self.pool.pick(exclude=tried)
+            return self.pool.pick(exclude=tried, req=req)
 
     def pool_version(self) -> str:
         """The weight versions users are being served from now (the streaming header)."""
@@ -92,9 +100,10 @@ class Dispatcher:
         Returns the result, the replica's id and the timings (ttft_ms when streamed, e2e_ms)."""
         tried: set[str] = set()
         last: Exception | None = None
+        req = RouteRequest(tokens=body["input_ids"], tenant=tenant)
         for attempt in range(self.cfg.max_attempts):
             try:
-                replica = self.pick(tried, rollout, borrowed_only, tenant)
+                replica = self.pick(tried, rollout, borrowed_only, tenant, req)
             except NoReplica as e:
                 last = e
                 break
@@ -125,6 +134,9 @@ class Dispatcher:
                     "invalid_request_error" if e.status < 500 else "server_error",
                 ) from None
             self.pool.served(replica, res.weight_version)
+            if not rollout:
+                self.pool.policy.on_complete(replica, req, res.cached_tokens)
+                self.metrics.count_prompt(replica.id, self.pool.policy.name, res.prompt_tokens, res.cached_tokens)
             timing["e2e_ms"] = 1000 * (time.monotonic() - t0)
             return res, replica.id, timing
         if self.canary is not None and tenant is not None:
@@ -203,6 +215,7 @@ class Dispatcher:
             sampling=spec.sampling(),
             finish_reason=finish_reason(res.finish),
             latency={**timing, "queue_ms": res.queue_ms},
+            cached_tokens=res.cached_tokens,
             weight_versions=spans,
             switch_index=switch,
             source=source,

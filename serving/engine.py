@@ -46,6 +46,7 @@ class EngineResult:
     weight_version: int | None = None  # None: the replica did not say
     weight_versions: list = field(default_factory=list)  # [{version: int, start, end}]
     prompt_tokens: int = 0
+    cached_tokens: int | None = None  # prompt tokens the replica's prefix cache already held (None: not said)
     queue_ms: float = 0.0
 
 
@@ -82,6 +83,8 @@ def _fill(result: EngineResult, out: dict, layers: int, top_k: int) -> None:
     result.weight_version = ev.parse_version(meta.get("weight_version"))
     result.weight_versions = ev._spans(meta.get("weight_versions", []))
     result.prompt_tokens = meta.get("prompt_tokens", 0)
+    cached = meta.get("cached_tokens")
+    result.cached_tokens = int(cached) if isinstance(cached, (int, float)) else None
     result.queue_ms = 1000 * (meta.get("queue_time") or 0.0)
     experts = _experts(meta, layers, top_k)
     if experts is not None:

@@ -1,6 +1,6 @@
 """The Flywheel gateway: an OpenAI-compatible API in front of SGLang replicas (aiohttp).
 
-    client --HTTP--> auth -> validate -> tokenize -> pick replica (least outstanding) -> /generate
+    client --HTTP--> auth -> validate -> tokenize -> pick replica (serving.routing) -> /generate
                                                    <- tokens, logprobs, routed experts, weight version
            <-- OpenAI response (+ completion id, model version) --'  '--> completion event -> event log
 
@@ -54,7 +54,7 @@ class Gateway:
         self.first_feedback = FirstFeedback()
         self.first_session_feedback = FirstFeedback(capacity=200_000)
         self.sessions = Sessions()
-        self.pool = ReplicaPool(cfg.replicas, cfg.pool)
+        self.pool = ReplicaPool(cfg.replicas, cfg.pool, cfg.routing)
         self.events = EventLog(
             EventLogConfig(
                 spool_dir=state / "spool", bootstrap=cfg.kafka_bootstrap, max_spool_bytes=cfg.max_spool_bytes

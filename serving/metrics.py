@@ -81,8 +81,35 @@ class GatewayMetrics:
             ["topic"],
             registry=r,
         )
+        # SGLang's cached_tokens per completion: the prefix hit rate of each replica under the routing policy.
+        self.prompt_tokens = Counter(
+            "flywheel_gateway_prompt_tokens",
+            "Prompt tokens of user completions whose replica reported its cache hits, by replica and routing policy",
+            ["replica", "policy"],
+            registry=r,
+        )
+        self.cached_prompt_tokens = Counter(
+            "flywheel_gateway_cached_prompt_tokens",
+            "Of those, the tokens the replica's prefix cache already held (no prefill paid)",
+            ["replica", "policy"],
+            registry=r,
+        )
+        self._prefix_tokens: dict[tuple[str, str], list[int]] = {}  # (replica, policy) -> [prompt, cached]
         r.register(_LiveCollector(gateway))
         r.register(self.tools)
+
+    def count_prompt(self, replica: str, policy: str, prompt_tokens: int, cached_tokens: int | None) -> None:
+        if cached_tokens is None:
+            return  # the replica did not say: neither hit nor miss
+        self.prompt_tokens.labels(replica, policy).inc(prompt_tokens)
+        self.cached_prompt_tokens.labels(replica, policy).inc(cached_tokens)
+        seen = self._prefix_tokens.setdefault((replica, policy), [0, 0])
+        seen[0] += prompt_tokens
+        seen[1] += cached_tokens
+
+    def prefix_hit_rate(self) -> dict[tuple[str, str], float]:
+        """Cached / prompt tokens since start, per (replica, policy) (also the gauge of that name)."""
+        return {key: cached / prompt for key, (prompt, cached) in self._prefix_tokens.items() if prompt}
 
 
 class ToolCallStats:
@@ -192,6 +219,23 @@ class _LiveCollector:
             if rep.weight_version is not None:
                 version.add_metric([rep.id], float(rep.weight_version))
         yield from (inflight, rollouts, healthy, state, version)
+        hit = GaugeMetricFamily(
+            "flywheel_gateway_prefix_hit_rate",
+            "Prompt tokens found in the replica's prefix cache / prompt tokens, since the gateway started",
+            labels=["replica", "policy"],
+        )
+        for (replica, policy), rate in self.gw.metrics.prefix_hit_rate().items():
+            hit.add_metric([replica, policy], rate)
+        yield hit
+        view = self.gw.pool.policy.view()
+        decisions = CounterMetricFamily(
+            "flywheel_gateway_routing_decisions",
+            "Why the routing policy sent each user request where it did (cache_aware: match, balance, no_match)",
+            labels=["policy", "why"],
+        )
+        for why, n in view.get("decisions", {}).items():
+            decisions.add_metric([view["policy"], why], n)
+        yield decisions
         yield CounterMetricFamily(
             "flywheel_replica_drain_leases_lapsed",
             "Drains whose agent went quiet: the gateway routed users to the replica again",

@@ -12,17 +12,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from flywheel.core.config import option
 from serving.schema import ApiError, Field, boolean, integer, number, refuse_unknown, string, value
 
 
 @dataclass
 class Limits:
     max_body_bytes: int = 1 << 20
-    max_prompt_tokens: int = 384
+    max_prompt_tokens: int = option(384, help="longest prompt accepted, in tokens")
     max_tokens: int = 256
     max_n: int = 8
     max_stop: int = 4
-    context_tokens: int = 512  # the model's positions: prompt + max_tokens must fit
+    context_tokens: int = option(0, help="prompt + max_tokens must fit in this many tokens (0: the model's positions)")
 
 
 @dataclass
@@ -415,3 +416,16 @@ def chat_logprobs(tokens: list[str], logprobs: list[float], tops: list[dict] | N
         alts = [{"token": k, "logprob": v, "bytes": list(k.encode())} for k, v in (tops[i] if tops else {}).items()]
         content.append({"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": alts})
     return {"content": content, "refusal": None}
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> dict:
+    """OpenAI's usage object; `prompt_tokens_details.cached_tokens` when the replica said how many prompt
+    tokens its prefix cache held (of the first choice: the choices of one request share the prompt)."""
+    out = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+    if cached_tokens is not None:
+        out["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+    return out

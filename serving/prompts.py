@@ -22,7 +22,8 @@ class Prompter:
         model_cfg = json.loads((Path(model_dir) / "config.json").read_text())
         self.layers, self.top_k = model_cfg["num_hidden_layers"], model_cfg["num_experts_per_tok"]
         self.limits = limits
-        limits.context_tokens = min(limits.context_tokens, model_cfg["max_position_embeddings"])
+        positions = model_cfg["max_position_embeddings"]
+        limits.context_tokens = min(limits.context_tokens or positions, positions)
         # Control tokens end a plain completion: the model must not wander into fill-in-the-middle syntax.
         self.stop_token_ids = sorted(
             i for t in (EOS, FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE) if (i := self.tok.token_to_id(t)) is not None

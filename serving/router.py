@@ -1,4 +1,4 @@
-"""The replica pool: states, health, and least-outstanding-requests routing.
+"""The replica pool: states, health, and which replica takes a request (a policy of serving.routing).
 
 A replica is `active` (takes user traffic), `draining` (finishes what it has, takes nothing new) or
 `borrowed` (lent to the trainer for rollouts; no user traffic). Health checks take a replica that stops
@@ -13,7 +13,6 @@ borrow, mark_failed, check, expire_drain_leases): nothing else writes `state`.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import math
 import time
@@ -23,7 +22,9 @@ from enum import Enum
 import aiohttp
 
 from flywheel.core.events import parse_version
-from serving.config import PoolConfig
+from serving.config import PoolConfig, RoutingConfig
+from serving.routing import RouteRequest, RoutingPolicy, make_policy
+from serving.routing.least_outstanding import LeastOutstanding
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ class ReplicaHandle:
     drain_lease_until: float | None = None  # a drain an agent holds (renewed while it switches); None: an SRE's
     queue_depth: int = 0  # SGLang's waiting requests (its /metrics), as of the last health check
     running: int = 0  # SGLang's running requests, same source
+    kv_capacity_tokens: int | None = None  # SGLang's KV pool (sglang:max_total_num_tokens), same source
     rollout_rids: set = field(default_factory=set)  # rollout requests in flight here (to abort on return)
     _rate: float = 0.0  # user requests/s, exponentially decayed
     _rate_t: float = field(default_factory=time.monotonic)
@@ -82,6 +84,7 @@ class ReplicaHandle:
             "request_rate": round(self.rate, 3),
             "queue_depth": self.queue_depth,
             "running": self.running,
+            "kv_capacity_tokens": self.kv_capacity_tokens,
             "borrow_pending": self.borrow_pending,
             "drain_lease_s": None
             if self.drain_lease_until is None
@@ -112,12 +115,13 @@ class LastActive(Exception):
 
 
 class ReplicaPool:
-    def __init__(self, urls: list[str], cfg: PoolConfig | None = None):
+    def __init__(self, urls: list[str], cfg: PoolConfig | None = None, routing: RoutingConfig | None = None):
         self.cfg = cfg or PoolConfig()
         self.replicas: dict[str, ReplicaHandle] = {
             f"r{i}": ReplicaHandle(id=f"r{i}", url=u.rstrip("/")) for i, u in enumerate(urls)
         }
-        self._rr = itertools.count()
+        self.policy: RoutingPolicy = make_policy(routing or RoutingConfig())  # user requests
+        self._rollouts = LeastOutstanding(load=lambda r: r.rollout_outstanding)  # borrowed replicas
         self.lapsed_drains = 0
         self._task: asyncio.Task | None = None
         self._pending: set[asyncio.Task] = set()  # borrows settling
@@ -129,12 +133,17 @@ class ReplicaPool:
         return self.replicas[replica_id]
 
     def pick(
-        self, exclude: set[str] = frozenset(), rollout: bool = False, prefer: frozenset[str] | None = None
+        self,
+        exclude: set[str] = frozenset(),
+        rollout: bool = False,
+        prefer: frozenset[str] | None = None,
+        req: RouteRequest | None = None,
     ) -> ReplicaHandle:
-        """Least outstanding requests among healthy replicas in the right state; ties rotate.
+        """A healthy replica in the right state, chosen by the routing policy among the candidates.
 
-        User requests go to active replicas; rollout requests to borrowed ones. `prefer` (a canary arm's
-        replicas) narrows the choice while one of them can serve; otherwise any replica serves.
+        User requests go to active replicas (the policy's choice); rollout requests to borrowed ones
+        (least outstanding rollouts). `prefer` (a canary arm's replicas) narrows the choice while one of
+        them can serve; otherwise any replica serves.
         """
         want = ReplicaState.BORROWED if rollout else ReplicaState.ACTIVE
         candidates = [r for r in self.replicas.values() if r.healthy and r.state == want and r.id not in exclude]
@@ -142,10 +151,9 @@ class ReplicaPool:
             candidates = [r for r in candidates if r.id in prefer]
         if not candidates:
             raise NoReplica(f"no healthy {want.value} replica")
-        load = (lambda r: r.rollout_outstanding) if rollout else (lambda r: r.outstanding)
-        low = min(load(r) for r in candidates)
-        best = [r for r in candidates if load(r) == low]
-        return best[next(self._rr) % len(best)]
+        if rollout:
+            return self._rollouts.pick(candidates)
+        return self.policy.pick(candidates, req or RouteRequest())
 
     # ------------------------------------------------------------------ state transitions
     def _leave_users(self, replica: ReplicaHandle, why: str) -> None:
@@ -201,6 +209,7 @@ class ReplicaPool:
         replica.healthy = False
         replica.failures += 1
         replica.last_error = error
+        self.policy.on_load_update(replica)
 
     async def check(self, replica: ReplicaHandle) -> bool:
         assert self._session is not None
@@ -216,6 +225,8 @@ class ReplicaPool:
                         gauges = sglang_gauges(await r.text())
                         replica.queue_depth = int(gauges.get("sglang:num_queue_reqs", 0))
                         replica.running = int(gauges.get("sglang:num_running_reqs", 0))
+                        capacity = gauges.get("sglang:max_total_num_tokens")
+                        replica.kv_capacity_tokens = int(capacity) if capacity else None
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
             ok = False
             replica.last_error = f"health check: {type(e).__name__}: {e}"
@@ -225,6 +236,7 @@ class ReplicaPool:
             log.warning("replica %s (%s) failed its health check: %s", replica.id, replica.url, replica.last_error)
         replica.healthy = ok
         replica.last_check = time.time()
+        self.policy.on_load_update(replica)
         return ok
 
     async def check_all(self) -> None:

@@ -100,6 +100,7 @@ class CompletionEvent:
     arm: str = ""  # during a canary trial: "canary" or "stable", the arm that served it
     session_id: str = ""  # chat: the agent session this turn belongs to (serving.sessions)
     parent_id: str = ""  # chat: the completion id of the session's previous turn ("" for a first turn)
+    cached_tokens: int | None = None  # prompt tokens the replica's prefix cache held (None: it did not say)
     event_id: str = field(default_factory=new_event_id)
     ts: float = field(default_factory=time.time)
     schema: str = COMPLETION_SCHEMA

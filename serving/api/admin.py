@@ -75,7 +75,8 @@ class AdminApi:
         return app
 
     async def replicas(self, request: web.Request) -> web.Response:
-        return json_response({"replicas": [r.view() for r in self.gw.pool.replicas.values()]})
+        pool = self.gw.pool
+        return json_response({"replicas": [r.view() for r in pool.replicas.values()], "routing": pool.policy.view()})
 
     async def replica_action(self, request: web.Request) -> web.Response:
         pool = self.gw.pool

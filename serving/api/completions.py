@@ -29,6 +29,7 @@ from serving.openai_api import (
     finish_reason,
     parse_chat,
     parse_completion,
+    usage,
 )
 from serving.schema import ApiError, parse_json_body
 from serving.sessions import MAX_SESSION_ID
@@ -120,11 +121,7 @@ class CompletionsApi:
             "choices": choices,
             "model_version": version,
             "system_fingerprint": fingerprint(version),
-            "usage": {
-                "prompt_tokens": len(prompt_ids),
-                "completion_tokens": completion_tokens,
-                "total_tokens": len(prompt_ids) + completion_tokens,
-            },
+            "usage": usage(len(prompt_ids), completion_tokens, results[0][0].cached_tokens),
         }
         headers = {VERSION_HEADER: "" if version is None else str(version)}
         if spec.session is not None:

@@ -19,7 +19,7 @@ from serving import engine, tool_calls as tc
 from serving.api.respond import SESSION_HEADER, VERSION_HEADER, fingerprint
 from serving.auth import Tenant
 from serving.dispatcher import ClientGone
-from serving.openai_api import GenerationSpec, finish_reason
+from serving.openai_api import GenerationSpec, finish_reason, usage
 from serving.schema import ApiError
 
 if TYPE_CHECKING:
@@ -140,13 +140,9 @@ async def stream_choices(
         await gw.sink.wait(durable, ev.TOPIC_COMPLETIONS)  # before [DONE]: the client's sign it is whole
         if spec.include_usage:
             completion_tokens = sum(len(r.output_ids) for r in results)
-            usage = {
-                "prompt_tokens": len(prompt_ids),
-                "completion_tokens": completion_tokens,
-                "total_tokens": len(prompt_ids) + completion_tokens,
-            }
+            counts = usage(len(prompt_ids), completion_tokens, results[0].cached_tokens)
             await send(
-                {"id": cid, "object": obj, "created": created, "model": spec.model, "choices": [], "usage": usage}
+                {"id": cid, "object": obj, "created": created, "model": spec.model, "choices": [], "usage": counts}
             )
         await send(b"data: [DONE]\n\n")
         await resp.write_eof()

@@ -1,0 +1,394 @@
+"""Cache-aware routing vs least-outstanding, and vs SGLang's own Rust router (smg), on IDE traffic.
+
+Two SGLang replicas, each with a KV pool smaller than all users' files together (as a production cache
+is), one torch thread each. The model (--model): `heavy` (default), the test model's tokenizer and shape
+of model made wider and deeper, with random weights (SGLang's --load-format dummy), so that prefill is
+most of a completion's time to first token as on a production model; or `test`, the test-preset model,
+whose TTFT is mostly fixed costs (a 2.3k-token miss measured 110-180 ms against 90-120 ms for a hit).
+Both get 8192 positions so that files of 2-6k tokens fit. In front of the same two replicas, in one run:
+
+    ours_lo           our gateway, --routing least_outstanding
+    ours_ca           our gateway, --routing cache_aware
+    peer              smg (pip package `smg`), --policy cache_aware, its defaults otherwise
+    peer_no_overload  the same with --disable-worker-overload-protection (by default smg leaves a worker
+                      out of routing at 80% KV usage, which a full prefix cache always is)
+
+Every path asks the replicas for the same work (logprobs and routed experts, as our gateway always does).
+Traffic: loadtests.ide_prefix (users editing files, a FIM completion at the cursor after each edit), the
+same prompts on every arm. Each arm starts from empty caches (/flush_cache on both replicas), warms up,
+then is measured; the arms run in the order lo, ca, peer, peer_no_overload, then back, and each figure is
+the mean of its two runs, so that drift of this noisy machine hits every arm alike. Added latency: sequential one-token
+requests with a short prompt, not streamed, interleaved over straight-to-a-replica, ours and the peer
+(p50 of each minus straight's); then where our gateway's time goes (cProfile, per request).
+Prints one JSON object as the last line; the figure goes to benchmarks/results/routing.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+
+from flywheel.core.paths import REPO_ROOT
+from flywheel.core.procs import free_port, spawn, stop_pid, wait_until
+from loadtests import ide_prefix as ide
+from online_rl.bootstrap import bootstrap
+from serving import gateway_process
+from serving.replica import ReplicaConfig, start as start_replica
+
+KEY = "bench-key"
+# What our gateway asks every replica for (serving.engine.payload): the peer and the straight path ask the
+# same, so that the replicas do the same work on every path and only the routing differs.
+ENGINE_FIELDS = {"return_logprob": True, "logprob_start_len": -1, "return_routed_experts": True}
+POSITIONS = 8192
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def long_context_view(model: Path, out: Path) -> Path:
+    """The same checkpoint with more positions (rotary embeddings extend; nothing is retrained)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for f in model.iterdir():
+        if f.name != "config.json" and f.is_file():
+            (out / f.name).symlink_to(f)
+    cfg = json.loads((model / "config.json").read_text())
+    cfg["max_position_embeddings"] = POSITIONS
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    return out
+
+
+# A model whose prefill costs what it does on a production model relative to the rest of a request: the
+# test model (222k parameters) prefills a 2k-token miss almost as fast as a 200-token hit, so a cache hit
+# barely shows in its TTFT. Same tokenizer, wider and deeper, random weights (SGLang's --load-format dummy:
+# what it writes is noise, the routing and the caches are what is measured).
+PREFILL_HEAVY = {
+    "hidden_size": 384,
+    "intermediate_size": 1024,
+    "moe_intermediate_size": 256,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 6,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "num_experts": 8,
+    "max_window_layers": 4,
+}
+
+
+def prefill_heavy_view(model: Path, out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    for f in model.iterdir():
+        if f.is_file() and f.name not in ("config.json", "model.safetensors"):
+            (out / f.name).symlink_to(f)
+    cfg = json.loads((model / "config.json").read_text())
+    cfg.update(PREFILL_HEAVY, max_position_embeddings=POSITIONS)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    return out
+
+
+def chars_per_token(model: Path) -> float:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
+    text = ide.synthetic_file(random.Random(1), 20_000)
+    return len(text) / len(tok.encode(text).ids)
+
+
+def start_smg(workers: list[str], log: Path, extra: tuple[str, ...] = ()) -> tuple[int, str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "smg.launch_router", "--host", "127.0.0.1", "--port", str(port), "--policy"]
+    cmd += ["cache_aware", "--worker-urls", *workers, *extra]
+    with open(log, "ab") as f:
+        proc = spawn(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: _ok(f"{url}/health"), 120, interval=0.5, what="smg", alive=lambda: proc.poll() is None)
+    return proc.pid, url
+
+
+def _ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def decisions(gateway: str) -> dict[str, float]:
+    """Why our cache-aware gateway routed where it did, from its /metrics (all runs together)."""
+    with urllib.request.urlopen(f"{gateway}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("flywheel_gateway_routing_decisions_total{"):
+            why = line.split('why="', 1)[1].split('"', 1)[0]
+            out[why] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def profile_gateway(urls: list[str], model: Path, state: Path, rounds: int) -> dict:
+    """Where our gateway's added latency goes: CPU time per request of a gateway under cProfile, by module
+    family and by function. Two profiled gateways, one serving `rounds` sequential one-token completions
+    and one serving none: the difference is the requests' (start-up, shutdown and health checks cancel)."""
+    t0 = time.monotonic()
+    served = _profile(urls, model, state / "served", rounds)
+    idle = _profile(urls, model, state / "idle", 0, idle_s=time.monotonic() - t0)
+    diff: dict[tuple, float] = {}
+    for key, t in served.items():
+        diff[key] = t - idle.get(key, 0.0)
+    per = 1e6 / rounds
+    families: dict[str, float] = {}
+    for (file, _, _), t in diff.items():
+        families[_family(file)] = families.get(_family(file), 0.0) + t
+    top = sorted(diff.items(), key=lambda kv: -kv[1])[:15]
+    routing = sum(t for (f, _, _), t in diff.items() if "/serving/routing/" in f)
+    return {
+        "cpu_us_per_request": round(sum(v for v in diff.values() if v > 0) * per, 1),
+        "routing_policy_us": round(routing * per, 1),
+        "by_family_us": {k: round(v * per, 1) for k, v in sorted(families.items(), key=lambda kv: -kv[1]) if v > 0},
+        "top_functions_us": [[f"{Path(f).name}:{line}:{fn}", round(t * per, 1)] for (f, line, fn), t in top],
+    }
+
+
+def _profile(urls: list[str], model: Path, state: Path, rounds: int, idle_s: float = 0.0) -> dict[tuple, float]:
+    """{(file, line, function): own seconds} of a gateway that served `rounds` requests (or none, for as
+    long as the other one lived: the same health checks), then stopped."""
+    import pstats
+
+    port, prof = free_port(), state / "gateway.prof"
+    state.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "cProfile", "-o", str(prof), "-m", "flywheel", "serve", "--model", str(model)]
+    cmd += ["--port", str(port), "--state-dir", str(state), "--no-events", *[a for u in urls for a in ("--replica", u)]]
+    cmd += ["--max-prompt-tokens", str(POSITIONS - 64)]
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), FLYWHEEL_API_KEYS=f"b:{KEY}")
+    with open(state / "gateway.log", "ab") as f:
+        proc = spawn(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=REPO_ROOT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: _ok(f"{url}/health"), 60, interval=0.2, what="profiled gateway")
+        if rounds:
+            asyncio.run(added_latency(urls[0], url, None, rounds))
+        else:
+            time.sleep(max(0.0, idle_s - 3.0))  # less its own start-up
+    finally:
+        stop_pid(proc.pid)  # SIGTERM: aiohttp exits cleanly and cProfile writes its file
+    out = {}
+    for key, (_, _, tottime, _, _) in pstats.Stats(str(prof)).stats.items():
+        if "run_forever" in key[2] or "run_until_complete" in key[2] or key[2].endswith("_cleanup"):
+            continue  # the event loop's own frames (and awaiting coroutines) count waiting, not work
+        out[key] = tottime
+    return out
+
+
+def _family(file: str) -> str:
+    for key in ("aiohttp", "uvloop", "asyncio", "orjson", "json", "tokenizers", "prometheus_client", "multidict"):
+        if f"/{key}/" in file or file.startswith(f"<built-in method {key}"):
+            return key
+    for key in ("serving", "flywheel"):
+        if f"/{key}/" in file:
+            return f"ours ({key})"
+    return "other" if file != "~" else "builtins"
+
+
+def flush(replicas: list[str]) -> None:
+    for url in replicas:
+        req = urllib.request.Request(f"{url}/flush_cache", method="POST")
+        with urllib.request.urlopen(req, timeout=30):
+            pass
+
+
+async def added_latency(direct: str, ours: str, peer: str | None, rounds: int) -> dict[str, list[float]]:
+    """e2e ms of one-token completions of a short prompt (not streamed, as benchmarks.gateway measures), the
+    paths interleaved round by round in a shuffled order."""
+    cfg = ide.IdeWorkloadConfig(max_tokens=1)
+    paths = {
+        "direct": ide.Target(direct, "sglang", engine_fields=ENGINE_FIELDS),
+        "ours": ide.Target(ours, "gateway", KEY),
+    }
+    if peer:
+        paths["peer"] = ide.Target(peer, "sglang", engine_fields=ENGINE_FIELDS)
+    out: dict[str, list[float]] = {k: [] for k in paths}
+    async with aiohttp.ClientSession() as s:
+        for i in range(rounds):
+            order = list(paths.items())
+            random.Random(i).shuffle(order)
+            for name, t in order:
+                _, e2e, _, _ = await ide.one_request(s, t, f"def f_{i % 7}(x):\n", "", cfg, stream=False)
+                out[name].append(e2e)
+    return out
+
+
+def main(
+    requests: int,
+    warmup: int,
+    users: int,
+    kv_tokens: int,
+    repeats: int,
+    rounds: int,
+    think_s: float,
+    model_kind: str,
+) -> dict:
+    base = bootstrap("test", 0, progress=False)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-routing-"))
+    pids: list = []
+    try:
+        if model_kind == "heavy":
+            model, extra = prefill_heavy_view(base, tmp / "model"), ["--load-format", "dummy"]
+        else:
+            model, extra = long_context_view(base, tmp / "model"), []
+        cfg = ide.IdeWorkloadConfig(users=users, chars_per_token=chars_per_token(model), think_s=think_s)
+        # One torch thread each: two replicas on two cores, not four threads fighting over two.
+        reps = [
+            start_replica(
+                ReplicaConfig(
+                    model_path=model, max_total_tokens=kv_tokens, threads=1, log_dir=tmp / "logs", extra_args=extra
+                )
+            )
+            for _ in range(2)
+        ]
+        pids += reps
+        urls = [r.url for r in reps]
+        args = ["--no-events", "--max-prompt-tokens", str(POSITIONS - 64)]
+        gws = {
+            policy: gateway_process.start(
+                urls, model, tmp / f"gw-{policy}", keys={"b": KEY}, extra_args=[*args, "--routing", policy]
+            )
+            for policy in ("least_outstanding", "cache_aware")
+        }
+        pids += list(gws.values())
+        peer_url, peer_error, tuned_url = None, None, None
+        try:
+            peer_pid, peer_url = start_smg(urls, tmp / "smg.log")
+            pids.append(peer_pid)
+            # smg by default leaves a worker out of routing at 80% KV usage, which a full prefix cache always
+            # is: the same router without that rule, so that its prefix tree alone is compared too.
+            tuned_pid, tuned_url = start_smg(urls, tmp / "smg-tuned.log", ("--disable-worker-overload-protection",))
+            pids.append(tuned_pid)
+        except Exception as e:  # its wheel may not run here: record why and measure the rest
+            peer_error = f"{type(e).__name__}: {e}\n{(tmp / 'smg.log').read_text()[-2000:]}"
+        arms = {
+            "ours_lo": ide.Target(gws["least_outstanding"].url, "gateway", KEY),
+            "ours_ca": ide.Target(gws["cache_aware"].url, "gateway", KEY),
+        }
+        if peer_url:
+            arms["peer"] = ide.Target(peer_url, "sglang", engine_fields=ENGINE_FIELDS)
+        if tuned_url:
+            arms["peer_no_overload"] = ide.Target(tuned_url, "sglang", engine_fields=ENGINE_FIELDS)
+        runs: dict[str, list[dict]] = {name: [] for name in arms}
+        order = list(arms) + list(reversed(arms))
+        for _ in range(repeats):
+            for name in order:
+                flush(urls)
+                a = arms[name]
+                t = ide.Target(a.url, a.kind, a.key, engine_fields=a.engine_fields)
+                seconds = asyncio.run(ide.run(t, cfg, requests, warmup))
+                runs[name].append(ide.summarize(t, seconds))
+                print(name, runs[name][-1], file=sys.stderr, flush=True)
+        lat = asyncio.run(added_latency(urls[0], gws["cache_aware"].url, peer_url, rounds))
+        result = _result(runs, lat, peer_error, cfg, kv_tokens, requests, warmup)
+        result["setup"]["model"] = model_kind
+        result["cache_aware_decisions"] = decisions(gws["cache_aware"].url)
+        for gw in gws.values():  # the profile runs alone beside the replicas
+            gw.stop()
+        result["ours_profile"] = profile_gateway(urls, model, tmp / "gw-profiled", rounds)
+        return result
+    finally:
+        for p in reversed(pids):
+            p.stop() if hasattr(p, "stop") else stop_pid(p)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _mean(runs: list[dict], key: str) -> float | None:
+    vals = [r[key] for r in runs if r.get(key) is not None]
+    return round(float(np.mean(vals)), 4) if vals else None
+
+
+def _result(runs, lat, peer_error, cfg, kv_tokens, requests, warmup) -> dict:
+    p50 = {k: float(np.percentile(v, 50)) for k, v in lat.items()}
+    arm = {name: {k: _mean(rs, k) for k in rs[0]} for name, rs in runs.items()}
+    lo, ca, peer = arm["ours_lo"], arm["ours_ca"], arm.get("peer")
+    result = {
+        "hit_rate_least_outstanding": lo["hit_rate"],
+        "hit_rate_cache_aware": ca["hit_rate"],
+        "ttft_p50_ratio": round(ca["ttft_p50_ms"] / lo["ttft_p50_ms"], 3),
+        "peer_hit_rate": peer["hit_rate"] if peer else None,
+        "peer_ttft_p50_ms": peer["ttft_p50_ms"] if peer else None,
+        "ours_ttft_p50_ms": ca["ttft_p50_ms"],
+        "peer_added_p50_ms": round(p50["peer"] - p50["direct"], 2) if "peer" in p50 else None,
+        "peer_no_overload_hit_rate": arm.get("peer_no_overload", {}).get("hit_rate"),
+        "peer_no_overload_ttft_p50_ms": arm.get("peer_no_overload", {}).get("ttft_p50_ms"),
+        "ours_added_p50_ms": round(p50["ours"] - p50["direct"], 2),
+        "arms": arm,
+        "runs": runs,
+        "latency_p50_ms": {k: round(v, 2) for k, v in p50.items()},
+        "peer_error": peer_error,
+        "setup": {
+            "replicas": 2,
+            "kv_tokens_per_replica": kv_tokens,
+            "users": cfg.users,
+            "file_tokens": list(cfg.file_tokens),
+            "chars_per_token": round(cfg.chars_per_token, 2),
+            "measured_requests_per_user": requests,
+            "warmup_requests_per_user": warmup,
+            "think_s": cfg.think_s,
+            "peer": "smg 1.13 --policy cache_aware",
+        },
+    }
+    result["targets_met"] = {
+        "hit_rate_ge_1_5x": bool(lo["hit_rate"] and ca["hit_rate"] >= 1.5 * lo["hit_rate"]),
+        "ttft_p50_ratio_le_0_8": result["ttft_p50_ratio"] <= 0.8,
+        "ttft_p50_no_worse_than_peer": bool(peer and ca["ttft_p50_ms"] <= peer["ttft_p50_ms"]),
+        "added_within_2x_peer": bool(peer and result["ours_added_p50_ms"] <= 2 * max(result["peer_added_p50_ms"], 0.0)),
+    }
+    _plot(arm)
+    return result
+
+
+def _plot(arm: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(arm)
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
+    for ax, key, label in zip(
+        axes, ("hit_rate", "ttft_p50_ms", "ttft_p99_ms"), ("prefix hit rate", "TTFT p50 (ms)", "TTFT p99 (ms)")
+    ):
+        ax.bar(names, [arm[n][key] or 0 for n in names], color=["#999", "#2a7", "#37c", "#7ad"][: len(names)])
+        ax.tick_params(axis="x", labelrotation=30)
+        ax.set_title(label)
+    fig.suptitle("IDE traffic on 2 replicas: least-outstanding, cache-aware (ours), smg cache_aware")
+    fig.tight_layout()
+    RESULTS.mkdir(exist_ok=True)
+    fig.savefig(RESULTS / "routing.png", dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--requests", type=int, default=20, help="measured requests per user in each run of an arm")
+    ap.add_argument("--warmup", type=int, default=5, help="requests per user before measuring (caches fill)")
+    ap.add_argument("--users", type=int, default=8)
+    ap.add_argument("--kv-tokens", type=int, default=12288, help="each replica's KV pool")
+    ap.add_argument(
+        "--model",
+        choices=["heavy", "test"],
+        default="heavy",
+        help="heavy: random weights, wide enough that prefill dominates TTFT as on a production model; "
+        "test: the test-preset model (its TTFT is mostly fixed costs)",
+    )
+    ap.add_argument("--repeats", type=int, default=1, help="passes over lo, ca, peer, peer, ca, lo")
+    ap.add_argument("--think", type=float, default=4.0, help="users' mean pause between requests (s)")
+    ap.add_argument("--rounds", type=int, default=200, help="sequential requests per path (added latency)")
+    a = ap.parse_args()
+    print(json.dumps(main(a.requests, a.warmup, a.users, a.kv_tokens, a.repeats, a.rounds, a.think, a.model)))

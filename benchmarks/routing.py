@@ -28,20 +28,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
 import aiohttp
 import numpy as np
 
-from flywheel.core.paths import REPO_ROOT
+from benchmarks._gateway_profile import profile_gateway
 from flywheel.core.procs import free_port, spawn, stop_pid, wait_until
 from loadtests import ide_prefix as ide
 from online_rl.bootstrap import bootstrap
@@ -111,13 +109,19 @@ def start_smg(workers: list[str], log: Path, extra: tuple[str, ...] = ()) -> tup
     with open(log, "ab") as f:
         proc = spawn(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    wait_until(lambda: _ok(f"{url}/health"), 120, interval=0.5, what="smg", alive=lambda: proc.poll() is None)
+    # Its /health answers before it has registered the workers (requests then fail with "No worker serves
+    # model"): ready when a one-token completion goes through.
+    wait_until(
+        lambda: _generates(url), 120, interval=0.5, what="smg with its workers", alive=lambda: proc.poll() is None
+    )
     return proc.pid, url
 
 
-def _ok(url: str) -> bool:
+def _generates(url: str) -> bool:
+    body = json.dumps({"text": "def", "sampling_params": {"max_new_tokens": 1}}).encode()
+    req = urllib.request.Request(f"{url}/generate", data=body, headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(url, timeout=2) as r:
+        with urllib.request.urlopen(req, timeout=30) as r:
             return r.status == 200
     except OSError:
         return False
@@ -135,70 +139,6 @@ def decisions(gateway: str) -> dict[str, float]:
     return out
 
 
-def profile_gateway(urls: list[str], model: Path, state: Path, rounds: int) -> dict:
-    """Where our gateway's added latency goes: CPU time per request of a gateway under cProfile, by module
-    family and by function. Two profiled gateways, one serving `rounds` sequential one-token completions
-    and one serving none: the difference is the requests' (start-up, shutdown and health checks cancel)."""
-    t0 = time.monotonic()
-    served = _profile(urls, model, state / "served", rounds)
-    idle = _profile(urls, model, state / "idle", 0, idle_s=time.monotonic() - t0)
-    diff: dict[tuple, float] = {}
-    for key, t in served.items():
-        diff[key] = t - idle.get(key, 0.0)
-    per = 1e6 / rounds
-    families: dict[str, float] = {}
-    for (file, _, _), t in diff.items():
-        families[_family(file)] = families.get(_family(file), 0.0) + t
-    top = sorted(diff.items(), key=lambda kv: -kv[1])[:15]
-    routing = sum(t for (f, _, _), t in diff.items() if "/serving/routing/" in f)
-    return {
-        "cpu_us_per_request": round(sum(v for v in diff.values() if v > 0) * per, 1),
-        "routing_policy_us": round(routing * per, 1),
-        "by_family_us": {k: round(v * per, 1) for k, v in sorted(families.items(), key=lambda kv: -kv[1]) if v > 0},
-        "top_functions_us": [[f"{Path(f).name}:{line}:{fn}", round(t * per, 1)] for (f, line, fn), t in top],
-    }
-
-
-def _profile(urls: list[str], model: Path, state: Path, rounds: int, idle_s: float = 0.0) -> dict[tuple, float]:
-    """{(file, line, function): own seconds} of a gateway that served `rounds` requests (or none, for as
-    long as the other one lived: the same health checks), then stopped."""
-    import pstats
-
-    port, prof = free_port(), state / "gateway.prof"
-    state.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "cProfile", "-o", str(prof), "-m", "flywheel", "serve", "--model", str(model)]
-    cmd += ["--port", str(port), "--state-dir", str(state), "--no-events", *[a for u in urls for a in ("--replica", u)]]
-    cmd += ["--max-prompt-tokens", str(POSITIONS - 64)]
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), FLYWHEEL_API_KEYS=f"b:{KEY}")
-    with open(state / "gateway.log", "ab") as f:
-        proc = spawn(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=REPO_ROOT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: _ok(f"{url}/health"), 60, interval=0.2, what="profiled gateway")
-        if rounds:
-            asyncio.run(added_latency(urls[0], url, None, rounds))
-        else:
-            time.sleep(max(0.0, idle_s - 3.0))  # less its own start-up
-    finally:
-        stop_pid(proc.pid)  # SIGTERM: aiohttp exits cleanly and cProfile writes its file
-    out = {}
-    for key, (_, _, tottime, _, _) in pstats.Stats(str(prof)).stats.items():
-        if "run_forever" in key[2] or "run_until_complete" in key[2] or key[2].endswith("_cleanup"):
-            continue  # the event loop's own frames (and awaiting coroutines) count waiting, not work
-        out[key] = tottime
-    return out
-
-
-def _family(file: str) -> str:
-    for key in ("aiohttp", "uvloop", "asyncio", "orjson", "json", "tokenizers", "prometheus_client", "multidict"):
-        if f"/{key}/" in file or file.startswith(f"<built-in method {key}"):
-            return key
-    for key in ("serving", "flywheel"):
-        if f"/{key}/" in file:
-            return f"ours ({key})"
-    return "other" if file != "~" else "builtins"
-
-
 def flush(replicas: list[str]) -> None:
     for url in replicas:
         req = urllib.request.Request(f"{url}/flush_cache", method="POST")
@@ -206,16 +146,16 @@ def flush(replicas: list[str]) -> None:
             pass
 
 
-async def added_latency(direct: str, ours: str, peer: str | None, rounds: int) -> dict[str, list[float]]:
+async def added_latency(
+    direct: str, ours: str, peer: str | None, rounds: int, stops: list[int]
+) -> dict[str, list[float]]:
     """e2e ms of one-token completions of a short prompt (not streamed, as benchmarks.gateway measures), the
     paths interleaved round by round in a shuffled order."""
     cfg = ide.IdeWorkloadConfig(max_tokens=1)
-    paths = {
-        "direct": ide.Target(direct, "sglang", engine_fields=ENGINE_FIELDS),
-        "ours": ide.Target(ours, "gateway", KEY),
-    }
+    same = {"engine_fields": ENGINE_FIELDS, "sampling_fields": {"stop_token_ids": stops}}
+    paths = {"direct": ide.Target(direct, "sglang", **same), "ours": ide.Target(ours, "gateway", KEY)}
     if peer:
-        paths["peer"] = ide.Target(peer, "sglang", engine_fields=ENGINE_FIELDS)
+        paths["peer"] = ide.Target(peer, "sglang", **same)
     out: dict[str, list[float]] = {k: [] for k in paths}
     async with aiohttp.ClientSession() as s:
         for i in range(rounds):
@@ -257,54 +197,87 @@ def main(
         ]
         pids += reps
         urls = [r.url for r in reps]
-        args = ["--no-events", "--max-prompt-tokens", str(POSITIONS - 64)]
-        gws = {
-            policy: gateway_process.start(
-                urls, model, tmp / f"gw-{policy}", keys={"b": KEY}, extra_args=[*args, "--routing", policy]
-            )
-            for policy in ("least_outstanding", "cache_aware")
-        }
-        pids += list(gws.values())
-        peer_url, peer_error, tuned_url = None, None, None
-        try:
-            peer_pid, peer_url = start_smg(urls, tmp / "smg.log")
-            pids.append(peer_pid)
+        user_keys = [f"key-u{i}" for i in range(users)]  # one tenant per user: affinity is per user
+        keys = {f"u{i}": k for i, k in enumerate(user_keys)} | {"bench": KEY}
+        stops = stop_ids(model)
+        peer_error = None
+
+        def start_arm(name: str) -> tuple[ide.Target, object]:
+            """A fresh router for each run, so that no arm starts with a prefix index of the last run."""
+            if name.startswith("ours_"):
+                policy = "least_outstanding" if name == "ours_lo" else "cache_aware"
+                args = ["--no-events", "--max-prompt-tokens", str(POSITIONS - 64), "--routing", policy]
+                gw = gateway_process.start(urls, model, tmp / f"gw-{name}", keys=keys, extra_args=args)
+                return ide.Target(gw.url, "gateway", KEY, user_keys=user_keys), gw.stop
             # smg by default leaves a worker out of routing at 80% KV usage, which a full prefix cache always
-            # is: the same router without that rule, so that its prefix tree alone is compared too.
-            tuned_pid, tuned_url = start_smg(urls, tmp / "smg-tuned.log", ("--disable-worker-overload-protection",))
-            pids.append(tuned_pid)
+            # is: the same router without that rule too, so that its prefix tree alone is compared.
+            extra = ("--disable-worker-overload-protection",) if name == "peer_no_overload" else ()
+            pid, url = start_smg(urls, tmp / f"{name}.log", extra)
+            target = ide.Target(url, "sglang", engine_fields=ENGINE_FIELDS, sampling_fields={"stop_token_ids": stops})
+            return target, lambda: stop_pid(pid)
+
+        arms = ["ours_lo", "ours_ca", "peer", "peer_no_overload"]
+        try:
+            start_arm("peer")[1]()
         except Exception as e:  # its wheel may not run here: record why and measure the rest
-            peer_error = f"{type(e).__name__}: {e}\n{(tmp / 'smg.log').read_text()[-2000:]}"
-        arms = {
-            "ours_lo": ide.Target(gws["least_outstanding"].url, "gateway", KEY),
-            "ours_ca": ide.Target(gws["cache_aware"].url, "gateway", KEY),
-        }
-        if peer_url:
-            arms["peer"] = ide.Target(peer_url, "sglang", engine_fields=ENGINE_FIELDS)
-        if tuned_url:
-            arms["peer_no_overload"] = ide.Target(tuned_url, "sglang", engine_fields=ENGINE_FIELDS)
+            peer_error = f"{type(e).__name__}: {e}\n{(tmp / 'peer.log').read_text()[-2000:]}"
+            arms = arms[:2]
         runs: dict[str, list[dict]] = {name: [] for name in arms}
-        order = list(arms) + list(reversed(arms))
+        decided: dict[str, float] = {}
         for _ in range(repeats):
-            for name in order:
+            for name in arms + arms[::-1]:
                 flush(urls)
-                a = arms[name]
-                t = ide.Target(a.url, a.kind, a.key, engine_fields=a.engine_fields)
-                seconds = asyncio.run(ide.run(t, cfg, requests, warmup))
+                t, stop = start_arm(name)
+                pids.append(_Stopper(stop))
+                try:
+                    seconds = asyncio.run(ide.run(t, cfg, requests, warmup))
+                    if name == "ours_ca":
+                        for why, n in decisions(t.url).items():
+                            decided[why] = decided.get(why, 0.0) + n
+                finally:
+                    stop()
                 runs[name].append(ide.summarize(t, seconds))
                 print(name, runs[name][-1], file=sys.stderr, flush=True)
-        lat = asyncio.run(added_latency(urls[0], gws["cache_aware"].url, peer_url, rounds))
+        # Added latency: our cache-aware gateway and the peer as shipped, side by side.
+        ours, stop_ours = start_arm("ours_ca")
+        pids.append(_Stopper(stop_ours))
+        peer, stop_peer = start_arm("peer") if peer_error is None else (None, lambda: None)
+        pids.append(_Stopper(stop_peer))
+        lat = asyncio.run(added_latency(urls[0], ours.url, peer.url if peer else None, rounds, stops))
+        stop_ours(), stop_peer()
         result = _result(runs, lat, peer_error, cfg, kv_tokens, requests, warmup)
         result["setup"]["model"] = model_kind
-        result["cache_aware_decisions"] = decisions(gws["cache_aware"].url)
-        for gw in gws.values():  # the profile runs alone beside the replicas
-            gw.stop()
-        result["ours_profile"] = profile_gateway(urls, model, tmp / "gw-profiled", rounds)
+        result["cache_aware_decisions"] = decided
+        gateway_args = ["--model", str(model), "--no-events", "--max-prompt-tokens", str(POSITIONS - 64)]
+        gateway_args += [a for u in urls for a in ("--replica", u)]
+        result["ours_profile"] = profile_gateway(
+            gateway_args,
+            KEY,
+            tmp / "gw-profiled",
+            rounds,
+            lambda url: asyncio.run(added_latency(urls[0], url, None, rounds, stops)),
+        )
         return result
     finally:
         for p in reversed(pids):
             p.stop() if hasattr(p, "stop") else stop_pid(p)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+class _Stopper:
+    """Stops something at the end whatever happens (stopping twice is harmless)."""
+
+    def __init__(self, stop):
+        self.stop = stop
+
+
+def stop_ids(model: Path) -> list[int]:
+    """What our gateway stops a completion at (serving.prompts): the end of text and the FIM markers."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(model / "tokenizer.json"))
+    marks = ("<|endoftext|>", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
+    return sorted(i for t in marks if (i := tok.token_to_id(t)) is not None)
 
 
 def _mean(runs: list[dict], key: str) -> float | None:
@@ -314,7 +287,9 @@ def _mean(runs: list[dict], key: str) -> float | None:
 
 def _result(runs, lat, peer_error, cfg, kv_tokens, requests, warmup) -> dict:
     p50 = {k: float(np.percentile(v, 50)) for k, v in lat.items()}
-    arm = {name: {k: _mean(rs, k) for k in rs[0]} for name, rs in runs.items()}
+    keys = ("requests", "errors", "hit_rate", "ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "requests_per_s")
+    keys += ("mean_prompt_tokens",)
+    arm = {name: {k: _mean(rs, k) for k in keys} for name, rs in runs.items()}
     lo, ca, peer = arm["ours_lo"], arm["ours_ca"], arm.get("peer")
     result = {
         "hit_rate_least_outstanding": lo["hit_rate"],
@@ -387,7 +362,7 @@ if __name__ == "__main__":
         help="heavy: random weights, wide enough that prefill dominates TTFT as on a production model; "
         "test: the test-preset model (its TTFT is mostly fixed costs)",
     )
-    ap.add_argument("--repeats", type=int, default=1, help="passes over lo, ca, peer, peer, ca, lo")
+    ap.add_argument("--repeats", type=int, default=1, help="passes over the arms, there and back")
     ap.add_argument("--think", type=float, default=4.0, help="users' mean pause between requests (s)")
     ap.add_argument("--rounds", type=int, default=200, help="sequential requests per path (added latency)")
     a = ap.parse_args()

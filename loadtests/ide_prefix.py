@@ -133,16 +133,24 @@ class Target:
     key: str | None = None  # the gateway's API key
     model: str = "flywheel-coder"
     engine_fields: dict = field(default_factory=dict)  # sglang: more /generate fields (what a gateway asks for)
+    sampling_fields: dict = field(default_factory=dict)  # sglang: more sampling_params (stop tokens)
+    user_keys: list[str] = field(default_factory=list)  # gateway: one API key per user (tenants), else `key`
     samples: list[Sample] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
 
 
 async def one_request(
-    s: aiohttp.ClientSession, t: Target, prefix: str, suffix: str, cfg: IdeWorkloadConfig, stream: bool = True
+    s: aiohttp.ClientSession,
+    t: Target,
+    prefix: str,
+    suffix: str,
+    cfg: IdeWorkloadConfig,
+    stream: bool = True,
+    key: str | None = None,
 ):
     """(ttft_ms, e2e_ms, prompt_tokens, cached_tokens) of one completion (not streamed: ttft is e2e)."""
     if t.kind == "gateway":
-        url, headers = f"{t.url}/v1/completions", {"Authorization": f"Bearer {t.key}"}
+        url, headers = f"{t.url}/v1/completions", {"Authorization": f"Bearer {key or t.key}"}
         body = {
             "model": t.model,
             "prompt": prefix,
@@ -157,7 +165,7 @@ async def one_request(
         url, headers = f"{t.url}/generate", {}
         body = {
             "text": f"{FIM_PREFIX}{prefix}{FIM_SUFFIX}{suffix}{FIM_MIDDLE}",
-            "sampling_params": {"max_new_tokens": cfg.max_tokens, "temperature": 0.0},
+            "sampling_params": {"max_new_tokens": cfg.max_tokens, "temperature": 0.0, **t.sampling_fields},
             "stream": stream,
             **t.engine_fields,
         }
@@ -198,12 +206,13 @@ async def run(target: Target, cfg: IdeWorkloadConfig, requests: int, warmup: int
 
     async def user(u: int, s: aiohttp.ClientSession) -> None:
         urng = random.Random(cfg.seed * 1000 + u)
+        key = target.user_keys[u % len(target.user_keys)] if target.user_keys else None
         await asyncio.sleep(urng.uniform(0, cfg.think_s))  # users do not start in step
         for i in range(warmup + requests):
             prefix, suffix = editors[u].request(cfg)
             t0 = time.monotonic()
             try:
-                ttft, e2e, prompt, cached = await one_request(s, target, prefix, suffix, cfg)
+                ttft, e2e, prompt, cached = await one_request(s, target, prefix, suffix, cfg, key=key)
                 if i >= warmup:
                     target.samples.append(Sample(u, t0, ttft, e2e, prompt, cached))
                     marks.extend((t0, time.monotonic()))

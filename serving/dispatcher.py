@@ -73,7 +73,7 @@ class Dispatcher:
         except NoReplica:
             if borrowed_only:
                 raise
-            return self.pool.pick(exclude=tried, req=req)
+            return self.pool.pick(exclude=tried)  # no prompt: rollouts spread by load, not by cache
 
     def pool_version(self) -> str:
         """The weight versions users are being served from now (the streaming header)."""

@@ -84,7 +84,7 @@ def _fill(result: EngineResult, out: dict, layers: int, top_k: int) -> None:
     result.weight_versions = ev._spans(meta.get("weight_versions", []))
     result.prompt_tokens = meta.get("prompt_tokens", 0)
     cached = meta.get("cached_tokens")
-    result.cached_tokens = int(cached) if isinstance(cached, (int, float)) else None
+    result.cached_tokens = cached if type(cached) is int else None
     result.queue_ms = 1000 * (meta.get("queue_time") or 0.0)
     experts = _experts(meta, layers, top_k)
     if experts is not None:

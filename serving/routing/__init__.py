@@ -7,8 +7,9 @@ a policy chooses among them and hears back about what happened:
     on_complete(replica, request, cached)      after it served (cached: the prompt tokens its prefix
                                               cache already held, as SGLang reports them; None: unknown)
     on_load_update(replica)                    after each health check of it, or its failure
+    view()                                     what it decided and holds (GET /admin/replicas, /metrics)
 
-A policy is one module here with one class; POLICIES names it for `--routing`.
+A policy is one module here with one class, named in make_policy and in RoutingConfig.policy's choices.
 """
 
 from __future__ import annotations
@@ -50,6 +51,3 @@ def make_policy(cfg: RoutingConfig) -> RoutingPolicy:
     if cfg.policy not in policies:
         raise ValueError(f"unknown routing policy {cfg.policy!r}; one of {sorted(policies)}")
     return policies[cfg.policy](cfg)
-
-
-POLICIES = ("least_outstanding", "cache_aware")

@@ -16,6 +16,7 @@ weights changed (a switch flushes the cache: KV of the old weights is wrong for 
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter, OrderedDict
 from typing import TYPE_CHECKING
 
@@ -39,6 +40,7 @@ class CacheAware:
         self._versions: dict[str, int | None] = {}  # replica id -> the weight version its index was built on
         self._affinity: OrderedDict[str, str] = OrderedDict()
         self._fallback = LeastOutstanding()
+        self._turn = itertools.count()  # equal matches at equal load rotate
         self.decisions: Counter = Counter()  # why each pick went where it did: match | balance | no_match
         self.mispredicted = 0  # completions whose replica held less than the index said (it evicted first)
 
@@ -54,6 +56,8 @@ class CacheAware:
         return max(1, tokens // self.cfg.block_tokens)
 
     def pick(self, candidates: list[ReplicaHandle], req: RouteRequest) -> ReplicaHandle:
+        if not req.tokens:  # nothing to match (a rollout on the users' replicas): no decision to count
+            return self._fallback.pick(candidates)
         names = req.memo.get("blocks")
         if names is None:
             names = req.memo["blocks"] = block_names(req.tokens, self.cfg.block_tokens)
@@ -64,7 +68,7 @@ class CacheAware:
         else:
             top = [r for r in candidates if held[r.id] == best]
             mine = self._affinity.get(req.tenant) if req.tenant is not None else None
-            choice = next((r for r in top if r.id == mine), None) or least_loaded(top, _load, 0)
+            choice = next((r for r in top if r.id == mine), None) or least_loaded(top, _load, next(self._turn))
             why = "match"
             if choice.outstanding - min(r.outstanding for r in candidates) > self.cfg.balance_threshold:
                 choice, why = self._fallback.pick(candidates), "balance"
@@ -80,7 +84,9 @@ class CacheAware:
 
     def on_complete(self, replica: ReplicaHandle, req: RouteRequest, cached_tokens: int | None) -> None:
         predicted = req.memo.get("predicted_tokens")
-        if cached_tokens is not None and predicted is not None and cached_tokens < predicted:
+        # A block of slack: SGLang never counts a whole prompt as cached (the last token is always computed).
+        # Requests of one prefix racing each other (n > 1) also land here: their first prefill had not run.
+        if cached_tokens is not None and predicted is not None and cached_tokens < predicted - self.cfg.block_tokens:
             self.mispredicted += 1
 
     def on_load_update(self, replica: ReplicaHandle) -> None:

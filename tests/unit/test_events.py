@@ -22,6 +22,7 @@ def _completion():
         latency={"e2e_ms": 12.5},
         weight_versions=[{"version": 3, "start": 0, "end": 2}, {"version": 4, "start": 2, "end": 3}],
         switch_index=2,
+        cached_tokens=16,
     )
 
 
@@ -32,6 +33,7 @@ def test_completion_round_trip_is_exact():
     for f in ("prompt_ids", "output_ids", "logprobs", "routed_experts"):
         assert np.array_equal(getattr(back, f), getattr(e, f)) and getattr(back, f).dtype == getattr(e, f).dtype
     assert back.event_id == e.event_id and back.switch_index == 2 and back.weight_versions == e.weight_versions
+    assert back.cached_tokens == 16
 
 
 def test_versions_are_ints_and_old_string_versions_decode_to_them():
@@ -86,3 +88,9 @@ def test_feedback_round_trip():
 def test_bad_records_raise_schema_error(raw):
     with pytest.raises(ev.SchemaError):
         ev.decode(raw)
+
+
+def test_events_from_before_cached_tokens_decode_with_none():
+    d = msgpack.unpackb(_completion().encode(), raw=False)
+    del d["cached_tokens"]
+    assert ev.decode(msgpack.packb(d, use_bin_type=True)).cached_tokens is None

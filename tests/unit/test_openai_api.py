@@ -122,3 +122,10 @@ def test_body_parsing(raw, code):
     with pytest.raises(ApiError) as e:
         parse_json_body(raw)
     assert e.value.status == 400 and e.value.code == code
+
+
+def test_usage_says_cached_tokens_only_when_the_replica_did():
+    from serving.openai_api import usage
+
+    assert usage(10, 3, None) == {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}
+    assert usage(10, 3, 8)["prompt_tokens_details"] == {"cached_tokens": 8}

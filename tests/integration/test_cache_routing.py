@@ -115,7 +115,9 @@ def test_ide_traffic_through_both_policies(two_gateways, replica, second_replica
         assert summary["errors"] == 0 and summary["requests"] == 18, (policy, t.errors[:3], summary)
         assert summary["ttft_p50_ms"] > 0 and summary["requests_per_s"] > 0
         rates[policy] = summary["hit_rate"]
-    assert rates["cache_aware"] > 0.5, rates  # each prompt extends one its replica already holds
+    # Each prompt extends one its replica already holds; least outstanding lands on the other replica about
+    # half the time, where only an older prompt of the file is.
+    assert rates["cache_aware"] > max(0.5, rates["least_outstanding"]), rates
     status, text = get(f"{two_gateways['cache_aware'].url}/admin/replicas", key=GATEWAY_ADMIN)
     body = json.loads(text)
     assert status == 200 and body["routing"]["policy"] == "cache_aware"

@@ -1,0 +1,84 @@
+"""Where our gateway's added latency goes: cProfile of a gateway process serving sequential one-token
+completions (benchmarks.routing reports it beside the latency it explains)."""
+
+from __future__ import annotations
+
+import os
+import pstats
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Callable
+
+from flywheel.core.paths import REPO_ROOT
+from flywheel.core.procs import free_port, spawn, stop_pid, wait_until
+
+Site = tuple[str, int, str]  # (file, line, function), as pstats names them
+
+
+def profile_gateway(
+    gateway_args: list[str], api_key: str, state: Path, rounds: int, load: Callable[[str], None]
+) -> dict:
+    """Time per request of a gateway (`flywheel serve` + gateway_args) under cProfile, by module family and
+    by function. Two profiled gateways: one that `load(url)` sends `rounds` requests to, and one that
+    serves none for as long: the difference is the requests' (start-up, shutdown, health checks cancel)."""
+    t0 = time.monotonic()
+    served = _profile(gateway_args, api_key, state / "served", lambda url: load(url))
+    idle = _profile(gateway_args, api_key, state / "idle", lambda url: time.sleep(max(0.0, time.monotonic() - t0 - 3)))
+    diff = {site: t - idle.get(site, 0.0) for site, t in served.items()}
+    per = 1e6 / rounds
+    families: dict[str, float] = {}
+    for (file, _, _), t in diff.items():
+        families[_family(file)] = families.get(_family(file), 0.0) + t
+    top = sorted(diff.items(), key=lambda kv: -kv[1])[:15]
+    return {
+        # cProfile's clock is wall time: time in a function, waiting for a core on this busy machine included.
+        "profiled_us_per_request": round(sum(diff.values()) * per, 1),
+        "routing_policy_us": round(sum(t for (f, _, _), t in diff.items() if "/serving/routing/" in f) * per, 1),
+        "by_family_us": {k: round(v * per, 1) for k, v in sorted(families.items(), key=lambda kv: -kv[1]) if v > 0},
+        "top_functions_us": [[f"{Path(f).name}:{line}:{fn}", round(t * per, 1)] for (f, line, fn), t in top],
+    }
+
+
+def _profile(gateway_args: list[str], api_key: str, state: Path, work: Callable[[str], None]) -> dict[Site, float]:
+    """{site: own seconds} of a gateway that ran while `work(url)` did, then stopped."""
+    port, prof = free_port(), state / "gateway.prof"
+    state.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "cProfile", "-o", str(prof), "-m", "flywheel", "serve", *gateway_args]
+    cmd += ["--port", str(port), "--state-dir", str(state)]
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), FLYWHEEL_API_KEYS=f"b:{api_key}")
+    with open(state / "gateway.log", "ab") as f:
+        proc = spawn(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=REPO_ROOT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: _up(f"{url}/health"), 60, interval=0.2, what="profiled gateway")
+        work(url)
+    finally:
+        stop_pid(proc.pid)  # SIGTERM: aiohttp exits cleanly and cProfile writes its file
+    out = {}
+    for site, (_, _, tottime, _, _) in pstats.Stats(str(prof)).stats.items():
+        fn = site[2]
+        if "run_forever" in fn or "run_until_complete" in fn or fn.endswith("_cleanup"):
+            continue  # the event loop's own frames (and awaiting coroutines) count waiting, not work
+        out[site] = tottime
+    return out
+
+
+def _family(file: str) -> str:
+    for key in ("aiohttp", "uvloop", "asyncio", "orjson", "json", "tokenizers", "prometheus_client", "multidict"):
+        if f"/{key}/" in file or file.startswith(f"<built-in method {key}"):
+            return key
+    for key in ("serving", "flywheel"):
+        if f"/{key}/" in file:
+            return f"ours ({key})"
+    return "other" if file != "~" else "builtins"
+
+
+def _up(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False

@@ -170,6 +170,13 @@ def _kill_a_broker(fleet: HostFleet, cfg: DrillConfig, r: dict, out: Path, say) 
     v1 = publish(nudged(cfg.model, out / "v1-model", seed=cfg.seed + 1), fleet.publish_config()).version
     r["switch_with_node_down_s"] = round(fleet.wait_fleet_on(v1, cfg.switch_timeout_s), 1)
     say(f"drill: every replica on v{v1} after {r['switch_with_node_down_s']} s (one Kafka node down)")
+    # A replica serves v1 a moment before its agent has written the switch's report (it persists first).
+    wait_until(
+        lambda: len([x for x in fleet.switch_reports() if x["version"] == v1]) >= len(fleet.agent_pids),
+        30,
+        interval=0.2,
+        what=f"every agent's report of its switch to v{v1}",
+    )
     r["v1_switch_modes"] = sorted(x["mode"] for x in fleet.switch_reports() if x["version"] == v1)
     time.sleep(max(0.0, cfg.broker_down_s - (time.time() - t_kill)))
     # The cluster noticed: the dead node left the in-sync set of every partition of the event topics.

@@ -19,16 +19,25 @@ Site = tuple[str, int, str]  # (file, line, function), as pstats names them
 
 
 def profile_gateway(
-    gateway_args: list[str], api_key: str, state: Path, rounds: int, load: Callable[[str], None]
+    gateway_args: list[str], api_key: str, state: Path, rounds: int, load: Callable[[str, int], None]
 ) -> dict:
     """Time per request of a gateway (`flywheel serve` + gateway_args) under cProfile, by module family and
-    by function. Two profiled gateways: one that `load(url)` sends `rounds` requests to, and one that
-    serves none for as long: the difference is the requests' (start-up, shutdown, health checks cancel)."""
+    by function. Two profiled gateways: one that `load(url, n)` sends `rounds` requests to, and one that it
+    sends a tenth as many and then leaves idle for as long: the difference is what the other requests cost
+    (start-up, shutdown, health checks and the first requests' one-time work, lazy imports, cancel)."""
+    few = max(1, rounds // 10)
     t0 = time.monotonic()
-    served = _profile(gateway_args, api_key, state / "served", lambda url: load(url))
-    idle = _profile(gateway_args, api_key, state / "idle", lambda url: time.sleep(max(0.0, time.monotonic() - t0 - 3)))
-    diff = {site: t - idle.get(site, 0.0) for site, t in served.items()}
-    per = 1e6 / rounds
+    served = _profile(gateway_args, api_key, state / "served", lambda url: load(url, rounds))
+    took = time.monotonic() - t0
+
+    def few_then_idle(url: str) -> None:
+        t1 = time.monotonic()
+        load(url, few)
+        time.sleep(max(0.0, took - 3 - (time.monotonic() - t1)))
+
+    base = _profile(gateway_args, api_key, state / "base", few_then_idle)
+    diff = {site: t - base.get(site, 0.0) for site, t in served.items()}
+    per = 1e6 / (rounds - few)
     families: dict[str, float] = {}
     for (file, _, _), t in diff.items():
         families[_family(file)] = families.get(_family(file), 0.0) + t

@@ -20,7 +20,7 @@ import itertools
 from collections import Counter, OrderedDict
 from typing import TYPE_CHECKING
 
-from serving.routing.least_outstanding import LeastOutstanding, least_loaded
+from serving.routing.least_outstanding import LeastOutstanding, least_loaded, outstanding
 from serving.routing.prefix_index import PrefixIndex, block_names
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ class CacheAware:
         else:
             top = [r for r in candidates if held[r.id] == best]
             mine = self._affinity.get(req.tenant) if req.tenant is not None else None
-            choice = next((r for r in top if r.id == mine), None) or least_loaded(top, _load, next(self._turn))
+            choice = next((r for r in top if r.id == mine), None) or least_loaded(top, outstanding, next(self._turn))
             why = "match"
             if choice.outstanding - min(r.outstanding for r in candidates) > self.cfg.balance_threshold:
                 choice, why = self._fallback.pick(candidates), "balance"
@@ -105,7 +105,3 @@ class CacheAware:
             "mispredicted": self.mispredicted,
             "indexed_tokens": {rid: len(i) * self.cfg.block_tokens for rid, i in sorted(self.indexes.items())},
         }
-
-
-def _load(r: ReplicaHandle) -> int:
-    return r.outstanding

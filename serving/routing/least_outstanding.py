@@ -11,6 +11,11 @@ if TYPE_CHECKING:
     from serving.routing import RouteRequest
 
 
+def outstanding(r: ReplicaHandle) -> int:
+    """A replica's load as user routing sees it: its user requests in flight."""
+    return r.outstanding
+
+
 def least_loaded(candidates: list[ReplicaHandle], load: Callable[[ReplicaHandle], int], turn: int) -> ReplicaHandle:
     low = min(load(r) for r in candidates)
     best = [r for r in candidates if load(r) == low]
@@ -21,7 +26,7 @@ class LeastOutstanding:
     name = "least_outstanding"
 
     def __init__(self, cfg: RoutingConfig | None = None, load: Callable[[ReplicaHandle], int] | None = None):
-        self.load = load or (lambda r: r.outstanding)
+        self.load = load or outstanding
         self._turn = itertools.count()
 
     def pick(self, candidates: list[ReplicaHandle], req: RouteRequest | None = None) -> ReplicaHandle:

@@ -122,3 +122,29 @@ def test_ide_traffic_through_both_policies(two_gateways, replica, second_replica
     body = json.loads(text)
     assert status == 200 and body["routing"]["policy"] == "cache_aware"
     assert body["routing"]["decisions"].get("match", 0) > 0
+
+
+def test_the_gateway_profile_says_where_a_request_goes(replica, test_model, tmp_path):
+    """The benchmark's profile of our added latency, small: per-request time by module family, the first
+    requests' one-time work (lazy imports) subtracted by a gateway that served a tenth as many."""
+    from benchmarks._gateway_profile import profile_gateway
+    from benchmarks.routing import KEY, added_latency, stop_ids
+
+    stops = stop_ids(test_model)
+    served: list[int] = []
+
+    def load(url: str, n: int) -> None:
+        served.append(n)
+        asyncio.run(added_latency(replica.url, url, None, n, stops))
+
+    out = profile_gateway(
+        ["--model", str(test_model), "--no-events", "--replica", replica.url],
+        KEY,
+        tmp_path / "profiled",
+        60,
+        load,
+    )
+    assert served == [60, 6]  # the measured gateway, then the baseline with a tenth as many
+    assert out["profiled_us_per_request"] > 0 and out["routing_policy_us"] >= 0, out
+    assert out["by_family_us"].get("aiohttp", 0) > 0, out  # a request is HTTP in and out, whatever else
+    assert len(out["top_functions_us"]) == 15

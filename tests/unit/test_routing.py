@@ -101,6 +101,21 @@ def test_equal_matches_without_affinity_rotate():
     assert picked == {"r0", "r1"}
 
 
+def test_a_canary_arm_narrows_the_choice_before_the_cache_does():
+    p = _pool(n=3)
+    f = _file(0, 2000)
+    p.policy._index(p.get("r0")).insert(block_names(f, B))  # the user's file is cached off the arm
+    arm = frozenset({"r1", "r2"})
+    home = p.pick(prefer=arm, req=RouteRequest(f[:1500], "alice"))
+    assert home.id in arm
+    for cursor in range(1510, 2000, 70):  # within the arm the user stays where the file now is
+        assert p.pick(prefer=arm, req=RouteRequest(f[:cursor], "alice")).id == home.id
+    retry = p.pick(exclude={home.id}, prefer=arm, req=RouteRequest(f, "alice"))
+    assert retry.id == ({"r1", "r2"} - {home.id}).pop()  # a retry stays in the arm while it can
+    p.get("r1").healthy = p.get("r2").healthy = False
+    assert p.pick(prefer=arm, req=RouteRequest(f, "alice")).id == "r0"  # arm down: the cache decides again
+
+
 def test_requests_without_a_prompt_spread_by_load_and_are_not_counted():
     p = _pool()
     assert {p.pick(req=RouteRequest()).id for _ in range(4)} == {"r0", "r1"}

@@ -23,20 +23,28 @@ def profile_gateway(
 ) -> dict:
     """Time per request of a gateway (`flywheel serve` + gateway_args) under cProfile, by module family and
     by function. Two profiled gateways: one that `load(url, n)` sends `rounds` requests to, and one that it
-    sends a tenth as many and then leaves idle for as long: the difference is what the other requests cost
-    (start-up, shutdown, health checks and the first requests' one-time work, lazy imports, cancel)."""
+    sends a tenth as many and then leaves idle until it has served as long: the difference is what the
+    other requests cost (start-up, shutdown, health checks and the first requests' one-time work, lazy
+    imports, cancel). A site's difference may come out negative (noise): totals include it, families
+    and top functions show what is positive."""
+    if rounds < 2:
+        raise ValueError(f"profiling needs at least 2 rounds (a baseline serves a tenth as many), got {rounds}")
     few = max(1, rounds // 10)
-    t0 = time.monotonic()
-    served = _profile(gateway_args, api_key, state / "served", lambda url: load(url, rounds))
-    took = time.monotonic() - t0
+    worked: list[float] = []
 
-    def few_then_idle(url: str) -> None:
-        t1 = time.monotonic()
+    def all_rounds(url: str) -> None:
+        t0 = time.monotonic()
+        load(url, rounds)
+        worked.append(time.monotonic() - t0)
+
+    def few_then_idle(url: str) -> None:  # alive as long as the measured one, so periodic work cancels
+        t0 = time.monotonic()
         load(url, few)
-        time.sleep(max(0.0, took - 3 - (time.monotonic() - t1)))
+        time.sleep(max(0.0, worked[0] - (time.monotonic() - t0)))
 
+    served = _profile(gateway_args, api_key, state / "served", all_rounds)
     base = _profile(gateway_args, api_key, state / "base", few_then_idle)
-    diff = {site: t - base.get(site, 0.0) for site, t in served.items()}
+    diff = {site: served.get(site, 0.0) - base.get(site, 0.0) for site in served.keys() | base.keys()}
     per = 1e6 / (rounds - few)
     families: dict[str, float] = {}
     for (file, _, _), t in diff.items():

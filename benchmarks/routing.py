@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import random
 import shutil
@@ -71,12 +72,14 @@ def long_context_view(model: Path, out: Path) -> Path:
 # test model (222k parameters) prefills a 2k-token miss almost as fast as a 200-token hit, so a cache hit
 # barely shows in its TTFT. Same tokenizer, wider, random weights (SGLang's --load-format dummy: what it
 # writes is noise, the routing and the caches are what is measured). Its work is in the experts, not in
-# attention, because SGLang's CPU attention (torch_native_backend.py, `per_req_query_redudant`) recomputes
-# attention over the whole sequence for every extend, cached prefix included: a hit there saves only the
-# projections and experts, where a GPU backend (FlashInfer, FA3) also skips the prefix's attention. With
-# attention dominating (hidden 384, 6 heads, 4 layers, experts of 256) a 190-token hit on a 4k-token file
-# took 1.35-1.7 s against 3.6 s for the miss; with this shape, 0.65-0.71 s against 2.5 s (one idle replica,
-# one thread), closer to a production model's hit/miss ratio.
+# attention, because the torch_native attention backend our CPU replicas use (torch_native_backend.py,
+# `per_req_query_redudant`) pads an extend's queries to the whole sequence and runs attention over all of
+# it, cached prefix included: a hit there saves only the projections and experts. A GPU backend (FlashInfer,
+# FA3) computes attention for the new tokens only (over the whole prefix), so a hit costs a small share of a
+# miss there. With attention dominating (hidden 384, 6 heads, 4 layers, experts of 256), a 190-token hit on
+# a 4k-token file took 1.35-1.7 s against 3.6 s for the miss; with this shape 0.65-0.71 s against 2.5 s
+# (one idle replica, one thread; the run records its own in `setup.probe_ttft_ms`), still a larger share
+# than on a GPU.
 PREFILL_HEAVY = {
     "hidden_size": 512,
     "intermediate_size": 1024,
@@ -153,6 +156,21 @@ def flush(replicas: list[str]) -> None:
             pass
 
 
+async def hit_and_miss(replica: str, cfg: ide.IdeWorkloadConfig, stops: list[int]) -> dict[str, float]:
+    """TTFT of a miss (a new file of 4k tokens, the cursor in its middle) and of a hit (the next request, a
+    typed line later) on one idle replica, median of three files: what a hit saves on this model and backend."""
+    t = ide.Target(replica, "sglang", engine_fields=ENGINE_FIELDS, sampling_fields={"stop_token_ids": stops})
+    probe_cfg = dataclasses.replace(cfg, file_tokens=(4000, 4000), switching_share=0.0, move_chance=0.0)
+    rng, miss, hit = random.Random(7), [], []
+    async with aiohttp.ClientSession() as s:
+        for _ in range(3):
+            ed = ide.Editor.new(rng, probe_cfg)
+            miss.append((await ide.one_request(s, t, *ed.request(probe_cfg), probe_cfg))[0])
+            ed.edit(rng, probe_cfg)
+            hit.append((await ide.one_request(s, t, *ed.request(probe_cfg), probe_cfg))[0])
+    return {"miss": round(float(np.median(miss)), 1), "hit": round(float(np.median(hit)), 1)}
+
+
 async def added_latency(
     direct: str, ours: str, peer: str | None, rounds: int, stops: list[int]
 ) -> dict[str, list[float]]:
@@ -208,6 +226,8 @@ def main(
         keys = {f"u{i}": k for i, k in enumerate(user_keys)} | {"bench": KEY}
         stops = stop_ids(model)
         peer_error = None
+        probe = asyncio.run(hit_and_miss(urls[0], cfg, stops))
+        flush(urls)
 
         def start_arm(name: str) -> tuple[ide.Target, object]:
             """A fresh router for each run, so that no arm starts with a prefix index of the last run."""
@@ -254,6 +274,7 @@ def main(
         stop_ours(), stop_peer()
         result = _result(runs, lat, peer_error, cfg, kv_tokens, requests, warmup)
         result["setup"]["model"] = model_kind
+        result["setup"]["probe_ttft_ms"] = probe
         result["cache_aware_decisions"] = decided
         gateway_args = ["--model", str(model), "--no-events", "--max-prompt-tokens", str(POSITIONS - 64)]
         gateway_args += [a for u in urls for a in ("--replica", u)]
@@ -360,7 +381,12 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=20, help="measured requests per user in each run of an arm")
     ap.add_argument("--warmup", type=int, default=5, help="requests per user before measuring (caches fill)")
-    ap.add_argument("--users", type=int, default=8)
+    ap.add_argument(
+        "--users",
+        type=int,
+        default=10,
+        help="each with one or two files (their prompts together about twice one replica's KV pool)",
+    )
     ap.add_argument("--kv-tokens", type=int, default=12288, help="each replica's KV pool")
     ap.add_argument(
         "--model",

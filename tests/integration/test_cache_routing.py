@@ -145,6 +145,10 @@ def test_the_gateway_profile_says_where_a_request_goes(replica, test_model, tmp_
         load,
     )
     assert served == [60, 6]  # the measured gateway, then the baseline with a tenth as many
-    assert out["profiled_us_per_request"] > 0 and out["routing_policy_us"] >= 0, out
+    assert out["profiled_us_per_request"] > 0, out
     assert out["by_family_us"].get("aiohttp", 0) > 0, out  # a request is HTTP in and out, whatever else
     assert len(out["top_functions_us"]) == 15
+    # Start-up imports (about a second of loading modules: 15+ ms a request if counted) are the baseline's
+    # too; what is left of them is noise.
+    imports = [us for site, us in out["top_functions_us"] if "marshal" in site or "<module>" in site]
+    assert all(us < 2000 for us in imports), out

@@ -77,7 +77,8 @@ def long_context_view(model: Path, out: Path) -> Path:
 # it, cached prefix included: a hit there saves only the projections and experts. A GPU backend (FlashInfer,
 # FA3) computes attention for the new tokens only (over the whole prefix), so a hit costs a small share of a
 # miss there. With attention dominating (hidden 384, 6 heads, 4 layers, experts of 256), a 190-token hit on
-# a 4k-token file took 1.35-1.7 s against 3.6 s for the miss; with this shape 0.65-0.71 s against 2.5 s
+# a 4k-token prompt took 1.35-1.7 s against 3.6 s for the miss (2k: 0.45-0.8 s against 0.8-1.0 s); with
+# this shape 0.65-0.71 s against 2.5 s (2k: 0.23-0.36 s against 0.9-1.1 s)
 # (one idle replica, one thread; the run records its own in `setup.probe_ttft_ms`), still a larger share
 # than on a GPU.
 PREFILL_HEAVY = {
@@ -399,4 +400,6 @@ if __name__ == "__main__":
     ap.add_argument("--think", type=float, default=4.0, help="users' mean pause between requests (s)")
     ap.add_argument("--rounds", type=int, default=200, help="sequential requests per path (added latency)")
     a = ap.parse_args()
+    if a.rounds < 2:
+        ap.error("--rounds: at least 2 (the profile's baseline serves a tenth as many)")
     print(json.dumps(main(a.requests, a.warmup, a.users, a.kv_tokens, a.repeats, a.rounds, a.think, a.model)))

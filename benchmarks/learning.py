@@ -153,7 +153,7 @@ def run_variant(variant: str, cfg: LearningConfig, model_dir: Path, work: Path) 
     curve = [(0, evaluate(trainer, tok, pool, cfg))]
     served_curve: list[tuple[int, float]] = []  # the users' kept share over the last `window` judged
     counts = {"accept": 0, "reject": 0, "ignore": 0, "comment": 0, "persisted": 0, "kept": 0}
-    steps, distill_tokens, t_start, rnd = 0, 0, time.monotonic(), 0
+    steps, distill_tokens, distill_samples, t_start, rnd = 0, 0, 0, time.monotonic(), 0
     bar = progress_bar(total=cfg.budget, desc=f"learning {variant}", unit="req", enabled=cfg.progress)
     while judged < cfg.budget:
         t0 = rnd * cfg.round_s
@@ -188,6 +188,7 @@ def run_variant(variant: str, cfg: LearningConfig, model_dir: Path, work: Path) 
                 break
             steps += 1
             distill_tokens += m.get("distill_tokens", 0)
+            distill_samples += m.get("distill_samples", 0)
         bar.update(min(cfg.budget, judged) - bar.n)
         if len(kept) >= cfg.window:
             served_curve.append((judged, float(np.mean(kept[-cfg.window :]))))
@@ -204,6 +205,7 @@ def run_variant(variant: str, cfg: LearningConfig, model_dir: Path, work: Path) 
         "users_kept_last_window": round(served_curve[-1][1], 4) if served_curve else None,
         "updates": steps,
         "distilled_tokens": distill_tokens,
+        "student_samples_distilled": distill_samples,  # fresh ones of commented contexts (online_rl.distill_samples)
         "reactions": counts,
         "joined": stats["joined"],
         "delayed_signals_joined": stats["delayed_signals"],

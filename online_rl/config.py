@@ -124,10 +124,21 @@ class LossConfig:
     distill_coef: float = option(
         1.0, flag="distill", help="weight of the text-feedback distillation KL (samples with a user's comment)"
     )
+    distill_samples: int = option(
+        8, help="fresh completions of a commented context by the current model that the distillation KL also scores"
+    )
+    distill_max_tokens: int = 64  # the longest of those completions
     length_penalty: LengthPenalty = field(default_factory=LengthPenalty)
     group_std: bool = False  # divide group advantages by the group's std (GRPO); off: Dr.GRPO-style
     baseline_momentum: float = 0.9  # running baseline of user rewards
     router_replay: bool = True
+
+    def __post_init__(self):
+        if self.distill_samples < 0 or self.distill_max_tokens < 1:
+            raise ValueError(
+                f"distill_samples must be >= 0 and distill_max_tokens >= 1, got {self.distill_samples}, "
+                f"{self.distill_max_tokens}"
+            )
 
 
 @dataclass

@@ -9,9 +9,12 @@ loss = ( sum over sequences and output tokens of  -m_t * min(rho_t, C) * A * log
         surrogate, against the behaviour policy;
   A     group-relative for rollouts (reward - group mean), reward - running baseline for user samples,
         after a concave length penalty on the token count (Composer 2: coef * n ** power);
+  0 for the student's fresh samples of a commented context (online_rl.distill_samples: no reward, only
+        the distillation term learns from them);
   the KL term is k2 against the frozen reference (the bootstrap model); k1 is what /metrics reports;
   no length normalisation: tokens are summed, sequences averaged.
-Text-feedback distillation adds, for each sample whose user commented on it (Sample.hint_ids),
+Text-feedback distillation adds, for each sample whose user commented on it (Sample.hint_ids) and for
+LossConfig.distill_samples fresh samples of its context by the current student (online_rl.distill_samples),
   + gamma * sum over its output tokens t of  KL( pi(. | served context, y<t) || sg[pi(. | context + hint, y<t)] )
   the teacher is the same model, no gradient, with the user's words inserted as a hint line just before the
   completion; the student is the model on the served context. The KL is the reverse one (student first) and
@@ -34,6 +37,7 @@ import numpy as np
 import torch
 
 from online_rl.config import LossConfig
+from online_rl.distill_samples import SOURCE as DISTILL
 from online_rl.model import MoECoder, token_logprobs
 from online_rl.samples import Sample
 
@@ -77,7 +81,7 @@ def advantages(samples: list[Sample], cfg: LossConfig, baseline: float) -> tuple
         if cfg.group_std and r.std() > 1e-6:
             a = a / r.std()
         adv[idx] = a
-    users = [i for i, s in enumerate(samples) if s.group is None]
+    users = [i for i, s in enumerate(samples) if s.group is None and s.source != DISTILL]
     for i in users:
         adv[i] = shaped[i] - baseline
     if users:

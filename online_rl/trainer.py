@@ -29,6 +29,7 @@ from kernels import batch_invariant as bi
 from online_rl import sandbox
 from online_rl.checkpoints import Checkpoints
 from online_rl.config import TrainerConfig
+from online_rl.distill_samples import SOURCE as DISTILL, student_samples
 from online_rl.failures import Failures
 from online_rl.loss import advantages
 from online_rl.model import load_pretrained
@@ -70,7 +71,9 @@ class Trainer:
                 p.requires_grad_(False)
         self.model = load().train()
         self.opt = make_optimizer(self.model, cfg.optim)  # after sharding: its state is sharded alike
-        text_len, encode, hint_fits = self._tokenizer()
+        text_len, encode, hint_fits, self._stop_ids = self._tokenizer()
+        self._distill_gen = torch.Generator().manual_seed(cfg.seed + 1)
+        self._warned_distill = False
         self.joiner = Joiner(cfg.join, cfg.rewards, text_len=text_len, encode=encode, hint_fits=hint_fits)
         self.buffer: list[Sample] = []
         self.step = 0
@@ -101,14 +104,15 @@ class Trainer:
 
     def _tokenizer(self):
         """(chars of a completion's token ids, token ids of a text, whether a prompt ends where a hint line
-        goes: at a line start, not fill-in-the-middle), or Nones without a tokenizer."""
+        goes: at a line start, not fill-in-the-middle, the token ids a completion ends at), or Nones without a
+        tokenizer."""
         from tokenizers import Tokenizer
 
-        from online_rl.tasks import FIM_MIDDLE
+        from online_rl.tasks import FIM_MIDDLE, SPECIAL_TOKENS
 
         path = Path(self.cfg.model_dir) / "tokenizer.json"
         if not path.exists():
-            return None, None, None
+            return None, None, None, None
         tok = Tokenizer.from_file(str(path))
         fim = tok.token_to_id(FIM_MIDDLE)
 
@@ -119,7 +123,8 @@ class Trainer:
         def encode(text: str) -> list[int]:
             return tok.encode(text, add_special_tokens=False).ids
 
-        return (lambda ids: len(tok.decode(ids))), encode, hint_fits
+        stop = {i for i in map(tok.token_to_id, SPECIAL_TOKENS) if i is not None} | set(self.model.cfg.eos_ids)
+        return (lambda ids: len(tok.decode(ids))), encode, hint_fits, stop
 
     # ------------------------------------------------------------------ the loop
     def run(self, stop=None) -> None:
@@ -323,6 +328,29 @@ class Trainer:
         batch, self.buffer = fresh[: self.cfg.batch_size], fresh[self.cfg.batch_size :]
         return batch
 
+    def _distill_samples(self, samples: list[Sample]) -> list[Sample]:
+        """The student's fresh completions of each commented context in this batch (online_rl.distill_samples).
+        Rank 0 samples them alone, so only where it holds the whole model: not under FSDP across ranks."""
+        n = self.cfg.loss.distill_samples if self.cfg.loss.distill_coef else 0
+        hinted = [s for s in samples if s.hint_ids is not None and s.hint_ids.size]
+        if not n or not hinted or self._stop_ids is None:
+            return []
+        if self.fsdp and self.world > 1:
+            if not self._warned_distill:
+                log.warning("--distill-samples: not under --shard fsdp across ranks; comments distil their own sample")
+                self._warned_distill = True
+            return []
+        fresh = []
+        try:
+            for s in hinted:
+                fresh += student_samples(
+                    self.model, s, n, self.cfg.loss.distill_max_tokens, self._stop_ids, self._distill_gen, self.version
+                )
+        except Exception as e:  # sampling failed (memory, a device): the batch trains without them
+            self.failures.failed("distill_samples", e, retry=False)
+            return []
+        return fresh
+
     def train_step(self, force: bool = False) -> dict | None:
         """Rank 0: one update if there is enough to learn from. Returns its metrics."""
         rollouts, pass_rates = self.rollouts.samples(self.step)
@@ -338,6 +366,7 @@ class Trainer:
         samples = [s for s in samples if s.n_tokens > 0]
         if not samples:
             return None
+        samples += self._distill_samples(samples)
         try:
             adv, self.baseline = advantages(samples, self.cfg.loss, self.baseline)
             if self.world > 1:
@@ -370,6 +399,7 @@ class Trainer:
         m.update(
             step=self.step,
             user=sum(s.source == "user" for s in samples),
+            distill_samples=sum(s.source == DISTILL for s in samples),
             rollout=len(rollouts),
             rollout_pass=float(np.mean(pass_rates)) if pass_rates else None,
         )

@@ -63,7 +63,7 @@ class TrainerMetrics:
         self.failures = Counter(
             "flywheel_trainer_failures",
             "Failures the daemon lived through, by stage "
-            "(ingest, sample, update, rollout_http, rollout_group, publish, announce) and cause",
+            "(ingest, sample, distill_samples, update, rollout_http, rollout_group, publish, announce) and cause",
             ["stage", "cause"],
             registry=r,
         )

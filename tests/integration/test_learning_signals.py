@@ -42,6 +42,9 @@ def test_delayed_signals_join_only_where_the_variant_uses_them(runs):
     assert persist["delayed_signals_joined"] > 0 and persist["distilled_tokens"] == 0
     assert persist["reactions"]["comment"] == 0 and persist["reactions"]["persisted"] > 0
     assert text["reactions"]["comment"] > 0 and text["distilled_tokens"] > 0
+    # a comment's context sampled again by the student, distilled too; none without comments
+    assert text["student_samples_distilled"] > 0
+    assert base["student_samples_distilled"] == persist["student_samples_distilled"] == 0
     for r in (persist, text):  # every judged completion is one sample, once
         assert r["joined"] + r["waiting_at_end"] <= r["reactions"]["accept"] + r["reactions"]["reject"]
 

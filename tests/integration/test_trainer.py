@@ -247,6 +247,36 @@ def test_stale_samples_are_dropped(test_model, tmp_path):
     assert trainer.metrics.dropped.labels("stale")._value.get() == 1
 
 
+def test_a_commented_sample_brings_fresh_student_samples_and_a_failure_costs_only_them(
+    test_model, tmp_path, monkeypatch
+):
+    from online_rl import trainer as trainer_mod
+    from tests.helpers import served_samples
+
+    def step(name, samples, **loss):
+        t = Trainer(TrainerConfig(model_dir=test_model, work_dir=tmp_path / name, min_batch=1, loss=LossConfig(**loss)))
+        t.buffer = samples
+        return t, t.train_step()
+
+    samples = served_samples(test_model, 4)
+    for s in samples:
+        s.group = None  # users' samples
+    samples[1].hint_ids = np.array([11, 12, 13], np.int64)
+    _, m = step("three", list(samples), distill_samples=3)
+    assert m["user"] == 4 and 1 <= m["distill_samples"] <= 3  # empty completions are left out
+    assert m["distill_tokens"] > samples[1].n_tokens  # the served one and the fresh ones
+    _, m = step("none", list(samples), distill_samples=0)
+    assert m["distill_samples"] == 0 and m["distill_tokens"] == samples[1].n_tokens
+
+    def broken(*a, **k):
+        raise MemoryError("no room to sample")
+
+    monkeypatch.setattr(trainer_mod, "student_samples", broken)
+    t, m = step("broken", list(samples))
+    assert m["user"] == 4 and m["distill_samples"] == 0 and m["distill_tokens"] == samples[1].n_tokens
+    assert t.metrics.failures.labels("distill_samples", "MemoryError")._value.get() == 1
+
+
 def test_publish_hands_a_delta_to_weight_sync(broker, test_model, tmp_path):
     import asyncio
 

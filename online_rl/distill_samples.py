@@ -1,0 +1,88 @@
+"""On-policy distillation's data: for a completion a user commented on, fresh completions of the same served
+context by the model as it is now (the student), each carrying the comment's hint for the teacher.
+
+A comment is worth more than the one completion it was about. That completion alone gives the distillation KL
+(online_rl.loss) one trajectory of the student, and an old one (the version that served it); sampling the
+student again on the context gives the teacher's per-token correction on where the student goes now, which
+is what on-policy distillation learns from (the student's own samples, scored densely by the teacher). These
+samples carry no reward: their advantage is 0 (online_rl.loss.advantages), so only the distillation term and
+the KL to the reference see them. Their routing is the trainer's own (as serving would log it: the routes
+of every input position), so router replay scores the routes that made them, as for served samples.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from online_rl.model import MoECoder, token_logprobs
+from online_rl.samples import Sample
+
+SOURCE = "distill"
+
+
+def student_samples(
+    model: MoECoder,
+    commented: Sample,
+    n: int,
+    max_tokens: int,
+    stop_ids: set[int],
+    generator: torch.Generator,
+    version: int,
+) -> list[Sample]:
+    """n temperature-1 completions of commented's prompt by model, as samples with its hint (none: no hint or
+    n = 0). An empty completion is left out (nothing to distill on)."""
+    if n <= 0 or commented.hint_ids is None or commented.hint_ids.size == 0:
+        return []
+    prompt = [int(t) for t in commented.prompt_ids]
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            samples = []
+            for i, out in enumerate(o for o in _sample(model, prompt, n, max_tokens, stop_ids, generator) if o):
+                seq = torch.tensor([prompt + out], device=_device(model))  # (1, P + N)
+                r = model(seq[:, :-1])  # the routes of every input position, as serving logs them
+                lp = token_logprobs(r.logits, seq[:, 1:])[0, len(prompt) - 1 :]  # (N,)
+                samples.append(
+                    Sample(
+                        key=f"{commented.key}/{SOURCE}{i}",
+                        prompt_ids=commented.prompt_ids,
+                        output_ids=np.asarray(out, np.int32),
+                        behaviour_logprobs=lp.float().cpu().numpy().astype(np.float32),
+                        routed_experts=r.experts[0].cpu().numpy().astype(np.uint8),
+                        reward=0.0,
+                        model_version=version,
+                        source=SOURCE,
+                        hint_ids=commented.hint_ids,
+                    )
+                )
+    finally:
+        model.train(was_training)
+    return samples
+
+
+def _device(model: MoECoder) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _sample(
+    model: MoECoder, prompt: list[int], n: int, max_tokens: int, stop_ids: set[int], generator: torch.Generator
+) -> list[list[int]]:
+    """n temperature-1 continuations of one prompt, each cut before its first stop id. The model may be on a
+    GPU; the draws are on the CPU, from `generator` (one stream of draws whatever the device)."""
+    idx = torch.tensor([prompt] * n, device=_device(model))  # (n, P)
+    done = torch.zeros(n, dtype=torch.bool)
+    stops = torch.tensor(sorted(stop_ids), dtype=torch.long)
+    window = model.cfg.max_position_embeddings
+    for _ in range(max_tokens):
+        probs = torch.softmax(model(idx[:, -window:]).logits[:, -1].float(), -1).cpu()  # (n, V)
+        nxt = torch.where(done, stops[0], torch.multinomial(probs, 1, generator=generator)[:, 0])  # (n,)
+        idx = torch.cat([idx, nxt[:, None].to(idx.device)], dim=1)
+        done |= torch.isin(nxt, stops)
+        if done.all():
+            break
+    outs = []
+    for row in idx[:, len(prompt) :].tolist():
+        outs.append(row[: next((i for i, t in enumerate(row) if t in stop_ids), len(row))])
+    return outs

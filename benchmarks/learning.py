@@ -67,6 +67,8 @@ class LearningConfig:
     batch_size: int = 32
     min_batch: int = 16
     distill_coef: float = 1.0
+    distill_samples: int = LossConfig.distill_samples  # fresh student samples of a commented context
+    distill_updates: int = LossConfig.distill_updates  # updates that sample and distil a commented context
     # Stream-time windows of the Joiner (persisted checks come 1-3 rounds after their accept).
     join: JoinConfig = field(default_factory=lambda: JoinConfig(delayed_window_s=600.0, comment_wait_s=120.0))
     population: PopulationConfig = field(
@@ -137,7 +139,9 @@ def run_variant(variant: str, cfg: LearningConfig, model_dir: Path, work: Path) 
         min_batch=cfg.min_batch,
         seed=cfg.seed,
         threads=2,
-        loss=LossConfig(distill_coef=cfg.distill_coef),
+        loss=LossConfig(
+            distill_coef=cfg.distill_coef, distill_samples=cfg.distill_samples, distill_updates=cfg.distill_updates
+        ),
         optim=OptimConfig(lr=cfg.lr),
         join=dataclasses.replace(cfg.join, signals=SIGNALS[variant]),
     )
@@ -252,10 +256,13 @@ def main(argv: list[str] | None = None, base: LearningConfig | None = None) -> d
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--comment-rate", type=float, default=None, help="share of failing completions users comment on")
+    ap.add_argument("--distill-updates", type=int, default=None, help="updates a comment's context is distilled in")
     a = ap.parse_args(argv)
     cfg = dataclasses.replace(
         base or LearningConfig(), preset=a.preset, budget=a.budget, seed=a.seed, progress=sys.stderr.isatty()
     )
+    if a.distill_updates is not None:
+        cfg.distill_updates = a.distill_updates
     if a.comment_rate is not None:
         cfg.population = dataclasses.replace(cfg.population, comment_rate=a.comment_rate)
     model_dir = _model(cfg.preset, cfg.seed)
@@ -274,6 +281,8 @@ def main(argv: list[str] | None = None, base: LearningConfig | None = None) -> d
         "lr": cfg.lr,
         "fooled_rate": cfg.population.fooled_rate,
         "comment_rate": cfg.population.comment_rate,
+        "distill_samples": cfg.distill_samples,
+        "distill_updates": cfg.distill_updates,
     }
     for v, r in results.items():
         out[f"requests_to_90_{v}"] = r["requests_to_target"]

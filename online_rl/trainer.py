@@ -74,6 +74,8 @@ class Trainer:
         text_len, encode, hint_fits, self._stop_ids = self._tokenizer()
         self._distill_gen = torch.Generator().manual_seed(cfg.seed + 1)
         self._warned_distill = False
+        # Commented samples whose context is distilled again in later updates, and in how many more.
+        self.commented: list[tuple[Sample, int]] = []
         self.joiner = Joiner(cfg.join, cfg.rewards, text_len=text_len, encode=encode, hint_fits=hint_fits)
         self.buffer: list[Sample] = []
         self.step = 0
@@ -190,6 +192,7 @@ class Trainer:
             self.opt.load_state_dict(state["optimizer"])
         self.joiner.load_state(state["joiner"])
         self.buffer = [Sample.from_state(d) for d in state["buffer"]]
+        self.commented = [(Sample.from_state(d["sample"]), d["left"]) for d in state.get("commented", [])]
         self.reader.offsets = state["offsets"]
         self.step, self.version, self.baseline = state["step"], state["version"], state["baseline"]
         self.saved_step = self.step
@@ -217,6 +220,7 @@ class Trainer:
                 **weights,
                 "joiner": self.joiner.state(),
                 "buffer": [b.state() for b in self.buffer],
+                "commented": [{"sample": c.state(), "left": left} for c, left in self.commented],
                 "offsets": dict(self.reader.offsets),
                 "step": self.step,
                 "version": self.version,
@@ -329,20 +333,24 @@ class Trainer:
         return batch
 
     def _distill_samples(self, samples: list[Sample]) -> list[Sample]:
-        """The student's fresh completions of each commented context in this batch (online_rl.distill_samples).
-        Rank 0 samples them alone, so only where it holds the whole model: not under FSDP across ranks."""
-        n = self.cfg.loss.distill_samples if self.cfg.loss.distill_coef else 0
+        """The student's fresh completions of each commented context in this batch, and of those of the last
+        distill_updates - 1 updates (online_rl.distill_samples). Rank 0 samples them alone, so only where it
+        holds the whole model: not under FSDP across ranks."""
+        cfg = self.cfg.loss
+        n = cfg.distill_samples if cfg.distill_coef else 0
         hinted = [s for s in samples if s.hint_ids is not None and s.hint_ids.size]
-        if not n or not hinted or self._stop_ids is None:
+        if not n or not (hinted or self.commented) or self._stop_ids is None:
             return []
         if self.fsdp and self.world > 1:
             if not self._warned_distill:
                 log.warning("--distill-samples: not under --shard fsdp across ranks; comments distil their own sample")
                 self._warned_distill = True
             return []
+        contexts = self.commented + [(s, cfg.distill_updates) for s in hinted]
+        self.commented = [(s, left - 1) for s, left in contexts if left > 1]
         fresh = []
         try:
-            for s in hinted:
+            for s, _ in contexts:
                 fresh += student_samples(
                     self.model, s, n, self.cfg.loss.distill_max_tokens, self._stop_ids, self._distill_gen, self.version
                 )

@@ -268,6 +268,19 @@ def test_a_commented_sample_brings_fresh_student_samples_and_a_failure_costs_onl
     _, m = step("none", list(samples), distill_samples=0)
     assert m["distill_samples"] == 0 and m["distill_tokens"] == samples[1].n_tokens
 
+    # distilled again in the next update (the student as it is then), also after a restart
+    t, m = step("twice", list(samples), distill_samples=3, distill_updates=2)
+    assert m["distill_samples"] >= 1 and [(c.key, left) for c, left in t.commented] == [(samples[1].key, 1)]
+    t.save()
+    again = Trainer(TrainerConfig(model_dir=test_model, work_dir=tmp_path / "twice", min_batch=1, loss=t.cfg.loss))
+    assert [(c.key, left) for c, left in again.commented] == [(samples[1].key, 1)]
+    plain = [s for s in served_samples(test_model, 4, seed=5) if s.hint_ids is None]
+    again.buffer = plain
+    m = again.train_step()
+    assert m["distill_samples"] >= 1 and m["distill_tokens"] > 0 and again.commented == []
+    again.buffer = list(plain)
+    assert again.train_step()["distill_samples"] == 0
+
     def broken(*a, **k):
         raise MemoryError("no room to sample")
 

@@ -131,16 +131,17 @@ class LossConfig:
     distill_updates: int = option(
         1, help="updates in which a commented context is sampled again and distilled (the student as it is then)"
     )
+    distill_contexts: int = 16  # commented contexts sampled per update at most (the rest wait): bounds its cost
     length_penalty: LengthPenalty = field(default_factory=LengthPenalty)
     group_std: bool = False  # divide group advantages by the group's std (GRPO); off: Dr.GRPO-style
     baseline_momentum: float = 0.9  # running baseline of user rewards
     router_replay: bool = True
 
     def __post_init__(self):
-        if self.distill_samples < 0 or self.distill_max_tokens < 1 or self.distill_updates < 1:
+        if self.distill_samples < 0 or min(self.distill_max_tokens, self.distill_updates, self.distill_contexts) < 1:
             raise ValueError(
-                f"distill_samples must be >= 0, distill_max_tokens and distill_updates >= 1, got "
-                f"{self.distill_samples}, {self.distill_max_tokens}, {self.distill_updates}"
+                f"distill_samples must be >= 0, distill_max_tokens, distill_updates and distill_contexts >= 1, got "
+                f"{self.distill_samples}, {self.distill_max_tokens}, {self.distill_updates}, {self.distill_contexts}"
             )
 
 

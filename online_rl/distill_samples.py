@@ -6,7 +6,8 @@ A comment is worth more than the one completion it was about. That completion al
 student again on the context gives the teacher's per-token correction on where the student goes now, which
 is what on-policy distillation learns from (the student's own samples, scored densely by the teacher). These
 samples carry no reward: their advantage is 0 (online_rl.loss.advantages), so only the distillation term and
-the KL to the reference see them. Their routing is the trainer's own (as serving would log it: the routes
+the KL to the reference train on them; the loss averages over every sequence of the batch, these included
+(each weighs as a served one). Their routing is the trainer's own (as serving would log it: the routes
 of every input position), so router replay scores the routes that made them, as for served samples.
 """
 
@@ -16,9 +17,7 @@ import numpy as np
 import torch
 
 from online_rl.model import MoECoder, token_logprobs
-from online_rl.samples import Sample
-
-SOURCE = "distill"
+from online_rl.samples import DISTILL, Sample
 
 
 def student_samples(
@@ -30,9 +29,11 @@ def student_samples(
     generator: torch.Generator,
     version: int,
 ) -> list[Sample]:
-    """n temperature-1 completions of commented's prompt by model, as samples with its hint (none: no hint or
-    n = 0). An empty completion is left out (nothing to distill on)."""
-    if n <= 0 or commented.hint_ids is None or commented.hint_ids.size == 0:
+    """n temperature-1 completions of commented's prompt by model, as samples with its hint (none: no hint,
+    n = 0, or a prompt that leaves no room in the model's context). An empty completion is left out (nothing
+    to distill on). Completions stop where the context ends, so that the scoring forward sees every token."""
+    max_tokens = min(max_tokens, model.cfg.max_position_embeddings - commented.prompt_ids.size)
+    if n <= 0 or max_tokens < 1 or commented.hint_ids is None or commented.hint_ids.size == 0:
         return []
     prompt = [int(t) for t in commented.prompt_ids]
     was_training = model.training
@@ -46,14 +47,14 @@ def student_samples(
                 lp = token_logprobs(r.logits, seq[:, 1:])[0, len(prompt) - 1 :]  # (N,)
                 samples.append(
                     Sample(
-                        key=f"{commented.key}/{SOURCE}{i}",
+                        key=f"{commented.key}/{DISTILL}{i}",
                         prompt_ids=commented.prompt_ids,
                         output_ids=np.asarray(out, np.int32),
                         behaviour_logprobs=lp.float().cpu().numpy().astype(np.float32),
                         routed_experts=r.experts[0].cpu().numpy().astype(np.uint8),
                         reward=0.0,
                         model_version=version,
-                        source=SOURCE,
+                        source=DISTILL,
                         hint_ids=commented.hint_ids,
                     )
                 )
@@ -69,14 +70,15 @@ def _device(model: MoECoder) -> torch.device:
 def _sample(
     model: MoECoder, prompt: list[int], n: int, max_tokens: int, stop_ids: set[int], generator: torch.Generator
 ) -> list[list[int]]:
-    """n temperature-1 continuations of one prompt, each cut before its first stop id. The model may be on a
-    GPU; the draws are on the CPU, from `generator` (one stream of draws whatever the device)."""
+    """n temperature-1 continuations of one prompt, each cut before its first stop id (the prompt and them fit
+    the context). MoECoder.generate draws on the CPU only; here the model may be on a GPU, and the draws are
+    on the CPU, from `generator` (one stream of draws whatever the device). No KV cache, as generate: the
+    contexts and completions of these models are short."""
     idx = torch.tensor([prompt] * n, device=_device(model))  # (n, P)
     done = torch.zeros(n, dtype=torch.bool)
-    stops = torch.tensor(sorted(stop_ids), dtype=torch.long)
-    window = model.cfg.max_position_embeddings
+    stops = torch.tensor(sorted(stop_ids) or [-1], dtype=torch.long)  # -1: no token, none stops
     for _ in range(max_tokens):
-        probs = torch.softmax(model(idx[:, -window:]).logits[:, -1].float(), -1).cpu()  # (n, V)
+        probs = torch.softmax(model(idx).logits[:, -1].float(), -1).cpu()  # (n, V)
         nxt = torch.where(done, stops[0], torch.multinomial(probs, 1, generator=generator)[:, 0])  # (n,)
         idx = torch.cat([idx, nxt[:, None].to(idx.device)], dim=1)
         done |= torch.isin(nxt, stops)

@@ -10,7 +10,7 @@ loss = ( sum over sequences and output tokens of  -m_t * min(rho_t, C) * A * log
   A     group-relative for rollouts (reward - group mean), reward - running baseline for user samples,
         after a concave length penalty on the token count (Composer 2: coef * n ** power);
   0 for the student's fresh samples of a commented context (online_rl.distill_samples: no reward, only
-        the distillation term learns from them);
+        the distillation and KL-to-reference terms train on them);
   the KL term is k2 against the frozen reference (the bootstrap model); k1 is what /metrics reports;
   no length normalisation: tokens are summed, sequences averaged.
 Text-feedback distillation adds, for each sample whose user commented on it (Sample.hint_ids) and for
@@ -23,8 +23,9 @@ LossConfig.distill_samples fresh samples of its context by the current student (
   top. Reverse because it is on-policy distillation: the positions are the student's own samples (the
   completion as served), and the mode-seeking direction moves the student's mass onto what the teacher
   wants there, instead of spreading it over everything the teacher allows (forward KL); it is zero where
-  the hint changes nothing, so only the tokens the comment concerns move. The policy-gradient and KL terms
-  stay as they are for these samples.
+  the hint changes nothing, so only the tokens the comment concerns move. A commented served sample keeps
+  its policy-gradient and KL terms; a fresh one has the KL term and no policy gradient (advantage 0). Sequences
+  averaged: over all of the batch's, fresh ones included.
 The forward replays the experts serving chose (router replay), so training scores exactly the routes
 that produced the tokens.
 """
@@ -37,9 +38,8 @@ import numpy as np
 import torch
 
 from online_rl.config import LossConfig
-from online_rl.distill_samples import SOURCE as DISTILL
 from online_rl.model import MoECoder, token_logprobs
-from online_rl.samples import Sample
+from online_rl.samples import DISTILL, Sample
 
 
 @dataclass

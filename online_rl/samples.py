@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+DISTILL = "distill"  # the source of the student's fresh samples of a commented context
+
 
 class InvalidSample(ValueError):
     """A sample the model cannot be trained on (see Sample.problem)."""
@@ -21,7 +23,7 @@ class Sample:
     routed_experts: np.ndarray  # (P + N - 1, L, K) uint8: serving's routing, replayed in training
     reward: float
     model_version: int
-    source: str = "user"  # user | rollout
+    source: str = "user"  # user | rollout | distill (online_rl.distill_samples: no reward, advantage 0)
     group: str | None = None  # rollouts of one task form a group (group-relative advantages)
     event_ids: tuple = ()  # the events this sample came from (exactly-once accounting)
     session: str = ""  # the agent session of a turn judged by its session's outcome

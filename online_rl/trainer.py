@@ -29,7 +29,7 @@ from kernels import batch_invariant as bi
 from online_rl import sandbox
 from online_rl.checkpoints import Checkpoints
 from online_rl.config import TrainerConfig
-from online_rl.distill_samples import SOURCE as DISTILL, student_samples
+from online_rl.distill_samples import student_samples
 from online_rl.failures import Failures
 from online_rl.loss import advantages
 from online_rl.model import load_pretrained
@@ -37,7 +37,7 @@ from online_rl.offpeak import OffPeakScheduler
 from online_rl.publisher import Publisher
 from online_rl.ranks import SHARDS, command, load_shards, save_shards
 from online_rl.rollouts import RolloutSource
-from online_rl.samples import InvalidSample, Sample
+from online_rl.samples import DISTILL, InvalidSample, Sample
 from online_rl.sharding import load_sharded
 from online_rl.stream import Joiner
 from online_rl.stream_reader import StreamReader
@@ -73,9 +73,11 @@ class Trainer:
         self.opt = make_optimizer(self.model, cfg.optim)  # after sharding: its state is sharded alike
         text_len, encode, hint_fits, self._stop_ids = self._tokenizer()
         self._distill_gen = torch.Generator().manual_seed(cfg.seed + 1)
-        self._warned_distill = False
-        # Commented samples whose context is distilled again in later updates, and in how many more.
+        self._distill_s = 0.0  # seconds the last update spent sampling them
+        # Commented samples whose context is sampled and distilled in later updates, and in how many more.
         self.commented: list[tuple[Sample, int]] = []
+        if self.fsdp and self.world > 1 and cfg.loss.distill_samples and cfg.loss.distill_coef and self.rank == 0:
+            log.warning("--distill-samples: not under --shard fsdp across ranks; a comment distils its own sample")
         self.joiner = Joiner(cfg.join, cfg.rewards, text_len=text_len, encode=encode, hint_fits=hint_fits)
         self.buffer: list[Sample] = []
         self.step = 0
@@ -193,6 +195,8 @@ class Trainer:
         self.joiner.load_state(state["joiner"])
         self.buffer = [Sample.from_state(d) for d in state["buffer"]]
         self.commented = [(Sample.from_state(d["sample"]), d["left"]) for d in state.get("commented", [])]
+        if "distill_rng" in state:  # the draws go on where they were, as in a run never stopped
+            self._distill_gen.set_state(state["distill_rng"])
         self.reader.offsets = state["offsets"]
         self.step, self.version, self.baseline = state["step"], state["version"], state["baseline"]
         self.saved_step = self.step
@@ -221,6 +225,7 @@ class Trainer:
                 "joiner": self.joiner.state(),
                 "buffer": [b.state() for b in self.buffer],
                 "commented": [{"sample": c.state(), "left": left} for c, left in self.commented],
+                "distill_rng": self._distill_gen.get_state(),
                 "offsets": dict(self.reader.offsets),
                 "step": self.step,
                 "version": self.version,
@@ -333,30 +338,32 @@ class Trainer:
         return batch
 
     def _distill_samples(self, samples: list[Sample]) -> list[Sample]:
-        """The student's fresh completions of each commented context in this batch, and of those of the last
-        distill_updates - 1 updates (online_rl.distill_samples). Rank 0 samples them alone, so only where it
-        holds the whole model: not under FSDP across ranks."""
+        """The student's fresh completions of the commented contexts in this batch, then of those of earlier
+        updates with updates left (online_rl.distill_samples), at most distill_contexts of them: the rest
+        wait. Rank 0 samples alone, so only where it holds the whole model (not under FSDP across ranks)."""
         cfg = self.cfg.loss
-        n = cfg.distill_samples if cfg.distill_coef else 0
-        hinted = [s for s in samples if s.hint_ids is not None and s.hint_ids.size]
-        if not n or not (hinted or self.commented) or self._stop_ids is None:
+        if not (cfg.distill_samples and cfg.distill_coef) or self._stop_ids is None or (self.fsdp and self.world > 1):
             return []
-        if self.fsdp and self.world > 1:
-            if not self._warned_distill:
-                log.warning("--distill-samples: not under --shard fsdp across ranks; comments distil their own sample")
-                self._warned_distill = True
-            return []
-        contexts = self.commented + [(s, cfg.distill_updates) for s in hinted]
-        self.commented = [(s, left - 1) for s, left in contexts if left > 1]
-        fresh = []
-        try:
-            for s, _ in contexts:
+        waiting = [(s, cfg.distill_updates) for s in samples if s.hint_ids is not None and s.hint_ids.size]
+        waiting += self.commented
+        now, self.commented = waiting[: cfg.distill_contexts], waiting[cfg.distill_contexts :]
+        fresh, t0 = [], time.perf_counter()
+        for s, left in now:
+            try:
                 fresh += student_samples(
-                    self.model, s, n, self.cfg.loss.distill_max_tokens, self._stop_ids, self._distill_gen, self.version
+                    self.model,
+                    s,
+                    cfg.distill_samples,
+                    cfg.distill_max_tokens,
+                    self._stop_ids,
+                    self._distill_gen,
+                    self.version,
                 )
-        except Exception as e:  # sampling failed (memory, a device): the batch trains without them
-            self.failures.failed("distill_samples", e, retry=False)
-            return []
+            except Exception as e:  # sampling failed (memory, a device): this context's samples, this update
+                self.failures.failed("distill_samples", e, retry=False)
+            if left > 1:  # counted as used either way: a context that always fails is not retried for ever
+                self.commented.append((s, left - 1))
+        self._distill_s = time.perf_counter() - t0
         return fresh
 
     def train_step(self, force: bool = False) -> dict | None:
@@ -408,6 +415,7 @@ class Trainer:
             step=self.step,
             user=sum(s.source == "user" for s in samples),
             distill_samples=sum(s.source == DISTILL for s in samples),
+            distill_sample_s=self._distill_s,
             rollout=len(rollouts),
             rollout_pass=float(np.mean(pass_rates)) if pass_rates else None,
         )

@@ -6,6 +6,7 @@ Why one file: these tests share one broker and the test model, and read as the t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -268,13 +269,18 @@ def test_a_commented_sample_brings_fresh_student_samples_and_a_failure_costs_onl
     _, m = step("none", list(samples), distill_samples=0)
     assert m["distill_samples"] == 0 and m["distill_tokens"] == samples[1].n_tokens
 
+    # at most distill_contexts an update: this batch's first, the other waits with its updates untouched
+    two = list(samples)
+    two[3] = dataclasses.replace(two[3], hint_ids=np.array([14, 15], np.int64))
+    t, m = step("capped", two, distill_samples=3, distill_contexts=1)
+    assert 1 <= m["distill_samples"] <= 3 and [(c.key, left) for c, left in t.commented] == [(two[3].key, 1)]
     # distilled again in the next update (the student as it is then), also after a restart
     t, m = step("twice", list(samples), distill_samples=3, distill_updates=2)
     assert m["distill_samples"] >= 1 and [(c.key, left) for c, left in t.commented] == [(samples[1].key, 1)]
     t.save()
     again = Trainer(TrainerConfig(model_dir=test_model, work_dir=tmp_path / "twice", min_batch=1, loss=t.cfg.loss))
     assert [(c.key, left) for c, left in again.commented] == [(samples[1].key, 1)]
-    plain = [s for s in served_samples(test_model, 4, seed=5) if s.hint_ids is None]
+    plain = served_samples(test_model, 4, seed=5)  # no comments
     again.buffer = plain
     m = again.train_step()
     assert m["distill_samples"] >= 1 and m["distill_tokens"] > 0 and again.commented == []
@@ -285,8 +291,9 @@ def test_a_commented_sample_brings_fresh_student_samples_and_a_failure_costs_onl
         raise MemoryError("no room to sample")
 
     monkeypatch.setattr(trainer_mod, "student_samples", broken)
-    t, m = step("broken", list(samples))
+    t, m = step("broken", list(samples), distill_updates=2)
     assert m["user"] == 4 and m["distill_samples"] == 0 and m["distill_tokens"] == samples[1].n_tokens
+    assert [(c.key, left) for c, left in t.commented] == [(samples[1].key, 1)]  # this update's try is spent
     assert t.metrics.failures.labels("distill_samples", "MemoryError")._value.get() == 1
 
 

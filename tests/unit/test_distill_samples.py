@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from online_rl.config import LossConfig
-from online_rl.distill_samples import SOURCE, student_samples
+from online_rl.distill_samples import student_samples
 from online_rl.loss import advantages, make_batch, policy_loss
 from online_rl.model import ModelConfig, MoECoder, token_logprobs
-from online_rl.samples import Sample
+from online_rl.samples import DISTILL, Sample
 
 TINY = ModelConfig(
     vocab_size=301,
@@ -51,7 +51,7 @@ def test_fresh_samples_are_what_serving_would_log(model):
     assert 1 <= len(out) <= 6 and model.training  # left as it was found
     assert len({s.key for s in out}) == len(out)
     for s in out:
-        assert s.source == SOURCE and s.reward == 0.0 and s.model_version == 7
+        assert s.source == DISTILL and s.reward == 0.0 and s.model_version == 7
         assert np.array_equal(s.hint_ids, [11, 12, 13]) and np.array_equal(s.prompt_ids, [5, 17, 42, 8])
         assert 1 <= s.n_tokens <= 12 and 0 not in s.output_ids.tolist()  # ends before the stop token
         assert s.problem(TINY.vocab_size, TINY.moe_layers, TINY.num_experts_per_tok, TINY.num_experts) is None
@@ -65,6 +65,18 @@ def test_fresh_samples_are_what_serving_would_log(model):
     # a fixed generator: the same samples again; another seed: others
     again = student_samples(model, commented(), 6, 12, STOP, torch.Generator().manual_seed(0), version=7)
     assert [s.output_ids.tolist() for s in again] == [s.output_ids.tolist() for s in out]
+    other = student_samples(model, commented(), 6, 12, STOP, torch.Generator().manual_seed(1), version=7)
+    assert [s.output_ids.tolist() for s in other] != [s.output_ids.tolist() for s in out]
+
+
+def test_completions_end_where_the_context_does(model):
+    window = TINY.max_position_embeddings
+    near = commented()
+    near.prompt_ids = np.full(window - 3, 5, np.int32)
+    out = student_samples(model, near, 4, 50, set(), torch.Generator().manual_seed(0), 0)  # no stop: full length
+    assert out and all(s.n_tokens == 3 for s in out)
+    near.prompt_ids = np.full(window, 5, np.int32)
+    assert student_samples(model, near, 4, 50, set(), torch.Generator().manual_seed(0), 0) == []
 
 
 @pytest.mark.parametrize("hint, n", [(None, 4), ((), 4), ((11,), 0)])
@@ -88,8 +100,9 @@ def test_no_reward_no_advantage_and_the_baseline_is_the_users(model):
     assert m["distill_tokens"] == sum(s.n_tokens for s in fresh) and float(loss.detach()) > 0.0
 
 
-def test_config_refuses_negative_counts():
-    with pytest.raises(ValueError, match="distill_samples"):
-        LossConfig(distill_samples=-1)
-    with pytest.raises(ValueError, match="distill_max_tokens"):
-        LossConfig(distill_max_tokens=0)
+@pytest.mark.parametrize(
+    "bad", [{"distill_samples": -1}, {"distill_max_tokens": 0}, {"distill_updates": 0}, {"distill_contexts": 0}]
+)
+def test_config_refuses_counts_that_mean_nothing(bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        LossConfig(**bad)

@@ -164,7 +164,7 @@ class Trainer:
 
     def _log_step(self, m: dict) -> None:
         log.info(
-            "step %d: %d user + %d rollout samples, %d tokens, %.0f tok/s, kl %.4f%s",
+            "step %d: %d user + %d rollout samples, %d tokens, %.0f tok/s, kl %.4f%s%s",
             m["step"],
             m["user"],
             m["rollout"],
@@ -172,6 +172,10 @@ class Trainer:
             m["tokens_per_s"],
             m["kl_per_token"],
             f", rollout pass {m['rollout_pass']:.2f}" if m["rollout_pass"] is not None else "",
+            f", distilled {m['distill_tokens']} tokens of comments ({m['distill_samples']} fresh samples, "
+            f"kl {m['distill_kl_per_token']:.3f})"
+            if m.get("distill_tokens")
+            else "",
         )
 
     # ------------------------------------------------------------------ checkpoint (exactly once)

@@ -131,17 +131,21 @@ class LossConfig:
     distill_updates: int = option(
         1, help="updates in which a commented context is sampled again and distilled (the student as it is then)"
     )
-    distill_contexts: int = 16  # commented contexts sampled per update at most (the rest wait): bounds its cost
+    # Commented contexts sampled per update at most (the rest wait, new ones first): sampling has no KV cache,
+    # and unbounded it starved the live demo's trainer (text: 4-6 updates a version against persist's 33).
+    distill_contexts: int = option(2, help="commented contexts sampled again per update at most (the rest wait)")
+    distill_backlog: int = 256  # contexts that wait at most (beyond: dropped, those already sampled first)
     length_penalty: LengthPenalty = field(default_factory=LengthPenalty)
     group_std: bool = False  # divide group advantages by the group's std (GRPO); off: Dr.GRPO-style
     baseline_momentum: float = 0.9  # running baseline of user rewards
     router_replay: bool = True
 
     def __post_init__(self):
-        if self.distill_samples < 0 or min(self.distill_max_tokens, self.distill_updates, self.distill_contexts) < 1:
+        counts = (self.distill_max_tokens, self.distill_updates, self.distill_contexts)
+        if self.distill_samples < 0 or self.distill_backlog < 0 or min(counts) < 1:
             raise ValueError(
-                f"distill_samples must be >= 0, distill_max_tokens, distill_updates and distill_contexts >= 1, got "
-                f"{self.distill_samples}, {self.distill_max_tokens}, {self.distill_updates}, {self.distill_contexts}"
+                f"distill_samples and distill_backlog must be >= 0, distill_max_tokens, distill_updates and "
+                f"distill_contexts >= 1, got {self.distill_samples}, {self.distill_backlog}, {counts}"
             )
 
 

@@ -344,7 +344,8 @@ class Trainer:
     def _distill_samples(self, samples: list[Sample]) -> list[Sample]:
         """The student's fresh completions of the commented contexts in this batch, then of those of earlier
         updates with updates left (online_rl.distill_samples), at most distill_contexts of them: the rest
-        wait. Rank 0 samples alone, so only where it holds the whole model (not under FSDP across ranks)."""
+        wait, at most distill_backlog. Rank 0 samples alone, so only where it holds the whole model (not under
+        FSDP across ranks)."""
         cfg = self.cfg.loss
         if not (cfg.distill_samples and cfg.distill_coef) or self._stop_ids is None or (self.fsdp and self.world > 1):
             return []
@@ -367,6 +368,11 @@ class Trainer:
                 self.failures.failed("distill_samples", e, retry=False)
             if left > 1:  # counted as used either way: a context that always fails is not retried for ever
                 self.commented.append((s, left - 1))
+        # Bounded (memory, checkpoints) under more comments than updates sample: the ones already sampled, at
+        # the end, go first.
+        if len(self.commented) > cfg.distill_backlog:
+            self.metrics.dropped.labels("distill_backlog").inc(len(self.commented) - cfg.distill_backlog)
+            del self.commented[cfg.distill_backlog :]
         self._distill_s = time.perf_counter() - t0
         return fresh
 

@@ -101,7 +101,14 @@ def test_no_reward_no_advantage_and_the_baseline_is_the_users(model):
 
 
 @pytest.mark.parametrize(
-    "bad", [{"distill_samples": -1}, {"distill_max_tokens": 0}, {"distill_updates": 0}, {"distill_contexts": 0}]
+    "bad",
+    [
+        {"distill_samples": -1},
+        {"distill_max_tokens": 0},
+        {"distill_updates": 0},
+        {"distill_contexts": 0},
+        {"distill_backlog": -1},
+    ],
 )
 def test_config_refuses_counts_that_mean_nothing(bad):
     with pytest.raises(ValueError, match=next(iter(bad))):

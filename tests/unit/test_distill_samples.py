@@ -8,20 +8,11 @@ import torch
 from online_rl.config import LossConfig
 from online_rl.distill_samples import student_samples
 from online_rl.loss import advantages, make_batch, policy_loss
-from online_rl.model import ModelConfig, MoECoder, token_logprobs
+from online_rl.model import MoECoder, token_logprobs
 from online_rl.samples import DISTILL, Sample
+from tests.tiny_models import TINY_MOE
 
-TINY = ModelConfig(
-    vocab_size=301,
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    num_experts=4,
-    num_experts_per_tok=2,
-    moe_intermediate_size=32,
-)
+TINY = TINY_MOE
 STOP = {0}
 
 

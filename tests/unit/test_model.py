@@ -3,19 +3,10 @@
 import pytest
 import torch
 
-from online_rl.model import ModelConfig, MoECoder, load_pretrained, save_pretrained, token_logprobs
+from online_rl.model import MoECoder, load_pretrained, save_pretrained, token_logprobs
+from tests.tiny_models import TINY_MOE
 
-TINY = ModelConfig(
-    vocab_size=301,
-    hidden_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    num_experts=4,
-    num_experts_per_tok=2,
-    moe_intermediate_size=32,
-)
+TINY = TINY_MOE
 
 
 @pytest.fixture(scope="module")

@@ -69,6 +69,7 @@ class LearningConfig:
     distill_coef: float = 1.0
     distill_samples: int = LossConfig.distill_samples  # fresh student samples of a commented context
     distill_updates: int = LossConfig.distill_updates  # updates that sample and distil a commented context
+    distill_contexts: int = LossConfig.distill_contexts  # commented contexts sampled an update at most
     # Stream-time windows of the Joiner (persisted checks come 1-3 rounds after their accept).
     join: JoinConfig = field(default_factory=lambda: JoinConfig(delayed_window_s=600.0, comment_wait_s=120.0))
     population: PopulationConfig = field(
@@ -140,7 +141,10 @@ def run_variant(variant: str, cfg: LearningConfig, model_dir: Path, work: Path) 
         seed=cfg.seed,
         threads=2,
         loss=LossConfig(
-            distill_coef=cfg.distill_coef, distill_samples=cfg.distill_samples, distill_updates=cfg.distill_updates
+            distill_coef=cfg.distill_coef,
+            distill_samples=cfg.distill_samples,
+            distill_updates=cfg.distill_updates,
+            distill_contexts=cfg.distill_contexts,
         ),
         optim=OptimConfig(lr=cfg.lr),
         join=dataclasses.replace(cfg.join, signals=SIGNALS[variant]),
@@ -283,6 +287,7 @@ def main(argv: list[str] | None = None, base: LearningConfig | None = None) -> d
         "comment_rate": cfg.population.comment_rate,
         "distill_samples": cfg.distill_samples,
         "distill_updates": cfg.distill_updates,
+        "distill_contexts": cfg.distill_contexts,
     }
     for v, r in results.items():
         out[f"requests_to_90_{v}"] = r["requests_to_target"]

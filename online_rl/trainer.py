@@ -16,6 +16,7 @@ online_rl.publisher (store, announcements), online_rl.trainer_metrics. Rank 0 do
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -172,7 +173,7 @@ class Trainer:
             m["tokens_per_s"],
             m["kl_per_token"],
             f", rollout pass {m['rollout_pass']:.2f}" if m["rollout_pass"] is not None else "",
-            f", distilled {m['distill_tokens']} tokens of comments ({m['distill_samples']} fresh samples, "
+            f", distilled {m['distill_tokens']} tokens under comments ({m['distill_samples']} fresh samples, "
             f"kl {m['distill_kl_per_token']:.3f})"
             if m.get("distill_tokens")
             else "",
@@ -349,7 +350,7 @@ class Trainer:
         cfg = self.cfg.loss
         if not (cfg.distill_samples and cfg.distill_coef) or self._stop_ids is None or (self.fsdp and self.world > 1):
             return []
-        waiting = [(s, cfg.distill_updates) for s in samples if s.hint_ids is not None and s.hint_ids.size]
+        waiting = [(_context(s), cfg.distill_updates) for s in samples if s.hint_ids is not None and s.hint_ids.size]
         waiting += self.commented
         now, self.commented = waiting[: cfg.distill_contexts], waiting[cfg.distill_contexts :]
         fresh, t0 = [], time.perf_counter()
@@ -446,3 +447,14 @@ class Trainer:
             self.version = version
             self.metrics.version.set(version)
         return version
+
+
+def _context(s: Sample) -> Sample:
+    """What sampling a commented context again needs (its key, prompt and hint): the served completion, its
+    logprobs and routes would only weigh on memory and checkpoints while it waits."""
+    return dataclasses.replace(
+        s,
+        output_ids=np.zeros(0, np.int32),
+        behaviour_logprobs=np.zeros(0, np.float32),
+        routed_experts=np.zeros((0, 0, 0), np.uint8),
+    )

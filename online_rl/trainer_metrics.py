@@ -38,7 +38,11 @@ class TrainerMetrics:
         self.waiting.set_function(waiting)
         self.samples = Counter("flywheel_trainer_samples", "Samples trained, by source", ["source"], registry=r)
         self.dropped = Counter(
-            "flywheel_trainer_dropped", "Samples dropped before training, by reason", ["reason"], registry=r
+            "flywheel_trainer_dropped",
+            "Samples dropped before training, by reason (distill_backlog: commented contexts, already trained on, "
+            "that will not be sampled again)",
+            ["reason"],
+            registry=r,
         )
         self.reward = Gauge(
             "flywheel_trainer_reward_mean", "Mean reward of trained samples, by version", ["version"], registry=r

@@ -276,6 +276,11 @@ def test_a_commented_sample_brings_fresh_student_samples_and_a_failure_costs_onl
     assert 1 <= m["distill_samples"] <= 3 and [(c.key, left) for c, left in t.commented] == [(two[3].key, 1)]
     t, _ = step("no-backlog", list(two), distill_samples=3, distill_contexts=1, distill_backlog=0)
     assert t.commented == [] and t.metrics.dropped.labels("distill_backlog")._value.get() == 1
+    # a full backlog drops the context already sampled, the one never sampled keeps all its updates
+    t, _ = step("backlog", list(two), distill_samples=3, distill_contexts=1, distill_updates=2, distill_backlog=1)
+    assert [(c.key, left) for c, left in t.commented] == [(two[3].key, 2)]
+    assert t.metrics.dropped.labels("distill_backlog")._value.get() == 1
+    assert t.commented[0][0].output_ids.size == 0  # waiting: only what sampling it again needs
     # distilled again in the next update (the student as it is then), also after a restart
     t, m = step("twice", list(samples), distill_samples=3, distill_updates=2)
     assert m["distill_samples"] >= 1 and [(c.key, left) for c, left in t.commented] == [(samples[1].key, 1)]

@@ -13,9 +13,13 @@ of every input position), so router replay scores the routes that made them, as 
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Callable
+
 import numpy as np
 import torch
 
+from online_rl.config import LossConfig
 from online_rl.model import MoECoder, token_logprobs
 from online_rl.samples import DISTILL, Sample
 
@@ -88,3 +92,45 @@ def _sample(
     for row in idx[:, len(prompt) :].tolist():
         outs.append(row[: next((i for i, t in enumerate(row) if t in stop_ids), len(row))])
     return outs
+
+
+def sample_commented(
+    model: MoECoder,
+    batch: list[Sample],
+    waiting: list[tuple[Sample, int]],
+    cfg: LossConfig,
+    stop_ids: set[int],
+    generator: torch.Generator,
+    version: int,
+    failed: Callable[[Exception], object],
+) -> tuple[list[Sample], list[tuple[Sample, int]], int]:
+    """Fresh samples of the commented contexts in this batch, then of those waiting from earlier updates (with
+    the updates each has left), at most cfg.distill_contexts of them. Returns the samples, the contexts that
+    wait now (at most cfg.distill_backlog: beyond, those already sampled, at the end, are dropped) and how
+    many were dropped. A context whose sampling fails (failed(e)) counts as sampled: none is retried for ever."""
+    queue = [(_context(s), cfg.distill_updates) for s in batch if s.hint_ids is not None and s.hint_ids.size]
+    queue += waiting
+    now, rest = queue[: cfg.distill_contexts], queue[cfg.distill_contexts :]
+    fresh = []
+    for s, left in now:
+        try:
+            fresh += student_samples(
+                model, s, cfg.distill_samples, cfg.distill_max_tokens, stop_ids, generator, version
+            )
+        except Exception as e:  # memory, a device: this context's samples, this update
+            failed(e)
+        if left > 1:
+            rest.append((s, left - 1))
+    dropped = max(0, len(rest) - cfg.distill_backlog)
+    return fresh, rest[: cfg.distill_backlog], dropped
+
+
+def _context(s: Sample) -> Sample:
+    """What sampling a commented context again needs (its key, prompt and hint): the served completion, its
+    logprobs and routes would only weigh on memory and checkpoints while it waits."""
+    return dataclasses.replace(
+        s,
+        output_ids=np.zeros(0, np.int32),
+        behaviour_logprobs=np.zeros(0, np.float32),
+        routed_experts=np.zeros((0, 0, 0), np.uint8),
+    )

@@ -16,7 +16,6 @@ online_rl.publisher (store, announcements), online_rl.trainer_metrics. Rank 0 do
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import time
@@ -30,7 +29,7 @@ from kernels import batch_invariant as bi
 from online_rl import sandbox
 from online_rl.checkpoints import Checkpoints
 from online_rl.config import TrainerConfig
-from online_rl.distill_samples import student_samples
+from online_rl.distill_samples import sample_commented
 from online_rl.failures import Failures
 from online_rl.loss import advantages
 from online_rl.model import load_pretrained
@@ -42,7 +41,7 @@ from online_rl.samples import DISTILL, InvalidSample, Sample
 from online_rl.sharding import load_sharded
 from online_rl.stream import Joiner
 from online_rl.stream_reader import StreamReader
-from online_rl.trainer_metrics import TrainerMetrics
+from online_rl.trainer_metrics import TrainerMetrics, step_line
 from online_rl.update import make_optimizer, update, world
 
 log = logging.getLogger(__name__)
@@ -145,7 +144,7 @@ class Trainer:
                 consumed = self.ingest()
                 m = self.train_step()
                 if m is not None:
-                    self._log_step(m)
+                    log.info("%s", step_line(m))
                     if self.step % self.cfg.checkpoint_every == 0:
                         self.checkpoint()
                 elif not consumed:
@@ -162,22 +161,6 @@ class Trainer:
             if self.world > 1 and not self._ranks_broken:
                 command(("stop",))  # (after a failed update the others are inside its collectives: no stop)
             self.reader.close()
-
-    def _log_step(self, m: dict) -> None:
-        log.info(
-            "step %d: %d user + %d rollout samples, %d tokens, %.0f tok/s, kl %.4f%s%s",
-            m["step"],
-            m["user"],
-            m["rollout"],
-            m["tokens"],
-            m["tokens_per_s"],
-            m["kl_per_token"],
-            f", rollout pass {m['rollout_pass']:.2f}" if m["rollout_pass"] is not None else "",
-            f", distilled {m['distill_tokens']} tokens under comments ({m['distill_samples']} fresh samples, "
-            f"kl {m['distill_kl_per_token']:.3f})"
-            if m.get("distill_tokens")
-            else "",
-        )
 
     # ------------------------------------------------------------------ checkpoint (exactly once)
     def _latest(self) -> Path | None:
@@ -343,37 +326,24 @@ class Trainer:
         return batch
 
     def _distill_samples(self, samples: list[Sample]) -> list[Sample]:
-        """The student's fresh completions of the commented contexts in this batch, then of those of earlier
-        updates with updates left (online_rl.distill_samples), at most distill_contexts of them: the rest
-        wait, at most distill_backlog. Rank 0 samples alone, so only where it holds the whole model (not under
-        FSDP across ranks)."""
+        """The student's fresh samples of commented contexts (online_rl.distill_samples.sample_commented). Rank 0
+        samples alone, so only where it holds the whole model (not under FSDP across ranks)."""
         cfg = self.cfg.loss
         if not (cfg.distill_samples and cfg.distill_coef) or self._stop_ids is None or (self.fsdp and self.world > 1):
             return []
-        waiting = [(_context(s), cfg.distill_updates) for s in samples if s.hint_ids is not None and s.hint_ids.size]
-        waiting += self.commented
-        now, self.commented = waiting[: cfg.distill_contexts], waiting[cfg.distill_contexts :]
-        fresh, t0 = [], time.perf_counter()
-        for s, left in now:
-            try:
-                fresh += student_samples(
-                    self.model,
-                    s,
-                    cfg.distill_samples,
-                    cfg.distill_max_tokens,
-                    self._stop_ids,
-                    self._distill_gen,
-                    self.version,
-                )
-            except Exception as e:  # sampling failed (memory, a device): this context's samples, this update
-                self.failures.failed("distill_samples", e, retry=False)
-            if left > 1:  # counted as used either way: a context that always fails is not retried for ever
-                self.commented.append((s, left - 1))
-        # Bounded (memory, checkpoints) under more comments than updates sample: the ones already sampled, at
-        # the end, go first.
-        if len(self.commented) > cfg.distill_backlog:
-            self.metrics.dropped.labels("distill_backlog").inc(len(self.commented) - cfg.distill_backlog)
-            del self.commented[cfg.distill_backlog :]
+        t0 = time.perf_counter()
+        fresh, self.commented, dropped = sample_commented(
+            self.model,
+            samples,
+            self.commented,
+            cfg,
+            self._stop_ids,
+            self._distill_gen,
+            self.version,
+            lambda e: self.failures.failed("distill_samples", e, retry=False),
+        )
+        if dropped:
+            self.metrics.dropped.labels("distill_backlog").inc(dropped)
         self._distill_s = time.perf_counter() - t0
         return fresh
 
@@ -447,14 +417,3 @@ class Trainer:
             self.version = version
             self.metrics.version.set(version)
         return version
-
-
-def _context(s: Sample) -> Sample:
-    """What sampling a commented context again needs (its key, prompt and hint): the served completion, its
-    logprobs and routes would only weigh on memory and checkpoints while it waits."""
-    return dataclasses.replace(
-        s,
-        output_ids=np.zeros(0, np.int32),
-        behaviour_logprobs=np.zeros(0, np.float32),
-        routed_experts=np.zeros((0, 0, 0), np.uint8),
-    )

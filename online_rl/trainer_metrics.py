@@ -83,3 +83,22 @@ class TrainerMetrics:
         self.mismatch.set(m["logprob_mismatch_max"])
         self.step_time.observe(m["step_s"])
         self.tokens_per_s.set(m["tokens_per_s"])
+
+
+def step_line(m: dict) -> str:
+    """One update's log line (the metrics train_step returns)."""
+    fmt, *args = (
+        "step %d: %d user + %d rollout samples, %d tokens, %.0f tok/s, kl %.4f%s%s",
+        m["step"],
+        m["user"],
+        m["rollout"],
+        m["tokens"],
+        m["tokens_per_s"],
+        m["kl_per_token"],
+        f", rollout pass {m['rollout_pass']:.2f}" if m["rollout_pass"] is not None else "",
+        f", distilled {m['distill_tokens']} tokens under comments ({m['distill_samples']} fresh samples, "
+        f"kl {m['distill_kl_per_token']:.3f})"
+        if m.get("distill_tokens")
+        else "",
+    )
+    return fmt % tuple(args)

@@ -251,7 +251,7 @@ def test_stale_samples_are_dropped(test_model, tmp_path):
 def test_a_commented_sample_brings_fresh_student_samples_and_a_failure_costs_only_them(
     test_model, tmp_path, monkeypatch
 ):
-    from online_rl import trainer as trainer_mod
+    from online_rl import distill_samples
     from tests.helpers import served_samples
 
     def step(name, samples, **loss):
@@ -297,7 +297,7 @@ def test_a_commented_sample_brings_fresh_student_samples_and_a_failure_costs_onl
     def broken(*a, **k):
         raise MemoryError("no room to sample")
 
-    monkeypatch.setattr(trainer_mod, "student_samples", broken)
+    monkeypatch.setattr(distill_samples, "student_samples", broken)
     t, m = step("broken", list(samples), distill_updates=2)
     assert m["user"] == 4 and m["distill_samples"] == 0 and m["distill_tokens"] == samples[1].n_tokens
     assert [(c.key, left) for c, left in t.commented] == [(samples[1].key, 1)]  # this update's try is spent

@@ -328,7 +328,7 @@ class Trainer:
     def _distill_samples(self, samples: list[Sample]) -> list[Sample]:
         """The student's fresh samples of commented contexts (online_rl.distill_samples.sample_commented). Rank 0
         samples alone, so only where it holds the whole model (not under FSDP across ranks)."""
-        cfg = self.cfg.loss
+        cfg, self._distill_s = self.cfg.loss, 0.0  # a step that samples nothing reports 0, not the last one's
         if not (cfg.distill_samples and cfg.distill_coef) or self._stop_ids is None or (self.fsdp and self.world > 1):
             return []
         t0 = time.perf_counter()

@@ -87,7 +87,7 @@ class Trainer:
         self.trained_since_ckpt: list[dict] = []  # the ledger of the next checkpoint: samples trained or dropped
         self.history: dict[str, dict] = {}  # version -> reward/acceptance sums (history.json, the plot)
         self.rolled_back: set[int] = set()  # versions a canary trial rolled back (weights topic)
-        self.metrics = TrainerMetrics(lambda: self.joiner.stats, waiting=lambda: len(self.joiner.held))
+        self.metrics = TrainerMetrics(lambda: self.joiner.stats, waiting=lambda: len(self.joiner.held), trainer=self)
         self.failures = Failures(self.metrics.failures, cfg.retry)
         self.reader = StreamReader(cfg.kafka_bootstrap, cfg.group_id, cfg.poll_ms)
         self.checkpoints = Checkpoints(self.work)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from online_rl import sandbox
@@ -26,10 +27,44 @@ class JoinCounts(Collector):
         yield family
 
 
+class PublishClock(Collector):
+    """When the trainer last published, how often it should, and whether it has anything new to publish:
+    the TrainerSilent alert (deploy/prometheus/alerts.yml) fires when it has, and has not published for
+    twice its interval. Read at scrape time from the trainer's publisher (online_rl.publisher); nothing
+    when this trainer does not publish (no store, or not rank 0)."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer  # read at each scrape: its publisher is made after its metrics
+
+    def collect(self):
+        pub = getattr(self.trainer, "publisher", None)
+        if pub is None or not pub.enabled:
+            return
+        # Publisher.last is monotonic (set at its start, then at each publish): as a Unix time for PromQL.
+        last = time.time() - (time.monotonic() - pub.last)
+        yield GaugeMetricFamily(
+            "flywheel_trainer_last_publish_timestamp_seconds",
+            "When this trainer last published a version (its start, until it has), Unix time",
+            value=last,
+        )
+        yield GaugeMetricFamily(
+            "flywheel_trainer_publish_interval_seconds", "Seconds between published versions", value=pub.cfg.interval_s
+        )
+        # Publisher.due's own test: weights that are already a version are not published again, so a trainer
+        # with nothing new (no feedback, no rollouts) is silent by design.
+        yield GaugeMetricFamily(
+            "flywheel_trainer_publish_pending",
+            "1 while the trainer holds updates not yet published as a version",
+            value=1.0 if self.trainer.step != pub.published_step else 0.0,
+        )
+
+
 class TrainerMetrics:
-    def __init__(self, join_stats: Callable[[], object], waiting: Callable[[], int] = lambda: 0):
+    def __init__(self, join_stats: Callable[[], object], waiting: Callable[[], int] = lambda: 0, trainer=None):
         self.registry = r = CollectorRegistry()
         r.register(JoinCounts(join_stats))
+        if trainer is not None:
+            r.register(PublishClock(trainer))
         self.waiting = Gauge(
             "flywheel_trainer_samples_waiting",
             "Judged completions waiting for a delayed signal (persisted check, comment)",
@@ -72,6 +107,8 @@ class TrainerMetrics:
             registry=r,
         )
         r.register(sandbox.CONTAINED)  # flywheel_sandbox_contained_total{kind}: reward hacking, contained
+        for kind in sandbox.KINDS:  # exported at 0 from the start: the alert on its increase sees the first one
+            sandbox.CONTAINED.labels(kind)
 
     def trained(self, history: dict[str, dict], m: dict) -> None:
         """After an update: the per-version means and the step's figures."""

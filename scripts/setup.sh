@@ -12,12 +12,13 @@ flock 9  # two set-ups at once would race on the venv
 
 # System packages from Debian, installed only when missing: bubblewrap for the sandbox that runs
 # model-written code, Debian's python3.11, the interpreter inside it (one an unprivileged uid can read), and
-# haproxy, the load balancer in front of two gateways in the multi-host tests (started by them, never as a
-# service: see below).
+# haproxy, the load balancer in front of two gateways in the multi-host tests, and prometheus (with promtool),
+# which `flywheel observe` starts to scrape a fleet (both started by their runs, never as a service: see below).
 need=()
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 [ -x /usr/bin/python3.11 ] || need+=(python3.11)
 [ -x /usr/sbin/haproxy ] || need+=(haproxy)
+[ -x /usr/bin/prometheus ] && [ -x /usr/bin/promtool ] || need+=(prometheus)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "setup: installing ${need[*]} from Debian"
@@ -33,7 +34,7 @@ if [ ${#need[@]} -gt 0 ]; then
     [ -z "$made_policy" ] || { rm -f /usr/sbin/policy-rc.d; trap - EXIT; }
   else
     echo "setup: missing system packages: ${need[*]}. Install them as root (apt-get install ${need[*]});" \
-         "the sandbox refuses to run model-written code without them; the multi-host tests need haproxy." >&2
+         "the sandbox refuses to run model-written code without them; the multi-host tests need haproxy; flywheel observe needs prometheus." >&2
     exit 1
   fi
 fi

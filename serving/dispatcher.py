@@ -198,6 +198,9 @@ class Dispatcher:
         arm = ""
         if self.canary is not None and source == "user":
             arm = self.canary.served(cid, replica_id, timing.get("e2e_ms") or 0.0)
+        if source == "user":
+            e2e_ms = timing.get("e2e_ms")
+            self.metrics.versions.served(cid, i, res.weight_version, None if e2e_ms is None else e2e_ms / 1000)
         self.metrics.completion_tokens.labels(source).inc(len(res.output_ids))
         if not self.sink.enabled:
             return None

@@ -8,6 +8,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from serving.tool_calls import MALFORMED, OUTCOMES as TOOL_OUTCOMES
+from serving.version_stats import VersionStats
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
@@ -73,6 +74,7 @@ class GatewayMetrics:
             ["kind"],
             registry=r,
         )
+        self.versions = VersionStats(r, LATENCY_BUCKETS)  # flywheel_gateway_version_*{version}
         self.tools = ToolCallStats()  # flywheel_gateway_tool_calls{outcome,version}, ..._repeated{version}
         self.answered_before_durable = Counter(
             "flywheel_gateway_answered_before_durable",
@@ -219,6 +221,7 @@ class _LiveCollector:
             if rep.weight_version is not None:
                 version.add_metric([rep.id], float(rep.weight_version))
         yield from (inflight, rollouts, healthy, state, version)
+        yield from _canary_families(self.gw.dispatcher.canary)
         hit = GaugeMetricFamily(
             "flywheel_gateway_prefix_hit_rate",
             "Prompt tokens found in the replica's prefix cache / prompt tokens, since the gateway started",
@@ -281,3 +284,31 @@ class _LiveCollector:
             "1 while the spool writer thread writes",
             value=1.0 if health["writer"] == "ok" else 0.0,
         )
+
+
+def _canary_families(canary):
+    """The trial the gateway splits users for, if any: its start (CanaryUndecided alerts on a trial held long
+    after its controller should have decided) and each arm's counts (the same the controller reads)."""
+    trial = GaugeMetricFamily(
+        "flywheel_canary_trial_started_timestamp_seconds",
+        "Start of the canary trial the gateway splits users for (Unix time), by candidate version",
+        labels=["version"],
+    )
+    requests = CounterMetricFamily(
+        "flywheel_canary_arm_requests", "User requests of the trial by arm", labels=["version", "arm"]
+    )
+    errors = CounterMetricFamily("flywheel_canary_arm_errors", "Failed requests by arm", labels=["version", "arm"])
+    feedback = CounterMetricFamily(
+        "flywheel_canary_arm_feedback",
+        "Accepts and rejects of the arm's completions",
+        labels=["version", "arm", "kind"],
+    )
+    if canary is not None:
+        trial.add_metric(*canary.started_metric())
+        v = str(canary.version)
+        for arm, st in canary.stats.items():
+            requests.add_metric([v, arm], st.requests)
+            errors.add_metric([v, arm], st.errors)
+            feedback.add_metric([v, arm, "accept"], st.accepts)
+            feedback.add_metric([v, arm, "reject"], st.rejects)
+    yield from (trial, requests, errors, feedback)

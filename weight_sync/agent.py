@@ -105,6 +105,17 @@ class AgentMetrics:
         self.registry = r = CollectorRegistry()
         self.version = Gauge("flywheel_agent_weight_version", "Version the agent's replica serves", registry=r)
         self.pinned = Gauge("flywheel_agent_pinned", "1 while the fleet is pinned to a version", registry=r)
+        # Served vs target is what the FleetNotOnAnnouncedVersion alert compares; announced, across agents,
+        # shows one that stopped reading the topic (deploy/prometheus/alerts.yml).
+        self.target = Gauge(
+            "flywheel_agent_target_version",
+            "Version the weights topic says this replica should serve (the newest, or the pinned, activated, "
+            "rolled-back-to or canary one)",
+            registry=r,
+        )
+        self.announced = Gauge(
+            "flywheel_agent_announced_version", "Newest version announced on the weights topic", registry=r
+        )
         self.rejected = Counter(
             "flywheel_agent_rejected_versions", "Versions rejected, by reason", ["reason"], registry=r
         )
@@ -165,6 +176,19 @@ class AgentMetrics:
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
             registry=r,
         )
+        # What users felt of a switch (the switch report's pause_ms: a drained replica pauses nobody), apart from
+        # the "switch" phase above, which also counts a drain's wait and the load behind it.
+        self.switch_pause = Histogram(
+            "flywheel_agent_switch_pause_seconds",
+            "User-visible pause of each switch (0 when the replica was drained first)",
+            buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+            registry=r,
+        )
+        # Every reason exported from the start at 0: a series born at 1 has no increase to alert on.
+        for reason in (*Agent.PERMANENT, "fetch_failed", "switch_failed"):
+            self.rejected.labels(reason)
+        for reason in control.REASONS:
+            self.bad_records.labels(reason)
 
 
 class Agent:
@@ -179,6 +203,8 @@ class Agent:
         self.expected = CheckpointReader(self.local_dir(self.state["version"])).specs()
         self.config_digest = config_digest(self.local_dir(self.state["version"]) / "config.json")
         self.metrics.version.set(self.state["version"])
+        self.metrics.target.set(self.state["version"])  # until the topic says otherwise
+        self.metrics.announced.set(self.state.get("latest_seen", self.state["version"]))
         self.metrics.pinned.set(1 if self.state.get("pinned") is not None else 0)
         self.pool = ThreadPoolExecutor(cfg.threads)
         self.last_apply: dict = {}
@@ -487,6 +513,8 @@ class Agent:
         self._save_state()
         self.metrics.version.set(version)
         self.metrics.switches.labels(report["mode"]).inc()
+        if report.get("pause_ms") is not None:
+            self.metrics.switch_pause.observe(report["pause_ms"] / 1000)
         report["apply_ms"] = round(1000 * (time.monotonic() - t0), 1)
         self.last_apply = {"version": version, **report}
         with open(self.work / "switches.jsonl", "a") as f:  # the switch history operators and the demo read
@@ -589,6 +617,9 @@ class Agent:
             else:
                 log.error("ignoring a weights record of unknown type %r", kind)
         self.metrics.pinned.set(1 if self.state.get("pinned") is not None else 0)
+        self.metrics.announced.set(self.state.get("latest_seen", self.state["version"]))
+        if target is not None:
+            self.metrics.target.set(target)
         return target
 
     def run(self, stop=None) -> None:

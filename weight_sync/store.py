@@ -30,6 +30,7 @@ from pathlib import Path
 from aiohttp import web
 
 from weight_sync.manifest import Manifest
+from weight_sync.store_metrics import VersionSizes
 from weight_sync.store_relay import StoreRelay
 from weight_sync.tracker import TrackerConfig
 
@@ -212,6 +213,7 @@ class Store:
         interrupted download resumes. An agent with a relay may be sent to a peer instead
         (weight_sync.store_relay)."""
         relay = StoreRelay(self.versions, tracker)
+        relay.registry.register(VersionSizes(self))  # flywheel_store_version_bytes{version,form,kind}
 
         def version_of(request) -> tuple[int, Path]:
             v = request.match_info["version"]

@@ -40,10 +40,13 @@ _FIELDS = {
 }
 
 
+REASONS = ("malformed", "unsigned", "bad_signature", "invalid", "replayed")  # why a record is refused
+
+
 class ControlError(ValueError):
     def __init__(self, reason: str, detail: str):
         super().__init__(f"{reason}: {detail}")
-        self.reason = reason  # malformed | unsigned | bad_signature | invalid | replayed
+        self.reason = reason  # one of REASONS
 
 
 def _is_int(v) -> bool:

@@ -215,6 +215,7 @@ class FeedbackApi:
             (m.feedback if first else m.feedback_repeated).labels(fb.kind).inc()
         elif gw.first_feedback.first(fb.completion_id, fb.choice_index):
             m.feedback.labels(fb.kind).inc()
+            m.versions.judged(fb.completion_id, fb.kind)
             # The canary takes one vote per completion, whatever its n: a tenant cannot multiply its say.
             canary = gw.dispatcher.canary
             if canary is not None and gw.first_feedback.first(fb.completion_id, -1):

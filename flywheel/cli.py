@@ -19,8 +19,10 @@ COMMAND_MODULES = [
     "serving.cli",
     "weight_sync.cli",
     "flywheel.demo",
+    "flywheel.observe",
     "flywheel.chaos",
     "loadtests.cli",
+    "flywheel.status_cli",
 ]
 
 

@@ -47,6 +47,7 @@ class DemoConfig:
     # 0 by default: the demo as it was measured (its 20-point goal is on immediate acceptance, which fooled
     # accepts inflate); with persist or text, 0.25 gives the persisted checks something to say.
     fooled_rate: float = option(0.0, help="share of failing completions users accept at a glance (deleted later)")
+    observe: bool = option(True, help="run Prometheus on the fleet and check the per-version table against PromQL")
 
     def __post_init__(self):
         check_modes(self)
@@ -67,7 +68,7 @@ FEEDBACK_MODES = {
 }
 
 
-def _trainer(cfg: DemoConfig, fleet, model: Path, out: Path) -> subprocess.Popen:
+def _trainer(cfg: DemoConfig, fleet, model: Path, out: Path, metrics_port: int) -> subprocess.Popen:
     from flywheel.core.paths import REPO_ROOT
     from flywheel.core.procs import spawn
 
@@ -101,6 +102,8 @@ def _trainer(cfg: DemoConfig, fleet, model: Path, out: Path) -> subprocess.Popen
         "90",
         "--comment-wait",
         "20",
+        "--metrics-port",
+        str(metrics_port),
     ]
     with open(out / "logs" / "trainer.log", "ab") as log:  # the child keeps its own copy of the descriptor
         return spawn(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -126,9 +129,10 @@ def _line(t0: float, pop, fleet) -> str:
 
 def run(cfg: DemoConfig) -> int:
     from flywheel import demo_report
-    from flywheel.core.procs import stop_pid
+    from flywheel.core.procs import free_port, stop_pid
     from flywheel.local_fleet import LocalFleet, LocalFleetConfig
     from flywheel.population import Population, PopulationConfig
+    from flywheel.prometheus import alerts_seen, start_for_fleet
     from online_rl.bootstrap import bootstrap, report
     from weight_sync.store import Store
 
@@ -143,14 +147,18 @@ def run(cfg: DemoConfig) -> int:
         f"model   {model}  ({base['parameters']:,} parameters; held-out pass rate greedy "
         f"{base['eval']['pass_rate_greedy']:.0%}, temperature 1 {base['eval']['pass_rate_t1']:.0%})"
     )
-    trainer = pop = None
+    trainer = pop = prom = None
+    checked = alerts = None  # from Prometheus: the per-version table against PromQL, the alerts of the run
     fleet = LocalFleet(
         LocalFleetConfig(model=model, out_dir=out / "fleet", replicas=cfg.replicas, tenants=cfg.users + cfg.agents)
     )
     try:
         fleet.start()
-        trainer = _trainer(cfg, fleet, model, out)
+        trainer_port = free_port()
+        trainer = _trainer(cfg, fleet, model, out, trainer_port)
         print(f"trainer pid {trainer.pid}, publishes every {cfg.publish_interval_s:.0f}s (log {out}/logs/trainer.log)")
+        if cfg.observe:
+            prom = start_for_fleet(fleet, out / "prometheus", f"127.0.0.1:{trainer_port}")
         pop = Population(
             PopulationConfig(
                 users=cfg.users,
@@ -194,6 +202,13 @@ def run(cfg: DemoConfig) -> int:
         if pop is not None:
             pop.stop()
             pop.write(out / "interactions.jsonl")
+        if prom is not None:
+            try:
+                if pop is not None:
+                    checked = _crosscheck(prom, pop)
+                    alerts = alerts_seen(prom)
+            finally:
+                prom.stop()
         if trainer is not None:
             stop_pid(trainer.pid, timeout=60)
         switches = fleet.switch_reports()
@@ -204,6 +219,10 @@ def run(cfg: DemoConfig) -> int:
     verdict["feedback"] = cfg.feedback
     verdict["signals_sent"] = pop.signals_sent
     verdict["signals_dropped"] = pop.signals_dropped  # still due when the users stopped
+    if checked is not None:
+        verdict["prometheus_crosscheck"] = checked
+    if alerts is not None:
+        verdict["alerts_seen"] = alerts
     demo_report.write(rows, verdict, out)
     if (out / "trainer" / "history.json").exists():  # what the trainer learnt from, by version
         from online_rl.plots import reward_by_version
@@ -213,6 +232,15 @@ def run(cfg: DemoConfig) -> int:
         except (ValueError, OSError) as e:  # a figure is not worth the verdict
             print(f"reward_by_version.png not drawn: {e}")
     print("\n" + demo_report.table(rows))
+    if checked is not None:
+        from flywheel.observe import crosscheck_table
+
+        print(
+            "\nthe same, from Prometheus (PromQL over the gateway's per-version series):\n" + crosscheck_table(checked)
+        )
+    if alerts is not None:
+        named = ", ".join(f"{a['alert']} ({a['state']})" for a in alerts) if isinstance(alerts, list) else alerts
+        print(f"alerts during the run: {named or 'none'}")
     rise = "-" if verdict["rise_points"] is None else format(verdict["rise_points"], "+")
     print(
         f"\nacceptance v{verdict['base_version']} {_pct(verdict['base_acceptance'])} -> "
@@ -231,6 +259,20 @@ def run(cfg: DemoConfig) -> int:
         "everything started was stopped"
     )
     return 0 if verdict["goal_met"] else 1
+
+
+def _crosscheck(prom, pop) -> list[dict] | None:
+    """After the users stopped and before the fleet does: the last feedback scraped, then the comparison."""
+    from flywheel import demo_report
+    from flywheel.observe import crosscheck
+    from flywheel.prometheus import sleep_scrapes
+
+    sleep_scrapes(prom.cfg)
+    try:
+        return crosscheck(prom, demo_report.summarize(pop.snapshot(), [], {}))
+    except (OSError, ValueError) as e:
+        print(f"prometheus cross-check failed: {e}")
+        return None
 
 
 def _pct(x) -> str:

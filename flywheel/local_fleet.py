@@ -49,6 +49,7 @@ class LocalFleet:
         self.store_url: str | None = None
         self.agent_pids: dict[str, int] = {}
         self.relay_ports: dict[str, int] = {}
+        self.agent_metrics: dict[str, str] = {}  # agent name -> host:port of its /metrics (flywheel.prometheus)
         self.store_root = self.out / "weights" / "store"
         self.signing_key = self.out / "weights" / "keys" / "signing.pem"
         self.public_key = self.out / "weights" / "keys" / "signing.pub"
@@ -160,6 +161,7 @@ class LocalFleet:
             "FLYWHEEL_STORE_URL": self.store_url or "",
             "FLYWHEEL_WEIGHTS_STORE": str(self.store_root),
             "FLYWHEEL_SIGNING_KEY": str(self.signing_key),
+            "FLYWHEEL_PUBLIC_KEY": str(self.public_key),  # what agents verify versions with
             "FLYWHEEL_LOADTEST_KEYS": ",".join(self.keys.values()),
         }
 
@@ -242,6 +244,10 @@ class LocalFleet:
         the store's note that it holds a version's pieces stays true."""
         relay_port = relay_port or self.relay_ports.get(name) or free_port(relay_host)
         self.relay_ports[name] = relay_port
+        # Also kept across restarts: Prometheus scrapes the address it was given. A host in a network namespace
+        # has its own ports: the one after the relay's is free there (this namespace cannot probe it).
+        metrics = self.agent_metrics.get(name) or f"{relay_host}:{relay_port + 1 if netns else free_port(relay_host)}"
+        self.agent_metrics[name] = metrics
         proc = self._python(
             [
                 "weights",
@@ -270,6 +276,10 @@ class LocalFleet:
                 relay_host,
                 "--relay-port",
                 str(relay_port),
+                "--metrics-host",
+                relay_host,
+                "--metrics-port",
+                metrics.rsplit(":", 1)[1],
             ],
             f"agent-{name}.log",
             netns,

@@ -33,6 +33,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--admin-token", default=env("FLYWHEEL_ADMIN_TOKEN"))
     p.add_argument("--preset", default=d.preset, choices=["test", "demo"], help="model of the local fleet")
     p.add_argument("--replicas", type=int, default=d.replicas, help="replicas of the local fleet")
+    p.add_argument(
+        "--no-observe",
+        dest="observe",
+        action="store_false",
+        help="no Prometheus on the local fleet (default: one scrapes it; alerts seen go in result.json)",
+    )
     p.set_defaults(func=_run)
 
 
@@ -52,5 +58,6 @@ def _run(args) -> int:
             admin_token=args.admin_token,
             preset=args.preset,
             replicas=args.replicas,
+            observe=args.observe,
         )
     )

@@ -42,6 +42,7 @@ class LoadTestConfig:
     admin_token: str | None = None
     preset: str = "demo"
     replicas: int = 2
+    observe: bool = True  # a local fleet: Prometheus scrapes it; the alerts that fired go in result.json
 
 
 def parse_duration(text: str) -> float:
@@ -111,7 +112,7 @@ def run(cfg: LoadTestConfig) -> int:
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    fleet = None
+    fleet = prom = None
     try:
         if cfg.gateway:
             if not cfg.keys:
@@ -131,6 +132,10 @@ def run(cfg: LoadTestConfig) -> int:
                 LocalFleetConfig(model=model, out_dir=out / "fleet", replicas=cfg.replicas, tenants=max(1, cfg.users))
             )
             fleet.start()
+            if cfg.observe:
+                from flywheel.prometheus import start_for_fleet
+
+                prom = start_for_fleet(fleet, out / "prometheus")
             env = _local_env(fleet, model, out)
             host = fleet.gateway.url
         env = {
@@ -176,8 +181,15 @@ def run(cfg: LoadTestConfig) -> int:
                     f"{check['missing_feedback']} feedback"
                 ]
             result_path.write_text(json.dumps(result, indent=1))
+        if prom is not None:
+            from flywheel.prometheus import alerts_seen
+
+            result["alerts_seen"] = alerts_seen(prom)
+            result_path.write_text(json.dumps(result, indent=1))
         png = plot(out, f"{cfg.scenario}: {cfg.users} users, {cfg.duration_s:.0f}s")
     finally:
+        if prom is not None:
+            prom.stop()
         if fleet is not None:
             fleet.stop()
     passed = result["passed"] and rc == 0

@@ -38,6 +38,10 @@ def test_short_hot_switch_run_passes(tmp_path):
     assert rc == 0, result
     assert result["passed"] and result["failures"] == 0 and result["requests"] > 50
     assert result["p99_multiple_allowed"] == 5.0
+    # A Prometheus scraped the run's fleet; a hot switch done right pages nobody.
+    assert isinstance(result["alerts_seen"], list), result["alerts_seen"]
+    assert not [a for a in result["alerts_seen"] if a["state"] == "firing"], result["alerts_seen"]
+    assert (out / "prometheus" / "prometheus.yml").exists()
     reached = [m["version"] for m in result["marks"] if m["what"].startswith("fleet on")]
     assert reached == [1, 2, 3], result["marks"]  # three versions published and switched to, in order
     assert result["completions_before"] > 10 and result["completions_after"] > 10

@@ -1,0 +1,410 @@
+"""`flywheel status` (flywheel.status, flywheel.status_cli) against real HTTP servers on loopback: a gateway's
+admin API (the real admin-token middleware, replica and canary views from serving's own classes) and its
+/metrics (a prometheus_client registry with the gateway's series), the trainer's real metrics registry, the
+real weight store app over a store directory, and a Prometheus HTTP API answering recorded shapes. Then the
+same against a closed port, a wrong token, a hung server and pages that are not what they should be: each
+part says why in one line, the others still show, and nothing raises."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import re
+import threading
+import time
+from contextlib import contextmanager, redirect_stdout
+
+import pytest
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from rich.console import Console
+
+from flywheel.core.procs import free_port
+from flywheel.status import StatusConfig, failed, fold_activations, gather
+from flywheel.status_cli import render, run
+from flywheel.status_sources import quantile
+
+pytestmark = pytest.mark.timeout(120)
+TOKEN = "admin-secret"
+
+
+@contextmanager
+def served(app: web.Application):
+    """The app on a free loopback port, in a thread and loop of its own (gather() is blocking code)."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    runner, port = web.AppRunner(app, shutdown_timeout=0.5), free_port()
+
+    async def start():
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+
+    asyncio.run_coroutine_threadsafe(start(), loop).result(10)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
+
+
+def closed_url() -> str:
+    return f"http://127.0.0.1:{free_port()}"  # nothing listens there
+
+
+# ----------------------------------------------------------------------------- the fake fleet
+
+
+def gateway_app(token: str = TOKEN, per_scrape: int = 10, metrics_text: str | None = None) -> web.Application:
+    """The gateway's /metrics and /admin, in the shapes its own classes give."""
+    from serving.api.respond import error_response
+    from serving.auth import admin_middleware
+    from serving.canary_split import CanarySplit
+    from serving.metrics import LATENCY_BUCKETS
+    from serving.router import ReplicaHandle, ReplicaState
+    from serving.schema import ApiError
+    from serving.version_stats import VersionStats
+
+    reps = [
+        ReplicaHandle(id="r0", url="http://127.0.0.1:1", healthy=True, weight_version=6, outstanding=3, served=120),
+        ReplicaHandle(id="r1", url="http://127.0.0.1:2", healthy=True, weight_version=7, outstanding=1, served=40),
+        ReplicaHandle(
+            id="r2", url="http://127.0.0.1:3", state=ReplicaState.BORROWED, healthy=False, last_error="[/x] timeout"
+        ),
+    ]
+    trial = CanarySplit(version=7, replicas=frozenset({"r1"}), share=0.25)
+    trial.stats["canary"].requests, trial.stats["canary"].accepts, trial.stats["canary"].rejects = 40, 9, 3
+    trial.stats["stable"].requests, trial.stats["stable"].accepts, trial.stats["stable"].rejects = 120, 20, 10
+
+    r = CollectorRegistry()
+    requests = Counter("flywheel_gateway_requests", "", ["route", "status"], registry=r)
+    e2e = Histogram("flywheel_gateway_e2e_latency_seconds", "", ["route"], buckets=LATENCY_BUCKETS, registry=r)
+    Gauge("flywheel_kafka_up", "", registry=r).set(1)
+    Gauge("flywheel_event_spool_pending_bytes", "", registry=r).set(3 * 1024 * 1024)
+    Gauge("flywheel_event_spool_alarm", "", registry=r).set(0)
+    Gauge("flywheel_replica_healthy", "", ["replica"], registry=r).labels("r0").set(1)
+    versions = VersionStats(r, LATENCY_BUCKETS)
+    for _ in range(99):
+        e2e.labels("/v1/completions").observe(0.02)
+    e2e.labels("/v1/completions").observe(3.0)
+    for i in range(30):
+        versions.served(f"c6-{i}", 0, 6, 0.02)
+        versions.judged(f"c6-{i}", "accept" if i < 20 else "reject")
+    for i in range(12):
+        versions.served(f"c7-{i}", 0, 7, 0.02)
+        versions.judged(f"c7-{i}", "accept" if i < 9 else "reject")
+
+    async def metrics(request):
+        if metrics_text is not None:
+            return web.Response(text=metrics_text)
+        requests.labels("/v1/completions", "200").inc(per_scrape)  # traffic between two scrapes
+        requests.labels("/metrics", "200").inc(1000)  # scrapes are not user traffic
+        return web.Response(body=generate_latest(r), content_type="text/plain")
+
+    async def replicas(request):
+        return web.json_response({"replicas": [x.view() for x in reps], "routing": {"policy": "cache_aware"}})
+
+    async def canary(request):
+        return web.json_response({"canary": trial.view()})
+
+    @web.middleware
+    async def errors(request, handler):  # the gateway's own: an ApiError becomes its OpenAI-shaped answer
+        try:
+            return await handler(request)
+        except ApiError as e:
+            return error_response(e)
+
+    admin = web.Application(middlewares=[admin_middleware(token)])
+    admin.add_routes([web.get("/replicas", replicas), web.get("/canary", canary)])
+    app = web.Application(middlewares=[errors])
+    app.add_routes([web.get("/metrics", metrics)])
+    app.add_subapp("/admin", admin)
+    return app
+
+
+def trainer_app(last_publish: float | None = None, interval: float | None = None) -> web.Application:
+    from online_rl.stream import JoinStats
+    from online_rl.trainer_metrics import TrainerMetrics
+
+    m = TrainerMetrics(lambda: JoinStats())
+    m.step.set(412)
+    m.version.set(7)
+    m.kl.set(0.0123)
+    m.reward.labels("6").set(0.61)
+    m.acceptance.labels("5").set(0.5)  # a version the gateway no longer counts
+    if last_publish is not None:
+        Gauge("flywheel_trainer_last_publish_timestamp_seconds", "", registry=m.registry).set(last_publish)
+        Gauge("flywheel_trainer_publish_interval_seconds", "", registry=m.registry).set(interval)
+
+    async def metrics(request):
+        return web.Response(body=generate_latest(m.registry), content_type="text/plain")
+
+    app = web.Application()
+    app.add_routes([web.get("/metrics", metrics)])
+    return app
+
+
+def store_app(tmp_path) -> web.Application:
+    """The real store's HTTP face over versions 4..7; v6 promoted after a trial, v7 in trial now."""
+    from weight_sync.store import Store
+
+    store = Store(tmp_path / "store")
+    for v in (4, 5, 6, 7):
+        (store.root / "versions" / str(v)).mkdir(parents=True)
+    for seq, rec in enumerate(
+        [
+            {"type": "canary", "version": 5, "stable": 4, "replicas": ["r1"]},
+            {"type": "rollback", "version": 5, "stable": 4},
+            {"type": "canary", "version": 6, "stable": 4, "replicas": ["r1"]},
+            {"type": "promote", "version": 6},
+            {"type": "canary", "version": 7, "stable": 6, "replicas": ["r1"]},
+        ],
+        start=1,
+    ):
+        store.record_activation({"schema": "flywheel.control/1", "seq": seq, "ts": time.time(), "reason": "t", **rec})
+    return store.app()
+
+
+def prometheus_app(firing: bool = True) -> web.Application:
+    """Prometheus's HTTP API (/api/v1/query, /api/v1/alerts) in its documented response shapes."""
+
+    async def query(request):
+        q = request.query["query"]
+        value = "0.85" if "histogram_quantile" in q else ("0.5" if 'status=~"5.."' in q else "12.5")
+        return web.json_response(
+            {"status": "success", "data": {"resultType": "vector", "result": [{"metric": {}, "value": [1.0, value]}]}}
+        )
+
+    async def alerts(request):
+        rows = [
+            {
+                "labels": {"alertname": "FlywheelReplicaDown", "severity": "page", "replica": "r2"},
+                "annotations": {"summary": "replica r2 fails its health checks"},
+                "state": "firing" if firing else "pending",
+                "activeAt": time.strftime("%Y-%m-%dT%H:%M:%S.123456789Z", time.gmtime(time.time() - 300)),
+                "value": "0e+00",
+            },
+            {"labels": {"alertname": "FlywheelSpoolGrowing"}, "annotations": {}, "state": "pending"},
+        ]
+        return web.json_response({"status": "success", "data": {"alerts": rows}})
+
+    app = web.Application()
+    app.add_routes([web.get("/api/v1/query", query), web.get("/api/v1/alerts", alerts)])
+    return app
+
+
+def screen(data: dict) -> str:
+    console = Console(record=True, width=160, file=io.StringIO())
+    console.print(render(data))
+    return console.export_text()
+
+
+# ----------------------------------------------------------------------------- tests
+
+
+def test_quantile_interpolates_like_prometheus():
+    # 99 observations in (0.01, 0.025], one in (2.5, 5]: the 99th is at the top of the first bucket
+    assert quantile(0.99, {0.01: 0, 0.025: 99, 5.0: 100, float("inf"): 100}) == pytest.approx(0.025)
+    assert quantile(0.5, {0.1: 0, 0.2: 10, float("inf"): 10}) == pytest.approx(0.15)
+    assert quantile(0.99, {1.0: 0, float("inf"): 5}) == 1.0  # in the +Inf bucket: the highest finite bound
+    assert quantile(0.99, {1.0: 0, float("inf"): 0}) is None and quantile(0.99, {}) is None
+
+
+def test_fold_activations():
+    folded = fold_activations(
+        [
+            {"seq": 3, "type": "promote", "version": 6},
+            {"seq": 1, "type": "canary", "version": 6},
+            {"seq": 4, "type": "canary", "version": 7},
+            {"seq": 5, "type": "rollback", "version": 7, "stable": 6},
+            {"seq": 6, "type": "pin", "version": 6},
+            {"seq": 7, "type": "unpin"},
+            {"seq": 8, "type": "pin", "version": 5},
+            {"seq": 9, "type": "garbage"},
+        ]
+    )
+    assert folded == {"canary": {6: "promoted", 7: "rolled back"}, "stable": 6, "pinned": 5}
+
+
+def test_a_whole_fleet_without_prometheus(tmp_path):
+    now = time.time()
+    with (
+        served(gateway_app()) as gw,
+        served(trainer_app(last_publish=now - 40, interval=75)) as tr,
+        served(store_app(tmp_path)) as st,
+    ):
+        cfg = StatusConfig(gateway=gw, admin_token=TOKEN, trainer=tr, store_url=st, sample_s=0.5, timeout_s=5)
+        data = gather(cfg)
+    assert failed(data) == []
+    assert data["kafka"]["not_given"] and data["alerts"]["error"].startswith("no Prometheus given")
+
+    reps = {r["id"]: r for r in data["replicas"]["replicas"]}
+    assert reps["r0"]["weight_version"] == 6 and reps["r2"]["state"] == "borrowed" and not reps["r2"]["healthy"]
+    g = data["gateway"]
+    assert g["rate"]["source"].startswith("two scrapes") and 5 < g["rate"]["requests_per_s"] <= 20  # 10 per ≥0.5 s
+    assert g["rate"]["errors_per_s"] == 0
+    assert g["p99"]["seconds"] == pytest.approx(0.025) and "since the gateway started" in g["p99"]["source"]
+    assert g["kafka_up"] == 1 and g["spool_pending_bytes"] == 3 * 1024 * 1024
+    assert data["trainer"]["step"] == 412 and data["trainer"]["published_version"] == 7
+    assert data["trainer"]["next_publish_ts"] == pytest.approx(now + 35, abs=1)
+
+    vs = data["versions"]
+    assert vs["stable"] == 6 and vs["newest"] == 7 and vs["pinned"] is None
+    rows = {r["version"]: r for r in vs["versions"]}
+    assert rows[5]["canary"] == "rolled back" and rows[6]["canary"] == "promoted" and rows[7]["canary"] == "in trial"
+    assert rows[6]["acceptance"] == pytest.approx(20 / 30) and rows[6]["acceptance_source"] == "gateway"
+    assert rows[7]["acceptance"] == pytest.approx(9 / 12) and rows[7]["replicas"] == ["r1"]
+    assert rows[5]["acceptance"] == 0.5 and rows[5]["acceptance_source"] == "trainer"
+    assert rows[6]["reward_mean"] == pytest.approx(0.61) and rows[6]["p99_s"] == pytest.approx(0.01 + 0.015 * 0.99)
+
+    text = screen(data)
+    for expected in (
+        "Replicas (routing: cache_aware)",
+        "borrowed",
+        "[/x] timeout",  # shown as it is, not read as rich markup
+        "canary v7",
+        "two scrapes",
+        "p99 25 ms (histogram since the gateway started)",
+        "spool 3.0 MiB pending",
+        "step 412",
+        "Canary trial of v7 on r1 for 25% of users",
+        "rolled back",
+        "66.7%",
+        "no Prometheus given",
+        "no Kafka bootstrap given",
+    ):
+        assert expected in text, f"{expected!r} not on the screen:\n{text}"
+    assert re.search(r"last publish 4\d s ago,  next in 3\d s", text), text
+    assert "Traceback" not in text
+
+
+def test_prometheus_gives_rate_p99_and_alerts(tmp_path):
+    with served(gateway_app()) as gw, served(prometheus_app()) as prom:
+        data = gather(StatusConfig(gateway=gw, admin_token=TOKEN, prometheus=prom, timeout_s=5))
+    g = data["gateway"]
+    assert g["rate"] == {"requests_per_s": 12.5, "errors_per_s": 0.5, "source": "Prometheus, rate over 1m"}
+    assert g["p99"] == {"seconds": 0.85, "source": "Prometheus, over 5m"}
+    assert [a["name"] for a in data["alerts"]["firing"]] == ["FlywheelReplicaDown"] and data["alerts"]["pending"] == 1
+    text = screen(data)
+    assert "requests 12.50/s (Prometheus, rate over 1m)" in text and "p99 850 ms" in text and "5xx 4.0%" in text
+    assert "Alerts firing (1)" in text and "FlywheelReplicaDown" in text and "replica r2 fails" in text
+    assert re.search(r"FlywheelReplicaDown +page +5 min +replica r2 fails", text), text
+
+    with served(gateway_app()) as gw, served(prometheus_app(firing=False)) as prom:
+        data = gather(StatusConfig(gateway=gw, admin_token=TOKEN, prometheus=prom, timeout_s=5))
+    assert data["alerts"]["firing"] == [] and "none firing" in screen(data)
+
+
+def test_prometheus_down_falls_back_to_scrapes():
+    with served(gateway_app()) as gw:
+        data = gather(StatusConfig(gateway=gw, admin_token=TOKEN, prometheus=closed_url(), sample_s=0.2))
+    assert data["gateway"]["rate"]["source"].startswith("two scrapes")
+    assert "connection refused" in data["gateway"]["prometheus_error"]
+    assert "connection refused" in data["alerts"]["error"] and failed(data) == ["alerts"]
+
+
+def test_every_source_unreachable_is_one_line_each():
+    port = closed_url()
+    cfg = StatusConfig(
+        gateway=port, admin_token=TOKEN, kafka=port.removeprefix("http://"), trainer=port, store_url=port,
+        prometheus=port, timeout_s=1, sample_s=0,
+    )  # fmt: skip
+    t0 = time.monotonic()
+    data = gather(cfg)
+    assert time.monotonic() - t0 < 15
+    assert failed(data) == ["replicas", "canary", "gateway", "kafka", "trainer", "versions", "alerts"]
+    for part in ("replicas", "canary", "gateway", "trainer", "versions", "alerts"):
+        assert "connection refused" in data[part]["error"], data[part]
+        assert "\n" not in data[part]["error"]
+    assert "cannot reach Kafka" in data["kafka"]["error"]
+    text = screen(data)
+    assert "Traceback" not in text and text.count("✗") == 7
+
+
+def test_wrong_admin_token_and_no_token():
+    with served(gateway_app(token="the-real-one")) as gw:
+        data = gather(StatusConfig(gateway=gw, admin_token="wrong", sample_s=0))
+        assert "HTTP 401" in data["replicas"]["error"] and "FLYWHEEL_ADMIN_TOKEN" in data["replicas"]["error"]
+        assert "admin endpoints need the admin token" in data["replicas"]["error"]
+        assert "requests_per_s" in data["gateway"]["rate"]  # /metrics needs no token: that part still shows
+        data = gather(StatusConfig(gateway=gw, sample_s=0))
+        assert "no admin token" in data["replicas"]["error"] and failed(data) == ["replicas", "canary"]
+
+
+def test_garbage_and_wrong_services(tmp_path):
+    async def hung(request):
+        await asyncio.sleep(5)
+        return web.Response(text="late")
+
+    async def not_a_trainer(request):
+        return web.Response(text="process_cpu_seconds_total 1.5\n")
+
+    async def not_a_store(request):
+        return web.Response(text="<html>a proxy login page</html>", content_type="text/html")
+
+    other = web.Application()
+    other.add_routes([web.get("/metrics", not_a_trainer), web.get("/versions", not_a_store)])
+    slow = web.Application()
+    slow.add_routes([web.get("/{tail:.*}", hung)])
+    garbage = "flywheel_gateway_requests_total{route= this is {{{ not metrics\n\x00\x01"
+    with served(gateway_app(metrics_text=garbage)) as gw, served(other) as oth, served(slow) as sl:
+        data = gather(StatusConfig(gateway=gw, admin_token=TOKEN, trainer=oth, store_url=oth, sample_s=0))
+        assert "not a Prometheus metrics page" in data["gateway"]["error"]
+        assert "is this the trainer?" in data["trainer"]["error"]
+        assert "not JSON" in data["versions"]["error"]
+        assert data["replicas"]["replicas"]  # the admin API of the same gateway is fine
+        data = gather(StatusConfig(trainer=sl, store_url=sl, timeout_s=0.5))
+        assert "no answer within 0.5 s" in data["trainer"]["error"] and "no answer" in data["versions"]["error"]
+    assert "Traceback" not in screen(data)
+
+
+def test_render_never_raises_on_odd_shapes():
+    data = {
+        "at": time.time(),
+        "replicas": {"replicas": [{"id": "r0", "drain_lease_s": "soon"}]},  # a type it does not expect
+        "canary": {"trial": None},
+        "gateway": {"rate": None, "p99": None},
+        "kafka": {"error": "cannot reach Kafka at x:1: KafkaTimeoutError"},
+        "trainer": "not a dict",
+        "versions": {"error": "no weight store given (--store-url or FLYWHEEL_STORE_URL)", "not_given": True},
+    }
+    text = screen(data)
+    assert "replicas: cannot draw it" in text and "trainer: nothing gathered" in text
+    assert "alerts: nothing gathered" in text and "cannot reach Kafka" in text and "Traceback" not in text
+
+
+def test_cli_json_is_valid_json_and_exit_codes(tmp_path, monkeypatch):
+    from flywheel.cli import main
+
+    for name in ("FLYWHEEL_KAFKA_BOOTSTRAP", "FLYWHEEL_TRAINER_METRICS_URL", "FLYWHEEL_PROMETHEUS_URL"):
+        monkeypatch.delenv(name, raising=False)
+    with served(gateway_app()) as gw, served(store_app(tmp_path)) as st:
+        monkeypatch.setenv("FLYWHEEL_GATEWAY_URL", closed_url())  # the flag wins over it
+        monkeypatch.setenv("FLYWHEEL_ADMIN_TOKEN", TOKEN)
+        monkeypatch.setenv("FLYWHEEL_STORE_URL", st)
+        out = io.StringIO()
+        with redirect_stdout(out):
+            rc = main(["status", "--json", "--gateway", gw, "--sample-s", "0"])
+        data = json.loads(out.getvalue())
+        assert rc == 0, data
+        assert set(data) >= {"at", "replicas", "gateway", "kafka", "trainer", "versions", "alerts", "canary"}
+        assert data["trainer"]["not_given"] and data["versions"]["versions"][-1]["version"] == 7
+
+        monkeypatch.setenv("FLYWHEEL_STORE_URL", closed_url())
+        out = io.StringIO()
+        with redirect_stdout(out):
+            rc = main(["status", "--json", "--gateway", gw, "--sample-s", "0", "--timeout-s", "1"])
+        assert rc == 1 and "connection refused" in json.loads(out.getvalue())["versions"]["error"]
+
+    with pytest.raises(SystemExit):  # the admin token is never a flag
+        main(["status", "--admin-token", "x"])
+    monkeypatch.delenv("FLYWHEEL_GATEWAY_URL")
+    monkeypatch.delenv("FLYWHEEL_STORE_URL")
+    monkeypatch.delenv("FLYWHEEL_ADMIN_TOKEN")
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert run(StatusConfig(), as_json=True) == 1  # nothing given at all: nothing to say it is fine
+    assert json.loads(out.getvalue())["gateway"]["not_given"]

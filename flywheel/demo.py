@@ -207,6 +207,8 @@ def run(cfg: DemoConfig) -> int:
                 if pop is not None:
                     checked = _crosscheck(prom, pop)
                     alerts = alerts_seen(prom)
+            except Exception as e:  # observing is not worth the verdict, nor the cleanup below
+                print(f"prometheus cross-check failed: {type(e).__name__}: {e}")
             finally:
                 prom.stop()
         if trainer is not None:

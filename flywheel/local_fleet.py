@@ -162,6 +162,7 @@ class LocalFleet:
             "FLYWHEEL_WEIGHTS_STORE": str(self.store_root),
             "FLYWHEEL_SIGNING_KEY": str(self.signing_key),
             "FLYWHEEL_PUBLIC_KEY": str(self.public_key),  # what agents verify versions with
+            "FLYWHEEL_AGENT_METRICS": ",".join(f"{n}={a}" for n, a in sorted(self.agent_metrics.items())),
             "FLYWHEEL_LOADTEST_KEYS": ",".join(self.keys.values()),
         }
 

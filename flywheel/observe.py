@@ -17,18 +17,20 @@ from pathlib import Path
 from flywheel.core.config import option
 from flywheel.prometheus import Prometheus, PrometheusConfig
 
-ACCEPTANCE = (
-    'sum by (version) (flywheel_gateway_version_feedback_total{kind="accept"}) / sum by (version) '
-    '(flywheel_gateway_version_feedback_total{kind=~"accept|reject"})'
-)
 JUDGED = 'sum by (version) (flywheel_gateway_version_feedback_total{kind=~"accept|reject"})'
-P99 = "histogram_quantile(0.99, sum by (version, le) (flywheel_gateway_version_latency_seconds_bucket))"
+# A version nobody accepted has no accept series: 0 of its judged, not no answer.
+ACCEPTANCE = f'(sum by (version) (flywheel_gateway_version_feedback_total{{kind="accept"}}) or {JUDGED} * 0) / {JUDGED}'
+# The demo's p99 is its autocomplete users' (/v1/completions): the agent's chat turns are another class.
+P99 = (
+    "histogram_quantile(0.99, sum by (version, le) "
+    '(flywheel_gateway_version_latency_seconds_bucket{kind="completion"}))'
+)
 
 
 @dataclass
 class ObserveConfig:
     gateway: str = option("", help="the gateway's URL", env="FLYWHEEL_GATEWAY_URL")
-    admin_token: str = option("", help="the gateway's admin token", env="FLYWHEEL_ADMIN_TOKEN")
+    admin_token: str = option("", help="the gateway's admin token", env="FLYWHEEL_ADMIN_TOKEN", cli=False)
     agents: str = option("", help="weight agents' /metrics: name=host:port,...", env="FLYWHEEL_AGENT_METRICS")
     trainer: str = option("", help="the trainer's /metrics URL", env="FLYWHEEL_TRAINER_METRICS_URL")
     store: str = option("", help="the weight store's URL", env="FLYWHEEL_STORE_URL")
@@ -57,13 +59,17 @@ def hostport(url: str) -> str:
 def targets(cfg: ObserveConfig) -> dict[str, list[tuple[str, dict]]]:
     from flywheel.core.admin_client import admin_call
 
-    replicas = admin_call(cfg.gateway, cfg.admin_token, "GET", "/admin/replicas")["replicas"]
+    try:
+        replicas = admin_call(cfg.gateway, cfg.admin_token, "GET", "/admin/replicas")["replicas"]
+        replicas = [(hostport(r["url"]), r["id"]) for r in replicas]
+    except (OSError, ValueError, KeyError, TypeError) as e:  # down, a wrong token, not a gateway
+        raise RuntimeError(f"cannot read the replicas from the gateway at {cfg.gateway}/admin/replicas: {e}") from None
     agents = [pair.split("=", 1) for pair in cfg.agents.split(",") if pair]
     if any(len(a) != 2 for a in agents):
         raise ValueError(f"--agents takes name=host:port,...; got {cfg.agents!r}")
     return {
         "gateway": [(hostport(cfg.gateway), {})],
-        "sglang": [(hostport(r["url"]), {"replica": r["id"]}) for r in replicas],
+        "sglang": [(addr, {"replica": rid}) for addr, rid in replicas],
         "agent": [(addr, {"replica": name}) for name, addr in agents],
         "trainer": [(hostport(cfg.trainer), {})] if cfg.trainer else [],
         "store": [(hostport(cfg.store), {})] if cfg.store else [],
@@ -79,7 +85,8 @@ def run(cfg: ObserveConfig) -> int:
             evaluation_interval_s=cfg.scrape_interval_s,
         )
     )
-    with prom.start(targets(cfg)):
+    prom.set_targets(targets(cfg))
+    with prom:
         print(f"prometheus {prom.url}  (alerts {prom.url}/alerts, targets {prom.url}/targets; data {prom.dir})")
         deadline = time.monotonic() + 60 * cfg.minutes if cfg.minutes else float("inf")
         try:
@@ -87,7 +94,7 @@ def run(cfg: ObserveConfig) -> int:
                 time.sleep(min(10.0, max(0.0, deadline - time.monotonic())))
                 try:
                     prom.set_targets(targets(cfg))
-                except (OSError, RuntimeError) as e:  # the gateway away for a moment: keep the last targets
+                except RuntimeError as e:  # the gateway away for a moment: keep the last targets
                     print(f"observe: could not re-read the fleet's replicas: {e}")
         except KeyboardInterrupt:
             pass

@@ -2,8 +2,8 @@
 
 Debian's `prometheus` (scripts/setup.sh installs it when missing) on a free loopback port, its data and
 generated configuration under the run's directory, small retention, stopped with the run (by PID, and by
-the parent-death signal if the run dies). Targets are a file_sd JSON file, rewritten when the fleet changes
-(a replica restarted, an agent added), so Prometheus never needs a reload for them. The alert rules are
+the parent-death signal if the run dies). Targets are a file_sd JSON file, which `flywheel observe` rewrites
+as the gateway's replicas change (a replica added or moved) without reloading Prometheus. The alert rules are
 the repo's (deploy/prometheus/alerts.yml); a run may pass its own (the live test shortens their `for:`).
 """
 
@@ -135,7 +135,6 @@ class Prometheus:
             f"--storage.tsdb.path={self.dir / 'data'}",
             f"--storage.tsdb.retention.time={self.cfg.retention}",
             f"--web.listen-address=127.0.0.1:{port}",
-            "--web.enable-lifecycle",  # POST /-/reload after the rules change
             "--log.level=warn",
         ]
         with open(self.log, "ab") as log:
@@ -204,10 +203,6 @@ class Prometheus:
 
         wait_until(all_up, timeout_s, interval=0.5, what=f"prometheus scraping {jobs} ({self.url}/targets)")
 
-    def reload(self) -> None:
-        req = urllib.request.Request(f"{self.url}/-/reload", method="POST")
-        urllib.request.urlopen(req, timeout=30).close()
-
 
 def fleet_targets(fleet, trainer_metrics: str | None = None) -> dict[str, list[tuple[str, dict]]]:
     """What a LocalFleet (and the demo's trainer) exposes: its gateway(s), replicas, agents, store."""
@@ -232,25 +227,12 @@ def start_for_fleet(fleet, data_dir: Path, trainer_metrics: str | None = None, s
     prom = Prometheus(PrometheusConfig(data_dir=data_dir))
     try:
         prom.start(fleet_targets(fleet, trainer_metrics))
-    except (FileNotFoundError, TimeoutError, RuntimeError) as e:
+    except (OSError, TimeoutError, RuntimeError) as e:
         say(f"prometheus not started: {e}")
         prom.stop()
         return None
     say(f"prometheus {prom.url}  (scraping {', '.join(JOBS)}; alerts {prom.url}/alerts)")
     return prom
-
-
-def wait_for(prom: Prometheus, expr: str, timeout_s: float, what: str) -> list[dict]:
-    """Poll an instant query until it returns a non-empty vector."""
-    rows: list[dict] = []
-
-    def some() -> bool:
-        nonlocal rows
-        rows = prom.query(expr)
-        return bool(rows)
-
-    wait_until(some, timeout_s, interval=1.0, what=what)
-    return rows
 
 
 def sleep_scrapes(cfg: PrometheusConfig, n: int = 2) -> None:

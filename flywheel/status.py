@@ -97,7 +97,8 @@ def _per_version(m: dict) -> dict[str, dict]:
     buckets: dict[str, dict[float, float]] = {}
     for labels, v in m.get("flywheel_gateway_version_latency_seconds_bucket", []):
         b = buckets.setdefault(labels.get("version", "unknown"), {})
-        b[float(labels.get("le", "inf"))] = v
+        le = float(labels.get("le", "inf"))
+        b[le] = b.get(le, 0.0) + v  # summed over the API kinds (completion, chat)
     for version, b in buckets.items():
         out.setdefault(version, {})["p99_s"] = quantile(0.99, b)
     for row in out.values():
@@ -203,7 +204,7 @@ def gather_trainer(cfg: StatusConfig) -> dict:
         "kl_per_token": one(m, "flywheel_trainer_kl_per_token"),
         "samples_waiting": one(m, "flywheel_trainer_samples_waiting"),
         "failures": total(m, "flywheel_trainer_failures_total"),
-        "last_publish_ts": last if last else None,  # 0: not published since it started
+        "last_publish_ts": last if last else None,  # the trainer's start until it first publishes
         "publish_interval_s": interval,
         "next_publish_ts": last + interval if last and interval else None,
         "by_version": by_version,

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from flywheel.core import events as ev
 from flywheel.status_sources import Unexpected
+from online_rl import stream_reader
 
-TRAINER_TOPICS = (ev.TOPIC_COMPLETIONS, ev.TOPIC_FEEDBACK, ev.TOPIC_WEIGHTS)  # online_rl.stream_reader.TOPICS
+TRAINER_TOPICS = stream_reader.TOPICS
 AGENT_TOPICS = (ev.TOPIC_WEIGHTS,)  # weight_sync.agent follows the weights topic only
 
 

@@ -127,10 +127,6 @@ def quantile(q: float, buckets: dict[float, float]) -> float | None:
     return prev_le
 
 
-def _user_route(labels: dict) -> bool:
-    return labels.get("route", "").startswith("/v1/")  # not /metrics, /health, /admin: those are us and tools
-
-
 def user_route(labels: dict) -> bool:
     """A request counted under /v1/...: user traffic, not /metrics, /health or /admin (this command, tools)."""
     return labels.get("route", "").startswith("/v1/")

@@ -102,12 +102,6 @@ class CanarySplit:
         elif kind == "reject":
             self.stats[arm].rejects += 1
 
-    def started_metric(self) -> tuple[list[str], float]:
-        """(labels [version], start as a Unix time) of flywheel_canary_trial_started_timestamp_seconds, the
-        gateway's gauge (serving.metrics) behind the CanaryUndecided alert: the controller decides within its
-        --max-trial, so a trial the gateway still holds long after that has lost its controller."""
-        return [str(self.version)], self.started
-
     def view(self) -> dict:
         return {
             "version": self.version,

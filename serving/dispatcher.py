@@ -200,7 +200,8 @@ class Dispatcher:
             arm = self.canary.served(cid, replica_id, timing.get("e2e_ms") or 0.0)
         if source == "user":
             e2e_ms = timing.get("e2e_ms")
-            self.metrics.versions.served(cid, i, res.weight_version, None if e2e_ms is None else e2e_ms / 1000)
+            latency_s = None if e2e_ms is None else e2e_ms / 1000
+            self.metrics.versions.served(cid, i, res.weight_version, latency_s, spec.kind)
         self.metrics.completion_tokens.labels(source).inc(len(res.output_ids))
         if not self.sink.enabled:
             return None

@@ -304,8 +304,8 @@ def _canary_families(canary):
         labels=["version", "arm", "kind"],
     )
     if canary is not None:
-        trial.add_metric(*canary.started_metric())
         v = str(canary.version)
+        trial.add_metric([v], canary.started)
         for arm, st in canary.stats.items():
             requests.add_metric([v, arm], st.requests)
             errors.add_metric([v, arm], st.errors)

@@ -24,7 +24,8 @@ class VersionStats:
         self.max_versions = max_versions
         self.capacity = capacity
         self._served: OrderedDict[str, str] = OrderedDict()  # completion id -> version label
-        self._versions: OrderedDict[str, set[str]] = OrderedDict()  # version -> feedback kinds seen
+        # version -> its label sets beside the version: feedback kinds, ("latency", API kind)
+        self._versions: OrderedDict[str, set] = OrderedDict()
         self.completions = Counter(
             "flywheel_gateway_version_completions",
             "User completion choices by the weight version that served them",
@@ -37,15 +38,20 @@ class VersionStats:
             ["version", "kind"],
             registry=registry,
         )
+        # By kind too: a chat turn of an agent session carries a whole file, another latency class than an
+        # autocomplete, and a p99 over both says little of either.
         self.latency = Histogram(
             "flywheel_gateway_version_latency_seconds",
-            "Generation latency of user completions (gateway to replica and back), by serving version",
-            ["version"],
+            "Generation latency of user completions (gateway to replica and back), by serving version and API "
+            "(completion, chat)",
+            ["version", "kind"],
             buckets=buckets,
             registry=registry,
         )
 
-    def served(self, completion_id: str, choice: int, version: int | None, latency_s: float | None) -> None:
+    def served(
+        self, completion_id: str, choice: int, version: int | None, latency_s: float | None, kind: str = "completion"
+    ) -> None:
         v = UNKNOWN if version is None else str(version)
         self._touch(v)
         self.completions.labels(v).inc()
@@ -55,7 +61,8 @@ class VersionStats:
             while len(self._served) > self.capacity:
                 self._served.popitem(last=False)
             if latency_s is not None:
-                self.latency.labels(v).observe(latency_s)
+                self.latency.labels(v, kind).observe(latency_s)
+                self._versions[v].add(("latency", kind))
 
     def judged(self, completion_id: str, kind: str) -> None:
         v = self._served.get(completion_id, UNKNOWN)
@@ -68,10 +75,12 @@ class VersionStats:
         self._versions.move_to_end(v)
         while len(self._versions) > self.max_versions:
             old, kinds = self._versions.popitem(last=False)
-            for metric in (self.completions, self.latency):
-                try:
-                    metric.remove(old)
-                except KeyError:
-                    pass
+            try:
+                self.completions.remove(old)
+            except KeyError:
+                pass
             for kind in kinds:
-                self.feedback.remove(old, kind)
+                if isinstance(kind, tuple):  # ("latency", api kind)
+                    self.latency.remove(old, kind[1])
+                else:
+                    self.feedback.remove(old, kind)

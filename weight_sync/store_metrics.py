@@ -19,7 +19,10 @@ class VersionSizes:
             "Bytes of a published version: compressed (its chunks, what agents fetch) and raw (the tensors)",
             labels=["version", "form", "kind"],
         )
-        versions = self.store.versions()[-self.newest :]
+        try:
+            versions = self.store.versions()[-self.newest :]
+        except OSError:  # no versions directory yet: nothing to show, not a failed scrape
+            versions = []
         self._sizes = {v: s for v, s in self._sizes.items() if v in versions}  # deleted versions go
         for v in versions:
             if v not in self._sizes:
@@ -27,7 +30,7 @@ class VersionSizes:
                     m = self.store.manifest(v)
                 except (OSError, ValueError):  # half-written or damaged: the agents refuse it; so does this
                     continue
-                self._sizes[v] = (m.nbytes_compressed, m.nbytes_raw, getattr(m, "kind", "") or "")
+                self._sizes[v] = (m.nbytes_compressed, m.nbytes_raw, m.kind)
             compressed, raw, kind = self._sizes[v]
             sizes.add_metric([str(v), "compressed", kind], compressed)
             sizes.add_metric([str(v), "raw", kind], raw)

@@ -20,7 +20,7 @@ import pytest
 from flywheel.alert_rules import alert_names, load_rules, runbook_commands, with_for, write_rules
 from flywheel.core.procs import free_port, wait_until
 from flywheel.local_fleet import LocalFleet, LocalFleetConfig
-from flywheel.prometheus import Prometheus, PrometheusConfig, binary_path, fleet_targets, sleep_scrapes, wait_for
+from flywheel.prometheus import Prometheus, PrometheusConfig, binary_path, fleet_targets, sleep_scrapes
 from tests.helpers import post
 
 pytestmark = [
@@ -44,6 +44,19 @@ def observed(test_model, tmp_path_factory):
         prom.set_targets(fleet_targets(fleet))
         prom.wait_scraped(("gateway", "sglang", "agent", "store"), timeout_s=60)
         yield fleet, prom
+
+
+def wait_for(prom, expr: str, timeout_s: float, what: str) -> list[dict]:
+    """Poll an instant query until it returns a non-empty vector."""
+    rows: list[dict] = []
+
+    def some() -> bool:
+        nonlocal rows
+        rows = prom.query(expr)
+        return bool(rows)
+
+    wait_until(some, timeout_s, interval=1.0, what=what)
+    return rows
 
 
 def complete(fleet, n: int) -> list[tuple[str, int | None]]:
@@ -201,6 +214,7 @@ def test_every_runbook_command_runs_and_the_fixes_clear_the_alerts(observed, tes
         "GATEWAY_STATE_DIR": str(tmp_path / "gateway"),
         "GATEWAY_PORT": str(free_port()),
         "AGENT_METRICS_PORT": str(free_port()),
+        "AGENT_WORK_DIR": str(tmp_path / "agent"),  # the restarted agent's state: not the fleet's, not the cache
         "TRAINER_WORK_DIR": str(tmp_path / "trainer"),
         "TRAINER_METRICS_PORT": str(free_port()),
     }

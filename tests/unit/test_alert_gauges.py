@@ -78,6 +78,22 @@ def test_trainer_exports_every_sandbox_kind_before_the_first_containment():
         assert gauge(m, "flywheel_sandbox_contained_total", {"kind": kind}) is not None
 
 
-def test_canary_split_gives_its_start_for_the_gateways_gauge():
+def test_the_gateway_exports_its_canary_trial_and_arms():
+    from prometheus_client import CollectorRegistry
+
+    from serving.metrics import _canary_families
+
     split = CanarySplit(version=7, replicas=frozenset({"r1"}), share=0.5, started=1234.5)
-    assert split.started_metric() == (["7"], 1234.5)
+    split.stats["canary"].requests, split.stats["canary"].accepts = 4, 3
+    registry = CollectorRegistry()
+
+    class Trial:
+        def collect(self):
+            yield from _canary_families(split)
+
+    registry.register(Trial())
+    assert registry.get_sample_value("flywheel_canary_trial_started_timestamp_seconds", {"version": "7"}) == 1234.5
+    assert registry.get_sample_value("flywheel_canary_arm_requests_total", {"version": "7", "arm": "canary"}) == 4
+    labels = {"version": "7", "arm": "canary", "kind": "accept"}
+    assert registry.get_sample_value("flywheel_canary_arm_feedback_total", labels) == 3
+    assert list(_canary_families(None))[0].samples == []  # no trial: the families, empty

@@ -96,3 +96,56 @@ def test_a_missing_prometheus_is_a_clear_error(tmp_path):
     prom = Prometheus(PrometheusConfig(data_dir=tmp_path, binary="no-such-prometheus-binary", rule_files=[]))
     with pytest.raises(FileNotFoundError, match="apt-get install prometheus"):
         prom.start({})
+
+
+@needs_prometheus
+def test_observe_scrapes_the_replicas_the_gateway_names_and_stops(tmp_path, capsys):
+    """`flywheel observe` against a gateway-shaped server (its /admin/replicas and /metrics): Prometheus is
+    started once, scrapes, and is gone when the command returns; a gateway it cannot read is one clear line."""
+    import http.server
+    import json
+    import threading
+
+    from flywheel.observe import ObserveConfig, run
+
+    port = free_port()
+
+    class Gateway(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path == "/admin/replicas":
+                if self.headers.get("Authorization") != "Bearer t0ken":
+                    self.send_error(401)
+                    return
+                body = json.dumps({"replicas": [{"id": "r0", "url": f"http://127.0.0.1:{port}"}]}).encode()
+            else:
+                body = b"flywheel_kafka_up 1\n"
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Gateway)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        cfg = ObserveConfig(gateway=f"http://127.0.0.1:{port}", admin_token="t0ken", out_dir=tmp_path, minutes=0.1)
+        assert run(cfg) == 0
+        out = capsys.readouterr().out
+        assert "prometheus http://127.0.0.1:" in out and "prometheus stopped" in out
+        groups = json.loads((tmp_path / "prometheus" / "targets.json").read_text())
+        assert {g["labels"]["__job"] for g in groups} == {"gateway", "sglang"}
+        assert not [
+            line
+            for line in (tmp_path / "prometheus" / "prometheus.log").read_text().splitlines()
+            if "level=error" in line
+        ]
+        with pytest.raises(RuntimeError, match="cannot read the replicas from the gateway"):
+            run(ObserveConfig(gateway=f"http://127.0.0.1:{port}", admin_token="wrong", out_dir=tmp_path, minutes=0.1))
+    finally:
+        server.shutdown()
+    import psutil
+
+    assert not [
+        p for p in psutil.process_iter(["name", "cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])
+    ]

@@ -21,8 +21,10 @@ def test_feedback_counts_under_the_version_that_served_the_completion():
     s.judged("cmpl-b", "reject")
     s.judged("cmpl-gone", "accept")  # never seen (or forgotten): counted, under "unknown"
     assert _value(r, "flywheel_gateway_version_completions_total", version="3") == 2
-    assert _value(r, "flywheel_gateway_version_latency_seconds_count", version="3") == 1
-    assert _value(r, "flywheel_gateway_version_latency_seconds_bucket", version="4", le="0.1") == 0
+    assert _value(r, "flywheel_gateway_version_latency_seconds_count", version="3", kind="completion") == 1
+    assert _value(r, "flywheel_gateway_version_latency_seconds_bucket", version="4", kind="completion", le="0.1") == 0
+    s.served("cmpl-d", 0, 4, 2.0, kind="chat")  # an agent's turn: its own latency class
+    assert _value(r, "flywheel_gateway_version_latency_seconds_count", version="4", kind="chat") == 1
     assert _value(r, "flywheel_gateway_version_feedback_total", version="3", kind="accept") == 1
     assert _value(r, "flywheel_gateway_version_feedback_total", version="4", kind="reject") == 1
     assert _value(r, "flywheel_gateway_version_feedback_total", version="unknown", kind="accept") == 1

@@ -33,13 +33,27 @@ def _commit(bootstrap: str, group: str, offsets: dict) -> None:
         c.close()
 
 
-def test_consumer_lag_of_trainer_and_agents(kafka_bootstrap):
+@pytest.fixture
+def own_broker(tmp_path):
+    """A broker of this test's own: it writes records that are not events onto the real topics, which the
+    session's shared broker must never carry (other tests decode every record there)."""
+    from flywheel import kafka_broker
+
+    broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=tmp_path / "kafka"))
+    try:
+        yield broker.bootstrap
+    finally:
+        broker.stop()
+
+
+def test_consumer_lag_of_trainer_and_agents(own_broker):
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
     from flywheel.core.kafka_admin import ensure_topics
 
+    kafka_bootstrap = own_broker
     ensure_topics(kafka_bootstrap)
-    tag = uuid.uuid4().hex[:8]  # the session's broker is shared: groups of this test only
+    tag = uuid.uuid4().hex[:8]
     trainer, prefix = f"flywheel-trainer-{tag}", f"flywheel-agent-{tag}-"
     producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
     for i in range(10):

@@ -10,12 +10,11 @@ from __future__ import annotations
 import argparse
 import bisect
 import time
-import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
 from flywheel.core.config import option
-from flywheel.prometheus import Prometheus, PrometheusConfig
+from flywheel.prometheus import Prometheus, PrometheusConfig, hostport
 
 JUDGED = 'sum by (version) (flywheel_gateway_version_feedback_total{kind=~"accept|reject"})'
 # A version nobody accepted has no accept series: 0 of its judged, not no answer.
@@ -50,10 +49,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("observe", help="run Prometheus scraping a running fleet (its alerts, PromQL) until Ctrl-C")
     add_flags(p, ObserveConfig)
     p.set_defaults(func=lambda a: run(build(ObserveConfig, a)))
-
-
-def hostport(url: str) -> str:
-    return urllib.parse.urlsplit(url if "//" in url else f"http://{url}").netloc
 
 
 def targets(cfg: ObserveConfig) -> dict[str, list[tuple[str, dict]]]:

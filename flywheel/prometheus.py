@@ -204,12 +204,13 @@ class Prometheus:
         wait_until(all_up, timeout_s, interval=0.5, what=f"prometheus scraping {jobs} ({self.url}/targets)")
 
 
+def hostport(url: str) -> str:
+    """A scrape target's address from a URL (or an address already)."""
+    return urllib.parse.urlsplit(url if "//" in url else f"http://{url}").netloc
+
+
 def fleet_targets(fleet, trainer_metrics: str | None = None) -> dict[str, list[tuple[str, dict]]]:
     """What a LocalFleet (and the demo's trainer) exposes: its gateway(s), replicas, agents, store."""
-
-    def hostport(url: str) -> str:
-        return urllib.parse.urlsplit(url).netloc
-
     targets: dict[str, list[tuple[str, dict]]] = {
         "gateway": [(hostport(u), {}) for u in fleet.gateway_urls()],
         "sglang": [(hostport(r.url), {"replica": f"r{i}"}) for i, r in enumerate(fleet.replicas)],

@@ -23,9 +23,18 @@ TOPIC_COMPLETIONS = "completions"
 TOPIC_FEEDBACK = "feedback"
 TOPIC_WEIGHTS = "weights"
 TOPIC_DEADLETTER = "events.deadletter"  # stubs of events too large for the broker (kept whole on disk)
+TOPIC_TENANTS = "tenants"  # each tenant's privacy policy and deletions, keyed by tenant id (compacted)
 
 COMPLETION_SCHEMA = "flywheel.completion.v1"
 FEEDBACK_SCHEMA = "flywheel.feedback.v1"
+TENANT_SCHEMA = "flywheel.tenant.v1"
+
+# Why an event carries no content (`withheld`): "" it does; "policy" its tenant denies training, so no prompt,
+# output, token ids, logprobs or routed experts were logged; "secret" the gateway's scrubber found a secret in
+# its prompt, output or comment (serving.secret_scrub) and removed them before the event left the gateway.
+# A withheld event is counted (acceptance, latency, versions) and never trained on.
+WITHHELD = ("", "policy", "secret")
+TRAIN_POLICIES = ("allow", "deny")
 
 IMMEDIATE_KINDS = ("accept", "reject", "partial")  # the judgment when a completion is shown
 # Signals that come later about the same completion: the user's words about it (a hint for distillation),
@@ -101,6 +110,8 @@ class CompletionEvent:
     session_id: str = ""  # chat: the agent session this turn belongs to (serving.sessions)
     parent_id: str = ""  # chat: the completion id of the session's previous turn ("" for a first turn)
     cached_tokens: int | None = None  # prompt tokens the replica's prefix cache held (None: it did not say)
+    withheld: str = ""  # see WITHHELD: why prompt, output, logprobs and routed experts are empty
+    secret_types: list = field(default_factory=list)  # withheld == "secret": what the scrubber found
     event_id: str = field(default_factory=new_event_id)
     ts: float = field(default_factory=time.time)
     schema: str = COMPLETION_SCHEMA
@@ -133,9 +144,31 @@ class FeedbackEvent:
     still_present: bool | None = None  # persisted: is the accepted code still in the file after_s later
     after_s: float | None = None  # persisted: seconds from the accept to the check
     edit_distance: int | None = None  # persisted: characters the user changed in it since (optional)
+    withheld: str = ""  # see WITHHELD: a comment whose text was removed ("policy" or "secret")
+    secret_types: list = field(default_factory=list)
     event_id: str = field(default_factory=new_event_id)
     ts: float = field(default_factory=time.time)
     schema: str = FEEDBACK_SCHEMA
+
+    def encode(self) -> bytes:
+        return msgpack.packb(_fields(self), use_bin_type=True)
+
+
+@dataclass
+class TenantRecord:
+    """A tenant's privacy policy as the gateway holds it, on TOPIC_TENANTS keyed by the tenant id: the newest
+    record of a tenant is its policy (the topic is compacted). `forgotten_before`: every event of this tenant
+    with ts at or before it is forgotten (flywheel tenants forget): consumers drop what they hold of it and
+    skip it wherever they read it again; the value only ever grows."""
+
+    tenant: str  # the hashed key id events carry
+    name: str = ""  # the tenant's name in the key store (operators search by it)
+    train: str = "allow"  # allow | deny (deny: events are logged without content and never trained on)
+    retention_days: float | None = None  # events older than this are not trained on (None: the topic's own)
+    forgotten_before: float | None = None
+    event_id: str = field(default_factory=new_event_id)
+    ts: float = field(default_factory=time.time)
+    schema: str = TENANT_SCHEMA
 
     def encode(self) -> bytes:
         return msgpack.packb(_fields(self), use_bin_type=True)
@@ -152,6 +185,9 @@ def _pack(a, dtype: str) -> bytes:
 
 _COMPLETION_FIELDS = {f.name for f in fields(CompletionEvent)} | {"routed_experts_shape"}
 _FEEDBACK_FIELDS = {f.name for f in fields(FeedbackEvent)}
+_TENANT_FIELDS = {f.name for f in fields(TenantRecord)}
+# What "withheld" empties in a completion event: everything derived from the code it saw or wrote.
+_CONTENT = {"prompt_ids": b"", "output_ids": b"", "logprobs": b"", "routed_experts": b"", "routed_experts_shape": [0]}
 
 
 class SchemaError(ValueError):
@@ -177,7 +213,9 @@ def _check_feedback(f: FeedbackEvent) -> None:
         raise SchemaError("accepted_chars is not an int")
     if f.kind in DELAYED_KINDS and f.session_id:
         raise SchemaError(f"{f.kind} feedback judges a completion, not a session")
-    if f.kind == "comment" and (why := comment_problem(f.text)) is not None:
+    if f.withheld not in WITHHELD:
+        raise SchemaError(f"withheld is {f.withheld!r}")
+    if f.kind == "comment" and not f.withheld and (why := comment_problem(f.text)) is not None:
         raise SchemaError(why)
     if f.kind == "persisted":
         if not isinstance(f.still_present, bool):
@@ -192,7 +230,33 @@ def _check_feedback(f: FeedbackEvent) -> None:
         raise SchemaError("edit_distance is not a non-negative int")
 
 
-def decode(raw: bytes) -> CompletionEvent | FeedbackEvent:
+def _check_tenant(t: TenantRecord) -> None:
+    if not isinstance(t.tenant, str) or not t.tenant:
+        raise SchemaError("a tenant record names its tenant id")
+    if t.train not in TRAIN_POLICIES:
+        raise SchemaError(f"train is {t.train!r}, not one of {TRAIN_POLICIES}")
+    for name in ("retention_days", "forgotten_before"):
+        v = getattr(t, name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0):
+            raise SchemaError(f"{name} is not a non-negative number")
+
+
+def withhold(raw: bytes, reason: str, secret_types=()) -> bytes:
+    """An encoded completion or feedback event without its content: token ids, logprobs and routed experts
+    (completion), or a comment's text (feedback), flagged `withheld=reason`. Ids, tenant, version, timing and
+    the judgment stay, so the event is still counted. Anything else is returned as it was."""
+    d = msgpack.unpackb(raw, raw=False)
+    if not isinstance(d, dict) or d.get("schema") not in (COMPLETION_SCHEMA, FEEDBACK_SCHEMA):
+        return raw
+    if d["schema"] == COMPLETION_SCHEMA:
+        d.update(_CONTENT)
+    else:
+        d["text"] = None
+    d.update(withheld=reason, secret_types=sorted(secret_types))
+    return msgpack.packb(d, use_bin_type=True)
+
+
+def decode(raw: bytes) -> CompletionEvent | FeedbackEvent | TenantRecord:
     try:
         d = msgpack.unpackb(raw, raw=False)
     except Exception as e:
@@ -202,7 +266,9 @@ def decode(raw: bytes) -> CompletionEvent | FeedbackEvent:
     schema = d.get("schema")
     # Fields this reader does not know are dropped, not refused: a producer one release ahead (new optional
     # fields, same schema) must not make its events unreadable to consumers still on the old one.
-    known = {COMPLETION_SCHEMA: _COMPLETION_FIELDS, FEEDBACK_SCHEMA: _FEEDBACK_FIELDS}.get(schema)
+    known = {COMPLETION_SCHEMA: _COMPLETION_FIELDS, FEEDBACK_SCHEMA: _FEEDBACK_FIELDS, TENANT_SCHEMA: _TENANT_FIELDS}.get(
+        schema
+    )
     if known is not None:
         d = {k: v for k, v in d.items() if k in known}
     try:
@@ -220,6 +286,10 @@ def decode(raw: bytes) -> CompletionEvent | FeedbackEvent:
             f = FeedbackEvent(**d)
             _check_feedback(f)
             return f
+        if schema == TENANT_SCHEMA:
+            t = TenantRecord(**d)
+            _check_tenant(t)
+            return t
     except (KeyError, TypeError, ValueError) as e:
         raise SchemaError(f"malformed {schema} event: {e}") from None
     raise SchemaError(f"unknown schema {schema!r}")

@@ -42,6 +42,8 @@ def ensure_topics(bootstrap: str, partitions: int = 4) -> None:
             NewTopic(ev.TOPIC_FEEDBACK, partitions, rf),
             NewTopic(ev.TOPIC_WEIGHTS, 1, rf, topic_configs={"retention.ms": "-1", "retention.bytes": "-1"}),
             NewTopic(ev.TOPIC_DEADLETTER, 1, rf),
+            # A tenant's newest policy record is its policy: compacted, never aged out, one order.
+            NewTopic(ev.TOPIC_TENANTS, 1, rf, topic_configs={"cleanup.policy": "compact", "retention.ms": "-1"}),
         ]
         missing = [t for t in want if t.name not in existing]
         if missing:

@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "flywheel.chaos",
     "loadtests.cli",
     "flywheel.status_cli",
+    "flywheel.tenants_cli",
 ]
 
 

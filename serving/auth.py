@@ -8,9 +8,12 @@ another tenant's (403) without shared state.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import hmac
 import json
+import logging
 import os
 import secrets
 import time
@@ -19,14 +22,44 @@ from pathlib import Path
 
 from aiohttp import web
 
+from flywheel.core import events as ev
 from flywheel.core.config import env
 from serving.schema import ApiError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Tenant:
     id: str  # 16 hex chars of sha256(key)
     name: str
+    train: str = "allow"  # the tenant's policy when the request came (serving.auth.Policy)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What a tenant lets Flywheel do with its code. `train: deny`: requests are served and counted, but
+    events carry no content and nothing is trained on. `retention_days`: the trainer does not train on its
+    events older than that. `forgotten_before`: every event up to then is forgotten (flywheel tenants forget)."""
+
+    train: str = "allow"
+    retention_days: float | None = None
+    forgotten_before: float | None = None
+
+    def view(self) -> dict:
+        return {"train": self.train, "retention_days": self.retention_days, "forgotten_before": self.forgotten_before}
+
+
+def check_policy(train=None, retention_days=None) -> None:
+    """A clear error for a policy nobody can mean (the admin API turns it into a 400)."""
+    if train is not None and train not in ev.TRAIN_POLICIES:
+        raise ValueError(f"train must be one of {', '.join(ev.TRAIN_POLICIES)}, not {train!r}")
+    if retention_days is not None and (
+        isinstance(retention_days, bool)
+        or not isinstance(retention_days, (int, float))
+        or not 0 < retention_days <= 36500
+    ):
+        raise ValueError("retention_days must be a number of days in (0, 36500]")
 
 
 def _raw(text: str) -> bytes:
@@ -44,47 +77,132 @@ def new_key() -> str:
 
 
 class KeyStore:
-    """Maps presented API keys to tenants. Sources: a JSON keys file of hashes, and/or the env."""
+    """Maps presented API keys to tenants, and tenants to their policies. Sources: a JSON keys file of
+    hashes and policies, and/or the env. The file is read again when it changes (`flywheel keys`, the admin
+    API of another gateway on this host), at most once a second."""
 
-    def __init__(self, hashed: dict[str, str]):
-        self._by_hash = {h: Tenant(id=h[:16], name=name) for h, name in hashed.items()}
+    def __init__(self, hashed: dict[str, str], policies: dict[str, Policy] | None = None):
+        self.policies = dict(policies or {})  # name -> Policy (a name absent: the default)
+        self._by_hash = {h: Tenant(id=h[:16], name=name, train=self.policy(name).train) for h, name in hashed.items()}
+        self._source: tuple[Path | None, str | None] = (None, None)
+        self._stamp = None
+        self._checked = 0.0
 
     @classmethod
     def load(cls, keys_file: Path | None = None, env_value: str | None = None) -> "KeyStore":
-        """keys_file: {"keys": [{"name": ..., "sha256": ...}]}; env_value: "name:key,name:key"."""
+        """keys_file: {"keys": [{"name": ..., "sha256": ...}], "tenants": {name: policy}};
+        env_value: "name:key,name:key"."""
         hashed: dict[str, str] = {}
-        if keys_file is not None and Path(keys_file).exists():
-            data = json.loads(Path(keys_file).read_text())
-            for entry in data.get("keys", []):
-                hashed[entry["sha256"]] = entry["name"]
+        data = _read(keys_file)
+        for entry in data.get("keys", []):
+            hashed[entry["sha256"]] = entry["name"]
         for item in filter(None, (env_value or "").split(",")):
             name, _, key = item.strip().partition(":")
             if not key:
                 raise ValueError("FLYWHEEL_API_KEYS entries are name:key")
             hashed[hash_key(key)] = name
-        return cls(hashed)
+        store = cls(hashed, {name: Policy(**p) for name, p in data.get("tenants", {}).items()})
+        store._source, store._stamp = (keys_file, env_value), _stamp(keys_file)
+        return store
+
+    def reload_if_changed(self, min_interval_s: float = 1.0) -> dict[str, Policy] | None:
+        """Read the keys file again if it changed; the policies that changed ({name: new}), else None."""
+        now = time.monotonic()
+        if self._source[0] is None or now - self._checked < min_interval_s:
+            return None
+        self._checked = now
+        stamp = _stamp(self._source[0])
+        if stamp == self._stamp:
+            return None
+        try:
+            fresh = KeyStore.load(*self._source)
+        except (ValueError, KeyError, TypeError) as e:  # a half-edited file: keep serving on what we have
+            log.error("keys file %s unreadable (%s); keeping the keys loaded before", self._source[0], e)
+            self._stamp = stamp
+            return None
+        changed = {
+            n: fresh.policy(n) for n in set(self.policies) | set(fresh.policies) if self.policy(n) != fresh.policy(n)
+        }
+        self.policies, self._by_hash, self._stamp = fresh.policies, fresh._by_hash, fresh._stamp
+        return changed
 
     def lookup(self, key: str | None) -> Tenant | None:
         if not key:
             return None
         return self._by_hash.get(hash_key(key))
 
+    def policy(self, name: str) -> Policy:
+        return self.policies.get(name, Policy())
+
+    def tenants(self) -> dict[str, list[str]]:
+        """Each tenant name and the ids of its keys (one per key)."""
+        out: dict[str, list[str]] = {}
+        for t in self._by_hash.values():
+            out.setdefault(t.name, []).append(t.id)
+        return {n: sorted(ids) for n, ids in sorted(out.items())}
+
     def __len__(self) -> int:
         return len(self._by_hash)
+
+
+def _read(keys_file: Path | None) -> dict:
+    if keys_file is None or not Path(keys_file).exists():
+        return {}
+    return json.loads(Path(keys_file).read_text())
+
+
+def _stamp(keys_file: Path | None):
+    try:
+        st = os.stat(keys_file) if keys_file is not None else None
+    except OSError:
+        return None
+    return None if st is None else (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+def _write(keys_file: Path, data: dict) -> None:
+    keys_file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = keys_file.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, keys_file)
 
 
 def add_key(keys_file: Path, name: str) -> str:
     """Create a key for `name`, store only its hash in keys_file, return the key (shown once)."""
     keys_file = Path(keys_file)
-    data = json.loads(keys_file.read_text()) if keys_file.exists() else {"keys": []}
-    key = new_key()
-    data["keys"].append({"name": name, "sha256": hash_key(key), "created": int(time.time())})
-    keys_file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = keys_file.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, keys_file)
+    with _locked(keys_file):
+        data = _read(keys_file) or {"keys": []}
+        key = new_key()
+        data.setdefault("keys", []).append({"name": name, "sha256": hash_key(key), "created": int(time.time())})
+        _write(keys_file, data)
     return key
+
+
+def set_policy(keys_file: Path, name: str, **changes) -> Policy:
+    """Change `name`'s policy in keys_file (train, retention_days, forgotten_before; a forgotten_before only
+    grows); returns the new policy. The gateways reading that file apply it within a second."""
+    check_policy(changes.get("train"), changes.get("retention_days"))
+    keys_file = Path(keys_file)
+    with _locked(keys_file):
+        data = _read(keys_file) or {"keys": []}
+        policies = data.setdefault("tenants", {})
+        old = Policy(**policies.get(name, {}))
+        before = changes.get("forgotten_before")
+        if before is not None and old.forgotten_before is not None:
+            changes["forgotten_before"] = max(before, old.forgotten_before)
+        new = Policy(**{**old.view(), **changes})
+        policies[name] = new.view()
+        _write(keys_file, data)
+    return new
+
+
+@contextlib.contextmanager
+def _locked(keys_file: Path):
+    """One writer of the keys file at a time (the CLI and a gateway's admin API may both write it)."""
+    keys_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(keys_file.with_suffix(".lock"), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
 
 TENANT = web.RequestKey("tenant", Tenant)  # the request's tenant, set by tenant_middleware

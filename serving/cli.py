@@ -70,6 +70,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     ka.add_argument("--name", required=True)
     ka.add_argument("--keys-file", type=Path, default=None, help="default $FLYWHEEL_HOME/gateway/keys.json")
     ka.set_defaults(func=_keys_add)
+    kl = ksub.add_parser("list", help="tenants, their key ids and privacy policies")
+    kl.add_argument("--keys-file", type=Path, default=None, help="default $FLYWHEEL_HOME/gateway/keys.json")
+    kl.set_defaults(func=_keys_list)
+    kp = ksub.add_parser(
+        "policy", help="a tenant's training policy and retention (running gateways apply it within a second)"
+    )
+    kp.add_argument("--name", required=True)
+    kp.add_argument("--train", choices=("allow", "deny"), help="deny: served and counted, never logged or trained")
+    kp.add_argument("--retention-days", type=float, help="its events older than this are not trained on (0: none)")
+    kp.add_argument("--keys-file", type=Path, default=None, help="default $FLYWHEEL_HOME/gateway/keys.json")
+    kp.set_defaults(func=_keys_policy)
 
 
 def _start(args) -> int:
@@ -155,6 +166,39 @@ def _keys_add(args) -> int:
     path = args.keys_file or flywheel_home() / "gateway" / "keys.json"
     key = add_key(path, args.name)
     print(key)
+    return 0
+
+
+def _keys_path(args) -> Path:
+    from flywheel.core.paths import flywheel_home
+
+    return args.keys_file or flywheel_home() / "gateway" / "keys.json"
+
+
+def _keys_list(args) -> int:
+    from serving.auth import KeyStore
+
+    store = KeyStore.load(_keys_path(args))
+    print(f"{'tenant':20} {'train':5} {'retention':>9}  key ids")
+    for name, ids in store.tenants().items():
+        p = store.policy(name)
+        retention = "-" if p.retention_days is None else f"{p.retention_days:g}d"
+        print(f"{name:20} {p.train:5} {retention:>9}  {','.join(ids)}")
+    return 0
+
+
+def _keys_policy(args) -> int:
+    from serving.auth import KeyStore, set_policy
+
+    path = _keys_path(args)
+    if args.name not in KeyStore.load(path).tenants():
+        raise ValueError(f"no tenant {args.name!r} in {path} (`flywheel keys add --name {args.name}` first)")
+    changes = {k: v for k, v in (("train", args.train), ("retention_days", args.retention_days)) if v is not None}
+    if not changes:
+        raise ValueError("give --train and/or --retention-days")
+    if changes.get("retention_days") == 0:
+        changes["retention_days"] = None
+    print(json.dumps({"name": args.name, "policy": set_policy(path, args.name, **changes).view()}))
     return 0
 
 

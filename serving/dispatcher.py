@@ -207,16 +207,18 @@ class Dispatcher:
             return None
         spans = res.weight_versions or []
         switch = next((s.get("start") for s in spans[1:]), None) if len(spans) > 1 else None
+        deny = tenant.train == "deny"  # served and counted; nothing the code wrote or saw is logged
+        sampling = spec.sampling()
         event = ev.CompletionEvent(
             completion_id=cid,
             choice_index=i,
             tenant=tenant.id,
             model_version=res.weight_version,
-            prompt_ids=np.asarray(prompt_ids, np.int32),
-            output_ids=np.asarray(res.output_ids, np.int32),
-            logprobs=np.asarray(res.logprobs, np.float32),
-            routed_experts=self.experts(res),
-            sampling=spec.sampling(),
+            prompt_ids=np.zeros(0, np.int32) if deny else np.asarray(prompt_ids, np.int32),
+            output_ids=np.zeros(0, np.int32) if deny else np.asarray(res.output_ids, np.int32),
+            logprobs=np.zeros(0, np.float32) if deny else np.asarray(res.logprobs, np.float32),
+            routed_experts=np.zeros((0, self.cfg.layers, self.cfg.top_k), np.uint8) if deny else self.experts(res),
+            sampling={k: v for k, v in sampling.items() if not isinstance(v, (str, list))} if deny else sampling,
             finish_reason=finish_reason(res.finish),
             latency={**timing, "queue_ms": res.queue_ms},
             cached_tokens=res.cached_tokens,
@@ -227,8 +229,12 @@ class Dispatcher:
             arm=arm,
             session_id=spec.session.session_id if spec.session is not None else "",
             parent_id=spec.session.parent_id if spec.session is not None else "",
+            withheld="policy" if deny else "",
         )
-        return self.sink.submit(ev.TOPIC_COMPLETIONS, cid, event.encode())
+        # The shipper scans these for secrets (serving.secret_scrub), off this thread, before Kafka sees them.
+        scan = None if deny else [spec.prompt, spec.suffix or "", res.text]
+        meta = {"tenant": tenant.id, "ts": event.ts, "scan": scan}
+        return self.sink.submit(ev.TOPIC_COMPLETIONS, cid, event.encode(), meta=meta)
 
     def experts(self, res: engine.EngineResult) -> np.ndarray:
         """(tokens, layers, top_k) uint8; empty when the replica returned none."""

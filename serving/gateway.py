@@ -35,6 +35,7 @@ from serving.prompts import Prompter
 from serving.router import ReplicaPool, ReplicaState
 from serving.schema import ApiError
 from serving.sessions import Sessions
+from serving.tenant_policy import TenantPolicies
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,7 @@ class Gateway:
             self.metrics,
             DispatchConfig(cfg.max_attempts, cfg.request_timeout_s, self.prompter.layers, self.prompter.top_k),
         )
+        self.policies = TenantPolicies(self)
         self.session: aiohttp.ClientSession | None = None
         self.app = self._build_app()
 
@@ -86,9 +88,11 @@ class Gateway:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
         self.session = self.dispatcher.session = aiohttp.ClientSession(connector=connector)
         self.sink.start()
+        await self.policies.start()
         await self.pool.start(self.session)
 
     async def _cleanup(self, app) -> None:
+        await self.policies.stop()
         await self.pool.stop()
         if self.session:
             await self.session.close()

@@ -250,6 +250,8 @@ def withhold(raw: bytes, reason: str, secret_types=()) -> bytes:
         return raw
     if d["schema"] == COMPLETION_SCHEMA:
         d.update(_CONTENT)
+        # Stop strings are the client's text too; the numbers (temperature, max_tokens, ...) are not.
+        d["sampling"] = {k: v for k, v in (d.get("sampling") or {}).items() if not isinstance(v, (str, list))}
     else:
         d["text"] = None
     d.update(withheld=reason, secret_types=sorted(secret_types))
@@ -266,9 +268,11 @@ def decode(raw: bytes) -> CompletionEvent | FeedbackEvent | TenantRecord:
     schema = d.get("schema")
     # Fields this reader does not know are dropped, not refused: a producer one release ahead (new optional
     # fields, same schema) must not make its events unreadable to consumers still on the old one.
-    known = {COMPLETION_SCHEMA: _COMPLETION_FIELDS, FEEDBACK_SCHEMA: _FEEDBACK_FIELDS, TENANT_SCHEMA: _TENANT_FIELDS}.get(
-        schema
-    )
+    known = {
+        COMPLETION_SCHEMA: _COMPLETION_FIELDS,
+        FEEDBACK_SCHEMA: _FEEDBACK_FIELDS,
+        TENANT_SCHEMA: _TENANT_FIELDS,
+    }.get(schema)
     if known is not None:
         d = {k: v for k, v in d.items() if k in known}
     try:

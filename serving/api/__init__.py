@@ -2,7 +2,8 @@
 
     /v1     completions.py (OpenAI completions, chat, models) and feedback.py (feedback, Tabby's events),
             behind the tenant-key middleware (serving.auth)
-    /admin  admin.py (replicas, weights, load, rollouts, canary), behind the admin-token middleware
+    /admin  admin.py (replicas, weights, load, rollouts, canary) and tenants.py (privacy policies), behind
+            the admin-token middleware
 
 Both public parts live in one /v1 sub-app: aiohttp resolves a path prefix to exactly one sub-app, and the
 OpenAI and Tabby paths (/v1/feedback, /v1/events) are fixed by the clients.

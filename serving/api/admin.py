@@ -1,4 +1,5 @@
-"""The admin sub-app (`/admin`, admin token): replica states, weights, user load, rollouts, canary trials.
+"""The admin sub-app (`/admin`, admin token): replica states, weights, user load, rollouts, canary trials,
+and tenants' policies (serving.api.tenants).
 
 The weight-sync agent drains and re-activates a replica around a switch; the off-peak scheduler borrows
 and returns replicas and reads the load; the trainer asks for rollouts; weight_sync.canary starts and ends
@@ -18,6 +19,7 @@ from aiohttp import web
 from flywheel.core import events as ev
 from serving import engine
 from serving.api.respond import json_response
+from serving.api.tenants import TenantsApi
 from serving.auth import Tenant, admin_middleware
 from serving.canary_split import CanarySplit
 from serving.openai_api import finish_reason, parse_completion
@@ -70,6 +72,7 @@ class AdminApi:
                 web.get("/canary", self.canary),
                 web.put("/canary", self.canary_start),
                 web.delete("/canary", self.canary_end),
+                *TenantsApi(self.gw).routes(),
             ]
         )
         return app

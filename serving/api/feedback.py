@@ -158,7 +158,7 @@ class FeedbackApi:
                 session_id=sid,
                 score=b["score"],
             )
-            await self.log(fb)
+            await self.log(fb, tenant)
             return json_response({"status": "ok", "session_id": sid})
         cid = self.gw.ids.check(tenant, b["completion_id"])
         await self.log(
@@ -173,7 +173,8 @@ class FeedbackApi:
                 still_present=b["still_present"],
                 after_s=b["after_s"],
                 edit_distance=b["edit_distance"],
-            )
+            ),
+            tenant,
         )
         return json_response({"status": "ok", "completion_id": cid})
 
@@ -199,12 +200,18 @@ class FeedbackApi:
                 still_present=b["still_present"],
                 after_s=b["after_s"],
                 edit_distance=b["edit_distance"],
-            )
+            ),
+            tenant,
         )
         return json_response({"status": "ok"})
 
-    async def log(self, fb: ev.FeedbackEvent) -> None:
+    async def log(self, fb: ev.FeedbackEvent, tenant: Tenant) -> None:
         gw, m = self.gw, self.gw.metrics
+        scan = None
+        if fb.text is not None and tenant.train == "deny":  # a comment is the tenant's words: not logged
+            fb.text, fb.withheld = None, "policy"
+        elif fb.text is not None:
+            scan = [fb.text]  # the shipper's scrubber removes it if it holds a secret
         if fb.session_id:  # a session's outcome: one per session; the canary votes on completions only
             # Its own memory: client-named session ids cost nothing to make up, and must not push the
             # completions' entries (one canary vote each) out of theirs.
@@ -223,4 +230,5 @@ class FeedbackApi:
         else:  # logged all the same (the trainer's Joiner also takes only the first), counted apart
             m.feedback_repeated.labels(fb.kind).inc()
         key = fb.session_id or fb.completion_id
-        await gw.sink.wait([gw.sink.submit(ev.TOPIC_FEEDBACK, key, fb.encode())], ev.TOPIC_FEEDBACK)
+        meta = {"tenant": fb.tenant, "ts": fb.ts, "scan": scan}
+        await gw.sink.wait([gw.sink.submit(ev.TOPIC_FEEDBACK, key, fb.encode(), meta=meta)], ev.TOPIC_FEEDBACK)

@@ -48,3 +48,39 @@ def test_admin_token_and_bearer():
     assert auth.bearer("Basic abc") is None and auth.bearer(None) is None and auth.bearer("Bearer ") is None
     assert auth.admin_ok("t", "t") and not auth.admin_ok("t", "u") and not auth.admin_ok("t", None)
     assert not auth.admin_ok(None, "t")
+
+
+def test_tenant_policies_live_in_the_keys_file_and_are_read_again_when_it_changes(tmp_path):
+    import pytest
+
+    f = tmp_path / "keys.json"
+    k1 = auth.add_key(f, "alice")
+    auth.add_key(f, "alice")  # a second key: a second id for the same tenant
+    auth.add_key(f, "bob")
+    store = auth.KeyStore.load(f)
+    assert store.lookup(k1).train == "allow" and store.policy("alice") == auth.Policy()
+    assert len(store.tenants()["alice"]) == 2 and len(store.tenants()["bob"]) == 1
+
+    assert auth.set_policy(f, "alice", train="deny", retention_days=30).view() == {
+        "train": "deny",
+        "retention_days": 30,
+        "forgotten_before": None,
+    }
+    changed = store.reload_if_changed(min_interval_s=0)
+    assert changed == {"alice": auth.Policy(train="deny", retention_days=30)}
+    assert store.lookup(k1).train == "deny" and store.policy("bob").train == "allow"
+    assert store.reload_if_changed(min_interval_s=0) is None  # nothing new
+
+    # forgotten_before only grows: a later forget with an older clock cannot un-forget
+    auth.set_policy(f, "alice", forgotten_before=200.0)
+    assert auth.set_policy(f, "alice", forgotten_before=100.0).forgotten_before == 200.0
+    assert store.reload_if_changed(min_interval_s=0)["alice"].forgotten_before == 200.0
+    assert (f.stat().st_mode & 0o777) == 0o600
+
+    for bad in ({"train": "maybe"}, {"retention_days": -1}, {"retention_days": True}, {"retention_days": 1e9}):
+        with pytest.raises(ValueError):
+            auth.set_policy(f, "bob", **bad)
+    assert auth.KeyStore.load(f).policy("bob") == auth.Policy()  # a refused change changes nothing
+
+    f.write_text("{ half written")  # a broken file: the gateway keeps serving on what it had
+    assert store.reload_if_changed(min_interval_s=0) is None and store.lookup(k1).name == "alice"

@@ -1,0 +1,135 @@
+"""`flywheel tenants list|policy|forget|provenance`: tenants' privacy, for the operator.
+
+list, policy and forget go through a gateway's admin API (serving.api.tenants): the change is in effect
+(spool redacted, records on their way to the trainer) when the command returns. provenance reads the
+trainer's per-version records (online_rl.provenance): the versions whose weights saw the tenant's samples,
+which are the ones to roll back or retrain from after a deletion (weights are never un-trained).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from flywheel.core.config import env
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    t = sub.add_parser("tenants", help="tenants' privacy: training opt-out, retention, deletion, provenance")
+    tsub = t.add_subparsers(dest="tenants_cmd", required=True)
+
+    def gateway_flags(p):
+        p.add_argument("--gateway", default=(env("FLYWHEEL_GATEWAY_URL") or "http://127.0.0.1:8000"))
+        p.add_argument("--admin-token", default=env("FLYWHEEL_ADMIN_TOKEN"))
+        p.add_argument("--json", action="store_true", help="print the gateway's answer as JSON")
+
+    ls = tsub.add_parser("list", help="every tenant, its key ids and policy")
+    gateway_flags(ls)
+    ls.set_defaults(func=_list)
+    po = tsub.add_parser("policy", help="set a tenant's training policy and retention")
+    po.add_argument("name")
+    po.add_argument("--train", choices=("allow", "deny"), help="deny: served and counted, never logged or trained")
+    po.add_argument("--retention-days", type=float, help="its events older than this are not trained on (0: none)")
+    gateway_flags(po)
+    po.set_defaults(func=_policy)
+    fo = tsub.add_parser("forget", help="delete a tenant's events up to now from every buffer that holds them")
+    fo.add_argument("name")
+    fo.add_argument("--deny", action="store_true", help="also stop logging and training on what comes next")
+    gateway_flags(fo)
+    fo.set_defaults(func=_forget)
+    pv = tsub.add_parser("provenance", help="the published versions trained on a tenant's samples")
+    pv.add_argument("name", help="tenant name (its key ids are read from --keys-file, else the gateway)")
+    pv.add_argument("--trainer-dir", type=Path, required=True, help="the trainer's --work-dir")
+    pv.add_argument("--keys-file", type=Path, default=None, help="default $FLYWHEEL_HOME/gateway/keys.json")
+    gateway_flags(pv)
+    pv.set_defaults(func=_provenance)
+
+
+def _call(args, method: str, path: str, body: dict | None = None) -> dict:
+    import urllib.error
+
+    from flywheel.core.admin_client import admin_call
+
+    if not args.admin_token:
+        raise ValueError("the admin token is needed: --admin-token or FLYWHEEL_ADMIN_TOKEN")
+    try:
+        return admin_call(args.gateway, args.admin_token, method, path, body)
+    except urllib.error.HTTPError as e:
+        raise RuntimeError(json.loads(e.read())["error"]["message"]) from None
+    except urllib.error.URLError as e:
+        raise RuntimeError(f"cannot reach the gateway at {args.gateway}: {e.reason}") from None
+
+
+def _line(t: dict) -> str:
+    p = t["policy"]
+    retention = "-" if p["retention_days"] is None else f"{p['retention_days']:g}d"
+    forgotten = "-" if p["forgotten_before"] is None else f"{p['forgotten_before']:.0f}"
+    return f"{t['name']:20} {p['train']:5} {retention:>9} {forgotten:>12}  {','.join(t['ids'])}"
+
+
+def _print(args, answer: dict, tenants: list[dict]) -> None:
+    if args.json:
+        print(json.dumps(answer, indent=2))
+        return
+    print(f"{'tenant':20} {'train':5} {'retention':>9} {'forgotten':>12}  key ids")
+    for t in tenants:
+        print(_line(t))
+
+
+def _list(args) -> int:
+    answer = _call(args, "GET", "/admin/tenants")
+    _print(args, answer, answer["tenants"])
+    return 0
+
+
+def _policy(args) -> int:
+    body = {k: v for k, v in (("train", args.train), ("retention_days", args.retention_days)) if v is not None}
+    if not body:
+        raise ValueError("give --train and/or --retention-days")
+    answer = _call(args, "PUT", f"/admin/tenants/{args.name}", body)
+    _print(args, answer, [answer])
+    return 0
+
+
+def _forget(args) -> int:
+    answer = _call(args, "POST", f"/admin/tenants/{args.name}/forget", {"train": "deny"} if args.deny else {})
+    _print(args, answer, [answer])
+    if not args.json:
+        print(
+            f"forgotten: every event of {args.name} up to {answer['forgotten_before']:.3f}. Weights already trained "
+            f"on them are not un-trained: `flywheel tenants provenance {args.name} --trainer-dir DIR` lists them."
+        )
+    return 0
+
+
+def _ids(args) -> list[str]:
+    from flywheel.core.paths import flywheel_home
+    from serving.auth import KeyStore
+
+    keys_file = args.keys_file or flywheel_home() / "gateway" / "keys.json"
+    if keys_file.exists():
+        ids = KeyStore.load(keys_file).tenants().get(args.name)
+        if ids:
+            return ids
+    if args.admin_token:
+        return _call(args, "GET", f"/admin/tenants/{args.name}")["ids"]
+    raise ValueError(f"no tenant {args.name!r} in {keys_file} (or give --gateway and --admin-token)")
+
+
+def _provenance(args) -> int:
+    from online_rl.provenance import versions_for
+
+    ids = _ids(args)
+    versions = versions_for(args.trainer_dir, set(ids))
+    if args.json:
+        print(json.dumps({"name": args.name, "ids": ids, "versions": versions}, indent=2))
+        return 0
+    if not versions:
+        print(f"no published version in {args.trainer_dir} was trained on samples of {args.name}")
+        return 0
+    print(f"versions trained on {args.name}'s samples ({', '.join(ids)}):")
+    print(f"{'version':>7} {'step':>7} {'new':>6} {'total':>6}  published")
+    for v in versions:
+        print(f"{v['version']:>7} {v['step']:>7} {v['new']:>6} {v['total']:>6}  {v['published']}")
+    return 0

@@ -1,0 +1,89 @@
+"""Tenants' privacy policies on the admin API (`/admin/tenants`, admin token):
+
+    GET  /admin/tenants                 every tenant: its key ids and policy
+    GET  /admin/tenants/{name}
+    PUT  /admin/tenants/{name}          {"train": "allow"|"deny", "retention_days": N (0: none)}
+    POST /admin/tenants/{name}/forget   {"train": "deny" (optional: also stop training on what comes next)}
+
+A change is written to the keys file (serving.auth.set_policy, the one source every gateway on the host
+reads) and is in effect when the answer comes (serving.tenant_policy): a forget has been applied to this
+gateway's spool and its records are on disk for the tenants topic.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from serving.api.respond import json_response
+from serving.auth import set_policy
+from serving.schema import ApiError, Field, Schema, number, one_of
+
+if TYPE_CHECKING:
+    from serving.gateway import Gateway
+
+POLICY_BODY = Schema(
+    {
+        "train": Field(one_of("allow", "deny")),
+        "retention_days": Field(number(0, 36500, "'retention_days' must be a number of days in [0, 36500]")),
+    }
+)
+FORGET_BODY = Schema({"train": Field(one_of("deny"))})
+
+
+class TenantsApi:
+    def __init__(self, gw: Gateway):
+        self.gw = gw
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.get("/tenants", self.list),
+            web.get("/tenants/{name}", self.get),
+            web.put("/tenants/{name}", self.put),
+            web.post("/tenants/{name}/forget", self.forget),
+        ]
+
+    def _view(self, name: str) -> dict:
+        ids = self.gw.keys.tenants().get(name)
+        if ids is None:
+            raise ApiError(404, f"no tenant {name!r} in the key store", code="tenant_not_found")
+        return {"name": name, "ids": ids, "policy": self.gw.keys.policy(name).view()}
+
+    def _keys_file(self):
+        if self.gw.cfg.keys_file is None:
+            raise ApiError(409, "this gateway has no keys file: policies live there (--keys-file)", code="no_keys_file")
+        return self.gw.cfg.keys_file
+
+    async def list(self, request: web.Request) -> web.Response:
+        await self.gw.policies.sync()
+        return json_response({"tenants": [self._view(n) for n in self.gw.keys.tenants()]})
+
+    async def get(self, request: web.Request) -> web.Response:
+        await self.gw.policies.sync()
+        return json_response(self._view(request.match_info["name"]))
+
+    async def put(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        self._view(name)
+        b = POLICY_BODY.parse(await request.read())
+        if not b.given:
+            raise ApiError(400, "give 'train' and/or 'retention_days'", code="missing_required_parameter")
+        changes = {k: b[k] for k in b.given}
+        if changes.get("retention_days") == 0:
+            changes["retention_days"] = None  # 0: no retention of its own (the topic's)
+        set_policy(self._keys_file(), name, **changes)
+        await self.gw.policies.sync()
+        return json_response(self._view(name))
+
+    async def forget(self, request: web.Request) -> web.Response:
+        """Every event of the tenant up to now is forgotten: skipped and redacted in this gateway's spool,
+        and, through the tenants topic, dropped by the trainer (buffered or not yet read)."""
+        name = request.match_info["name"]
+        self._view(name)
+        b = FORGET_BODY.parse(await request.read())
+        now = time.time()
+        set_policy(self._keys_file(), name, forgotten_before=now, **({"train": "deny"} if b["train"] else {}))
+        await self.gw.policies.sync()
+        return json_response({**self._view(name), "forgotten_before": now})

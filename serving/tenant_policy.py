@@ -1,0 +1,85 @@
+"""Tenants' policies put into effect: the keys file is the source (serving.auth), this gateway's spool and
+the tenants topic follow it.
+
+A change, whichever way it came (this gateway's admin API, another gateway's, `flywheel keys policy` on the
+file), is applied once: a tenant forgotten has its records skipped and redacted in this gateway's spool first
+(serving.event_log.EventLog.forget), then a TenantRecord per key id goes on the tenants topic, where the
+trainer (online_rl.tenants) drops what it holds of the tenant and skips the rest. At start every tenant with a
+policy is announced again: a change made while this gateway was down still reaches the trainer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from flywheel.core import events as ev
+from serving.auth import Policy
+
+if TYPE_CHECKING:
+    from serving.gateway import Gateway
+
+log = logging.getLogger(__name__)
+
+
+class TenantPolicies:
+    def __init__(self, gw: Gateway, poll_s: float = 1.0):
+        self.gw, self.poll_s = gw, poll_s
+        self.applied: dict[str, Policy] = {}  # name -> the policy this gateway has put into effect
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        await self._apply(dict(self.gw.keys.policies), announce_all=True)
+        self._task = asyncio.get_running_loop().create_task(self._poll())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def sync(self) -> None:
+        """Read the keys file now and apply what changed; returns once it is in effect (the spool redacted,
+        the records on disk for Kafka)."""
+        async with self._lock:
+            changed = self.gw.keys.reload_if_changed(min_interval_s=0)
+            if changed:
+                await self._apply(changed)
+
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_s)
+            try:
+                await self.sync()
+            except Exception:  # noqa: BLE001 - a bad file or a slow spool must not end the polling
+                log.exception("applying tenant policies failed; retrying")
+
+    async def _apply(self, changed: dict[str, Policy], announce_all: bool = False) -> None:
+        tenants = self.gw.keys.tenants()
+        records = []
+        for name, policy in changed.items():
+            before = self.applied.get(name, Policy())
+            if policy == before and not announce_all:
+                continue
+            ids = tenants.get(name, [])
+            if policy.forgotten_before is not None and policy.forgotten_before != before.forgotten_before:
+                forgotten = {i: policy.forgotten_before for i in ids}
+                if forgotten and self.gw.cfg.log_events:
+                    await asyncio.get_running_loop().run_in_executor(None, self.gw.events.forget, forgotten)
+                log.info("tenant %s forgotten up to %.3f (%d key ids)", name, policy.forgotten_before, len(ids))
+            if policy.train != before.train:
+                log.info("tenant %s: train %s", name, policy.train)
+            records += [
+                ev.TenantRecord(
+                    tenant=i,
+                    name=name,
+                    train=policy.train,
+                    retention_days=policy.retention_days,
+                    forgotten_before=policy.forgotten_before,
+                )
+                for i in ids
+            ]
+            self.applied[name] = policy
+        sink = self.gw.sink
+        await sink.wait([sink.submit(ev.TOPIC_TENANTS, r.tenant, r.encode()) for r in records], ev.TOPIC_TENANTS)

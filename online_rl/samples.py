@@ -28,6 +28,8 @@ class Sample:
     event_ids: tuple = ()  # the events this sample came from (exactly-once accounting)
     session: str = ""  # the agent session of a turn judged by its session's outcome
     hint_ids: np.ndarray | None = None  # (H,) int: a user's comment as the hint line the teacher sees (online_rl.loss)
+    tenant: str = ""  # a user sample's tenant (hashed key id): its privacy policy applies (online_rl.tenants)
+    ts: float = 0.0  # a user sample's completion event time (0: not known, e.g. a rollout)
 
     @property
     def n_tokens(self) -> int:
@@ -77,6 +79,8 @@ class Sample:
             "event_ids": list(self.event_ids),
             "session": self.session,
             "hint_ids": None if self.hint_ids is None else torch.from_numpy(np.ascontiguousarray(self.hint_ids)),
+            "tenant": self.tenant,
+            "ts": float(self.ts),
         }
 
     @classmethod
@@ -94,4 +98,6 @@ class Sample:
             event_ids=tuple(d["event_ids"]),
             session=d.get("session", ""),
             hint_ids=None if d.get("hint_ids") is None else d["hint_ids"].numpy(),
+            tenant=d.get("tenant", ""),  # checkpoints written before tenants have neither
+            ts=d.get("ts", 0.0),
         )

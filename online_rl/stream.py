@@ -35,6 +35,7 @@ session's outcome), is counted (late_signals, unused_signals) and joins nothing:
 sample, made once. A hint goes where the corpus taught it, at a line start of a left-to-right prompt: on a
 fill-in-the-middle prompt, mid-line, or longer than `max_hint_tokens`, a comment joins without one.
 `held` are the samples waiting for a delayed signal (the trainer's flywheel_trainer_samples_waiting).
+Tenants' privacy (online_rl.tenants): an event `refuse` refuses is never held; drop_tenant forgets a tenant.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from flywheel.core import events as ev
 from online_rl.config import JoinConfig, RewardTable
 from online_rl.samples import Sample
 from online_rl.tasks import hint_line
+from online_rl.tenants import drop_held
 
 
 def _is_turn(c: ev.CompletionEvent) -> bool:
@@ -87,6 +89,7 @@ class Joiner:
     encode: Callable[[str], list[int]] | None = None  # text -> token ids (a comment's hint for the teacher)
     hint_fits: Callable[[np.ndarray], bool] | None = None  # does a prompt end where a hint line can go
     stats: JoinStats = field(default_factory=JoinStats)
+    refuse: Callable[[object], str | None] | None = None  # why an event is never held (online_rl.tenants)
 
     def __post_init__(self):
         self.pending: OrderedDict[str, ev.CompletionEvent] = OrderedDict()  # by completion_id:choice
@@ -121,6 +124,8 @@ class Joiner:
         try:
             event = ev.decode(raw)
         except ev.SchemaError:
+            event = None
+        if not isinstance(event, (ev.CompletionEvent, ev.FeedbackEvent)):  # a tenant record is not one either
             self.stats.bad_records += 1
             return []
         return self.add(event)
@@ -131,6 +136,8 @@ class Joiner:
             return []
         self.stats.consumed += 1
         self.now = max(self.now, event.ts)
+        if self.refuse is not None and self.refuse(event) is not None:
+            return []
         if isinstance(event, ev.CompletionEvent):
             if event.source != "user":
                 self.stats.rollout_events += 1
@@ -268,6 +275,8 @@ class Joiner:
             event_ids=(c.event_id, *(e.event_id for e in signals.values())),
             session=c.session_id,
             hint_ids=hint,
+            tenant=c.tenant,
+            ts=c.ts,
         )
 
     def _session_feedback(self, f: ev.FeedbackEvent) -> list[Sample]:
@@ -356,6 +365,11 @@ class Joiner:
                 break
             self.judged.popitem(last=False)
         return made
+
+    def drop_tenant(self, tenant: str, before: float) -> int:
+        """Forget what is held of `tenant`'s events written at or before `before` (math.inf: all of them);
+        returns how many entries went (online_rl.tenants.drop_held)."""
+        return drop_held(self, tenant, before)
 
     # ------------------------------------------------------------------ checkpoint
     def state(self) -> dict:

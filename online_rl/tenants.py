@@ -1,0 +1,215 @@
+"""Tenants' privacy in the training loop: which events and samples the trainer may learn from.
+
+The gateway puts each tenant's policy on the tenants topic (flywheel.core.events.TenantRecord, keyed by the
+tenant id, compacted): the newest record of a tenant is its policy. The trainer reads that topic with the
+others, from its checkpoint's offsets (online_rl.stream_reader), and gives every record to `TenantGate.record`.
+Before the Joiner holds an event, `TenantGate.refuse` says why it must not (None: it may):
+
+    withheld   the event carries no content (its tenant denies training, or a secret was scrubbed from it).
+               A completion so never becomes a sample; a withheld comment never becomes a hint (its text is
+               gone). A judgment (accept, reject, partial) or a persisted check carries no content: one
+               withheld for a secret still joins its completion when that completion was not withheld (the
+               scrubber found the secret in the comment, never in a judgment); one withheld by policy is
+               refused, its tenant denying training.
+    deny       the tenant's newest policy is train: deny (it may come after the events: the newest known wins).
+    forgotten  `flywheel tenants forget`: an event of the tenant written at or before forgotten_before.
+    retention  an event older than the tenant's retention_days, measured against wall time when it is read
+               (and again before each update): retention is a promise in calendar time, and a trainer that
+               was down for a week must not learn from what aged out meanwhile.
+
+A record that makes a tenant denied, or moves its forgotten_before later, also drops what the trainer already
+holds of it (`purge`): the Joiner's waiting completions, turns, held samples, orphan and session feedback
+(stream.Joiner.drop_tenant, through `drop_held` here), the buffered samples (each in the next checkpoint's
+ledger as dropped, with its reason) and the commented contexts waiting to be distilled again. Every drop is
+counted in flywheel_trainer_privacy_dropped_total{reason} (events refused or dropped, samples and contexts
+dropped) and each purge is logged once. Weights already trained are not un-trained: online_rl.provenance
+says which published versions saw a tenant's samples.
+
+The gate's state (policies, forgotten_before, user samples trained by tenant) goes into the trainer's
+checkpoint, as plain values. Ids already joined (the Joiner's judged keys and seen event ids) hold no
+content and stay: they only keep a redelivered event from being counted twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter
+
+from flywheel.core import events as ev
+
+log = logging.getLogger(__name__)
+REASONS = ("withheld", "deny", "forgotten", "retention")
+DAY_S = 86400.0
+
+
+def drop_held(joiner, tenant: str, before: float) -> int:
+    """Remove from a Joiner (online_rl.stream) everything it holds of `tenant`'s events written at or before
+    `before` (math.inf: all of them): waiting completions and agent turns, held samples (by their completion,
+    or any signal of theirs), orphan feedback and judged sessions. Returns how many entries went."""
+
+    def gone(e) -> bool:
+        return e.tenant == tenant and e.ts <= before
+
+    n = 0
+    for waiting in (joiner.pending, joiner.turns):
+        for key in [k for k, c in waiting.items() if gone(c)]:
+            del waiting[key]
+            n += 1
+    for skey in list(joiner.sessions):  # a session's list names only the turns still waiting
+        left = [k for k in joiner.sessions[skey] if k in joiner.turns]
+        if left:
+            joiner.sessions[skey] = left
+        else:
+            del joiner.sessions[skey]
+    for key in [k for k, (c, signals, _) in joiner.held.items() if gone(c) or any(map(gone, signals.values()))]:
+        del joiner.held[key]
+        n += 1
+    for key in list(joiner.orphans):
+        keep = [f for f in joiner.orphans[key] if not gone(f)]
+        n += len(joiner.orphans[key]) - len(keep)
+        if keep:
+            joiner.orphans[key] = keep
+        else:
+            del joiner.orphans[key]
+    for skey in [s for s, (f, _) in joiner.closed.items() if gone(f)]:
+        del joiner.closed[skey]
+        n += 1
+    return n
+
+
+class TenantGate:
+    """The tenants' policies, what they refuse, and the user samples trained by tenant.
+
+    holder: what holds a tenant's data in the trainer (online_rl.trainer.Trainer): `joiner`, `buffer` (samples),
+    `commented` ((sample, updates left) pairs) and `_ledger(sample, dropped)`. None: refuse only, nothing to purge.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None, holder=None, clock: Callable[[], float] = time.time):
+        self.holder, self.clock = holder, clock
+        # tenant -> {"name", "train", "retention_days", "forgotten_before", "ts"}: its newest record, except
+        # forgotten_before, which only grows (a record that lost it cannot bring forgotten events back)
+        self.policies: dict[str, dict] = {}
+        self.trained: dict[str, int] = {}  # user samples trained, by tenant, since the first step (provenance)
+        self.bad_records = 0
+        self.dropped = Counter(
+            "flywheel_trainer_privacy_dropped",
+            "Events and samples of tenants never trained on, by reason (withheld: no content; deny: the tenant's "
+            "policy; forgotten: flywheel tenants forget; retention: older than the tenant's retention_days)",
+            ["reason"],
+            registry=registry if registry is not None else CollectorRegistry(),
+        )
+        for reason in REASONS:  # at 0 from the start: an alert on its increase sees the first one
+            self.dropped.labels(reason)
+
+    # ------------------------------------------------------------------ what is refused
+    def policy_refuses(self, tenant: str, ts: float) -> str | None:
+        """Why the tenant's newest policy refuses what it wrote at `ts` (None: it allows it)."""
+        p = self.policies.get(tenant)
+        if p is None:
+            return None
+        if p["train"] == "deny":
+            return "deny"
+        if p["forgotten_before"] is not None and ts <= p["forgotten_before"]:
+            return "forgotten"
+        if p["retention_days"] is not None and ts and self.clock() - ts > p["retention_days"] * DAY_S:
+            return "retention"
+        return None
+
+    def refuse(self, event) -> str | None:
+        """Why a completion or feedback event must never be held or trained on (counted), or None."""
+        w = getattr(event, "withheld", "")
+        if w and (isinstance(event, ev.CompletionEvent) or w == "policy" or event.kind == "comment"):
+            why = "withheld"
+        else:
+            why = self.policy_refuses(event.tenant, event.ts)
+        if why is not None:
+            self.dropped.labels(why).inc()
+        return why
+
+    def refuse_sample(self, s) -> str | None:
+        """Why a buffered user sample must not be trained now (counted), or None. Before each update: the
+        policy may have changed, and retention runs on, since it was made."""
+        if s.source != "user" or not s.tenant:
+            return None
+        why = self.policy_refuses(s.tenant, s.ts)
+        if why is not None:
+            self.dropped.labels(why).inc()
+        return why
+
+    def trained_on(self, s) -> None:
+        """A sample went into an update: a user's counts towards its tenant's provenance."""
+        if s.source == "user":
+            self.trained[s.tenant] = self.trained.get(s.tenant, 0) + 1
+
+    # ------------------------------------------------------------------ policies
+    def record(self, value) -> None:
+        """Apply a tenant record (encoded, or a TenantRecord) read from the tenants topic, and purge what the
+        trainer holds of a tenant that is now denied, or forgotten further. A bad record is counted, skipped."""
+        try:
+            r = value if isinstance(value, ev.TenantRecord) else ev.decode(value)
+        except ev.SchemaError as e:
+            r = e
+        if not isinstance(r, ev.TenantRecord):
+            self.bad_records += 1
+            log.warning("a record on the tenants topic that is not a tenant policy: %s", r)
+            return
+        old = self.policies.get(r.tenant, {"train": "allow", "forgotten_before": None})
+        was = old["forgotten_before"]
+        before = r.forgotten_before if was is None else max(was, r.forgotten_before or was)
+        self.policies[r.tenant] = {
+            "name": r.name,
+            "train": r.train,
+            "retention_days": None if r.retention_days is None else float(r.retention_days),
+            "forgotten_before": None if before is None else float(before),
+            "ts": float(r.ts),
+        }
+        if before is not None and (was is None or before > was):
+            self.purge(r.tenant, before, "forgotten")
+        if r.train == "deny" and old["train"] != "deny":
+            self.purge(r.tenant, math.inf, "deny")
+
+    def purge(self, tenant: str, before: float, reason: str) -> int:
+        """Drop what the holder has of `tenant` written at or before `before` (math.inf: everything); the
+        buffered samples go into the next checkpoint's ledger as dropped for `reason`. Returns the count."""
+        h = self.holder
+        if h is None:
+            return 0
+
+        def gone(s) -> bool:
+            return s.source == "user" and s.tenant == tenant and s.ts <= before
+
+        events = h.joiner.drop_tenant(tenant, before)
+        samples = [s for s in h.buffer if gone(s)]
+        h.buffer = [s for s in h.buffer if not gone(s)]
+        for s in samples:
+            h._ledger(s, reason)
+        contexts = sum(gone(s) for s, _ in h.commented)
+        h.commented = [(s, left) for s, left in h.commented if not gone(s)]
+        n = events + len(samples) + contexts
+        self.dropped.labels(reason).inc(n)
+        name = self.policies.get(tenant, {}).get("name") or "?"
+        log.info(
+            "tenant %s (%s) %s%s: dropped %d held events, %d buffered samples, %d commented contexts",
+            tenant,
+            name,
+            reason,
+            f" before {before:.3f}" if math.isfinite(before) else "",
+            events,
+            len(samples),
+            contexts,
+        )
+        return n
+
+    # ------------------------------------------------------------------ checkpoint
+    def state(self) -> dict:
+        """Plain values only: checkpoints load with torch.load(weights_only=True)."""
+        return {"policies": {t: dict(p) for t, p in self.policies.items()}, "trained": dict(self.trained)}
+
+    def load_state(self, state: dict | None) -> None:
+        state = state or {}  # checkpoints written before tenants have none
+        self.policies = {t: dict(p) for t, p in state.get("policies", {}).items()}
+        self.trained = dict(state.get("trained", {}))

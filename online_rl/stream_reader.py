@@ -1,8 +1,12 @@
-"""The trainer's view of Kafka: completions, feedback and the weights topic, read from the offsets its
-checkpoint holds (not the group's), and committed to the group only after a checkpoint has them.
+"""The trainer's view of Kafka: completions, feedback, the weights topic and the tenants' policies, read from
+the offsets its checkpoint holds (not the group's), and committed to the group only after a checkpoint has them.
 
 Every partition is assigned, not subscribed: one trainer reads everything, and a rebalance can never move
 a partition away between a read and the checkpoint that accounts for it.
+
+Tenants' policies come first (online_rl.tenants): after connecting, the other topics wait until the tenants
+topic is read to the end it had then (a trainer that starts, or restarts, knows every forget and deny
+written so far before it reads one event), and in each fetch the tenants' records are given out first.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from collections.abc import Iterator
 from flywheel.core import events as ev
 
 log = logging.getLogger(__name__)
-TOPICS = (ev.TOPIC_COMPLETIONS, ev.TOPIC_FEEDBACK, ev.TOPIC_WEIGHTS)
+TOPICS = (ev.TOPIC_COMPLETIONS, ev.TOPIC_FEEDBACK, ev.TOPIC_WEIGHTS, ev.TOPIC_TENANTS)
 
 
 class StreamReader:
@@ -22,6 +26,7 @@ class StreamReader:
         self.bootstrap, self.group_id, self.poll_ms = bootstrap, group_id, poll_ms
         self.offsets: dict[str, int] = {}  # "topic:partition" -> next offset to read (the checkpoint's)
         self._consumer = None
+        self._policies_end: dict = {}  # tenants partition -> its end at connect, while the others wait for it
 
     def _connect(self):
         from kafka import KafkaConsumer, TopicPartition
@@ -57,6 +62,10 @@ class StreamReader:
                     c.seek(tp, committed[tp])
                 else:
                     c.seek_to_beginning(tp)
+            policies = [tp for tp in parts if tp.topic == ev.TOPIC_TENANTS]
+            self._policies_end = {tp: end for tp, end in c.end_offsets(policies).items() if c.position(tp) < end}
+            if self._policies_end:
+                c.pause(*[tp for tp in parts if tp.topic != ev.TOPIC_TENANTS])
         except BaseException:
             c.close()  # a half-made consumer holds sockets: the next try makes a new one
             raise
@@ -68,12 +77,16 @@ class StreamReader:
             return {}
         if self._consumer is None:
             self._consumer = self._connect()
-        return self._consumer.poll(timeout_ms=self.poll_ms)
+        c = self._consumer
+        if self._policies_end and all(c.position(tp) >= end for tp, end in self._policies_end.items()):
+            self._policies_end = {}
+            c.resume(*c.paused())  # every policy known: the events may come
+        return c.poll(timeout_ms=self.poll_ms)
 
     def read(self, batch: dict) -> Iterator[tuple[str, bytes]]:
         """(topic, value) of each fetched record, in order per partition; a record's offset counts as read
         once the caller has taken it (asked for the next)."""
-        for tp, records in batch.items():
+        for tp, records in sorted(batch.items(), key=lambda kv: kv[0].topic != ev.TOPIC_TENANTS):
             for r in records:
                 yield tp.topic, r.value
                 self.offsets[f"{tp.topic}:{tp.partition}"] = r.offset + 1

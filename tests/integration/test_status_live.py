@@ -84,6 +84,7 @@ def test_consumer_lag_of_trainer_and_agents(own_broker):
         ev.TOPIC_COMPLETIONS: sum(ends[tp] - max(0, ends[tp] - 3) for tp in parts[ev.TOPIC_COMPLETIONS]),
         ev.TOPIC_FEEDBACK: sum(ends[tp] - starts[tp] for tp in parts[ev.TOPIC_FEEDBACK]),
         ev.TOPIC_WEIGHTS: 2,
+        ev.TOPIC_TENANTS: 0,  # the trainer reads the tenants' policies too (online_rl.stream_reader): none here
     }
     _commit(kafka_bootstrap, prefix + "r0", {weights: ends[weights]})  # caught up
     _commit(kafka_bootstrap, prefix + "r1", {weights: ends[weights] - 7})  # 7 records behind
@@ -93,7 +94,8 @@ def test_consumer_lag_of_trainer_and_agents(own_broker):
     groups = {g["group"]: g for g in data["kafka"]["groups"]}
     t = groups[trainer]
     assert t["role"] == "trainer" and t["by_topic"] == want_trainer, t
-    assert t["lag"] == sum(want_trainer.values()) and t["uncommitted_partitions"] == len(parts[ev.TOPIC_FEEDBACK])
+    assert t["lag"] == sum(want_trainer.values())
+    assert t["uncommitted_partitions"] == len(parts[ev.TOPIC_FEEDBACK]) + 1  # and the tenants topic's one
     assert groups[prefix + "r0"]["role"] == "agent" and groups[prefix + "r0"]["lag"] == 0
     assert groups[prefix + "r1"]["lag"] == 7 and groups[prefix + "r1"]["by_topic"] == {ev.TOPIC_WEIGHTS: 7}
     assert data["kafka"]["trainer_group"] == trainer and data["kafka"]["agents"] >= 2

@@ -3,7 +3,8 @@ announcement on the weights topic.
 
 Publishing and announcing are apart: a version committed to the store but not announced (the broker
 away, or a kill between the two) stays pending and is announced, oldest first, before anything newer;
-a trainer that restarts finds the store's unannounced versions and announces them first.
+a trainer that restarts finds the store's unannounced versions and announces them first. Each version's
+provenance (the tenants whose samples it was trained on: online_rl.provenance) is written beside it, v0's too.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from online_rl import provenance
 from online_rl.config import PublisherConfig
 from online_rl.export import save_streaming
 from online_rl.failures import Failures
@@ -74,10 +76,13 @@ class Publisher:
             and self.failures.ready("publish")
         )
 
-    def publish(self, model: torch.nn.Module, step: int, history: dict) -> int | None:
+    def publish(
+        self, model: torch.nn.Module, step: int, history: dict, tenants: dict[str, int] | None = None
+    ) -> int | None:
         """The weights as the next version in the store (announce() follows); the version, or None when
         this trainer does not publish. `history` (reward and acceptance by version) is written beside it
-        as history.json, for `flywheel train-plot` and the demo."""
+        as history.json, for `flywheel train-plot` and the demo; `tenants` (user samples trained by tenant,
+        since the first step) as its provenance."""
         if not self.enabled:
             return None
         from weight_sync.publish import publish
@@ -90,13 +95,16 @@ class Publisher:
         pcfg = self._config()
         if Store(self.cfg.store).latest() is None:
             # v0 = the starting model, the version the fleet serves first
-            self.pending.append(publish(self.base_model, pcfg, announce_now=False).announcement)
+            base = publish(self.base_model, pcfg, announce_now=False)
+            self.pending.append(base.announcement)
+            self._provenance(base.version, 0, {})
         for name in SIDE_FILES:
             if name != "config.json" and (self.base_model / name).exists():
                 shutil.copyfile(self.base_model / name, out / name)
         shutil.copyfile(self.base_model / "config.json", out / "config.json")  # the served config, as is
         result = publish(out, pcfg, announce_now=False)
         self.pending.append(result.announcement)
+        self._provenance(result.version, step, tenants or {})
         self.published_step = step
         (out / "PUBLISHED").write_text(str(result.version))  # read by resumed(): no republishing the same weights
         self.last = time.monotonic()
@@ -111,6 +119,15 @@ class Publisher:
         log.info("published v%d at step %d (%s, %.1fx)", result.version, step, result.kind, result.ratio)
         self.announce()
         return result.version
+
+    def _provenance(self, version: int, step: int, tenants: dict[str, int]) -> None:
+        """The version is in the store already: a provenance file that cannot be written is a failure to see
+        (flywheel_trainer_failures{stage="provenance"}, logged), not a version published twice."""
+        try:
+            provenance.write(self.dir.parent, version, step, tenants)
+        except OSError as e:
+            log.error("provenance of v%d not written: %s", version, e)
+            self.failures.failed("provenance", e, retry=False)
 
     def announce(self) -> bool:
         """Put published versions on the weights topic, oldest first. One that fails (the broker away)

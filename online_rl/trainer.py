@@ -9,9 +9,11 @@
         publish  every publish interval: bf16 checkpoint -> weight_sync.publish -> new version
 
 The parts: online_rl.stream_reader (Kafka: assign, seek, offsets), online_rl.checkpoints (commit, ledger),
-online_rl.publisher (store, announcements), online_rl.trainer_metrics. Rank 0 does all I/O; with
---nproc N the other ranks follow its commands (online_rl.ranks): each update (online_rl.update) and, with
---shard fsdp (online_rl.sharding), each sharded save and each gather of the weights to publish.
+online_rl.publisher (store, announcements), online_rl.trainer_metrics, online_rl.tenants (tenants' privacy:
+what is never trained on, what a forget drops) and online_rl.provenance (whose samples each version saw).
+Rank 0 does all I/O; with --nproc N the other ranks follow its commands (online_rl.ranks): each update
+(online_rl.update) and, with --shard fsdp (online_rl.sharding), each sharded save and each gather of the
+weights to publish.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ from online_rl.samples import DISTILL, InvalidSample, Sample
 from online_rl.sharding import load_sharded
 from online_rl.stream import Joiner
 from online_rl.stream_reader import StreamReader
+from online_rl.tenants import TenantGate
+from online_rl.tokenizer import tokenizer_tools
 from online_rl.trainer_metrics import TrainerMetrics, step_line
 from online_rl.update import make_optimizer, update, world
 
@@ -71,7 +75,7 @@ class Trainer:
                 p.requires_grad_(False)
         self.model = load().train()
         self.opt = make_optimizer(self.model, cfg.optim)  # after sharding: its state is sharded alike
-        text_len, encode, hint_fits, self._stop_ids = self._tokenizer()
+        text_len, encode, hint_fits, self._stop_ids = tokenizer_tools(cfg.model_dir, self.model.cfg.eos_ids)
         self._distill_gen = torch.Generator().manual_seed(cfg.seed + 1)
         self._distill_s = 0.0  # seconds the last update spent sampling them
         # Commented samples whose context is sampled and distilled in later updates, and in how many more.
@@ -88,6 +92,8 @@ class Trainer:
         self.history: dict[str, dict] = {}  # version -> reward/acceptance sums (history.json, the plot)
         self.rolled_back: set[int] = set()  # versions a canary trial rolled back (weights topic)
         self.metrics = TrainerMetrics(lambda: self.joiner.stats, waiting=lambda: len(self.joiner.held), trainer=self)
+        self.privacy = TenantGate(self.metrics.registry, holder=self)  # tenants' policies (online_rl.tenants)
+        self.joiner.refuse = self.privacy.refuse
         self.failures = Failures(self.metrics.failures, cfg.retry)
         self.reader = StreamReader(cfg.kafka_bootstrap, cfg.group_id, cfg.poll_ms)
         self.checkpoints = Checkpoints(self.work)
@@ -105,30 +111,6 @@ class Trainer:
         self._control_guard = control.ReplayGuard()
         self._ranks_broken = False  # an update failed mid-collective: the run ends, and the spawn with it
         self._resume()
-
-    def _tokenizer(self):
-        """(chars of a completion's token ids, token ids of a text, whether a prompt ends where a hint line
-        goes: at a line start, not fill-in-the-middle, the token ids a completion ends at), or Nones without a
-        tokenizer."""
-        from tokenizers import Tokenizer
-
-        from online_rl.tasks import FIM_MIDDLE, SPECIAL_TOKENS
-
-        path = Path(self.cfg.model_dir) / "tokenizer.json"
-        if not path.exists():
-            return None, None, None, None
-        tok = Tokenizer.from_file(str(path))
-        fim = tok.token_to_id(FIM_MIDDLE)
-
-        def hint_fits(prompt_ids) -> bool:
-            last = tok.decode([int(prompt_ids[-1])], skip_special_tokens=False) if len(prompt_ids) else ""
-            return last.endswith("\n") and (fim is None or fim not in set(int(i) for i in prompt_ids))
-
-        def encode(text: str) -> list[int]:
-            return tok.encode(text, add_special_tokens=False).ids
-
-        stop = {i for i in map(tok.token_to_id, SPECIAL_TOKENS) if i is not None} | set(self.model.cfg.eos_ids)
-        return (lambda ids: len(tok.decode(ids))), encode, hint_fits, stop
 
     # ------------------------------------------------------------------ the loop
     def run(self, stop=None) -> None:
@@ -181,6 +163,7 @@ class Trainer:
             self.model.load_state_dict(state["model"])
             self.opt.load_state_dict(state["optimizer"])
         self.joiner.load_state(state["joiner"])
+        self.privacy.load_state(state.get("privacy"))
         self.buffer = [Sample.from_state(d) for d in state["buffer"]]
         self.commented = [(Sample.from_state(d["sample"]), d["left"]) for d in state.get("commented", [])]
         if "distill_rng" in state:  # the draws go on where they were, as in a run never stopped
@@ -211,6 +194,7 @@ class Trainer:
             {
                 **weights,
                 "joiner": self.joiner.state(),
+                "privacy": self.privacy.state(),
                 "buffer": [b.state() for b in self.buffer],
                 "commented": [{"sample": c.state(), "left": left} for c, left in self.commented],
                 "distill_rng": self._distill_gen.get_state(),
@@ -250,7 +234,7 @@ class Trainer:
     def _ledger(self, s: Sample, dropped: str | None = None) -> None:
         """A user sample trained (or dropped, and why), for the next checkpoint's ledger."""
         if s.source == "user":
-            entry = {"key": s.key, "events": list(s.event_ids)}
+            entry = {"key": s.key, "tenant": s.tenant, "events": list(s.event_ids)}
             self.trained_since_ckpt.append(entry if dropped is None else {**entry, "dropped": dropped})
 
     # ------------------------------------------------------------------ ingest
@@ -272,6 +256,8 @@ class Trainer:
         for topic, value in self.reader.read(batch):
             if topic == ev.TOPIC_WEIGHTS:
                 self._weights_record(value)
+            elif topic == ev.TOPIC_TENANTS:
+                self.privacy.record(value)
             else:
                 self.buffer.extend(self.joiner.add_raw(value))
             n += 1
@@ -312,7 +298,9 @@ class Trainer:
     def _take_batch(self) -> list[Sample]:
         fresh, batch = [], []
         for s in self.buffer:
-            if (problem := self._problem(s)) is not None:
+            if (why := self.privacy.refuse_sample(s)) is not None:  # its tenant's policy now (counted there)
+                self._ledger(s, why)
+            elif (problem := self._problem(s)) is not None:
                 self._invalid(s, problem)
             elif s.model_version in self.rolled_back and not self.cfg.train_on_rolled_back:
                 self.metrics.dropped.labels("rolled_back").inc()
@@ -381,6 +369,7 @@ class Trainer:
         for s in samples:
             self.metrics.samples.labels(s.source).inc()
             self._ledger(s)
+            self.privacy.trained_on(s)
             if s.source == "user":
                 h = self.history.setdefault(str(s.model_version), {"n": 0, "reward": 0.0, "accepted": 0})
                 h["n"] += 1
@@ -408,7 +397,7 @@ class Trainer:
         if self.fsdp and self.world > 1 and self.publisher.enabled:  # enabled: publish() gathers, first thing
             command(("export",))  # the other ranks take part in gathering each full tensor
         try:
-            version = self.publisher.publish(self.model, self.step, self.history)
+            version = self.publisher.publish(self.model, self.step, self.history, self.privacy.trained)
         except Exception as e:  # store or disk trouble: the weights wait for the next try
             self.failures.failed("publish", e, retry=True)
             return None

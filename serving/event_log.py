@@ -14,6 +14,9 @@ event is written to the spool before it is sent, so a dead or slow broker fills 
 `max_spool_bytes`, with an alarm), never the heap; when the broker returns the backlog goes out in the order
 it was written. A batch that fails is sent again from the cursor, so Kafka may hold an event twice;
 consumers drop duplicates by event_id.
+An event may carry `meta` (tenant, ts, texts to scan), kept in the spool and never sent: the shipper withholds
+the content of an event whose texts hold a secret (serving.secret_scrub), and skips and redacts the records of a
+tenant forgotten through `forget` (serving.event_forget).
 kafka-python runs in its own process: in a thread, its pure-Python work held the GIL often enough to add
 milliseconds to the gateway's p50 (measured in benchmarks.gateway).
 """
@@ -29,7 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from serving import event_shipper as sh
+from serving import event_forget as fg, event_shipper as sh
 from serving.event_spool import Spool
 
 log = logging.getLogger(__name__)
@@ -50,6 +53,7 @@ class EventLogConfig:
     cursor_save_interval_s: float = 0.5
     stop_timeout_s: float = 10.0  # on close, how long the shipper keeps trying to deliver the backlog
     max_event_bytes: int = 1_000_000  # larger events go to the dead-letter topic as a stub, whole to disk
+    scrub: bool = True  # withhold the content of events whose meta "scan" texts hold a secret (serving.secret_scrub)
 
 
 @dataclass
@@ -66,6 +70,8 @@ class Stats:
     shipper_restarts: int = 0
     broker_up: bool = False
     pending_bytes: int = 0  # written but not yet acknowledged
+    scrubbed: int = 0  # delivered withheld: a secret (or a scan that failed) in their texts
+    forgotten: int = 0  # never delivered: records of a forgotten tenant (skipped, redacted on disk or on write)
 
 
 class EventLog:
@@ -84,6 +90,15 @@ class EventLog:
         s[sh.CUR_SEG], s[sh.CUR_OFF] = cursor
         s[sh.HEAD_SEG], s[sh.HEAD_OFF] = head
         s[sh.OUTAGE] = 1 if self._written_bytes else 0  # delivering an old backlog counts as replay
+        # Forgotten tenants: the writer redacts their records as it writes them (under this lock, so that
+        # forget() sees every record written before it in the spool, and none after it unredacted).
+        self._forget_lock = threading.Lock()
+        self._redact_lock = threading.Lock()
+        self._forget_gen, self._forgotten = fg.load(self.spool.dir)
+        self._forgotten_match = fg.matcher(self._forgotten)
+        self._forgotten_on_write = 0
+        s[sh.FORGET_REQ] = self._forget_gen
+        s[sh.FORGET_GEN] = fg.load_done(self.spool.dir)
         self._submitted = self._spooled = self._dropped_queue = self._dropped_spool = 0
         self._write_failures = self._shipper_restarts = 0
         self.writer_error: str | None = None  # the last write error, while writes fail
@@ -97,16 +112,17 @@ class EventLog:
         self._alarm_logged = 0.0
 
     # ------------------------------------------------------------------ request path
-    def submit(self, topic: str, key: str, value: bytes, on_durable=None) -> bool:
+    def submit(self, topic: str, key: str, value: bytes, on_durable=None, meta: dict | None = None) -> bool:
         """Queue an event; never blocks. False if it had to be dropped (queue or spool full). `on_durable()`
-        is called (from the writer thread) once the event is fsynced to the spool."""
+        is called (from the writer thread) once the event is fsynced to the spool. `meta`: {"tenant", "ts",
+        "scan": [texts]} (any may be absent), kept in the spool for the shipper, never sent."""
         self._submitted += 1
         if self.spool_full:
             self._dropped_spool += 1
             self._alarm()
             return False
         try:
-            self._q.put_nowait((topic, key, value, on_durable))
+            self._q.put_nowait((topic, key, value, meta, on_durable))
             return True
         except queue.Full:
             self._dropped_queue += 1
@@ -137,6 +153,8 @@ class EventLog:
             shipper_restarts=self._shipper_restarts,
             broker_up=bool(s[sh.BROKER_UP]),
             pending_bytes=self.pending_bytes,
+            scrubbed=s[sh.SCRUBBED],
+            forgotten=s[sh.FORGOTTEN] + self._forgotten_on_write,
         )
 
     def health(self) -> dict:
@@ -173,8 +191,48 @@ class EventLog:
                 self.cfg.queue_max,
             )
 
+    # ------------------------------------------------------------------ forgetting a tenant
+    def forget(self, tenants: dict[str, float], timeout: float = 10.0) -> None:
+        """Forget every record of these tenants (id -> forgotten_before, a Unix time) whose event ts is at or
+        before that time: none still in the spool reaches Kafka after this returns, and their bytes are gone
+        from the spool's segments. Merged into forgotten.json (values only grow); returns once the shipper has
+        loaded it and redacted the spool (or, with no shipper running, once that is done here). Raises
+        TimeoutError if the shipper has not after `timeout` s (it will: the file is on disk; call again to wait),
+        OSError if the file cannot be written (nothing changed)."""
+        with self._forget_lock:
+            merged, grew = fg.merge(self._forgotten, tenants)
+            if grew:
+                fg.save(self.spool.dir, self._forget_gen + 1, merged)
+                self._forget_gen += 1
+                self._forgotten, self._forgotten_match = merged, fg.matcher(merged)
+                self._shared[sh.FORGET_REQ] = self._forget_gen
+            gen = self._forget_gen
+        if self._shared[sh.FORGET_GEN] >= gen:
+            return
+        if self._shipper is None or self._shipper.pid is None:  # no reader: redact here
+            with self._redact_lock:
+                if self._shared[sh.FORGET_GEN] < gen:
+                    with self._shared.get_lock():
+                        head, cursor = (self._shared[sh.HEAD_SEG], self._shared[sh.HEAD_OFF]), self._cursor()
+                    ahead = fg.redact(self.spool, self._forgotten, head, cursor)
+                    fg.save_done(self.spool.dir, gen)
+                    with self._shared.get_lock():
+                        self._shared[sh.FORGOTTEN] += ahead
+                        self._shared[sh.FORGET_GEN] = max(self._shared[sh.FORGET_GEN], gen)
+            return
+        deadline = time.monotonic() + timeout
+        while self._shared[sh.FORGET_GEN] < gen:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the event shipper has not applied forgotten tenants (generation {gen}) yet")
+            time.sleep(0.01)
+
+    def _cursor(self) -> tuple[int, int]:
+        return self._shared[sh.CUR_SEG], self._shared[sh.CUR_OFF]
+
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> "EventLog":
+        if self._shipper is None and self._shared[sh.FORGET_GEN] < self._forget_gen:
+            self.forget({})  # a redaction cut short by a crash, finished here (no shipper to do it)
         self._writer.start()
         if self._shipper is not None:
             self._shipper.start()
@@ -273,12 +331,17 @@ class EventLog:
     def _append(self, batch: list) -> None:
         """Write a batch after the head and make it durable, then visible. On any error the segments are
         left as they were at the head (later bytes are overwritten by the retry, and never read)."""
+        with self._forget_lock:
+            self._append_locked(batch)
+
+    def _append_locked(self, batch: list) -> None:
         seg, off = self._head
-        written = 0
+        written = redacted = 0
+        match = self._forgotten_match
         f = open(self.spool.path(seg), "r+b" if self.spool.path(seg).exists() else "w+b")
         try:
             f.seek(off)
-            for topic, key, value, _ in batch:
+            for topic, key, value, meta, _ in batch:
                 if off >= self.cfg.segment_bytes:  # rotate: seal this segment, go on in the next
                     f.truncate()
                     f.flush()
@@ -286,7 +349,11 @@ class EventLog:
                     f.close()
                     seg, off = seg + 1, 0
                     f = open(self.spool.path(seg), "w+b")
-                record = Spool.frame(topic, key, value)
+                if match is not None and meta is not None and match(meta):  # forgotten before it was written
+                    record = Spool.frame(topic, key, None, {"redacted": True})
+                    redacted += 1
+                else:
+                    record = Spool.frame(topic, key, value, meta)
                 f.write(record)
                 off += len(record)
                 written += len(record)
@@ -297,6 +364,7 @@ class EventLog:
             except BaseException:
                 self._written_bytes -= written
                 raise
+            self._forgotten_on_write += redacted
         finally:
             f.close()
 

@@ -8,6 +8,13 @@ experts of a long context reach megabytes at real model sizes) would fail its ba
 written whole under `deadletter/` in the spool directory and a stub naming it goes to the dead-letter
 topic, counted, and the stream goes on. A cursor that cannot be saved (disk full) is kept in memory and
 saved later; segments are freed only behind a saved cursor.
+
+Records carry meta (tenant, ts, texts to scan), never sent. Before a batch goes out, the records of forgotten
+tenants are left out (serving.event_forget), and every event whose texts hold a secret (serving.secret_scrub) is
+replaced by its withheld form (flywheel.core.events.withhold: ids, tenant, version and timing, no content), here
+rather than on the request path or under the gateway's GIL. A scan that fails withholds the event anyway
+(failing closed). A batch is read, filtered and scanned once, then sent until acknowledged (a retry through an
+outage does not scan again); a forget that arrives meanwhile is applied first, and the batch read again.
 """
 
 from __future__ import annotations
@@ -17,9 +24,14 @@ import json
 import logging
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+import msgpack
+
+from serving import event_forget as fg
 from serving.event_spool import Spool
+from serving.secret_scrub import ScanLimit, Scrubber
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +49,12 @@ log = logging.getLogger(__name__)
     STOP,
     OUTAGE,
     DEADLETTERED,
-) = range(12)
-SLOTS = 12
+    SCRUBBED,  # events delivered withheld because of a secret (or a failed scan)
+    FORGOTTEN,  # records of forgotten tenants never delivered (skipped, or redacted ahead of the cursor)
+    FORGET_REQ,  # the forgotten.json generation the gateway wrote last
+    FORGET_GEN,  # the generation the shipper has loaded and redacted the spool for
+) = range(16)
+SLOTS = 16
 
 
 def _producer(cfg):
@@ -80,6 +96,100 @@ def dead_letter(spool_dir: Path, topic: str, key: str, value: bytes) -> tuple[st
     return TOPIC_DEADLETTER, json.dumps(stub).encode()
 
 
+class _Scrub:
+    """The secret scan of a record's texts, and the withheld value it yields; never raises."""
+
+    def __init__(self, enabled: bool):
+        self.enabled, self.scrubber, self._logged = enabled, None, set()
+        if enabled:
+            try:
+                self.scrubber = Scrubber()
+            except Exception as e:  # noqa: BLE001 - no scanner: every event with texts is withheld (fail closed)
+                log.error(
+                    "secret scanner unavailable (%s: %s); events with texts to scan go out withheld",
+                    type(e).__name__,
+                    e,
+                )
+
+    def _once(self, what: str, msg: str, *args) -> None:
+        if what not in self._logged:
+            self._logged.add(what)
+            log.error(msg + " (logged once)", *args)
+
+    def apply(self, value: bytes, scan) -> tuple[bytes, bool]:
+        """(the value to send, whether it was withheld)."""
+        try:
+            if self.scrubber is None:
+                raise RuntimeError("no secret scanner")
+            texts = [scan] if isinstance(scan, str) else list(scan)
+            types = self.scrubber.find([t for t in texts if isinstance(t, str)])
+        except ScanLimit as e:
+            types = ["scan_limit"]
+            self._once("limit", "an event's texts took too long to scan (%s); withheld", e)
+        except Exception as e:  # noqa: BLE001 - never lose the event, never let a secret out
+            types = ["scan_error"]
+            self._once("error", "secret scan failed (%s: %s); the event is withheld", type(e).__name__, e)
+        if not types:
+            return value, False
+        from flywheel.core import events as ev
+
+        try:
+            out = ev.withhold(value, "secret", types)
+        except Exception:  # noqa: BLE001 - not an event we can take apart: send nothing of it
+            out = value
+        if out is value:  # not a completion or a feedback: nothing of it may go out
+            out = msgpack.packb({"withheld": "secret", "secret_types": ["scan_error"]}, use_bin_type=True)
+        return out, True
+
+
+@dataclass
+class _Batch:
+    records: list  # (topic, key, value) to send
+    end: tuple[int, int]
+    nbytes: int
+    full: bool
+    scrubbed: int
+    skipped: int  # forgotten
+
+
+def _prepare(spool: Spool, cursor, head, cfg, forgotten: fg.Watcher, scrub: _Scrub, shared) -> _Batch | None:
+    """The next batch: forgotten records left out, secrets withheld. None if a forget came in meanwhile."""
+    records, end, nbytes = spool.read(cursor, head, cfg.send_batch)
+    match, gen = forgotten.match, forgotten.generation
+    out, scrubbed, skipped = [], 0, 0
+    for topic, key, value, meta in records:
+        if meta is not None:
+            if match is not None and match(meta):
+                skipped += 1
+                continue
+            scan = meta.get("scan")
+            if scan and scrub.enabled:
+                if shared[FORGET_REQ] > gen:
+                    return None
+                value, withheld = scrub.apply(value, scan)
+                scrubbed += withheld
+        out.append((topic, key, value))
+    return _Batch(out, end, nbytes, len(records) == cfg.send_batch, scrubbed, skipped)
+
+
+def _redact(spool: Spool, forgotten: fg.Watcher, shared, cursor) -> bool:
+    """Redact the spool for the generation loaded, then acknowledge it (FORGET_GEN). False if that failed."""
+    gen = forgotten.generation
+    try:
+        ahead = fg.redact(spool, forgotten.tenants, _head(shared), cursor)
+    except OSError as e:
+        log.error("could not redact forgotten tenants in %s (%s); skipping them meanwhile, retrying", spool.dir, e)
+        return False
+    try:
+        fg.save_done(spool.dir, gen)
+    except OSError as e:  # redacted and fsynced: a start after a crash only redoes it (a no-op)
+        log.warning("could not save %s (%s)", fg.DONE, e)
+    with shared.get_lock():
+        shared[FORGOTTEN] += ahead
+        shared[FORGET_GEN] = max(shared[FORGET_GEN], gen)
+    return True
+
+
 def _fit(records: list, max_bytes: int, spool_dir: Path) -> tuple[list, int]:
     """The batch with every oversize event replaced by its dead-letter stub; and how many were."""
     out, n = [], 0
@@ -118,17 +228,26 @@ def run(cfg, shared) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(logging.CRITICAL)  # outages are reported here, once
     spool = Spool(cfg.spool_dir)
+    scrub = _Scrub(cfg.scrub)
+    forgotten = fg.Watcher(spool.dir)  # loaded before anything is sent
     with shared.get_lock():
         cursor = (shared[CUR_SEG], shared[CUR_OFF])
     producer = None
-    saved_at = sent_at = 0.0
+    saved_at = sent_at = redact_at = 0.0
     saved = cursor  # the cursor on disk
     backlog = False
     stop_deadline = None
+    batch: _Batch | None = None  # read, filtered and scanned once; sent until acknowledged
     while True:
         head = _head(shared)
         if os.getppid() != parent:  # orphaned: whatever is unsent stays in the spool for the next start
             break
+        if forgotten.changed(shared[FORGET_REQ]):
+            forgotten.reload()
+            batch = None  # read again: it may hold records of a tenant forgotten now
+        if shared[FORGET_GEN] < forgotten.generation and time.monotonic() >= redact_at:
+            if not _redact(spool, forgotten, shared, cursor):
+                redact_at = time.monotonic() + cfg.retry_backoff_s
         if shared[STOP]:
             stop_deadline = stop_deadline or time.monotonic() + cfg.stop_timeout_s
             if cursor >= head or time.monotonic() > stop_deadline:
@@ -144,12 +263,15 @@ def run(cfg, shared) -> None:
             # requests in flight a little (measured in benchmarks.gateway); a full batch goes at once.
             time.sleep(0.05)
             continue
-        records, end, nbytes = spool.read(cursor, head, cfg.send_batch)
-        backlog = len(records) == cfg.send_batch
+        if batch is None:
+            batch = _prepare(spool, cursor, head, cfg, forgotten, scrub, shared)
+            if batch is None:
+                continue  # a tenant was forgotten while this batch was scanned: load that first
+        backlog = batch.full
         sent_at = time.monotonic()
-        if records:
+        if batch.records:
             try:
-                records, oversize = _fit(records, cfg.max_event_bytes, spool.dir)
+                records, oversize = _fit(batch.records, cfg.max_event_bytes, spool.dir)
             except OSError as e:  # the dead-letter disk, not Kafka: say so, keep the batch, try again
                 log.error("could not dead-letter an oversize event under %s (%s); retrying", spool.dir, e)
                 time.sleep(cfg.retry_backoff_s)
@@ -191,10 +313,13 @@ def run(cfg, shared) -> None:
                 )
             if shared[OUTAGE]:
                 shared[REPLAYED] += len(records)
-        cursor = end
+        cursor = batch.end
         with shared.get_lock():  # a shipper started again after a kill reads the pair whole
             shared[CUR_SEG], shared[CUR_OFF] = cursor
-            shared[ACKED_BYTES] += nbytes
+            shared[ACKED_BYTES] += batch.nbytes
+            shared[SCRUBBED] += batch.scrubbed
+            shared[FORGOTTEN] += batch.skipped
+        batch = None
         if cursor >= _head(shared):
             shared[OUTAGE] = 0  # caught up
         now = time.monotonic()

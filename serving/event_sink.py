@@ -29,14 +29,16 @@ class EventSink:
         if self.enabled:
             await asyncio.get_running_loop().run_in_executor(None, self.events.close, timeout_s)
 
-    def submit(self, topic: str, key: str, value: bytes) -> asyncio.Future | None:
+    def submit(self, topic: str, key: str, value: bytes, meta: dict | None = None) -> asyncio.Future | None:
         """Queue an event for the log; the future resolves once it is on disk (None: off, or dropped and
         counted there). The writer thread only appends the future to a deque; after each fsync it wakes the
-        loop once (`after_sync`), which resolves all of them: one wake-up per batch, not per event."""
+        loop once (`after_sync`), which resolves all of them: one wake-up per batch, not per event. `meta`
+        (tenant, ts, texts to scan for secrets) stays in the spool: see EventLog.submit."""
         if not self.enabled:
             return None
         fut = asyncio.get_running_loop().create_future()
-        return fut if self.events.submit(topic, key, value, on_durable=lambda: self._durable.append(fut)) else None
+        durable = lambda: self._durable.append(fut)  # noqa: E731
+        return fut if self.events.submit(topic, key, value, on_durable=durable, meta=meta) else None
 
     def _wake(self, loop: asyncio.AbstractEventLoop) -> None:  # the writer thread
         try:

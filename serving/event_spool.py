@@ -1,9 +1,15 @@
 """The on-disk event spool: numbered segment files of CRC-framed msgpack records, and a delivery cursor.
 
-Record: <u32 length><u32 crc32(payload)><payload = msgpack [topic, key, value]>. Positions are
-(segment, byte offset). The writer appends and fsyncs; the shipper reads from the cursor, and moves it
-(saved to cursor.json) only past records the broker acknowledged. Segments wholly behind the cursor are
-deleted. A record torn by a crash fails its CRC and is cut off when the spool is opened again.
+Record: <u32 length><u32 crc32(payload)><payload = msgpack [topic, key, value] or [topic, key, value, meta]>.
+`meta` (a dict: tenant, ts, texts to scan for secrets) stays on this machine: the shipper reads it and never
+sends it. Positions are (segment, byte offset). The writer appends and fsyncs; the shipper reads from the
+cursor, and moves it (saved to cursor.json) only past records the broker acknowledged. Segments wholly behind
+the cursor are deleted. A record torn by a crash fails its CRC and is cut off when the spool is opened again.
+
+A forgotten tenant's records are redacted in place (`redact`, by the shipper, the one reader): each is
+overwritten by a record of the same framed length whose value is None (no content; `read` skips it), so no
+offset moves. A crash in the middle of that overwrite leaves a record whose length is whole and whose CRC
+fails: it is skipped as damaged (never sent), and the records after it are read as before.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import os
 import struct
 import zlib
 from pathlib import Path
+from typing import Callable
 
 import msgpack
 
@@ -61,13 +68,16 @@ class Spool:
             return cursor
         last = segs[-1]
         data = self.path(last).read_bytes()
-        good = 0
-        while good + HEADER.size <= len(data):
-            n, crc = HEADER.unpack_from(data, good)
-            end = good + HEADER.size + n
-            if end > len(data) or zlib.crc32(data[good + HEADER.size : end]) != crc:
+        good = off = 0
+        while off + HEADER.size <= len(data):
+            n, crc = HEADER.unpack_from(data, off)
+            end = off + HEADER.size + n
+            if n == 0 or end > len(data):
                 break
-            good = end
+            if zlib.crc32(data[off + HEADER.size : end]) == crc:
+                good = end
+            # else damaged: a torn redaction if valid records follow (kept, skipped when read), else the torn tail
+            off = end
         if good != len(data):
             log.warning("spool %s: cutting a torn tail of %d bytes", self.path(last), len(data) - good)
             with open(self.path(last), "r+b") as f:
@@ -88,12 +98,17 @@ class Spool:
 
     # ------------------------------------------------------------------ records
     @staticmethod
-    def frame(topic: str, key: str, value: bytes) -> bytes:
-        payload = msgpack.packb((topic, key, value), use_bin_type=True)
+    def frame(topic: str, key: str, value: bytes | None, meta: dict | None = None) -> bytes:
+        record = (topic, key, value) if meta is None else (topic, key, value, meta)
+        payload = msgpack.packb(record, use_bin_type=True)
         return HEADER.pack(len(payload), zlib.crc32(payload)) + payload
 
-    def read(self, start: Position, head: Position, limit: int) -> tuple[list[tuple[str, str, bytes]], Position, int]:
-        """Up to `limit` records in [start, head): (records, position after them, their framed bytes)."""
+    def read(
+        self, start: Position, head: Position, limit: int
+    ) -> tuple[list[tuple[str, str, bytes, dict | None]], Position, int]:
+        """Up to `limit` records (topic, key, value, meta) in [start, head): (records, position after them,
+        their framed bytes, the redacted and damaged ones passed over included). meta is None for a record
+        written without it (3 elements, as before meta existed)."""
         seg, off = start
         records, nbytes = [], 0
         while len(records) < limit and (seg, off) < head:
@@ -108,14 +123,77 @@ class Spool:
                             break
                         n, crc = HEADER.unpack(hdr)
                         payload = f.read(n)
-                        if len(payload) < n or zlib.crc32(payload) != crc:
+                        if len(payload) < n:
                             break
-                        topic, key, value = msgpack.unpackb(payload, raw=False)
-                        records.append((topic, key, value))
                         off += HEADER.size + n
                         nbytes += HEADER.size + n
+                        record = _decode(payload) if zlib.crc32(payload) == crc else None
+                        if record is None:
+                            log.warning("spool %s: a damaged record of %d bytes before offset %d skipped", path, n, off)
+                        elif record[2] is not None:  # None: redacted
+                            records.append(record)
             if len(records) < limit and seg < head[0]:
                 seg, off = seg + 1, 0  # this segment is exhausted; go on with the next
             else:
                 break
         return records, (seg, off), nbytes
+
+    def redact(self, match: Callable[[dict], bool], upto: Position, start: Position | None = None) -> int:
+        """Overwrite in place every record in [start, upto) (start: the first segment) whose meta `match`es by
+        a record of the same framed length without content; fsynced. Returns how many. Only the reader may call
+        this (the writer only writes at or after the head, never before `upto`)."""
+        first = start or (0, 0)
+        count = 0
+        for seg in self.segments():
+            if seg < first[0] or seg > upto[0]:
+                continue
+            path = self.path(seg)
+            try:
+                f = open(path, "r+b")
+            except FileNotFoundError:  # freed behind the cursor meanwhile
+                continue
+            with f:
+                data = f.read() if seg < upto[0] else f.read(upto[1])
+                off, changed = (first[1] if seg == first[0] else 0), 0
+                while off + HEADER.size <= len(data):
+                    n, crc = HEADER.unpack_from(data, off)
+                    body = off + HEADER.size
+                    if body + n > len(data):
+                        break
+                    payload = data[body : body + n]
+                    record = _decode(payload) if zlib.crc32(payload) == crc else None
+                    if record is not None and record[2] is not None and record[3] is not None and match(record[3]):
+                        f.seek(off)
+                        f.write(_redacted(record[0], record[1], n))
+                        changed += 1
+                    off = body + n
+                if changed:
+                    f.flush()
+                    os.fsync(f.fileno())
+                count += changed
+        return count
+
+
+def _decode(payload: bytes) -> tuple | None:
+    try:
+        r = msgpack.unpackb(payload, raw=False)
+    except Exception:  # noqa: BLE001 - a record that cannot be decoded is a damaged one
+        return None
+    if not isinstance(r, list) or len(r) not in (3, 4):
+        return None
+    meta = r[3] if len(r) == 4 and isinstance(r[3], dict) else None
+    return r[0], r[1], r[2], meta
+
+
+def _redacted(topic: str, key: str, n: int) -> bytes:
+    """A framed record of exactly HEADER.size + n bytes (n >= 11): [topic, key, None, {"redacted": True, "pad":
+    zeros}]; topic, key and the flag left out too when the record is too short to hold them."""
+    for t, k, flag in ((topic, key, True), (topic, "", True), ("", "", True), ("", "", False)):
+        for extra in ({}, {"f": None}, {"f": None, "g": None}):  # steps over msgpack's bin8/bin16/bin32 seams
+            meta = {"redacted": True, **extra} if flag else dict(extra)
+            base = len(msgpack.packb((t, k, None, {**meta, "pad": b""}), use_bin_type=True))
+            for pad in range(max(0, n - base - 3), n - base + 1):
+                payload = msgpack.packb((t, k, None, {**meta, "pad": bytes(pad)}), use_bin_type=True)
+                if len(payload) == n:
+                    return HEADER.pack(n, zlib.crc32(payload)) + payload
+    raise ValueError(f"no redacted record of {n} bytes")

@@ -257,6 +257,17 @@ class _LiveCollector:
         ):
             events.add_metric([name], value)
         yield events
+        yield CounterMetricFamily(
+            "flywheel_event_scrubbed",
+            "Events delivered withheld (no prompt, output or comment) because their texts held a secret, or "
+            "could not be scanned",
+            value=s.scrubbed,
+        )
+        yield CounterMetricFamily(
+            "flywheel_event_forgotten",
+            "Records of forgotten tenants never delivered (skipped, or redacted in the spool before they were sent)",
+            value=s.forgotten,
+        )
         yield GaugeMetricFamily(
             "flywheel_event_spool_pending_bytes", "Spooled bytes not yet acknowledged by Kafka", value=s.pending_bytes
         )

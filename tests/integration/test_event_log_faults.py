@@ -86,7 +86,7 @@ def test_a_full_disk_holds_events_in_the_queue_until_it_has_room(small_fs):
     cursor = spool.load_cursor()
     head = spool.recover_head(cursor)
     records, _, _ = spool.read(cursor, head, 1000)
-    assert [k for _, k, _ in records] == [f"k{i}" for i in range(64)]  # every one, once, in order
+    assert [k for _, k, _, _ in records] == [f"k{i}" for i in range(64)]  # every one, once, in order
 
 
 def test_an_oversize_event_is_dead_lettered_and_the_stream_goes_on(kafka_bootstrap, tmp_path):
@@ -221,7 +221,7 @@ def test_a_gateway_killed_mid_traffic_loses_no_event_it_answered_for(replica, te
         records, cursor, _ = spool.read(cursor, head, 1000)
         if not records:
             break
-        for topic, key, _ in records:
+        for topic, key, _, _ in records:
             found[topic].add(key)
     assert answered and answered <= found[ev.TOPIC_COMPLETIONS], sorted(answered - found[ev.TOPIC_COMPLETIONS])
     assert judged <= found[ev.TOPIC_FEEDBACK], sorted(judged - found[ev.TOPIC_FEEDBACK])

@@ -1,9 +1,16 @@
-"""The event spool on its own (no broker): durable, crash-tolerant, bounded."""
+"""The event spool on its own (no broker): durable, crash-tolerant, bounded; records with meta, the old format
+read, a forgotten tenant redacted in place."""
 
+import json
 import time
+import zlib
 
+import msgpack
+import pytest
+
+from serving import event_forget as fg, event_shipper as sh
 from serving.event_log import EventLog, EventLogConfig
-from serving.event_spool import Spool
+from serving.event_spool import HEADER, Spool, _redacted
 
 
 def _wait(cond, timeout=10):
@@ -36,7 +43,7 @@ def test_everything_submitted_is_on_disk_and_survives_a_restart(tmp_path):
     assert log.stats.produced == 0 and log.pending_bytes > 0
     again = EventLog(EventLogConfig(spool_dir=tmp_path))
     assert again.pending_bytes == log.pending_bytes  # the backlog is found again
-    assert [v for _, _, v in _all_records(tmp_path)] == [f"v{i}".encode() for i in range(1000)]
+    assert [v for _, _, v, _ in _all_records(tmp_path)] == [f"v{i}".encode() for i in range(1000)]
 
 
 def test_torn_tail_is_cut_and_earlier_records_kept(tmp_path):
@@ -81,5 +88,149 @@ def test_segments_rotate_and_read_across_them(tmp_path):
     assert _wait(lambda: log.stats.spooled == 200)
     log.close(timeout=2)
     assert len(list(tmp_path.glob("*.log"))) > 3
-    values = [v for _, _, v in _all_records(tmp_path)]
+    values = [v for _, _, v, _ in _all_records(tmp_path)]
     assert [int.from_bytes(v[:4], "big") for v in values] == list(range(200))
+
+
+def _raw_records(spool_dir) -> dict[tuple[int, int], bytes]:
+    """(segment, offset) -> the framed bytes of every record on disk."""
+    out = {}
+    for seg in Spool(spool_dir).segments():
+        data = Spool(spool_dir).path(seg).read_bytes()
+        off = 0
+        while off + HEADER.size <= len(data):
+            n, _ = HEADER.unpack_from(data, off)
+            out[(seg, off)] = data[off : off + HEADER.size + n]
+            off += HEADER.size + n
+    return out
+
+
+def _segment_bytes(spool_dir) -> bytes:
+    return b"".join(p.read_bytes() for p in sorted(spool_dir.glob("*.log")))
+
+
+def test_meta_is_kept_and_the_old_three_element_format_still_reads(tmp_path):
+    old = b"".join(  # records as the previous release wrote them
+        HEADER.pack(len(p), zlib.crc32(p)) + p
+        for p in (msgpack.packb(("completions", f"old{i}", b"v"), use_bin_type=True) for i in range(3))
+    )
+    Spool(tmp_path).path(1).write_bytes(old)
+    log = EventLog(EventLogConfig(spool_dir=tmp_path)).start()
+    meta = {"tenant": "t1", "ts": 12.5, "scan": ["prompt", "", "output"]}
+    log.submit("completions", "new", b"w", meta=meta)
+    log.submit("feedback", "plain", b"x")
+    assert _wait(lambda: log.stats.spooled == 2)
+    log.close(timeout=2)
+    assert _all_records(tmp_path) == [
+        ("completions", "old0", b"v", None),
+        ("completions", "old1", b"v", None),
+        ("completions", "old2", b"v", None),
+        ("completions", "new", b"w", meta),
+        ("feedback", "plain", b"x", None),
+    ]
+
+
+def _tenant_events(log, n, t0):
+    """n records each of tenants "gone" and "stays" (a distinctive string in value and scan text), and events
+    without meta; "gone"'s ts run from t0 to t0 + n - 1."""
+    for i in range(n):
+        for tenant in ("gone", "stays"):
+            marker = f"{tenant.upper()}-MARKER-{i:04d}"
+            meta = {"tenant": tenant, "ts": t0 + i, "scan": [f"def f():  # {marker}", "", "pass"]}
+            log.submit("completions", f"{tenant}-{i}", f"value {marker} ".encode() * (1 + i % 40), meta=meta)
+        log.submit("tenants", f"no-meta-{i}", b"GONE-MARKER in a record without meta stays")
+
+
+def test_forgetting_redacts_every_segment_in_place_and_keeps_the_rest_byte_identical(tmp_path):
+    log = EventLog(EventLogConfig(spool_dir=tmp_path, segment_bytes=8192)).start()  # no broker: no shipper
+    _tenant_events(log, 120, t0=1000.0)
+    assert _wait(lambda: log.stats.spooled == 360)
+    # the cursor halfway: redaction covers what was already sent as well as what was not
+    log._shared[sh.CUR_SEG], log._shared[sh.CUR_OFF] = sorted(_raw_records(tmp_path))[180]
+    before = _raw_records(tmp_path)
+    sizes = {p.name: p.stat().st_size for p in tmp_path.glob("*.log")}
+    assert len(sizes) > 3 and b"GONE-MARKER-0000" in _segment_bytes(tmp_path)
+
+    log.forget({"gone": 1000.0 + 99})  # ts 1000..1099 forgotten, 1100..1119 not
+    assert {p.name: p.stat().st_size for p in tmp_path.glob("*.log")} == sizes
+    after = _raw_records(tmp_path)
+    assert after.keys() == before.keys()  # no offset moved
+    changed = {pos for pos in before if before[pos] != after[pos]}
+    assert len(changed) == 100
+    for pos in before:
+        _, key, _, meta = _dec(before[pos])
+        if pos in changed:
+            assert key.startswith("gone-") and meta["ts"] <= 1099 and len(after[pos]) == len(before[pos])
+            assert _dec(after[pos])[2] is None  # no content; its CRC is valid (decoded by _dec)
+        else:
+            assert not (key.startswith("gone-") and meta["ts"] <= 1099)
+    raw = _segment_bytes(tmp_path)
+    for i in range(100):
+        assert f"GONE-MARKER-{i:04d}".encode() not in raw  # neither in the value nor in the scan text
+    assert b"GONE-MARKER-0100" in raw and b"STAYS-MARKER-0000" in raw
+    keys = [k for _, k, _, _ in _all_records(tmp_path)]
+    assert len(keys) == 260 and not any(k.startswith("gone-") and int(k[5:]) < 100 for k in keys)
+    assert log.stats.forgotten == 100 - 60  # the ones ahead of the cursor: never sent (60 were, before)
+
+    # after forget(): a record of the tenant up to its time is written redacted, a later one as it comes
+    log.submit("completions", "gone-late", b"GONE-MARKER-LATE", meta={"tenant": "gone", "ts": 1050.0})
+    log.submit("completions", "gone-new", b"GONE-MARKER-NEW", meta={"tenant": "gone", "ts": 2000.0})
+    assert _wait(lambda: log.stats.spooled == 362)
+    log.close(timeout=2)
+    raw = _segment_bytes(tmp_path)
+    assert b"GONE-MARKER-LATE" not in raw and b"GONE-MARKER-NEW" in raw
+    assert log.stats.forgotten == 41
+    assert fg.load(tmp_path) == (1, {"gone": 1099.0}) and fg.load_done(tmp_path) == 1
+
+    # values only grow, the file is merged; a forget that changes nothing returns at once
+    again = EventLog(EventLogConfig(spool_dir=tmp_path))
+    again.forget({"gone": 5.0, "other": 7.0})
+    assert fg.load(tmp_path) == (2, {"gone": 1099.0, "other": 7.0})
+    t = time.monotonic()
+    again.forget({"gone": 1099.0})
+    assert time.monotonic() - t < 0.1 and fg.load(tmp_path)[0] == 2
+
+
+def _dec(framed: bytes):
+    n, crc = HEADER.unpack_from(framed)
+    payload = framed[HEADER.size :]
+    assert len(payload) == n and zlib.crc32(payload) == crc
+    r = msgpack.unpackb(payload, raw=False)
+    return r[0], r[1], r[2], r[3] if len(r) == 4 else None
+
+
+def test_a_redacted_record_has_the_length_it_replaces_across_msgpack_size_seams():
+    for n in [*range(11, 320), *range(65_500, 65_600), 1 << 20]:
+        framed = _redacted("completions", "k" * 32, n)
+        assert len(framed) == HEADER.size + n and _dec(framed)[2] is None, n
+
+
+def test_a_record_torn_by_a_crash_while_it_was_redacted_is_skipped_and_the_rest_read(tmp_path):
+    log = EventLog(EventLogConfig(spool_dir=tmp_path)).start()
+    for i in range(10):
+        log.submit("completions", f"k{i}", b"x" * 50, meta={"tenant": "t", "ts": float(i)})
+    assert _wait(lambda: log.stats.spooled == 10)
+    log.close(timeout=2)
+    pos = sorted(_raw_records(tmp_path))[4]
+    path = Spool(tmp_path).path(pos[0])
+    data = bytearray(path.read_bytes())
+    data[pos[1] + HEADER.size + 3] ^= 0xFF  # half overwritten: its length whole, its CRC wrong
+    path.write_bytes(bytes(data))
+    again = EventLog(EventLogConfig(spool_dir=tmp_path))
+    assert again._head == (pos[0], len(data))  # not cut there: the records after it are kept
+    assert [k for _, k, _, _ in _all_records(tmp_path)] == [f"k{i}" for i in range(10) if i != 4]
+
+
+def test_the_forgotten_file_is_never_half_written(tmp_path, monkeypatch):
+    fg.save(tmp_path, 3, {"a": 1.0})
+    real = fg.os.replace
+
+    def crash(*a):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(fg.os, "replace", crash)
+    log = EventLog(EventLogConfig(spool_dir=tmp_path))
+    with pytest.raises(OSError):
+        log.forget({"b": 2.0})
+    monkeypatch.setattr(fg.os, "replace", real)
+    assert json.loads((tmp_path / fg.FILE).read_text()) == {"generation": 3, "tenants": {"a": 1.0}}

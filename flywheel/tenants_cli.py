@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 from flywheel.core.config import env
@@ -131,5 +132,7 @@ def _provenance(args) -> int:
     print(f"versions trained on {args.name}'s samples ({', '.join(ids)}):")
     print(f"{'version':>7} {'step':>7} {'new':>6} {'total':>6}  published")
     for v in versions:
-        print(f"{v['version']:>7} {v['step']:>7} {v['new']:>6} {v['total']:>6}  {v['published']}")
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(v["published"]))
+        new, total = sum(v["tenants"].values()), sum(v["tenants_total"].values())
+        print(f"{v['version']:>7} {v['step']:>7} {new:>6} {total:>6}  {when} UTC")
     return 0

@@ -1,7 +1,7 @@
 """`flywheel status`: consumer lag of the trainer's and the weight agents' Kafka groups (flywheel.status).
 
 Lag of a partition is its log end offset minus the group's committed offset. A partition the group is
-meant to read (the trainer: completions, feedback, weights; an agent: weights) but has no committed
+meant to read (the trainer: completions, feedback, weights, tenants; an agent: weights) but has no committed
 offset for counts from the partition's first offset: all of it is still to be read. The trainer commits
 only together with a checkpoint (online_rl.stream_reader), so its lag is what a restart would read again.
 """

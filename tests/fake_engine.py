@@ -119,9 +119,8 @@ async def gateway_over_fakes(test_model, state_dir, versions: list[int], tenants
             state_dir=state_dir,
             api_keys=",".join(f"u{i}:key-u{i}" for i in range(tenants)),
             admin_token="admin-secret",
-            log_events=False,
             pool=PoolConfig(health_interval_s=3600),
-            **cfg,
+            **{"log_events": False, **cfg},
         )
     )
     client = TestClient(TestServer(gw.app))

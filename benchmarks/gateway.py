@@ -1,17 +1,23 @@
 """Gateway overhead, side by side in one run: straight to the replica vs through the gateway, logging on vs off,
-and vs a proxy that only forwards bytes (the floor of any extra HTTP hop on this machine).
+secret scrubbing on vs off, and vs a proxy that only forwards bytes (the floor of any extra HTTP hop here).
 
-One SGLang replica (test-preset model), a real Kafka broker, and two gateway processes in front of the
-same replica: one logging every event to Kafka, one with `--no-events`. Latency: sequential requests,
-interleaved across the three paths so that machine noise hits all of them alike, greedy with the same
-token budget (the same engine work). Throughput: concurrent load in alternating rounds on the two
-gateways. Prints one JSON object as the last line.
+One SGLang replica (test-preset model), a real Kafka broker, and three gateway processes in front of the
+same replica: one logging every event to Kafka (its shipper scanning each for secrets, the default), one
+logging without the scan (FLYWHEEL_SCRUB_SECRETS=0), one with `--no-events`. Latency: sequential requests,
+interleaved across the paths so that machine noise hits all of them alike, greedy with the same token
+budget (the same engine work). Throughput: concurrent load in rotating rounds on the gateways. The
+scanner's own throughput (serving.secret_scrub, in this process) is measured over events shaped like IDE
+traffic: 2 KB prompts of real code (this repository's), a suffix and an output, 1% holding a secret.
+`--quick`: fewer rounds (a check that it runs); `--scrub-only`: only the scanner. Prints one JSON object as
+the last line.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
+import random
 import shutil
 import socket
 import subprocess
@@ -70,9 +76,9 @@ async def _via_gateway(s: aiohttp.ClientSession, url: str, prompt: str, max_toke
 
 
 async def _latency(
-    replica_url: str, proxy_url: str, gw_on: str, gw_off: str, prompts: list[str], tok, stop_ids
+    replica_url: str, proxy_url: str, gateways: dict[str, str], prompts: list[str], tok, stop_ids
 ) -> dict:
-    lat = {"direct": [], "null_proxy": [], "gateway_logging_on": [], "gateway_logging_off": []}
+    lat = {"direct": [], "null_proxy": [], **{name: [] for name in gateways}}
     async with aiohttp.ClientSession() as s:
         for i in range(ROUNDS + 10):
             p = prompts[i % len(prompts)]
@@ -81,10 +87,10 @@ async def _latency(
             order = [
                 ("direct", partial(_direct, s, replica_url, ids, stop_ids, n)),
                 ("null_proxy", partial(_direct, s, proxy_url, ids, stop_ids, n)),
-                ("gateway_logging_on", partial(_via_gateway, s, gw_on, p, n)),
-                ("gateway_logging_off", partial(_via_gateway, s, gw_off, p, n)),
+                *[(name, partial(_via_gateway, s, url, p, n)) for name, url in gateways.items()],
             ]
-            for name, call in order[i % 4 :] + order[: i % 4]:  # rotate who goes first
+            k = i % len(order)
+            for name, call in order[k:] + order[:k]:  # rotate who goes first
                 t = time.perf_counter()
                 await call()
                 if i >= 10:  # warm-up
@@ -123,7 +129,94 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def main() -> dict:
+def scrub_events(n: int, secret_share: float = 0.01, seed: int = 0) -> list[tuple[list[str], bool]]:
+    """n events' texts ([prompt ~2 KB, suffix, output]) cut from this repository's code, `secret_share` of them
+    with a (fake) credential on a line of their prompt or output; with whether each holds one."""
+    from flywheel.core.paths import REPO_ROOT
+
+    files = sorted(
+        p for pkg in ("serving", "online_rl", "weight_sync", "kernels") for p in (REPO_ROOT / pkg).rglob("*.py")
+    )
+    files = [f for f in files if f.name != "secret_scrub.py"]  # its docstring quotes secret shapes
+    texts = [f.read_text() for f in files]
+    texts = [t for t in texts if len(t) > 3000]
+    rng = random.Random(seed)
+    fakes = [
+        'aws_access_key_id = "' + "AKIA" + "Q3EGRDFJ7XM2KZ4P" + '"',
+        'headers = {"Authorization": "token ' + "ghp" + "_Xk92LmQ7vRt3NbW8sYp1ZcH6dJf4Ga0eKu5i" + '"}',
+        'engine = create_engine("postgresql://app:' + "Tr0ub4dor-and-3" + '@db.internal:5432/app")',
+        "-----BEGIN RSA " + "PRIVATE KEY-----",
+        'stripe.api_key = "' + "sk" + "_live_" + "4eC39HqLyjWDarjtT1zdp7dc" + '"',
+    ]
+    out = []
+    for i in range(n):
+        t = texts[rng.randrange(len(texts))]
+        at = rng.randrange(len(t) - 2400)
+        prompt, suffix, output = (
+            t[at : at + 2048],
+            t[at + 2048 : at + 2248],
+            t[at + 2248 : at + 2248 + rng.randrange(40, 400)],
+        )
+        secret = rng.random() < secret_share
+        if secret:
+            line = "    " + fakes[i % len(fakes)] + "\n"
+            if i % 2:
+                output = line + output
+            else:
+                cut = prompt.rfind("\n", 0, rng.randrange(1, len(prompt))) + 1
+                prompt = prompt[:cut] + line + prompt[cut:]
+        out.append(([prompt, suffix, output], secret))
+    return out
+
+
+def scrub_throughput(n: int) -> dict:
+    """The scanner alone on one core (CPU time): every line scanned (no cache: the worst case), and events that
+    follow a cursor through a file (each prompt ~4 lines on from the last, as an IDE sends them; the clean-line
+    cache on, as in the shipper)."""
+    from serving.secret_scrub import ScrubConfig, Scrubber
+
+    events = scrub_events(n)
+    scrubber = Scrubber(ScrubConfig(cache_lines=0))  # every line scanned, as if never seen before
+    t = time.thread_time()
+    found = [bool(scrubber.find(texts)) for texts, _ in events]
+    distinct_s = time.thread_time() - t
+    missed = sum(secret and not f for (_, secret), f in zip(events, found))
+    flagged_clean = sum(f and not secret for (_, secret), f in zip(events, found))
+    from flywheel.core.paths import REPO_ROOT
+
+    code = (REPO_ROOT / "serving" / "dispatcher.py").read_text().splitlines(keepends=True)
+    following = []
+    for i in range(n):
+        at = (4 * i) % max(1, len(code) - 80)
+        following.append(
+            ["".join(code[at : at + 60]), "".join(code[at + 60 : at + 64]), "".join(code[at + 60 : at + 62])]
+        )
+    scrubber = Scrubber()
+    t = time.thread_time()
+    for texts in following:
+        scrubber.find(texts)
+    following_s = time.thread_time() - t
+    return {
+        "scrub_events_per_s": round(n / distinct_s, 1),
+        "scrub_events_per_s_following_cursor": round(n / following_s, 1),
+        "scrub_events": n,
+        "scrub_secret_share": round(sum(s for _, s in events) / n, 4),
+        "scrub_missed": missed,
+        "scrub_flagged_clean_share": round(flagged_clean / max(1, sum(not s for _, s in events)), 4),
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    global ROUNDS, LOAD_ROUND_S, LOAD_ROUNDS
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.gateway", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="few rounds: a check that it runs, not a measurement")
+    ap.add_argument("--scrub-only", action="store_true", help="only the secret scanner's throughput")
+    a = ap.parse_args(argv)
+    scrub = scrub_throughput(300 if a.quick else 2000)
+    if a.scrub_only:
+        return scrub
+    if a.quick:
+        ROUNDS, LOAD_ROUND_S, LOAD_ROUNDS = 40, 2.0, 3
     from tokenizers import Tokenizer
 
     model = bootstrap("test", 0, progress=False)
@@ -141,17 +234,26 @@ def main() -> dict:
         started.append(on)
         off = gateway_process.start([replica.url], model, tmp / "gw-off", keys={"b": KEY}, extra_args=["--no-events"])
         started.append(off)
+        noscrub = gateway_process.start(
+            [replica.url],
+            model,
+            tmp / "gw-noscrub",
+            kafka=broker.bootstrap,
+            keys={"b": KEY},
+            env={"FLYWHEEL_SCRUB_SECRETS": "0"},
+        )
+        started.append(noscrub)
 
         proxy_port = free_port()
         proxy = subprocess.Popen([sys.executable, "-m", "benchmarks._null_proxy", replica.url, str(proxy_port)])
         started.append(_Proc(proxy))
         wait_until(lambda: _port_open(proxy_port), 30, what="null proxy")
-        lat = asyncio.run(
-            _latency(replica.url, f"http://127.0.0.1:{proxy_port}", on.url, off.url, prompts, tok, stop_ids)
-        )
-        counts = {"on": 0, "off": 0}
+        gateways = {"gateway_logging_on": on.url, "gateway_logging_off": off.url, "gateway_scrub_off": noscrub.url}
+        lat = asyncio.run(_latency(replica.url, f"http://127.0.0.1:{proxy_port}", gateways, prompts, tok, stop_ids))
+        loads = [("on", on.url), ("off", off.url), ("noscrub", noscrub.url)]
+        counts = {name: 0 for name, _ in loads}
         for r in range(LOAD_ROUNDS):
-            for name, url in (("on", on.url), ("off", off.url)) if r % 2 == 0 else (("off", off.url), ("on", on.url)):
+            for name, url in loads[r % 3 :] + loads[: r % 3]:
                 counts[name] += asyncio.run(_load(url, prompts, LOAD_ROUND_S))
         seconds = LOAD_ROUNDS * LOAD_ROUND_S
         direct_p50, direct_p99 = _pct(lat["direct"], 50), _pct(lat["direct"], 99)
@@ -161,14 +263,24 @@ def main() -> dict:
             "added_p50_ms": round(_pct(lat["gateway_logging_on"], 50) - direct_p50, 2),
             "added_p99_ms": round(_pct(lat["gateway_logging_on"], 99) - direct_p99, 2),
             "added_p50_ms_logging_off": round(_pct(lat["gateway_logging_off"], 50) - direct_p50, 2),
+            # logging on both: the shipper scanning each event for secrets, or not
+            "added_p50_ms_scrub_on": round(_pct(lat["gateway_logging_on"], 50) - direct_p50, 2),
+            "added_p50_ms_scrub_off": round(_pct(lat["gateway_scrub_off"], 50) - direct_p50, 2),
             "added_median_paired_ms": paired("gateway_logging_on"),
             "added_median_paired_ms_logging_off": paired("gateway_logging_off"),
+            "added_median_paired_ms_scrub_off": paired("gateway_scrub_off"),
             "hop_floor_paired_ms": paired("null_proxy"),  # any HTTP hop on this machine, doing nothing
             "throughput_ratio_logging_on_vs_off": round(counts["on"] / max(1, counts["off"]), 3),
+            "throughput_ratio_scrub_on_vs_off": round(counts["on"] / max(1, counts["noscrub"]), 3),
+            **scrub,
+            # The share of one core the scanner would take at this gateway's throughput were every prompt 2 KB
+            # (the test model's prompts are ~70 characters: its context is 512 tokens).
+            "scrub_core_share_at_measured_rps_2kb": round(counts["on"] / seconds / scrub["scrub_events_per_s"], 3),
             "latency_ms": {k: {"p50": _pct(v, 50), "p99": _pct(v, 99), "n": len(v)} for k, v in lat.items()},
             "throughput_rps": {
                 "logging_on": round(counts["on"] / seconds, 1),
                 "logging_off": round(counts["off"] / seconds, 1),
+                "logging_on_scrub_off": round(counts["noscrub"] / seconds, 1),
             },
             "setup": {
                 "max_tokens": MAX_TOKENS,
@@ -176,6 +288,7 @@ def main() -> dict:
                 "concurrency": CONCURRENCY,
                 "model": "test preset",
                 "load_seconds_per_gateway": seconds,
+                "quick": a.quick,
             },
         }
         result["targets_met"] = {

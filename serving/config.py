@@ -56,6 +56,11 @@ class GatewayConfig:
         help="Kafka bootstrap servers (none: events stay in the spool)",
     )
     log_events: bool = option(True, flag="events", help="log completion and feedback events (--no-events: benchmarks)")
+    scrub_secrets: bool = option(
+        True,
+        env="FLYWHEEL_SCRUB_SECRETS",
+        help="withhold the content of events whose prompt, output or comment holds a secret (serving.secret_scrub)",
+    )
     limits: Limits = nested(Limits)
     pool: PoolConfig = field(default_factory=PoolConfig)
     routing: RoutingConfig = nested(RoutingConfig)

@@ -58,7 +58,10 @@ class Gateway:
         self.pool = ReplicaPool(cfg.replicas, cfg.pool, cfg.routing)
         self.events = EventLog(
             EventLogConfig(
-                spool_dir=state / "spool", bootstrap=cfg.kafka_bootstrap, max_spool_bytes=cfg.max_spool_bytes
+                spool_dir=state / "spool",
+                bootstrap=cfg.kafka_bootstrap,
+                max_spool_bytes=cfg.max_spool_bytes,
+                scrub=cfg.scrub_secrets,
             )
         )
         self.metrics = GatewayMetrics(self)

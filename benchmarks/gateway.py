@@ -124,6 +124,32 @@ class _Proc:
         return stop_pid(self.popen.pid)
 
 
+def _shipper_cpu_s(pid: int) -> float:
+    """CPU seconds used so far by a gateway's event shipper (its multiprocessing child)."""
+    import psutil
+
+    total = 0.0
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            cmd = " ".join(child.cmdline())
+            if "multiprocessing" in cmd and "resource_tracker" not in cmd:
+                t = child.cpu_times()
+                total += t.user + t.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def _produced(url: str) -> int:
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith('flywheel_events_total{state="produced"}'):
+                return int(float(line.split()[-1]))
+    return 0
+
+
 def _port_open(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
@@ -173,7 +199,7 @@ def scrub_throughput(n: int) -> dict:
     """The scanner alone on one core (CPU time): every line scanned (no cache: the worst case), and events that
     follow a cursor through a file (each prompt ~4 lines on from the last, as an IDE sends them; the clean-line
     cache on, as in the shipper)."""
-    from serving.secret_scrub import ScrubConfig, Scrubber
+    from serving.secret_scrub import Scrubber, ScrubConfig
 
     events = scrub_events(n)
     scrubber = Scrubber(ScrubConfig(cache_lines=0))  # every line scanned, as if never seen before
@@ -249,6 +275,8 @@ def main(argv: list[str] | None = None) -> dict:
         started.append(_Proc(proxy))
         wait_until(lambda: _port_open(proxy_port), 30, what="null proxy")
         gateways = {"gateway_logging_on": on.url, "gateway_logging_off": off.url, "gateway_scrub_off": noscrub.url}
+        # The shippers' CPU per event, scan or no scan: steadier than throughput on a noisy machine.
+        shipper_at = {g.pid: (_shipper_cpu_s(g.pid), _produced(g.url)) for g in (on, noscrub)}
         lat = asyncio.run(_latency(replica.url, f"http://127.0.0.1:{proxy_port}", gateways, prompts, tok, stop_ids))
         loads = [("on", on.url), ("off", off.url), ("noscrub", noscrub.url)]
         counts = {name: 0 for name, _ in loads}
@@ -256,6 +284,11 @@ def main(argv: list[str] | None = None) -> dict:
             for name, url in loads[r % 3 :] + loads[: r % 3]:
                 counts[name] += asyncio.run(_load(url, prompts, LOAD_ROUND_S))
         seconds = LOAD_ROUNDS * LOAD_ROUND_S
+        time.sleep(2.0)  # the last burst shipped (ship_interval_s 0.5)
+        shipper_ms = {}
+        for name, g in (("scrub_on", on), ("scrub_off", noscrub)):
+            cpu0, n0 = shipper_at[g.pid]
+            shipper_ms[name] = round(1000 * (_shipper_cpu_s(g.pid) - cpu0) / max(1, _produced(g.url) - n0), 3)
         direct_p50, direct_p99 = _pct(lat["direct"], 50), _pct(lat["direct"], 99)
         # Paired by round (same prompt, positions rotated): the median of per-round differences.
         paired = lambda name: round(float(np.median(np.subtract(lat[name], lat["direct"]))), 2)  # noqa: E731
@@ -272,6 +305,8 @@ def main(argv: list[str] | None = None) -> dict:
             "hop_floor_paired_ms": paired("null_proxy"),  # any HTTP hop on this machine, doing nothing
             "throughput_ratio_logging_on_vs_off": round(counts["on"] / max(1, counts["off"]), 3),
             "throughput_ratio_scrub_on_vs_off": round(counts["on"] / max(1, counts["noscrub"]), 3),
+            "shipper_cpu_ms_per_event_scrub_on": shipper_ms["scrub_on"],
+            "shipper_cpu_ms_per_event_scrub_off": shipper_ms["scrub_off"],
             **scrub,
             # The share of one core the scanner would take at this gateway's throughput were every prompt 2 KB
             # (the test model's prompts are ~70 characters: its context is 512 tokens).

@@ -27,6 +27,7 @@ class TenantPolicies:
     def __init__(self, gw: Gateway, poll_s: float = 1.0):
         self.gw, self.poll_s = gw, poll_s
         self.applied: dict[str, Policy] = {}  # name -> the policy this gateway has put into effect
+        self.retry: dict[str, Policy] = {}  # name -> a policy whose forget failed (a slow spool): tried again
         self._lock = asyncio.Lock()
         self._task: asyncio.Task | None = None
 
@@ -40,10 +41,11 @@ class TenantPolicies:
             await asyncio.gather(self._task, return_exceptions=True)
 
     async def sync(self) -> None:
-        """Read the keys file now and apply what changed; returns once it is in effect (the spool redacted,
-        the records on disk for Kafka)."""
+        """Read the keys file now and apply what changed (and what failed to apply before); returns once it
+        is in effect (the spool redacted, the records on disk for Kafka)."""
         async with self._lock:
-            changed = self.gw.keys.reload_if_changed(min_interval_s=0)
+            changed = {**self.retry, **(self.gw.keys.reload_if_changed(min_interval_s=0) or {})}
+            self.retry = {}
             if changed:
                 await self._apply(changed)
 
@@ -65,8 +67,13 @@ class TenantPolicies:
             ids = tenants.get(name, [])
             if policy.forgotten_before is not None and policy.forgotten_before != before.forgotten_before:
                 forgotten = {i: policy.forgotten_before for i in ids}
-                if forgotten and self.gw.cfg.log_events:
-                    await asyncio.get_running_loop().run_in_executor(None, self.gw.events.forget, forgotten)
+                try:
+                    if forgotten and self.gw.cfg.log_events:
+                        await asyncio.get_running_loop().run_in_executor(None, self.gw.events.forget, forgotten)
+                except (OSError, TimeoutError) as e:  # its record waits: the spool must be clean of it first
+                    log.error("forgetting tenant %s in the spool failed (%s); retrying", name, e)
+                    self.retry[name] = policy
+                    continue
                 log.info("tenant %s forgotten up to %.3f (%d key ids)", name, policy.forgotten_before, len(ids))
             if policy.train != before.train:
                 log.info("tenant %s: train %s", name, policy.train)

@@ -51,6 +51,16 @@ class TenantsApi:
             raise ApiError(404, f"no tenant {name!r} in the key store", code="tenant_not_found")
         return {"name": name, "ids": ids, "policy": self.gw.keys.policy(name).view()}
 
+    async def _sync(self, name: str) -> None:
+        await self.gw.policies.sync()
+        if name in self.gw.policies.retry:
+            raise ApiError(
+                503,
+                f"{name}'s policy is saved but this gateway's spool could not be redacted in time; it keeps trying",
+                "server_error",
+                code="spool_busy",
+            )
+
     def _keys_file(self):
         if self.gw.cfg.keys_file is None:
             raise ApiError(409, "this gateway has no keys file: policies live there (--keys-file)", code="no_keys_file")
@@ -74,7 +84,7 @@ class TenantsApi:
         if changes.get("retention_days") == 0:
             changes["retention_days"] = None  # 0: no retention of its own (the topic's)
         set_policy(self._keys_file(), name, **changes)
-        await self.gw.policies.sync()
+        await self._sync(name)
         return json_response(self._view(name))
 
     async def forget(self, request: web.Request) -> web.Response:
@@ -85,5 +95,5 @@ class TenantsApi:
         b = FORGET_BODY.parse(await request.read())
         now = time.time()
         set_policy(self._keys_file(), name, forgotten_before=now, **({"train": "deny"} if b["train"] else {}))
-        await self.gw.policies.sync()
+        await self._sync(name)
         return json_response({**self._view(name), "forgotten_before": now})

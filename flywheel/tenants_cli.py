@@ -12,6 +12,7 @@ import argparse
 import json
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 from flywheel.core.config import env
 
@@ -54,10 +55,15 @@ def _call(args, method: str, path: str, body: dict | None = None) -> dict:
 
     if not args.admin_token:
         raise ValueError("the admin token is needed: --admin-token or FLYWHEEL_ADMIN_TOKEN")
-    try:
-        return admin_call(args.gateway, args.admin_token, method, path, body)
+    try:  # longer than the gateway's own wait for its spool, so its 503 is what we show
+        return admin_call(args.gateway, args.admin_token, method, path, body, timeout=60)
     except urllib.error.HTTPError as e:
-        raise RuntimeError(json.loads(e.read())["error"]["message"]) from None
+        raw = e.read()
+        try:
+            message = json.loads(raw)["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = raw[:200].decode("utf-8", "replace") or e.reason
+        raise RuntimeError(f"{e.code}: {message}") from None
     except urllib.error.URLError as e:
         raise RuntimeError(f"cannot reach the gateway at {args.gateway}: {e.reason}") from None
 
@@ -88,13 +94,15 @@ def _policy(args) -> int:
     body = {k: v for k, v in (("train", args.train), ("retention_days", args.retention_days)) if v is not None}
     if not body:
         raise ValueError("give --train and/or --retention-days")
-    answer = _call(args, "PUT", f"/admin/tenants/{args.name}", body)
+    answer = _call(args, "PUT", f"/admin/tenants/{quote(args.name, safe='')}", body)
     _print(args, answer, [answer])
     return 0
 
 
 def _forget(args) -> int:
-    answer = _call(args, "POST", f"/admin/tenants/{args.name}/forget", {"train": "deny"} if args.deny else {})
+    answer = _call(
+        args, "POST", f"/admin/tenants/{quote(args.name, safe='')}/forget", {"train": "deny"} if args.deny else {}
+    )
     _print(args, answer, [answer])
     if not args.json:
         print(
@@ -114,7 +122,7 @@ def _ids(args) -> list[str]:
         if ids:
             return ids
     if args.admin_token:
-        return _call(args, "GET", f"/admin/tenants/{args.name}")["ids"]
+        return _call(args, "GET", f"/admin/tenants/{quote(args.name, safe='')}")["ids"]
     raise ValueError(f"no tenant {args.name!r} in {keys_file} (or give --gateway and --admin-token)")
 
 

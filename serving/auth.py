@@ -50,8 +50,15 @@ class Policy:
         return {"train": self.train, "retention_days": self.retention_days, "forgotten_before": self.forgotten_before}
 
 
-def check_policy(train=None, retention_days=None) -> None:
-    """A clear error for a policy nobody can mean (the admin API turns it into a 400)."""
+def check_policy(train=None, retention_days=None, forgotten_before=None) -> None:
+    """A clear error for a policy nobody can mean (the admin API turns it into a 400; in the keys file, the
+    gateway refuses to start on it, or keeps the policies it had)."""
+    if forgotten_before is not None and (
+        isinstance(forgotten_before, bool)
+        or not isinstance(forgotten_before, (int, float))
+        or not 0 <= forgotten_before < float("inf")
+    ):
+        raise ValueError("forgotten_before must be a Unix time")
     if train is not None and train not in ev.TRAIN_POLICIES:
         raise ValueError(f"train must be one of {', '.join(ev.TRAIN_POLICIES)}, not {train!r}")
     if retention_days is not None and (
@@ -101,7 +108,7 @@ class KeyStore:
             if not key:
                 raise ValueError("FLYWHEEL_API_KEYS entries are name:key")
             hashed[hash_key(key)] = name
-        store = cls(hashed, {name: Policy(**p) for name, p in data.get("tenants", {}).items()})
+        store = cls(hashed, {name: _policy(name, p) for name, p in data.get("tenants", {}).items()})
         store._source, store._stamp = (keys_file, env_value), _stamp(keys_file)
         return store
 
@@ -120,8 +127,12 @@ class KeyStore:
             log.error("keys file %s unreadable (%s); keeping the keys loaded before", self._source[0], e)
             self._stamp = stamp
             return None
+        # A policy that changed, or a tenant with a policy that gained a key (its new id needs its record).
+        ids, fresh_ids = self.tenants(), fresh.tenants()
         changed = {
-            n: fresh.policy(n) for n in set(self.policies) | set(fresh.policies) if self.policy(n) != fresh.policy(n)
+            n: fresh.policy(n)
+            for n in set(self.policies) | set(fresh.policies)
+            if self.policy(n) != fresh.policy(n) or (n in fresh.policies and ids.get(n) != fresh_ids.get(n))
         }
         self.policies, self._by_hash, self._stamp = fresh.policies, fresh._by_hash, fresh._stamp
         return changed
@@ -145,26 +156,45 @@ class KeyStore:
         return len(self._by_hash)
 
 
+def _policy(name: str, fields) -> Policy:
+    """A policy from the keys file, checked: a hand edit that says "Deny" must not mean allow."""
+    if not isinstance(fields, dict) or set(fields) - set(Policy.__dataclass_fields__):
+        raise ValueError(f"tenant {name!r}: a policy is an object of {', '.join(Policy.__dataclass_fields__)}")
+    try:
+        check_policy(fields.get("train", "allow"), fields.get("retention_days"), fields.get("forgotten_before"))
+    except ValueError as e:
+        raise ValueError(f"tenant {name!r}: {e}") from None
+    return Policy(**fields)
+
+
 def _read(keys_file: Path | None) -> dict:
     if keys_file is None or not Path(keys_file).exists():
         return {}
     return json.loads(Path(keys_file).read_text())
 
 
-def _stamp(keys_file: Path | None):
+def _stamp(keys_file: Path | None) -> bytes | None:
+    """What the file holds, hashed: mtime and inode can repeat across two quick writes, the content cannot."""
     try:
-        st = os.stat(keys_file) if keys_file is not None else None
+        return None if keys_file is None else hashlib.sha256(Path(keys_file).read_bytes()).digest()
     except OSError:
         return None
-    return None if st is None else (st.st_mtime_ns, st.st_size, st.st_ino)
 
 
 def _write(keys_file: Path, data: dict) -> None:
     keys_file.parent.mkdir(parents=True, exist_ok=True)
     tmp = keys_file.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    with open(tmp, "w") as f:
+        f.write(json.dumps(data, indent=2) + "\n")
+        f.flush()
+        os.fsync(f.fileno())  # it holds the forgets: a crash must not take one back
     os.chmod(tmp, 0o600)
     os.replace(tmp, keys_file)
+    fd = os.open(keys_file.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def add_key(keys_file: Path, name: str) -> str:
@@ -181,7 +211,7 @@ def add_key(keys_file: Path, name: str) -> str:
 def set_policy(keys_file: Path, name: str, **changes) -> Policy:
     """Change `name`'s policy in keys_file (train, retention_days, forgotten_before; a forgotten_before only
     grows); returns the new policy. The gateways reading that file apply it within a second."""
-    check_policy(changes.get("train"), changes.get("retention_days"))
+    check_policy(changes.get("train"), changes.get("retention_days"), changes.get("forgotten_before"))
     keys_file = Path(keys_file)
     with _locked(keys_file):
         data = _read(keys_file) or {"keys": []}

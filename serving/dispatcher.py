@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
@@ -48,6 +49,9 @@ class Dispatcher:
         self.canary: CanarySplit | None = None  # a trial in progress (weight_sync.canary starts and ends it)
         self.session: aiohttp.ClientSession | None = None
         self._background: set[asyncio.Task] = set()  # aborts sent to replicas, kept until done
+        # A tenant's training policy now, when its completion is logged (the gateway reads it from its key
+        # store): a long request that began before a `train: deny` is logged under the deny.
+        self.train_policy: Callable[[Tenant], str] = lambda tenant: tenant.train
 
     # ------------------------------------------------------------------ choosing
     def pick(
@@ -207,7 +211,7 @@ class Dispatcher:
             return None
         spans = res.weight_versions or []
         switch = next((s.get("start") for s in spans[1:]), None) if len(spans) > 1 else None
-        deny = tenant.train == "deny"  # served and counted; nothing the code wrote or saw is logged
+        deny = self.train_policy(tenant) == "deny"  # served and counted; nothing the code wrote or saw is logged
         sampling = spec.sampling()
         event = ev.CompletionEvent(
             completion_id=cid,
@@ -231,8 +235,10 @@ class Dispatcher:
             parent_id=spec.session.parent_id if spec.session is not None else "",
             withheld="policy" if deny else "",
         )
-        # The shipper scans these for secrets (serving.secret_scrub), off this thread, before Kafka sees them.
-        scan = None if deny else [spec.prompt, spec.suffix or "", res.text]
+        # The shipper scans these for secrets (serving.secret_scrub), off this thread, before Kafka sees them:
+        # prompt, output and suffix as one text (a key the user began and the model finished spans the seams),
+        # and the stop strings. Rollouts are the trainer's own tasks, never trained from the log: not scanned.
+        scan = None if deny or source != "user" else [spec.prompt + res.text + (spec.suffix or ""), *spec.stop]
         meta = {"tenant": tenant.id, "ts": event.ts, "scan": scan}
         return self.sink.submit(ev.TOPIC_COMPLETIONS, cid, event.encode(), meta=meta)
 

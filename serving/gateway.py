@@ -72,6 +72,7 @@ class Gateway:
             self.metrics,
             DispatchConfig(cfg.max_attempts, cfg.request_timeout_s, self.prompter.layers, self.prompter.top_k),
         )
+        self.dispatcher.train_policy = lambda tenant: self.keys.policy(tenant.name).train
         self.policies = TenantPolicies(self)
         self.session: aiohttp.ClientSession | None = None
         self.app = self._build_app()

@@ -27,7 +27,8 @@ class TenantPolicies:
     def __init__(self, gw: Gateway, poll_s: float = 1.0):
         self.gw, self.poll_s = gw, poll_s
         self.applied: dict[str, Policy] = {}  # name -> the policy this gateway has put into effect
-        self.retry: dict[str, Policy] = {}  # name -> a policy whose forget failed (a slow spool): tried again
+        self.applied_ids: dict[str, list[str]] = {}  # name -> its key ids when it was applied (a new key: again)
+        self.retry: dict[str, Policy] = {}  # name -> a policy not yet in effect (a slow or full spool): tried again
         self._lock = asyncio.Lock()
         self._task: asyncio.Task | None = None
 
@@ -59,34 +60,54 @@ class TenantPolicies:
 
     async def _apply(self, changed: dict[str, Policy], announce_all: bool = False) -> None:
         tenants = self.gw.keys.tenants()
-        records = []
         for name, policy in changed.items():
-            before = self.applied.get(name, Policy())
-            if policy == before and not announce_all:
-                continue
             ids = tenants.get(name, [])
-            if policy.forgotten_before is not None and policy.forgotten_before != before.forgotten_before:
-                forgotten = {i: policy.forgotten_before for i in ids}
-                try:
-                    if forgotten and self.gw.cfg.log_events:
-                        await asyncio.get_running_loop().run_in_executor(None, self.gw.events.forget, forgotten)
-                except (OSError, TimeoutError) as e:  # its record waits: the spool must be clean of it first
-                    log.error("forgetting tenant %s in the spool failed (%s); retrying", name, e)
-                    self.retry[name] = policy
-                    continue
-                log.info("tenant %s forgotten up to %.3f (%d key ids)", name, policy.forgotten_before, len(ids))
-            if policy.train != before.train:
-                log.info("tenant %s: train %s", name, policy.train)
-            records += [
-                ev.TenantRecord(
-                    tenant=i,
-                    name=name,
-                    train=policy.train,
-                    retention_days=policy.retention_days,
-                    forgotten_before=policy.forgotten_before,
-                )
-                for i in ids
-            ]
-            self.applied[name] = policy
-        sink = self.gw.sink
-        await sink.wait([sink.submit(ev.TOPIC_TENANTS, r.tenant, r.encode()) for r in records], ev.TOPIC_TENANTS)
+            if policy == self.applied.get(name) and ids == self.applied_ids.get(name) and not announce_all:
+                continue
+            try:
+                done = await self._apply_one(name, policy, ids)
+            except Exception:  # noqa: BLE001 - one tenant's trouble must not stop the others'
+                log.exception("applying tenant %s's policy failed", name)
+                done = False
+            if done:
+                self.applied[name], self.applied_ids[name] = policy, ids
+            else:  # not in effect: the keys file says so, this gateway keeps trying (the admin API answers 503)
+                self.retry[name] = policy
+
+    async def _apply_one(self, name: str, policy: Policy, ids: list[str]) -> bool:
+        """Put one tenant's policy into effect: forget in the spool first, then its records durably on the
+        spool for the tenants topic. False when either could not be done now."""
+        before = self.applied.get(name, Policy())
+        gw = self.gw
+        if not gw.cfg.log_events:  # nothing is logged, so nothing to redact or announce
+            return True
+        if policy.forgotten_before is not None and policy.forgotten_before != before.forgotten_before:
+            forgotten = {i: policy.forgotten_before for i in ids}
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, gw.events.forget, forgotten)
+            except (OSError, TimeoutError) as e:  # its record waits: the spool must be clean of it first
+                log.error("forgetting tenant %s in the spool failed (%s); retrying", name, e)
+                return False
+            log.info("tenant %s forgotten up to %.3f (%d key ids)", name, policy.forgotten_before, len(ids))
+        if policy.train != before.train:
+            log.info("tenant %s: train %s", name, policy.train)
+        records = [
+            ev.TenantRecord(
+                tenant=i,
+                name=name,
+                train=policy.train,
+                retention_days=policy.retention_days,
+                forgotten_before=policy.forgotten_before,
+            )
+            for i in ids
+        ]
+        futures = [gw.sink.submit(ev.TOPIC_TENANTS, r.tenant, r.encode()) for r in records]
+        if any(f is None for f in futures):  # the spool refused it (full): the trainer would never hear of it
+            log.error("tenant %s's policy record could not be spooled (the spool is full); retrying", name)
+            return False
+        if futures:
+            _, late = await asyncio.wait(futures, timeout=max(gw.cfg.durable_wait_s, 5.0))
+            if late:  # written later all the same; sending it again costs a duplicate the topic compacts away
+                log.error("tenant %s's policy record is not on disk yet; retrying", name)
+                return False
+        return True

@@ -187,7 +187,7 @@ _COMPLETION_FIELDS = {f.name for f in fields(CompletionEvent)} | {"routed_expert
 _FEEDBACK_FIELDS = {f.name for f in fields(FeedbackEvent)}
 _TENANT_FIELDS = {f.name for f in fields(TenantRecord)}
 # What "withheld" empties in a completion event: everything derived from the code it saw or wrote.
-_CONTENT = {"prompt_ids": b"", "output_ids": b"", "logprobs": b"", "routed_experts": b"", "routed_experts_shape": [0]}
+_CONTENT = {"prompt_ids": b"", "output_ids": b"", "logprobs": b"", "routed_experts": b""}
 
 
 class SchemaError(ValueError):
@@ -249,7 +249,8 @@ def withhold(raw: bytes, reason: str, secret_types=()) -> bytes:
     if not isinstance(d, dict) or d.get("schema") not in (COMPLETION_SCHEMA, FEEDBACK_SCHEMA):
         return raw
     if d["schema"] == COMPLETION_SCHEMA:
-        d.update(_CONTENT)
+        shape = d.get("routed_experts_shape") or [0]
+        d.update(_CONTENT, routed_experts_shape=[0, *shape[1:]])  # (0, layers, top_k), as a deny logs it
         # Stop strings are the client's text too; the numbers (temperature, max_tokens, ...) are not.
         d["sampling"] = {k: v for k, v in (d.get("sampling") or {}).items() if not isinstance(v, (str, list))}
     else:

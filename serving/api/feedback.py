@@ -208,7 +208,8 @@ class FeedbackApi:
     async def log(self, fb: ev.FeedbackEvent, tenant: Tenant) -> None:
         gw, m = self.gw, self.gw.metrics
         scan = None
-        if fb.text is not None and tenant.train == "deny":  # a comment is the tenant's words: not logged
+        deny = gw.dispatcher.train_policy(tenant) == "deny"  # its policy now, as for completions
+        if fb.text is not None and deny:  # a comment is the tenant's words: not logged
             fb.text, fb.withheld = None, "policy"
         elif fb.text is not None:
             scan = [fb.text]  # the shipper's scrubber removes it if it holds a secret

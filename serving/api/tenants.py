@@ -12,6 +12,8 @@ gateway's spool and its records are on disk for the tenants topic.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import time
 from typing import TYPE_CHECKING
 
@@ -51,12 +53,22 @@ class TenantsApi:
             raise ApiError(404, f"no tenant {name!r} in the key store", code="tenant_not_found")
         return {"name": name, "ids": ids, "policy": self.gw.keys.policy(name).view()}
 
+    async def _set(self, name: str, **changes) -> None:
+        """Write the change (off the loop: the keys file's lock may be held by the CLI or another gateway),
+        then put it into effect here."""
+        keys_file = self._keys_file()
+        await asyncio.get_running_loop().run_in_executor(
+            None, functools.partial(set_policy, keys_file, name, **changes)
+        )
+        await self._sync(name)
+
     async def _sync(self, name: str) -> None:
         await self.gw.policies.sync()
         if name in self.gw.policies.retry:
             raise ApiError(
                 503,
-                f"{name}'s policy is saved but this gateway's spool could not be redacted in time; it keeps trying",
+                f"{name}'s policy is saved but not yet in effect on this gateway (its spool is slow or full); "
+                "it keeps trying",
                 "server_error",
                 code="spool_busy",
             )
@@ -83,8 +95,7 @@ class TenantsApi:
         changes = {k: b[k] for k in b.given}
         if changes.get("retention_days") == 0:
             changes["retention_days"] = None  # 0: no retention of its own (the topic's)
-        set_policy(self._keys_file(), name, **changes)
-        await self._sync(name)
+        await self._set(name, **changes)
         return json_response(self._view(name))
 
     async def forget(self, request: web.Request) -> web.Response:
@@ -94,6 +105,5 @@ class TenantsApi:
         self._view(name)
         b = FORGET_BODY.parse(await request.read())
         now = time.time()
-        set_policy(self._keys_file(), name, forgotten_before=now, **({"train": "deny"} if b["train"] else {}))
-        await self._sync(name)
+        await self._set(name, forgotten_before=now, **({"train": "deny"} if b["train"] else {}))
         return json_response({**self._view(name), "forgotten_before": now})

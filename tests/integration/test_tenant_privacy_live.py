@@ -58,11 +58,13 @@ def topic(bootstrap: str, name: str) -> list:
 
 
 def admin(gw_url: str, *args: str) -> int:
-    return flywheel(["tenants", *args, "--gateway", gw_url, "--admin-token", ADMIN])
+    return flywheel(["tenants", *args, "--gateway", gw_url])  # the token from the env, as an operator's
 
 
-def test_secrets_deny_and_forget_through_the_whole_loop(replica, test_model, tmp_path, capsys):
+def test_secrets_deny_and_forget_through_the_whole_loop(replica, test_model, tmp_path, capsys, monkeypatch):
     from weight_sync.manifest import generate_key
+
+    monkeypatch.setenv("FLYWHEEL_ADMIN_TOKEN", ADMIN)  # never on a command line
 
     broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=tmp_path / "kafka"))
     gw = trainer = None
@@ -102,7 +104,7 @@ def test_secrets_deny_and_forget_through_the_whole_loop(replica, test_model, tmp
         assert trainer.publish() == 1
         completions = {e.completion_id: e for e in topic(broker.bootstrap, ev.TOPIC_COMPLETIONS)}
         assert completions[leaked].withheld == "secret" and completions[leaked].prompt_ids.size == 0
-        assert "AWSKeyDetector" in " ".join(completions[leaked].secret_types) or completions[leaked].secret_types
+        assert "AWS Access Key" in completions[leaked].secret_types
         assert all(completions[c].withheld == "" and completions[c].prompt_ids.size for c in acme + initech)
         assert leaked not in {e["key"].split(":")[0] for e in _ledger(work)}  # never trained on
         trained_acme = _trained(work, {completions[c].tenant for c in acme})
@@ -136,23 +138,7 @@ def test_secrets_deny_and_forget_through_the_whole_loop(replica, test_model, tmp
         assert b"acme_ledger" not in spool and b"acme_invoice" not in spool and AWS.encode() not in spool
 
         # 3. Provenance: v1 was trained on acme's samples; v2's weights still hold them (not un-trained).
-        assert (
-            flywheel(
-                [
-                    "tenants",
-                    "provenance",
-                    "acme",
-                    "--trainer-dir",
-                    str(work),
-                    "--json",
-                    "--gateway",
-                    gw.url,
-                    "--admin-token",
-                    ADMIN,
-                ]
-            )
-            == 0
-        )
+        assert admin(gw.url, "provenance", "acme", "--trainer-dir", str(work), "--json") == 0
         prov = json.loads(capsys.readouterr().out)
         assert [v["version"] for v in prov["versions"]] == [1, 2]
         assert sum(prov["versions"][0]["tenants"].values()) >= 1

@@ -84,3 +84,23 @@ def test_tenant_policies_live_in_the_keys_file_and_are_read_again_when_it_change
 
     f.write_text("{ half written")  # a broken file: the gateway keeps serving on what it had
     assert store.reload_if_changed(min_interval_s=0) is None and store.lookup(k1).name == "alice"
+
+
+def test_a_hand_edited_policy_is_checked_and_a_new_key_of_a_tenant_with_a_policy_is_announced(tmp_path):
+    import pytest
+
+    f = tmp_path / "keys.json"
+    auth.add_key(f, "alice")
+    auth.set_policy(f, "alice", retention_days=7)
+    store = auth.KeyStore.load(f)
+    auth.add_key(f, "alice")  # a second key: its id must get alice's policy record too
+    assert store.reload_if_changed(min_interval_s=0) == {"alice": auth.Policy(retention_days=7)}
+    assert len(store.tenants()["alice"]) == 2
+
+    good = json.loads(f.read_text())
+    for bad in ({"train": "Deny"}, {"retention_days": -5}, {"forgotten_before": "yesterday"}, {"colour": "red"}, []):
+        f.write_text(json.dumps({**good, "tenants": {"alice": bad}}))
+        with pytest.raises(ValueError, match="alice"):
+            auth.KeyStore.load(f)
+        assert store.reload_if_changed(min_interval_s=0) is None  # the running gateway keeps what it had
+        assert store.policy("alice").retention_days == 7

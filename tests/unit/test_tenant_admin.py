@@ -172,3 +172,26 @@ def test_a_policy_written_to_the_keys_file_reaches_the_running_gateway(test_mode
     assert event.withheld == "policy"
     policy = [e for t, _, e, _ in records if t == ev.TOPIC_TENANTS]
     assert [(r.name, r.train, r.retention_days) for r in policy] == [("alice", "deny", 7)]
+
+
+def test_a_secret_the_model_finishes_is_scanned_whole(test_model, tmp_path):
+    """The user types the start of a key, the model completes it: neither text holds it alone, and the
+    shipper is given prompt + output + suffix as one text (and the stop strings)."""
+    from serving.secret_scrub import Scrubber
+
+    head, tail = 'aws_access_key_id = "AKIAQ3EG', 'RDFJ7XM2KZ4P"\n'
+
+    async def scenario(client, fakes, keys, keys_file):
+        fakes[0].texts = [tail]
+        cid = await complete(client, keys["alice"], head)
+        await asyncio.sleep(0.3)
+        return cid
+
+    cid = run(test_model, tmp_path, scenario)
+    spool = Spool(tmp_path / "gw" / "spool")
+    segs = spool.segments()
+    records, _, _ = spool.read((segs[0], 0), (segs[-1] + 1, 0), 1000)
+    meta = next(m for t, k, _, m in records if t == ev.TOPIC_COMPLETIONS and k == cid)
+    scrubber = Scrubber()
+    assert scrubber.find([head]) == [] and scrubber.find([tail]) == []  # each half alone is clean
+    assert "AWS Access Key" in scrubber.find(meta["scan"])

@@ -6,10 +6,11 @@ number, written atomically and fsynced by the gateway (EventLog.forget). A recor
 names such a tenant and its event ts is at or before that time (a record of the tenant without a ts counts as
 forgotten: fail closed). The shipper (the spool's one reader) loads the file before it sends anything, and again
 whenever the gateway raises the generation (a shared slot) or the file changes (stat, at most every
-`STAT_INTERVAL_S`); it then redacts every forgotten record still on disk, behind and ahead of its cursor, and
-deletes dead-lettered copies of them, before it acknowledges the generation (FORGET_GEN) and sends another
-batch. `<spool>/forgotten.done` holds the last generation fully redacted, so a shipper started after a crash
-finishes a redaction that was cut short.
+`STAT_INTERVAL_S`), and then clears its secret scanner's memory of clean lines (users' code, `on_reload`); it
+then redacts every forgotten record still on disk, behind and ahead of its cursor, and deletes dead-lettered
+copies of them, before it acknowledges the generation (FORGET_GEN) and sends another batch.
+`<spool>/forgotten.done` holds the last generation fully redacted, so a shipper started after a crash finishes a
+redaction that was cut short.
 """
 
 from __future__ import annotations
@@ -135,8 +136,9 @@ def _forget_deadletters(spool_dir: Path, match) -> int:
 class Watcher:
     """The shipper's view of forgotten.json: reloaded when the gateway raises the generation or the file changes."""
 
-    def __init__(self, spool_dir: Path):
+    def __init__(self, spool_dir: Path, on_reload: Callable[[], None] | None = None):
         self.dir = Path(spool_dir)
+        self.on_reload = on_reload  # called after each reload (the shipper clears its scanner's clean lines)
         self.generation, self.tenants = load(self.dir)
         self.match = matcher(self.tenants)
         self._stat = self._stat_now()
@@ -164,3 +166,5 @@ class Watcher:
         self._stat = self._stat_now()
         self.generation, self.tenants = load(self.dir)
         self.match = matcher(self.tenants)
+        if self.on_reload is not None:
+            self.on_reload()

@@ -54,6 +54,10 @@ class EventLogConfig:
     stop_timeout_s: float = 10.0  # on close, how long the shipper keeps trying to deliver the backlog
     max_event_bytes: int = 1_000_000  # larger events go to the dead-letter topic as a stub, whole to disk
     scrub: bool = True  # withhold the content of events whose meta "scan" texts hold a secret (serving.secret_scrub)
+    # Undelivered bytes past which the shipper withholds events without scanning them (failing closed), so that
+    # slow scans never stall delivery; capped at half of max_spool_bytes. A broker outage that leaves more than
+    # this behind withholds the oldest part of it, unscanned, when the broker returns (counted in unscanned).
+    scan_backlog_bytes: int = 256 << 20
 
 
 @dataclass
@@ -70,7 +74,8 @@ class Stats:
     shipper_restarts: int = 0
     broker_up: bool = False
     pending_bytes: int = 0  # written but not yet acknowledged
-    scrubbed: int = 0  # delivered withheld: a secret (or a scan that failed) in their texts
+    scrubbed: int = 0  # delivered withheld: a secret in their texts, a scan that failed, or not scanned
+    unscanned: int = 0  # of scrubbed: withheld without a scan (a backlog over scan_backlog_bytes, no meta)
     forgotten: int = 0  # never delivered: records of a forgotten tenant (skipped, redacted on disk or on write)
 
 
@@ -154,6 +159,7 @@ class EventLog:
             broker_up=bool(s[sh.BROKER_UP]),
             pending_bytes=self.pending_bytes,
             scrubbed=s[sh.SCRUBBED],
+            unscanned=s[sh.UNSCANNED],
             forgotten=s[sh.FORGOTTEN] + self._forgotten_on_write,
         )
 

@@ -12,9 +12,18 @@ saved later; segments are freed only behind a saved cursor.
 Records carry meta (tenant, ts, texts to scan), never sent. Before a batch goes out, the records of forgotten
 tenants are left out (serving.event_forget), and every event whose texts hold a secret (serving.secret_scrub) is
 replaced by its withheld form (flywheel.core.events.withhold: ids, tenant, version and timing, no content), here
-rather than on the request path or under the gateway's GIL. A scan that fails withholds the event anyway
-(failing closed). A batch is read, filtered and scanned once, then sent until acknowledged (a retry through an
-outage does not scan again); a forget that arrives meanwhile is applied first, and the batch read again.
+rather than on the request path or under the gateway's GIL. Failing closed, an event is withheld without a
+finding too when: its scan failed or went over its CPU budget ("scan_error", "scan_limit"); the undelivered
+backlog after it is over `scan_backlog_bytes` ("unscanned_backlog": the shipper is one thread for every tenant,
+so a client whose prompts are slow to scan must not hold everyone's events back until the spool is full; it
+scans again once the backlog is under the limit); it is a completion or a feedback spooled without meta, by a
+release before meta existed ("unscanned"). Other values (tenant records) without meta go out as they are.
+Once the broker has acknowledged a batch, every record of it that went out withheld is redacted in the spool
+too (Spool.redact_at: its content, secret and scan texts gone from the disk now, not when its segment is freed
+behind the cursor), with any damaged record of the batch (a redaction a crash cut short). A batch is read,
+filtered and scanned once, then sent until acknowledged (a retry through an outage does not scan again); a
+forget that arrives meanwhile is applied first, and the batch read again. The scanner's memory of clean lines
+(users' code) is cleared whenever forgotten.json is loaded again.
 """
 
 from __future__ import annotations
@@ -49,12 +58,13 @@ log = logging.getLogger(__name__)
     STOP,
     OUTAGE,
     DEADLETTERED,
-    SCRUBBED,  # events delivered withheld because of a secret (or a failed scan)
+    SCRUBBED,  # events delivered withheld: a secret, a failed scan, or not scanned (UNSCANNED)
     FORGOTTEN,  # records of forgotten tenants never delivered (skipped, or redacted ahead of the cursor)
     FORGET_REQ,  # the forgotten.json generation the gateway wrote last
     FORGET_GEN,  # the generation the shipper has loaded and redacted the spool for
-) = range(16)
-SLOTS = 16
+    UNSCANNED,  # of SCRUBBED: withheld without a scan (a backlog over scan_backlog_bytes, a record without meta)
+) = range(17)
+SLOTS = 17
 
 
 def _producer(cfg):
@@ -96,6 +106,18 @@ def dead_letter(spool_dir: Path, topic: str, key: str, value: bytes) -> tuple[st
     return TOPIC_DEADLETTER, json.dumps(stub).encode()
 
 
+def _texts(scan) -> list[str]:
+    """The texts of meta["scan"]: a text, or a list of texts and lists of texts (stop strings); None skipped.
+    Anything else raises (the event is withheld: failing closed)."""
+    if scan is None:
+        return []
+    if isinstance(scan, str):
+        return [scan]
+    if isinstance(scan, (list, tuple)):
+        return [t for part in scan for t in _texts(part)]
+    raise TypeError(f"a {type(scan).__name__} among the texts to scan")
+
+
 class _Scrub:
     """The secret scan of a record's texts, and the withheld value it yields; never raises."""
 
@@ -116,13 +138,17 @@ class _Scrub:
             self._logged.add(what)
             log.error(msg + " (logged once)", *args)
 
+    def clear_cache(self) -> None:
+        """Forget the lines the scanner remembers clean (users' code): called when a tenant may have been forgotten."""
+        if self.scrubber is not None:
+            self.scrubber.clear_cache()
+
     def apply(self, value: bytes, scan) -> tuple[bytes, bool]:
         """(the value to send, whether it was withheld)."""
         try:
             if self.scrubber is None:
                 raise RuntimeError("no secret scanner")
-            texts = [scan] if isinstance(scan, str) else list(scan)
-            types = self.scrubber.find([t for t in texts if isinstance(t, str)])
+            types = self.scrubber.find(_texts(scan))
         except ScanLimit as e:
             types = ["scan_limit"]
             self._once("limit", "an event's texts took too long to scan (%s); withheld", e)
@@ -131,15 +157,81 @@ class _Scrub:
             self._once("error", "secret scan failed (%s: %s); the event is withheld", type(e).__name__, e)
         if not types:
             return value, False
+        return self.withhold(value, types), True
+
+    @staticmethod
+    def withhold(value: bytes, types: list[str]) -> bytes:
+        """The value without content, `types` saying why. A value that is not a completion or a feedback (nothing
+        of it can be kept): a stub with those types, flagged not_an_event."""
         from flywheel.core import events as ev
 
         try:
             out = ev.withhold(value, "secret", types)
         except Exception:  # noqa: BLE001 - not an event we can take apart: send nothing of it
             out = value
-        if out is value:  # not a completion or a feedback: nothing of it may go out
-            out = msgpack.packb({"withheld": "secret", "secret_types": ["scan_error"]}, use_bin_type=True)
-        return out, True
+        if out is value:
+            out = msgpack.packb(
+                {"withheld": "secret", "secret_types": sorted(types), "not_an_event": True}, use_bin_type=True
+            )
+        return out
+
+    def unscanned(self, value: bytes) -> tuple[bytes, bool]:
+        """A record without meta (spooled before meta existed, so never scanned): a completion or a feedback is
+        withheld ("unscanned"), unless it is already (its tenant's policy: the reason stays); anything else goes as
+        it is. (the value to send, whether it was withheld)."""
+        from flywheel.core import events as ev
+
+        try:
+            d = msgpack.unpackb(value, raw=False)
+            if not isinstance(d, dict) or d.get("withheld"):
+                return value, False
+            out = ev.withhold(value, "secret", ["unscanned"])
+        except Exception:  # noqa: BLE001 - not msgpack: not an event, sent as before
+            return value, False
+        return out, out is not value
+
+
+class _Backlog:
+    """The undelivered bytes from a record to the head, and whether they are over the limit past which events are
+    withheld unscanned (logged when that starts and ends). Sizes of sealed segments (fixed) are remembered."""
+
+    def __init__(self, spool: Spool, limit: int):
+        self.spool, self.limit, self.over = spool, limit, False
+        self._sizes: dict[int, int] = {}
+
+    def bytes(self, pos, head) -> int:
+        if pos >= head:
+            return 0
+        total = head[1] - pos[1]
+        for seg in range(pos[0], head[0]):  # segments before the head's are sealed
+            size = self._sizes.get(seg)
+            if size is None:
+                try:
+                    size = self.spool.path(seg).stat().st_size
+                except FileNotFoundError:
+                    size = 0
+                self._sizes[seg] = size
+            total += size
+        if len(self._sizes) > 256:
+            self._sizes = {k: v for k, v in self._sizes.items() if k >= pos[0]}
+        return total
+
+    def too_far(self, pos, head) -> bool:
+        n = self.bytes(pos, head)
+        over = n > self.limit
+        if over != self.over:
+            self.over = over
+            if over:
+                log.warning(
+                    "%d bytes undelivered in %s, over %d: events are withheld without a secret scan until the "
+                    "backlog is under it",
+                    n,
+                    self.spool.dir,
+                    self.limit,
+                )
+            else:
+                log.info("backlog under %d bytes in %s: scanning events for secrets again", self.limit, self.spool.dir)
+        return over
 
 
 @dataclass
@@ -148,17 +240,26 @@ class _Batch:
     end: tuple[int, int]
     nbytes: int
     full: bool
-    scrubbed: int
+    scrubbed: int  # withheld (unscanned included)
+    unscanned: int  # withheld without a scan
     skipped: int  # forgotten
+    redact: list  # positions to redact in the spool once the batch is acknowledged: withheld, damaged
 
 
-def _prepare(spool: Spool, cursor, head, cfg, forgotten: fg.Watcher, scrub: _Scrub, shared) -> _Batch | None:
+def _prepare(
+    spool: Spool, cursor, head, cfg, forgotten: fg.Watcher, scrub: _Scrub, shared, backlog: _Backlog
+) -> _Batch | None:
     """The next batch: forgotten records left out, secrets withheld. None if a forget came in meanwhile."""
-    records, end, nbytes = spool.read(cursor, head, cfg.send_batch)
+    found, end, nbytes, damaged = spool.read_at(cursor, head, cfg.send_batch)
     match, gen = forgotten.match, forgotten.generation
-    out, scrubbed, skipped = [], 0, 0
-    for topic, key, value, meta in records:
-        if meta is not None:
+    out, scrubbed, unscanned, skipped, redact = [], 0, 0, 0, list(damaged)
+    for pos, (topic, key, value, meta) in found:
+        withheld = blind = False
+        if meta is None:
+            if scrub.enabled:
+                value, withheld = scrub.unscanned(value)
+                blind = withheld
+        else:
             if match is not None and match(meta):
                 skipped += 1
                 continue
@@ -166,10 +267,32 @@ def _prepare(spool: Spool, cursor, head, cfg, forgotten: fg.Watcher, scrub: _Scr
             if scan and scrub.enabled:
                 if shared[FORGET_REQ] > gen:
                     return None
-                value, withheld = scrub.apply(value, scan)
-                scrubbed += withheld
+                if backlog.too_far(pos, _head(shared)):
+                    value, withheld, blind = scrub.withhold(value, ["unscanned_backlog"]), True, True
+                else:
+                    value, withheld = scrub.apply(value, scan)
+        if withheld:
+            scrubbed += 1
+            unscanned += blind
+            redact.append(pos)
         out.append((topic, key, value))
-    return _Batch(out, end, nbytes, len(records) == cfg.send_batch, scrubbed, skipped)
+    return _Batch(out, end, nbytes, len(found) == cfg.send_batch, scrubbed, unscanned, skipped, redact)
+
+
+def _redact_sent(spool: Spool, batch: _Batch) -> None:
+    """The acknowledged batch's withheld (and damaged) records, redacted in the spool. One that fails is left for
+    the segment's deletion behind the cursor, said once per batch."""
+    if not batch.redact:
+        return
+    try:
+        spool.redact_at(batch.redact)
+    except (OSError, ValueError) as e:
+        log.error(
+            "could not redact %d withheld record(s) in %s (%s); their content stays until the segment is freed",
+            len(batch.redact),
+            spool.dir,
+            e,
+        )
 
 
 def _redact(spool: Spool, forgotten: fg.Watcher, shared, cursor) -> bool:
@@ -229,7 +352,8 @@ def run(cfg, shared) -> None:
     logging.getLogger("kafka").setLevel(logging.CRITICAL)  # outages are reported here, once
     spool = Spool(cfg.spool_dir)
     scrub = _Scrub(cfg.scrub)
-    forgotten = fg.Watcher(spool.dir)  # loaded before anything is sent
+    undelivered = _Backlog(spool, min(cfg.scan_backlog_bytes, cfg.max_spool_bytes // 2))
+    forgotten = fg.Watcher(spool.dir, on_reload=scrub.clear_cache)  # loaded before anything is sent
     with shared.get_lock():
         cursor = (shared[CUR_SEG], shared[CUR_OFF])
     producer = None
@@ -243,7 +367,7 @@ def run(cfg, shared) -> None:
         if os.getppid() != parent:  # orphaned: whatever is unsent stays in the spool for the next start
             break
         if forgotten.changed(shared[FORGET_REQ]):
-            forgotten.reload()
+            forgotten.reload()  # and the scanner's clean lines cleared (on_reload)
             batch = None  # read again: it may hold records of a tenant forgotten now
         if shared[FORGET_GEN] < forgotten.generation and time.monotonic() >= redact_at:
             if not _redact(spool, forgotten, shared, cursor):
@@ -264,7 +388,7 @@ def run(cfg, shared) -> None:
             time.sleep(0.05)
             continue
         if batch is None:
-            batch = _prepare(spool, cursor, head, cfg, forgotten, scrub, shared)
+            batch = _prepare(spool, cursor, head, cfg, forgotten, scrub, shared, undelivered)
             if batch is None:
                 continue  # a tenant was forgotten while this batch was scanned: load that first
         backlog = batch.full
@@ -313,11 +437,13 @@ def run(cfg, shared) -> None:
                 )
             if shared[OUTAGE]:
                 shared[REPLAYED] += len(records)
+        _redact_sent(spool, batch)  # before the cursor moves: after a crash the batch is read and sent again
         cursor = batch.end
         with shared.get_lock():  # a shipper started again after a kill reads the pair whole
             shared[CUR_SEG], shared[CUR_OFF] = cursor
             shared[ACKED_BYTES] += batch.nbytes
             shared[SCRUBBED] += batch.scrubbed
+            shared[UNSCANNED] += batch.unscanned
             shared[FORGOTTEN] += batch.skipped
         batch = None
         if cursor >= _head(shared):

@@ -234,3 +234,191 @@ def test_the_forgotten_file_is_never_half_written(tmp_path, monkeypatch):
         log.forget({"b": 2.0})
     monkeypatch.setattr(fg.os, "replace", real)
     assert json.loads((tmp_path / fg.FILE).read_text()) == {"generation": 3, "tenants": {"a": 1.0}}
+
+
+def test_a_redaction_torn_by_a_crash_is_finished_by_the_next_one_that_covers_it(tmp_path):
+    log = EventLog(EventLogConfig(spool_dir=tmp_path)).start()
+    for i in range(10):
+        log.submit("completions", f"k{i}", b"x" * 80 + f"TORN-{i}-PLAINTEXT".encode(), meta={"tenant": "t", "ts": 1.0})
+    assert _wait(lambda: log.stats.spooled == 10)
+    log.close(timeout=2)
+    positions = sorted(_raw_records(tmp_path))
+    path = Spool(tmp_path).path(positions[0][0])
+
+    def tear(pos):  # the first half of its redacted form written, the rest still the old bytes
+        data = bytearray(path.read_bytes())
+        n, _ = HEADER.unpack_from(data, pos[1])
+        new = _redacted("completions", "k", n)
+        data[pos[1] : pos[1] + len(new) // 2] = new[: len(new) // 2]
+        path.write_bytes(bytes(data))
+
+    tear(positions[3])
+    tear(positions[7])
+    assert b"TORN-3-PLAINTEXT" in _segment_bytes(tmp_path) and b"TORN-7-PLAINTEXT" in _segment_bytes(tmp_path)
+    spool = Spool(tmp_path)
+    head = spool.recover_head(spool.load_cursor())
+    found, end, _, damaged = spool.read_at((positions[0][0], 0), head, 100)
+    assert damaged == [positions[3], positions[7]] and end == head
+    assert [pos for pos, _ in found] == [p for i, p in enumerate(positions) if i not in (3, 7)]
+    # a forget's redaction over the range, matching none of the records: the torn ones are overwritten whole
+    assert spool.redact(lambda meta: False, positions[5], start=positions[0]) == 0
+    raw = _segment_bytes(tmp_path)
+    assert b"TORN-3-PLAINTEXT" not in raw and b"TORN-7-PLAINTEXT" in raw  # 7 lies past `upto`
+    # the shipper's redaction of a batch: damaged positions it read are overwritten too
+    assert spool.redact_at([positions[7]]) == 1 and b"TORN-7-PLAINTEXT" not in _segment_bytes(tmp_path)
+    after = _raw_records(tmp_path)
+    assert after.keys() == set(positions)
+    for i in (3, 7):
+        assert _dec(after[positions[i]])[2] is None  # a whole record now, its CRC valid, no content
+    assert [k for _, k, _, _ in _all_records(tmp_path)] == [f"k{i}" for i in range(10) if i not in (3, 7)]
+    assert spool.redact_at([positions[7]]) == 0  # already redacted: left as it is
+
+
+def test_a_redacted_record_fits_even_the_shortest_record():
+    for n in range(4, 40):
+        framed = _redacted("completions", "k" * 32, n)
+        assert len(framed) == HEADER.size + n and _dec(framed)[2] is None, n
+
+
+class _FakeFuture:
+    def get(self, timeout=None):
+        return None
+
+
+class _FakeProducer:
+    def __init__(self):
+        self.sent = []
+
+    def send(self, topic, key, value):
+        self.sent.append((topic, key.decode(), value))
+        return _FakeFuture()
+
+    def flush(self, timeout=None):
+        pass
+
+    def close(self, timeout=None):
+        pass
+
+
+def _ship(monkeypatch, log: EventLog, **cfg) -> list[tuple[str, str, bytes]]:
+    """Run the shipper (serving.event_shipper.run) here, over what `log` (closed: STOP set) spooled, into a fake
+    producer; returns what it sent."""
+    import signal
+
+    producer = _FakeProducer()
+    monkeypatch.setattr(sh, "_producer", lambda cfg: producer)
+    monkeypatch.setattr(signal, "signal", lambda *a: None)  # run() ignores SIGTERM/SIGINT: not in pytest's process
+    assert log._shared[sh.STOP] == 1
+    sh.run(EventLogConfig(spool_dir=log.cfg.spool_dir, bootstrap="fake:9092", **cfg), log._shared)
+    return producer.sent
+
+
+def _completion(cid: str, tenant: str = "t"):
+    import numpy as np
+
+    from flywheel.core import events as ev
+
+    return ev.CompletionEvent(
+        completion_id=cid,
+        choice_index=0,
+        tenant=tenant,
+        model_version=1,
+        prompt_ids=np.frombuffer(f"PROMPT-IDS-OF-{cid}".encode().ljust(32), np.int32),
+        output_ids=np.array([5, 6], np.int32),
+        logprobs=np.array([-0.5, -0.25], np.float32),
+        routed_experts=np.ones((9, 2, 2), np.uint8),
+        sampling={"temperature": 0.0},
+        finish_reason="stop",
+        latency={},
+    )
+
+
+AWS_ID = "".join(("AKIA", "Q3EGRDFJ7XM2KZ4P"))  # a fake, in pieces
+
+
+def test_what_the_shipper_withholds_is_redacted_in_the_spool_once_acknowledged(tmp_path, monkeypatch):
+    from flywheel.core import events as ev
+
+    log = EventLog(EventLogConfig(spool_dir=tmp_path)).start()  # spooling only; shipped below
+    tenant_record = ev.TenantRecord("t").encode()
+    old_records = b"".join(  # as the previous release wrote them: 3 elements, no meta, never scanned
+        Spool.frame(*r) for r in (("completions", "old", _completion("old").encode()), ("tenants", "t", tenant_record))
+    )
+    log.submit(
+        "completions",
+        "secret",
+        _completion("secret").encode(),
+        meta={
+            "tenant": "t",
+            "ts": 1.0,
+            "scan": [f'aws_access_key_id = "{AWS_ID}"\nPROMPT-TEXT-OF-secret\n', ["STOP-OF-secret"]],
+        },
+    )
+    log.submit(
+        "completions",
+        "clean",
+        _completion("clean").encode(),
+        meta={"tenant": "t", "ts": 1.0, "scan": ["def add(a, b):\n    return a + b  # PROMPT-TEXT-OF-clean\n"]},
+    )
+    log.submit("completions", "deny", _completion("deny").encode(), meta={"tenant": "t", "ts": 1.0, "scan": None})
+    fb = ev.FeedbackEvent(completion_id="secret", choice_index=0, tenant="t", kind="comment", text=f"FB {AWS_ID}")
+    log.submit("feedback", "fb", fb.encode(), meta={"tenant": "t", "ts": 1.0, "scan": [fb.text]})
+    assert _wait(lambda: log.stats.spooled == 4)
+    log.close(timeout=2)
+    seg = Spool(tmp_path).path(Spool(tmp_path).segments()[0])
+    seg.write_bytes(old_records + seg.read_bytes())  # the old records ahead of the new ones
+    log = EventLog(EventLogConfig(spool_dir=tmp_path))  # found again, as after an upgrade
+    log._shared[sh.STOP] = 1
+    raw = _segment_bytes(tmp_path)
+    assert AWS_ID.encode() in raw and b"PROMPT-IDS-OF-secret" in raw and b"PROMPT-IDS-OF-old" in raw
+
+    sent = dict((k, v) for _, k, v in _ship(monkeypatch, log))
+    assert sent.keys() == {"old", "t", "secret", "clean", "deny", "fb"}
+    assert ev.decode(sent["old"]).secret_types == ["unscanned"] and ev.decode(sent["old"]).prompt_ids.size == 0
+    assert sent["t"] == tenant_record  # not an event with content: as it was
+    assert ev.decode(sent["secret"]).secret_types == ["AWS Access Key"]
+    assert ev.decode(sent["fb"]).withheld == "secret" and ev.decode(sent["fb"]).text is None
+    assert ev.decode(sent["clean"]).prompt_ids.size == 8 and ev.decode(sent["deny"]).withheld == ""
+    assert log.stats.scrubbed == 3 and log.stats.unscanned == 1
+    raw = _segment_bytes(tmp_path)
+    for gone in (AWS_ID, "PROMPT-IDS-OF-secret", "PROMPT-TEXT-OF-secret", "STOP-OF-secret", "PROMPT-IDS-OF-old"):
+        assert gone.encode() not in raw, gone  # in no segment file once the broker has them
+    assert b"PROMPT-IDS-OF-clean" in raw and b"PROMPT-TEXT-OF-clean" in raw  # what went out whole stays (till freed)
+    spool = Spool(tmp_path)
+    records, _, _ = spool.read((spool.segments()[0], 0), spool.recover_head((0, 0)), 100)
+    assert [k for _, k, _, _ in records] == ["t", "clean", "deny"]  # the withheld ones redacted: read no more
+
+
+def test_over_the_backlog_limit_events_are_withheld_without_a_scan(tmp_path, monkeypatch):
+    from flywheel.core import events as ev
+    from serving import secret_scrub
+
+    def one(tmp, scan_backlog_bytes, **cfg):
+        log = EventLog(EventLogConfig(spool_dir=tmp)).start()
+        for i in range(20):
+            text = f"def f{i}():\n    return {i}\n"
+            log.submit(
+                "completions", f"c{i}", _completion(f"c{i}").encode(), meta={"tenant": "t", "ts": 1.0, "scan": [text]}
+            )
+        assert _wait(lambda: log.stats.spooled == 20)
+        log.close(timeout=2)
+        calls = []
+        real = secret_scrub.Scrubber.find
+        monkeypatch.setattr(secret_scrub.Scrubber, "find", lambda self, texts: calls.append(1) or real(self, texts))
+        sent = [ev.decode(v) for _, _, v in _ship(monkeypatch, log, scan_backlog_bytes=scan_backlog_bytes, **cfg)]
+        return log, sent, calls
+
+    log, sent, calls = one(tmp_path / "a", 1 << 30)
+    assert len(calls) == 20 and all(e.withheld == "" for e in sent) and log.stats.unscanned == 0
+    total = sum(p.stat().st_size for p in (tmp_path / "a").glob("*.log"))
+    tenth = sorted(_raw_records(tmp_path / "a"))[10][1]  # one segment: the offset of the 11th record
+    # The limit what the 11th record and those after it take: the first 10 (more than it from them to the head)
+    # go out unscanned, the rest scanned.
+    log, sent, calls = one(tmp_path / "b", total - tenth)
+    assert [e.secret_types for e in sent] == [["unscanned_backlog"]] * 10 + [[]] * 10 and len(calls) == 10
+    assert log.stats.unscanned == log.stats.scrubbed == 10
+    raw = _segment_bytes(tmp_path / "b")
+    assert [f"PROMPT-IDS-OF-c{i} ".encode() in raw for i in range(20)] == [False] * 10 + [True] * 10
+    # capped at half of max_spool_bytes
+    log, sent, calls = one(tmp_path / "c", 1 << 30, max_spool_bytes=2 * (total - tenth))
+    assert [e.withheld for e in sent].count("secret") == 10

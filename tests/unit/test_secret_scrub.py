@@ -267,5 +267,100 @@ def test_the_shipper_withholds_on_a_finding_and_fails_closed_on_an_error(monkeyp
     assert withheld and ev.decode(out).secret_types == ["scan_error"]  # failing closed, the event kept
     monkeypatch.setattr(scrub.scrubber, "find", lambda texts: ["Private Key"])
     out, _ = scrub.apply(b"not an event", ["x"])  # nothing of a value that cannot be taken apart goes out
-    assert msgpack.unpackb(out) == {"withheld": "secret", "secret_types": ["scan_error"]}
+    assert msgpack.unpackb(out) == {"withheld": "secret", "secret_types": ["Private Key"], "not_an_event": True}
     assert _Scrub(False).enabled is False
+
+
+def test_the_shipper_flattens_the_texts_to_scan_and_fails_closed_on_a_shape_it_does_not_know():
+    from flywheel.core import events as ev
+    from serving.event_shipper import _Scrub, _texts
+
+    joined = "def f():\n    return 1\n" * 40  # a prompt, its output and suffix joined: a few KB of lines
+    assert _texts([joined, ["\n\n", "stop"], None]) == [joined, "\n\n", "stop"]
+    assert _texts(joined) == [joined] and _texts(None) == []
+    raw = ev.FeedbackEvent(completion_id="c", choice_index=0, tenant="t", kind="comment", text="ok").encode()
+    scrub = _Scrub(True)
+    assert scrub.apply(raw, [joined, ["</s>"]]) == (raw, False)
+    out, withheld = scrub.apply(raw, [joined, ["</s>", f"key {AWS_ID}"]])  # a secret in a stop string
+    assert withheld and ev.decode(out).secret_types == ["AWS Access Key"]
+    out, withheld = scrub.apply(raw, [joined, {"text": f"key {AWS_ID}"}])
+    assert withheld and ev.decode(out).secret_types == ["scan_error"]
+
+
+def test_a_record_spooled_without_meta_is_withheld_if_it_is_a_completion_or_a_feedback():
+    import numpy as np
+
+    from flywheel.core import events as ev
+    from serving.event_shipper import _Scrub
+
+    c = ev.CompletionEvent(
+        completion_id="c1",
+        choice_index=0,
+        tenant="t",
+        model_version=1,
+        prompt_ids=np.arange(8, dtype=np.int32),
+        output_ids=np.array([5], np.int32),
+        logprobs=np.array([-0.5], np.float32),
+        routed_experts=np.ones((8, 2, 2), np.uint8),
+        sampling={"temperature": 0.0, "stop": ["x"]},
+        finish_reason="stop",
+        latency={},
+    )
+    scrub = _Scrub(True)
+    out, withheld = scrub.unscanned(c.encode())
+    back = ev.decode(out)
+    assert withheld and back.withheld == "secret" and back.secret_types == ["unscanned"] and back.prompt_ids.size == 0
+    fb = ev.FeedbackEvent(completion_id="c1", choice_index=0, tenant="t", kind="comment", text="my words").encode()
+    out, withheld = scrub.unscanned(fb)
+    assert withheld and ev.decode(out).text is None
+    denied = ev.withhold(c.encode(), "policy")  # withheld already, by its tenant's policy: the reason stays
+    for value in (ev.TenantRecord(tenant="t", train="deny").encode(), b"\xc1 not msgpack", b"v1", denied):
+        assert scrub.unscanned(value) == (value, False)  # not an event: as it is
+
+
+def test_a_normal_prompt_is_far_inside_the_budget_and_a_slow_one_is_cut_short():
+    """The default budget (20 ms + 2 ms per KiB) is a few times what real code takes (~1 ms per KiB, measured
+    here with nothing cached) and bounds what a prompt built to be slow costs the single-threaded shipper."""
+    from flywheel.core.paths import REPO_ROOT
+
+    cfg = ScrubConfig(cache_lines=0)
+    assert cfg.budget_s + cfg.budget_s_per_kb * 2 <= 0.05  # tens of ms for a 2 KB prompt, not half a second
+    code = "".join(p.read_text() for p in sorted((REPO_ROOT / "serving").rglob("*.py")))
+    s = Scrubber(cfg)
+    worst = 0.0
+    for size in (2048, 8192):
+        for i in range(0, min(len(code) - size, 150 * size), size):
+            t = time.thread_time()
+            s.find([code[i : i + size], "\n"])  # never ScanLimit
+            worst = max(worst, (time.thread_time() - t) / (cfg.budget_s + cfg.budget_s_per_kb * size / 1024))
+    assert worst < 0.5, worst  # measured 0.23 of the budget at most
+    # Quadratic keyword lines: one 2 KB prompt of them stops within its budget and one keyword window (~8 ms).
+    for hostile in (("'" + "pwd" * 66 + "\n") * 10, ("'" + "pwd" * 700)[:2048], ("'" + "pwd" * 332) * 64):
+        t = time.thread_time()
+        try:
+            s.find([hostile])
+        except ScanLimit:
+            pass
+        budget = cfg.budget_s + cfg.budget_s_per_kb * len(hostile) / 1024
+        assert time.thread_time() - t < budget + 0.05, len(hostile)
+
+
+def test_a_keyword_secret_in_a_long_line_is_found_in_the_keyword_windows():
+    s = Scrubber(ScrubConfig())
+    minified = "var a=1;" * 300
+    assert s.find([minified + 'var password="correct-horse-battery-staple";' + minified]) == ["Secret Keyword"]
+    assert s.find([minified + "var password=other_password;" + minified]) == []
+
+
+def test_the_clean_lines_are_forgotten_when_the_forget_watcher_reloads(tmp_path):
+    from serving import event_forget as fg
+    from serving.event_shipper import _Scrub
+
+    scrub = _Scrub(True)
+    scrub.scrubber.find(["def alice_private_helper():\n    return 42\n"])
+    assert "def alice_private_helper():" in scrub.scrubber._clean
+    watcher = fg.Watcher(tmp_path, on_reload=scrub.clear_cache)
+    fg.save(tmp_path, 1, {"alice": time.time()})
+    assert watcher.changed(1)
+    watcher.reload()
+    assert watcher.generation == 1 and scrub.scrubber._clean == {}

@@ -55,9 +55,10 @@ class EventLogConfig:
     max_event_bytes: int = 1_000_000  # larger events go to the dead-letter topic as a stub, whole to disk
     scrub: bool = True  # withhold the content of events whose meta "scan" texts hold a secret (serving.secret_scrub)
     # Undelivered bytes past which the shipper withholds events without scanning them (failing closed), so that
-    # slow scans never stall delivery; capped at half of max_spool_bytes. A broker outage that leaves more than
-    # this behind withholds the oldest part of it, unscanned, when the broker returns (counted in unscanned).
-    scan_backlog_bytes: int = 256 << 20
+    # a scanner falling behind never fills the spool (which would drop events whole); capped at 3/4 of
+    # max_spool_bytes. Near that limit only: a broker outage that leaves more than this behind withholds the
+    # oldest part of it, unscanned, when the broker returns (counted in flywheel_event_unscanned_total).
+    scan_backlog_bytes: int = 768 << 20
 
 
 @dataclass

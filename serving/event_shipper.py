@@ -352,7 +352,7 @@ def run(cfg, shared) -> None:
     logging.getLogger("kafka").setLevel(logging.CRITICAL)  # outages are reported here, once
     spool = Spool(cfg.spool_dir)
     scrub = _Scrub(cfg.scrub)
-    undelivered = _Backlog(spool, min(cfg.scan_backlog_bytes, cfg.max_spool_bytes // 2))
+    undelivered = _Backlog(spool, min(cfg.scan_backlog_bytes, cfg.max_spool_bytes * 3 // 4))
     forgotten = fg.Watcher(spool.dir, on_reload=scrub.clear_cache)  # loaded before anything is sent
     with shared.get_lock():
         cursor = (shared[CUR_SEG], shared[CUR_OFF])

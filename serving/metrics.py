@@ -264,6 +264,12 @@ class _LiveCollector:
             value=s.scrubbed,
         )
         yield CounterMetricFamily(
+            "flywheel_event_unscanned",
+            "Of the scrubbed events: withheld without a scan (a backlog near the spool's limit, or spooled by a "
+            "release without scanning)",
+            value=s.unscanned,
+        )
+        yield CounterMetricFamily(
             "flywheel_event_forgotten",
             "Records of forgotten tenants never delivered (skipped, or redacted in the spool before they were sent)",
             value=s.forgotten,

@@ -419,6 +419,6 @@ def test_over_the_backlog_limit_events_are_withheld_without_a_scan(tmp_path, mon
     assert log.stats.unscanned == log.stats.scrubbed == 10
     raw = _segment_bytes(tmp_path / "b")
     assert [f"PROMPT-IDS-OF-c{i} ".encode() in raw for i in range(20)] == [False] * 10 + [True] * 10
-    # capped at half of max_spool_bytes
-    log, sent, calls = one(tmp_path / "c", 1 << 30, max_spool_bytes=2 * (total - tenth))
+    # capped at 3/4 of max_spool_bytes
+    log, sent, calls = one(tmp_path / "c", 1 << 30, max_spool_bytes=(total - tenth) * 4 // 3 + 1)
     assert [e.withheld for e in sent].count("secret") == 10

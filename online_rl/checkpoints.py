@@ -7,6 +7,8 @@ dropped. Every file and directory is fsynced before `LATEST` is rewritten (atomi
 that rename is the commit point. At resume, ledger files newer than LATEST belong to a save that never
 committed (its work is redone) and are removed. A LATEST that names a missing directory is fatal:
 starting over from the base model would skip every event whose offset that checkpoint had committed.
+The newest `keep` checkpoints stay; a save with keep=1 removes every older one (after a tenant is forgotten
+or denied: online_rl.tenants, the checkpoints from before hold its token ids and events).
 """
 
 from __future__ import annotations
@@ -89,10 +91,11 @@ class Checkpoints:
                 f.unlink()
         return state
 
-    def save(self, state: dict, step: int, ledger: list[dict], write_shards=None) -> Path:
+    def save(self, state: dict, step: int, ledger: list[dict], write_shards=None, keep: int | None = None) -> Path:
         """Write `state` and its ledger as a new checkpoint and make it current. Returns its directory.
         write_shards(directory): writes what is not in `state` (a sharded model's files, every rank's)
-        into the new checkpoint before it commits; its files are fsynced here with the rest."""
+        into the new checkpoint before it commits; its files are fsynced here with the rest. keep: how many
+        checkpoints stay, this one included (None: self.keep; 1: every older one is removed)."""
         name = f"step-{step:08d}-{time.time_ns():016x}"  # sorts by step, then by time
         tmp = self.root / f".{name}.tmp"
         ledger_file = self.ledger / f"{name}.json"
@@ -115,12 +118,17 @@ class Checkpoints:
             ledger_file.unlink(missing_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        for old in sorted(p for p in self.root.glob("step-*") if p.name != name)[: -(self.keep - 1) or None]:
+        keep = self.keep if keep is None else keep
+        for old in self.others(final)[: -(keep - 1) or None]:
             shutil.rmtree(old, ignore_errors=True)
         for stale in self.root.glob(".step-*.tmp"):
             if stale != tmp:
                 shutil.rmtree(stale, ignore_errors=True)
         return final
+
+    def others(self, checkpoint: Path) -> list[Path]:
+        """The checkpoint directories on disk other than `checkpoint`, oldest first."""
+        return sorted(p for p in self.root.glob("step-*") if p.name != Path(checkpoint).name)
 
     def ledger_entries(self) -> list[dict]:
         """Every committed ledger entry, oldest first."""

@@ -7,8 +7,10 @@ student again on the context gives the teacher's per-token correction on where t
 is what on-policy distillation learns from (the student's own samples, scored densely by the teacher). These
 samples carry no reward: their advantage is 0 (online_rl.loss.advantages), so only the distillation term and
 the KL to the reference train on them; the loss averages over every sequence of the batch, these included
-(each weighs as a served one). Their routing is the trainer's own (as serving would log it: the routes
-of every input position), so router replay scores the routes that made them, as for served samples.
+(each weighs as a served one). Their routing is the trainer's own (as serving would log it: the routes of
+every input position), so router replay scores the routes that made them, as for served samples. They carry
+the commented sample's tenant and time: the trainer counts them in its tenant's provenance, and a waiting
+context goes when its tenant's policy refuses it (online_rl.tenants).
 """
 
 from __future__ import annotations
@@ -60,6 +62,8 @@ def student_samples(
                         model_version=version,
                         source=DISTILL,
                         hint_ids=commented.hint_ids,
+                        tenant=commented.tenant,  # its tenant's data: provenance (online_rl.tenants)
+                        ts=commented.ts,
                     )
                 )
     finally:

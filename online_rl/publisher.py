@@ -4,7 +4,11 @@ announcement on the weights topic.
 Publishing and announcing are apart: a version committed to the store but not announced (the broker
 away, or a kill between the two) stays pending and is announced, oldest first, before anything newer;
 a trainer that restarts finds the store's unannounced versions and announces them first. Each version's
-provenance (the tenants whose samples it was trained on: online_rl.provenance) is written beside it, v0's too.
+provenance (the tenants whose samples it was trained on: online_rl.provenance) is written beside it, v0's too:
+its totals before the store commit (no record, no version), its record after. Nothing after the commit can fail
+the publish (a failed publish is retried, and a retry would publish the same weights as another version): a
+record not written then is counted (flywheel_trainer_failures{stage="provenance"}) and logged, and the next
+publish, or the next start, records it from the totals written before (provenance.reconcile).
 """
 
 from __future__ import annotations
@@ -47,6 +51,10 @@ class Publisher:
 
             # A trainer killed between committing a version and announcing it: announce it now, first.
             self.pending = unannounced(self._config())
+        if self.enabled:
+            from weight_sync.store import Store
+
+            self._reconcile(Store(self.cfg.store))
 
     def _config(self):
         from weight_sync.publish import PublishConfig
@@ -77,12 +85,18 @@ class Publisher:
         )
 
     def publish(
-        self, model: torch.nn.Module, step: int, history: dict, tenants: dict[str, int] | None = None
+        self,
+        model: torch.nn.Module,
+        step: int,
+        history: dict,
+        tenants: dict[str, int] | None = None,
+        distilled: dict[str, int] | None = None,
     ) -> int | None:
         """The weights as the next version in the store (announce() follows); the version, or None when
         this trainer does not publish. `history` (reward and acceptance by version) is written beside it
-        as history.json, for `flywheel train-plot` and the demo; `tenants` (user samples trained by tenant,
-        since the first step) as its provenance."""
+        as history.json, for `flywheel train-plot` and the demo; `tenants` and `distilled` (user samples, and
+        students' samples of their commented contexts, trained by tenant since the first step) as its
+        provenance."""
         if not self.enabled:
             return None
         from weight_sync.publish import publish
@@ -92,42 +106,66 @@ class Publisher:
         shutil.rmtree(out, ignore_errors=True)
         # First: a sharded model's other ranks are gathering with this one until the last tensor.
         save_streaming(model, out, torch.bfloat16)
-        pcfg = self._config()
-        if Store(self.cfg.store).latest() is None:
+        pcfg, store, work = self._config(), Store(self.cfg.store), self.dir.parent
+        self._reconcile(store)  # versions an earlier publish committed without writing their records
+        if store.latest() is None:
             # v0 = the starting model, the version the fleet serves first
             base = publish(self.base_model, pcfg, announce_now=False)
             self.pending.append(base.announcement)
-            self._provenance(base.version, 0, {})
+            self._after_commit("provenance", lambda: provenance.write(work, base.version, 0, {}))
         for name in SIDE_FILES:
             if name != "config.json" and (self.base_model / name).exists():
                 shutil.copyfile(self.base_model / name, out / name)
         shutil.copyfile(self.base_model / "config.json", out / "config.json")  # the served config, as is
+        # Whose samples these weights saw, before they can be a version: a failure here fails this publish.
+        provenance.write_pending(work, step, tenants or {}, distilled or {}, store.latest())
         result = publish(out, pcfg, announce_now=False)
+        # In the store now: from here on nothing fails the publish (its retry would be a second version).
         self.pending.append(result.announcement)
-        self._provenance(result.version, step, tenants or {})
         self.published_step = step
-        (out / "PUBLISHED").write_text(str(result.version))  # read by resumed(): no republishing the same weights
         self.last = time.monotonic()
+
+        def record() -> None:
+            provenance.write(work, result.version, step, tenants or {}, distilled=distilled or {})
+            provenance.clear_pending(work)
+
+        self._after_commit("provenance", record)
+        # read by resumed(): no republishing the same weights
+        self._after_commit("publish_marker", lambda: (out / "PUBLISHED").write_text(str(result.version)))
         for old in sorted(self.dir.glob("step-*"))[:-2]:
             shutil.rmtree(old, ignore_errors=True)
-        try:  # the version is in the store already: a figure's data is not worth a failed publish
-            tmp = self.dir.parent / "history.json.tmp"
-            tmp.write_text(json.dumps(history, sort_keys=True))
-            tmp.replace(self.dir.parent / "history.json")
-        except OSError as e:
-            log.warning("history.json not written: %s", e)
+        self._after_commit("history", lambda: self._history(history))  # a figure's data
         log.info("published v%d at step %d (%s, %.1fx)", result.version, step, result.kind, result.ratio)
         self.announce()
         return result.version
 
-    def _provenance(self, version: int, step: int, tenants: dict[str, int]) -> None:
-        """The version is in the store already: a provenance file that cannot be written is a failure to see
-        (flywheel_trainer_failures{stage="provenance"}, logged), not a version published twice."""
+    def _history(self, history: dict) -> None:
+        tmp = self.dir.parent / "history.json.tmp"
+        tmp.write_text(json.dumps(history, sort_keys=True))
+        tmp.replace(self.dir.parent / "history.json")
+
+    def _after_commit(self, stage: str, write) -> None:
+        """A write after the version is in the store: a failure, whatever it is, is counted
+        (flywheel_trainer_failures{stage}) and logged, never a failed publish (nor a version published twice)."""
         try:
-            provenance.write(self.dir.parent, version, step, tenants)
-        except OSError as e:
-            log.error("provenance of v%d not written: %s", version, e)
-            self.failures.failed("provenance", e, retry=False)
+            write()
+        except Exception as e:
+            self.failures.failed(stage, e, retry=False)
+
+    def _reconcile(self, store) -> None:
+        """Record the versions committed without their provenance (provenance.reconcile), and mark their
+        exported steps as published (resumed(): the same weights are not published again)."""
+
+        def published_at(v: int) -> float:
+            return store.version_dir(v).stat().st_mtime
+
+        def reconcile() -> None:
+            for version, step in provenance.reconcile(self.dir.parent, store.versions(), published_at):
+                marker = self.dir / f"step-{step:08d}" / "PUBLISHED" if step else None
+                if marker is not None and marker.parent.is_dir() and not marker.exists():
+                    marker.write_text(str(version))
+
+        self._after_commit("provenance", reconcile)
 
     def announce(self) -> bool:
         """Put published versions on the weights topic, oldest first. One that fails (the broker away)

@@ -1,41 +1,29 @@
 """Join the completions and feedback streams into rewarded samples.
 
-Completions wait up to `window_s` for their feedback; one that gets none is dropped as "no signal"
-(Cursor Tab's rule: showing a suggestion that is ignored teaches nothing). Feedback that arrives before
-(or without) its completion waits `orphan_wait_s`, then is dropped with a metric. Events are deduplicated
-by event_id (the gateway's at-least-once delivery can repeat one). Rollout completions in the stream are
-tagged and never become user samples. Time is stream time (the newest event's ts), so replaying the same
-records after a restart makes the same decisions; when the consumer is caught up the caller advances it.
-The whole state round-trips through state()/from_state() for the trainer's checkpoint.
+Completions wait up to `window_s` for their feedback; one that gets none is dropped as "no signal" (an
+ignored suggestion teaches nothing). Feedback before (or without) its completion waits `orphan_wait_s`, then
+is dropped with a metric. Events are deduplicated by event_id (the gateway delivers at least once); rollout
+completions never become user samples. Time is stream time (the newest event's ts), so replaying the same
+records after a restart makes the same decisions; a caught-up caller advances it. The state round-trips
+through state()/load_state() for the trainer's checkpoint.
 
-Agent sessions (chat turns offered tools, following an earlier turn, or in a session the client named:
-serving.sessions) are assembled here too. A turn waits `session_window_s` for feedback on itself or on
-its session. Feedback naming a session (its outcome: edits
-kept, tests passed) turns every turn of that session still waiting into a sample: turn k of the K waiting,
-in stream order, gets the outcome's reward times `turn_discount ** (K - 1 - k)` (default 1: every turn
-carries the whole outcome, the trajectory-level reward of GRPO-style agent RL; below 1 the turns nearest
-the outcome carry most of it). A turn judged on its own keeps its own reward and is not judged again.
-Session feedback is keyed by the session id, so it can overtake turns that are still in flight on other
-partitions: for `orphan_wait_s` after it, a turn of that session written before it joins on arrival (with
-the whole outcome: its place among the turns is not known then). With n > 1, only the choice a later turn
-continued from carries the outcome (all of a last turn's choices do).
-Each turn is its own sample (its prompt, its output, the behaviour logprobs and routed experts of the
-version that served it): the prompt holds the conversation so far, tool results included, and the loss
-only ever scores output tokens, so what the environment wrote is never trained on as the policy's.
+Agent sessions (turns offered tools, following an earlier turn, or in a session the client named:
+serving.sessions): a turn waits `session_window_s` for feedback on itself or on its session. Feedback naming
+a session (its outcome: edits kept, tests passed) turns each of its turns still waiting into a sample: turn k
+of K, in stream order, gets the outcome's reward times `turn_discount ** (K - 1 - k)` (default 1: GRPO-style
+trajectory reward). A turn judged on its own keeps its own reward. For `orphan_wait_s` after session feedback,
+a turn of that session written before it (still in flight on another partition) joins on arrival, with the
+whole outcome. With n > 1, only the choice a later turn continued from carries the outcome. The loss only
+scores output tokens: what the environment wrote is never trained on as the policy's.
 
 Delayed signals (`cfg.signals`): `persisted` (is the accepted code still in the file after_s later) and
-`comment` (the user's words, a hint for text-feedback distillation: online_rl.loss). Under "persist" an
-accepted completion waits up to `delayed_window_s` after its judgment for its persisted check, and its reward
-combines both (RewardTable.combined); under "text" a rejected one waits up to `comment_wait_s` for a comment
-too (users comment as they reject), which the sample carries as the teacher's hint. A signal that comes
-before the judgment waits with the completion for it (a persisted check implies the accept: its sample is
-made at once); a comment alone, never judged, makes no sample; a signal after the wait, or
-after the sample was made, or that the mode does not use (and any on an agent-session turn, which takes its
-session's outcome), is counted (late_signals, unused_signals) and joins nothing: each completion is one
-sample, made once. A hint goes where the corpus taught it, at a line start of a left-to-right prompt: on a
-fill-in-the-middle prompt, mid-line, or longer than `max_hint_tokens`, a comment joins without one.
-`held` are the samples waiting for a delayed signal (the trainer's flywheel_trainer_samples_waiting).
-Tenants' privacy (online_rl.tenants): an event `refuse` refuses is never held; drop_tenant forgets a tenant.
+`comment` (the teacher's hint for text-feedback distillation: online_rl.loss). Under "persist" an accept
+waits up to `delayed_window_s` for its persisted check; under "text" a reject waits up to `comment_wait_s`
+for a comment. A signal before the judgment waits with the completion; a comment alone makes no sample; a
+signal too late, unused by the mode, or on an agent turn is counted (late_signals, unused_signals) and joins
+nothing. A hint goes at a line start of a left-to-right prompt, within `max_hint_tokens`. `held`: samples
+waiting for a delayed signal. Tenants' privacy (online_rl.tenants): an event `refuse` refuses is never held;
+drop_tenant forgets a tenant.
 """
 
 from __future__ import annotations
@@ -50,14 +38,11 @@ from flywheel.core import events as ev
 from online_rl.config import JoinConfig, RewardTable
 from online_rl.samples import Sample
 from online_rl.tasks import hint_line
-from online_rl.tenants import drop_held
 
 
 def _is_turn(c: ev.CompletionEvent) -> bool:
-    """A completion held for its session's outcome: a chat turn of an agent session, i.e. one offered tools,
-    following an earlier turn, or in a session the client named. A lone plain chat (the gateway names its
-    session after it all the same) waits only `window_s`, like any completion: holding every chat for the
-    session window would keep its prompt, logprobs and routed experts in memory and checkpoints 7x longer."""
+    """A chat turn held for its session's outcome (offered tools, following a turn, or in a named session). A
+    lone plain chat waits only `window_s`: the session window would hold it in memory and checkpoints 7x longer."""
     tools = c.sampling.get("tools") if isinstance(c.sampling, dict) else 0
     return bool(c.session_id) and bool(c.parent_id or c.session_id != c.completion_id or tools)
 
@@ -97,8 +82,7 @@ class Joiner:
         self.sessions: dict[tuple[str, str], list[str]] = {}  # (tenant, session id) -> keys of waiting turns
         self.closed: OrderedDict[tuple[str, str], list] = OrderedDict()  # judged sessions: [feedback, turns joined]
         self.orphans: OrderedDict[str, list[ev.FeedbackEvent]] = OrderedDict()  # feedback before its completion
-        # Judged (or signalled) completions waiting for a delayed signal, in the order they started waiting:
-        # key -> [completion, {kind: feedback event}, stream time the wait began]
+        # Waiting for a delayed signal, in order: key -> [completion, {kind: feedback}, stream time the wait began]
         self.held: OrderedDict[str, list] = OrderedDict()
         self.judged: OrderedDict[str, float] = OrderedDict()  # keys already turned into samples (late dupes)
         self._seen: set[str] = set()
@@ -367,9 +351,28 @@ class Joiner:
         return made
 
     def drop_tenant(self, tenant: str, before: float) -> int:
-        """Forget what is held of `tenant`'s events written at or before `before` (math.inf: all of them);
-        returns how many entries went (online_rl.tenants.drop_held)."""
-        return drop_held(self, tenant, before)
+        """Forget what is held of `tenant`'s events written at or before `before` (math.inf: all of them): waiting
+        completions and turns, held samples (by their completion or any signal), orphan feedback, judged
+        sessions (online_rl.tenants: a forget or a deny). Returns how many entries went."""
+
+        def gone(e) -> bool:
+            return e.tenant == tenant and e.ts <= before
+
+        def drop(entries: dict, is_gone) -> int:
+            keys = [k for k, v in entries.items() if is_gone(v)]
+            for k in keys:
+                del entries[k]
+            return len(keys)
+
+        n = drop(self.pending, gone) + drop(self.turns, gone) + drop(self.closed, lambda c: gone(c[0]))
+        n += drop(self.held, lambda h: gone(h[0]) or any(map(gone, h[1].values())))
+        for fs in self.orphans.values():
+            n += sum(map(gone, fs))
+            fs[:] = [f for f in fs if not gone(f)]
+        drop(self.orphans, lambda fs: not fs)
+        # a session's list names only the turns still waiting
+        self.sessions = {s: ks for s, keys in self.sessions.items() if (ks := [k for k in keys if k in self.turns])}
+        return n
 
     # ------------------------------------------------------------------ checkpoint
     def state(self) -> dict:

@@ -19,15 +19,20 @@ Before the Joiner holds an event, `TenantGate.refuse` says why it must not (None
 
 A record that makes a tenant denied, or moves its forgotten_before later, also drops what the trainer already
 holds of it (`purge`): the Joiner's waiting completions, turns, held samples, orphan and session feedback
-(stream.Joiner.drop_tenant, through `drop_held` here), the buffered samples (each in the next checkpoint's
-ledger as dropped, with its reason) and the commented contexts waiting to be distilled again. Every drop is
+(stream.Joiner.drop_tenant), the buffered samples (each in the next checkpoint's ledger as dropped, with its
+reason) and the commented contexts waiting to be distilled again (Trainer.drop_samples). Every drop is
 counted in flywheel_trainer_privacy_dropped_total{reason} (events refused or dropped, samples and contexts
-dropped) and each purge is logged once. Weights already trained are not un-trained: online_rl.provenance
-says which published versions saw a tenant's samples.
+dropped) and each purge is logged once. After a purge, `purged` stays set until a checkpoint is written
+without any older one beside it (online_rl.checkpoints): the checkpoints from before held the tenant's
+token ids and events. Weights already trained are not un-trained: online_rl.provenance says which published
+versions saw a tenant's samples, and the students' samples of its commented contexts (`distilled`).
+A record on the tenants topic that is not a tenant policy is skipped, logged and counted
+(flywheel_trainer_privacy_bad_records_total).
 
-The gate's state (policies, forgotten_before, user samples trained by tenant) goes into the trainer's
-checkpoint, as plain values. Ids already joined (the Joiner's judged keys and seen event ids) hold no
-content and stay: they only keep a redelivered event from being counted twice.
+The gate's state (policies, forgotten_before, user and distilled samples trained by tenant) goes into the
+trainer's checkpoint, as plain values. Ids already joined (the Joiner's judged keys and seen event ids) hold
+no content and stay: they only keep a redelivered event from being counted twice. Samples from a checkpoint
+written before tenants carry no tenant: no policy applies to them (the trainer warns at resume).
 """
 
 from __future__ import annotations
@@ -40,52 +45,19 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter
 
 from flywheel.core import events as ev
+from online_rl.samples import DISTILL
 
 log = logging.getLogger(__name__)
 REASONS = ("withheld", "deny", "forgotten", "retention")
 DAY_S = 86400.0
 
 
-def drop_held(joiner, tenant: str, before: float) -> int:
-    """Remove from a Joiner (online_rl.stream) everything it holds of `tenant`'s events written at or before
-    `before` (math.inf: all of them): waiting completions and agent turns, held samples (by their completion,
-    or any signal of theirs), orphan feedback and judged sessions. Returns how many entries went."""
-
-    def gone(e) -> bool:
-        return e.tenant == tenant and e.ts <= before
-
-    n = 0
-    for waiting in (joiner.pending, joiner.turns):
-        for key in [k for k, c in waiting.items() if gone(c)]:
-            del waiting[key]
-            n += 1
-    for skey in list(joiner.sessions):  # a session's list names only the turns still waiting
-        left = [k for k in joiner.sessions[skey] if k in joiner.turns]
-        if left:
-            joiner.sessions[skey] = left
-        else:
-            del joiner.sessions[skey]
-    for key in [k for k, (c, signals, _) in joiner.held.items() if gone(c) or any(map(gone, signals.values()))]:
-        del joiner.held[key]
-        n += 1
-    for key in list(joiner.orphans):
-        keep = [f for f in joiner.orphans[key] if not gone(f)]
-        n += len(joiner.orphans[key]) - len(keep)
-        if keep:
-            joiner.orphans[key] = keep
-        else:
-            del joiner.orphans[key]
-    for skey in [s for s, (f, _) in joiner.closed.items() if gone(f)]:
-        del joiner.closed[skey]
-        n += 1
-    return n
-
-
 class TenantGate:
     """The tenants' policies, what they refuse, and the user samples trained by tenant.
 
-    holder: what holds a tenant's data in the trainer (online_rl.trainer.Trainer): `joiner`, `buffer` (samples),
-    `commented` ((sample, updates left) pairs) and `_ledger(sample, dropped)`. None: refuse only, nothing to purge.
+    holder: what holds a tenant's data in the trainer (online_rl.trainer.Trainer): its `joiner` and
+    `drop_samples(gone, reason) -> (samples, contexts)`, which drops the buffered samples and commented contexts
+    `gone(sample)` says and ledgers the samples. None: refuse only, nothing to purge.
     """
 
     def __init__(self, registry: CollectorRegistry | None = None, holder=None, clock: Callable[[], float] = time.time):
@@ -94,13 +66,20 @@ class TenantGate:
         # forgotten_before, which only grows (a record that lost it cannot bring forgotten events back)
         self.policies: dict[str, dict] = {}
         self.trained: dict[str, int] = {}  # user samples trained, by tenant, since the first step (provenance)
-        self.bad_records = 0
+        self.distilled: dict[str, int] = {}  # students' samples of commented contexts trained, by tenant
+        self.purged = False  # a purge since the last checkpoint that stands alone (Trainer.save)
+        registry = registry if registry is not None else CollectorRegistry()
+        self.bad_records = Counter(
+            "flywheel_trainer_privacy_bad_records",
+            "Records on the tenants topic that are not a tenant policy (skipped)",
+            registry=registry,
+        )
         self.dropped = Counter(
             "flywheel_trainer_privacy_dropped",
             "Events and samples of tenants never trained on, by reason (withheld: no content; deny: the tenant's "
             "policy; forgotten: flywheel tenants forget; retention: older than the tenant's retention_days)",
             ["reason"],
-            registry=registry if registry is not None else CollectorRegistry(),
+            registry=registry,
         )
         for reason in REASONS:  # at 0 from the start: an alert on its increase sees the first one
             self.dropped.labels(reason)
@@ -141,9 +120,15 @@ class TenantGate:
         return why
 
     def trained_on(self, s) -> None:
-        """A sample went into an update: a user's counts towards its tenant's provenance."""
-        if s.source == "user":
-            self.trained[s.tenant] = self.trained.get(s.tenant, 0) + 1
+        """A sample went into an update: a user's, or a student's sample of a user's commented context
+        (online_rl.distill_samples), counts towards its tenant's provenance."""
+        counts = self.trained if s.source == "user" else self.distilled if s.source == DISTILL else None
+        if counts is not None:
+            counts[s.tenant] = counts.get(s.tenant, 0) + 1
+
+    def totals(self) -> tuple[dict[str, int], dict[str, int]]:
+        """(user samples, distilled samples) trained by tenant since the first step: a version's provenance."""
+        return dict(self.trained), dict(self.distilled)
 
     # ------------------------------------------------------------------ policies
     def record(self, value) -> None:
@@ -154,7 +139,7 @@ class TenantGate:
         except ev.SchemaError as e:
             r = e
         if not isinstance(r, ev.TenantRecord):
-            self.bad_records += 1
+            self.bad_records.inc()
             log.warning("a record on the tenants topic that is not a tenant policy: %s", r)
             return
         old = self.policies.get(r.tenant, {"train": "allow", "forgotten_before": None})
@@ -183,13 +168,9 @@ class TenantGate:
             return s.source == "user" and s.tenant == tenant and s.ts <= before
 
         events = h.joiner.drop_tenant(tenant, before)
-        samples = [s for s in h.buffer if gone(s)]
-        h.buffer = [s for s in h.buffer if not gone(s)]
-        for s in samples:
-            h._ledger(s, reason)
-        contexts = sum(gone(s) for s, _ in h.commented)
-        h.commented = [(s, left) for s, left in h.commented if not gone(s)]
-        n = events + len(samples) + contexts
+        samples, contexts = h.drop_samples(gone, reason)
+        self.purged = True  # even when nothing is held now: older checkpoints may hold it
+        n = events + samples + contexts
         self.dropped.labels(reason).inc(n)
         name = self.policies.get(tenant, {}).get("name") or "?"
         log.info(
@@ -199,7 +180,7 @@ class TenantGate:
             reason,
             f" before {before:.3f}" if math.isfinite(before) else "",
             events,
-            len(samples),
+            samples,
             contexts,
         )
         return n
@@ -207,9 +188,14 @@ class TenantGate:
     # ------------------------------------------------------------------ checkpoint
     def state(self) -> dict:
         """Plain values only: checkpoints load with torch.load(weights_only=True)."""
-        return {"policies": {t: dict(p) for t, p in self.policies.items()}, "trained": dict(self.trained)}
+        return {
+            "policies": {t: dict(p) for t, p in self.policies.items()},
+            "trained": dict(self.trained),
+            "distilled": dict(self.distilled),
+        }
 
     def load_state(self, state: dict | None) -> None:
         state = state or {}  # checkpoints written before tenants have none
         self.policies = {t: dict(p) for t, p in state.get("policies", {}).items()}
         self.trained = dict(state.get("trained", {}))
+        self.distilled = dict(state.get("distilled", {}))

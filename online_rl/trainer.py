@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -168,6 +169,9 @@ class Trainer:
         self.commented = [(Sample.from_state(d["sample"]), d["left"]) for d in state.get("commented", [])]
         if "distill_rng" in state:  # the draws go on where they were, as in a run never stopped
             self._distill_gen.set_state(state["distill_rng"])
+        old = sum(s.source == "user" and not s.tenant for s in self.buffer + [c for c, _ in self.commented])
+        if old and self.rank == 0:  # a checkpoint from before tenants: its samples carry no tenant, nor time
+            log.warning("%d user samples with no tenant (an older checkpoint): no forget or deny applies", old)
         self.reader.offsets = state["offsets"]
         self.step, self.version, self.baseline = state["step"], state["version"], state["baseline"]
         self.saved_step = self.step
@@ -190,7 +194,8 @@ class Trainer:
         if self.rank != 0:
             return
         weights = {} if self.fsdp else {"model": self.model.state_dict(), "optimizer": self.opt.state_dict()}
-        self.checkpoints.save(
+        purged = self.privacy.purged  # a tenant dropped: the checkpoints from before still hold its samples
+        saved = self.checkpoints.save(
             {
                 **weights,
                 "joiner": self.joiner.state(),
@@ -209,7 +214,9 @@ class Trainer:
             self.step,
             self.trained_since_ckpt,
             write_shards=self._save_shards if self.fsdp else None,
+            keep=1 if purged else None,
         )
+        self.privacy.purged = purged and bool(self.checkpoints.others(saved))  # one not removed: the next save
         self.trained_since_ckpt = []
         self.saved_step = self.step
         self.reader.commit()
@@ -230,6 +237,17 @@ class Trainer:
             self.failures.failed("checkpoint", e, retry=True)
             return
         self.failures.succeeded("checkpoint")
+
+    def drop_samples(self, gone: Callable[[Sample], bool], reason: str) -> tuple[int, int]:
+        """Drop the buffered samples (ledgered as dropped for `reason`) and commented contexts `gone` says (a
+        forget or a deny: online_rl.tenants). Returns how many of each."""
+        samples = [s for s in self.buffer if gone(s)]
+        self.buffer = [s for s in self.buffer if not gone(s)]
+        for s in samples:
+            self._ledger(s, reason)
+        contexts = len(self.commented)
+        self.commented = [(s, left) for s, left in self.commented if not gone(s)]
+        return len(samples), contexts - len(self.commented)
 
     def _ledger(self, s: Sample, dropped: str | None = None) -> None:
         """A user sample trained (or dropped, and why), for the next checkpoint's ledger."""
@@ -317,6 +335,8 @@ class Trainer:
         """The student's fresh samples of commented contexts (online_rl.distill_samples.sample_commented). Rank 0
         samples alone, so only where it holds the whole model (not under FSDP across ranks)."""
         cfg, self._distill_s = self.cfg.loss, 0.0  # a step that samples nothing reports 0, not the last one's
+        # a waiting context's tenant policy now (its retention runs on; counted there)
+        self.commented = [(s, left) for s, left in self.commented if self.privacy.refuse_sample(s) is None]
         if not (cfg.distill_samples and cfg.distill_coef) or self._stop_ids is None or (self.fsdp and self.world > 1):
             return []
         t0 = time.perf_counter()
@@ -370,16 +390,7 @@ class Trainer:
             self.metrics.samples.labels(s.source).inc()
             self._ledger(s)
             self.privacy.trained_on(s)
-            if s.source == "user":
-                h = self.history.setdefault(str(s.model_version), {"n": 0, "reward": 0.0, "accepted": 0})
-                h["n"] += 1
-                h["reward"] += s.reward
-                h["accepted"] += int(s.reward > 0)
-        if pass_rates:
-            h = self.history.setdefault(str(self.version), {"n": 0, "reward": 0.0, "accepted": 0})
-            h["rollout_tasks"] = h.get("rollout_tasks", 0) + len(pass_rates)
-            h["rollout_pass"] = h.get("rollout_pass", 0.0) + sum(pass_rates)
-        self.metrics.trained(self.history, m)
+        self.metrics.trained(self.history, m, samples, self.version, pass_rates)
         self.metrics.step.set(self.step)
         m.update(
             step=self.step,
@@ -397,7 +408,7 @@ class Trainer:
         if self.fsdp and self.world > 1 and self.publisher.enabled:  # enabled: publish() gathers, first thing
             command(("export",))  # the other ranks take part in gathering each full tensor
         try:
-            version = self.publisher.publish(self.model, self.step, self.history, self.privacy.trained)
+            version = self.publisher.publish(self.model, self.step, self.history, *self.privacy.totals())
         except Exception as e:  # store or disk trouble: the weights wait for the next try
             self.failures.failed("publish", e, retry=True)
             return None

@@ -102,7 +102,8 @@ class TrainerMetrics:
         self.failures = Counter(
             "flywheel_trainer_failures",
             "Failures the daemon lived through, by stage "
-            "(ingest, sample, distill_samples, update, rollout_http, rollout_group, publish, announce) and cause",
+            "(ingest, sample, distill_samples, update, rollout_http, rollout_group, publish, announce, provenance, "
+            "publish_marker, history) and cause",
             ["stage", "cause"],
             registry=r,
         )
@@ -110,8 +111,19 @@ class TrainerMetrics:
         for kind in sandbox.KINDS:  # exported at 0 from the start: the alert on its increase sees the first one
             sandbox.CONTAINED.labels(kind)
 
-    def trained(self, history: dict[str, dict], m: dict) -> None:
-        """After an update: the per-version means and the step's figures."""
+    def trained(self, history: dict[str, dict], m: dict, samples=(), version: int = 0, pass_rates=()) -> None:
+        """After an update: its user samples' rewards (by the version that served them) and its rollouts' pass
+        rates (under the current `version`) into `history`, then the per-version means and the step's figures."""
+        for s in samples:
+            if s.source == "user":
+                h = history.setdefault(str(s.model_version), {"n": 0, "reward": 0.0, "accepted": 0})
+                h["n"] += 1
+                h["reward"] += s.reward
+                h["accepted"] += int(s.reward > 0)
+        if pass_rates:
+            h = history.setdefault(str(version), {"n": 0, "reward": 0.0, "accepted": 0})
+            h["rollout_tasks"] = h.get("rollout_tasks", 0) + len(pass_rates)
+            h["rollout_pass"] = h.get("rollout_pass", 0.0) + sum(pass_rates)
         for v, h in history.items():
             if h["n"]:
                 self.reward.labels(v).set(h["reward"] / h["n"])

@@ -6,6 +6,7 @@ tenant's events, and withheld events that never become samples."""
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -110,9 +111,9 @@ def _held(trainer: Trainer) -> list:
     return out + [f for f, _ in j.closed.values()]
 
 
-def _checkpoint_holds(trainer: Trainer) -> tuple[list, list]:
-    """(tenant, ts) of the samples and of the Joiner's events in the newest checkpoint, as written on disk."""
-    state = torch.load(trainer._latest() / "trainer.pt", weights_only=True)
+def _checkpoint_holds(trainer: Trainer, checkpoint: Path | None = None) -> tuple[list, list]:
+    """(tenant, ts) of the samples and of the Joiner's events in a checkpoint (the newest), as written on disk."""
+    state = torch.load((checkpoint or trainer._latest()) / "trainer.pt", weights_only=True)
     samples = [(d["tenant"], d["ts"]) for d in state["buffer"]] + [
         (d["sample"]["tenant"], d["sample"]["ts"]) for d in state["commented"]
     ]
@@ -202,8 +203,12 @@ def test_a_forgotten_tenant_is_dropped_mid_run_and_stays_forgotten_after_a_resta
     _train_all(trainer)
     trainer.checkpoint()
     assert trainer.publish() == 2
-    samples, events = _checkpoint_holds(trainer)
-    assert not [x for x in samples + events if x[0] == A]
+    # the checkpoints from before the forget held A's samples and events: the first one after stands alone
+    on_disk = sorted((work / "checkpoints").glob("step-*"))
+    assert on_disk == [trainer._latest()] and not trainer.privacy.purged
+    for checkpoint in on_disk:
+        samples, events = _checkpoint_holds(trainer, checkpoint)
+        assert not [x for x in samples + events if x[0] == A]
     assert trainer.checkpoints.load()["privacy"]["policies"][A]["forgotten_before"] == forgotten
     later = _ledger_after(work, before_forget)
     assert not [e for e in later if e["tenant"] == A and "dropped" not in e], "A trained after its forget"
@@ -225,6 +230,7 @@ def test_a_forgotten_tenant_is_dropped_mid_run_and_stays_forgotten_after_a_resta
     trainer.reader.close()
     trainer = Trainer(cfg)
     assert trainer.privacy.policies[A]["forgotten_before"] == forgotten and trainer.privacy.trained[A] == 6
+    assert not trainer.privacy.purged  # nothing newly forgotten: checkpoints are kept as usual again
     a4, _, a4_ids = mk.make(A, "a4", 2, forgotten - 1)
     a5, a5_keys, a5_ids = mk.make(A, "a5", 2, time.time())
     produce(own_broker, a4 + a5)
@@ -235,6 +241,7 @@ def test_a_forgotten_tenant_is_dropped_mid_run_and_stays_forgotten_after_a_resta
     trainer.checkpoint()
     trained_a = {e["key"] for e in _ledger_after(work, before_forget) if e["tenant"] == A and "dropped" not in e}
     assert trained_a == set(a5_keys) and trainer.privacy.trained[A] == 8
+    assert len(list((work / "checkpoints").glob("step-*"))) == 2
     trainer.reader.close()
 
 
@@ -310,3 +317,71 @@ def test_the_reader_gives_every_tenant_policy_before_any_event(own_broker):
         reader.close()
     last_policy = max(i for i, t in enumerate(topics) if t == ev.TOPIC_TENANTS)
     assert all(t == ev.TOPIC_TENANTS for t in topics[: last_policy + 1]), topics[: last_policy + 1]
+
+
+def test_commented_contexts_follow_their_tenants_policy_and_distilled_samples_count_in_provenance(
+    test_model, tmp_path, caplog
+):
+    """A commented context waiting to be distilled again goes when its tenant's retention or policy refuses it;
+    the students' samples of it count in its tenant's provenance (distilled, apart from the user samples)."""
+    from tests.helpers import served_samples
+    from weight_sync.manifest import generate_key
+
+    generate_key(tmp_path / "k.pem", tmp_path / "k.pub")
+    loss = LossConfig(kl_coef=0.0, distill_samples=4, distill_updates=3)
+    # a checkpoint from before tenants: its samples carry none, and the resumed trainer says so
+    old = Trainer(TrainerConfig(model_dir=test_model, work_dir=tmp_path / "old", min_batch=1, loss=loss))
+    old.buffer = served_samples(test_model, 3)
+    old.save()
+    with caplog.at_level(logging.WARNING, logger="online_rl.trainer"):
+        Trainer(old.cfg)
+    assert "3 user samples with no tenant" in caplog.text
+
+    work = tmp_path / "trainer"
+    cfg = TrainerConfig(
+        model_dir=test_model,
+        work_dir=work,
+        min_batch=1,
+        loss=loss,
+        publish=PublisherConfig(store=tmp_path / "store", key=tmp_path / "k.pem"),
+    )
+    t = Trainer(cfg)
+    E, F = "tenant-e-comments", "tenant-f-comments"
+    now = time.time()
+    samples = served_samples(test_model, 4)
+    for i, s in enumerate(samples):
+        s.group, s.tenant, s.ts = None, (E, F)[i // 2], now - 3 * 86400 if i < 2 else now
+    samples[1].hint_ids = np.array([11, 12, 13], np.int64)  # E's comment, three days old
+    samples[3].hint_ids = np.array([14, 15], np.int64)  # F's
+    t.buffer = samples
+    m = t.train_step()
+    assert sorted(c.tenant for c, _ in t.commented) == [E, F]  # both wait to be distilled again
+    assert m["distill_samples"] >= 1 and sum(t.privacy.distilled.values()) == m["distill_samples"]
+    assert set(t.privacy.distilled) <= {E, F} and t.privacy.trained == {E: 2, F: 2}
+    t.checkpoint()
+    assert t.publish() == 1
+    v1 = json.loads((work / "provenance" / "v1.json").read_text())
+    assert v1["tenants_total"] == {E: 2, F: 2} and v1["distilled_total"] == v1["distilled"] == t.privacy.distilled
+    distilled_e = t.privacy.distilled.get(E, 0)
+    found = provenance.versions_for(work, {E})
+    assert [(r["version"], r["tenants_total"], r["distilled_total"]) for r in found] == [
+        (1, {E: 2}, {E: distilled_e} if distilled_e else {})
+    ]
+
+    # E now keeps one day: its context is refused before the next sampling (retention is checked at each use)
+    t.privacy.record(ev.TenantRecord(tenant=E, retention_days=1.0))
+    assert not t.privacy.purged and len(t.commented) == 2
+    plain = served_samples(test_model, 2, seed=5)
+    for s in plain:
+        s.group, s.tenant, s.ts = None, F, now
+    t.buffer = plain
+    t.train_step()
+    assert [c.tenant for c, _ in t.commented] == [F] and _dropped(t, "retention") == 1
+    assert t.privacy.distilled.get(E, 0) == distilled_e  # nothing more of E's distilled
+
+    # F denies training: its waiting context goes with the rest, and the next checkpoint stands alone
+    t.privacy.record(ev.TenantRecord(tenant=F, train="deny"))
+    assert t.commented == [] and t.privacy.purged and _dropped(t, "deny") == 1
+    t.checkpoint()
+    assert sorted((work / "checkpoints").glob("step-*")) == [t._latest()] and not t.privacy.purged
+    assert t.checkpoints.load()["commented"] == []

@@ -36,11 +36,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import msgpack
-
 from serving import event_forget as fg
+from serving.event_scan import Backlog, Scrub
 from serving.event_spool import Spool
-from serving.secret_scrub import ScanLimit, Scrubber
 
 log = logging.getLogger(__name__)
 
@@ -106,134 +104,6 @@ def dead_letter(spool_dir: Path, topic: str, key: str, value: bytes) -> tuple[st
     return TOPIC_DEADLETTER, json.dumps(stub).encode()
 
 
-def _texts(scan) -> list[str]:
-    """The texts of meta["scan"]: a text, or a list of texts and lists of texts (stop strings); None skipped.
-    Anything else raises (the event is withheld: failing closed)."""
-    if scan is None:
-        return []
-    if isinstance(scan, str):
-        return [scan]
-    if isinstance(scan, (list, tuple)):
-        return [t for part in scan for t in _texts(part)]
-    raise TypeError(f"a {type(scan).__name__} among the texts to scan")
-
-
-class _Scrub:
-    """The secret scan of a record's texts, and the withheld value it yields; never raises."""
-
-    def __init__(self, enabled: bool):
-        self.enabled, self.scrubber, self._logged = enabled, None, set()
-        if enabled:
-            try:
-                self.scrubber = Scrubber()
-            except Exception as e:  # noqa: BLE001 - no scanner: every event with texts is withheld (fail closed)
-                log.error(
-                    "secret scanner unavailable (%s: %s); events with texts to scan go out withheld",
-                    type(e).__name__,
-                    e,
-                )
-
-    def _once(self, what: str, msg: str, *args) -> None:
-        if what not in self._logged:
-            self._logged.add(what)
-            log.error(msg + " (logged once)", *args)
-
-    def clear_cache(self) -> None:
-        """Forget the lines the scanner remembers clean (users' code): called when a tenant may have been forgotten."""
-        if self.scrubber is not None:
-            self.scrubber.clear_cache()
-
-    def apply(self, value: bytes, scan) -> tuple[bytes, bool]:
-        """(the value to send, whether it was withheld)."""
-        try:
-            if self.scrubber is None:
-                raise RuntimeError("no secret scanner")
-            types = self.scrubber.find(_texts(scan))
-        except ScanLimit as e:
-            types = ["scan_limit"]
-            self._once("limit", "an event's texts took too long to scan (%s); withheld", e)
-        except Exception as e:  # noqa: BLE001 - never lose the event, never let a secret out
-            types = ["scan_error"]
-            self._once("error", "secret scan failed (%s: %s); the event is withheld", type(e).__name__, e)
-        if not types:
-            return value, False
-        return self.withhold(value, types), True
-
-    @staticmethod
-    def withhold(value: bytes, types: list[str]) -> bytes:
-        """The value without content, `types` saying why. A value that is not a completion or a feedback (nothing
-        of it can be kept): a stub with those types, flagged not_an_event."""
-        from flywheel.core import events as ev
-
-        try:
-            out = ev.withhold(value, "secret", types)
-        except Exception:  # noqa: BLE001 - not an event we can take apart: send nothing of it
-            out = value
-        if out is value:
-            out = msgpack.packb(
-                {"withheld": "secret", "secret_types": sorted(types), "not_an_event": True}, use_bin_type=True
-            )
-        return out
-
-    def unscanned(self, value: bytes) -> tuple[bytes, bool]:
-        """A record without meta (spooled before meta existed, so never scanned): a completion or a feedback is
-        withheld ("unscanned"), unless it is already (its tenant's policy: the reason stays); anything else goes as
-        it is. (the value to send, whether it was withheld)."""
-        from flywheel.core import events as ev
-
-        try:
-            d = msgpack.unpackb(value, raw=False)
-            if not isinstance(d, dict) or d.get("withheld"):
-                return value, False
-            out = ev.withhold(value, "secret", ["unscanned"])
-        except Exception:  # noqa: BLE001 - not msgpack: not an event, sent as before
-            return value, False
-        return out, out is not value
-
-
-class _Backlog:
-    """The undelivered bytes from a record to the head, and whether they are over the limit past which events are
-    withheld unscanned (logged when that starts and ends). Sizes of sealed segments (fixed) are remembered."""
-
-    def __init__(self, spool: Spool, limit: int):
-        self.spool, self.limit, self.over = spool, limit, False
-        self._sizes: dict[int, int] = {}
-
-    def bytes(self, pos, head) -> int:
-        if pos >= head:
-            return 0
-        total = head[1] - pos[1]
-        for seg in range(pos[0], head[0]):  # segments before the head's are sealed
-            size = self._sizes.get(seg)
-            if size is None:
-                try:
-                    size = self.spool.path(seg).stat().st_size
-                except FileNotFoundError:
-                    size = 0
-                self._sizes[seg] = size
-            total += size
-        if len(self._sizes) > 256:
-            self._sizes = {k: v for k, v in self._sizes.items() if k >= pos[0]}
-        return total
-
-    def too_far(self, pos, head) -> bool:
-        n = self.bytes(pos, head)
-        over = n > self.limit
-        if over != self.over:
-            self.over = over
-            if over:
-                log.warning(
-                    "%d bytes undelivered in %s, over %d: events are withheld without a secret scan until the "
-                    "backlog is under it",
-                    n,
-                    self.spool.dir,
-                    self.limit,
-                )
-            else:
-                log.info("backlog under %d bytes in %s: scanning events for secrets again", self.limit, self.spool.dir)
-        return over
-
-
 @dataclass
 class _Batch:
     records: list  # (topic, key, value) to send
@@ -247,7 +117,7 @@ class _Batch:
 
 
 def _prepare(
-    spool: Spool, cursor, head, cfg, forgotten: fg.Watcher, scrub: _Scrub, shared, backlog: _Backlog
+    spool: Spool, cursor, head, cfg, forgotten: fg.Watcher, scrub: Scrub, shared, backlog: Backlog
 ) -> _Batch | None:
     """The next batch: forgotten records left out, secrets withheld. None if a forget came in meanwhile."""
     found, end, nbytes, damaged = spool.read_at(cursor, head, cfg.send_batch)
@@ -351,8 +221,8 @@ def run(cfg, shared) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(logging.CRITICAL)  # outages are reported here, once
     spool = Spool(cfg.spool_dir)
-    scrub = _Scrub(cfg.scrub)
-    undelivered = _Backlog(spool, min(cfg.scan_backlog_bytes, cfg.max_spool_bytes * 3 // 4))
+    scrub = Scrub(cfg.scrub)
+    undelivered = Backlog(spool, min(cfg.scan_backlog_bytes, cfg.max_spool_bytes * 3 // 4))
     forgotten = fg.Watcher(spool.dir, on_reload=scrub.clear_cache)  # loaded before anything is sent
     with shared.get_lock():
         cursor = (shared[CUR_SEG], shared[CUR_OFF])

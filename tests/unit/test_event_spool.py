@@ -11,15 +11,7 @@ import pytest
 from serving import event_forget as fg, event_shipper as sh
 from serving.event_log import EventLog, EventLogConfig
 from serving.event_spool import HEADER, Spool, _redacted
-
-
-def _wait(cond, timeout=10):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return False
+from tests.spool_helpers import raw_records, segment_bytes, wait_for
 
 
 def _all_records(spool_dir):
@@ -38,7 +30,7 @@ def test_everything_submitted_is_on_disk_and_survives_a_restart(tmp_path):
     log = EventLog(EventLogConfig(spool_dir=tmp_path)).start()
     for i in range(1000):
         assert log.submit("completions", f"k{i % 7}", f"v{i}".encode())
-    assert _wait(lambda: log.stats.spooled == 1000)
+    assert wait_for(lambda: log.stats.spooled == 1000)
     log.close(timeout=2)
     assert log.stats.produced == 0 and log.pending_bytes > 0
     again = EventLog(EventLogConfig(spool_dir=tmp_path))
@@ -50,7 +42,7 @@ def test_torn_tail_is_cut_and_earlier_records_kept(tmp_path):
     log = EventLog(EventLogConfig(spool_dir=tmp_path)).start()
     for _ in range(10):
         log.submit("feedback", "k", b"x" * 100)
-    assert _wait(lambda: log.stats.spooled == 10)
+    assert wait_for(lambda: log.stats.spooled == 10)
     log.close(timeout=2)
     seg = sorted(tmp_path.glob("*.log"))[-1]
     good = seg.stat().st_size
@@ -67,7 +59,7 @@ def test_spool_limit_refuses_new_events_and_raises_the_alarm(tmp_path):
     for _ in range(50):
         accepted += log.submit("completions", "k", b"y" * 200)
         time.sleep(0.01)
-    assert _wait(lambda: log.stats.spooled == accepted)
+    assert wait_for(lambda: log.stats.spooled == accepted)
     assert log.spool_full and log.stats.dropped_spool_full > 0
     assert accepted < 50 and log.pending_bytes < 2000 + 10 * 220
     log.close(timeout=2)
@@ -85,28 +77,11 @@ def test_segments_rotate_and_read_across_them(tmp_path):
     log = EventLog(EventLogConfig(spool_dir=tmp_path, segment_bytes=4096)).start()
     for i in range(200):
         log.submit("completions", "k", i.to_bytes(4, "big") + bytes(96))
-    assert _wait(lambda: log.stats.spooled == 200)
+    assert wait_for(lambda: log.stats.spooled == 200)
     log.close(timeout=2)
     assert len(list(tmp_path.glob("*.log"))) > 3
     values = [v for _, _, v, _ in _all_records(tmp_path)]
     assert [int.from_bytes(v[:4], "big") for v in values] == list(range(200))
-
-
-def _raw_records(spool_dir) -> dict[tuple[int, int], bytes]:
-    """(segment, offset) -> the framed bytes of every record on disk."""
-    out = {}
-    for seg in Spool(spool_dir).segments():
-        data = Spool(spool_dir).path(seg).read_bytes()
-        off = 0
-        while off + HEADER.size <= len(data):
-            n, _ = HEADER.unpack_from(data, off)
-            out[(seg, off)] = data[off : off + HEADER.size + n]
-            off += HEADER.size + n
-    return out
-
-
-def _segment_bytes(spool_dir) -> bytes:
-    return b"".join(p.read_bytes() for p in sorted(spool_dir.glob("*.log")))
 
 
 def test_meta_is_kept_and_the_old_three_element_format_still_reads(tmp_path):
@@ -119,7 +94,7 @@ def test_meta_is_kept_and_the_old_three_element_format_still_reads(tmp_path):
     meta = {"tenant": "t1", "ts": 12.5, "scan": ["prompt", "", "output"]}
     log.submit("completions", "new", b"w", meta=meta)
     log.submit("feedback", "plain", b"x")
-    assert _wait(lambda: log.stats.spooled == 2)
+    assert wait_for(lambda: log.stats.spooled == 2)
     log.close(timeout=2)
     assert _all_records(tmp_path) == [
         ("completions", "old0", b"v", None),
@@ -144,16 +119,16 @@ def _tenant_events(log, n, t0):
 def test_forgetting_redacts_every_segment_in_place_and_keeps_the_rest_byte_identical(tmp_path):
     log = EventLog(EventLogConfig(spool_dir=tmp_path, segment_bytes=8192)).start()  # no broker: no shipper
     _tenant_events(log, 120, t0=1000.0)
-    assert _wait(lambda: log.stats.spooled == 360)
+    assert wait_for(lambda: log.stats.spooled == 360)
     # the cursor halfway: redaction covers what was already sent as well as what was not
-    log._shared[sh.CUR_SEG], log._shared[sh.CUR_OFF] = sorted(_raw_records(tmp_path))[180]
-    before = _raw_records(tmp_path)
+    log._shared[sh.CUR_SEG], log._shared[sh.CUR_OFF] = sorted(raw_records(tmp_path))[180]
+    before = raw_records(tmp_path)
     sizes = {p.name: p.stat().st_size for p in tmp_path.glob("*.log")}
-    assert len(sizes) > 3 and b"GONE-MARKER-0000" in _segment_bytes(tmp_path)
+    assert len(sizes) > 3 and b"GONE-MARKER-0000" in segment_bytes(tmp_path)
 
     log.forget({"gone": 1000.0 + 99})  # ts 1000..1099 forgotten, 1100..1119 not
     assert {p.name: p.stat().st_size for p in tmp_path.glob("*.log")} == sizes
-    after = _raw_records(tmp_path)
+    after = raw_records(tmp_path)
     assert after.keys() == before.keys()  # no offset moved
     changed = {pos for pos in before if before[pos] != after[pos]}
     assert len(changed) == 100
@@ -164,7 +139,7 @@ def test_forgetting_redacts_every_segment_in_place_and_keeps_the_rest_byte_ident
             assert _dec(after[pos])[2] is None  # no content; its CRC is valid (decoded by _dec)
         else:
             assert not (key.startswith("gone-") and meta["ts"] <= 1099)
-    raw = _segment_bytes(tmp_path)
+    raw = segment_bytes(tmp_path)
     for i in range(100):
         assert f"GONE-MARKER-{i:04d}".encode() not in raw  # neither in the value nor in the scan text
     assert b"GONE-MARKER-0100" in raw and b"STAYS-MARKER-0000" in raw
@@ -175,9 +150,9 @@ def test_forgetting_redacts_every_segment_in_place_and_keeps_the_rest_byte_ident
     # after forget(): a record of the tenant up to its time is written redacted, a later one as it comes
     log.submit("completions", "gone-late", b"GONE-MARKER-LATE", meta={"tenant": "gone", "ts": 1050.0})
     log.submit("completions", "gone-new", b"GONE-MARKER-NEW", meta={"tenant": "gone", "ts": 2000.0})
-    assert _wait(lambda: log.stats.spooled == 362)
+    assert wait_for(lambda: log.stats.spooled == 362)
     log.close(timeout=2)
-    raw = _segment_bytes(tmp_path)
+    raw = segment_bytes(tmp_path)
     assert b"GONE-MARKER-LATE" not in raw and b"GONE-MARKER-NEW" in raw
     assert log.stats.forgotten == 41
     assert fg.load(tmp_path) == (1, {"gone": 1099.0}) and fg.load_done(tmp_path) == 1
@@ -209,9 +184,9 @@ def test_a_record_torn_by_a_crash_while_it_was_redacted_is_skipped_and_the_rest_
     log = EventLog(EventLogConfig(spool_dir=tmp_path)).start()
     for i in range(10):
         log.submit("completions", f"k{i}", b"x" * 50, meta={"tenant": "t", "ts": float(i)})
-    assert _wait(lambda: log.stats.spooled == 10)
+    assert wait_for(lambda: log.stats.spooled == 10)
     log.close(timeout=2)
-    pos = sorted(_raw_records(tmp_path))[4]
+    pos = sorted(raw_records(tmp_path))[4]
     path = Spool(tmp_path).path(pos[0])
     data = bytearray(path.read_bytes())
     data[pos[1] + HEADER.size + 3] ^= 0xFF  # half overwritten: its length whole, its CRC wrong
@@ -240,9 +215,9 @@ def test_a_redaction_torn_by_a_crash_is_finished_by_the_next_one_that_covers_it(
     log = EventLog(EventLogConfig(spool_dir=tmp_path)).start()
     for i in range(10):
         log.submit("completions", f"k{i}", b"x" * 80 + f"TORN-{i}-PLAINTEXT".encode(), meta={"tenant": "t", "ts": 1.0})
-    assert _wait(lambda: log.stats.spooled == 10)
+    assert wait_for(lambda: log.stats.spooled == 10)
     log.close(timeout=2)
-    positions = sorted(_raw_records(tmp_path))
+    positions = sorted(raw_records(tmp_path))
     path = Spool(tmp_path).path(positions[0][0])
 
     def tear(pos):  # the first half of its redacted form written, the rest still the old bytes
@@ -254,7 +229,7 @@ def test_a_redaction_torn_by_a_crash_is_finished_by_the_next_one_that_covers_it(
 
     tear(positions[3])
     tear(positions[7])
-    assert b"TORN-3-PLAINTEXT" in _segment_bytes(tmp_path) and b"TORN-7-PLAINTEXT" in _segment_bytes(tmp_path)
+    assert b"TORN-3-PLAINTEXT" in segment_bytes(tmp_path) and b"TORN-7-PLAINTEXT" in segment_bytes(tmp_path)
     spool = Spool(tmp_path)
     head = spool.recover_head(spool.load_cursor())
     found, end, _, damaged = spool.read_at((positions[0][0], 0), head, 100)
@@ -262,11 +237,11 @@ def test_a_redaction_torn_by_a_crash_is_finished_by_the_next_one_that_covers_it(
     assert [pos for pos, _ in found] == [p for i, p in enumerate(positions) if i not in (3, 7)]
     # a forget's redaction over the range, matching none of the records: the torn ones are overwritten whole
     assert spool.redact(lambda meta: False, positions[5], start=positions[0]) == 0
-    raw = _segment_bytes(tmp_path)
+    raw = segment_bytes(tmp_path)
     assert b"TORN-3-PLAINTEXT" not in raw and b"TORN-7-PLAINTEXT" in raw  # 7 lies past `upto`
     # the shipper's redaction of a batch: damaged positions it read are overwritten too
-    assert spool.redact_at([positions[7]]) == 1 and b"TORN-7-PLAINTEXT" not in _segment_bytes(tmp_path)
-    after = _raw_records(tmp_path)
+    assert spool.redact_at([positions[7]]) == 1 and b"TORN-7-PLAINTEXT" not in segment_bytes(tmp_path)
+    after = raw_records(tmp_path)
     assert after.keys() == set(positions)
     for i in (3, 7):
         assert _dec(after[positions[i]])[2] is None  # a whole record now, its CRC valid, no content
@@ -278,147 +253,3 @@ def test_a_redacted_record_fits_even_the_shortest_record():
     for n in range(4, 40):
         framed = _redacted("completions", "k" * 32, n)
         assert len(framed) == HEADER.size + n and _dec(framed)[2] is None, n
-
-
-class _FakeFuture:
-    def get(self, timeout=None):
-        return None
-
-
-class _FakeProducer:
-    def __init__(self):
-        self.sent = []
-
-    def send(self, topic, key, value):
-        self.sent.append((topic, key.decode(), value))
-        return _FakeFuture()
-
-    def flush(self, timeout=None):
-        pass
-
-    def close(self, timeout=None):
-        pass
-
-
-def _ship(monkeypatch, log: EventLog, **cfg) -> list[tuple[str, str, bytes]]:
-    """Run the shipper (serving.event_shipper.run) here, over what `log` (closed: STOP set) spooled, into a fake
-    producer; returns what it sent."""
-    import signal
-
-    producer = _FakeProducer()
-    monkeypatch.setattr(sh, "_producer", lambda cfg: producer)
-    monkeypatch.setattr(signal, "signal", lambda *a: None)  # run() ignores SIGTERM/SIGINT: not in pytest's process
-    assert log._shared[sh.STOP] == 1
-    sh.run(EventLogConfig(spool_dir=log.cfg.spool_dir, bootstrap="fake:9092", **cfg), log._shared)
-    return producer.sent
-
-
-def _completion(cid: str, tenant: str = "t"):
-    import numpy as np
-
-    from flywheel.core import events as ev
-
-    return ev.CompletionEvent(
-        completion_id=cid,
-        choice_index=0,
-        tenant=tenant,
-        model_version=1,
-        prompt_ids=np.frombuffer(f"PROMPT-IDS-OF-{cid}".encode().ljust(32), np.int32),
-        output_ids=np.array([5, 6], np.int32),
-        logprobs=np.array([-0.5, -0.25], np.float32),
-        routed_experts=np.ones((9, 2, 2), np.uint8),
-        sampling={"temperature": 0.0},
-        finish_reason="stop",
-        latency={},
-    )
-
-
-AWS_ID = "".join(("AKIA", "Q3EGRDFJ7XM2KZ4P"))  # a fake, in pieces
-
-
-def test_what_the_shipper_withholds_is_redacted_in_the_spool_once_acknowledged(tmp_path, monkeypatch):
-    from flywheel.core import events as ev
-
-    log = EventLog(EventLogConfig(spool_dir=tmp_path)).start()  # spooling only; shipped below
-    tenant_record = ev.TenantRecord("t").encode()
-    old_records = b"".join(  # as the previous release wrote them: 3 elements, no meta, never scanned
-        Spool.frame(*r) for r in (("completions", "old", _completion("old").encode()), ("tenants", "t", tenant_record))
-    )
-    log.submit(
-        "completions",
-        "secret",
-        _completion("secret").encode(),
-        meta={
-            "tenant": "t",
-            "ts": 1.0,
-            "scan": [f'aws_access_key_id = "{AWS_ID}"\nPROMPT-TEXT-OF-secret\n', ["STOP-OF-secret"]],
-        },
-    )
-    log.submit(
-        "completions",
-        "clean",
-        _completion("clean").encode(),
-        meta={"tenant": "t", "ts": 1.0, "scan": ["def add(a, b):\n    return a + b  # PROMPT-TEXT-OF-clean\n"]},
-    )
-    log.submit("completions", "deny", _completion("deny").encode(), meta={"tenant": "t", "ts": 1.0, "scan": None})
-    fb = ev.FeedbackEvent(completion_id="secret", choice_index=0, tenant="t", kind="comment", text=f"FB {AWS_ID}")
-    log.submit("feedback", "fb", fb.encode(), meta={"tenant": "t", "ts": 1.0, "scan": [fb.text]})
-    assert _wait(lambda: log.stats.spooled == 4)
-    log.close(timeout=2)
-    seg = Spool(tmp_path).path(Spool(tmp_path).segments()[0])
-    seg.write_bytes(old_records + seg.read_bytes())  # the old records ahead of the new ones
-    log = EventLog(EventLogConfig(spool_dir=tmp_path))  # found again, as after an upgrade
-    log._shared[sh.STOP] = 1
-    raw = _segment_bytes(tmp_path)
-    assert AWS_ID.encode() in raw and b"PROMPT-IDS-OF-secret" in raw and b"PROMPT-IDS-OF-old" in raw
-
-    sent = dict((k, v) for _, k, v in _ship(monkeypatch, log))
-    assert sent.keys() == {"old", "t", "secret", "clean", "deny", "fb"}
-    assert ev.decode(sent["old"]).secret_types == ["unscanned"] and ev.decode(sent["old"]).prompt_ids.size == 0
-    assert sent["t"] == tenant_record  # not an event with content: as it was
-    assert ev.decode(sent["secret"]).secret_types == ["AWS Access Key"]
-    assert ev.decode(sent["fb"]).withheld == "secret" and ev.decode(sent["fb"]).text is None
-    assert ev.decode(sent["clean"]).prompt_ids.size == 8 and ev.decode(sent["deny"]).withheld == ""
-    assert log.stats.scrubbed == 3 and log.stats.unscanned == 1
-    raw = _segment_bytes(tmp_path)
-    for gone in (AWS_ID, "PROMPT-IDS-OF-secret", "PROMPT-TEXT-OF-secret", "STOP-OF-secret", "PROMPT-IDS-OF-old"):
-        assert gone.encode() not in raw, gone  # in no segment file once the broker has them
-    assert b"PROMPT-IDS-OF-clean" in raw and b"PROMPT-TEXT-OF-clean" in raw  # what went out whole stays (till freed)
-    spool = Spool(tmp_path)
-    records, _, _ = spool.read((spool.segments()[0], 0), spool.recover_head((0, 0)), 100)
-    assert [k for _, k, _, _ in records] == ["t", "clean", "deny"]  # the withheld ones redacted: read no more
-
-
-def test_over_the_backlog_limit_events_are_withheld_without_a_scan(tmp_path, monkeypatch):
-    from flywheel.core import events as ev
-    from serving import secret_scrub
-
-    def one(tmp, scan_backlog_bytes, **cfg):
-        log = EventLog(EventLogConfig(spool_dir=tmp)).start()
-        for i in range(20):
-            text = f"def f{i}():\n    return {i}\n"
-            log.submit(
-                "completions", f"c{i}", _completion(f"c{i}").encode(), meta={"tenant": "t", "ts": 1.0, "scan": [text]}
-            )
-        assert _wait(lambda: log.stats.spooled == 20)
-        log.close(timeout=2)
-        calls = []
-        real = secret_scrub.Scrubber.find
-        monkeypatch.setattr(secret_scrub.Scrubber, "find", lambda self, texts: calls.append(1) or real(self, texts))
-        sent = [ev.decode(v) for _, _, v in _ship(monkeypatch, log, scan_backlog_bytes=scan_backlog_bytes, **cfg)]
-        return log, sent, calls
-
-    log, sent, calls = one(tmp_path / "a", 1 << 30)
-    assert len(calls) == 20 and all(e.withheld == "" for e in sent) and log.stats.unscanned == 0
-    total = sum(p.stat().st_size for p in (tmp_path / "a").glob("*.log"))
-    tenth = sorted(_raw_records(tmp_path / "a"))[10][1]  # one segment: the offset of the 11th record
-    # The limit what the 11th record and those after it take: the first 10 (more than it from them to the head)
-    # go out unscanned, the rest scanned.
-    log, sent, calls = one(tmp_path / "b", total - tenth)
-    assert [e.secret_types for e in sent] == [["unscanned_backlog"]] * 10 + [[]] * 10 and len(calls) == 10
-    assert log.stats.unscanned == log.stats.scrubbed == 10
-    raw = _segment_bytes(tmp_path / "b")
-    assert [f"PROMPT-IDS-OF-c{i} ".encode() in raw for i in range(20)] == [False] * 10 + [True] * 10
-    # capped at 3/4 of max_spool_bytes
-    log, sent, calls = one(tmp_path / "c", 1 << 30, max_spool_bytes=(total - tenth) * 4 // 3 + 1)
-    assert [e.withheld for e in sent].count("secret") == 10

@@ -249,11 +249,11 @@ def test_the_shipper_withholds_on_a_finding_and_fails_closed_on_an_error(monkeyp
     import msgpack
 
     from flywheel.core import events as ev
-    from serving.event_shipper import _Scrub
+    from serving.event_scan import Scrub
 
     fb = ev.FeedbackEvent(completion_id="c", choice_index=0, tenant="t", kind="comment", text="fine words")
     raw = fb.encode()
-    scrub = _Scrub(True)
+    scrub = Scrub(True)
     assert scrub.apply(raw, ["fine words"]) == (raw, False)  # clean: the same bytes
     out, withheld = scrub.apply(raw, [f"my key {AWS_ID}"])
     back = ev.decode(out)
@@ -268,18 +268,18 @@ def test_the_shipper_withholds_on_a_finding_and_fails_closed_on_an_error(monkeyp
     monkeypatch.setattr(scrub.scrubber, "find", lambda texts: ["Private Key"])
     out, _ = scrub.apply(b"not an event", ["x"])  # nothing of a value that cannot be taken apart goes out
     assert msgpack.unpackb(out) == {"withheld": "secret", "secret_types": ["Private Key"], "not_an_event": True}
-    assert _Scrub(False).enabled is False
+    assert Scrub(False).enabled is False
 
 
 def test_the_shipper_flattens_the_texts_to_scan_and_fails_closed_on_a_shape_it_does_not_know():
     from flywheel.core import events as ev
-    from serving.event_shipper import _Scrub, _texts
+    from serving.event_scan import Scrub, scan_texts
 
     joined = "def f():\n    return 1\n" * 40  # a prompt, its output and suffix joined: a few KB of lines
-    assert _texts([joined, ["\n\n", "stop"], None]) == [joined, "\n\n", "stop"]
-    assert _texts(joined) == [joined] and _texts(None) == []
+    assert scan_texts([joined, ["\n\n", "stop"], None]) == [joined, "\n\n", "stop"]
+    assert scan_texts(joined) == [joined] and scan_texts(None) == []
     raw = ev.FeedbackEvent(completion_id="c", choice_index=0, tenant="t", kind="comment", text="ok").encode()
-    scrub = _Scrub(True)
+    scrub = Scrub(True)
     assert scrub.apply(raw, [joined, ["</s>"]]) == (raw, False)
     out, withheld = scrub.apply(raw, [joined, ["</s>", f"key {AWS_ID}"]])  # a secret in a stop string
     assert withheld and ev.decode(out).secret_types == ["AWS Access Key"]
@@ -291,7 +291,7 @@ def test_a_record_spooled_without_meta_is_withheld_if_it_is_a_completion_or_a_fe
     import numpy as np
 
     from flywheel.core import events as ev
-    from serving.event_shipper import _Scrub
+    from serving.event_scan import Scrub
 
     c = ev.CompletionEvent(
         completion_id="c1",
@@ -306,7 +306,7 @@ def test_a_record_spooled_without_meta_is_withheld_if_it_is_a_completion_or_a_fe
         finish_reason="stop",
         latency={},
     )
-    scrub = _Scrub(True)
+    scrub = Scrub(True)
     out, withheld = scrub.unscanned(c.encode())
     back = ev.decode(out)
     assert withheld and back.withheld == "secret" and back.secret_types == ["unscanned"] and back.prompt_ids.size == 0
@@ -354,9 +354,9 @@ def test_a_keyword_secret_in_a_long_line_is_found_in_the_keyword_windows():
 
 def test_the_clean_lines_are_forgotten_when_the_forget_watcher_reloads(tmp_path):
     from serving import event_forget as fg
-    from serving.event_shipper import _Scrub
+    from serving.event_scan import Scrub
 
-    scrub = _Scrub(True)
+    scrub = Scrub(True)
     scrub.scrubber.find(["def alice_private_helper():\n    return 42\n"])
     assert "def alice_private_helper():" in scrub.scrubber._clean
     watcher = fg.Watcher(tmp_path, on_reload=scrub.clear_cache)

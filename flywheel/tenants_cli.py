@@ -129,6 +129,8 @@ def _ids(args) -> list[str]:
 def _provenance(args) -> int:
     from online_rl.provenance import versions_for
 
+    if not Path(args.trainer_dir).is_dir():
+        raise FileNotFoundError(f"no trainer work dir at {args.trainer_dir}")
     ids = _ids(args)
     versions = versions_for(args.trainer_dir, set(ids))
     if args.json:
@@ -137,10 +139,15 @@ def _provenance(args) -> int:
     if not versions:
         print(f"no published version in {args.trainer_dir} was trained on samples of {args.name}")
         return 0
-    print(f"versions trained on {args.name}'s samples ({', '.join(ids)}):")
-    print(f"{'version':>7} {'step':>7} {'new':>6} {'total':>6}  published")
+    print(f"versions trained on {args.name}'s samples ({', '.join(ids)}); distilled: contexts it commented on")
+    print(f"{'version':>7} {'step':>7} {'new':>6} {'total':>6} {'distilled':>9}  published")
     for v in versions:
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(v["published"]))
+        when = "-" if v["published"] is None else time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(v["published"]))
+        step = "-" if v["step"] is None else v["step"]
+        if v.get("unknown"):  # nothing proves it did not see them: listed, and says why
+            print(f"{v['version']:>7} {step:>7} {'?':>6} {'?':>6} {'?':>9}  {when}  unknown: {v.get('why', '')}")
+            continue
         new, total = sum(v["tenants"].values()), sum(v["tenants_total"].values())
-        print(f"{v['version']:>7} {v['step']:>7} {new:>6} {total:>6}  {when} UTC")
+        distilled = sum(v.get("distilled_total", {}).values())
+        print(f"{v['version']:>7} {step:>7} {new:>6} {total:>6} {distilled:>9}  {when}")
     return 0

@@ -22,28 +22,11 @@ from pathlib import Path
 
 import torch
 
+from flywheel.core.files import fsync_path, write_durably
+
 
 class CheckpointError(RuntimeError):
     """The checkpoint directory is not in a state the trainer can continue from."""
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_durably(path: Path, data: bytes) -> None:
-    """Write, fsync, rename into place, fsync the directory."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync(path.parent)
 
 
 class Checkpoints:
@@ -105,13 +88,13 @@ class Checkpoints:
                 write_shards(tmp)
             torch.save(state, tmp / "trainer.pt")
             for d in [p for p in tmp.rglob("*") if p.is_dir()] + [tmp]:  # every file is fsynced by its writer
-                _fsync(d)
-            _fsync(tmp / "trainer.pt")
-            _write_durably(ledger_file, json.dumps(ledger).encode())
+                fsync_path(d)
+            fsync_path(tmp / "trainer.pt")
+            write_durably(ledger_file, json.dumps(ledger).encode())
             final = self.root / name
             os.replace(tmp, final)
-            _fsync(self.root)
-            _write_durably(self.root / "LATEST", name.encode())  # the commit point
+            fsync_path(self.root)
+            write_durably(self.root / "LATEST", name.encode())  # the commit point
         except BaseException:
             # Not committed: its ledger must not outlive it (the retry writes these entries again under
             # a later name; a kill -9 here leaves a name after LATEST's, which load() removes).

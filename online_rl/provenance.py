@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from flywheel.core.files import write_durably
 
 log = logging.getLogger(__name__)
 DIR = "provenance"
@@ -44,12 +45,7 @@ def _path(trainer_dir: Path, version: int) -> Path:
 
 def _write_json(path: Path, obj: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_durably(path, json.dumps(obj, sort_keys=True).encode())
 
 
 def _counts(obj) -> bool:

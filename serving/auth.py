@@ -24,6 +24,7 @@ from aiohttp import web
 
 from flywheel.core import events as ev
 from flywheel.core.config import env
+from flywheel.core.files import write_durably
 from serving.schema import ApiError
 
 log = logging.getLogger(__name__)
@@ -183,18 +184,7 @@ def _stamp(keys_file: Path | None) -> bytes | None:
 
 def _write(keys_file: Path, data: dict) -> None:
     keys_file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = keys_file.with_suffix(f".{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        f.write(json.dumps(data, indent=2) + "\n")
-        f.flush()
-        os.fsync(f.fileno())  # it holds the forgets: a crash must not take one back
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, keys_file)
-    fd = os.open(keys_file.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_durably(keys_file, (json.dumps(data, indent=2) + "\n").encode(), mode=0o600)  # it holds the forgets
 
 
 def add_key(keys_file: Path, name: str) -> str:

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Callable
 
 import msgpack
 
+from flywheel.core.files import write_durably
 from serving.event_spool import Position, Spool
 
 log = logging.getLogger(__name__)
@@ -52,17 +52,7 @@ def merge(current: dict[str, float], new: dict[str, float]) -> tuple[dict[str, f
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)  # the rename itself
-    finally:
-        os.close(fd)
+    write_durably(path, text.encode())
 
 
 def save(spool_dir: Path, generation: int, tenants: dict[str, float]) -> None:

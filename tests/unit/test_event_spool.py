@@ -197,17 +197,19 @@ def test_a_record_torn_by_a_crash_while_it_was_redacted_is_skipped_and_the_rest_
 
 
 def test_the_forgotten_file_is_never_half_written(tmp_path, monkeypatch):
+    from flywheel.core import files
+
     fg.save(tmp_path, 3, {"a": 1.0})
-    real = fg.os.replace
+    real = files.os.replace
 
     def crash(*a):
         raise OSError("disk full")
 
-    monkeypatch.setattr(fg.os, "replace", crash)
+    monkeypatch.setattr(files.os, "replace", crash)
     log = EventLog(EventLogConfig(spool_dir=tmp_path))
     with pytest.raises(OSError):
         log.forget({"b": 2.0})
-    monkeypatch.setattr(fg.os, "replace", real)
+    monkeypatch.setattr(files.os, "replace", real)
     assert json.loads((tmp_path / fg.FILE).read_text()) == {"generation": 3, "tenants": {"a": 1.0}}
 
 

@@ -2,8 +2,6 @@
 acknowledged, and past the backlog limit events go out withheld without a scan. Against a real broker:
 tests/integration/test_scrub_shipper.py."""
 
-
-
 from flywheel.core import events as ev
 from serving import event_shipper as sh
 from serving.event_log import EventLog, EventLogConfig
@@ -46,7 +44,6 @@ def _ship(monkeypatch, log: EventLog, **cfg) -> list[tuple[str, str, bytes]]:
 
 def _completion(cid: str, tenant: str = "t"):
     import numpy as np
-
 
     return ev.CompletionEvent(
         completion_id=cid,

@@ -192,6 +192,9 @@ class TenantGate:
             "policies": {t: dict(p) for t, p in self.policies.items()},
             "trained": dict(self.trained),
             "distilled": dict(self.distilled),
+            # Set in the checkpoint that follows a purge: a crash before the older ones were removed, and the
+            # resumed trainer's next save removes them.
+            "purged": self.purged,
         }
 
     def load_state(self, state: dict | None) -> None:
@@ -199,3 +202,4 @@ class TenantGate:
         self.policies = {t: dict(p) for t, p in state.get("policies", {}).items()}
         self.trained = dict(state.get("trained", {}))
         self.distilled = dict(state.get("distilled", {}))
+        self.purged = bool(state.get("purged", False))

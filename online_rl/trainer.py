@@ -136,7 +136,7 @@ class Trainer:
                     self.checkpoint()
                     self.publish()
                 self.publisher.announce()
-            if self.step != self.saved_step or self.trained_since_ckpt:
+            if self.step != self.saved_step or self.trained_since_ckpt or self.privacy.purged:
                 self.save()
         finally:
             if scheduler is not None:
@@ -226,10 +226,10 @@ class Trainer:
         save_shards(self.model, self.opt, directory / SHARDS)
 
     def checkpoint(self) -> None:
-        """save() if anything was trained since the last checkpoint, living through a checkpoint disk that
+        """save() if anything was trained (or a tenant purged) since the last checkpoint, living through a disk that
         is full or failing: nothing is committed (the offsets neither), the steps since the last checkpoint
         stay in memory, and the next call tries again (after backoff)."""
-        if self.step == self.saved_step or not self.failures.ready("checkpoint"):
+        if (self.step == self.saved_step and not self.privacy.purged) or not self.failures.ready("checkpoint"):
             return
         try:
             self.save()

@@ -93,6 +93,7 @@ class KeyStore:
         self.policies = dict(policies or {})  # name -> Policy (a name absent: the default)
         self._by_hash = {h: Tenant(id=h[:16], name=name, train=self.policy(name).train) for h, name in hashed.items()}
         self._source: tuple[Path | None, str | None] = (None, None)
+        self.load_error: str | None = None  # the keys file's last reload failed: why (its changes wait)
         self._stamp = None
         self._checked = 0.0
 
@@ -127,7 +128,9 @@ class KeyStore:
         except (ValueError, KeyError, TypeError) as e:  # a half-edited file: keep serving on what we have
             log.error("keys file %s unreadable (%s); keeping the keys loaded before", self._source[0], e)
             self._stamp = stamp
+            self.load_error = f"keys file {self._source[0]} unreadable ({e}): its changes are not in effect"
             return None
+        self.load_error = None
         # A policy that changed, or a tenant with a policy that gained a key (its new id needs its record).
         ids, fresh_ids = self.tenants(), fresh.tenants()
         changed = {
@@ -206,6 +209,8 @@ def set_policy(keys_file: Path, name: str, **changes) -> Policy:
     with _locked(keys_file):
         data = _read(keys_file) or {"keys": []}
         policies = data.setdefault("tenants", {})
+        for other, fields in policies.items():  # a file no gateway can load must not take a change silently
+            _policy(other, fields)
         old = Policy(**policies.get(name, {}))
         before = changes.get("forgotten_before")
         if before is not None and old.forgotten_before is not None:

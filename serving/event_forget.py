@@ -23,7 +23,7 @@ from typing import Callable
 
 import msgpack
 
-from flywheel.core.files import write_durably
+from flywheel.core.files import fsync_path, write_durably
 from serving.event_spool import Position, Spool
 
 log = logging.getLogger(__name__)
@@ -120,6 +120,8 @@ def _forget_deadletters(spool_dir: Path, match) -> int:
         ):
             path.unlink(missing_ok=True)
             gone += 1
+    if gone:
+        fsync_path(Path(spool_dir) / "deadletter")  # gone for good before the generation is marked done
     return gone
 
 

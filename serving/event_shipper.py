@@ -36,6 +36,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from flywheel.core.events import TOPIC_TENANTS
+from flywheel.core.kafka_admin import ensure_topics
 from serving import event_forget as fg
 from serving.event_scan import Backlog, Scrub
 from serving.event_spool import Spool
@@ -227,6 +229,7 @@ def run(cfg, shared) -> None:
     with shared.get_lock():
         cursor = (shared[CUR_SEG], shared[CUR_OFF])
     producer = None
+    topics_checked = False  # the tenants topic made as it must be, before its first record
     saved_at = sent_at = redact_at = 0.0
     saved = cursor  # the cursor on disk
     backlog = False
@@ -273,6 +276,10 @@ def run(cfg, shared) -> None:
             try:
                 if producer is None:
                     producer = _producer(cfg)
+                if not topics_checked and any(t == TOPIC_TENANTS for t, _, _ in records):
+                    # Compacted and kept forever, not what auto-creation would make of it (flywheel.core).
+                    ensure_topics(cfg.bootstrap)
+                    topics_checked = True
                 futures = [producer.send(t, key=k.encode(), value=v) for t, k, v in records]
                 producer.flush(timeout=cfg.send_timeout_s)
                 for fut in futures:

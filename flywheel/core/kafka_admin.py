@@ -22,7 +22,7 @@ def quiet_kafka():
 
 
 def ensure_topics(bootstrap: str, partitions: int = 4) -> None:
-    """Create the event and weights topics if they are missing (weights: one partition, one order), so
+    """Create the event, weights and tenants topics if they are missing (weights, tenants: one partition, one order), so
     the first producer does not race the broker's auto-creation. Replicated as the brokers' own
     default.replication.factor says (-1: 1 on a development broker, 3 on flywheel.kafka_cluster, whose
     min.insync.replicas=2 then makes acks=all survive one broker's death)."""
@@ -36,14 +36,18 @@ def ensure_topics(bootstrap: str, partitions: int = 4) -> None:
         existing = set(admin.list_topics())
         rf = -1  # the broker's default (KIP-464)
         # The weights topic is never aged out: a new agent replays every decision (a pin from last year
-        # included), and its records are a few hundred bytes per version.
+        # included), and its records are a few hundred bytes per version. A tenant's newest policy record is
+        # its policy: compacted, never aged out (a trainer started next year must learn of last year's forget).
+        keep = {
+            ev.TOPIC_WEIGHTS: {"retention.ms": "-1", "retention.bytes": "-1"},
+            ev.TOPIC_TENANTS: {"cleanup.policy": "compact", "retention.ms": "-1"},
+        }
         want = [
             NewTopic(ev.TOPIC_COMPLETIONS, partitions, rf),
             NewTopic(ev.TOPIC_FEEDBACK, partitions, rf),
-            NewTopic(ev.TOPIC_WEIGHTS, 1, rf, topic_configs={"retention.ms": "-1", "retention.bytes": "-1"}),
+            NewTopic(ev.TOPIC_WEIGHTS, 1, rf, topic_configs=keep[ev.TOPIC_WEIGHTS]),
             NewTopic(ev.TOPIC_DEADLETTER, 1, rf),
-            # A tenant's newest policy record is its policy: compacted, never aged out, one order.
-            NewTopic(ev.TOPIC_TENANTS, 1, rf, topic_configs={"cleanup.policy": "compact", "retention.ms": "-1"}),
+            NewTopic(ev.TOPIC_TENANTS, 1, rf, topic_configs=keep[ev.TOPIC_TENANTS]),
         ]
         missing = [t for t in want if t.name not in existing]
         if missing:
@@ -51,17 +55,10 @@ def ensure_topics(bootstrap: str, partitions: int = 4) -> None:
                 admin.create_topics(missing)
             except TopicAlreadyExistsError:
                 pass
-        if ev.TOPIC_WEIGHTS in existing:  # made before this rule (or auto-created): set it now
+        present = [t for t in keep if t in existing]  # made before these rules, or auto-created: set them now
+        if present:
             from kafka.admin import ConfigResource, ConfigResourceType
 
-            admin.alter_configs(
-                [
-                    ConfigResource(
-                        ConfigResourceType.TOPIC,
-                        ev.TOPIC_WEIGHTS,
-                        configs={"retention.ms": "-1", "retention.bytes": "-1"},
-                    )
-                ]
-            )
+            admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, t, configs=keep[t]) for t in present])
     finally:
         admin.close()

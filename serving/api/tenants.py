@@ -47,23 +47,28 @@ class TenantsApi:
             web.post("/tenants/{name}/forget", self.forget),
         ]
 
-    def _view(self, name: str) -> dict:
-        ids = self.gw.keys.tenants().get(name)
+    def _view(self, name: str, tenants: dict | None = None) -> dict:
+        ids = (self.gw.keys.tenants() if tenants is None else tenants).get(name)
         if ids is None:
             raise ApiError(404, f"no tenant {name!r} in the key store", code="tenant_not_found")
         return {"name": name, "ids": ids, "policy": self.gw.keys.policy(name).view()}
 
     async def _set(self, name: str, **changes) -> None:
         """Write the change (off the loop: the keys file's lock may be held by the CLI or another gateway),
-        then put it into effect here."""
+        then put it into effect here; answers only once it is, else 503 (it keeps trying) or 409."""
         keys_file = self._keys_file()
-        await asyncio.get_running_loop().run_in_executor(
-            None, functools.partial(set_policy, keys_file, name, **changes)
-        )
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                None, functools.partial(set_policy, keys_file, name, **changes)
+            )
+        except ValueError as e:  # the file holds a policy nobody can load (a hand edit): fix it first
+            raise ApiError(409, f"{keys_file}: {e}", code="keys_file_invalid") from None
         await self._sync(name)
 
     async def _sync(self, name: str) -> None:
         await self.gw.policies.sync()
+        if self.gw.keys.load_error:  # broken between our write and the reload: nothing was applied
+            raise ApiError(409, self.gw.keys.load_error, code="keys_file_invalid")
         if name in self.gw.policies.retry:
             raise ApiError(
                 503,
@@ -80,7 +85,8 @@ class TenantsApi:
 
     async def list(self, request: web.Request) -> web.Response:
         await self.gw.policies.sync()
-        return json_response({"tenants": [self._view(n) for n in self.gw.keys.tenants()]})
+        tenants = self.gw.keys.tenants()
+        return json_response({"tenants": [self._view(n, tenants) for n in tenants]})
 
     async def get(self, request: web.Request) -> web.Response:
         await self.gw.policies.sync()

@@ -292,6 +292,24 @@ def test_a_late_deny_drops_the_tenant_and_withheld_events_never_become_samples(
     # After the test above, this trainer starts on a stream that holds a forget: it read every tenant record
     # before any event, so the forgotten tenant's events were refused, never joined first and dropped after.
     assert not [e for e in ledger if e.get("dropped") == "forgotten"]
+
+    # Idle: D is forgotten while nothing is trained. A waiting completion of D's is in the checkpoint; the next
+    # checkpoint is written all the same, alone on disk, without it.
+    d_wait, _, d_wait_ids = mk.make(D, "dwait", 1, time.time(), judged=False)
+    produce(own_broker, d_wait)
+    _ingest_until(trainer, d_wait_ids)
+    trainer.save()
+    assert any(t == D for t, _ in _checkpoint_holds(trainer)[1])
+    step, before = trainer.step, trainer._latest()
+    _policy(own_broker, ev.TenantRecord(tenant=D, forgotten_before=time.time()))
+    deadline = time.monotonic() + 60
+    while trainer.privacy.policies.get(D, {}).get("forgotten_before") is None:
+        assert time.monotonic() < deadline, "the forget never came"
+        trainer.ingest()
+    trainer.checkpoint()
+    assert trainer.step == step and trainer._latest() != before
+    assert trainer.checkpoints.others(trainer._latest()) == []
+    assert not [t for t, _ in _checkpoint_holds(trainer)[1] if t == D] and not trainer.privacy.purged
     trainer.reader.close()
 
 

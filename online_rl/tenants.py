@@ -197,9 +197,10 @@ class TenantGate:
             "purged": self.purged,
         }
 
-    def load_state(self, state: dict | None) -> None:
+    def load_state(self, state: dict | None, older: list | None = None) -> None:
+        """`older`: the checkpoints on disk besides the one `state` came from (a purge pending while any is)."""
         state = state or {}  # checkpoints written before tenants have none
         self.policies = {t: dict(p) for t, p in state.get("policies", {}).items()}
         self.trained = dict(state.get("trained", {}))
         self.distilled = dict(state.get("distilled", {}))
-        self.purged = bool(state.get("purged", False))
+        self.purged = bool(state.get("purged", False)) and bool(older)

@@ -164,7 +164,7 @@ class Trainer:
             self.model.load_state_dict(state["model"])
             self.opt.load_state_dict(state["optimizer"])
         self.joiner.load_state(state["joiner"])
-        self.privacy.load_state(state.get("privacy"))
+        self.privacy.load_state(state.get("privacy"), older=self.checkpoints.others(self.checkpoints.latest()))
         self.buffer = [Sample.from_state(d) for d in state["buffer"]]
         self.commented = [(Sample.from_state(d["sample"]), d["left"]) for d in state.get("commented", [])]
         if "distill_rng" in state:  # the draws go on where they were, as in a run never stopped

@@ -301,7 +301,8 @@ def test_a_late_deny_drops_the_tenant_and_withheld_events_never_become_samples(
     trainer.save()
     assert any(t == D for t, _ in _checkpoint_holds(trainer)[1])
     step, before = trainer.step, trainer._latest()
-    _policy(own_broker, ev.TenantRecord(tenant=D, forgotten_before=time.time()))
+    # after every event of D's here (a judgment is dated a second after its completion)
+    _policy(own_broker, ev.TenantRecord(tenant=D, forgotten_before=time.time() + 5))
     deadline = time.monotonic() + 60
     while trainer.privacy.policies.get(D, {}).get("forgotten_before") is None:
         assert time.monotonic() < deadline, "the forget never came"

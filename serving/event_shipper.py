@@ -277,9 +277,13 @@ def run(cfg, shared) -> None:
                 if producer is None:
                     producer = _producer(cfg)
                 if not topics_checked and any(t == TOPIC_TENANTS for t, _, _ in records):
-                    # Compacted and kept forever, not what auto-creation would make of it (flywheel.core).
-                    ensure_topics(cfg.bootstrap)
+                    # Compacted and kept forever, not what auto-creation would make of it (flywheel.core). Best
+                    # effort: a gateway whose Kafka user may not create topics still delivers.
                     topics_checked = True
+                    try:
+                        ensure_topics(cfg.bootstrap)
+                    except Exception as e:  # noqa: BLE001
+                        log.warning("could not check the tenants topic's settings (%s: %s)", type(e).__name__, e)
                 futures = [producer.send(t, key=k.encode(), value=v) for t, k, v in records]
                 producer.flush(timeout=cfg.send_timeout_s)
                 for fut in futures:

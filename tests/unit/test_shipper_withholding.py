@@ -36,6 +36,7 @@ def _ship(monkeypatch, log: EventLog, **cfg) -> list[tuple[str, str, bytes]]:
 
     producer = _FakeProducer()
     monkeypatch.setattr(sh, "_producer", lambda cfg: producer)
+    monkeypatch.setattr(sh, "ensure_topics", lambda bootstrap: None)  # no broker to make topics on
     monkeypatch.setattr(signal, "signal", lambda *a: None)  # run() ignores SIGTERM/SIGINT: not in pytest's process
     assert log._shared[sh.STOP] == 1
     sh.run(EventLogConfig(spool_dir=log.cfg.spool_dir, bootstrap="fake:9092", **cfg), log._shared)

@@ -176,3 +176,25 @@ def served_samples(model_dir: Path, n: int | None = None, tasks: int = 6, seed: 
         load_pretrained(model_dir), tok, heldout_split()[0][:tasks], 2, torch.Generator().manual_seed(seed)
     )
     return as_samples(raw, lambda i: i % 2, group_size=4)[:n]
+
+
+def read_topic(
+    bootstrap: str, topic: str, keys: set[str] | None = None, timeout_ms: int = 5000
+) -> list[tuple[str, bytes]]:
+    """(key, value) of a topic's records from its start, only those keyed by `keys` if given (a shared broker
+    holds other tests' records too)."""
+    from kafka import KafkaConsumer
+
+    c = KafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        consumer_timeout_ms=timeout_ms,
+        group_id=None,
+    )
+    try:
+        records = [(r.key.decode(), r.value) for r in c if r.key]
+    finally:
+        c.close()
+    return records if keys is None else [(k, v) for k, v in records if k in keys]

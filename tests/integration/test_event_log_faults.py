@@ -15,6 +15,7 @@ from flywheel.core.procs import wait_until
 from serving import event_shipper as sh
 from serving.event_log import EventLog, EventLogConfig
 from serving.event_spool import Spool
+from tests.helpers import read_topic
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -26,23 +27,6 @@ def wait_for(cond, timeout=30.0) -> bool:
     except TimeoutError:
         return False
     return True
-
-
-def read_topic(bootstrap: str, topic: str, keys: set[str], timeout_ms: int = 5000) -> list[tuple[str, bytes]]:
-    from kafka import KafkaConsumer
-
-    c = KafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        consumer_timeout_ms=timeout_ms,
-        group_id=None,
-    )
-    try:
-        return [(r.key.decode(), r.value) for r in c if r.key and r.key.decode() in keys]
-    finally:
-        c.close()
 
 
 @pytest.fixture

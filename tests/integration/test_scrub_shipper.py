@@ -16,27 +16,11 @@ import pytest
 from flywheel.core import events as ev
 from flywheel.core.procs import wait_until
 from serving.event_log import EventLog, EventLogConfig
+from tests.helpers import read_topic
 
 pytestmark = pytest.mark.timeout(300)
 
 AWS_ID = "".join(("AKIA", "Q3EGRDFJ7XM2KZ4P"))  # a fake, in pieces (no scanner takes this file for a leak)
-
-
-def read_topic(bootstrap: str, topic: str, timeout_ms: int = 5000) -> list[tuple[str, bytes]]:
-    from kafka import KafkaConsumer
-
-    c = KafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        consumer_timeout_ms=timeout_ms,
-        group_id=None,
-    )
-    try:
-        return [(r.key.decode(), r.value) for r in c]
-    finally:
-        c.close()
 
 
 def completion(cid: str, tenant: str, ts: float | None = None) -> ev.CompletionEvent:

@@ -137,7 +137,7 @@ class Dispatcher:
                     f"engine: {e}",
                     "invalid_request_error" if e.status < 500 else "server_error",
                 ) from None
-            self.pool.served(replica, res.weight_version)
+            self.pool.served(replica, res.latest_version)
             if not rollout:
                 self.pool.policy.on_complete(replica, req, res.cached_tokens)
                 self.metrics.count_prompt(replica.id, self.pool.policy.name, res.prompt_tokens, res.cached_tokens)

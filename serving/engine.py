@@ -43,11 +43,17 @@ class EngineResult:
     top_logprobs: list[dict[int, float]] | None = None
     routed_experts: np.ndarray | None = None  # (P + N - 1, L, K) uint8
     finish: dict | None = None
-    weight_version: int | None = None  # None: the replica did not say
+    weight_version: int | None = None  # of the first output token; None: the replica did not say
     weight_versions: list = field(default_factory=list)  # [{version: int, start, end}]
     prompt_tokens: int = 0
     cached_tokens: int | None = None  # prompt tokens the replica's prefix cache already held (None: not said)
     queue_ms: float = 0.0
+
+    @property
+    def latest_version(self) -> int | None:
+        """The version that made the last token: what the replica serves now, as far as this answer knows."""
+        last = self.weight_versions[-1]["version"] if self.weight_versions else None
+        return last if last is not None else self.weight_version
 
 
 def payload(input_ids: list[int], sampling: dict, top_logprobs: int, stream: bool, rid: str) -> dict:
@@ -80,8 +86,11 @@ def _fill(result: EngineResult, out: dict, layers: int, top_k: int) -> None:
     if tops:
         result.top_logprobs = [{tid: lp for lp, tid, _ in row} for row in tops]
     result.finish = meta.get("finish_reason")
-    result.weight_version = ev.parse_version(meta.get("weight_version"))
     result.weight_versions = ev._spans(meta.get("weight_versions", []))
+    # meta's weight_version is the replica's version when this chunk left it, not the one that made the
+    # tokens: across a switch the first chunk could say v3 of tokens made by v1. The spans are the truth.
+    first = result.weight_versions[0]["version"] if result.weight_versions else None
+    result.weight_version = first if first is not None else ev.parse_version(meta.get("weight_version"))
     result.prompt_tokens = meta.get("prompt_tokens", 0)
     cached = meta.get("cached_tokens")
     result.cached_tokens = cached if type(cached) is int else None

@@ -1,7 +1,20 @@
-"""Fused CPU loops (numba) for what numpy can only do as a chain of whole-array passes. Each is one pass
-over its elements, releases the GIL (threads run them side by side) and checks every position it writes.
-Compiled on first use and cached next to this file (`cache=True`); `warm()` compiles them ahead, off any
-hot path. kernels.delta picks these when numba imports (SGLang brings it), numpy otherwise.
+"""Fused CPU loops (numba) for what numpy can only do as a chain of whole-array passes: the delta codec's scan
+of a tensor against its base, its inverse (rebuilding the new bits from a payload and the base), and what an
+in-place apply needs of a sparse chunk. Each reads its input once, checks every position it writes, and
+releases the GIL. Compiled on first use and cached next to this file (`cache=True`); `warm()` compiles them
+ahead, off any hot path. kernels.delta picks these when numba imports, numpy otherwise.
+
+Single-threaded on purpose (no `parallel=True`/prange): the publisher codes a tensor's chunks on a thread pool
+(weight_sync.publish, codec.encode_tensor) and the agent decodes them on one (weight_sync.agent), so chunks
+already run side by side on every core; numba's own threads inside each would oversubscribe the cores and add
+a fork-join per 8 MB chunk. benchmarks.kernels therefore compares one thread against a one-thread np.copyto.
+
+Layouts: a chunk of n elements as an unsigned view (uint8/16/32/64) of its bits; "planes" are its bytes
+plane after plane, (itemsize * n,) uint8 with byte b of element i at b * n + i (kernels.delta.split_planes);
+a sparse payload is k zero-based gaps between changed positions as 4 byte planes, then each one's XOR with the
+base as itemsize byte planes ((4 + itemsize) * k,) uint8 (weight_sync.codec's sparse chunk, after its header).
+Loops run over blocks of BLOCK elements, so that a block of the inputs is still in L1 when a second simple
+loop reads it again: simple loops are what LLVM vectorises, and a fused loop with a conditional store is not.
 """
 
 from __future__ import annotations
@@ -9,11 +22,214 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from kernels.simd import LANES, store_changed_positions
+
+BLOCK = 4096  # elements: a block of new, base and its planes (4 B elements: 48 KB) stays in L1 between loops
+BATCH = 1024  # sparse changes _sparse_patch joins at a time, into scratch that stays in L1
+
+
+# ------------------------------------------------------------------------------------------ encoder's scan
+
+
+@njit(cache=True, nogil=True)
+def _split_block(new, base, planes, n, start):  # pragma: no cover - compiled
+    # new, base: (m,) the block at element `start` of a chunk of n (base None: the raw bits, a full snapshot);
+    # planes: (itemsize * n,) uint8. One loop per plane, re-reading the block from L1: each vectorises.
+    m = new.size
+    for b in range(new.itemsize):
+        plane = planes[b * n + start : b * n + start + m]
+        shift = np.uint64(8 * b)
+        if base is None:
+            for i in range(m):
+                plane[i] = np.uint8(new[i] >> shift)
+        else:
+            for i in range(m):
+                plane[i] = np.uint8((new[i] ^ base[i]) >> shift)
+
+
+@njit(cache=True, nogil=True)
+def _count_block(new, base):  # pragma: no cover - compiled
+    c = 0
+    for i in range(new.size):  # branchless: a vectorised sum of compares
+        c += new[i] != base[i]
+    return c
+
+
+@njit(cache=True, nogil=True)
+def _positions_block(new, base, start, stop, idx, k):  # pragma: no cover - compiled
+    # Appends the changed positions in [start, stop) to idx (uint32) from idx[k]; returns the new k.
+    # idx must have room for stop - start positions past k (the caller sizes it).
+    j = start
+    while j + LANES <= stop:
+        k += store_changed_positions(new, base, j, idx, k)
+        j += LANES
+    for i in range(j, stop):  # the tail: written at k every time, kept only when changed (no branch)
+        idx[k] = i
+        k += new[i] != base[i]
+    return k
+
+
+@njit(cache=True, nogil=True)
+def _scan(new, base, planes, idx, cap):  # pragma: no cover - compiled
+    # new, base: (n,) equal unsigned views; planes: (itemsize * n,) uint8 out; idx: (cap + BLOCK + LANES,) uint32
+    # out. Writes the planes of new ^ base and, while at most cap changed, their positions; returns how many
+    # changed. Past cap the positions stop (the codec then writes planes) and only the count goes on.
+    n = new.size
+    changed = 0
+    for start in range(0, n, BLOCK):
+        stop = min(start + BLOCK, n)
+        _split_block(new[start:stop], base[start:stop], planes, n, start)
+        if changed <= cap:  # idx has room for a whole block past cap
+            changed = _positions_block(new, base, start, stop, idx, changed)
+        else:
+            changed += _count_block(new[start:stop], base[start:stop])
+    return changed
+
+
+@njit(cache=True, nogil=True)
+def _split(bits, planes):  # pragma: no cover - compiled
+    n = bits.size
+    for start in range(0, n, BLOCK):
+        _split_block(bits[start : min(start + BLOCK, n)], None, planes, n, start)
+
+
+POSITIONS_SLACK = BLOCK + LANES  # _scan records a block of positions past cap before it knows it passed it
+
+
+def scan(new: np.ndarray, base: np.ndarray | None, cap: int, planes: np.ndarray, positions: np.ndarray) -> int:
+    """See kernels.delta.scan: planes of (itemsize * n,) uint8, positions of at least cap + POSITIONS_SLACK
+    uint32 (both C-contiguous); returns the changed count (n without a base)."""
+    n = new.size
+    if planes.size != new.nbytes or (base is not None and base.size != n) or not 0 <= cap <= n:
+        raise ValueError(f"scan of {n} elements into {planes.size} plane bytes, cap {cap}")
+    if base is not None and positions.size < cap + POSITIONS_SLACK:
+        raise ValueError(f"{positions.size} positions for a cap of {cap} (+{POSITIONS_SLACK})")
+    if base is None:
+        _split(new, planes)
+        return new.size
+    return _scan(new, base, planes, positions, cap)
+
+
+@njit(cache=True, nogil=True)
+def _sparse_payload(positions, planes, n, itemsize, body):  # pragma: no cover - compiled
+    # positions: (k,) uint32, sorted; planes: (itemsize * n,) uint8 of the XOR; body: the sparse payload out.
+    k = positions.size
+    for b in range(4):  # gaps, one plane at a time (vectorises); sorted positions: each gap >= 0
+        plane, shift = body[b * k : (b + 1) * k], np.uint32(8 * b)
+        if k:
+            plane[0] = np.uint8(positions[0] >> shift)  # the gap from position -1
+        for j in range(1, k):
+            plane[j] = np.uint8((positions[j] - positions[j - 1] - np.uint32(1)) >> shift)
+    for j in range(k):
+        if positions[j] >= n:
+            return -1
+    for b in range(itemsize):  # the XOR of each changed element, gathered from its planes
+        src, dst = planes[b * n : (b + 1) * n], body[(4 + b) * k : (5 + b) * k]
+        for j in range(k):
+            dst[j] = src[positions[j]]
+    return k
+
+
+def sparse_payload(positions: np.ndarray, planes: np.ndarray, n: int, itemsize: int, body: np.ndarray) -> None:
+    """See kernels.delta.sparse_payload."""
+    if body.size != (4 + itemsize) * positions.size or planes.size != itemsize * n:
+        raise ValueError(f"a sparse payload of {body.size} bytes for {positions.size} changes")
+    if _sparse_payload(positions, planes, n, itemsize, body) < 0:
+        raise ValueError(f"a position outside a chunk of {n}")
+
+
+# ------------------------------------------------------------------------------------ decoder's scatter
+
+
+@njit(cache=True, nogil=True)
+def _join_xor(planes, base, out):  # pragma: no cover - compiled
+    # out: (n,) the elements whose byte planes are `planes`, XOR base (None: as they are). Per block: the low
+    # plane with the base, then one loop per higher plane, each a vectorised shift and XOR into out (in L1).
+    n = out.size
+    t = out.dtype.type
+    for start in range(0, n, BLOCK):
+        stop = min(start + BLOCK, n)
+        dst, low = out[start:stop], planes[start:stop]
+        if base is None:
+            for i in range(dst.size):
+                dst[i] = t(low[i])
+        else:
+            src = base[start:stop]
+            for i in range(dst.size):
+                dst[i] = src[i] ^ t(low[i])
+        for b in range(1, out.itemsize):
+            plane, shift = planes[b * n + start : b * n + stop], t(8 * b)
+            for i in range(dst.size):
+                dst[i] ^= t(plane[i]) << shift
+
+
+def join_xor(planes: np.ndarray, base: np.ndarray | None, out: np.ndarray) -> None:
+    """See kernels.delta.join_xor."""
+    if planes.size != out.nbytes or (base is not None and base.size != out.size):
+        raise ValueError(f"join_xor of {planes.size} plane bytes into {out.size} elements")
+    _join_xor(planes, base, out)
+
+
+@njit(cache=True, nogil=True)
+def _sparse_batch(body, k, j0, gaps, xs):  # pragma: no cover - compiled
+    # Joins changes j0 .. j0 + gaps.size of a sparse payload: gaps (uint32) and XORs (out's dtype), in
+    # plane-at-a-time loops that vectorise.
+    m = gaps.size
+    t = xs.dtype.type
+    for i in range(m):
+        gaps[i] = np.uint32(body[j0 + i])
+    for b in range(1, 4):
+        plane, shift = body[b * k + j0 : b * k + j0 + m], np.uint32(8 * b)
+        for i in range(m):
+            gaps[i] |= np.uint32(plane[i]) << shift
+    low = body[4 * k + j0 : 4 * k + j0 + m]
+    for i in range(m):
+        xs[i] = t(low[i])
+    for b in range(1, xs.itemsize):
+        plane, shift = body[(4 + b) * k + j0 : (4 + b) * k + j0 + m], t(8 * b)
+        for i in range(m):
+            xs[i] |= t(plane[i]) << shift
+
+
+@njit(cache=True, nogil=True)
+def _sparse_patch(body, k, base, out):  # pragma: no cover - compiled
+    # out: (n,) = base with the k changes of a sparse payload XORed in; base None: out holds the base already
+    # (in place). The base is copied a block ahead of the changes, so each block is patched while in L1.
+    # Returns k, or -1 for a position past the end (out is then partly written).
+    n = out.size
+    gaps, xs = np.empty(min(k, BATCH), np.uint32), np.empty(min(k, BATCH), out.dtype)
+    copied, pos = 0, -1
+    for j0 in range(0, k, BATCH):
+        m = min(BATCH, k - j0)
+        _sparse_batch(body, k, j0, gaps[:m], xs[:m])
+        for i in range(m):
+            pos += np.int64(gaps[i]) + 1
+            if pos >= n:
+                return -1
+            if base is not None and pos >= copied:
+                stop = min(max(copied + BLOCK, pos + 1), n)
+                out[copied:stop] = base[copied:stop]
+                copied = stop
+            out[pos] ^= xs[i]
+    if base is not None:
+        out[copied:] = base[copied:]
+    return k
+
+
+def sparse_patch(body: np.ndarray, k: int, base: np.ndarray | None, out: np.ndarray) -> None:
+    """See kernels.delta.sparse_patch."""
+    if body.size != (4 + out.itemsize) * k or (base is not None and base.size != out.size):
+        raise ValueError(f"a sparse payload of {body.size} bytes for {k} changes")
+    if _sparse_patch(body, k, base, out) < 0:
+        raise ValueError("sparse chunk points past its end")
+
+
+# ------------------------------------------------------------------------------- in-place apply's loops
+
 
 @njit(cache=True, nogil=True)
 def _sparse_xor(body, k, itemsize, n, offset, idx_out, xor_out):  # pragma: no cover - compiled
-    # body: uint8 (4 + itemsize) * k: the zero-based gaps between changed positions as 4 byte planes, then
-    # the XOR of each changed element as `itemsize` byte planes (weight_sync.codec's sparse chunk).
+    # body: a sparse payload (see the module's docstring) of a chunk of n elements.
     pos = -1
     for j in range(k):
         gap = np.int64(body[j]) | (np.int64(body[k + j]) << 8)
@@ -52,23 +268,43 @@ def xor_scatter(target: np.ndarray, idx: np.ndarray, x: np.ndarray, shift: int =
         raise ValueError(f"position {idx[j]} is outside a tensor of {target.size} ({j} written before it)")
 
 
+# ------------------------------------------------------------------------------------------------- warm
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:  # numba types read-only arrays apart (bytes, mapped files)
+    a = a.copy()
+    a.flags.writeable = False
+    return a
+
+
+def _both(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return a, _readonly(a)
+
+
 def warm() -> None:
     """Compile (or load from the cache) the specialisations the weight path uses: bits as unsigned integers
-    of 2 or 4 bytes (and 2-byte XORs into 4-byte bits: bf16 into a float32 replica), positions as int32 or
-    int64."""
-
-    def readonly(a: np.ndarray) -> np.ndarray:  # numba types read-only arrays apart (bytes, mapped files)
-        a = a.copy()
-        a.flags.writeable = False
-        return a
-
+    of 2 or 4 bytes, writable or read-only (a mapped checkpoint, a decompressed frame); positions as int32 or
+    int64; 2-byte XORs into 4-byte bits (bf16 into a float32 replica)."""
+    for view in (np.uint16, np.uint32):
+        one = np.zeros(1, view)
+        planes, positions = np.zeros(one.itemsize, np.uint8), np.zeros(1 + POSITIONS_SLACK, np.uint32)
+        for new in _both(one):
+            for base in (None, *_both(one)):
+                scan(new, base, 1, planes, positions)
+        sparse_payload(positions[:1], planes, 1, one.itemsize, np.zeros(4 + one.itemsize, np.uint8))
+        for body in _both(np.zeros(one.itemsize, np.uint8)):
+            for base in (None, *_both(one)):
+                join_xor(body, base, np.zeros(1, view))
+        for body in _both(np.zeros(4 + one.itemsize, np.uint8)):
+            for base in (None, *_both(one)):
+                sparse_patch(body, 1, base, np.zeros(1, view))
     for idx_dtype in (np.int32, np.int64):
-        for idx in (np.zeros(1, idx_dtype), readonly(np.zeros(1, idx_dtype))):
+        for idx in _both(np.zeros(1, idx_dtype)):
             for view in (np.uint16, np.uint32):
                 x = np.zeros(1, view)
-                for body in (np.zeros(4 + x.itemsize, np.uint8), readonly(np.zeros(4 + x.itemsize, np.uint8))):
+                for body in _both(np.zeros(4 + x.itemsize, np.uint8)):
                     sparse_xor(body, 1, 1, 0, np.zeros(1, idx_dtype), x)
-                for xs in (x, readonly(x)):
+                for xs in _both(x):
                     xor_scatter(np.zeros(1, view), idx, xs)
-            for xs in (np.zeros(1, np.uint16), readonly(np.zeros(1, np.uint16))):
+            for xs in _both(np.zeros(1, np.uint16)):
                 xor_scatter(np.zeros(1, np.uint32), idx, xs, 16)

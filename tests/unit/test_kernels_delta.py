@@ -107,3 +107,95 @@ def test_xor_scatter_puts_a_bf16_xor_into_float32_bits_and_refuses_what_does_not
         delta.xor_scatter(held.view(np.int32), idx, x)
     with pytest.raises(ValueError, match="unsigned bits"):
         delta.xor_scatter(np.zeros(4, np.uint16), idx[:1], x[:1], shift=16)
+
+
+# ----------------------------------------------------------------- the codec's one-pass scan and its inverse
+
+VIEWS = [np.uint8, np.uint16, np.uint32, np.uint64]
+
+
+def pairs(view, seed):
+    """(new, base) pairs for the whole-chunk passes: empty, one element, sizes around the SIMD step (16) and
+    the block (4096), none / a few / all changed, special values."""
+    rng = np.random.default_rng(seed)
+    info = np.iinfo(view)
+    for n, share in [(0, 0), (1, 0), (1, 1), (15, 0.5), (17, 0.2), (4095, 0.01), (4097, 0.3), (9001, 1), (9001, 0)]:
+        base = rng.integers(0, info.max, n, dtype=view, endpoint=True)
+        new = base.copy()
+        flip = rng.random(n) < share
+        new[flip] ^= rng.integers(1, info.max, int(flip.sum()), dtype=view, endpoint=True)
+        yield new, base
+    special = {np.uint16: SPECIAL_BF16, np.uint32: SPECIAL_F32}.get(view)
+    if special is not None:
+        yield np.concatenate([special, special[::-1]]), np.concatenate([special[::-1], special])
+
+
+def readonly(a):
+    a = a.copy()
+    a.flags.writeable = False
+    return a
+
+
+@pytest.mark.parametrize("view", VIEWS)
+def test_scan_writes_the_planes_count_and_positions_of_the_reference(path, view):
+    for new, base in pairs(view, seed=np.dtype(view).itemsize):
+        x = new ^ base
+        want_planes, want_changed = (
+            ref.xor_split(new, base) if view in (np.uint16, np.uint32) else (delta.split_planes(x), np.count_nonzero(x))
+        )
+        for cap in {0, want_changed - 1, want_changed, new.size}:
+            for n_in, b_in in ((new, base), (readonly(new), readonly(base))):
+                planes, positions, changed = delta.scan(n_in, b_in, cap)
+                assert np.array_equal(planes, want_planes) and changed == want_changed
+                if changed <= max(cap, 0):
+                    assert positions.dtype == np.uint32 and np.array_equal(positions, np.flatnonzero(x))
+                else:
+                    assert positions is None
+        planes, positions, changed = delta.scan(new, None, new.size)  # a full snapshot: the raw bits
+        assert positions is None and changed == new.size and np.array_equal(planes, delta.split_planes(new))
+
+
+def test_scan_scratch_is_reused_and_refuses_what_it_cannot_scan(path):
+    scratch = delta.Scratch()
+    new, base = next(p for p in pairs(np.uint16, 0) if p[0].size > 4000)
+    first, _, _ = delta.scan(new, base, new.size, scratch)
+    again, positions, changed = delta.scan(new[:100], base[:100], 100, scratch)
+    assert np.array_equal(again, delta.split_planes(new[:100] ^ base[:100]))
+    assert np.array_equal(positions, np.flatnonzero(new[:100] != base[:100])) and changed == positions.size
+    if path == "numba":
+        assert np.shares_memory(first, again)  # the same pages, not fresh ones each chunk
+    with pytest.raises(ValueError, match="equal dtypes"):
+        delta.scan(new, base.astype(np.uint32), 1)
+    with pytest.raises(ValueError, match="unsigned bits"):
+        delta.scan(new.view(np.int16), base.view(np.int16), 1)
+
+
+@pytest.mark.parametrize("view", VIEWS)
+def test_join_xor_and_sparse_patch_rebuild_the_new_bits(path, view):
+    for new, base in pairs(view, seed=7):
+        n, itemsize = new.size, new.itemsize
+        planes = delta.split_planes(new ^ base)
+        for p_in, b_in in ((planes, base), (readonly(planes), readonly(base))):
+            assert np.array_equal(delta.join_xor(p_in, b_in, np.full(n, 7, view)), new)
+        assert np.array_equal(delta.join_xor(delta.split_planes(new), None, np.empty(n, view)), new)
+        positions = np.flatnonzero(new != base).astype(np.uint32)
+        k = positions.size
+        body = np.empty((4 + itemsize) * k, np.uint8)
+        delta.sparse_payload(positions, planes, n, body)
+        gaps = np.diff(positions.astype(np.int64), prepend=-1) - 1
+        assert np.array_equal(body[: 4 * k], delta.split_planes(gaps.astype(np.uint32)))  # the codec's format
+        assert np.array_equal(body[4 * k :], delta.split_planes((new ^ base)[positions]))
+        for b_in, body_in in ((base, body), (readonly(base), readonly(body))):
+            assert np.array_equal(delta.sparse_patch(body_in, k, b_in, np.full(n, 7, view)), new)
+        in_place = base.copy()
+        assert delta.sparse_patch(body, k, None, in_place) is in_place and np.array_equal(in_place, new)
+
+
+def test_a_sparse_patch_past_its_chunk_and_mismatched_buffers_are_refused(path):
+    body = np.array([9, 0, 0, 0, 1, 0], np.uint8)  # one change, gap 9: position 9 of a 5-element chunk
+    with pytest.raises(ValueError, match="past its end"):
+        delta.sparse_patch(body, 1, np.zeros(5, np.uint16), np.zeros(5, np.uint16))
+    with pytest.raises(ValueError, match="sparse payload"):
+        delta.sparse_patch(body[:5], 1, np.zeros(5, np.uint16), np.zeros(5, np.uint16))
+    with pytest.raises(ValueError, match="join_xor"):
+        delta.join_xor(np.zeros(9, np.uint8), None, np.zeros(5, np.uint16))

@@ -8,12 +8,15 @@ decode in parallel) in whichever of these is smaller for its share of changed el
           every element, so the mostly-zero high bytes of a small update become long zero runs;
   sparse  the positions of the changed elements as gaps (uint32, plane-split) and their XOR values
           (plane-split): a few bytes per changed element, independent of the unchanged ones.
-Each chunk is one zstd frame.
+Each chunk is one zstd frame. A chunk is read once to code it (kernels.delta.scan: the planes, the changed
+count and, when few changed, their positions, in one fused pass) and each element written once to decode it
+(kernels.delta.join_xor, sparse_patch).
 """
 
 from __future__ import annotations
 
 import struct
+import threading
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
@@ -94,53 +97,63 @@ def _compressor(level: int) -> zstandard.ZstdCompressor:
     return zstandard.ZstdCompressor(level=level, write_content_size=True)
 
 
+_THREAD = threading.local()
+
+
+def _scratch() -> delta_kernels.Scratch:
+    """This thread's buffers for a chunk's planes, positions and payload, reused chunk after chunk (chunks
+    are coded on a pool's threads: one set each)."""
+    if (scratch := getattr(_THREAD, "scratch", None)) is None:
+        scratch = _THREAD.scratch = delta_kernels.Scratch()
+    return scratch
+
+
+def scan_chunk(new: np.ndarray, base: np.ndarray | None) -> tuple[np.ndarray, np.ndarray | None, int]:
+    """The encoder's one pass over a chunk (kernels.delta.scan): (planes of the XOR, the changed positions
+    when the sparse form wins else None, changed elements), in this thread's scratch until its next chunk."""
+    return delta_kernels.scan(new, base, int(SPARSE_MAX_SHARE * new.size), _scratch())
+
+
 def encode_chunk(new: np.ndarray, base: np.ndarray | None, level: int = DEFAULT_LEVEL) -> tuple[bytes, str, int]:
-    """Code one chunk (uint views of equal length). Returns (frame, encoding, changed elements)."""
-    x = new if base is None else delta_kernels.xor(new, base)
-    n = x.size
-    changed = n if base is None else delta_kernels.count_changed(x)
+    """Code one chunk (uint views of equal length, < 2**32 elements). Returns (frame, encoding, changed)."""
+    planes, positions, changed = scan_chunk(new, base)
     cctx = _compressor(level)
-    if base is None or changed > SPARSE_MAX_SHARE * n:
-        return cctx.compress(split_planes(x).tobytes()), "planes", changed
-    idx = np.flatnonzero(x).astype(np.uint32)  # chunks hold < 2**32 elements
-    gaps = np.empty_like(idx)  # zero-based gaps between changes: mostly one small byte
-    if changed:
-        gaps[0] = idx[0]
-        np.subtract(idx[1:], idx[:-1], out=gaps[1:])
-        gaps[1:] -= np.uint32(1)
-    payload = _SPARSE_HEADER.pack(changed) + split_planes(gaps).tobytes() + split_planes(x[idx]).tobytes()
+    if positions is None:  # a full snapshot, or more changed than the sparse form pays for
+        return cctx.compress(planes), "planes", changed
+    payload = _scratch().take("payload", _SPARSE_HEADER.size + (4 + new.itemsize) * changed, np.uint8)
+    _SPARSE_HEADER.pack_into(payload, 0, changed)
+    delta_kernels.sparse_payload(positions, planes, new.size, payload[_SPARSE_HEADER.size :])
     return cctx.compress(payload), "sparse", changed
 
 
-def _sparse_changes(raw: bytes, view: type, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """A sparse chunk's payload: the positions it changes (sorted, int64) and their XOR with the base."""
+def _sparse_body(raw: bytes, view: type, n: int) -> tuple[np.ndarray, int]:
+    """A sparse chunk's payload after its header, and how many changes it holds."""
     itemsize = np.dtype(view).itemsize
+    if len(raw) < _SPARSE_HEADER.size:
+        raise ValueError(f"sparse chunk of {len(raw)} bytes has no header")
     (k,) = _SPARSE_HEADER.unpack_from(raw)
     if len(raw) != _SPARSE_HEADER.size + k * (4 + itemsize) or k > n:
         raise ValueError(f"sparse chunk of {len(raw)} bytes does not hold {k} changes")
-    body = np.frombuffer(raw, np.uint8, offset=_SPARSE_HEADER.size)
-    idx = np.cumsum(join_planes(body[: 4 * k], np.uint32, k).astype(np.int64) + 1) - 1
-    if k and idx[-1] >= n:
-        raise ValueError("sparse chunk points past its end")
-    return idx, join_planes(body[4 * k :], view, k)
+    return np.frombuffer(raw, np.uint8, offset=_SPARSE_HEADER.size), k
 
 
-def decode_chunk(frame: bytes, encoding: str, view: type, n: int, base: np.ndarray | None) -> np.ndarray:
-    """Rebuild one chunk's bits from its frame and the base chunk (None for a full snapshot)."""
+def decode_chunk(
+    frame: bytes, encoding: str, view: type, n: int, base: np.ndarray | None, out: np.ndarray | None = None
+) -> np.ndarray:
+    """Rebuild one chunk's bits from its frame and the base chunk (None for a full snapshot), into out
+    ((n,) of view, e.g. the chunk's slice of the tensor) or a new array. Returns it."""
     raw = zstandard.ZstdDecompressor().decompress(frame)
     itemsize = np.dtype(view).itemsize
+    out = np.empty(n, view) if out is None else out
     if encoding == "planes":
         if len(raw) != n * itemsize:
             raise ValueError(f"planes chunk holds {len(raw)} bytes, expected {n * itemsize}")
-        x = join_planes(np.frombuffer(raw, np.uint8), view, n)
-        return x if base is None else delta_kernels.xor(x, base)
+        return delta_kernels.join_xor(np.frombuffer(raw, np.uint8), base, out)
     if encoding == "sparse":
         if base is None:
             raise ValueError("a sparse chunk needs a base")
-        idx, x = _sparse_changes(raw, view, n)
-        out = base.copy()  # only the changed elements are touched
-        out[idx] ^= x
-        return out
+        body, k = _sparse_body(raw, view, n)
+        return delta_kernels.sparse_patch(body, k, base, out)
     raise ValueError(f"unknown chunk encoding {encoding!r}")
 
 
@@ -209,7 +222,7 @@ def decode_tensor(
         o, n = meta.offset, meta.elems
         if o < 0 or o + n > numel:
             raise ValueError(f"chunk at element {o} (+{n}) is outside a tensor of {numel}")
-        out[o : o + n] = decode_chunk(frame, meta.encoding, view, n, None if base is None else base[o : o + n])
+        decode_chunk(frame, meta.encoding, view, n, None if base is None else base[o : o + n], out[o : o + n])
         return n
 
     for n in pool.map(one, chunks) if pool is not None else map(one, chunks):

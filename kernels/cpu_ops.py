@@ -34,17 +34,31 @@ BATCH = 1024  # sparse changes _sparse_patch joins at a time, into scratch that 
 @njit(cache=True, nogil=True)
 def _split_block(new, base, planes, n, start):  # pragma: no cover - compiled
     # new, base: (m,) the block at element `start` of a chunk of n (base None: the raw bits, a full snapshot);
-    # planes: (itemsize * n,) uint8. One loop per plane, re-reading the block from L1: each vectorises.
+    # planes: (itemsize * n,) uint8. The weight path's widths (bf16/f16, f32 deltas) in one loop writing
+    # every plane (measured 0.71x a memcpy against 0.61x for the loop per plane); the others one loop per
+    # plane, re-reading the block from L1. Each vectorises.
     m = new.size
-    for b in range(new.itemsize):
-        plane = planes[b * n + start : b * n + start + m]
-        shift = np.uint64(8 * b)
-        if base is None:
-            for i in range(m):
-                plane[i] = np.uint8(new[i] >> shift)
-        else:
-            for i in range(m):
-                plane[i] = np.uint8((new[i] ^ base[i]) >> shift)
+    at = lambda b: planes[b * n + start : b * n + start + m]  # noqa: E731  # plane b of this block
+    if base is not None and new.itemsize == 2:
+        p0, p1 = at(0), at(1)
+        for i in range(m):
+            x = new[i] ^ base[i]
+            p0[i], p1[i] = np.uint8(x), np.uint8(x >> np.uint64(8))
+    elif base is not None and new.itemsize == 4:
+        p0, p1, p2, p3 = at(0), at(1), at(2), at(3)
+        for i in range(m):
+            x = new[i] ^ base[i]
+            p0[i], p1[i] = np.uint8(x), np.uint8(x >> np.uint64(8))
+            p2[i], p3[i] = np.uint8(x >> np.uint64(16)), np.uint8(x >> np.uint64(24))
+    else:
+        for b in range(new.itemsize):
+            plane, shift = at(b), np.uint64(8 * b)
+            if base is None:
+                for i in range(m):
+                    plane[i] = np.uint8(new[i] >> shift)
+            else:
+                for i in range(m):
+                    plane[i] = np.uint8((new[i] ^ base[i]) >> shift)
 
 
 @njit(cache=True, nogil=True)
@@ -142,25 +156,42 @@ def sparse_payload(positions: np.ndarray, planes: np.ndarray, n: int, itemsize: 
 
 
 @njit(cache=True, nogil=True)
-def _join_xor(planes, base, out):  # pragma: no cover - compiled
-    # out: (n,) the elements whose byte planes are `planes`, XOR base (None: as they are). Per block: the low
-    # plane with the base, then one loop per higher plane, each a vectorised shift and XOR into out (in L1).
-    n = out.size
-    t = out.dtype.type
-    for start in range(0, n, BLOCK):
-        stop = min(start + BLOCK, n)
-        dst, low = out[start:stop], planes[start:stop]
+def _join_block(dst, base, planes, n, start):  # pragma: no cover - compiled
+    # dst, base: (m,) the block at element `start` of a chunk of n (base None: the raw bits); planes:
+    # (itemsize * n,) uint8. dst = the joined planes ^ base. As in _split_block: one loop reading every plane
+    # for the weight path's widths (measured 0.69x a memcpy against 0.41x for a loop per plane), else the low
+    # plane with the base, then one loop per higher plane XORed into dst (in L1).
+    m, t = dst.size, dst.dtype.type
+    at = lambda b: planes[b * n + start : b * n + start + m]  # noqa: E731  # plane b of this block
+    if base is not None and dst.itemsize == 2:
+        p0, p1 = at(0), at(1)
+        for i in range(m):
+            dst[i] = base[i] ^ (t(p0[i]) | (t(p1[i]) << t(8)))
+    elif base is not None and dst.itemsize == 4:
+        p0, p1, p2, p3 = at(0), at(1), at(2), at(3)
+        for i in range(m):
+            dst[i] = base[i] ^ (t(p0[i]) | (t(p1[i]) << t(8)) | (t(p2[i]) << t(16)) | (t(p3[i]) << t(24)))
+    else:
+        low = at(0)
         if base is None:
-            for i in range(dst.size):
+            for i in range(m):
                 dst[i] = t(low[i])
         else:
-            src = base[start:stop]
-            for i in range(dst.size):
-                dst[i] = src[i] ^ t(low[i])
-        for b in range(1, out.itemsize):
-            plane, shift = planes[b * n + start : b * n + stop], t(8 * b)
-            for i in range(dst.size):
+            for i in range(m):
+                dst[i] = base[i] ^ t(low[i])
+        for b in range(1, dst.itemsize):
+            plane, shift = at(b), t(8 * b)
+            for i in range(m):
                 dst[i] ^= t(plane[i]) << shift
+
+
+@njit(cache=True, nogil=True)
+def _join_xor(planes, base, out):  # pragma: no cover - compiled
+    # out: (n,) the elements whose byte planes are `planes`, XOR base (None: as they are).
+    n = out.size
+    for start in range(0, n, BLOCK):
+        stop = min(start + BLOCK, n)
+        _join_block(out[start:stop], None if base is None else base[start:stop], planes, n, start)
 
 
 def join_xor(planes: np.ndarray, base: np.ndarray | None, out: np.ndarray) -> None:
@@ -172,47 +203,63 @@ def join_xor(planes: np.ndarray, base: np.ndarray | None, out: np.ndarray) -> No
 
 @njit(cache=True, nogil=True)
 def _sparse_batch(body, k, j0, gaps, xs):  # pragma: no cover - compiled
-    # Joins changes j0 .. j0 + gaps.size of a sparse payload: gaps (uint32) and XORs (out's dtype), in
-    # plane-at-a-time loops that vectorise.
+    # Joins changes j0 .. j0 + m of a sparse payload into gaps (m,) uint32 and xs (m,) of out's dtype. One loop
+    # reading every plane it joins (4x faster than OR-ing plane after plane into the output, measured).
     m = gaps.size
-    t = xs.dtype.type
+    u, t = np.uint32, xs.dtype.type
+    at = lambda b: body[b * k + j0 : b * k + j0 + m]  # noqa: E731  # plane b of this batch
+    g0, g1, g2, g3 = at(0), at(1), at(2), at(3)
     for i in range(m):
-        gaps[i] = np.uint32(body[j0 + i])
-    for b in range(1, 4):
-        plane, shift = body[b * k + j0 : b * k + j0 + m], np.uint32(8 * b)
+        gaps[i] = u(g0[i]) | (u(g1[i]) << u(8)) | (u(g2[i]) << u(16)) | (u(g3[i]) << u(24))
+    if xs.itemsize == 2:
+        x0, x1 = at(4), at(5)
         for i in range(m):
-            gaps[i] |= np.uint32(plane[i]) << shift
-    low = body[4 * k + j0 : 4 * k + j0 + m]
-    for i in range(m):
-        xs[i] = t(low[i])
-    for b in range(1, xs.itemsize):
-        plane, shift = body[(4 + b) * k + j0 : (4 + b) * k + j0 + m], t(8 * b)
+            xs[i] = t(x0[i]) | (t(x1[i]) << t(8))
+    elif xs.itemsize == 4:
+        x0, x1, x2, x3 = at(4), at(5), at(6), at(7)
         for i in range(m):
-            xs[i] |= t(plane[i]) << shift
+            xs[i] = t(x0[i]) | (t(x1[i]) << t(8)) | (t(x2[i]) << t(16)) | (t(x3[i]) << t(24))
+    else:
+        low = at(4)
+        for i in range(m):
+            xs[i] = t(low[i])
+        for b in range(1, xs.itemsize):
+            plane, shift = at(4 + b), t(8 * b)
+            for i in range(m):
+                xs[i] |= t(plane[i]) << shift
+
+
+@njit(cache=True, nogil=True)
+def _copy(dst, src):  # pragma: no cover - compiled
+    for i in range(dst.size):  # a plain loop: numba's slice assignment was 15% slower (measured)
+        dst[i] = src[i]
 
 
 @njit(cache=True, nogil=True)
 def _sparse_patch(body, k, base, out):  # pragma: no cover - compiled
     # out: (n,) = base with the k changes of a sparse payload XORed in; base None: out holds the base already
-    # (in place). The base is copied a block ahead of the changes, so each block is patched while in L1.
-    # Returns k, or -1 for a position past the end (out is then partly written).
+    # (in place). Batch by batch: join the changes, sum the gaps into positions, copy the base up to the
+    # batch's last one, patch them while that span is still in cache. Returns k, or -1 for a position past
+    # the end (out is then partly written).
     n = out.size
-    gaps, xs = np.empty(min(k, BATCH), np.uint32), np.empty(min(k, BATCH), out.dtype)
+    m = min(k, BATCH)
+    gaps, xs, where = np.empty(m, np.uint32), np.empty(m, out.dtype), np.empty(m, np.uint64)
     copied, pos = 0, -1
     for j0 in range(0, k, BATCH):
         m = min(BATCH, k - j0)
         _sparse_batch(body, k, j0, gaps[:m], xs[:m])
         for i in range(m):
             pos += np.int64(gaps[i]) + 1
-            if pos >= n:
-                return -1
-            if base is not None and pos >= copied:
-                stop = min(max(copied + BLOCK, pos + 1), n)
-                out[copied:stop] = base[copied:stop]
-                copied = stop
-            out[pos] ^= xs[i]
+            where[i] = pos  # unsigned: indexing needs no negative-index fix-up
+        if pos >= n:  # positions only grow: the batch's last is its largest
+            return -1
+        if base is not None:
+            _copy(out[copied : pos + 1], base[copied : pos + 1])
+            copied = pos + 1
+        for i in range(m):
+            out[where[i]] ^= xs[i]
     if base is not None:
-        out[copied:] = base[copied:]
+        _copy(out[copied:], base[copied:])
     return k
 
 

@@ -1,8 +1,18 @@
 """kernels/ on this CPU, side by side in one run.
 
-(a) delta coding of a 64 MB bf16 tensor against its base (10% of elements changed): the fused XOR + byte
-    planes + changed count of kernels.delta, XOR alone, and the inverse (join + XOR), in GB/s of input
-    bytes, against a plain memory copy (np.copyto) of the same bytes, best of 5 each;
+(a) delta coding of a 64 MB bf16 tensor against its base (10% of elements changed), in GB/s of the tensor's
+    bytes against a plain memory copy (np.copyto, one thread) of the same bytes, best of 5 rounds that run
+    every candidate in turn (a burst of load on a shared machine then hits all alike):
+      xor_split, xor, join_xor   today's whole-array numpy steps (the fallback without numba): the XOR +
+                                 byte planes + changed count, the XOR alone, and the inverse (join + XOR);
+      scan                       the encoder's one pass as weight_sync.codec runs it (codec.scan_chunk, chunk
+                                 by chunk into its per-thread scratch): byte planes of the XOR, the count and
+                                 the changed positions up to the sparse cap;
+      scatter                    the decoder's dense pass (delta.join_xor into the output, chunk by chunk),
+                                 in bytes written;
+      sparse_scatter             the decoder's sparse pass (delta.sparse_patch: the base copied into the
+                                 output with the chunk's changes XORed in), in bytes written.
+    The fused kernels are single-threaded (the codec runs chunks on a thread pool), so one thread each;
 (b) the batch-invariant mode's cost: the trainer-shaped forward (demo model size, 16 sequences of 60
     tokens, router replay off) in batch-invariant mode against the default ops, best of 3;
 (c) whether the default ops are batch-variant here: the largest difference between a sequence's logprobs
@@ -20,6 +30,7 @@ import numpy as np
 import torch
 
 from kernels import batch_invariant as bi, delta
+from weight_sync import codec
 
 N_BYTES = 64 * 2**20
 
@@ -33,6 +44,30 @@ def _best(fn, reps: int) -> float:
     return best
 
 
+def _side_by_side(fns: dict, rounds: int) -> dict:
+    """Best seconds of each candidate over rounds that run every one in turn."""
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - t)
+    return best
+
+
+def _codec_chunks(new: np.ndarray, base: np.ndarray) -> list[tuple[slice, np.ndarray, np.ndarray, int]]:
+    """Per chunk of codec's size: its slice, the byte planes of its XOR and its sparse payload (and count)."""
+    out = []
+    for o in range(0, new.size, codec.DEFAULT_CHUNK_ELEMS):
+        sl = slice(o, min(o + codec.DEFAULT_CHUNK_ELEMS, new.size))
+        x = new[sl] ^ base[sl]
+        positions = np.flatnonzero(x).astype(np.uint32)
+        body = np.empty((4 + x.itemsize) * positions.size, np.uint8)
+        delta.sparse_payload(positions, delta.split_planes(x), x.size, body)
+        out.append((sl, delta.split_planes(x), body, positions.size))
+    return out
+
+
 def delta_throughput() -> dict:
     rng = np.random.default_rng(0)
     n = N_BYTES // 2
@@ -40,20 +75,53 @@ def delta_throughput() -> dict:
     new = base.copy()
     idx = rng.choice(n, n // 10, replace=False)
     new[idx] ^= np.uint16(1)
-    dst = np.empty_like(new)
-    memcpy = _best(lambda: np.copyto(dst, new), 5)
-    xor_split = _best(lambda: delta.xor_split(new, base), 5)
-    xor_only = _best(lambda: delta.xor(new, base), 5)
-    x, planes, _ = delta.xor_split(new, base)
-    join = _best(lambda: delta.xor(delta.join_planes(planes, np.uint16, n), base), 5)
-    gbps = lambda s: round(N_BYTES / s / 1e9, 2)  # noqa: E731
+    dst, out = np.empty_like(new), np.empty_like(new)
+    _, planes, _ = delta.xor_split(new, base)
+    chunks = _codec_chunks(new, base)
+
+    def scan():
+        for sl, _, _, _ in chunks:
+            codec.scan_chunk(new[sl], base[sl])
+
+    def scatter():
+        for sl, chunk_planes, _, _ in chunks:
+            delta.join_xor(chunk_planes, base[sl], out[sl])
+
+    def sparse_scatter():
+        for sl, _, body, k in chunks:
+            delta.sparse_patch(body, k, base[sl], out[sl])
+
+    fns = {
+        "memcpy": lambda: np.copyto(dst, new),
+        "xor_split": lambda: delta.xor_split(new, base),
+        "xor": lambda: delta.xor(new, base),
+        "join_xor": lambda: delta.xor(delta.join_planes(planes, np.uint16, n), base),
+        "scan": scan,
+        "scatter": scatter,
+        "sparse_scatter": sparse_scatter,
+    }
+    scan()  # compile or load the kernels, fill the scratch's pages
+    for fn in (scatter, sparse_scatter):
+        out[:] = 0
+        fn()
+        assert np.array_equal(out, new), f"{fn.__name__} did not rebuild the new bits"
+    best = _side_by_side(fns, 5)
+    gbps = lambda name: round(N_BYTES / best[name] / 1e9, 2)  # noqa: E731
+    vs_memcpy = lambda name: round(best["memcpy"] / best[name], 3)  # noqa: E731
     return {
-        "memcpy_gbps": gbps(memcpy),
-        "xor_split_gbps": gbps(xor_split),
-        "xor_gbps": gbps(xor_only),
-        "join_xor_gbps": gbps(join),
-        "xor_split_vs_memcpy": round(memcpy / xor_split, 3),
+        "memcpy_gbps": gbps("memcpy"),
+        "xor_split_gbps": gbps("xor_split"),
+        "xor_gbps": gbps("xor"),
+        "join_xor_gbps": gbps("join_xor"),
+        "xor_split_vs_memcpy": vs_memcpy("xor_split"),
+        "scan_gbps": gbps("scan"),
+        "scan_vs_memcpy": vs_memcpy("scan"),
+        "scatter_gbps": gbps("scatter"),
+        "scatter_vs_memcpy": vs_memcpy("scatter"),
+        "sparse_scatter_gbps": gbps("sparse_scatter"),
+        "sparse_scatter_vs_memcpy": vs_memcpy("sparse_scatter"),
         "delta_backend": delta.backend(),
+        "delta_cpu_kernels": "numba" if delta.cpu_ops() is not None else "numpy",
     }
 
 

@@ -14,7 +14,11 @@ plane after plane, (itemsize * n,) uint8 with byte b of element i at b * n + i (
 a sparse payload is k zero-based gaps between changed positions as 4 byte planes, then each one's XOR with the
 base as itemsize byte planes ((4 + itemsize) * k,) uint8 (weight_sync.codec's sparse chunk, after its header).
 Loops run over blocks of BLOCK elements, so that a block of the inputs is still in L1 when a second simple
-loop reads it again: simple loops are what LLVM vectorises, and a fused loop with a conditional store is not.
+loop reads it again: simple loops are what LLVM vectorises, and one loop doing everything is not. The one
+step no loop vectorises, appending the positions that changed, is an LLVM compress-store (kernels.simd).
+Measured against a one-thread np.copyto of the same bytes on a 64 MB bf16 tensor, 10% changed, in 8 MB
+chunks (benchmarks.kernels): scan 0.6x, dense scatter 0.65x, sparse scatter 0.65x (0.85x at 2% changed,
+0.45x at 30%); numpy's chain of passes did 0.1-0.15x.
 """
 
 from __future__ import annotations

@@ -102,7 +102,7 @@ _THREAD = threading.local()
 
 def _scratch() -> delta_kernels.Scratch:
     """This thread's buffers for a chunk's planes, positions and payload, reused chunk after chunk (chunks
-    are coded on a pool's threads: one set each)."""
+    are coded on a pool's threads: one set each, about 3x a chunk's bytes, freed with the thread)."""
     if (scratch := getattr(_THREAD, "scratch", None)) is None:
         scratch = _THREAD.scratch = delta_kernels.Scratch()
     return scratch

@@ -13,8 +13,9 @@
       sparse_scatter             the decoder's sparse pass (delta.sparse_patch: the base copied into the
                                  output with the chunk's changes XORed in), in bytes written.
     The fused kernels are single-threaded (the codec runs chunks on a thread pool), so one thread each;
-(b) the batch-invariant mode's cost: the trainer-shaped forward (demo model size, 16 sequences of 60
-    tokens, router replay off) in batch-invariant mode against the default ops, best of 3;
+(b) the batch-invariant mode's cost: the trainer-shaped forward in batch-invariant mode against the default
+    ops, alternating, best of 7: the demo model size (16 sequences of 60 tokens) and a larger one
+    (online_rl.gpu_check_bi's 0.11 B-parameter shape, 8 sequences of 128 tokens), router replay off;
 (c) whether the default ops are batch-variant here: the largest difference between a sequence's logprobs
     alone and inside that batch, for both modes (0 for the batch-invariant one, by construction).
 Prints one JSON object as the last line.
@@ -125,28 +126,47 @@ def delta_throughput() -> dict:
     }
 
 
-def batch_invariance() -> dict:
-    from online_rl.bootstrap import preset
+def _forward_slowdown(cfg, batch_size: int, seq_len: int, reps: int) -> tuple[float, float]:
+    """Best-of-`reps` seconds of the trainer-shaped forward (logits, then the tokens' logprobs), default ops
+    and batch-invariant mode alternating so both see the same machine."""
     from online_rl.model import MoECoder, token_logprobs
 
-    cfg = preset("demo", 0).model
     model = MoECoder(cfg).eval()
     model.init_weights(0)
     g = torch.Generator().manual_seed(0)
-    batch = torch.randint(4, cfg.vocab_size, (16, 60), generator=g)
+    batch = torch.randint(4, cfg.vocab_size, (batch_size, seq_len + 1), generator=g)
 
     def forward():
         with torch.no_grad():
             return token_logprobs(model(batch[:, :-1]).logits, batch[:, 1:])
 
-    default_s = _best(forward, 3)
-    with bi.mode(True):
-        bi_s = _best(forward, 3)
+    default_s = bi_s = float("inf")
+    for _ in range(reps + 1):  # the first round warms both (numba's compile cache, allocator)
+        default_s = min(default_s, _best(forward, 1))
+        with bi.mode(True):
+            bi_s = min(bi_s, _best(forward, 1))
+    return default_s, bi_s
+
+
+def batch_invariance() -> dict:
+    from online_rl.bootstrap import preset
+    from online_rl.gpu_check_bi import BI_CFG
+    from online_rl.model import MoECoder, token_logprobs
+
+    cfg = preset("demo", 0).model
+    default_s, bi_s = _forward_slowdown(cfg, 16, 59, reps=7)
+    large_default_s, large_bi_s = _forward_slowdown(BI_CFG, 8, 128, reps=3)
     out = {
         "forward_default_s": round(default_s, 4),
         "forward_batch_invariant_s": round(bi_s, 4),
         "batch_invariant_slowdown": round(bi_s / default_s, 2),
+        "forward_default_large_s": round(large_default_s, 4),
+        "forward_batch_invariant_large_s": round(large_bi_s, 4),
+        "batch_invariant_slowdown_large": round(large_bi_s / large_default_s, 2),
     }
+    model = MoECoder(cfg).eval()
+    model.init_weights(0)
+    batch = torch.randint(4, cfg.vocab_size, (16, 60), generator=torch.Generator().manual_seed(0))
     for name, on in (("default", False), ("batch_invariant", True)):
         with bi.mode(on), torch.no_grad():
             full = token_logprobs(model(batch[:, :-1]).logits, batch[:, 1:])[3]

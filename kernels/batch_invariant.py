@@ -4,17 +4,23 @@ share its batch, or where it sits.
 Why it is not automatic: a library matmul or reduction picks its blocking, vector width and thread split
 from the whole tensor's shape, so one row's sum is added in a different order alone than inside a batch;
 the last-bit differences flip near-tied MoE routing decisions and skew logprobs between serving and
-training. Here every reduction has an order fixed by the reduced length alone:
-    linear      products x_k * w_k, then a pairwise tree over K (padded with zeros to a power of two)
-    rms_norm    the same tree over the hidden size
+training. Here no reduction's order depends on the batch:
+    linear      rows go through the library GEMM in tiles of exactly TILE rows (the last one padded with
+                zeros), one batched call: every product this mode asks for has the shape (TILE, K) @ (K, N)
+                whatever the batch, so the library makes the same choices for it every time, and inside
+                one shape an output element's sum does not depend on its row's position or the other
+                rows' values (checked for every position in the tests)
+    rms_norm    a pairwise tree over the hidden size (its shape depends on that length alone)
     softmax     max (exact), exp, the tree over the row; log_softmax likewise
-    attention   scores by the tree over the head dim; keys accumulated left to right, so the zero
-                contributions of padding and of future positions change nothing
+    attention   queries and keys in blocks of TILE positions (the sequence padded to a whole block): the
+                scores and the weighted values are per-block GEMMs of fixed shape, the blocks' partial
+                outputs summed by the tree over key blocks. Keys past a query (future or padding) weigh
+                exactly 0, and zeros added by a longer padded batch leave the tree's sums unchanged
     topk        a stable descending sort: ties go to the lower expert index
-Transcendentals (exp, log, sigmoid, cos/sin) are evaluated in float64 and rounded to float32: a CPU
-library computes vector lanes and scalar tails with different code, which can differ in the last bit of
-a float32 but (after rounding from float64) essentially never. Only elementwise IEEE operations (+, *,
-/, sqrt) touch float32 data otherwise, and those are exactly rounded wherever they run.
+Transcendentals (exp, log; sigmoid in silu) come from kernels.cpu_math: the same float32 steps for every
+element, where torch's exp takes a different code path for a run's tail than for its vector body. Only
+exactly rounded IEEE operations (+, *, /, sqrt) touch float32 data otherwise, and those agree wherever they
+run. (The model's RoPE angles are computed in float64 by online_rl.model itself, once per forward.)
 
 CUDA tensors go to the Triton kernels (kernels.triton_ops), which are batch-invariant by construction:
 fixed tiles, no split-K, one program per row. `enabled()` / `mode(True)` switch the model over
@@ -30,7 +36,7 @@ import threading
 import torch
 
 _state = threading.local()
-ROW_CHUNK_BYTES = 32 * 2**20  # bound on the (rows, N, K) products linear materialises at once
+TILE = 64  # rows per GEMM (and positions per attention block): big enough for the library's fast path
 
 
 def enabled() -> bool:
@@ -67,16 +73,28 @@ def tree_sum(x: torch.Tensor) -> torch.Tensor:
     return x[..., 0]
 
 
+def _f32(fn, x: torch.Tensor) -> torch.Tensor:
+    if x.is_cuda:  # a GPU's exp is one code path for every element; float64 makes its rounding moot
+        return getattr(torch, fn)(x.double()).to(x.dtype)
+    from kernels import cpu_math
+
+    return getattr(cpu_math, fn)(x.float()).to(x.dtype)
+
+
 def exp(x: torch.Tensor) -> torch.Tensor:
-    return torch.exp(x.double()).to(x.dtype)
+    return _f32("exp", x)
 
 
 def log(x: torch.Tensor) -> torch.Tensor:
-    return torch.log(x.double()).to(x.dtype)
+    return _f32("log", x)
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.silu(x.double()).to(x.dtype)
+    if x.is_cuda:
+        return x / (1 + exp(-x))
+    from kernels import cpu_math
+
+    return cpu_math.silu(x.float()).to(x.dtype)
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -87,10 +105,13 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return triton_ops.linear(x, w)
     lead, K = x.shape[:-1], x.shape[-1]
     N = w.shape[0]
-    flat = x.reshape(-1, K)
-    rows = max(1, ROW_CHUNK_BYTES // max(1, N * K * x.element_size()))
-    out = [tree_sum(flat[i : i + rows, None, :] * w[None, :, :]) for i in range(0, flat.shape[0], rows)]
-    return (torch.cat(out) if out else flat.new_zeros(0, N)).reshape(*lead, N)
+    flat = x.reshape(-1, K)  # (M, K)
+    M = flat.shape[0]
+    if M % TILE:  # the last tile padded with zeros
+        flat = torch.cat([flat, flat.new_zeros(TILE - M % TILE, K)])
+    tiles = flat.reshape(-1, TILE, K)
+    out = torch.bmm(tiles, w.t().expand(tiles.shape[0], K, N))  # one (TILE, K) @ (K, N) per tile
+    return out.reshape(-1, N)[:M].reshape(*lead, N)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -100,6 +121,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         return triton_ops.rms_norm(x, weight, eps)
     dtype = x.dtype
     x = x.float()
+    if x.device.type == "cpu":
+        from kernels import cpu_math
+
+        return weight * cpu_math.rms_normalize(x, eps).to(dtype)
     ms = tree_sum(x * x) / x.shape[-1]
     return weight * (x / torch.sqrt(ms + eps)[..., None]).to(dtype)
 
@@ -109,6 +134,10 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
         from kernels import triton_ops
 
         return triton_ops.softmax(x)
+    if x.device.type == "cpu":
+        from kernels import cpu_math
+
+        return cpu_math.softmax(x.float()).to(x.dtype)
     e = exp(x - x.amax(-1, keepdim=True))
     return e / tree_sum(e)[..., None]
 
@@ -118,6 +147,10 @@ def log_softmax(x: torch.Tensor) -> torch.Tensor:
         from kernels import triton_ops
 
         return triton_ops.log_softmax(x)
+    if x.device.type == "cpu":
+        from kernels import cpu_math
+
+        return cpu_math.softmax(x.float(), log=True).to(x.dtype)
     shifted = x - x.amax(-1, keepdim=True)
     return shifted - log(tree_sum(exp(shifted)))[..., None]
 
@@ -137,6 +170,33 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     B, H, T, Dh = q.shape
     rep = H // k.shape[1]
     k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    if q.is_cuda:
+        return _causal_attention_by_key(q, k, v)
+    pad = (-T) % TILE
+    n = (T + pad) // TILE  # blocks of TILE positions
+
+    def blocks(t: torch.Tensor) -> torch.Tensor:  # (B, H, T, Dh) -> (B * H, n, TILE, Dh)
+        return torch.nn.functional.pad(t, (0, 0, 0, pad)).reshape(B * H, n, TILE, Dh)
+
+    qb, kb, vb = blocks(q), blocks(k), blocks(v)
+    # scores of query block i against key block j: (B*H, n, n, TILE, TILE), GEMMs of shape (TILE, Dh) @ (Dh, TILE)
+    scores = torch.matmul(qb[:, :, None], kb[:, None].transpose(-1, -2)) * (1.0 / math.sqrt(Dh))
+    pos = torch.arange(n * TILE, device=q.device).reshape(n, 1, TILE, 1)  # query positions (i, ., a, .)
+    future = pos.reshape(1, n, 1, TILE) > pos  # key position (j, b) past query (i, a): (n, n, TILE, TILE)
+    scores = scores.masked_fill(future, float("-inf"))
+    top = scores.amax(dim=(2, 4), keepdim=True)  # (B*H, n, 1, TILE, 1): each query's largest score
+    e = exp(scores - top)  # exp(-inf) = 0: future and padding keys weigh exactly nothing
+    den = tree_sum(tree_sum(e).transpose(-1, -2))  # over keys in a block, then over key blocks: (B*H, n, TILE)
+    part = torch.matmul(e, vb[:, None])  # (B*H, n, n, TILE, Dh): GEMMs of shape (TILE, TILE) @ (TILE, Dh)
+    num = tree_sum(part.permute(0, 1, 3, 4, 2))  # over key blocks: (B*H, n, TILE, Dh)
+    out = num / den[..., None]
+    return out.reshape(B, H, n * TILE, Dh)[:, :, :T]
+
+
+def _causal_attention_by_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The GPU's path (no Triton kernel for attention yet; cuBLAS picks its kernels by the batch count too):
+    scores by the tree over the head dim, keys accumulated left to right. q/k/v (B, H, T, Dh)."""
+    B, H, T, Dh = q.shape
     scores = tree_sum(q[:, :, :, None, :] * k[:, :, None, :, :]) * (1.0 / math.sqrt(Dh))  # (B, H, T, T)
     future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
     scores = scores.masked_fill(future, float("-inf"))

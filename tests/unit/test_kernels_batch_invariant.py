@@ -100,3 +100,60 @@ def test_model_forward_is_batch_invariant_in_that_mode():
     assert not bi.enabled()
     assert torch.allclose(alone.logits, default.logits, atol=1e-4)
     assert (alone.experts == default.experts).float().mean() > 0.95  # near-ties may route differently
+
+
+def test_linear_gives_a_row_the_same_bits_at_every_position_of_a_tile():
+    K, N = 128, 1024  # the demo's LM head
+    g = torch.Generator().manual_seed(6)
+    w = torch.randn(N, K, generator=g)
+    row = torch.randn(K, generator=g)
+    alone = bi.linear(row[None], w)[0]
+    batch = torch.randn(2 * bi.TILE + 3, K, generator=g)
+    for i in range(2 * bi.TILE + 3):
+        b = batch.clone()
+        b[i] = row
+        assert torch.equal(bi.linear(b, w)[i], alone), i
+
+
+def test_attention_over_several_blocks_ignores_padding_and_other_sequences():
+    g = torch.Generator().manual_seed(7)
+    H, G, Dh, T = 4, 2, 16, bi.TILE + 9  # two blocks alone
+    q, k, v = (
+        torch.randn(1, H, T, Dh, generator=g),
+        torch.randn(1, G, T, Dh, generator=g),
+        torch.randn(1, G, T, Dh, generator=g),
+    )
+    alone = bi.causal_attention(q, k, v)
+    for n, Tb, i in ((3, T, 2), (2, 3 * bi.TILE + 1, 1)):  # the same length; padded to four blocks
+        Q, K_, V = (
+            torch.randn(n, H, Tb, Dh, generator=g),
+            torch.randn(n, G, Tb, Dh, generator=g),
+            torch.randn(n, G, Tb, Dh, generator=g),
+        )
+        Q[i, :, :T], K_[i, :, :T], V[i, :, :T] = q[0], k[0], v[0]
+        assert torch.equal(bi.causal_attention(Q, K_, V)[i, :, :T], alone[0])
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q.double(), k.double().repeat_interleave(2, 1), v.double().repeat_interleave(2, 1), is_causal=True
+    )
+    assert torch.allclose(alone.double(), want, atol=1e-5)
+
+
+def test_long_sequences_and_training_in_that_mode():
+    m = MoECoder(TINY)
+    m.init_weights(8)
+    g = torch.Generator().manual_seed(9)
+    seq = torch.randint(4, 301, (1, bi.TILE + 20), generator=g)
+    with bi.mode(True):
+        with torch.no_grad():
+            alone = m(seq)
+            batch = torch.randint(4, 301, (3, 2 * bi.TILE + 40), generator=g)
+            batch[1, : seq.shape[1]] = seq[0]
+            out = m(batch)
+        assert torch.equal(out.logits[1, : seq.shape[1]], alone.logits[0])
+        m(seq).logits.float().logsumexp(-1).mean().backward()
+    grads = {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+    m.zero_grad()
+    m(seq).logits.float().logsumexp(-1).mean().backward()
+    for n, p in m.named_parameters():
+        if p.grad is not None:
+            assert torch.allclose(grads[n], p.grad, rtol=1e-3, atol=1e-5), n

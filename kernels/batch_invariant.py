@@ -5,11 +5,12 @@ Why it is not automatic: a library matmul or reduction picks its blocking, vecto
 from the whole tensor's shape, so one row's sum is added in a different order alone than inside a batch;
 the last-bit differences flip near-tied MoE routing decisions and skew logprobs between serving and
 training. Here no reduction's order depends on the batch:
-    linear      rows go through the library GEMM in tiles of exactly TILE rows (the last one padded with
-                zeros), one batched call: every product this mode asks for has the shape (TILE, K) @ (K, N)
-                whatever the batch, so the library makes the same choices for it every time, and inside
-                one shape an output element's sum does not depend on its row's position or the other
-                rows' values (checked for every position in the tests)
+    linear      rows go through the library GEMM in tiles of exactly TILE rows (padded with zeros to whole
+                tiles, two at least), one batched call: every product this mode asks for has the shape
+                (TILE, K) @ (K, N), one per thread, whatever the batch. A shape alone does not fix the
+                library's choices (MKL splits K across threads for a lone GEMM, not in a batch of them),
+                hence the second tile; inside a batch an output element's sum depends neither on its
+                row's position nor on the other rows (tested at every position, and at K = 2048)
     rms_norm    a pairwise tree over the hidden size (its shape depends on that length alone)
     softmax     max (exact), exp, the tree over the row; log_softmax likewise
     attention   queries and keys in blocks of TILE positions (the sequence padded to a whole block): the
@@ -73,12 +74,17 @@ def tree_sum(x: torch.Tensor) -> torch.Tensor:
     return x[..., 0]
 
 
+def _cpu_math():
+    from kernels import cpu_math  # numba: compiled (or loaded from its cache) on first use
+
+    return cpu_math
+
+
 def _f32(fn, x: torch.Tensor) -> torch.Tensor:
+    """fn evaluated in float32 (on CPU by kernels.cpu_math; other dtypes go through float32 and back)."""
     if x.is_cuda:  # a GPU's exp is one code path for every element; float64 makes its rounding moot
         return getattr(torch, fn)(x.double()).to(x.dtype)
-    from kernels import cpu_math
-
-    return getattr(cpu_math, fn)(x.float()).to(x.dtype)
+    return getattr(_cpu_math(), fn)(x.float()).to(x.dtype)
 
 
 def exp(x: torch.Tensor) -> torch.Tensor:
@@ -91,10 +97,8 @@ def log(x: torch.Tensor) -> torch.Tensor:
 
 def silu(x: torch.Tensor) -> torch.Tensor:
     if x.is_cuda:
-        return x / (1 + exp(-x))
-    from kernels import cpu_math
-
-    return cpu_math.silu(x.float()).to(x.dtype)
+        return torch.nn.functional.silu(x.double()).to(x.dtype)
+    return _cpu_math().silu(x.float()).to(x.dtype)
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -107,8 +111,11 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     N = w.shape[0]
     flat = x.reshape(-1, K)  # (M, K)
     M = flat.shape[0]
-    if M % TILE:  # the last tile padded with zeros
-        flat = torch.cat([flat, flat.new_zeros(TILE - M % TILE, K)])
+    # Padded with zeros to whole tiles, and to two at least: MKL runs a batch of one GEMM on all threads,
+    # splitting K among them for a large K (a different sum), and a batch of several one GEMM per thread.
+    pad = max(2 * TILE, M + (-M) % TILE) - M
+    if pad:
+        flat = torch.cat([flat, flat.new_zeros(pad, K)])
     tiles = flat.reshape(-1, TILE, K)
     out = torch.bmm(tiles, w.t().expand(tiles.shape[0], K, N))  # one (TILE, K) @ (K, N) per tile
     return out.reshape(-1, N)[:M].reshape(*lead, N)
@@ -119,14 +126,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         from kernels import triton_ops
 
         return triton_ops.rms_norm(x, weight, eps)
-    dtype = x.dtype
-    x = x.float()
-    if x.device.type == "cpu":
-        from kernels import cpu_math
-
-        return weight * cpu_math.rms_normalize(x, eps).to(dtype)
-    ms = tree_sum(x * x) / x.shape[-1]
-    return weight * (x / torch.sqrt(ms + eps)[..., None]).to(dtype)
+    return weight * _cpu_math().rms_normalize(x.float(), eps).to(x.dtype)
 
 
 def softmax(x: torch.Tensor) -> torch.Tensor:
@@ -134,12 +134,7 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
         from kernels import triton_ops
 
         return triton_ops.softmax(x)
-    if x.device.type == "cpu":
-        from kernels import cpu_math
-
-        return cpu_math.softmax(x.float()).to(x.dtype)
-    e = exp(x - x.amax(-1, keepdim=True))
-    return e / tree_sum(e)[..., None]
+    return _cpu_math().softmax(x.float()).to(x.dtype)
 
 
 def log_softmax(x: torch.Tensor) -> torch.Tensor:
@@ -147,12 +142,7 @@ def log_softmax(x: torch.Tensor) -> torch.Tensor:
         from kernels import triton_ops
 
         return triton_ops.log_softmax(x)
-    if x.device.type == "cpu":
-        from kernels import cpu_math
-
-        return cpu_math.softmax(x.float(), log=True).to(x.dtype)
-    shifted = x - x.amax(-1, keepdim=True)
-    return shifted - log(tree_sum(exp(shifted)))[..., None]
+    return _cpu_math().softmax(x.float(), log=True).to(x.dtype)
 
 
 def topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

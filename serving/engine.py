@@ -52,7 +52,7 @@ class EngineResult:
     @property
     def latest_version(self) -> int | None:
         """The version that made the last token: what the replica serves now, as far as this answer knows."""
-        last = self.weight_versions[-1]["version"] if self.weight_versions else None
+        last = next((s["version"] for s in reversed(self.weight_versions) if s["version"] is not None), None)
         return last if last is not None else self.weight_version
 
 
@@ -89,7 +89,7 @@ def _fill(result: EngineResult, out: dict, layers: int, top_k: int) -> None:
     result.weight_versions = ev._spans(meta.get("weight_versions", []))
     # meta's weight_version is the replica's version when this chunk left it, not the one that made the
     # tokens: across a switch the first chunk could say v3 of tokens made by v1. The spans are the truth.
-    first = result.weight_versions[0]["version"] if result.weight_versions else None
+    first = next((s["version"] for s in result.weight_versions if s["version"] is not None), None)
     result.weight_version = first if first is not None else ev.parse_version(meta.get("weight_version"))
     result.prompt_tokens = meta.get("prompt_tokens", 0)
     cached = meta.get("cached_tokens")

@@ -80,6 +80,10 @@ def test_silu_matches_torch():
         (cm.silu, torch.nn.functional.silu),
         (cm.softmax, lambda x: torch.softmax(x, -1)),
         (lambda x: cm.softmax(x, log=True), lambda x: torch.log_softmax(x, -1)),
+        (
+            lambda x: cm.rms_normalize(x, 1e-6),
+            lambda x: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6),
+        ),
     ],
 )
 def test_gradients_are_the_functions(ours, theirs):

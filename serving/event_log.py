@@ -48,6 +48,7 @@ class EventLogConfig:
     queue_max: int = 20_000  # events waiting for the writer thread
     send_batch: int = 2000
     ship_interval_s: float = 0.5  # the shipper sends at most this often unless a full batch is waiting
+    shipper_nice: int = 10  # the shipper process's nice value: below serving on shared cores (0: as the gateway)
     send_timeout_s: float = 3.0  # a batch not acknowledged by then counts as a failed delivery
     retry_backoff_s: float = 1.0
     cursor_save_interval_s: float = 0.5

@@ -47,7 +47,7 @@ MAX_TOKENS = 8  # throughput rounds
 LATENCY_MAX_TOKENS = 1  # latency rounds: the overhead is per request, and a short engine call is less noisy
 ROUNDS = 300  # sequential requests per path
 CONCURRENCY = 16
-LOAD_ROUND_S = 5.0
+LOAD_ROUND_S = 8.0  # per gateway per round: long enough that a paired ratio is not one burst of machine noise
 LOAD_ROUNDS = 9  # each loads every gateway once, in turn (benchmarks._load_rounds)
 
 

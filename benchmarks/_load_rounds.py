@@ -1,10 +1,11 @@
 """Throughput of several gateways in front of one replica, in paired rounds, with each process's CPU per request.
 
-A round loads every gateway once, one after the other, for the same time; the ratio of two gateways is taken
-within each round (the same minute of a shared machine), and the median over rounds is reported with its range.
-The order rotates from round to round, and runs backwards every other block of rounds, so that no gateway
-always follows the same one. After each gateway's turn the run settles for `settle_s` (its shipper sends its
-last burst) inside that gateway's window, so that none of its work falls into the next gateway's turn.
+A round loads every gateway for the same time, in `slices` short turns each, interleaved (on, off, on, off, ...):
+the ratio of two gateways is taken within each round, over the same half minute of a shared machine, so that
+another tenant's burst of work lands on both alike; the median over rounds is reported with its range. The
+order rotates from turn to turn, and runs backwards every other block, so that no gateway always follows the
+same one. After each turn the run settles for `settle_s` (the gateway's shipper sends its last burst) inside
+that gateway's window, so that none of its work falls into the next gateway's turn.
 """
 
 from __future__ import annotations
@@ -52,22 +53,27 @@ def run(
     rounds: int,
     seconds: float,
     settle_s: float = 1.0,
+    slices: int = 1,
 ) -> Rounds:
     """`gateways`: name -> the parts whose CPU its turns are charged with (its own process, its shipper, and the
     shared ones: replica, broker, load generator); `load(name, seconds)` loads that gateway and returns how many
-    requests it served."""
+    requests it served. Each gateway is loaded `seconds` per round, in `slices` turns."""
     names = list(gateways)
     res = Rounds({n: [] for n in names}, {n: {} for n in names}, seconds)
     for r in range(rounds):
-        res.order.append(order(names, r))
-        for name in res.order[-1]:
-            before = pc.snapshot(gateways[name])
-            res.counts[name].append(load(name, seconds))
-            time.sleep(settle_s)
-            after = pc.snapshot(gateways[name])
-            acc = res.cpu_s[name]
-            for k in after:
-                acc[k] = acc.get(k, 0.0) + after[k] - before[k]
+        served = dict.fromkeys(names, 0)
+        for s in range(slices):
+            res.order.append(order(names, r * slices + s))
+            for name in res.order[-1]:
+                before = pc.snapshot(gateways[name])
+                served[name] += load(name, seconds / slices)
+                time.sleep(settle_s)
+                after = pc.snapshot(gateways[name])
+                acc = res.cpu_s[name]
+                for k in after:
+                    acc[k] = acc.get(k, 0.0) + after[k] - before[k]
+        for name in names:
+            res.counts[name].append(served[name])
     for acc in res.cpu_s.values():  # the machine's busy time none of the parts account for
         acc["other"] = acc.pop("machine") - sum(acc.values())
     return res

@@ -47,7 +47,8 @@ MAX_TOKENS = 8  # throughput rounds
 LATENCY_MAX_TOKENS = 1  # latency rounds: the overhead is per request, and a short engine call is less noisy
 ROUNDS = 300  # sequential requests per path
 CONCURRENCY = 16
-LOAD_ROUND_S = 8.0  # per gateway per round: long enough that a paired ratio is not one burst of machine noise
+LOAD_ROUND_S = 8.0  # per gateway per round
+LOAD_SLICES = 4  # ... in turns of 2 s, interleaved: a burst of another tenant's work hits both sides of a pair
 LOAD_ROUNDS = 9  # each loads every gateway once, in turn (benchmarks._load_rounds)
 
 
@@ -238,7 +239,7 @@ def scrub_throughput(n: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    global ROUNDS, LOAD_ROUND_S, LOAD_ROUNDS
+    global ROUNDS, LOAD_ROUND_S, LOAD_ROUNDS, LOAD_SLICES
     ap = argparse.ArgumentParser(prog="python -m benchmarks.gateway", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="few rounds: a check that it runs, not a measurement")
     ap.add_argument("--scrub-only", action="store_true", help="only the secret scanner's throughput")
@@ -247,7 +248,7 @@ def main(argv: list[str] | None = None) -> dict:
     if a.scrub_only:
         return scrub
     if a.quick:
-        ROUNDS, LOAD_ROUND_S, LOAD_ROUNDS = 40, 2.0, 2
+        ROUNDS, LOAD_ROUND_S, LOAD_ROUNDS, LOAD_SLICES = 40, 2.0, 2, 1
     from tokenizers import Tokenizer
 
     model = bootstrap("test", 0, progress=False)
@@ -293,7 +294,12 @@ def main(argv: list[str] | None = None) -> dict:
         for url in urls.values():  # warm-up: first connections, the replica's first batches
             asyncio.run(_load(url, prompts, 1.0))
         rounds = load_rounds.run(
-            parts, lambda name, secs: asyncio.run(_load(urls[name], prompts, secs)), LOAD_ROUNDS, LOAD_ROUND_S
+            parts,
+            lambda name, secs: asyncio.run(_load(urls[name], prompts, secs)),
+            LOAD_ROUNDS,
+            LOAD_ROUND_S,
+            settle_s=0.6,  # ship_interval_s 0.5: the turn's last burst shipped
+            slices=LOAD_SLICES,
         )
         counts = {name: sum(c) for name, c in rounds.counts.items()}
         seconds = LOAD_ROUNDS * LOAD_ROUND_S
@@ -325,6 +331,10 @@ def main(argv: list[str] | None = None) -> dict:
             "throughput_ratio_logging_on_vs_off_min": ratio["min"],
             "throughput_ratio_logging_on_vs_off_max": ratio["max"],
             "throughput_ratio_rounds": LOAD_ROUNDS,
+            "throughput_rounds_rps": {  # each round's requests/s, paired by position
+                k: [round(c / LOAD_ROUND_S, 1) for c in rounds.counts[name]]
+                for k, name in (("logging_on", "on"), ("logging_off", "off"), ("logging_on_scrub_off", "noscrub"))
+            },
             "throughput_ratio_scrub_on_vs_off": round(counts["on"] / max(1, counts["noscrub"]), 3),
             "shipper_cpu_ms_per_event_scrub_on": shipper_ms["scrub_on"],
             "shipper_cpu_ms_per_event_scrub_off": shipper_ms["scrub_off"],
@@ -352,6 +362,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "model": "test preset",
                 "load_seconds_per_gateway": seconds,
                 "load_round_s": LOAD_ROUND_S,
+                "load_slices": LOAD_SLICES,
                 "quick": a.quick,
             },
         }

@@ -30,3 +30,19 @@ def test_ratios_are_paired_by_round_and_cpu_is_charged_per_request(monkeypatch):
     assert on["other"] == round(3 * 1500 / 270 - 1500 / 270, 3)
     off = res.cpu_ms_per_request("off")
     assert off["replica"] == 5.0 and off["other"] == 5.0 and off["total"] == 15.0
+
+
+def test_a_round_in_slices_interleaves_short_turns_and_sums_them(monkeypatch):
+    monkeypatch.setattr(lr.pc, "snapshot", lambda parts: {**dict.fromkeys(parts, 0.0), "machine": 0.0})
+    monkeypatch.setattr(lr.time, "sleep", lambda s: None)
+    turns = []
+
+    def load(name, secs):
+        turns.append((name, secs))
+        return 10
+
+    parts = {"on": {}, "off": {}}
+    res = lr.run(parts, load, rounds=2, seconds=8.0, slices=4)
+    assert res.counts == {"on": [40, 40], "off": [40, 40]}
+    assert len(turns) == 16 and {secs for _, secs in turns} == {2.0}
+    assert [n for n, _ in turns[:4]] == ["on", "off", "off", "on"]  # the order rotates from turn to turn

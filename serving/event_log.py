@@ -271,7 +271,7 @@ class EventLog:
 
     # ------------------------------------------------------------------ writer thread
     def _new_shipper(self):
-        return self._ctx.Process(target=sh.run, args=(self.cfg, self._shared), name="event-shipper", daemon=True)
+        return self._ctx.Process(target=sh.main, args=(self.cfg, self._shared), name="event-shipper", daemon=True)
 
     def _watch_shipper(self) -> None:
         """A shipper that died (killed, crashed) is started again; it resumes from the shared cursor."""

@@ -224,15 +224,21 @@ def _lower_priority(nice: int) -> None:
             log.warning("could not lower the event shipper's priority (%s)", e)
 
 
+def main(cfg, shared) -> None:
+    """The shipper process's entry point: `run` at a lower priority (run alone is the loop, which tests call in
+    their own process)."""
+    _lower_priority(cfg.shipper_nice)
+    run(cfg, shared)
+
+
 def run(cfg, shared) -> None:
-    """Process entry point. `cfg` is an EventLogConfig; `shared` the int64 array above."""
+    """The shipper's loop. `cfg` is an EventLogConfig; `shared` the int64 array above."""
     import signal
 
     # A SIGTERM to the gateway's process group must not kill the shipper before the gateway has flushed the
     # spool to it: the parent stops it through STOP. If the parent dies, the shipper notices and exits.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _lower_priority(cfg.shipper_nice)
     parent = os.getppid()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("kafka").setLevel(logging.CRITICAL)  # outages are reported here, once

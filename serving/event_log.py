@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import os
 import queue
 import threading
 import time
@@ -34,6 +33,7 @@ from pathlib import Path
 
 from serving import event_forget as fg, event_shipper as sh
 from serving.event_spool import Spool
+from serving.event_spool_writer import SegmentWriter
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,7 @@ class EventLogConfig:
     queue_max: int = 20_000  # events waiting for the writer thread
     send_batch: int = 2000
     ship_interval_s: float = 0.5  # the shipper sends at most this often unless a full batch is waiting
+    shipper_nice: int = 10  # the shipper process's nice value: below serving on shared cores (0: as the gateway)
     send_timeout_s: float = 3.0  # a batch not acknowledged by then counts as a failed delivery
     retry_backoff_s: float = 1.0
     cursor_save_interval_s: float = 0.5
@@ -91,6 +92,7 @@ class EventLog:
         cursor = self.spool.load_cursor()
         head = self.spool.recover_head(cursor)
         self._head = head
+        self._segments = SegmentWriter(self.spool, head, cfg.segment_bytes)
         self._written_bytes = self.spool.bytes_between(cursor, head)  # a backlog from a previous run
         s = self._shared
         s[sh.CUR_SEG], s[sh.CUR_OFF] = cursor
@@ -269,7 +271,7 @@ class EventLog:
 
     # ------------------------------------------------------------------ writer thread
     def _new_shipper(self):
-        return self._ctx.Process(target=sh.run, args=(self.cfg, self._shared), name="event-shipper", daemon=True)
+        return self._ctx.Process(target=sh.main, args=(self.cfg, self._shared), name="event-shipper", daemon=True)
 
     def _watch_shipper(self) -> None:
         """A shipper that died (killed, crashed) is started again; it resumes from the shared cursor."""
@@ -285,6 +287,12 @@ class EventLog:
             self._shipper_restarts += 1
 
     def _write_loop(self) -> None:
+        try:
+            self._write_batches()
+        finally:
+            self._segments.close()
+
+    def _write_batches(self) -> None:
         batch: list = []
         stopping_since = None
         while True:
@@ -336,44 +344,26 @@ class EventLog:
                 self.writer_error = None
 
     def _append(self, batch: list) -> None:
-        """Write a batch after the head and make it durable, then visible. On any error the segments are
-        left as they were at the head (later bytes are overwritten by the retry, and never read)."""
+        """Write a batch after the head and make it durable, then visible. On any error the head stays where it
+        was (what the attempt left past it is cut off before the retry: serving.event_spool_writer)."""
         with self._forget_lock:
             self._append_locked(batch)
 
     def _append_locked(self, batch: list) -> None:
-        seg, off = self._head
-        written = redacted = 0
         match = self._forgotten_match
-        f = open(self.spool.path(seg), "r+b" if self.spool.path(seg).exists() else "w+b")
-        try:
-            f.seek(off)
-            for topic, key, value, meta, _ in batch:
-                if off >= self.cfg.segment_bytes:  # rotate: seal this segment, go on in the next
-                    f.truncate()
-                    f.flush()
-                    os.fsync(f.fileno())
-                    f.close()
-                    seg, off = seg + 1, 0
-                    f = open(self.spool.path(seg), "w+b")
-                if match is not None and meta is not None and match(meta):  # forgotten before it was written
-                    record = Spool.frame(topic, key, None, {"redacted": True})
-                    redacted += 1
-                else:
-                    record = Spool.frame(topic, key, value, meta)
-                f.write(record)
-                off += len(record)
-                written += len(record)
-            f.truncate()
-            self._written_bytes += written
-            try:
-                self._sync(f, seg, off)
-            except BaseException:
-                self._written_bytes -= written
-                raise
-            self._forgotten_on_write += redacted
-        finally:
-            f.close()
+        records, redacted = [], 0
+        for topic, key, value, meta, _ in batch:
+            if match is not None and meta is not None and match(meta):  # forgotten before it was written
+                records.append(Spool.frame(topic, key, None, {"redacted": True}))
+                redacted += 1
+            else:
+                records.append(Spool.frame(topic, key, value, meta))
+        head = self._segments.write(records)  # durable, or raises with the head where it was
+        self._written_bytes += sum(map(len, records))
+        self._forgotten_on_write += redacted
+        self._head = head
+        with self._shared.get_lock():  # visible to the shipper only once durable
+            self._shared[sh.HEAD_SEG], self._shared[sh.HEAD_OFF] = head
 
     def _group_commit_batch(self) -> list:
         """The first event and everything queued behind it: one fsync for all of them. No waiting for more:
@@ -388,11 +378,3 @@ class EventLog:
             except queue.Empty:
                 break
         return batch
-
-    def _sync(self, f, seg: int, off: int) -> None:
-        """Make the records durable, then visible to the shipper."""
-        f.flush()
-        os.fsync(f.fileno())
-        self._head = (seg, off)
-        with self._shared.get_lock():
-            self._shared[sh.HEAD_SEG], self._shared[sh.HEAD_OFF] = seg, off

@@ -211,8 +211,28 @@ def _head(shared) -> tuple[int, int]:
         return shared[HEAD_SEG], shared[HEAD_OFF]
 
 
+def _lower_priority(nice: int) -> None:
+    """Yield the cores to serving: on a machine the gateway shares with its replicas, each burst the shipper sends
+    competes with the engine's worker threads, which wait for one another at every step (benchmarks.gateway counts
+    the replica's CPU per request with logging on and off). Delivery is on no request's path (the spool holds what
+    waits), so it runs at a lower priority. Called before the producer's network thread starts, which inherits it
+    (on Linux a thread's nice value is its own)."""
+    if nice > 0:
+        try:
+            os.nice(nice)
+        except OSError as e:  # a container that forbids it: ship at the normal priority
+            log.warning("could not lower the event shipper's priority (%s)", e)
+
+
+def main(cfg, shared) -> None:
+    """The shipper process's entry point: `run` at a lower priority (run alone is the loop, which tests call in
+    their own process)."""
+    _lower_priority(cfg.shipper_nice)
+    run(cfg, shared)
+
+
 def run(cfg, shared) -> None:
-    """Process entry point. `cfg` is an EventLogConfig; `shared` the int64 array above."""
+    """The shipper's loop. `cfg` is an EventLogConfig; `shared` the int64 array above."""
     import signal
 
     # A SIGTERM to the gateway's process group must not kill the shipper before the gateway has flushed the

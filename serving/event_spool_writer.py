@@ -1,0 +1,78 @@
+"""Appending to the spool's head segment: one open descriptor, one write and one fdatasync per batch.
+
+The writer thread calls this once per group commit, and the request path waits on it, so what it costs per
+batch is paid per event under a gateway's load (a few events per fsync at most). Opening, seeking, truncating
+and closing the segment for every batch (and releasing and taking back the GIL around each of those calls,
+which the event loop's thread then waits for) cost as much CPU as the fsync itself; here a batch is written with
+one pwrite and made durable with one fdatasync (the data and the file's new size, all that reading it back
+needs; not its timestamps).
+
+A write or sync that fails leaves the head where it was: the descriptor is closed, and the next batch opens the
+segment again and cuts it back to the head first (what the failed attempt left past it is never read, and goes
+before anything is written after it). A segment is sealed (cut to its end, fsynced) before the next is begun.
+"""
+
+from __future__ import annotations
+
+import os
+
+from serving.event_spool import Position, Spool
+
+
+class SegmentWriter:
+    def __init__(self, spool: Spool, head: Position, segment_bytes: int):
+        self.spool, self.segment_bytes = spool, segment_bytes
+        self.head = head  # the end of the last durable record
+        self._fd: int | None = None
+        self._fd_seg: int | None = None
+
+    def write(self, records: list[bytes]) -> Position:
+        """Append framed records after the head and make them durable; returns the new head. On any error the
+        head stays, and the exception is raised."""
+        seg, off = self.head
+        try:
+            fd = self._open(seg, off)
+            start, chunk = off, []
+            for record in records:
+                if off >= self.segment_bytes:  # rotate: seal this segment, go on in the next
+                    _pwrite_all(fd, b"".join(chunk), start)
+                    os.ftruncate(fd, off)
+                    os.fsync(fd)
+                    self.close()
+                    seg, off, start, chunk = seg + 1, 0, 0, []
+                    fd = self._open(seg, 0, new=True)
+                chunk.append(record)
+                off += len(record)
+            _pwrite_all(fd, b"".join(chunk), start)
+            os.fdatasync(fd)
+        except BaseException:
+            self.close()  # the next write opens the segment again and cuts it back to the head
+            raise
+        self.head = (seg, off)
+        return self.head
+
+    def close(self) -> None:
+        if self._fd is not None:
+            fd, self._fd, self._fd_seg = self._fd, None, None
+            os.close(fd)
+
+    def _open(self, seg: int, off: int, new: bool = False) -> int:
+        if self._fd is not None and self._fd_seg == seg:
+            return self._fd
+        self.close()
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if new else 0) | getattr(os, "O_CLOEXEC", 0)
+        fd = os.open(self.spool.path(seg), flags, 0o644)
+        try:
+            os.ftruncate(fd, off)  # whatever a failed attempt (or a torn tail) left past the head
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd, self._fd_seg = fd, seg
+        return fd
+
+
+def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)  # a full disk may take part of it, then raise on the rest
+        view, offset = view[n:], offset + n

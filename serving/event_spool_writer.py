@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 
+from flywheel.core.files import fsync_path
 from serving.event_spool import Position, Spool
 
 
@@ -60,10 +61,14 @@ class SegmentWriter:
         if self._fd is not None and self._fd_seg == seg:
             return self._fd
         self.close()
+        path = self.spool.path(seg)
+        created = not path.exists()
         flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if new else 0) | getattr(os, "O_CLOEXEC", 0)
-        fd = os.open(self.spool.path(seg), flags, 0o644)
+        fd = os.open(path, flags, 0o644)
         try:
             os.ftruncate(fd, off)  # whatever a failed attempt (or a torn tail) left past the head
+            if created:  # the segment's name in its directory must outlive a crash too, not only its bytes
+                fsync_path(path.parent)
         except BaseException:
             os.close(fd)
             raise

@@ -72,56 +72,59 @@ def _silu(x, out):  # pragma: no cover - compiled
         out[i] = x[i] / (_F(1.0) + _exp1(-x[i]))
 
 
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _pow2_at_least(n):  # pragma: no cover - compiled
+    w = 1
+    while w < n:
+        w *= 2
+    return w
+
+
+@njit(cache=True, nogil=True, error_model="numpy", inline="always")
+def _tree_total(buf, n):  # pragma: no cover - compiled
+    # The sum of buf[:n] by kernels.batch_invariant.tree_sum's pairwise tree: zeros up to a power of two, then
+    # each half added onto the first (the same adds in the same order). Overwrites buf.
+    for j in range(n, buf.size):
+        buf[j] = _F(0.0)
+    w = buf.size
+    while w > 1:
+        w //= 2
+        for j in range(w):
+            buf[j] = buf[j] + buf[j + w]
+    return buf[0]
+
+
 @njit(cache=True, nogil=True, error_model="numpy")
 def _softmax_rows(x, out, log):  # pragma: no cover - compiled
-    # x, out: float32 (R, D), contiguous. Per row: the max, exp(x - max), their sum by the pairwise tree of
-    # kernels.batch_invariant.tree_sum (same adds in the same order), then divide or subtract its log.
+    # x, out: float32 (R, D), contiguous. Per row: the max, exp(x - max), their sum by the pairwise tree, then
+    # divide by it or subtract its log.
     R, D = x.shape
-    W = 1
-    while W < D:
-        W *= 2
-    buf = np.zeros(W, np.float32)
+    buf = np.zeros(_pow2_at_least(D), np.float32)
     for i in range(R):
         top = x[i, 0]
         for j in range(1, D):
             top = max(top, x[i, j])
         for j in range(D):
             buf[j] = _exp1(x[i, j] - top)
-        for j in range(D, W):
-            buf[j] = _F(0.0)
-        w = W
-        while w > 1:
-            w //= 2
-            for j in range(w):
-                buf[j] = buf[j] + buf[j + w]
+        total = _tree_total(buf, D)
         if log:
-            lse = _log1(buf[0])
+            lse = _log1(total)
             for j in range(D):
                 out[i, j] = (x[i, j] - top) - lse
         else:
             for j in range(D):
-                out[i, j] = _exp1(x[i, j] - top) / buf[0]
+                out[i, j] = _exp1(x[i, j] - top) / total
 
 
 @njit(cache=True, nogil=True, error_model="numpy")
 def _rms_rows(x, out, eps):  # pragma: no cover - compiled
     # x, out: float32 (R, D). Per row: x / sqrt(mean(x^2) + eps), the squares summed by the pairwise tree.
     R, D = x.shape
-    W = 1
-    while W < D:
-        W *= 2
-    buf = np.zeros(W, np.float32)
+    buf = np.zeros(_pow2_at_least(D), np.float32)
     for i in range(R):
         for j in range(D):
             buf[j] = x[i, j] * x[i, j]
-        for j in range(D, W):
-            buf[j] = _F(0.0)
-        w = W
-        while w > 1:
-            w //= 2
-            for j in range(w):
-                buf[j] = buf[j] + buf[j + w]
-        den = np.sqrt(buf[0] / _F(D) + eps)
+        den = np.sqrt(_tree_total(buf, D) / _F(D) + eps)
         for j in range(D):
             out[i, j] = x[i, j] / den
 

@@ -81,7 +81,8 @@ class Spool:
             # else damaged: a torn redaction if valid records follow (kept, skipped when read), else the torn tail
             off = end
         if good != len(data):
-            log.warning("spool %s: cutting a torn tail of %d bytes", self.path(last), len(data) - good)
+            if any(data[good:]):  # zeros only: the segment was allocated ahead (serving.event_spool_writer)
+                log.warning("spool %s: cutting a torn tail of %d bytes", self.path(last), len(data) - good)
             with open(self.path(last), "r+b") as f:
                 f.truncate(good)
         return max(cursor, (last, good))

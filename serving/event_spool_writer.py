@@ -7,6 +7,12 @@ which the event loop's thread then waits for) cost as much CPU as the fsync itse
 one pwrite and made durable with one fdatasync (the data and the file's new size, all that reading it back
 needs; not its timestamps).
 
+A segment is allocated to its full size when it is opened (posix_fallocate; it reads as zeros past the head, and
+a zero header is where reading stops, serving.event_spool): an append then changes neither the file's size nor
+its block map, and fdatasync has only the data to flush, not a journal commit for the new size. Measured on this
+machine's ext4: 0.20 -> 0.13 ms per pwrite + fdatasync of a 900-byte record, 0.07 -> 0.05 ms of CPU. The file is
+cut back to the head when the segment is sealed or closed, and when a spool is opened after a crash.
+
 A write or sync that fails leaves the head where it was: the descriptor is closed, and the next batch opens the
 segment again and cuts it back to the head first (what the failed attempt left past it is never read, and goes
 before anything is written after it). A segment is sealed (cut to its end, fsynced) before the next is begun.
@@ -21,8 +27,8 @@ from serving.event_spool import Position, Spool
 
 
 class SegmentWriter:
-    def __init__(self, spool: Spool, head: Position, segment_bytes: int):
-        self.spool, self.segment_bytes = spool, segment_bytes
+    def __init__(self, spool: Spool, head: Position, segment_bytes: int, preallocate: bool = True):
+        self.spool, self.segment_bytes, self.preallocate = spool, segment_bytes, preallocate
         self.head = head  # the end of the last durable record
         self._fd: int | None = None
         self._fd_seg: int | None = None
@@ -39,7 +45,7 @@ class SegmentWriter:
                     _pwrite_all(fd, b"".join(chunk), start)
                     os.ftruncate(fd, off)
                     os.fsync(fd)
-                    self.close()
+                    self._release()  # sealed at `off`: not cut back to the head, which is still in it
                     seg, off, start, chunk = seg + 1, 0, 0, []
                     fd = self._open(seg, 0, new=True)
                 chunk.append(record)
@@ -53,6 +59,16 @@ class SegmentWriter:
         return self.head
 
     def close(self) -> None:
+        """Closes the segment, cut back to the head when it is the head's (what was allocated ahead, or what a
+        failed attempt left past it)."""
+        if self._fd is not None and self._fd_seg == self.head[0]:
+            try:
+                os.ftruncate(self._fd, self.head[1])
+            except OSError:  # the next open cuts it (and so does a spool opened after a crash)
+                pass
+        self._release()
+
+    def _release(self) -> None:
         if self._fd is not None:
             fd, self._fd, self._fd_seg = self._fd, None, None
             os.close(fd)
@@ -60,7 +76,7 @@ class SegmentWriter:
     def _open(self, seg: int, off: int, new: bool = False) -> int:
         if self._fd is not None and self._fd_seg == seg:
             return self._fd
-        self.close()
+        self._release()
         path = self.spool.path(seg)
         created = not path.exists()
         flags = os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if new else 0) | getattr(os, "O_CLOEXEC", 0)
@@ -69,6 +85,8 @@ class SegmentWriter:
             os.ftruncate(fd, off)  # whatever a failed attempt (or a torn tail) left past the head
             if created:  # the segment's name in its directory must outlive a crash too, not only its bytes
                 fsync_path(path.parent)
+            if self.preallocate and off < self.segment_bytes:
+                _allocate(fd, off, self.segment_bytes)
         except BaseException:
             os.close(fd)
             raise
@@ -81,3 +99,12 @@ def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
     while view:
         n = os.pwrite(fd, view, offset)  # a full disk may take part of it, then raise on the rest
         view, offset = view[n:], offset + n
+
+
+def _allocate(fd: int, head: int, size: int) -> None:
+    """Best effort: a disk too full to allocate the segment ahead still takes the writes that fit (and says so when
+    one does not); a file system without fallocate is written as before."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError:
+        os.ftruncate(fd, head)  # whatever part of it was allocated: the size is the head again

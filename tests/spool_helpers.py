@@ -25,6 +25,8 @@ def raw_records(spool_dir: Path) -> dict[tuple[int, int], bytes]:
         off = 0
         while off + HEADER.size <= len(data):
             n, _ = HEADER.unpack_from(data, off)
+            if n == 0:  # zeros: allocated ahead of the head (serving.event_spool_writer)
+                break
             out[(seg, off)] = data[off : off + HEADER.size + n]
             off += HEADER.size + n
     return out

@@ -1,6 +1,8 @@
 """serving.event_spool_writer: batches appended through one open descriptor, durable, and a failed attempt cut
-back to the head before the retry."""
+back to the head before the retry; segments allocated ahead and cut back to the head when closed or recovered."""
 
+import errno
+import logging
 import os
 
 import pytest
@@ -47,7 +49,7 @@ def test_a_failed_sync_keeps_the_head_and_the_retry_cuts_what_it_left(tmp_path, 
     monkeypatch.setattr(sw.os, "fdatasync", failing)
     with pytest.raises(OSError):
         w.write(_frames(*range(1, 50)))  # written, never made durable
-    assert w.head == head and spool.path(1).stat().st_size > head[1]
+    assert w.head == head and spool.path(1).stat().st_size == head[1]  # what it wrote is cut back at once
     monkeypatch.setattr(sw.os, "fdatasync", real)
     head = w.write(_frames(1))  # shorter than what the failed attempt left
     w.close()
@@ -65,3 +67,56 @@ def test_segments_are_sealed_at_their_size_and_a_batch_goes_on_in_the_next(tmp_p
     sizes = [spool.path(s).stat().st_size for s in spool.segments()]
     assert len(sizes) > 3 and all(size >= 200 for size in sizes[:-1]) and head == (spool.segments()[-1], sizes[-1])
     assert _values(spool, head) == [f"v{i}" for i in range(30)]
+
+
+def test_a_segment_is_allocated_ahead_and_cut_back_to_the_head_when_closed(tmp_path):
+    spool = Spool(tmp_path)
+    w = sw.SegmentWriter(spool, (1, 0), segment_bytes=1 << 16)
+    head = w.write(_frames(0, 1))
+    assert spool.path(1).stat().st_size == 1 << 16  # appends change neither its size nor its block map
+    assert spool.path(1).read_bytes()[head[1] :] == bytes((1 << 16) - head[1])
+    head = w.write(_frames(2))
+    assert _values(spool, head) == ["v0", "v1", "v2"]
+    w.close()
+    assert spool.path(1).stat().st_size == head[1]
+
+
+def test_a_crash_with_the_segment_allocated_ahead_recovers_the_exact_head_quietly(tmp_path, caplog):
+    spool = Spool(tmp_path)
+    w = sw.SegmentWriter(spool, (1, 0), segment_bytes=1 << 16)
+    head = w.write(_frames(0, 1, 2))
+    os.close(w._fd)  # a crash: never closed, the zeros allocated ahead still on disk
+    with caplog.at_level(logging.WARNING):
+        assert Spool(tmp_path).recover_head((1, 0)) == head
+    assert not [r for r in caplog.records if "torn tail" in r.getMessage()]  # zeros are not a torn record
+    assert spool.path(1).stat().st_size == head[1]
+    w2 = sw.SegmentWriter(spool, head, segment_bytes=1 << 16)
+    head = w2.write(_frames(3))
+    w2.close()
+    assert _values(spool, head) == ["v0", "v1", "v2", "v3"]
+
+
+def test_a_torn_record_before_the_allocated_zeros_is_still_cut_with_a_warning(tmp_path, caplog):
+    spool = Spool(tmp_path)
+    w = sw.SegmentWriter(spool, (1, 0), segment_bytes=1 << 16)
+    head = w.write(_frames(0, 1))
+    os.pwrite(w._fd, _frames(2)[0][:-3], head[1])  # a crash in the middle of the next record
+    os.close(w._fd)
+    with caplog.at_level(logging.WARNING):
+        assert Spool(tmp_path).recover_head((1, 0)) == head
+    assert [r for r in caplog.records if "torn tail" in r.getMessage()]
+    assert spool.path(1).stat().st_size == head[1]
+
+
+def test_a_disk_too_full_to_allocate_ahead_still_takes_the_writes(tmp_path, monkeypatch):
+    def full(fd, offset, length):
+        os.ftruncate(fd, length // 2)  # part of it allocated before it failed
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(sw.os, "posix_fallocate", full)
+    spool = Spool(tmp_path)
+    w = sw.SegmentWriter(spool, (1, 0), segment_bytes=1 << 16)
+    head = w.write(_frames(0, 1))
+    assert spool.path(1).stat().st_size == head[1]  # appended as before the allocation
+    w.close()
+    assert _values(spool, head) == ["v0", "v1"]

@@ -81,8 +81,9 @@ class Spool:
             # else damaged: a torn redaction if valid records follow (kept, skipped when read), else the torn tail
             off = end
         if good != len(data):
-            if any(data[good:]):  # zeros only: the segment was allocated ahead (serving.event_spool_writer)
-                log.warning("spool %s: cutting a torn tail of %d bytes", self.path(last), len(data) - good)
+            torn = len(data[good:].rstrip(b"\0"))  # not the zeros allocated ahead (serving.event_spool_writer)
+            if torn:
+                log.warning("spool %s: cutting a torn tail of %d bytes", self.path(last), torn)
             with open(self.path(last), "r+b") as f:
                 f.truncate(good)
         return max(cursor, (last, good))
@@ -133,6 +134,8 @@ class Spool:
                         if len(hdr) < HEADER.size:
                             break
                         n, crc = HEADER.unpack(hdr)
+                        if n == 0 and end is None:  # no record is empty: zeros allocated ahead end a sealed segment
+                            break
                         payload = f.read(n)
                         if len(payload) < n:
                             break
@@ -174,7 +177,7 @@ class Spool:
                 while off + HEADER.size <= len(data):
                     n, crc = HEADER.unpack_from(data, off)
                     body = off + HEADER.size
-                    if body + n > len(data):
+                    if n == 0 or body + n > len(data):  # n == 0: zeros allocated ahead, no record
                         break
                     payload = data[body : body + n]
                     record = _decode(payload) if zlib.crc32(payload) == crc else None

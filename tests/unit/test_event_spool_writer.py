@@ -120,3 +120,37 @@ def test_a_disk_too_full_to_allocate_ahead_still_takes_the_writes(tmp_path, monk
     assert spool.path(1).stat().st_size == head[1]  # appended as before the allocation
     w.close()
     assert _values(spool, head) == ["v0", "v1"]
+
+
+def test_a_write_that_fails_after_beginning_the_next_segment_removes_it_and_a_crash_then_reads_clean(
+    tmp_path, monkeypatch
+):
+    spool = Spool(tmp_path)
+    w = sw.SegmentWriter(spool, (1, 0), segment_bytes=200)
+    head = w.write(_frames(*range(12)))  # past 200 bytes: segment 2 begun and allocated
+    assert spool.segments() == [1, 2] and head[0] == 2
+    real = os.fdatasync
+    monkeypatch.setattr(sw.os, "fdatasync", lambda fd: (_ for _ in ()).throw(OSError(5, "Input/output error")))
+    with pytest.raises(OSError):
+        w.write(_frames(*range(12, 40)))  # seals 2, fills 3 and 4, begins 5, fails
+    assert w.head == head and spool.segments() == [1, 2]  # the head's segment is the last again
+    monkeypatch.setattr(sw.os, "fdatasync", real)
+    w._open(*head)  # the retry opens the head's segment (allocated ahead again) ...
+    os.close(w._fd)  # ... and the process dies before writing
+    assert Spool(tmp_path).recover_head((1, 0)) == head
+    found, end, _, damaged = Spool(tmp_path).read_at((1, 0), head, 1000)
+    assert [r[2].decode() for _, r in found] == [f"v{i}" for i in range(12)] and damaged == [] and end == head
+
+
+def test_zeros_after_a_sealed_segment_end_it_for_every_reader(tmp_path, caplog):
+    spool = Spool(tmp_path)
+    w = sw.SegmentWriter(spool, (1, 0), segment_bytes=200)
+    head = w.write(_frames(*range(12)))
+    w.close()
+    with open(spool.path(1), "ab") as f:  # as a segment left allocated ahead would read
+        f.write(bytes(4096))
+    with caplog.at_level(logging.WARNING):
+        found, end, _, damaged = spool.read_at((1, 0), head, 1000)
+        assert spool.redact(lambda meta: True, head) == 0
+    assert [r[2].decode() for _, r in found] == [f"v{i}" for i in range(12)] and damaged == [] and end == head
+    assert not caplog.records

@@ -1,8 +1,8 @@
 """Gateway overhead, side by side in one run: straight to the replica vs through the gateway, logging on vs off,
 secret scrubbing on vs off, and vs a proxy that only forwards bytes (the floor of any extra HTTP hop here).
 
-One SGLang replica (test-preset model), a real Kafka broker, and three gateway processes in front of the
-same replica: one logging every event to Kafka (its shipper scanning each for secrets, the default), one
+SGLang replicas (test-preset model), a real Kafka broker, and three gateway processes in front of the
+same replicas: one logging every event to Kafka (its shipper scanning each for secrets, the default), one
 logging without the scan (FLYWHEEL_SCRUB_SECRETS=0), one with `--no-events`. Latency: sequential requests,
 interleaved across the paths so that machine noise hits all of them alike, greedy with the same token
 budget (the same engine work). Throughput: concurrent load in paired rounds, each loading every gateway in
@@ -14,11 +14,11 @@ traffic: 2 KB prompts of real code (this repository's), a suffix and an output, 
 `--quick`: fewer rounds (a check that it runs); `--scrub-only`: only the scanner. Prints one JSON object as
 the last line.
 
-The replica runs as the fleet runs its replicas: a set number of torch threads (2 here, the machine's cores) whose
-OpenMP workers wait passively (serving.replica). With torch's default, workers spin between parallel regions,
-and every millisecond any other process takes a core from them costs the replica about as much again: in one run
-the replica's CPU per request rose 0.42 ms with logging on (8.56 -> 8.98 ms), more than logging's own 0.33 ms,
-against 0.08 ms with passive workers (5.95 -> 6.03 ms). `--replica-threads 0` measures that configuration.
+The replicas are the fleet's shape (flywheel.local_fleet's defaults): two replicas of one torch thread each, their
+OpenMP workers waiting passively (serving.replica), which keeps the machine's two cores busy. `--replicas 1
+--replica-threads 0` measures one replica with torch's default threads instead (every core, OpenMP workers
+spinning between parallel regions, as `flywheel serve start` runs a lone replica). `busy_cores_*` says how much of
+the machine was busy: logging's cost only shows in throughput when there is no spare CPU to run it on.
 """
 
 from __future__ import annotations
@@ -249,14 +249,17 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.gateway", description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="few rounds: a check that it runs, not a measurement")
     ap.add_argument("--scrub-only", action="store_true", help="only the secret scanner's throughput")
+    ap.add_argument("--replicas", type=int, default=2, help="replicas behind every gateway (the fleet's: 2)")
     ap.add_argument(
         "--replica-threads",
         type=int,
-        default=2,
-        help="the replica's torch threads, its OpenMP workers waiting passively between regions, as the fleet "
-        "runs its replicas (flywheel.local_fleet); 0: torch's default, every core, workers spinning",
+        default=1,
+        help="each replica's torch threads, its OpenMP workers waiting passively (the fleet's: 1); 0: torch's "
+        "default, every core, workers spinning",
     )
     a = ap.parse_args(argv)
+    if a.replicas < 1 or a.replica_threads < 0:
+        ap.error("--replicas must be at least 1 and --replica-threads at least 0")
     scrub = scrub_throughput(300 if a.quick else 2000)
     if a.scrub_only:
         return scrub
@@ -273,14 +276,18 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=tmp / "kafka"))
         started.append(broker)
-        replica = start_replica(ReplicaConfig(model_path=model, log_dir=tmp / "logs", threads=a.replica_threads))
-        started.append(replica)
-        on = gateway_process.start([replica.url], model, tmp / "gw-on", kafka=broker.bootstrap, keys={"b": KEY})
+        replicas = []
+        for i in range(a.replicas):
+            cfg = ReplicaConfig(model_path=model, log_dir=tmp / f"logs-{i}", threads=a.replica_threads)
+            replicas.append(start_replica(cfg))
+            started.append(replicas[-1])
+        replica, urls_r = replicas[0], [r.url for r in replicas]  # the direct path and the null proxy: the first
+        on = gateway_process.start(urls_r, model, tmp / "gw-on", kafka=broker.bootstrap, keys={"b": KEY})
         started.append(on)
-        off = gateway_process.start([replica.url], model, tmp / "gw-off", keys={"b": KEY}, extra_args=["--no-events"])
+        off = gateway_process.start(urls_r, model, tmp / "gw-off", keys={"b": KEY}, extra_args=["--no-events"])
         started.append(off)
         noscrub = gateway_process.start(
-            [replica.url],
+            urls_r,
             model,
             tmp / "gw-noscrub",
             kafka=broker.bootstrap,
@@ -298,7 +305,8 @@ def main(argv: list[str] | None = None) -> dict:
         shipper_at = {g.pid: (_shipper_cpu_s(g.pid), _produced(g.url)) for g in (on, noscrub)}
         lat = asyncio.run(_latency(replica.url, f"http://127.0.0.1:{proxy_port}", gateways, prompts, tok, stop_ids))
         urls = {"on": on.url, "off": off.url, "noscrub": noscrub.url}
-        shared = {"replica": (replica.pid, "tree"), "kafka": (broker.pid, "tree"), "client": (os.getpid(), "proc")}
+        shared = {f"replica_{i}": (r.pid, "tree") for i, r in enumerate(replicas)}
+        shared |= {"kafka": (broker.pid, "tree"), "client": (os.getpid(), "proc")}
         parts = {
             name: {"gateway_loop": (g.pid, "main"), "gateway_threads": (g.pid, "threads"), **shared}
             | ({"shipper": (g.pid, "mp_children")} if name != "off" else {})
@@ -324,6 +332,9 @@ def main(argv: list[str] | None = None) -> dict:
         ratio = rounds.summary("on", "off")
         cpu = {k: rounds.cpu_ms_per_request(name) for k, name in (("logging_on", "on"), ("logging_off", "off"))}
         cpu["logging_on_scrub_off"] = rounds.cpu_ms_per_request("noscrub")
+        for parts_ms in cpu.values():  # the replicas together
+            per = [parts_ms.pop(k) for k in [k for k in parts_ms if k.startswith("replica_")]]
+            parts_ms["replica"] = round(sum(per), 3)
         direct_p50, direct_p99 = _pct(lat["direct"], 50), _pct(lat["direct"], 99)
         # Paired by round (same prompt, positions rotated): the median of per-round differences.
         paired = lambda name: round(float(np.median(np.subtract(lat[name], lat["direct"]))), 2)  # noqa: E731
@@ -376,8 +387,14 @@ def main(argv: list[str] | None = None) -> dict:
                 "load_seconds_per_gateway": seconds,
                 "load_round_s": LOAD_ROUND_S,
                 "load_slices": LOAD_SLICES,
+                "replicas": a.replicas,
                 "replica_threads": a.replica_threads or "torch default",
-                "replica_omp_wait_policy": "PASSIVE" if a.replica_threads else "default (spinning)",
+                # what serving.replica sets (it does not override an OMP_WAIT_POLICY this process already has)
+                "replica_omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")
+                or ("PASSIVE" if a.replica_threads else "default (spinning)"),
+                # the cores the whole machine kept busy while logging on was loaded (of os.cpu_count())
+                "busy_cores_logging_on": round(cpu["logging_on"]["total"] * counts["on"] / seconds / 1000, 2),
+                "busy_cores_logging_off": round(cpu["logging_off"]["total"] * counts["off"] / seconds / 1000, 2),
                 "quick": a.quick,
             },
         }

@@ -102,11 +102,12 @@ def _mounts_under(root: Path) -> list[Path]:
 def _fill(path: Path) -> Path:
     """Fill the filesystem under `path` with a ballast file (to ENOSPC); returns it."""
     ballast = path / ".ballast"
-    with open(ballast, "wb") as f:
+    # Unbuffered: a buffered file keeps what a full disk refused and raises ENOSPC again when it is closed, which
+    # left the ballast in place (the fault never lifted) when the spool had just freed a few pages.
+    with open(ballast, "wb", buffering=0) as f:
         try:
             while True:
                 f.write(b"\0" * (1 << 20))
-                f.flush()
         except OSError:
             pass
     return ballast

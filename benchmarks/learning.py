@@ -66,7 +66,7 @@ class LearningConfig:
     lr: float = 2e-4
     batch_size: int = 32
     min_batch: int = 16
-    distill_coef: float = 1.0
+    distill_coef: float = LossConfig.distill_coef
     distill_samples: int = LossConfig.distill_samples  # fresh student samples of a commented context
     distill_updates: int = LossConfig.distill_updates  # updates that sample and distil a commented context
     distill_contexts: int = LossConfig.distill_contexts  # commented contexts sampled an update at most
@@ -261,12 +261,15 @@ def main(argv: list[str] | None = None, base: LearningConfig | None = None) -> d
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--comment-rate", type=float, default=None, help="share of failing completions users comment on")
     ap.add_argument("--distill-updates", type=int, default=None, help="updates a comment's context is distilled in")
+    ap.add_argument("--distill-coef", type=float, default=None, help="the distillation KL's coefficient (gamma)")
     a = ap.parse_args(argv)
     cfg = dataclasses.replace(
         base or LearningConfig(), preset=a.preset, budget=a.budget, seed=a.seed, progress=sys.stderr.isatty()
     )
     if a.distill_updates is not None:
         cfg.distill_updates = a.distill_updates
+    if a.distill_coef is not None:
+        cfg.distill_coef = a.distill_coef
     if a.comment_rate is not None:
         cfg.population = dataclasses.replace(cfg.population, comment_rate=a.comment_rate)
     model_dir = _model(cfg.preset, cfg.seed)
@@ -285,6 +288,7 @@ def main(argv: list[str] | None = None, base: LearningConfig | None = None) -> d
         "lr": cfg.lr,
         "fooled_rate": cfg.population.fooled_rate,
         "comment_rate": cfg.population.comment_rate,
+        "distill_coef": cfg.distill_coef,
         "distill_samples": cfg.distill_samples,
         "distill_updates": cfg.distill_updates,
         "distill_contexts": cfg.distill_contexts,

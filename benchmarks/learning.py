@@ -262,6 +262,7 @@ def main(argv: list[str] | None = None, base: LearningConfig | None = None) -> d
     ap.add_argument("--comment-rate", type=float, default=None, help="share of failing completions users comment on")
     ap.add_argument("--distill-updates", type=int, default=None, help="updates a comment's context is distilled in")
     ap.add_argument("--distill-coef", type=float, default=None, help="the distillation KL's coefficient (gamma)")
+    ap.add_argument("--model-seed", type=int, default=None, help="the model's bootstrap seed (default: --seed)")
     a = ap.parse_args(argv)
     cfg = dataclasses.replace(
         base or LearningConfig(), preset=a.preset, budget=a.budget, seed=a.seed, progress=sys.stderr.isatty()
@@ -272,7 +273,8 @@ def main(argv: list[str] | None = None, base: LearningConfig | None = None) -> d
         cfg.distill_coef = a.distill_coef
     if a.comment_rate is not None:
         cfg.population = dataclasses.replace(cfg.population, comment_rate=a.comment_rate)
-    model_dir = _model(cfg.preset, cfg.seed)
+    model_seed = cfg.seed if a.model_seed is None else a.model_seed  # another pool and draws on one model
+    model_dir = _model(cfg.preset, model_seed)
     work = Path(tempfile.mkdtemp(prefix="flywheel-learning-"))
     try:
         results = {v: run_variant(v, cfg, model_dir, work) for v in a.variants.split(",")}
@@ -283,6 +285,7 @@ def main(argv: list[str] | None = None, base: LearningConfig | None = None) -> d
     out: dict = {
         "preset": cfg.preset,
         "seed": cfg.seed,
+        "model_seed": model_seed,
         "budget_judged_requests": cfg.budget,
         "target": cfg.target,
         "lr": cfg.lr,

@@ -121,10 +121,11 @@ class LossConfig:
     clip_low: float = 0.2  # PPO trust region against the behaviour policy: a token with A < 0 whose ratio
     clip_high: float = 0.28  # fell under 1 - clip_low (A > 0: rose over 1 + clip_high) gets no more gradient
     kl_coef: float = option(0.05, flag="kl", help="beta: weight of the k2 KL penalty to the starting model")
-    # gamma. Measured (benchmarks.learning, seeds 0 and 1): at 1.0 the distillation's gradient swamped the policy
-    # gradient (an update's norm 7-18, median 7.8, against 2.1 without comments) and AdamW's steps followed it:
-    # the tasks nobody had commented on learned slower, and text fell behind persist (mean evaluation 0.769 and
-    # 0.783 against 0.811 and 0.802). At 0.03 it kept pace with persist (0.811, 0.817); no value got ahead.
+    # gamma. Measured (benchmarks.learning, seeds 0 and 1; README): at 1.0 the distillation's gradient swamped the
+    # policy gradient (seed 1: an update's norm median 7.8 against 2.1 without comments) and AdamW followed it: the
+    # tasks nobody had commented on learned slower, and text fell behind persist (mean evaluation 0.769 and 0.783
+    # against 0.811 and 0.802). At 0.03 it kept pace (0.811, 0.817); no value was ahead by more than the noise.
+    # 0 turns the sampling and the teacher's forwards off (their cost, for no measured gain here).
     distill_coef: float = option(
         0.03, flag="distill", help="weight of the text-feedback distillation KL (samples with a user's comment)"
     )
@@ -151,6 +152,8 @@ class LossConfig:
                 f"distill_samples and distill_backlog must be >= 0, distill_max_tokens, distill_updates and "
                 f"distill_contexts >= 1, got {self.distill_samples}, {self.distill_backlog}, {counts}"
             )
+        if self.distill_coef < 0:  # it would push the student away from the teacher
+            raise ValueError(f"distill_coef must be >= 0, got {self.distill_coef}")
 
 
 @dataclass

@@ -99,6 +99,7 @@ def test_no_reward_no_advantage_and_the_baseline_is_the_users(model):
         {"distill_updates": 0},
         {"distill_contexts": 0},
         {"distill_backlog": -1},
+        {"distill_coef": -0.1},
     ],
 )
 def test_config_refuses_counts_that_mean_nothing(bad):

@@ -25,7 +25,9 @@ LossConfig.distill_samples fresh samples of its context by the current student (
   wants there, instead of spreading it over everything the teacher allows (forward KL); it is zero where
   the hint changes nothing, so only the tokens the comment concerns move. A commented served sample keeps
   its policy-gradient and KL terms; a fresh one has the KL term and no policy gradient (advantage 0). Sequences
-  averaged: over all of the batch's, fresh ones included.
+  averaged: over all of the batch's, fresh ones included. Under LossConfig.distill_step the term is an optimizer
+  step of its own instead (online_rl.update): the policy-gradient passes leave it and the fresh samples out, then
+  one step over the hinted samples with advantages 0 trains it (with the KL to the reference) alone.
 The forward replays the experts serving chose (router replay), so training scores exactly the routes
 that produced the tokens.
 """

@@ -1,11 +1,13 @@
-"""One optimizer step over a list of samples, on one process or over several ranks (gloo on CPU, the same
-calls take NCCL on GPUs): rank 0 hands every rank the whole batch, each rank takes its share of the
-sequences, gradients are summed across ranks (one all-reduce of a whole copy under `dp`; FSDP2's
-reduce-scatter into each rank's shard under `fsdp`, online_rl.sharding), and every rank steps."""
+"""The update over a list of samples (its policy-gradient passes, PPO's epochs, and the distillation's own
+step where configured), on one process or over several ranks (gloo on CPU, the same calls take NCCL on
+GPUs): rank 0 hands every rank the whole batch, each rank takes its share of the sequences, gradients are
+summed across ranks (one all-reduce of a whole copy under `dp`; FSDP2's reduce-scatter into each rank's
+shard under `fsdp`, online_rl.sharding), and every rank steps."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -14,7 +16,7 @@ import torch.distributed as dist
 from online_rl.config import LossConfig, OptimConfig
 from online_rl.loss import make_batch, policy_loss
 from online_rl.model import MoECoder
-from online_rl.samples import Sample
+from online_rl.samples import DISTILL, Sample
 from online_rl.sharding import sharded, to_float
 
 
@@ -57,11 +59,48 @@ def update(
     loss_cfg: LossConfig,
     optim_cfg: OptimConfig,
 ) -> dict:
-    """Every rank calls this with the same samples; returns metrics (rank 0's view)."""
+    """Every rank calls this with the same samples: optim_cfg.epochs passes over them, one optimizer step each,
+    then, under loss_cfg.distill_step, one step of the distillation alone over the samples with a hint (the
+    passes before it leave the distillation and the student's fresh samples out). Returns the first pass's
+    metrics (rank 0's view: the behaviour-vs-trainer mismatch means something before any step) with the time
+    of them all, the last pass's gradient norm and the distillation step's beside the first."""
+    t0 = time.perf_counter()
+    hinted = [i for i, s in enumerate(samples) if s.hint_ids is not None and s.hint_ids.size]
+    own = bool(loss_cfg.distill_step and loss_cfg.distill_coef and hinted)
+    pg, pg_cfg = list(range(len(samples))), loss_cfg
+    if own:
+        pg, pg_cfg = [i for i, s in enumerate(samples) if s.source != DISTILL], replace(loss_cfg, distill_coef=0.0)
+    pg_samples, pg_adv = [samples[i] for i in pg], adv[pg]
+    metrics = _one_pass(model, ref, opt, pg_samples, pg_adv, pg_cfg, optim_cfg)
+    for _ in range(optim_cfg.epochs - 1):
+        metrics["grad_norm_last"] = _one_pass(model, ref, opt, pg_samples, pg_adv, pg_cfg, optim_cfg)["grad_norm"]
+    trained = optim_cfg.epochs * metrics["tokens"]
+    if own:  # advantages 0: the distillation and the KL to the reference, nothing else
+        d = _one_pass(model, ref, opt, [samples[i] for i in hinted], np.zeros(len(hinted)), loss_cfg, optim_cfg)
+        metrics.update(
+            distill_kl_per_token=d["distill_kl_per_token"],
+            distill_tokens=d["distill_tokens"],
+            grad_norm_distill=d["grad_norm"],
+        )
+        trained += d["tokens"]
+    metrics["step_s"] = time.perf_counter() - t0
+    metrics["tokens_per_s"] = trained / max(1e-9, metrics["step_s"])  # every pass's
+    return metrics
+
+
+def _one_pass(
+    model: MoECoder,
+    ref: MoECoder | None,
+    opt: torch.optim.Optimizer,
+    samples: list[Sample],
+    adv: np.ndarray,
+    loss_cfg: LossConfig,
+    optim_cfg: OptimConfig,
+) -> dict:
+    """One optimizer step over the samples (gradients accumulated over micro-batches, summed across ranks)."""
     rank, size = world()
     fsdp = sharded(model)
     device = next(model.parameters()).device
-    t0 = time.perf_counter()
     mine = list(range(rank, len(samples), size))
     if fsdp:
         opt.zero_grad(set_to_none=True)
@@ -113,7 +152,5 @@ def update(
         distill_kl_per_token=distill[0] / max(1.0, distill[1]),  # on hinted tokens (0: none in this batch)
         distill_tokens=int(distill[1]),
         grad_norm=to_float(norm),
-        step_s=time.perf_counter() - t0,
     )
-    metrics["tokens_per_s"] = metrics["tokens"] / max(1e-9, metrics["step_s"])
     return metrics

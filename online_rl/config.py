@@ -129,9 +129,9 @@ class LossConfig:
     distill_coef: float = option(
         0.03, flag="distill", help="weight of the text-feedback distillation KL (samples with a user's comment)"
     )
-    # The distillation in an optimizer step of its own, after the policy gradient's: its own clipping and AdamW
-    # step, so that neither term swamps the other (in one loss, gamma trades them against each other). Measured
-    # (benchmarks.learning --distill-step, README): worth about one more policy-gradient pass, no more.
+    # The distillation in an optimizer step of its own, after the policy gradient's: its own gradient clip, so
+    # that neither term swamps the other (in one loss, gamma trades them against each other; AdamW's state is
+    # shared). Measured (benchmarks.learning --distill-step, README): worth about one more policy-gradient pass.
     distill_step: bool = option(
         False, help="the distillation KL in an optimizer step of its own, after the policy gradient's"
     )

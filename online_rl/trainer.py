@@ -47,7 +47,7 @@ from online_rl.stream_reader import StreamReader
 from online_rl.tenants import TenantGate
 from online_rl.tokenizer import tokenizer_tools
 from online_rl.trainer_metrics import TrainerMetrics, step_line
-from online_rl.update import make_optimizer, update, world
+from online_rl.update import PartialUpdate, make_optimizer, update, world
 
 log = logging.getLogger(__name__)
 
@@ -366,8 +366,7 @@ class Trainer:
                 self._invalid(s, problem)
             else:
                 valid_rollouts.append(s)
-        samples = self._take_batch() + valid_rollouts
-        samples = [s for s in samples if s.n_tokens > 0]
+        samples = [s for s in self._take_batch() + valid_rollouts if s.n_tokens > 0]
         if not samples:
             return None
         samples += self._distill_samples(samples)
@@ -380,11 +379,13 @@ class Trainer:
             if self.world > 1:
                 self._ranks_broken = True
                 raise  # the other ranks are inside the update's collectives: skipping alone would hang them
-            self.failures.failed("update", e, retry=False)
-            self.opt.zero_grad(set_to_none=True)
-            for s in samples:
-                self._ledger(s, "update_failed")
-            return None
+            self.failures.failed("update", e.__cause__ if isinstance(e, PartialUpdate) else e, retry=False)
+            if not isinstance(e, PartialUpdate):
+                self.opt.zero_grad(set_to_none=True)
+                for s in samples:
+                    self._ledger(s, "update_failed")
+                return None
+            m = e.metrics  # a later pass failed: the steps before it moved the weights, the samples count as trained
         self.step += 1
         for s in samples:
             self.metrics.samples.labels(s.source).inc()

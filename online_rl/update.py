@@ -50,6 +50,15 @@ def _allreduce_grads(model: MoECoder) -> None:
         offset += g.numel()
 
 
+class PartialUpdate(RuntimeError):
+    """A pass after the first failed: the steps before it were applied, so the samples were trained on (their
+    ledger and provenance must say so) and `metrics` are the first pass's; the failure is `__cause__`."""
+
+    def __init__(self, metrics: dict, steps: int):
+        super().__init__(f"the update failed after {steps} optimizer step(s) were applied")
+        self.metrics, self.steps = metrics, steps
+
+
 def update(
     model: MoECoder,
     ref: MoECoder | None,
@@ -62,8 +71,10 @@ def update(
     """Every rank calls this with the same samples: optim_cfg.epochs passes over them, one optimizer step each,
     then, under loss_cfg.distill_step, one step of the distillation alone over the samples with a hint (the
     passes before it leave the distillation and the student's fresh samples out). Returns the first pass's
-    metrics (rank 0's view: the behaviour-vs-trainer mismatch means something before any step) with the time
-    of them all, the last pass's gradient norm and the distillation step's beside the first."""
+    metrics (rank 0's view: the behaviour-vs-trainer mismatch means something before any step; `tokens` one
+    policy-gradient pass's) with the time of them all, the optimizer steps taken, tokens a second over every
+    pass, and the last pass's gradient norm and the distillation step's beside the first. A failure after the
+    first step raises PartialUpdate: what was applied stays applied."""
     t0 = time.perf_counter()
     hinted = [i for i, s in enumerate(samples) if s.hint_ids is not None and s.hint_ids.size]
     own = bool(loss_cfg.distill_step and loss_cfg.distill_coef and hinted)
@@ -72,19 +83,28 @@ def update(
         pg, pg_cfg = [i for i, s in enumerate(samples) if s.source != DISTILL], replace(loss_cfg, distill_coef=0.0)
     pg_samples, pg_adv = [samples[i] for i in pg], adv[pg]
     metrics = _one_pass(model, ref, opt, pg_samples, pg_adv, pg_cfg, optim_cfg)
-    for _ in range(optim_cfg.epochs - 1):
-        metrics["grad_norm_last"] = _one_pass(model, ref, opt, pg_samples, pg_adv, pg_cfg, optim_cfg)["grad_norm"]
-    trained = optim_cfg.epochs * metrics["tokens"]
-    if own:  # advantages 0: the distillation and the KL to the reference, nothing else
-        d = _one_pass(model, ref, opt, [samples[i] for i in hinted], np.zeros(len(hinted)), loss_cfg, optim_cfg)
-        metrics.update(
-            distill_kl_per_token=d["distill_kl_per_token"],
-            distill_tokens=d["distill_tokens"],
-            grad_norm_distill=d["grad_norm"],
-        )
-        trained += d["tokens"]
-    metrics["step_s"] = time.perf_counter() - t0
-    metrics["tokens_per_s"] = trained / max(1e-9, metrics["step_s"])  # every pass's
+    steps, trained = 1, metrics["tokens"]
+    try:
+        for _ in range(optim_cfg.epochs - 1):
+            last = _one_pass(model, ref, opt, pg_samples, pg_adv, pg_cfg, optim_cfg)
+            metrics["grad_norm_last"], steps, trained = last["grad_norm"], steps + 1, trained + last["tokens"]
+        if own:  # advantages 0: the distillation and the KL to the reference, nothing else
+            d = _one_pass(model, ref, opt, [samples[i] for i in hinted], np.zeros(len(hinted)), loss_cfg, optim_cfg)
+            metrics.update(
+                distill_kl_per_token=d["distill_kl_per_token"],
+                distill_tokens=d["distill_tokens"],
+                grad_norm_distill=d["grad_norm"],
+            )
+            steps, trained = steps + 1, trained + d["tokens"]
+    except Exception as e:  # e.g. the teacher's forward out of memory after the policy gradient had stepped
+        opt.zero_grad(set_to_none=True)
+        raise PartialUpdate(_timed(metrics, steps, trained, t0), steps) from e
+    return _timed(metrics, steps, trained, t0)
+
+
+def _timed(metrics: dict, steps: int, trained: int, t0: float) -> dict:
+    metrics.update(steps=steps, step_s=time.perf_counter() - t0)
+    metrics["tokens_per_s"] = trained / max(1e-9, metrics["step_s"])  # every pass's tokens
     return metrics
 
 

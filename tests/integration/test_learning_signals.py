@@ -55,6 +55,7 @@ def test_the_benchmark_prints_the_keys_it_promises(monkeypatch, test_model, caps
     args = ["--preset", "test", "--budget", "32", "--distill-coef", "0.5", "--model-seed", "0"]
     out = learning.main(args, base=small)
     assert out["distill_coef"] == 0.5 and out["model_seed"] == 0  # the settings it ran with are in the result
+    assert out["epochs"] == 2 and out["distill_step"] is False
     for key in ("requests_to_90_base", "requests_to_90_persist", "requests_to_90_text"):
         assert key in out
     for key in ("final_acceptance_base", "final_acceptance_persist", "final_acceptance_text"):

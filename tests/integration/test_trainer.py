@@ -248,6 +248,33 @@ def test_stale_samples_are_dropped(test_model, tmp_path):
     assert trainer.metrics.dropped.labels("stale")._value.get() == 1
 
 
+def test_a_pass_failing_after_a_step_leaves_its_samples_trained_and_counted(test_model, tmp_path, monkeypatch):
+    """--epochs 2, the second pass fails: the first step moved the weights, so the samples are in the ledger and
+    their tenants' provenance as trained, the step counts, and the failure is recorded."""
+    from online_rl import update as update_mod
+    from tests.helpers import served_samples
+
+    cfg = TrainerConfig(model_dir=test_model, work_dir=tmp_path / "t", min_batch=1, optim=OptimConfig(epochs=2))
+    trainer = Trainer(cfg)
+    real, calls = update_mod._one_pass, []
+
+    def second_pass_fails(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("injected: the second pass fails")
+        return real(*a, **k)
+
+    monkeypatch.setattr(update_mod, "_one_pass", second_pass_fails)
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    trainer.buffer = [dataclasses.replace(s, group=None) for s in served_samples(test_model, n=4)]
+    m = trainer.train_step()
+    assert m is not None and m["steps"] == 1 and trainer.step == 1 and len(calls) == 2
+    assert trainer.failures.count("update") == 1
+    assert any(not torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+    assert len(trainer.trained_since_ckpt) == 4 and all("dropped" not in e for e in trainer.trained_since_ckpt)
+    assert sum(trainer.privacy.totals()[0].values()) == 4
+
+
 def test_a_commented_sample_brings_fresh_student_samples_and_a_failure_costs_only_them(
     test_model, tmp_path, monkeypatch
 ):

@@ -31,8 +31,9 @@ def _init(rank: int, size: int, port: int) -> None:
     torch.set_num_threads(1)
 
 
-def _steps(rank, size, port, model_dir, samples, adv, out, fsdp: bool) -> None:
-    """STEPS updates of the test model (router replay and the KL on); rank 0 saves the full weights."""
+def _steps(rank, size, port, model_dir, samples, adv, out, fsdp: bool, epochs: int = 1, own: bool = False) -> None:
+    """STEPS updates of the test model (router replay and the KL on; `epochs` passes each, and the distillation in
+    a step of its own if `own`); rank 0 saves the full weights."""
     import torch.distributed as dist
 
     from online_rl.sharding import full_tensors, load_sharded
@@ -50,8 +51,9 @@ def _steps(rank, size, port, model_dir, samples, adv, out, fsdp: bool) -> None:
     opt = make_optimizer(model, OptimConfig(lr=LR))
     norms = []
     for _ in range(STEPS):
-        m = update(model, ref, opt, samples, adv, LossConfig(kl_coef=0.05), OptimConfig(lr=LR, micro_batch=4))
-        norms.append(m["grad_norm"])
+        loss, optim = LossConfig(kl_coef=0.05, distill_step=own), OptimConfig(lr=LR, micro_batch=4, epochs=epochs)
+        m = update(model, ref, opt, samples, adv, loss, optim)
+        norms += [m["grad_norm"], m.get("grad_norm_last", 0.0), m.get("grad_norm_distill", 0.0)]
     full = dict(full_tensors(model))  # collective under FSDP: every rank gathers
     if rank == 0:
         torch.save({"weights": full, "grad_norms": norms}, out)
@@ -59,7 +61,8 @@ def _steps(rank, size, port, model_dir, samples, adv, out, fsdp: bool) -> None:
         dist.destroy_process_group()
 
 
-def test_two_fsdp_ranks_make_the_one_rank_update(test_model, tmp_path):
+@pytest.mark.parametrize("epochs, own", [(1, False), (2, True)], ids=["one-pass", "two-passes-and-distill-step"])
+def test_two_fsdp_ranks_make_the_one_rank_update(test_model, tmp_path, epochs, own):
     import torch.multiprocessing as mp
 
     from flywheel.core.procs import free_port
@@ -68,8 +71,9 @@ def test_two_fsdp_ranks_make_the_one_rank_update(test_model, tmp_path):
     for s in samples[::4]:  # users' comments: every micro-batch on every rank runs the teacher's forward too
         s.hint_ids = np.array([11, 12, 13], np.int64)
     adv, _ = advantages(samples, LossConfig(), 0.0)
-    _steps(0, 1, 0, str(test_model), samples, adv, str(tmp_path / "one.pt"), False)
-    mp.spawn(_steps, args=(2, free_port(), str(test_model), samples, adv, str(tmp_path / "two.pt"), True), nprocs=2)
+    _steps(0, 1, 0, str(test_model), samples, adv, str(tmp_path / "one.pt"), False, epochs, own)
+    args = (2, free_port(), str(test_model), samples, adv, str(tmp_path / "two.pt"), True, epochs, own)
+    mp.spawn(_steps, args=args, nprocs=2)
     one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
     # The gradient itself, before clipping: AdamW (it divides by sqrt(v)) and the clip would hide a wrong
     # scale (averaged instead of summed across ranks) in the weights.

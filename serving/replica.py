@@ -8,8 +8,10 @@ pid, URL and log under $FLYWHEEL_HOME/replicas/<port>.json so `flywheel replica 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,9 +76,13 @@ class Replica:
     url: str
     log_file: Path
     model_path: str
+    tmp_dir: str = ""  # its TMPDIR: SGLang's ZMQ sockets, metric files and locks, removed when it stops
 
     def stop(self, timeout: float = 30.0) -> bool:
-        return stop_recorded(self.pid, _state_dir() / f"{self.port}.json", timeout)
+        stopped = stop_recorded(self.pid, _state_dir() / f"{self.port}.json", timeout)
+        if stopped and self.tmp_dir:
+            shutil.rmtree(self.tmp_dir, ignore_errors=True)
+        return stopped
 
     def alive(self) -> bool:
         return pid_alive(self.pid)
@@ -178,6 +184,9 @@ def start(cfg: ReplicaConfig, die_with_parent: bool = True, wait: bool = True) -
     log_dir = Path(cfg.log_dir) if cfg.log_dir else flywheel_home() / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     log_file = log_dir / f"replica-{port}.log"
+    # SGLang leaves its ipc sockets, prometheus files and locks in the temp dir when it is killed (~3 a
+    # replica); a private one is removed with the replica, and by `running()` for one that died unstopped.
+    tmp_dir = tempfile.mkdtemp(prefix=f"flywheel-replica-{port}-")
     cmd = in_netns(cfg.netns, command(cfg, port))
     with open(log_file, "ab") as log:
         proc = spawn(
@@ -186,11 +195,13 @@ def start(cfg: ReplicaConfig, die_with_parent: bool = True, wait: bool = True) -
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=_env(cfg),
+            env={**_env(cfg), "TMPDIR": tmp_dir},
             cwd=REPO_ROOT,
         )
     url = f"http://{cfg.host}:{port}"
-    replica = Replica(pid=proc.pid, port=port, url=url, log_file=log_file, model_path=str(cfg.model_path))
+    replica = Replica(
+        pid=proc.pid, port=port, url=url, log_file=log_file, model_path=str(cfg.model_path), tmp_dir=tmp_dir
+    )
     write_state(
         _state_dir() / f"{port}.json",
         {
@@ -199,6 +210,7 @@ def start(cfg: ReplicaConfig, die_with_parent: bool = True, wait: bool = True) -
             "url": url,
             "log_file": str(log_file),
             "model_path": str(cfg.model_path),
+            "tmp_dir": tmp_dir,
             "started": time.time(),
         },
     )
@@ -217,15 +229,20 @@ def find(port: int) -> Replica | None:
         url=state["url"],
         log_file=Path(state["log_file"]),
         model_path=state["model_path"],
+        tmp_dir=state.get("tmp_dir", ""),
     )
 
 
 def running() -> list[Replica]:
+    """The replicas started on this machine that still run; what a dead one left (state, temp dir) goes."""
     out = []
     for f in sorted(_state_dir().glob("*.json")):
         r = find(int(f.stem))
         if r is not None:
             out.append(r)
         else:
+            tmp_dir = (read_state(f) or {}).get("tmp_dir")
+            if tmp_dir:
+                shutil.rmtree(tmp_dir, ignore_errors=True)
             f.unlink(missing_ok=True)
     return out

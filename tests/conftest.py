@@ -89,6 +89,7 @@ def replica(test_model, tmp_path_factory):
         yield r
     finally:
         assert r.stop(), f"replica pid {r.pid} did not stop"
+        assert not Path(r.tmp_dir).exists(), f"replica's temp dir {r.tmp_dir} outlived it"
 
 
 @pytest.fixture(scope="session")
@@ -101,6 +102,7 @@ def second_replica(test_model, tmp_path_factory):
         yield r
     finally:
         assert r.stop(), f"replica pid {r.pid} did not stop"
+        assert not Path(r.tmp_dir).exists(), f"replica's temp dir {r.tmp_dir} outlived it"
 
 
 @pytest.fixture

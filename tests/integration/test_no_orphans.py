@@ -27,7 +27,7 @@ model, tmp = Path(sys.argv[1]), Path(sys.argv[2])
 broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=tmp / "kafka"))
 replica = start(ReplicaConfig(model_path=model, log_dir=tmp / "logs"))
 gateway = gateway_process.start([replica.url], model, tmp / "gw", kafka=broker.bootstrap)
-print(json.dumps([broker.pid, replica.pid, gateway.pid]), flush=True)
+print(json.dumps([broker.pid, replica.pid, gateway.pid, replica.tmp_dir]), flush=True)
 time.sleep(600)
 """
 
@@ -41,7 +41,10 @@ def group(pgid: int) -> list[int]:
 def test_servers_die_with_the_process_that_started_them(test_model, tmp_path, how):
     """A broker, an SGLang replica (launcher, scheduler, detokenizer) and a gateway (and its shipper),
     started the way the test fixtures and the demo start them; then their parent is killed, with no
-    chance to clean up (SIGKILL) or without cleaning up (SIGTERM, as pytest does on a second Ctrl-C)."""
+    chance to clean up (SIGKILL) or without cleaning up (SIGTERM, as pytest does on a second Ctrl-C). What
+    SGLang left in its private temp dir (ipc sockets, metric files) goes with the next look at the replicas."""
+    from serving.replica import running
+
     proc = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(test_model), str(tmp_path)],
         cwd=REPO_ROOT,
@@ -50,7 +53,8 @@ def test_servers_die_with_the_process_that_started_them(test_model, tmp_path, ho
         text=True,
     )
     try:
-        pids = json.loads(proc.stdout.readline())
+        *pids, tmp_dir = json.loads(proc.stdout.readline())
+        assert os.listdir(tmp_dir), "SGLang put nothing in the replica's own temp dir"
         groups = {p: group(p) for p in pids}
         assert all(groups.values()) and len(groups[pids[1]]) >= 3, groups  # SGLang's children are in its group
     finally:
@@ -64,6 +68,7 @@ def test_servers_die_with_the_process_that_started_them(test_model, tmp_path, ho
         for m in members:
             os.kill(m, signal.SIGKILL)
     assert not left, f"processes outlived their parent: {left}"
+    assert pids[1] not in [r.pid for r in running()] and not os.path.exists(tmp_dir)
 
 
 def test_a_pid_file_whose_pid_was_reused_kills_nobody(tmp_path):

@@ -70,16 +70,8 @@ class HostFleet(LocalFleet):
         self.out.mkdir(parents=True, exist_ok=True)
         self.test_hosts = TestHosts.up(HostsConfig(n=self.cfg.hosts, rate_mbit=self.cfg.rate_mbit))
         self.say("hosts   " + ", ".join(f"{h.netns}={h.addr}" for h in self.hosts))
-        self.start_broker()
-        if not self.signing_key.exists():
-            generate_key(self.signing_key, self.public_key)
-        if not self.store_root.exists() or not any(self.store_root.glob("v*")):
-            publish(self.cfg.model, self.publish_config(kafka=False))
-        h0 = self.hosts[0]
-        self.store_url = self._spawn_store(STORE_PORT, h0.addr, h0.netns)
-        activate(self.publish_config(), 0, "fleet start: serve v0")
         t = time.monotonic()
-        for i, h in enumerate(self.hosts):  # launched together, they load side by side
+        for i, h in enumerate(self.hosts):  # launched together, they load side by side and while the brokers start
             rcfg = ReplicaConfig(
                 model_path=self.cfg.model,
                 host=h.addr,
@@ -90,6 +82,14 @@ class HostFleet(LocalFleet):
                 max_total_tokens=self.cfg.max_total_tokens,
             )
             self.replicas.append(start_replica(rcfg, wait=False))
+        self.start_broker()
+        if not self.signing_key.exists():
+            generate_key(self.signing_key, self.public_key)
+        if not self.store_root.exists() or not any(self.store_root.glob("v*")):
+            publish(self.cfg.model, self.publish_config(kafka=False))
+        h0 = self.hosts[0]
+        self.store_url = self._spawn_store(STORE_PORT, h0.addr, h0.netns)
+        activate(self.publish_config(), 0, "fleet start: serve v0")
         for i, rep in enumerate(self.replicas):
             rep.ready(ReplicaConfig.start_timeout_s)
             self.say(f"sglang  r{i} {rep.url}  (pid {rep.pid}, ready after {time.monotonic() - t:.1f}s)")

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,6 +74,20 @@ class LocalFleet:
         from weight_sync.publish import activate, publish
 
         self.out.mkdir(parents=True, exist_ok=True)
+        # The replicas load while the broker starts and v0 is published (they need neither until they serve).
+        t = time.monotonic()
+        for _ in range(self.cfg.replicas):
+            self.replicas.append(
+                start_replica(
+                    ReplicaConfig(
+                        model_path=self.cfg.model,
+                        log_dir=self.out / "logs",
+                        threads=self.cfg.threads,
+                        max_total_tokens=self.cfg.max_total_tokens,
+                    ),
+                    wait=False,
+                )
+            )
         self.start_broker()
         if not self.signing_key.exists():
             generate_key(self.signing_key, self.public_key)
@@ -80,17 +95,8 @@ class LocalFleet:
             publish(self.cfg.model, self.publish_config(kafka=False))
         self.store_url = self._spawn_store()
         activate(self.publish_config(), 0, "fleet start: serve v0")
-        for i in range(self.cfg.replicas):
-            t = time.monotonic()
-            rep = start_replica(
-                ReplicaConfig(
-                    model_path=self.cfg.model,
-                    log_dir=self.out / "logs",
-                    threads=self.cfg.threads,
-                    max_total_tokens=self.cfg.max_total_tokens,
-                )
-            )
-            self.replicas.append(rep)
+        for i, rep in enumerate(self.replicas):
+            rep.ready(ReplicaConfig(model_path=self.cfg.model).start_timeout_s)
             self.say(f"sglang  r{i} {rep.url}  (pid {rep.pid}, ready in {time.monotonic() - t:.1f}s)")
         self.gateway = gateway_process.start(
             [r.url for r in self.replicas],
@@ -116,8 +122,8 @@ class LocalFleet:
         if self.gateway is not None:
             self.gateway.stop()
             self.gateway = None
-        for rep in self.replicas:
-            rep.stop()
+        with ThreadPoolExecutor(max(1, len(self.replicas))) as pool:  # each waits for its process tree to end
+            list(pool.map(lambda rep: rep.stop(), self.replicas))
         self.replicas.clear()
         if self.store_pid is not None:
             stop_pid(self.store_pid)

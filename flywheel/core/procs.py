@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -91,11 +92,26 @@ def same_process(recorded: dict) -> bool:
     return all(now[k] == recorded[k] for k in ("boot_id", "start_ticks"))
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port the kernel says is free now (bind to 0); the caller binds it soon after."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+_GIVEN: dict[int, float] = {}  # port -> when free_port handed it out
+_GIVEN_LOCK = threading.Lock()
+
+
+def free_port(host: str = "127.0.0.1", hold_s: float = 300.0) -> int:
+    """A port the kernel says is free now (bind to 0); the caller binds it soon after. Servers launched
+    side by side bind theirs only once loaded, so a port handed out here is not handed out again by this
+    process for `hold_s`, though the kernel would."""
+    with _GIVEN_LOCK:
+        now = time.monotonic()
+        for port, at in list(_GIVEN.items()):
+            if now - at > hold_s:
+                del _GIVEN[port]
+        while True:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind((host, 0))
+                port = s.getsockname()[1]
+            if port not in _GIVEN:
+                _GIVEN[port] = now
+                return port
 
 
 def pid_alive(pid: int) -> bool:

@@ -82,3 +82,25 @@ def test_idempotent_zstd_producer_and_group_reads_every_message_once(kafka_boots
     # Committed offsets: the group resumes after the last message and sees nothing again.
     again = _consume_all(kafka_bootstrap, topic, group, 0, timeout_s=2)
     assert again == []
+
+
+def test_the_audit_reads_a_topic_to_its_end_counting_events_once(kafka_bootstrap):
+    """flywheel.event_audit.read_topic (the chaos run's and the fleet drill's audit): every acknowledged
+    record up to the end offsets, a producer's retry (same event_id) dropped, undecodable records skipped."""
+    from flywheel.core import events as ev
+    from flywheel.event_audit import read_topic
+
+    topic = _topic(kafka_bootstrap)
+    events = [ev.FeedbackEvent(completion_id=f"c{i % 7}", choice_index=0, tenant="t", kind="accept") for i in range(50)]
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+    try:
+        for e in [*events, events[3], events[9]]:  # two retries
+            producer.send(topic, key=e.completion_id.encode(), value=e.encode())
+        producer.send(topic, key=b"c0", value=b"not an event")
+        producer.flush()
+    finally:
+        producer.close()
+    audit = read_topic(kafka_bootstrap, topic)
+    assert audit.repeated == 2 and sum(audit.per_completion.values()) == 50
+    assert audit.per_completion == {f"c{i}": len(range(i, 50, 7)) for i in range(7)}
+    assert read_topic(kafka_bootstrap, _topic(kafka_bootstrap)).per_completion == {}  # an empty topic: at once

@@ -79,30 +79,43 @@ def gateway(replica, test_model, kafka_bootstrap, tmp_path_factory):
         assert gw.stop(), f"gateway pid {gw.pid} did not stop"
 
 
-@pytest.fixture(scope="session")
-def replica(test_model, tmp_path_factory):
-    """One SGLang replica serving the test model for the whole session (start-up costs ~20-40 s)."""
+_LAUNCHED_EARLY: dict = {}  # the second replica, launched beside the first when the session will want it
+
+
+def _launch(test_model, tmp_path_factory, logs: str):
     from serving.replica import ReplicaConfig, start
 
-    r = start(ReplicaConfig(model_path=test_model, log_dir=tmp_path_factory.mktemp("replica-logs")))
+    return start(ReplicaConfig(model_path=test_model, log_dir=tmp_path_factory.mktemp(logs)), wait=False)
+
+
+def _stop(r) -> None:
+    assert r.stop(), f"replica pid {r.pid} did not stop"
+    assert not Path(r.tmp_dir).exists(), f"replica's temp dir {r.tmp_dir} outlived it"
+
+
+@pytest.fixture(scope="session")
+def replica(request, test_model, tmp_path_factory):
+    """One SGLang replica serving the test model for the whole session (start-up costs ~20-40 s). If a
+    test of this session uses `second_replica`, that one is launched now too: they load side by side."""
+    r = _launch(test_model, tmp_path_factory, "replica-logs")
     try:
-        yield r
+        if any("second_replica" in getattr(item, "fixturenames", ()) for item in request.session.items):
+            _LAUNCHED_EARLY["second"] = _launch(test_model, tmp_path_factory, "replica2-logs")
+        yield r.ready()
     finally:
-        assert r.stop(), f"replica pid {r.pid} did not stop"
-        assert not Path(r.tmp_dir).exists(), f"replica's temp dir {r.tmp_dir} outlived it"
+        _stop(r)
+        if "second" in _LAUNCHED_EARLY:  # launched for tests that did not run
+            _stop(_LAUNCHED_EARLY.pop("second"))
 
 
 @pytest.fixture(scope="session")
 def second_replica(test_model, tmp_path_factory):
     """A second replica, for fleet tests (weight switches, borrowing). Two replicas share the 2 cores."""
-    from serving.replica import ReplicaConfig, start
-
-    r = start(ReplicaConfig(model_path=test_model, log_dir=tmp_path_factory.mktemp("replica2-logs")))
+    r = _LAUNCHED_EARLY.pop("second", None) or _launch(test_model, tmp_path_factory, "replica2-logs")
     try:
-        yield r
+        yield r.ready()
     finally:
-        assert r.stop(), f"replica pid {r.pid} did not stop"
-        assert not Path(r.tmp_dir).exists(), f"replica's temp dir {r.tmp_dir} outlived it"
+        _stop(r)
 
 
 @pytest.fixture

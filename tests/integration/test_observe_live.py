@@ -183,11 +183,18 @@ def test_alerts_fire_for_real(observed, tmp_path):
     wait_until(lambda: "KafkaUnreachable" in firing(prom), 120, interval=1, what="KafkaUnreachable firing")
 
 
-# Commands that run until stopped (a gateway, a trainer, an agent, the canary controller): they pass if they
-# are still up after DAEMON_S. Status commands report a broken part by their exit code; the rest must exit 0.
+# Commands that run until stopped (a gateway, a trainer, an agent, the canary controller): one with a port
+# passes once it answers there and is still up READY_GRACE_S later; one without, if still up after DAEMON_S.
+# Status commands report a broken part by their exit code; the rest must exit 0.
 DAEMONS = ("flywheel serve", "flywheel train", "flywheel weights agent", "flywheel weights canary")
 REPORTERS = ("flywheel status", "flywheel kafka status")
 DAEMON_S = 20
+READY_S, READY_GRACE_S = 90, 3
+PROBES = {  # a daemon's port flag -> what answers there once it is ready
+    '--port "$GATEWAY_PORT"': ("GATEWAY_PORT", "/health"),
+    '--metrics-port "$AGENT_METRICS_PORT"': ("AGENT_METRICS_PORT", "/metrics"),
+    '--metrics-port "$TRAINER_METRICS_PORT"': ("TRAINER_METRICS_PORT", "/metrics"),
+}
 
 
 def test_every_runbook_command_runs_and_the_fixes_clear_the_alerts(observed, test_model, tmp_path):
@@ -251,18 +258,45 @@ def test_every_runbook_command_runs_and_the_fixes_clear_the_alerts(observed, tes
         )
 
 
-def _run(cmd: str, env: dict, log: Path) -> tuple[int | None, str]:
-    """(exit code, or None when it was still running after DAEMON_S and was stopped; its output)."""
+def _answers(url: str) -> bool:
+    """Anything over HTTP: a gateway whose replica is down answers 503, and it is up."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2):
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False
+
+
+def _run(cmd: str, env: dict, log: Path) -> tuple[int | str | None, str]:
+    """(exit code; None for a daemon still running when stopped, "not answering" for one with a port that
+    never answered there; its output)."""
+    probe = [(env[var], path) for flag, (var, path) in PROBES.items() if flag in cmd]
     with open(log, "ab") as f:
         f.write(f"$ {cmd}\n".encode())
         f.flush()
         proc = subprocess.Popen(
             ["bash", "-c", cmd], env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
         )
+        rc: int | str | None = None
         try:
-            rc = proc.wait(timeout=DAEMON_S if cmd.startswith(DAEMONS) else 240)
+            if cmd.startswith(DAEMONS) and probe:
+                url = f"http://127.0.0.1:{probe[0][0]}{probe[0][1]}"
+                try:
+                    wait_until(lambda: proc.poll() is not None or _answers(url), READY_S, interval=0.5)
+                except TimeoutError:
+                    rc = "not answering"
+                else:
+                    rc = proc.wait(timeout=READY_GRACE_S)  # exited, or up READY_GRACE_S after answering
+            else:
+                rc = proc.wait(timeout=DAEMON_S if cmd.startswith(DAEMONS) else 240)
         except subprocess.TimeoutExpired:
             rc = None
+        if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGTERM)
             try:
                 proc.wait(timeout=60)

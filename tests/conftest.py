@@ -60,8 +60,9 @@ def test_model() -> Path:
 
 
 @pytest.fixture(scope="session")
-def gateway(replica, test_model, kafka_bootstrap, tmp_path_factory):
-    """A gateway process (`flywheel serve`) in front of the session replica, logging to the session broker."""
+def gateway(launched_replicas, kafka_bootstrap, replica, test_model, tmp_path_factory):
+    """A gateway process (`flywheel serve`) in front of the session replica, logging to the session broker
+    (started while the replica loads)."""
     from serving import gateway_process
     from tests.helpers import GATEWAY_ADMIN, GATEWAY_KEYS
 
@@ -79,9 +80,6 @@ def gateway(replica, test_model, kafka_bootstrap, tmp_path_factory):
         assert gw.stop(), f"gateway pid {gw.pid} did not stop"
 
 
-_LAUNCHED_EARLY: dict = {}  # the second replica, launched beside the first when the session will want it
-
-
 def _launch(test_model, tmp_path_factory, logs: str):
     from serving.replica import ReplicaConfig, start
 
@@ -94,28 +92,32 @@ def _stop(r) -> None:
 
 
 @pytest.fixture(scope="session")
-def replica(request, test_model, tmp_path_factory):
-    """One SGLang replica serving the test model for the whole session (start-up costs ~20-40 s). If a
-    test of this session uses `second_replica`, that one is launched now too: they load side by side."""
-    r = _launch(test_model, tmp_path_factory, "replica-logs")
+def launched_replicas(request, test_model, tmp_path_factory):
+    """The session's SGLang replicas, launched (not yet ready: `replica` and `second_replica` wait for
+    them), so that they load while other fixtures start (the broker) and side by side. The second is
+    launched only if a test of this session uses it."""
+    launched = {"first": _launch(test_model, tmp_path_factory, "replica-logs")}
     try:
         if any("second_replica" in getattr(item, "fixturenames", ()) for item in request.session.items):
-            _LAUNCHED_EARLY["second"] = _launch(test_model, tmp_path_factory, "replica2-logs")
-        yield r.ready()
+            launched["second"] = _launch(test_model, tmp_path_factory, "replica2-logs")
+        yield launched
     finally:
-        _stop(r)
-        if "second" in _LAUNCHED_EARLY:  # launched for tests that did not run
-            _stop(_LAUNCHED_EARLY.pop("second"))
+        for r in launched.values():
+            _stop(r)
 
 
 @pytest.fixture(scope="session")
-def second_replica(test_model, tmp_path_factory):
+def replica(launched_replicas):
+    """One SGLang replica serving the test model for the whole session (start-up costs ~20-40 s)."""
+    return launched_replicas["first"].ready()
+
+
+@pytest.fixture(scope="session")
+def second_replica(launched_replicas, test_model, tmp_path_factory):
     """A second replica, for fleet tests (weight switches, borrowing). Two replicas share the 2 cores."""
-    r = _LAUNCHED_EARLY.pop("second", None) or _launch(test_model, tmp_path_factory, "replica2-logs")
-    try:
-        yield r.ready()
-    finally:
-        _stop(r)
+    if "second" not in launched_replicas:  # a session collected without it asked for it after all
+        launched_replicas["second"] = _launch(test_model, tmp_path_factory, "replica2-logs")
+    return launched_replicas["second"].ready()
 
 
 @pytest.fixture

@@ -24,8 +24,9 @@ from flywheel import kafka_broker
 from serving import gateway_process
 from serving.replica import ReplicaConfig, start
 model, tmp = Path(sys.argv[1]), Path(sys.argv[2])
+replica = start(ReplicaConfig(model_path=model, log_dir=tmp / "logs"), wait=False)
 broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=tmp / "kafka"))
-replica = start(ReplicaConfig(model_path=model, log_dir=tmp / "logs"))
+replica.ready()
 gateway = gateway_process.start([replica.url], model, tmp / "gw", kafka=broker.bootstrap)
 print(json.dumps([broker.pid, replica.pid, gateway.pid, replica.tmp_dir]), flush=True)
 time.sleep(600)

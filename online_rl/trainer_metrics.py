@@ -97,6 +97,13 @@ class TrainerMetrics:
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
         )
         self.tokens_per_s = Gauge("flywheel_trainer_tokens_per_s", "Trained tokens per second, last step", registry=r)
+        self.grad_norm = Gauge(
+            "flywheel_trainer_grad_norm",
+            "Gradient norm before clipping, last update, by optimizer step (first and last policy-gradient pass, "
+            "the distillation's own step)",
+            ["step"],
+            registry=r,
+        )
         self.version = Gauge("flywheel_trainer_published_version", "Newest version published", registry=r)
         self.step = Gauge("flywheel_trainer_step", "Updates done", registry=r)
         self.failures = Counter(
@@ -132,6 +139,12 @@ class TrainerMetrics:
         self.mismatch.set(m["logprob_mismatch_max"])
         self.step_time.observe(m["step_s"])
         self.tokens_per_s.set(m["tokens_per_s"])
+        # A pass or step this update did not take keeps no stale value from one that did.
+        for step, key in (("first", "grad_norm"), ("last", "grad_norm_last"), ("distill", "grad_norm_distill")):
+            if key in m:
+                self.grad_norm.labels(step).set(m[key])
+            else:
+                self.grad_norm.remove(step)
 
 
 def step_line(m: dict) -> str:

@@ -142,3 +142,25 @@ def test_without_a_hint_or_a_coefficient_the_distillation_step_is_not_taken():
         assert "grad_norm_distill" not in m
         for a, b in zip(on.state_dict().values(), off.state_dict().values()):
             assert torch.equal(a, b)
+
+
+def test_each_steps_gradient_norm_is_exported_and_a_step_not_taken_leaves_no_series():
+    from online_rl.stream import JoinStats
+    from online_rl.trainer_metrics import TrainerMetrics
+
+    metrics = TrainerMetrics(JoinStats)
+    norm = lambda step: metrics.registry.get_sample_value("flywheel_trainer_grad_norm", {"step": step})  # noqa: E731
+    samples, adv = _with_hints(_samples(_model())), np.array([-1.0, 0.0, -0.5, 0.5])
+    model, optim = _model(), OptimConfig(lr=1e-5, epochs=2)
+    opt = make_optimizer(model, optim)
+    m = update(model, _model(), opt, samples, adv, LossConfig(distill_coef=1.0, distill_step=True), optim)
+    metrics.trained({}, m)
+    assert (norm("first"), norm("last"), norm("distill")) == (
+        m["grad_norm"],
+        m["grad_norm_last"],
+        m["grad_norm_distill"],
+    )
+    assert min(norm("first"), norm("last"), norm("distill")) > 0
+    m = update(model, _model(), opt, samples, adv, LossConfig(), OptimConfig(lr=1e-5))  # one pass, no own step
+    metrics.trained({}, m)
+    assert norm("first") == m["grad_norm"] and norm("last") is None and norm("distill") is None

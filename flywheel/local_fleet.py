@@ -76,18 +76,14 @@ class LocalFleet:
         self.out.mkdir(parents=True, exist_ok=True)
         # The replicas load while the broker starts and v0 is published (they need neither until they serve).
         t = time.monotonic()
+        rcfg = ReplicaConfig(
+            model_path=self.cfg.model,
+            log_dir=self.out / "logs",
+            threads=self.cfg.threads,
+            max_total_tokens=self.cfg.max_total_tokens,
+        )
         for _ in range(self.cfg.replicas):
-            self.replicas.append(
-                start_replica(
-                    ReplicaConfig(
-                        model_path=self.cfg.model,
-                        log_dir=self.out / "logs",
-                        threads=self.cfg.threads,
-                        max_total_tokens=self.cfg.max_total_tokens,
-                    ),
-                    wait=False,
-                )
-            )
+            self.replicas.append(start_replica(rcfg, wait=False))
         self.start_broker()
         if not self.signing_key.exists():
             generate_key(self.signing_key, self.public_key)
@@ -96,7 +92,7 @@ class LocalFleet:
         self.store_url = self._spawn_store()
         activate(self.publish_config(), 0, "fleet start: serve v0")
         for i, rep in enumerate(self.replicas):
-            rep.ready(ReplicaConfig(model_path=self.cfg.model).start_timeout_s)
+            rep.ready(rcfg.start_timeout_s)
             self.say(f"sglang  r{i} {rep.url}  (pid {rep.pid}, ready in {time.monotonic() - t:.1f}s)")
         self.gateway = gateway_process.start(
             [r.url for r in self.replicas],

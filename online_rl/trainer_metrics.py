@@ -104,6 +104,7 @@ class TrainerMetrics:
             ["step"],
             registry=r,
         )
+        self._grad_steps: set[str] = set()  # the series set, so only they are removed
         self.version = Gauge("flywheel_trainer_published_version", "Newest version published", registry=r)
         self.step = Gauge("flywheel_trainer_step", "Updates done", registry=r)
         self.failures = Counter(
@@ -143,8 +144,10 @@ class TrainerMetrics:
         for step, key in (("first", "grad_norm"), ("last", "grad_norm_last"), ("distill", "grad_norm_distill")):
             if key in m:
                 self.grad_norm.labels(step).set(m[key])
-            else:
+                self._grad_steps.add(step)
+            elif step in self._grad_steps:
                 self.grad_norm.remove(step)
+                self._grad_steps.discard(step)
 
 
 def step_line(m: dict) -> str:

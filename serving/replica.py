@@ -32,6 +32,8 @@ from flywheel.core.procs import (
     write_state,
 )
 
+TMP_PREFIX = "flywheel-replica-"  # a replica's own temp dir: <tmp>/flywheel-replica-<port>-<random>
+
 CPU_FLAGS = [
     "--device",
     "cpu",
@@ -186,18 +188,21 @@ def start(cfg: ReplicaConfig, die_with_parent: bool = True, wait: bool = True) -
     log_file = log_dir / f"replica-{port}.log"
     # SGLang leaves its ipc sockets, prometheus files and locks in the temp dir when it is killed (~3 a
     # replica); a private one is removed with the replica, and by `running()` for one that died unstopped.
-    tmp_dir = tempfile.mkdtemp(prefix=f"flywheel-replica-{port}-")
-    cmd = in_netns(cfg.netns, command(cfg, port))
-    with open(log_file, "ab") as log:
-        proc = spawn(
-            cmd,
-            die_with_parent=die_with_parent,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**_env(cfg), "TMPDIR": tmp_dir},
-            cwd=REPO_ROOT,
-        )
+    tmp_dir = tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{port}-")
+    try:
+        with open(log_file, "ab") as log:
+            proc = spawn(
+                in_netns(cfg.netns, command(cfg, port)),
+                die_with_parent=die_with_parent,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**_env(cfg), "TMPDIR": tmp_dir},
+                cwd=REPO_ROOT,
+            )
+    except BaseException:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+        raise
     url = f"http://{cfg.host}:{port}"
     replica = Replica(
         pid=proc.pid, port=port, url=url, log_file=log_file, model_path=str(cfg.model_path), tmp_dir=tmp_dir
@@ -242,7 +247,7 @@ def running() -> list[Replica]:
             out.append(r)
         else:
             tmp_dir = (read_state(f) or {}).get("tmp_dir")
-            if tmp_dir:
+            if tmp_dir and Path(tmp_dir).name.startswith(TMP_PREFIX):  # only what start() made
                 shutil.rmtree(tmp_dir, ignore_errors=True)
             f.unlink(missing_ok=True)
     return out

@@ -86,37 +86,46 @@ def _launch(test_model, tmp_path_factory, logs: str):
     return start(ReplicaConfig(model_path=test_model, log_dir=tmp_path_factory.mktemp(logs)), wait=False)
 
 
-def _stop(r) -> None:
-    assert r.stop(), f"replica pid {r.pid} did not stop"
-    assert not Path(r.tmp_dir).exists(), f"replica's temp dir {r.tmp_dir} outlived it"
+def _stop(r) -> str:
+    """What went wrong stopping r ("" if nothing)."""
+    if not r.stop():
+        return f"replica pid {r.pid} did not stop"
+    return f"replica's temp dir {r.tmp_dir} outlived it" if r.tmp_dir and Path(r.tmp_dir).exists() else ""
+
+
+def _uses(session, fixture: str) -> bool:
+    return any(fixture in getattr(item, "fixturenames", ()) for item in session.items)  # the closure: gateway's too
 
 
 @pytest.fixture(scope="session")
 def launched_replicas(request, test_model, tmp_path_factory):
     """The session's SGLang replicas, launched (not yet ready: `replica` and `second_replica` wait for
-    them), so that they load while other fixtures start (the broker) and side by side. The second is
-    launched only if a test of this session uses it."""
-    launched = {"first": _launch(test_model, tmp_path_factory, "replica-logs")}
+    them), so that they load while other fixtures start (the broker) and side by side. Each is launched
+    here only if a test of this session uses it (else by its fixture, if asked after all)."""
+    launched = {}
     try:
-        if any("second_replica" in getattr(item, "fixturenames", ()) for item in request.session.items):
-            launched["second"] = _launch(test_model, tmp_path_factory, "replica2-logs")
+        for name, fixture in (("first", "replica"), ("second", "second_replica")):
+            if _uses(request.session, fixture):
+                launched[name] = _launch(test_model, tmp_path_factory, f"replica-{name}-logs")
         yield launched
     finally:
-        for r in launched.values():
-            _stop(r)
+        problems = [p for p in (_stop(r) for r in launched.values()) if p]  # every one stopped, then judged
+        assert not problems, problems
 
 
 @pytest.fixture(scope="session")
-def replica(launched_replicas):
+def replica(launched_replicas, test_model, tmp_path_factory):
     """One SGLang replica serving the test model for the whole session (start-up costs ~20-40 s)."""
+    if "first" not in launched_replicas:
+        launched_replicas["first"] = _launch(test_model, tmp_path_factory, "replica-first-logs")
     return launched_replicas["first"].ready()
 
 
 @pytest.fixture(scope="session")
 def second_replica(launched_replicas, test_model, tmp_path_factory):
     """A second replica, for fleet tests (weight switches, borrowing). Two replicas share the 2 cores."""
-    if "second" not in launched_replicas:  # a session collected without it asked for it after all
-        launched_replicas["second"] = _launch(test_model, tmp_path_factory, "replica2-logs")
+    if "second" not in launched_replicas:
+        launched_replicas["second"] = _launch(test_model, tmp_path_factory, "replica-second-logs")
     return launched_replicas["second"].ready()
 
 

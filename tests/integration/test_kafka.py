@@ -104,3 +104,5 @@ def test_the_audit_reads_a_topic_to_its_end_counting_events_once(kafka_bootstrap
     assert audit.repeated == 2 and sum(audit.per_completion.values()) == 50
     assert audit.per_completion == {f"c{i}": len(range(i, 50, 7)) for i in range(7)}
     assert read_topic(kafka_bootstrap, _topic(kafka_bootstrap)).per_completion == {}  # an empty topic: at once
+    with pytest.raises(ValueError, match="no such topic"):
+        read_topic(kafka_bootstrap, "t-never-made")

@@ -110,8 +110,8 @@ def _start_group_at_the_end(bootstrap: str, group: str) -> None:
 
 
 def _ledger_keys(work: Path, prefix: str) -> list[str]:
-    """Keys of the samples the trainer's committed checkpoints trained (this test's: the module's broker
-    also holds other tests' events, which the trainer reads too)."""
+    """Keys of the samples the trainer's committed checkpoints trained whose key starts with `prefix` (the
+    test's own; its consumer group starts after the events the module's other tests left on its broker)."""
     keys = []
     for f in sorted((work / "ledger").glob("step-*.json")):
         keys += [e["key"] for e in json.loads(f.read_text()) if e["key"].startswith(prefix)]

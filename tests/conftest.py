@@ -83,7 +83,9 @@ def gateway(launched_replicas, kafka_bootstrap, replica, test_model, tmp_path_fa
 def _launch(test_model, tmp_path_factory, logs: str):
     from serving.replica import ReplicaConfig, start
 
-    return start(ReplicaConfig(model_path=test_model, log_dir=tmp_path_factory.mktemp(logs)), wait=False)
+    # One torch thread each, as fleets run them (two share the cores); and so their children are forked.
+    cfg = ReplicaConfig(model_path=test_model, log_dir=tmp_path_factory.mktemp(logs), threads=1)
+    return start(cfg, wait=False)
 
 
 def _stop(r) -> str:

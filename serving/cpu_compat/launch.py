@@ -1,7 +1,7 @@
 """`python -m serving.cpu_compat.launch <sglang.launch_server args>`: SGLang with the CPU layer applied.
 
-SGLang starts its scheduler and detokenizer with multiprocessing "spawn"; a spawned child re-imports
-this module (as __mp_main__), so the module-level apply() patches every SGLang process, not just this one.
+apply() runs at module level: were SGLang's children spawned, each would re-import this module (as
+__mp_main__) and be patched too; forked (fork_children), they inherit the patched modules.
 """
 
 import runpy
@@ -11,4 +11,5 @@ from serving import cpu_compat
 cpu_compat.apply()
 
 if __name__ == "__main__":
+    cpu_compat.fork_children()
     runpy.run_module("sglang.launch_server", run_name="__main__")

@@ -23,8 +23,8 @@ from pathlib import Path
 from flywheel import kafka_broker
 from serving import gateway_process
 from serving.replica import ReplicaConfig, start
-model, tmp = Path(sys.argv[1]), Path(sys.argv[2])
-replica = start(ReplicaConfig(model_path=model, log_dir=tmp / "logs"), wait=False)
+model, tmp, threads = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+replica = start(ReplicaConfig(model_path=model, log_dir=tmp / "logs", threads=threads), wait=False)
 broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=tmp / "kafka"))
 replica.ready()
 gateway = gateway_process.start([replica.url], model, tmp / "gw", kafka=broker.bootstrap)
@@ -38,8 +38,10 @@ def group(pgid: int) -> list[int]:
     return [int(p) for p in out if pid_alive(int(p))]
 
 
-@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
-def test_servers_die_with_the_process_that_started_them(test_model, tmp_path, how):
+# The replica's children forked (one torch thread, as fleets run it) and spawned (torch's default threads:
+# serving.cpu_compat keeps "spawn" while OpenMP's workers run).
+@pytest.mark.parametrize(("how", "threads"), [(signal.SIGKILL, 1), (signal.SIGTERM, 0)])
+def test_servers_die_with_the_process_that_started_them(test_model, tmp_path, how, threads):
     """A broker, an SGLang replica (launcher, scheduler, detokenizer) and a gateway (and its shipper),
     started the way the test fixtures and the demo start them; then their parent is killed, with no
     chance to clean up (SIGKILL) or without cleaning up (SIGTERM, as pytest does on a second Ctrl-C). What
@@ -47,7 +49,7 @@ def test_servers_die_with_the_process_that_started_them(test_model, tmp_path, ho
     from serving.replica import running
 
     proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(test_model), str(tmp_path)],
+        [sys.executable, "-c", CHILD, str(test_model), str(tmp_path), str(threads)],
         cwd=REPO_ROOT,
         env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
         stdout=subprocess.PIPE,

@@ -6,7 +6,12 @@ import sys
 from flywheel.core.paths import REPO_ROOT
 
 
-def test_apply_patches_sglang_allocator_and_provides_vllm_stub():
+def test_apply_patches_sglang_allocator_and_provides_vllm_stub_and_forks_children(test_model):
+    """One fresh process (SGLang's import is most of the cost). The start method: SGLang's own set-up asks
+    for "spawn" just before it starts its children; with the layer it is "fork" after that call, unless
+    another thread runs then (a fork copies one thread: torch's OpenMP workers, say, and a forked child
+    hangs in its first parallel region, measured). A live replica's forked children: every fleet test and
+    tests/integration/test_no_orphans.py."""
     code = (
         "from serving import cpu_compat; cpu_compat.apply()\n"
         "from sglang.srt.mem_cache.pool_host.common import ALLOC_MEMORY_FUNCS\n"
@@ -17,17 +22,29 @@ def test_apply_patches_sglang_allocator_and_provides_vllm_stub():
         "assert buf.shape == (4, 2, 2) and not buf.is_pinned() and int(buf.sum()) == 0\n"
         "from vllm._custom_ops import rotary_embedding\n"
         "try:\n    rotary_embedding()\nexcept NotImplementedError:\n    print('stub ok')\n"
+        "import multiprocessing, threading\n"
+        "cpu_compat.fork_children()\n"
+        "from sglang.srt.entrypoints import engine\n"
+        "from sglang.srt.server_args import ServerArgs\n"
+        f"args = ServerArgs(model_path={str(test_model)!r}, device='cpu'); args.resolve_once()\n"
+        "engine._set_envs_and_config(args)\n"
+        "print('alone:', multiprocessing.get_start_method())\n"
+        "threading.Thread(target=threading.Event().wait, daemon=True).start()\n"
+        "engine._set_envs_and_config(args)\n"
+        "print('with a thread:', multiprocessing.get_start_method())\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,
         cwd=REPO_ROOT,
-        env={"PYTHONPATH": str(REPO_ROOT), "CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"},
+        # One OpenMP thread, as a replica given its threads runs (serving.replica: OMP_NUM_THREADS).
+        env={"PYTHONPATH": str(REPO_ROOT), "CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
         timeout=120,
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "stub ok" in out.stdout
+    assert "alone: fork" in out.stdout and "with a thread: spawn" in out.stdout, out.stdout
 
 
 def test_layer_is_one_small_directory():

@@ -12,6 +12,8 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -186,6 +188,8 @@ def test_alerts_fire_for_real(observed, tmp_path):
 # Commands that run until stopped (a gateway, a trainer, an agent, the canary controller): a gateway passes
 # once it answers on its port and is still up READY_GRACE_S later (answering is its job); the others, if still
 # up after DAEMON_S (an agent's or a trainer's /metrics answers before its first poll and update: not ready).
+# Those run on while the runbook goes on (as an SRE's would), one of each kind at a time (two trainers would
+# share a work dir); each is judged and stopped before the next of its kind starts, or at the end.
 # Status commands report a broken part by their exit code; the rest must exit 0.
 DAEMONS = ("flywheel serve", "flywheel train", "flywheel weights agent", "flywheel weights canary")
 REPORTERS = ("flywheel status", "flywheel kafka status")
@@ -206,6 +210,9 @@ def test_every_runbook_command_runs_and_the_fixes_clear_the_alerts(observed, tes
         **fleet.env(),
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",  # `flywheel`, as installed
         "PYTHONPATH": os.getcwd(),
+        # One torch thread a process, as the fleet's replicas run (its restarted replica too: then SGLang's
+        # children are forked, serving.cpu_compat; ready in about half the time).
+        "OMP_NUM_THREADS": "1",
         "FLYWHEEL_PROMETHEUS_URL": prom.url,
         "REPLICA": "r1",
         "VERSION": "0",
@@ -224,20 +231,34 @@ def test_every_runbook_command_runs_and_the_fixes_clear_the_alerts(observed, tes
     }
     alerts = sorted(alert_names(load_rules()), key=lambda a: a != "KafkaUnreachable")
     failed = []
+    running: dict[str, _Daemon] = {}  # DAEMONS prefix -> the agent, trainer or canary controller running on
+
+    def judge(alert: str, cmd: str, rc, out: str) -> None:
+        if cmd.startswith(DAEMONS):
+            ok = rc is None  # still serving
+        elif cmd.startswith(REPORTERS):
+            ok = rc in (0, 1)
+        else:
+            ok = rc == 0
+        if not ok or "Traceback" in out:
+            failed.append(f"{alert}: {cmd!r} -> {rc}: {out[-600:]}")
+
     try:
         for alert in alerts:
             if alert == "CanaryUndecided":  # a trial whose controller is gone, for its page to end
                 activate(fleet.publish_config(), 0, "test: a trial left undecided", "canary", replicas=["r1"], stable=0)
             for cmd in runbook_commands(alert):
-                rc, out = _run(cmd, env, tmp_path / f"{alert}.log")
-                if cmd.startswith(DAEMONS):
-                    ok = rc is None  # still serving
-                elif cmd.startswith(REPORTERS):
-                    ok = rc in (0, 1)
-                else:
-                    ok = rc == 0
-                if not ok or "Traceback" in out:
-                    failed.append(f"{alert}: {cmd!r} -> {rc}: {out[-600:]}")
+                kind = next((d for d in DAEMONS if cmd.startswith(d)), None)
+                if kind in running:
+                    d = running.pop(kind)
+                    judge(d.alert, d.cmd, *d.finish())
+                if kind and not _probe(cmd, env):
+                    running[kind] = _Daemon.start(alert, cmd, env, tmp_path / f"{alert}-daemon.log")
+                    continue
+                judge(alert, cmd, *_run(cmd, env, tmp_path / f"{alert}.log"))
+        while running:
+            d = running.pop(next(iter(running)))
+            judge(d.alert, d.cmd, *d.finish())
         assert not failed, "\n".join(failed)
         # `flywheel kafka start` brought the broker back; `flywheel replica start` + `fleet activate`, r1.
         wait_until(
@@ -247,6 +268,8 @@ def test_every_runbook_command_runs_and_the_fixes_clear_the_alerts(observed, tes
             what=f"ReplicaDown and KafkaUnreachable cleared (firing: {firing(prom)})",
         )
     finally:
+        for d in running.values():
+            d.finish()
         subprocess.run(
             [sys.executable, "-m", "flywheel", "replica", "stop", "--port", env["REPLICA_PORT"]],
             env=env,
@@ -269,36 +292,77 @@ def _answers(url: str) -> bool:
         return False
 
 
-def _run(cmd: str, env: dict, log: Path) -> tuple[int | str | None, str]:
-    """(exit code; None for a daemon still running when stopped, "not answering" for one with a port that
-    never answered there; its output)."""
-    probe = [(env[var], path) for flag, (var, path) in PROBES.items() if flag in cmd]
+def _probe(cmd: str, env: dict) -> list[tuple[str, str]]:
+    """[(port, path)] where a daemon started by cmd answers; [] for one without a port."""
+    return [(env[var], path) for flag, (var, path) in PROBES.items() if flag in cmd]
+
+
+def _popen(cmd: str, env: dict, log: Path) -> subprocess.Popen:
     with open(log, "ab") as f:
         f.write(f"$ {cmd}\n".encode())
         f.flush()
-        proc = subprocess.Popen(
+        return subprocess.Popen(
             ["bash", "-c", cmd], env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
         )
-        rc: int | str | None = None
+
+
+def _end(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
         try:
-            if cmd.startswith(DAEMONS) and probe:
-                url = f"http://127.0.0.1:{probe[0][0]}{probe[0][1]}"
-                try:
-                    wait_until(lambda: proc.poll() is not None or _answers(url), READY_S, interval=0.5)
-                except TimeoutError:
-                    rc = "not answering"
-                else:
-                    rc = proc.wait(timeout=READY_GRACE_S)  # exited, or up READY_GRACE_S after answering
-            else:
-                rc = proc.wait(timeout=DAEMON_S if cmd.startswith(DAEMONS) else 240)
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _output(log: Path, cmd: str) -> str:
+    text = log.read_text()
+    return text[text.rfind(f"$ {cmd}") :]
+
+
+@dataclass
+class _Daemon:
+    """A daemon without a port, left running while the runbook goes on; finish() judges and stops it."""
+
+    alert: str
+    cmd: str
+    proc: subprocess.Popen
+    log: Path
+    started: float
+
+    @classmethod
+    def start(cls, alert: str, cmd: str, env: dict, log: Path) -> "_Daemon":
+        return cls(alert, cmd, _popen(cmd, env, log), log, time.monotonic())
+
+    def finish(self) -> tuple[int | None, str]:
+        """(None if still running DAEMON_S after its start, else its exit code; its output)."""
+        try:
+            rc = self.proc.wait(timeout=max(0.0, self.started + DAEMON_S - time.monotonic()))
         except subprocess.TimeoutExpired:
             rc = None
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
+        _end(self.proc)
+        return rc, _output(self.log, self.cmd)
+
+
+def _run(cmd: str, env: dict, log: Path) -> tuple[int | str | None, str]:
+    """Run cmd to its end, or a gateway until it has answered (and READY_GRACE_S more). (Exit code; None for
+    a gateway still running when stopped, "not answering" for one that never answered on its port; output.)"""
+    proc = _popen(cmd, env, log)
+    rc: int | str | None = None
+    try:
+        if cmd.startswith(DAEMONS):
+            (port, path), *_ = _probe(cmd, env)
+            url = f"http://127.0.0.1:{port}{path}"
             try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    text = log.read_text()
-    return rc, text[text.rfind(f"$ {cmd}") :]
+                wait_until(lambda: proc.poll() is not None or _answers(url), READY_S, interval=0.5)
+            except TimeoutError:
+                rc = "not answering"
+            else:
+                rc = proc.wait(timeout=READY_GRACE_S)  # exited, or up READY_GRACE_S after answering
+        else:
+            rc = proc.wait(timeout=240)
+    except subprocess.TimeoutExpired:
+        rc = None
+    _end(proc)
+    return rc, _output(log, cmd)

@@ -83,7 +83,8 @@ def gateway(launched_replicas, kafka_bootstrap, replica, test_model, tmp_path_fa
 def _launch(test_model, tmp_path_factory, logs: str):
     from serving.replica import ReplicaConfig, start
 
-    # One torch thread each, as fleets run them (two share the cores); and so their children are forked.
+    # One torch thread each (passive OpenMP waits), as fleets run them (two share the cores); and so their
+    # children are forked (serving.cpu_compat).
     cfg = ReplicaConfig(model_path=test_model, log_dir=tmp_path_factory.mktemp(logs), threads=1)
     return start(cfg, wait=False)
 

@@ -9,9 +9,9 @@ Two measured gaps (shared/notes/facts.md), both on paths SGLang's CPU mode reach
 
 And one start-up cost: SGLang starts its scheduler and detokenizer with multiprocessing "spawn" (which
 CUDA needs), so each re-imports SGLang and torch, ~12 s of CPU apiece. With no CUDA they are forked
-from the launcher instead, which is single-threaded at that point, and inherit its imports: a replica of
-the test model ready in 19 s instead of 30 s on an idle machine, 18 s of CPU instead of 40 s, its
-answers, logprobs, routed experts and /metrics names the same (measured, 2026-12-03).
+from the launcher instead, when it runs no other thread, and inherit its imports: a replica of the test
+model ready in 19 s instead of 30 s on an idle machine, 18 s of CPU instead of 40 s, its answers,
+logprobs, routed experts and /metrics names the same (measured, 2026-12-03).
 """
 
 from __future__ import annotations
@@ -44,18 +44,35 @@ def apply() -> None:
 
 
 def fork_children() -> None:
-    """Start SGLang's children with "fork" (see above). For the launcher's main process, after apply()."""
+    """Start SGLang's children with "fork" (see above). For the launcher's main process, after apply().
+
+    Spawn stays where a fork would be unsafe: another thread running (torch's OpenMP workers, there after
+    `import torch` unless OMP_NUM_THREADS=1: a child forked then hangs in its first parallel region,
+    measured), or prometheus_client already imported (it picks its multiprocess mode at import, before
+    SGLang has set PROMETHEUS_MULTIPROC_DIR, and a forked child's metrics would not reach /metrics)."""
     import multiprocessing
     import os
+    import sys
 
     from sglang.srt.entrypoints import engine
 
     set_envs_and_config = engine._set_envs_and_config  # where SGLang sets "spawn", just before its launches
 
+    def threads() -> int:
+        return len(os.listdir("/proc/self/task"))
+
     def then_fork(server_args):
         set_envs_and_config(server_args)
-        # A fork copies only the calling thread: were another running (holding a lock, say), spawn stays.
-        if len(os.listdir("/proc/self/task")) == 1:
+        if threads() > 1:
+            print(f"cpu_compat: SGLang's children spawned ({threads()} threads run here)", file=sys.stderr)
+        elif "prometheus_client" in sys.modules:
+            print("cpu_compat: SGLang's children spawned (prometheus_client imported early)", file=sys.stderr)
+        else:
             multiprocessing.set_start_method("fork", force=True)
 
+    def check_fork() -> None:  # one started after the check: say so in the replica's log
+        if threads() > 1:
+            print(f"cpu_compat: forking with {threads()} threads running", file=sys.stderr, flush=True)
+
     engine._set_envs_and_config = then_fork
+    os.register_at_fork(before=check_fork)

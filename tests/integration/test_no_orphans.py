@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -38,8 +39,20 @@ def group(pgid: int) -> list[int]:
     return [int(p) for p in out if pid_alive(int(p))]
 
 
+def sglang_children(pid: int) -> dict[int, bool]:
+    """SGLang's scheduler and detokenizer under a replica's launcher -> whether each was spawned: a spawned
+    child was exec'd with the environment SGLang set up just before (SGLANG_RUN_ID in /proc/<pid>/environ,
+    which is what a process got at exec); a forked one shares the launcher's, from before."""
+    out = {}
+    for child in subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split():
+        if Path(f"/proc/{child}/comm").read_text().startswith("sglang::"):
+            out[int(child)] = b"SGLANG_RUN_ID=" in Path(f"/proc/{child}/environ").read_bytes()
+    return out
+
+
 # The replica's children forked (one torch thread, as fleets run it) and spawned (torch's default threads:
-# serving.cpu_compat keeps "spawn" while OpenMP's workers run).
+# serving.cpu_compat keeps "spawn" while OpenMP's workers run). Each start method with one of the two
+# signals: the signal reaches the launcher's parent, the start method decides only how its children began.
 @pytest.mark.parametrize(("how", "threads"), [(signal.SIGKILL, 1), (signal.SIGTERM, 0)])
 def test_servers_die_with_the_process_that_started_them(test_model, tmp_path, how, threads):
     """A broker, an SGLang replica (launcher, scheduler, detokenizer) and a gateway (and its shipper),
@@ -51,13 +64,16 @@ def test_servers_die_with_the_process_that_started_them(test_model, tmp_path, ho
     proc = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(test_model), str(tmp_path), str(threads)],
         cwd=REPO_ROOT,
-        env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
+        # Torch's default threads where threads=0, whatever this run was given.
+        env={**{k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}, "PYTHONPATH": str(REPO_ROOT)},
         stdout=subprocess.PIPE,
         text=True,
     )
     try:
         *pids, tmp_dir = json.loads(proc.stdout.readline())
         assert os.listdir(tmp_dir), "SGLang put nothing in the replica's own temp dir"
+        spawned = sglang_children(pids[1])
+        assert len(spawned) == 2 and set(spawned.values()) == {threads == 0}, spawned
         groups = {p: group(p) for p in pids}
         assert all(groups.values()) and len(groups[pids[1]]) >= 3, groups  # SGLang's children are in its group
     finally:

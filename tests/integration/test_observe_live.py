@@ -189,7 +189,9 @@ def test_alerts_fire_for_real(observed, tmp_path):
 # once it answers on its port and is still up READY_GRACE_S later (answering is its job); the others, if still
 # up after DAEMON_S (an agent's or a trainer's /metrics answers before its first poll and update: not ready).
 # Those run on while the runbook goes on (as an SRE's would), one of each kind at a time (two trainers would
-# share a work dir); each is judged and stopped before the next of its kind starts, or at the end.
+# share a work dir), each judged and stopped at the first command after its DAEMON_S (so that one, an agent
+# in the fleet's consumer group, say, overlaps the runbook about as long as it runs), before the next of its
+# kind starts, or at the end.
 # Status commands report a broken part by their exit code; the rest must exit 0.
 DAEMONS = ("flywheel serve", "flywheel train", "flywheel weights agent", "flywheel weights canary")
 REPORTERS = ("flywheel status", "flywheel kafka status")
@@ -249,11 +251,12 @@ def test_every_runbook_command_runs_and_the_fixes_clear_the_alerts(observed, tes
                 activate(fleet.publish_config(), 0, "test: a trial left undecided", "canary", replicas=["r1"], stable=0)
             for cmd in runbook_commands(alert):
                 kind = next((d for d in DAEMONS if cmd.startswith(d)), None)
-                if kind in running:
-                    d = running.pop(kind)
+                for k in [k for k, d in running.items() if k == kind or d.due()]:
+                    d = running.pop(k)
                     judge(d.alert, d.cmd, *d.finish())
                 if kind and not _probe(cmd, env):
-                    running[kind] = _Daemon.start(alert, cmd, env, tmp_path / f"{alert}-daemon.log")
+                    log = tmp_path / f"{alert}-{kind.rsplit(' ', 1)[1]}.log"
+                    running[kind] = _Daemon.start(alert, cmd, env, log)
                     continue
                 judge(alert, cmd, *_run(cmd, env, tmp_path / f"{alert}.log"))
         while running:
@@ -268,8 +271,8 @@ def test_every_runbook_command_runs_and_the_fixes_clear_the_alerts(observed, tes
             what=f"ReplicaDown and KafkaUnreachable cleared (firing: {firing(prom)})",
         )
     finally:
-        for d in running.values():
-            d.finish()
+        for d in running.values():  # a failure above: stopped, not judged
+            _end(d.proc)
         subprocess.run(
             [sys.executable, "-m", "flywheel", "replica", "stop", "--port", env["REPLICA_PORT"]],
             env=env,
@@ -335,8 +338,12 @@ class _Daemon:
     def start(cls, alert: str, cmd: str, env: dict, log: Path) -> "_Daemon":
         return cls(alert, cmd, _popen(cmd, env, log), log, time.monotonic())
 
+    def due(self) -> bool:
+        return time.monotonic() >= self.started + DAEMON_S
+
     def finish(self) -> tuple[int | None, str]:
-        """(None if still running DAEMON_S after its start, else its exit code; its output)."""
+        """(None if still running when judged, DAEMON_S after its start or later, else its exit code; its
+        output). Waits for the DAEMON_S; then stops it."""
         try:
             rc = self.proc.wait(timeout=max(0.0, self.started + DAEMON_S - time.monotonic()))
         except subprocess.TimeoutExpired:

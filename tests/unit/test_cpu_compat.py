@@ -10,7 +10,7 @@ def test_apply_patches_sglang_allocator_and_provides_vllm_stub_and_forks_childre
     """One fresh process (SGLang's import is most of the cost). The start method: SGLang's own set-up asks
     for "spawn" just before it starts its children; with the layer it is "fork" after that call, unless
     another thread runs then (a fork copies one thread: torch's OpenMP workers, say, and a forked child
-    hangs in its first parallel region, measured). A live replica's forked children: every fleet test and
+    hangs in its first parallel region, measured). A live replica's children, forked and spawned:
     tests/integration/test_no_orphans.py."""
     code = (
         "from serving import cpu_compat; cpu_compat.apply()\n"

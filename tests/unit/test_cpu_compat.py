@@ -9,9 +9,10 @@ from flywheel.core.paths import REPO_ROOT
 def test_apply_patches_sglang_allocator_and_provides_vllm_stub_and_forks_children(test_model):
     """One fresh process (SGLang's import is most of the cost). The start method: SGLang's own set-up asks
     for "spawn" just before it starts its children; with the layer it is "fork" after that call, unless
-    another thread runs then (a fork copies one thread: torch's OpenMP workers, say, and a forked child
-    hangs in its first parallel region, measured). A live replica's children, forked and spawned:
-    tests/integration/test_no_orphans.py."""
+    prometheus_client was imported before (its multiprocess mode is picked at import) or another thread
+    runs then (a fork copies one thread: torch's OpenMP workers, say, and a forked child hangs in its
+    first parallel region, measured); a fork with threads running is logged. A live replica's children,
+    forked and spawned: tests/integration/test_no_orphans.py."""
     code = (
         "from serving import cpu_compat; cpu_compat.apply()\n"
         "from sglang.srt.mem_cache.pool_host.common import ALLOC_MEMORY_FUNCS\n"
@@ -29,9 +30,15 @@ def test_apply_patches_sglang_allocator_and_provides_vllm_stub_and_forks_childre
         f"args = ServerArgs(model_path={str(test_model)!r}, device='cpu'); args.resolve_once()\n"
         "engine._set_envs_and_config(args)\n"
         "print('alone:', multiprocessing.get_start_method())\n"
+        "import prometheus_client\n"
+        "engine._set_envs_and_config(args)\n"
+        "print('metrics imported early:', multiprocessing.get_start_method())\n"
         "threading.Thread(target=threading.Event().wait, daemon=True).start()\n"
         "engine._set_envs_and_config(args)\n"
         "print('with a thread:', multiprocessing.get_start_method())\n"
+        "import os\n"
+        "pid = os.fork()\n"  # a fork with that thread running anyway: said in the log
+        "os._exit(0) if pid == 0 else os.waitpid(pid, 0)\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],
@@ -44,7 +51,11 @@ def test_apply_patches_sglang_allocator_and_provides_vllm_stub_and_forks_childre
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "stub ok" in out.stdout
-    assert "alone: fork" in out.stdout and "with a thread: spawn" in out.stdout, out.stdout
+    assert "alone: fork" in out.stdout, out.stdout
+    assert "metrics imported early: spawn" in out.stdout and "with a thread: spawn" in out.stdout, out.stdout
+    assert "children spawned (prometheus_client imported early)" in out.stderr, out.stderr[-2000:]
+    assert "children spawned (2 threads run here)" in out.stderr, out.stderr[-2000:]
+    assert "forking with 2 threads running" in out.stderr, out.stderr[-2000:]
 
 
 def test_layer_is_one_small_directory():

@@ -25,6 +25,7 @@ import random
 import threading
 import time
 import urllib.request
+import warnings
 from dataclasses import asdict, dataclass
 from typing import Literal
 
@@ -332,6 +333,17 @@ class Population:
                 f.write(json.dumps(asdict(r)) + "\n")
 
 
+def parse_completion(source: str):
+    """ast.parse of a model's code, quietly: what Python warns about while parsing it ("invalid decimal literal",
+    an invalid escape) is about the model's code, not ours. The filter names only this file name; it is set
+    again at each call, as a test harness's warning filters are reset between tests."""
+    import ast
+
+    for category in (SyntaxWarning, DeprecationWarning):
+        warnings.filterwarnings("ignore", category=category, module=r"<completion>\Z")
+    return ast.parse(source, filename="<completion>")
+
+
 class HouseStyle:
     """A cheaper preference, judged by code in-process (for load tests, where a sandbox run per completion
     would load the machine under test): the function, once completed, parses and its body is a single
@@ -342,7 +354,7 @@ class HouseStyle:
 
         body = completion.split("\n\n", 1)[0]  # the function ends at its first blank line
         try:
-            fn = ast.parse(task.prompt + body).body[0]
+            fn = parse_completion(task.prompt + body).body[0]
         except (SyntaxError, IndexError, ValueError):
             return False
         stmts = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]

@@ -12,17 +12,13 @@ from flywheel.core.config import env
 def register(sub: argparse._SubParsersAction) -> None:
     from flywheel.core.config import add_flags
     from serving.config import GatewayConfig
+    from serving.replica import ReplicaConfig
 
     p = sub.add_parser("replica", help="SGLang serving replicas (CPU flags and compat layer on a CPU machine)")
     rsub = p.add_subparsers(dest="replica_cmd", required=True)
     s = rsub.add_parser("start", help="launch a replica in the background and wait until it generates")
     s.add_argument("--model", type=Path, required=True, help="checkpoint dir (Hugging Face layout)")
-    s.add_argument("--port", type=int, default=0)
-    s.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    s.add_argument("--device", default="cpu")
-    s.add_argument("--dtype", default="float32")
-    s.add_argument("--max-total-tokens", type=int, default=32768, help="KV pool bound (tokens)")
-    s.add_argument("--weight-version", type=int, default=0)
+    add_flags(s, ReplicaConfig)  # declared once, on the config's fields (serving.replica)
     s.set_defaults(func=_start)
     t = rsub.add_parser("stop", help="stop a replica by port (or all with --all)")
     t.add_argument("--port", type=int)
@@ -83,20 +79,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     kp.set_defaults(func=_keys_policy)
 
 
+def replica_config(args: argparse.Namespace):
+    """`flywheel replica start`'s flags (else FLYWHEEL_REPLICA_THREADS for --threads, else the defaults)."""
+    from flywheel.core.config import build
+    from serving.replica import ReplicaConfig
+
+    return build(ReplicaConfig, args, model_path=args.model)
+
+
 def _start(args) -> int:
     import time
 
-    from serving.replica import ReplicaConfig, start
+    from serving.replica import start
 
-    cfg = ReplicaConfig(
-        model_path=args.model,
-        host=args.host,
-        port=args.port,
-        device=args.device,
-        dtype=args.dtype,
-        max_total_tokens=args.max_total_tokens,
-        weight_version=args.weight_version,
-    )
+    cfg = replica_config(args)
     t0 = time.monotonic()
     r = start(cfg, die_with_parent=False)  # the command returns; the replica stays
     print(json.dumps({"url": r.url, "pid": r.pid, "log": str(r.log_file), "start_s": round(time.monotonic() - t0, 1)}))

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flywheel.core import weight_patch
+from flywheel.core.config import option
 from flywheel.core.paths import REPO_ROOT, flywheel_home
 from flywheel.core.procs import (
     free_port,
@@ -50,25 +51,30 @@ CPU_FLAGS = [
 
 @dataclass
 class ReplicaConfig:
+    """One replica's launch settings; the options are also `flywheel replica start`'s flags (serving.cli)."""
+
     model_path: Path
-    port: int = 0  # 0: a free port
-    host: str = "127.0.0.1"
+    port: int = option(0, help="port to listen on; 0: a free one")
+    host: str = option("127.0.0.1", help="address to listen on")
     netns: str | None = None  # a test host's network namespace to run in (then give the port)
-    device: str = "cpu"
+    device: str = option("cpu", help="cpu: SGLang's CPU flags and our compat layer; cuda: plain SGLang")
     # float32 on CPU: bf16 checkpoints are upcast, so trainer and server compute the same numbers.
-    dtype: str = "float32"
+    dtype: str = option("float32", help="weights and activations dtype")
     # SGLang sizes its KV pool to fill free RAM unless bounded (facts.md: ~14 GB for a tiny model).
-    max_total_tokens: int = 32768
-    max_running_requests: int = 64
-    chunked_prefill_size: int = 4096
-    weight_version: int = 0  # what SGLang reports until the first switch: the base model
-    random_seed: int = 0
-    # torch intra-op threads; 0: torch's default (all cores). Replicas sharing a CPU machine should split
-    # the cores: two replicas of two threads each on two cores measured a 10x worse p99 (benchmarks.delta).
-    threads: int = 0
+    max_total_tokens: int = option(32768, help="KV pool bound (tokens)")
+    max_running_requests: int = option(64, help="requests decoded together at most")
+    chunked_prefill_size: int = option(4096, help="prompt tokens prefilled per step at most")
+    weight_version: int = option(0, help="the version reported until the first switch (the launch checkpoint's)")
+    random_seed: int = option(0, help="SGLang's sampling seed")
+    # Replicas sharing a CPU machine should split the cores: two replicas of two threads each on two cores
+    # measured a 10x worse p99 (benchmarks.delta). With one, the replica's SGLang children are also forked
+    # instead of spawned (no OpenMP worker runs in the launcher; serving.cpu_compat): ready in about half the time.
+    threads: int = option(
+        0, help="torch intra-op threads; 0: torch's default (all cores)", env="FLYWHEEL_REPLICA_THREADS"
+    )
     extra_args: list[str] = field(default_factory=list)
     log_dir: Path | None = None
-    start_timeout_s: float = 240.0
+    start_timeout_s: float = option(240.0, help="seconds to wait until it generates, then stop it and fail")
 
 
 @dataclass

@@ -212,8 +212,8 @@ def test_every_runbook_command_runs_and_the_fixes_clear_the_alerts(observed, tes
         **fleet.env(),
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",  # `flywheel`, as installed
         "PYTHONPATH": os.getcwd(),
-        # One torch thread a process, as the fleet's replicas run (its restarted replica too: then SGLang's
-        # children are forked, serving.cpu_compat; ready in about half the time).
+        # One torch thread a process, as the fleet's replicas run (its restarted replica too, `--threads`: then
+        # SGLang's children are forked, serving.cpu_compat; ready in about half the time).
         "OMP_NUM_THREADS": "1",
         "FLYWHEEL_PROMETHEUS_URL": prom.url,
         "REPLICA": "r1",
@@ -222,6 +222,7 @@ def test_every_runbook_command_runs_and_the_fixes_clear_the_alerts(observed, tes
         "MODEL_DIR": str(test_model),
         "REPLICA_URL": dead.url,
         "REPLICA_PORT": str(urlsplit(dead.url).port),
+        "REPLICA_THREADS": "1",
         "KAFKA_DATA_DIR": str(fleet.out / "kafka"),
         "KAFKA_PORT": fleet.broker.bootstrap.rsplit(":", 1)[1],
         "GATEWAY_STATE_DIR": str(tmp_path / "gateway"),

@@ -42,6 +42,7 @@ DEPLOYMENT_ENV = {
     "MODEL_DIR",
     "REPLICA_URL",
     "REPLICA_PORT",
+    "REPLICA_THREADS",
     "KAFKA_DATA_DIR",
     "KAFKA_PORT",
     "GATEWAY_STATE_DIR",
@@ -110,7 +111,7 @@ def test_every_runbook_is_an_alerts_and_the_index_names_them_all():
 
 def _placeholder(var: str) -> str:
     """A stand-in value that the command's flags would accept."""
-    if var.endswith("VERSION") or var.endswith("PORT"):
+    if var.endswith(("VERSION", "PORT", "THREADS")):
         return "3"
     if var == "REPLICA":
         return "r0"

@@ -97,3 +97,24 @@ def test_the_trainer_command_and_its_config_agree(monkeypatch):
     assert (cfg.optim.lr, cfg.loss.kl_coef, cfg.publish.interval_s, cfg.publish.canary) == (1e-4, 0.0, 60.0, True)
     with pytest.raises(ValueError, match="RolloutConfig.replicas must be one of any, borrowed"):
         RolloutConfig(replicas="some")
+
+
+def test_the_replica_command_and_its_config_agree(monkeypatch):
+    """`flywheel replica start` with no flags makes the default ReplicaConfig; --threads (or its variable) sets
+    the torch threads that the replica's environment then carries."""
+    from flywheel.cli import build_parser
+    from serving.cli import replica_config
+    from serving.replica import ReplicaConfig, _env
+
+    monkeypatch.delenv("FLYWHEEL_REPLICA_THREADS", raising=False)
+    args = build_parser().parse_args(["replica", "start", "--model", "m"])
+    assert replica_config(args) == ReplicaConfig(model_path=Path("m"))
+    argv = ["replica", "start", "--model", "m", "--port", "31001", "--threads", "1", "--max-total-tokens", "4096"]
+    cfg = replica_config(build_parser().parse_args(argv))
+    assert (cfg.port, cfg.threads, cfg.max_total_tokens, cfg.dtype) == (31001, 1, 4096, "float32")
+    assert _env(cfg)["OMP_NUM_THREADS"] == "1"
+    monkeypatch.setenv("FLYWHEEL_REPLICA_THREADS", "2")
+    assert replica_config(build_parser().parse_args(["replica", "start", "--model", "m"])).threads == 2
+    assert (
+        replica_config(build_parser().parse_args(["replica", "start", "--model", "m", "--threads", "1"])).threads == 1
+    )

@@ -1,6 +1,8 @@
 """Pieces of the load tests and the demo report that need no servers: preferences judged by code, the
 duration flag, the per-version summary and the demo's verdict."""
 
+import warnings
+
 import pytest
 
 from flywheel import demo_report
@@ -18,6 +20,14 @@ def test_house_style_is_judged_by_parsing_not_by_matching():
     assert not prefers(TASK, f"    y = {TASK.arg}\n    return y\n")  # two statements
     assert not prefers(TASK, "    return (\n")  # does not parse
     assert not prefers(TASK, "    pass\n")
+
+
+def test_house_style_keeps_quiet_about_the_models_code():
+    """What the parser warns about in a completion ("1if": an invalid decimal literal) is not a warning of ours."""
+    with warnings.catch_warnings(record=True) as seen:
+        assert HouseStyle()(TASK, f"    return 1if {TASK.arg} else 2\n")
+        compile("x = 1if 1 else 2", "<elsewhere>", "exec")  # elsewhere, the same text still warns
+    assert [str(w.message) for w in seen] == ["invalid decimal literal"]
 
 
 def test_hidden_tests_accept_correct_code_only():

@@ -5,7 +5,6 @@ from the start, duplicates by event_id dropped, as the trainer drops them) and w
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,36 +24,20 @@ def read_topic(bootstrap: str, topic: str, timeout_s: float = 120.0) -> TopicAud
     what should be there is acknowledged (the spools drained): with acks=all a record is acknowledged once
     every in-sync replica has it, so it is below the end offsets read here. Raises ValueError for a topic
     that is not there, TimeoutError if its end is not reached within timeout_s."""
-    from kafka import KafkaConsumer, TopicPartition
-
     from flywheel.core import events as ev
+    from flywheel.core.kafka_admin import records_to_end
 
     audit, seen = TopicAudit(), set()
-    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
-    try:
-        parts = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic))]
-        if not parts:  # an audit of a topic that is not there is a mistake, not an empty audit
-            raise ValueError(f"{topic}: no such topic on {bootstrap}")
-        c.assign(parts)
-        c.seek_to_beginning(*parts)
-        ends = c.end_offsets(parts)
-        deadline = time.monotonic() + timeout_s
-        while any(c.position(tp) < ends[tp] for tp in parts):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{topic}: not read to its end offsets {ends} in {timeout_s:.0f}s")
-            for records in c.poll(timeout_ms=500).values():
-                for r in records:
-                    try:
-                        e = ev.decode(r.value)
-                    except ev.SchemaError:
-                        continue
-                    if e.event_id in seen:
-                        audit.repeated += 1
-                        continue
-                    seen.add(e.event_id)
-                    audit.per_completion[e.completion_id] = audit.per_completion.get(e.completion_id, 0) + 1
-    finally:
-        c.close()
+    for r in records_to_end(bootstrap, topic, timeout_s):
+        try:
+            e = ev.decode(r.value)
+        except ev.SchemaError:
+            continue
+        if e.event_id in seen:
+            audit.repeated += 1
+            continue
+        seen.add(e.event_id)
+        audit.per_completion[e.completion_id] = audit.per_completion.get(e.completion_id, 0) + 1
     return audit
 
 

@@ -178,23 +178,34 @@ def served_samples(model_dir: Path, n: int | None = None, tasks: int = 6, seed: 
     return as_samples(raw, lambda i: i % 2, group_size=4)[:n]
 
 
-def read_topic(
-    bootstrap: str, topic: str, keys: set[str] | None = None, timeout_ms: int = 5000
-) -> list[tuple[str, bytes]]:
-    """(key, value) of a topic's records from its start, only those keyed by `keys` if given (a shared broker
-    holds other tests' records too)."""
+def events_until(bootstrap: str, topic: str, done, timeout_s: float = 60.0) -> list:
+    """The decoded events of `topic` from its start, read until `done(events)` holds or timeout_s passes (the
+    caller's assert then says what is missing). For what a gateway answered for: its shipper sends it a moment
+    later, and waiting for a silence instead would cost that silence on every call."""
+    import time
+
     from kafka import KafkaConsumer
 
+    from flywheel.core import events as ev
+
     c = KafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        consumer_timeout_ms=timeout_ms,
-        group_id=None,
+        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False, group_id=None
     )
+    events: list = []
+    deadline = time.monotonic() + timeout_s
     try:
-        records = [(r.key.decode(), r.value) for r in c if r.key]
+        while not done(events) and time.monotonic() < deadline:
+            for records in c.poll(timeout_ms=200).values():
+                events += [ev.decode(r.value) for r in records]
     finally:
         c.close()
+    return events
+
+
+def read_topic(bootstrap: str, topic: str, keys: set[str] | None = None) -> list[tuple[str, bytes]]:
+    """(key, value) of a topic's records from its start to its end now (call it once they are acknowledged: a
+    spool drained), only those keyed by `keys` if given (a shared broker holds other tests' records too)."""
+    from flywheel.core.kafka_admin import records_to_end
+
+    records = [(r.key.decode(), r.value) for r in records_to_end(bootstrap, topic) if r.key]
     return records if keys is None else [(k, v) for k, v in records if k in keys]

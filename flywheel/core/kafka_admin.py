@@ -1,11 +1,12 @@
 """Kafka administration every package shares, whichever broker it talks to (the development one that
-flywheel.kafka_broker launches, or a cluster): creating the topics, and quieting kafka-python's logger
-around calls whose failures are expected."""
+flywheel.kafka_broker launches, or a cluster): creating the topics, reading a topic through to its end (audits,
+checks), and quieting kafka-python's logger around calls whose failures are expected."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import time
 
 
 @contextlib.contextmanager
@@ -62,3 +63,31 @@ def ensure_topics(bootstrap: str, partitions: int = 4) -> None:
             admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, t, configs=keep[t]) for t in present])
     finally:
         admin.close()
+
+
+def records_to_end(bootstrap: str, topic: str, timeout_s: float = 120.0) -> list:
+    """Every record of `topic` (kafka-python ConsumerRecords, partition by partition in offset order) from its
+    start to the end offsets it has when called, without waiting for a silence that says nothing more comes.
+    Call it once what should be there is acknowledged (a spool drained, a producer's send returned): with
+    acks=all an acknowledged record is below the end offsets read here. Raises ValueError for a topic that is
+    not there, TimeoutError if its end is not reached within timeout_s."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
+    try:
+        parts = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or [])]
+        if not parts:  # reading a topic that is not there is a mistake, not an empty read
+            raise ValueError(f"{topic}: no such topic on {bootstrap}")
+        c.assign(parts)
+        c.seek_to_beginning(*parts)
+        ends = c.end_offsets(parts)
+        got: dict = {tp: [] for tp in parts}
+        deadline = time.monotonic() + timeout_s
+        while any(c.position(tp) < ends[tp] for tp in parts):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{topic}: not read to its end offsets {ends} in {timeout_s:.0f}s")
+            for tp, records in c.poll(timeout_ms=500).items():
+                got[tp] += [r for r in records if r.offset < ends[tp]]
+    finally:
+        c.close()
+    return [r for tp in parts for r in got[tp]]

@@ -6,8 +6,6 @@ completions record their arm; the trainer stops learning from a rolled-back vers
 from __future__ import annotations
 
 import dataclasses
-import time
-import uuid
 
 import numpy as np
 import pytest
@@ -16,6 +14,7 @@ from flywheel.core.procs import wait_until
 from flywheel.local_fleet import LocalFleet, LocalFleetConfig
 from flywheel.population import HouseStyle, Population, PopulationConfig
 from loadtests import versions
+from tests.helpers import events_until
 from weight_sync.canary import CanaryConfig, CanaryController
 from weight_sync.publish import publish
 
@@ -23,31 +22,18 @@ pytestmark = pytest.mark.timeout(900)
 
 
 def _arms_in_kafka(bootstrap: str) -> dict[str, int]:
-    from kafka import KafkaConsumer
-
+    """Completions logged per arm, read until both arms are there (the shippers send a moment later)."""
     from flywheel.core import events as ev
     from flywheel.core.kafka_admin import quiet_kafka
 
-    counts: dict[str, int] = {}
-    deadline = time.monotonic() + 60
+    def arms(events) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for e in events:
+            counts[e.arm] = counts.get(e.arm, 0) + 1
+        return counts
+
     with quiet_kafka():
-        c = KafkaConsumer(
-            ev.TOPIC_COMPLETIONS,
-            bootstrap_servers=bootstrap,
-            group_id=f"arms-{uuid.uuid4().hex[:6]}",
-            auto_offset_reset="earliest",
-            enable_auto_commit=False,
-            consumer_timeout_ms=5000,
-        )
-        try:
-            for r in c:
-                arm = ev.decode(r.value).arm
-                counts[arm] = counts.get(arm, 0) + 1
-                if time.monotonic() > deadline:
-                    break
-        finally:
-            c.close()
-    return counts
+        return arms(events_until(bootstrap, ev.TOPIC_COMPLETIONS, lambda es: {"canary", "stable"} <= set(arms(es))))
 
 
 def test_better_promoted_worse_rolled_back_neutral_promoted(test_model, tmp_path, capsys):

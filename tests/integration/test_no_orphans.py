@@ -50,35 +50,45 @@ def sglang_children(pid: int) -> dict[int, bool]:
     return out
 
 
-# The replica's children forked (one torch thread, as fleets run it) and spawned (torch's default threads:
-# serving.cpu_compat keeps "spawn" while OpenMP's workers run). Each start method with one of the two
-# signals: the signal reaches the launcher's parent, the start method decides only how its children began.
-@pytest.mark.parametrize(("how", "threads"), [(signal.SIGKILL, 1), (signal.SIGTERM, 0)])
-def test_servers_die_with_the_process_that_started_them(test_model, tmp_path, how, threads):
+def test_servers_die_with_the_process_that_started_them(test_model, tmp_path):
     """A broker, an SGLang replica (launcher, scheduler, detokenizer) and a gateway (and its shipper),
     started the way the test fixtures and the demo start them; then their parent is killed, with no
     chance to clean up (SIGKILL) or without cleaning up (SIGTERM, as pytest does on a second Ctrl-C). What
-    SGLang left in its private temp dir (ipc sockets, metric files) goes with the next look at the replicas."""
+    SGLang left in its private temp dir (ipc sockets, metric files) goes with the next look at the replicas.
+
+    Two such parents side by side (they load at once): one whose replica's children were forked (one torch
+    thread, as fleets run it) and is killed with SIGKILL, one whose replica's were spawned (torch's default
+    threads: serving.cpu_compat keeps "spawn" while OpenMP's workers run) and gets SIGTERM. The signal reaches
+    the launcher's parent; the start method decides only how its children began."""
     from serving.replica import running
 
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(test_model), str(tmp_path), str(threads)],
-        cwd=REPO_ROOT,
-        # Torch's default threads where threads=0, whatever this run was given.
-        env={**{k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}, "PYTHONPATH": str(REPO_ROOT)},
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    ways = {signal.SIGKILL: 1, signal.SIGTERM: 0}  # signal -> the replica's torch threads
+    procs = {
+        how: subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(test_model), str(tmp_path / how.name), str(threads)],
+            cwd=REPO_ROOT,
+            # Torch's default threads where threads=0, whatever this run was given.
+            env={**{k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}, "PYTHONPATH": str(REPO_ROOT)},
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for how, threads in ways.items()
+    }
+    started = {}
     try:
-        *pids, tmp_dir = json.loads(proc.stdout.readline())
-        assert os.listdir(tmp_dir), "SGLang put nothing in the replica's own temp dir"
-        spawned = sglang_children(pids[1])
-        assert len(spawned) == 2 and set(spawned.values()) == {threads == 0}, spawned
-        groups = {p: group(p) for p in pids}
-        assert all(groups.values()) and len(groups[pids[1]]) >= 3, groups  # SGLang's children are in its group
+        for how, proc in procs.items():
+            *pids, tmp_dir = json.loads(proc.stdout.readline())
+            started[how] = (pids, tmp_dir)
+            assert os.listdir(tmp_dir), "SGLang put nothing in the replica's own temp dir"
+            spawned = sglang_children(pids[1])
+            assert len(spawned) == 2 and set(spawned.values()) == {ways[how] == 0}, (how.name, spawned)
+            groups = {p: group(p) for p in pids}
+            assert all(groups.values()) and len(groups[pids[1]]) >= 3, groups  # SGLang's children: its group
     finally:
-        proc.send_signal(how)
-        proc.wait()
+        for how, proc in procs.items():
+            proc.send_signal(how)
+            proc.wait()
+    pids = [p for ps, _ in started.values() for p in ps]
     deadline = time.monotonic() + 60
     while any(group(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -87,7 +97,9 @@ def test_servers_die_with_the_process_that_started_them(test_model, tmp_path, ho
         for m in members:
             os.kill(m, signal.SIGKILL)
     assert not left, f"processes outlived their parent: {left}"
-    assert pids[1] not in [r.pid for r in running()] and not os.path.exists(tmp_dir)
+    assert len(started) == 2
+    for ps, tmp_dir in started.values():
+        assert ps[1] not in [r.pid for r in running()] and not os.path.exists(tmp_dir)
 
 
 def test_a_pid_file_whose_pid_was_reused_kills_nobody(tmp_path):

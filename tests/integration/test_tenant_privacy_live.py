@@ -18,6 +18,7 @@ from flywheel.core.procs import wait_until
 from online_rl.config import OptimConfig, PublisherConfig, TrainerConfig
 from online_rl.trainer import Trainer
 from serving import gateway_process
+from tests.helpers import events_until
 
 pytestmark = pytest.mark.timeout(600)
 ADMIN = "tenants-admin"
@@ -44,17 +45,11 @@ def complete_and_accept(url: str, tenant: str, prompt: str) -> str:
     return cid
 
 
-def topic(bootstrap: str, name: str) -> list:
-    from kafka import KafkaConsumer, TopicPartition
-
-    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=3000)
-    try:
-        parts = [TopicPartition(name, p) for p in sorted(c.partitions_for_topic(name) or [])]
-        c.assign(parts)
-        c.seek_to_beginning(*parts)
-        return [ev.decode(r.value) for r in c]
-    finally:
-        c.close()
+def logged(bootstrap: str, *cids: str) -> dict:
+    """The completion events on Kafka by id, read until those of `cids` are there (shipped a moment after
+    the answer)."""
+    events = events_until(bootstrap, ev.TOPIC_COMPLETIONS, lambda es: set(cids) <= {e.completion_id for e in es})
+    return {e.completion_id: e for e in events}
 
 
 def admin(gw_url: str, *args: str) -> int:
@@ -102,7 +97,7 @@ def test_secrets_deny_and_forget_through_the_whole_loop(replica, test_model, tmp
         assert trainer.train_step(force=True) is not None
         trainer.checkpoint()
         assert trainer.publish() == 1
-        completions = {e.completion_id: e for e in topic(broker.bootstrap, ev.TOPIC_COMPLETIONS)}
+        completions = logged(broker.bootstrap, leaked)
         assert completions[leaked].withheld == "secret" and completions[leaked].prompt_ids.size == 0
         assert "AWS Access Key" in completions[leaked].secret_types
         assert all(completions[c].withheld == "" and completions[c].prompt_ids.size for c in acme + initech)
@@ -154,10 +149,11 @@ def test_secrets_deny_and_forget_through_the_whole_loop(replica, test_model, tmp
             "initech's denied events",
             lambda: dropped.labels("withheld")._value.get() > withheld and dropped.labels("deny")._value.get() >= 1,
         )
-        records = {e.completion_id: e for e in topic(broker.bootstrap, ev.TOPIC_COMPLETIONS)}
+        records = logged(broker.bootstrap, denied)
         assert records[denied].withheld == "policy" and records[denied].output_ids.size == 0
-        policies = [r for r in topic(broker.bootstrap, ev.TOPIC_TENANTS)]
-        assert {(r.name, r.train) for r in policies} >= {("acme", "allow"), ("initech", "deny")}
+        want = {("acme", "allow"), ("initech", "deny")}
+        policies = events_until(broker.bootstrap, ev.TOPIC_TENANTS, lambda rs: {(r.name, r.train) for r in rs} >= want)
+        assert {(r.name, r.train) for r in policies} >= want
         assert all(r.forgotten_before == before for r in policies if r.name == "acme")
         assert all(s.tenant != records[denied].tenant for s in trainer.buffer)
     finally:

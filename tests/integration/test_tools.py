@@ -11,7 +11,8 @@ import openai
 import pytest
 from jsonschema import validate
 
-from tests.helpers import get
+from flywheel.core.kafka_admin import records_to_end
+from tests.helpers import events_until, get
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -190,8 +191,6 @@ def test_a_malformed_call_is_counted_with_the_version_that_wrote_it(gateway):
 def test_a_multi_turn_session_is_linked_in_the_completion_events(gateway, kafka_bootstrap):
     import uuid
 
-    from kafka import KafkaConsumer
-
     from flywheel.core import events as ev
 
     client = _client(gateway)
@@ -211,20 +210,8 @@ def test_a_multi_turn_session_is_linked_in_the_completion_events(gateway, kafka_
     )
     assert third.model_extra["session_id"] == given
     want = {first.id, second_id, third.id}
-    c = KafkaConsumer(
-        ev.TOPIC_COMPLETIONS,
-        bootstrap_servers=kafka_bootstrap,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        group_id=None,
-        consumer_timeout_ms=5000,
-    )
-    events = {}
-    for r in c:
-        e = ev.decode(r.value)
-        if e.completion_id in want:
-            events[e.completion_id] = e
-    c.close()
+    logged = events_until(kafka_bootstrap, ev.TOPIC_COMPLETIONS, lambda es: want <= {e.completion_id for e in es})
+    events = {e.completion_id: e for e in logged if e.completion_id in want}
     assert set(events) == want
     assert (events[first.id].session_id, events[first.id].parent_id) == (first.id, "")
     assert (events[second_id].session_id, events[second_id].parent_id) == (first.id, f"{first.id}:0")
@@ -239,7 +226,6 @@ def test_an_agent_session_is_joined_and_trained_with_tool_results_masked(gateway
 
     import numpy as np
     import torch
-    from kafka import KafkaConsumer
     from tokenizers import Tokenizer
 
     from flywheel.core import events as ev
@@ -283,21 +269,12 @@ def test_an_agent_session_is_joined_and_trained_with_tool_results_masked(gateway
     status, body, _ = post(f"{gateway.url}/v1/feedback", {"session_id": sid, "kind": "accept"}, key="key-alice")
     assert status == 200 and body["session_id"] == sid
 
-    def read(topic, keep):
-        c = KafkaConsumer(
-            topic,
-            bootstrap_servers=kafka_bootstrap,
-            auto_offset_reset="earliest",
-            enable_auto_commit=False,
-            group_id=None,
-            consumer_timeout_ms=5000,
-        )
-        got = [e for e in (ev.decode(r.value) for r in c) if keep(e)]
-        c.close()
-        return got
+    def read(topic, keep, count):  # once `count` are there, all there are (a surplus would show)
+        events_until(kafka_bootstrap, topic, lambda es: sum(map(keep, es)) >= count)
+        return [e for e in (ev.decode(r.value) for r in records_to_end(kafka_bootstrap, topic)) if keep(e)]
 
-    turns = read(ev.TOPIC_COMPLETIONS, lambda e: e.completion_id in cids)
-    outcome = read(ev.TOPIC_FEEDBACK, lambda e: e.session_id == sid)
+    turns = read(ev.TOPIC_COMPLETIONS, lambda e: e.completion_id in cids, len(cids))
+    outcome = read(ev.TOPIC_FEEDBACK, lambda e: e.session_id == sid, 1)
     assert sorted(e.completion_id for e in turns) == sorted(cids) and len(outcome) == 1
     assert all(e.session_id == sid for e in turns)
     j = Joiner()

@@ -32,19 +32,11 @@ def wait_for(what: str, cond, timeout: float = 120.0) -> None:
 
 
 def weights_records(bootstrap: str, public_key) -> list[dict]:
-    """The weights topic from its start, each record verified."""
-    from kafka import KafkaConsumer, TopicPartition
-
+    """The weights topic from its start to its end now, each record verified (call it once they are announced)."""
     from flywheel.core import control
+    from flywheel.core.kafka_admin import records_to_end
 
-    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=3000)
-    try:
-        tp = TopicPartition(ev.TOPIC_WEIGHTS, 0)
-        c.assign([tp])
-        c.seek_to_beginning(tp)
-        return [control.decode(r.value, public_key) for r in c]
-    finally:
-        c.close()
+    return [control.decode(r.value, public_key) for r in records_to_end(bootstrap, ev.TOPIC_WEIGHTS)]
 
 
 def test_trainer_survives_each_failure_mid_run(test_model, gateway, tmp_path, monkeypatch):

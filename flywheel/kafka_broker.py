@@ -157,12 +157,20 @@ def _java() -> str:
 
 
 def metadata_ok(bootstrap: str, timeout_s: float = 5.0) -> bool:
-    """True when the broker answers a metadata request (and reports itself as a live node)."""
+    """True when the broker answers a metadata request (and reports itself as a live node), within about
+    timeout_s: kafka-python's client would otherwise keep trying to bootstrap for 30 s, its reconnect backoff
+    doubling while the port is still closed, so a probe begun just before a broker opened its port answered
+    half a minute later (a restarted cluster node: ready in ~10 s, seen after 30)."""
     from kafka import KafkaAdminClient
 
+    ms = int(timeout_s * 1000)
     with quiet_kafka():  # "connection refused" is the expected answer while a broker starts
         admin = KafkaAdminClient(
-            bootstrap_servers=bootstrap, request_timeout_ms=int(timeout_s * 1000), client_id="flywheel-probe"
+            bootstrap_servers=bootstrap,
+            request_timeout_ms=ms,
+            bootstrap_timeout_ms=ms,
+            reconnect_backoff_max_ms=min(ms, 500),
+            client_id="flywheel-probe",
         )
         try:
             return len(admin.describe_cluster().get("brokers", [])) >= 1

@@ -31,7 +31,7 @@ class StreamReader:
     def _connect(self):
         from kafka import KafkaConsumer, TopicPartition
 
-        from flywheel.core.kafka_admin import ensure_topics
+        from flywheel.core.kafka_admin import RECONNECT_BACKOFF_MAX_MS, ensure_topics
 
         ensure_topics(self.bootstrap)  # weights too: a rollback announced later must reach us
         c = KafkaConsumer(
@@ -41,6 +41,7 @@ class StreamReader:
             auto_offset_reset="earliest",
             client_id="flywheel-trainer",
             max_poll_records=2000,
+            reconnect_backoff_max_ms=RECONNECT_BACKOFF_MAX_MS,
         )
         try:
             parts = []

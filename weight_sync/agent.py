@@ -627,6 +627,8 @@ class Agent:
         from kafka import KafkaConsumer
         from kafka.errors import KafkaError
 
+        from flywheel.core.kafka_admin import RECONNECT_BACKOFF_MAX_MS
+
         if self.cfg.metrics_port:
             from prometheus_client import start_http_server
 
@@ -647,6 +649,7 @@ class Agent:
             auto_offset_reset="earliest",
             enable_auto_commit=False,
             client_id=f"flywheel-agent-{self.cfg.name}",
+            reconnect_backoff_max_ms=RECONNECT_BACKOFF_MAX_MS,
         )
         log.info(
             "agent %s following %s (replica %s on v%d)",

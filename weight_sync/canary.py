@@ -282,8 +282,13 @@ class CanaryController:
         so a restarted controller only trials the candidates still undecided."""
         from kafka import KafkaConsumer, TopicPartition
 
+        from flywheel.core.kafka_admin import RECONNECT_BACKOFF_MAX_MS
+
         c = KafkaConsumer(
-            bootstrap_servers=self.cfg.publish.kafka_bootstrap, enable_auto_commit=False, client_id="flywheel-canary"
+            bootstrap_servers=self.cfg.publish.kafka_bootstrap,
+            enable_auto_commit=False,
+            client_id="flywheel-canary",
+            reconnect_backoff_max_ms=RECONNECT_BACKOFF_MAX_MS,
         )
         deadline = time.monotonic() + 60
         parts = c.partitions_for_topic(TOPIC_WEIGHTS)

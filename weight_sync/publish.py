@@ -64,6 +64,8 @@ class PublishResult:
 def _kafka_send(bootstrap: str, value: bytes, timeout_s: float = 30.0) -> None:
     from kafka import KafkaProducer
 
+    from flywheel.core.kafka_admin import RECONNECT_BACKOFF_MAX_MS
+
     # Bounded waits: a broker that is down fails this call in about timeout_s, and the caller retries.
     # The record expires with it (delivery timeout), so close() has nothing left to flush.
     ms = int(timeout_s * 1000)
@@ -76,6 +78,7 @@ def _kafka_send(bootstrap: str, value: bytes, timeout_s: float = 30.0) -> None:
         max_block_ms=ms,
         request_timeout_ms=ms // 2,
         delivery_timeout_ms=ms,
+        reconnect_backoff_max_ms=RECONNECT_BACKOFF_MAX_MS,
     )
     try:
         # One key for every weights record: a single partition keeps versions and activations in order.

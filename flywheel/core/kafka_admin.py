@@ -8,6 +8,12 @@ import contextlib
 import logging
 import time
 
+# kafka-python 3 doubles its reconnect backoff up to 30 s (kafka-python 2 and the Java client stop at 1 s): a
+# client that lost its broker then saw it back up to half a minute after it served again (measured: a broker
+# restarted in 3-5 s was found after 9-11 s, a restarted cluster node after 30 s). Every long-lived client
+# of ours passes this instead; the gateway's shipper keeps its own 2 s (serving.event_shipper).
+RECONNECT_BACKOFF_MAX_MS = 1000
+
 
 @contextlib.contextmanager
 def quiet_kafka():
@@ -32,7 +38,9 @@ def ensure_topics(bootstrap: str, partitions: int = 4) -> None:
 
     from flywheel.core import events as ev
 
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="flywheel-topics")
+    admin = KafkaAdminClient(
+        bootstrap_servers=bootstrap, client_id="flywheel-topics", reconnect_backoff_max_ms=RECONNECT_BACKOFF_MAX_MS
+    )
     try:
         existing = set(admin.list_topics())
         rf = -1  # the broker's default (KIP-464)
@@ -73,7 +81,12 @@ def records_to_end(bootstrap: str, topic: str, timeout_s: float = 120.0) -> list
     not there, TimeoutError if its end is not reached within timeout_s."""
     from kafka import KafkaConsumer, TopicPartition
 
-    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, group_id=None)
+    c = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        group_id=None,
+        reconnect_backoff_max_ms=RECONNECT_BACKOFF_MAX_MS,
+    )
     try:
         parts = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or [])]
         if not parts:  # reading a topic that is not there is a mistake, not an empty read

@@ -157,12 +157,21 @@ def _java() -> str:
 
 
 def metadata_ok(bootstrap: str, timeout_s: float = 5.0) -> bool:
-    """True when the broker answers a metadata request (and reports itself as a live node), within about
-    timeout_s: kafka-python's client would otherwise keep trying to bootstrap for 30 s, its reconnect backoff
-    doubling while the port is still closed, so a probe begun just before a broker opened its port answered
-    half a minute later (a restarted cluster node: ready in ~10 s, seen after 30)."""
+    """True when the broker answers a metadata request (and reports itself as a live node); False while its
+    port is closed; raises (kafka-python's timeout) when it accepts but does not answer. Within about twice
+    timeout_s (bootstrap, then the request): kafka-python alone would go on bootstrapping for 30 s, its
+    reconnect backoff doubling, so a probe begun just before a broker opened its port answered half a minute
+    later (a restarted cluster node: ready in ~10 s, seen after 30). The port is tried first because an admin
+    client whose bootstrap fails raises from its constructor with its I/O thread left running."""
+    import socket
+
     from kafka import KafkaAdminClient
 
+    host, port = bootstrap.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError:
+        return False
     ms = int(timeout_s * 1000)
     with quiet_kafka():  # "connection refused" is the expected answer while a broker starts
         admin = KafkaAdminClient(

@@ -333,15 +333,20 @@ class Population:
                 f.write(json.dumps(asdict(r)) + "\n")
 
 
-def parse_completion(source: str):
+def parse_model_code(source: str):
     """ast.parse of a model's code, quietly: what Python warns about while parsing it ("invalid decimal literal",
-    an invalid escape) is about the model's code, not ours. The filter names only this file name; it is set
-    again at each call, as a test harness's warning filters are reset between tests."""
+    an invalid escape) is about the model's code, not ours. The filter names only this file name; it is put
+    back when missing (a test harness resets the filters between tests), not at every call: adding a filter
+    clears what the warnings module remembers having shown, and many users' threads parse at once."""
     import ast
 
     for category in (SyntaxWarning, DeprecationWarning):
-        warnings.filterwarnings("ignore", category=category, module=r"<completion>\Z")
+        if not any(f[0] == "ignore" and f[2] is category and f[3] and f[3].pattern == _QUIET for f in warnings.filters):
+            warnings.filterwarnings("ignore", category=category, module=_QUIET)
     return ast.parse(source, filename="<completion>")
+
+
+_QUIET = r"<completion>\Z"  # the module name the warnings module gives code parsed under that file name
 
 
 class HouseStyle:
@@ -354,7 +359,7 @@ class HouseStyle:
 
         body = completion.split("\n\n", 1)[0]  # the function ends at its first blank line
         try:
-            fn = parse_completion(task.prompt + body).body[0]
+            fn = parse_model_code(task.prompt + body).body[0]
         except (SyntaxError, IndexError, ValueError):
             return False
         stmts = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]

@@ -10,8 +10,9 @@ import time
 
 # kafka-python 3 doubles its reconnect backoff up to 30 s (kafka-python 2 and the Java client stop at 1 s): a
 # client that lost its broker then saw it back up to half a minute after it served again (measured: a broker
-# restarted in 3-5 s was found after 9-11 s, a restarted cluster node after 30 s). Every long-lived client
-# of ours passes this instead; the gateway's shipper keeps its own 2 s (serving.event_shipper).
+# restarted in 3-5 s was found after 9-11 s, a restarted cluster node after 30 s). Our clients that retry
+# through an outage (trainer, agents, canary, publisher) pass this instead; the gateway's shipper keeps its
+# own 2 s (serving.event_shipper).
 RECONNECT_BACKOFF_MAX_MS = 1000
 
 
@@ -96,7 +97,9 @@ def records_to_end(bootstrap: str, topic: str, timeout_s: float = 120.0) -> list
         ends = c.end_offsets(parts)
         got: dict = {tp: [] for tp in parts}
         deadline = time.monotonic() + timeout_s
-        while any(c.position(tp) < ends[tp] for tp in parts):
+        while any(
+            c.position(tp, timeout_ms=max(1, int(1000 * (deadline - time.monotonic())))) < ends[tp] for tp in parts
+        ):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{topic}: not read to its end offsets {ends} in {timeout_s:.0f}s")
             for tp, records in c.poll(timeout_ms=500).items():

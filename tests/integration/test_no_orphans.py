@@ -97,7 +97,6 @@ def test_servers_die_with_the_process_that_started_them(test_model, tmp_path):
         for m in members:
             os.kill(m, signal.SIGKILL)
     assert not left, f"processes outlived their parent: {left}"
-    assert len(started) == 2
     for ps, tmp_dir in started.values():
         assert ps[1] not in [r.pid for r in running()] and not os.path.exists(tmp_dir)
 

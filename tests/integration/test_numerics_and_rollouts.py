@@ -71,10 +71,13 @@ def test_rollouts_are_grouped_judged_and_tagged(gateway, test_model, kafka_boots
     from flywheel.core import events as ev
     from flywheel.core.kafka_admin import records_to_end
 
-    def rollout(e) -> bool:
-        return e.completion_id.startswith("rollout-")
+    ours = {s.key.rsplit("-", 1)[0] for s in samples}  # the completions these samples came from
 
-    events_until(kafka_bootstrap, ev.TOPIC_COMPLETIONS, lambda es: any(map(rollout, es)))  # shipped a moment later
-    logged = [ev.decode(r.value) for r in records_to_end(kafka_bootstrap, ev.TOPIC_COMPLETIONS)]
-    assert {e.source for e in logged if rollout(e)} == {"rollout"}
+    def logged(es) -> set[str]:
+        return {e.completion_id for e in es} & ours
+
+    events_until(kafka_bootstrap, ev.TOPIC_COMPLETIONS, lambda es: logged(es) == ours)  # shipped a moment later
+    events = [ev.decode(r.value) for r in records_to_end(kafka_bootstrap, ev.TOPIC_COMPLETIONS)]
+    assert logged(events) == ours and all(cid.startswith("rollout-") for cid in ours)
+    assert {e.source for e in events if e.completion_id.startswith("rollout-")} == {"rollout"}
     assert np.isfinite([s.reward for s in samples]).all()

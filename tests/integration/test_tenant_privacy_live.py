@@ -97,7 +97,7 @@ def test_secrets_deny_and_forget_through_the_whole_loop(replica, test_model, tmp
         assert trainer.train_step(force=True) is not None
         trainer.checkpoint()
         assert trainer.publish() == 1
-        completions = logged(broker.bootstrap, leaked)
+        completions = logged(broker.bootstrap, leaked, *acme, *initech)
         assert completions[leaked].withheld == "secret" and completions[leaked].prompt_ids.size == 0
         assert "AWS Access Key" in completions[leaked].secret_types
         assert all(completions[c].withheld == "" and completions[c].prompt_ids.size for c in acme + initech)

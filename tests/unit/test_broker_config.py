@@ -1,7 +1,5 @@
 """The broker's formatting arguments."""
 
-import pytest
-
 from flywheel.kafka_broker import new_cluster_id
 
 
@@ -12,13 +10,13 @@ def test_cluster_ids_never_read_as_options():
 
 def test_a_probe_of_a_broker_not_listening_yet_answers_within_its_timeout():
     """kafka-python alone would go on bootstrapping for 30 s, its reconnect backoff doubling, so a probe begun
-    just before a broker opened its port answered half a minute later; bounded, the next probe sees it."""
+    just before a broker opened its port answered half a minute later; now a closed port is a quick False, and
+    the next probe, half a second later, sees the broker."""
     import time
 
     from flywheel.core.procs import free_port
     from flywheel.kafka_broker import metadata_ok
 
     t0 = time.monotonic()
-    with pytest.raises(Exception, match="bootstrap"):
-        metadata_ok(f"127.0.0.1:{free_port()}", 1.0)
-    assert time.monotonic() - t0 < 4.0
+    assert metadata_ok(f"127.0.0.1:{free_port()}", 1.0) is False
+    assert time.monotonic() - t0 < 1.5

@@ -109,10 +109,10 @@ def test_the_replica_command_and_its_config_agree(monkeypatch):
     monkeypatch.delenv("FLYWHEEL_REPLICA_THREADS", raising=False)
     args = build_parser().parse_args(["replica", "start", "--model", "m"])
     assert replica_config(args) == ReplicaConfig(model_path=Path("m"))
-    argv = ["replica", "start", "--model", "m", "--port", "31001", "--threads", "1", "--max-total-tokens", "4096"]
+    argv = ["replica", "start", "--model", "m", "--port", "31001", "--threads", "2", "--max-total-tokens", "4096"]
     cfg = replica_config(build_parser().parse_args(argv))
-    assert (cfg.port, cfg.threads, cfg.max_total_tokens, cfg.dtype) == (31001, 1, 4096, "float32")
-    assert _env(cfg)["OMP_NUM_THREADS"] == "1"
+    assert (cfg.port, cfg.threads, cfg.max_total_tokens, cfg.dtype) == (31001, 2, 4096, "float32")
+    assert _env(cfg)["OMP_NUM_THREADS"] == "2"
     monkeypatch.setenv("FLYWHEEL_REPLICA_THREADS", "2")
     assert replica_config(build_parser().parse_args(["replica", "start", "--model", "m"])).threads == 2
     assert (

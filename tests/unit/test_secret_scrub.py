@@ -10,6 +10,7 @@ import base64
 import json
 import time
 
+import numpy as np
 import pytest
 
 from serving.secret_scrub import ScanLimit, Scrubber, ScrubConfig, is_placeholder
@@ -327,13 +328,15 @@ def test_a_normal_prompt_is_far_inside_the_budget_and_a_slow_one_is_cut_short():
     assert cfg.budget_s + cfg.budget_s_per_kb * 2 <= 0.05  # tens of ms for a 2 KB prompt, not half a second
     code = "".join(p.read_text() for p in sorted((REPO_ROOT / "serving").rglob("*.py")))
     s = Scrubber(cfg)
-    worst = 0.0
+    shares = []  # of its budget, each chunk's scan
     for size in (2048, 8192):
         for i in range(0, min(len(code) - size, 150 * size), size):
             t = time.thread_time()
             s.find([code[i : i + size], "\n"])  # never ScanLimit
-            worst = max(worst, (time.thread_time() - t) / (cfg.budget_s + cfg.budget_s_per_kb * size / 1024))
-    assert worst < 0.5, worst  # measured 0.23 of the budget at most
+            shares.append((time.thread_time() - t) / (cfg.budget_s + cfg.budget_s_per_kb * size / 1024))
+    # Measured here (188 chunks, four runs): median 0.14 of the budget, 95% under 0.41, the slowest one 0.42-0.74
+    # from run to run (one chunk's CPU time on a shared VM): a bound on the slowest alone failed now and then.
+    assert np.percentile(shares, 95) < 0.5 and max(shares) < 1.0, (np.percentile(shares, 95), max(shares))
     # Quadratic keyword lines: one 2 KB prompt of them stops within its budget and one keyword window (~8 ms).
     for hostile in (("'" + "pwd" * 66 + "\n") * 10, ("'" + "pwd" * 700)[:2048], ("'" + "pwd" * 332) * 64):
         t = time.thread_time()

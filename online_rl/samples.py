@@ -68,17 +68,17 @@ class Sample:
         """Tensors and plain values only: checkpoints load with torch.load(weights_only=True)."""
         return {
             "key": self.key,
-            "prompt_ids": torch.from_numpy(np.ascontiguousarray(self.prompt_ids)),
-            "output_ids": torch.from_numpy(np.ascontiguousarray(self.output_ids)),
-            "behaviour_logprobs": torch.from_numpy(np.ascontiguousarray(self.behaviour_logprobs)),
-            "routed_experts": torch.from_numpy(np.ascontiguousarray(self.routed_experts)),
+            "prompt_ids": _tensor(self.prompt_ids),
+            "output_ids": _tensor(self.output_ids),
+            "behaviour_logprobs": _tensor(self.behaviour_logprobs),
+            "routed_experts": _tensor(self.routed_experts),
             "reward": float(self.reward),
             "model_version": int(self.model_version),
             "source": self.source,
             "group": self.group,
             "event_ids": list(self.event_ids),
             "session": self.session,
-            "hint_ids": None if self.hint_ids is None else torch.from_numpy(np.ascontiguousarray(self.hint_ids)),
+            "hint_ids": None if self.hint_ids is None else _tensor(self.hint_ids),
             "tenant": self.tenant,
             "ts": float(self.ts),
         }
@@ -101,3 +101,9 @@ class Sample:
             tenant=d.get("tenant", ""),  # checkpoints written before tenants have neither
             ts=d.get("ts", 0.0),
         )
+
+
+def _tensor(a: np.ndarray) -> torch.Tensor:
+    """A tensor of a sample's array: a copy only where it must be one (an event decoded from Kafka is a
+    read-only view of its message, which torch would share and warn about; a strided one is made whole)."""
+    return torch.from_numpy(a if a.flags.writeable and a.flags.c_contiguous else np.array(a, order="C"))

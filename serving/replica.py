@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -20,11 +21,11 @@ from flywheel.core import weight_patch
 from flywheel.core.config import option
 from flywheel.core.paths import REPO_ROOT, flywheel_home
 from flywheel.core.procs import (
-    free_port,
     identity,
     in_netns,
     pid_alive,
     read_state,
+    reserve_port,
     same_process,
     spawn,
     stop_recorded,
@@ -85,8 +86,16 @@ class Replica:
     log_file: Path
     model_path: str
     tmp_dir: str = ""  # its TMPDIR: SGLang's ZMQ sockets, metric files and locks, removed when it stops
+    # Its port, held from launch until it listens (flywheel.core.procs.reserve_port), when the port was ours to pick.
+    port_hold: socket.socket | None = field(default=None, repr=False, compare=False)
+
+    def _release_port(self) -> None:
+        if self.port_hold is not None:
+            self.port_hold.close()
+            self.port_hold = None
 
     def stop(self, timeout: float = 30.0) -> bool:
+        self._release_port()
         stopped = stop_recorded(self.pid, _state_dir() / f"{self.port}.json", timeout)
         if stopped and self.tmp_dir:
             shutil.rmtree(self.tmp_dir, ignore_errors=True)
@@ -108,6 +117,7 @@ class Replica:
         except (TimeoutError, RuntimeError) as e:
             self.stop()
             raise RuntimeError(f"{e}\n--- {self.log_file} ---\n{tail(self.log_file, 40)}") from None
+        self._release_port()  # it listens: the hold has done its job
         return self
 
 
@@ -188,7 +198,10 @@ def start(cfg: ReplicaConfig, die_with_parent: bool = True, wait: bool = True) -
     wait=False it returns at once: call `ready()` (several replicas then load side by side)."""
     if cfg.netns and not cfg.port:
         raise ValueError("a replica in a network namespace needs its port")
-    port = cfg.port or free_port(cfg.host)
+    # A port of our picking is held until the replica listens: it binds only once loaded (~20 s), and another
+    # process picking a free port meanwhile (a broker, a second fleet) could take it.
+    hold = None if cfg.port or cfg.netns else reserve_port(cfg.host)
+    port = cfg.port or hold.getsockname()[1]
     log_dir = Path(cfg.log_dir) if cfg.log_dir else flywheel_home() / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     log_file = log_dir / f"replica-{port}.log"
@@ -208,10 +221,18 @@ def start(cfg: ReplicaConfig, die_with_parent: bool = True, wait: bool = True) -
             )
     except BaseException:
         shutil.rmtree(tmp_dir, ignore_errors=True)
+        if hold is not None:
+            hold.close()
         raise
     url = f"http://{cfg.host}:{port}"
     replica = Replica(
-        pid=proc.pid, port=port, url=url, log_file=log_file, model_path=str(cfg.model_path), tmp_dir=tmp_dir
+        pid=proc.pid,
+        port=port,
+        url=url,
+        log_file=log_file,
+        model_path=str(cfg.model_path),
+        tmp_dir=tmp_dir,
+        port_hold=hold,
     )
     write_state(
         _state_dir() / f"{port}.json",

@@ -1,6 +1,8 @@
 """Delayed signals in the join: persisted checks and comments join their completion within the windows,
 exactly once, and the reward orders accepted and kept > accepted then deleted > ignored > rejected."""
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -136,6 +138,32 @@ def test_waiting_samples_survive_a_checkpoint_and_join_once_after_it():
     # the sample round-trips through the trainer's checkpoint with its hint
     back = Sample.from_state(s.state())
     assert np.array_equal(back.hint_ids, s.hint_ids)
+
+
+def test_a_sample_of_read_only_arrays_checkpoints_without_sharing_them():
+    # Events decoded from Kafka are read-only views of their message; torch.from_numpy would share them (and warn)
+    s = Sample.from_state(Sample.from_state(_sample_state()).state())
+    for a in (s.prompt_ids, s.output_ids, s.behaviour_logprobs, s.routed_experts, s.hint_ids):
+        a.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        state = s.state()
+    assert state["prompt_ids"].tolist() == s.prompt_ids.tolist() and state["hint_ids"].tolist() == [7, 8]
+    state["prompt_ids"][0] = 99  # a copy: the event's bytes stay as they were
+    assert s.prompt_ids[0] == 1
+
+
+def _sample_state() -> dict:
+    return Sample(
+        key="k:0",
+        prompt_ids=np.array([1, 2, 3], np.int32),
+        output_ids=np.array([4, 5], np.int32),
+        behaviour_logprobs=np.array([-0.5, -0.25], np.float32),
+        routed_experts=np.zeros((4, 2, 2), np.uint8),
+        reward=1.0,
+        model_version=0,
+        hint_ids=np.array([7, 8], np.int32),
+    ).state()
 
 
 def test_bad_delayed_signals_are_refused_by_the_schema():

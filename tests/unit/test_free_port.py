@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import socket
 
+import pytest
+
 from flywheel.core import procs
 
 
@@ -39,3 +41,32 @@ def test_a_port_the_kernel_gives_again_is_skipped(monkeypatch):
     monkeypatch.setattr(procs, "_GIVEN", {})
     monkeypatch.setattr(procs.socket, "socket", Sock)
     assert [procs.free_port(), procs.free_port()] == [5000, 5001]
+
+
+def test_a_reserved_port_is_refused_to_others_until_its_server_listens(monkeypatch):
+    """reserve_port: while a replica loads, another process binding the port (or any free port) is refused it;
+    the server's own bind, with SO_REUSEADDR as uvicorn and SGLang's port check do, gets it."""
+    monkeypatch.setattr(procs, "_GIVEN", {})
+    hold = procs.reserve_port()
+    port = hold.getsockname()[1]
+    try:
+        with socket.socket() as other, pytest.raises(OSError):
+            other.bind(("127.0.0.1", port))  # a broker given this port by its own free_port, say
+        others = set()
+        for _ in range(2000):  # and the kernel hands it to nobody asking for a free one
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                others.add(s.getsockname()[1])
+        assert port not in others
+        assert procs.free_port() != port  # nor does this process's own free_port
+        with socket.socket() as server:
+            server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            server.bind(("127.0.0.1", port))
+            server.listen()
+            hold.close()  # the server listens: the hold goes, the port stays taken
+            with socket.socket() as other, pytest.raises(OSError):
+                other.bind(("127.0.0.1", port))
+    finally:
+        hold.close()
+    with socket.socket() as s:  # all gone: free again
+        s.bind(("127.0.0.1", port))

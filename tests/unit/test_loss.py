@@ -107,11 +107,11 @@ def test_distillation_is_the_exact_reverse_kl_on_completion_tokens_only(model):
         tl = torch.log_softmax(model(torch.from_numpy(teacher_seq[:-1])[None]).logits[0, p + h - 1 :], -1)
     want = (sl.exp() * (sl - tl)).sum()
     assert m["distill_tokens"] == s.output_ids.size
-    assert float(loss) == pytest.approx(float(want), rel=1e-4) and m["distill_kl_sum"] == pytest.approx(
+    assert loss.item() == pytest.approx(float(want), rel=1e-4) and m["distill_kl_sum"] == pytest.approx(
         float(want), rel=1e-4
     )
     # an empty hint: teacher = student, nothing to learn; no hint at all: no term
-    assert float(_distill_only(model, _hinted(model, []))[0]) == pytest.approx(0.0, abs=1e-6)
+    assert _distill_only(model, _hinted(model, []))[0].item() == pytest.approx(0.0, abs=1e-6)
     assert _distill_only(model, sample(model, 0.0))[1]["distill_tokens"] == 0
 
 
@@ -121,18 +121,18 @@ def test_distillation_moves_the_student_towards_the_hinted_teacher(model):
     student = copy.deepcopy(model)
     s = _hinted(student, [11, 12, 13])
     opt = torch.optim.SGD(student.parameters(), lr=0.5)
-    before = float(_distill_only(student, s)[0])
+    before = _distill_only(student, s)[0].item()
     for _ in range(5):
         opt.zero_grad()
         _distill_only(student, s)[0].backward()
         opt.step()
-    assert float(_distill_only(student, s)[0]) < 0.7 * before  # the KL to the (moving) teacher falls
+    assert _distill_only(student, s)[0].item() < 0.7 * before  # the KL to the (moving) teacher falls
 
 
 def test_without_a_coefficient_the_hint_costs_nothing(model):
     s = _hinted(model, [11, 12])
     loss, m = _distill_only(model, s, coef=0.0)
-    assert float(loss) == pytest.approx(0.0, abs=1e-6) and m["distill_tokens"] == s.output_ids.size
+    assert loss.item() == pytest.approx(0.0, abs=1e-6) and m["distill_tokens"] == s.output_ids.size
 
 
 def test_distillation_of_a_mixed_batch_is_the_sum_of_its_samples(model):

@@ -95,8 +95,10 @@ class Replica:
             self.port_hold = None
 
     def stop(self, timeout: float = 30.0) -> bool:
-        self._release_port()
-        stopped = stop_recorded(self.pid, _state_dir() / f"{self.port}.json", timeout)
+        try:
+            stopped = stop_recorded(self.pid, _state_dir() / f"{self.port}.json", timeout)
+        finally:
+            self._release_port()  # after it is gone: nobody else takes its port while it may still bind
         if stopped and self.tmp_dir:
             shutil.rmtree(self.tmp_dir, ignore_errors=True)
         return stopped
@@ -199,28 +201,32 @@ def start(cfg: ReplicaConfig, die_with_parent: bool = True, wait: bool = True) -
     if cfg.netns and not cfg.port:
         raise ValueError("a replica in a network namespace needs its port")
     # A port of our picking is held until the replica listens: it binds only once loaded (~20 s), and another
-    # process picking a free port meanwhile (a broker, a second fleet) could take it.
-    hold = None if cfg.port or cfg.netns else reserve_port(cfg.host)
-    port = cfg.port or hold.getsockname()[1]
-    log_dir = Path(cfg.log_dir) if cfg.log_dir else flywheel_home() / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log_file = log_dir / f"replica-{port}.log"
-    # SGLang leaves its ipc sockets, prometheus files and locks in the temp dir when it is killed (~3 a
-    # replica); a private one is removed with the replica, and by `running()` for one that died unstopped.
-    tmp_dir = tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{port}-")
+    # process picking a free port meanwhile (a second fleet, a test server) could take it. The hold refuses
+    # port-0 picks and plain binds; a bind with SO_REUSEADDR (Kafka's, uvicorn's) still shares it.
+    hold = None if cfg.port else reserve_port(cfg.host)
     try:
-        with open(log_file, "ab") as log:
-            proc = spawn(
-                in_netns(cfg.netns, command(cfg, port)),
-                die_with_parent=die_with_parent,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env={**_env(cfg), "TMPDIR": tmp_dir},
-                cwd=REPO_ROOT,
-            )
+        port = cfg.port or hold.getsockname()[1]
+        log_dir = Path(cfg.log_dir) if cfg.log_dir else flywheel_home() / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        log_file = log_dir / f"replica-{port}.log"
+        # SGLang leaves its ipc sockets, prometheus files and locks in the temp dir when it is killed (~3 a
+        # replica); a private one is removed with the replica, and by `running()` for one that died unstopped.
+        tmp_dir = tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{port}-")
+        try:
+            with open(log_file, "ab") as log:
+                proc = spawn(
+                    in_netns(cfg.netns, command(cfg, port)),
+                    die_with_parent=die_with_parent,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env={**_env(cfg), "TMPDIR": tmp_dir},
+                    cwd=REPO_ROOT,
+                )
+        except BaseException:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+            raise
     except BaseException:
-        shutil.rmtree(tmp_dir, ignore_errors=True)
         if hold is not None:
             hold.close()
         raise
@@ -234,18 +240,22 @@ def start(cfg: ReplicaConfig, die_with_parent: bool = True, wait: bool = True) -
         tmp_dir=tmp_dir,
         port_hold=hold,
     )
-    write_state(
-        _state_dir() / f"{port}.json",
-        {
-            **identity(proc.pid),
-            "port": port,
-            "url": url,
-            "log_file": str(log_file),
-            "model_path": str(cfg.model_path),
-            "tmp_dir": tmp_dir,
-            "started": time.time(),
-        },
-    )
+    try:
+        write_state(
+            _state_dir() / f"{port}.json",
+            {
+                **identity(proc.pid),
+                "port": port,
+                "url": url,
+                "log_file": str(log_file),
+                "model_path": str(cfg.model_path),
+                "tmp_dir": tmp_dir,
+                "started": time.time(),
+            },
+        )
+    except BaseException:  # unrecorded, it would outlive us unseen: stop it now (its hold goes with it)
+        replica.stop()
+        raise
     if wait:
         replica.ready(cfg.start_timeout_s)
     return replica

@@ -25,6 +25,16 @@ def _generate(url, payload):
         return json.loads(r.read())
 
 
+def test_a_ready_replica_listens_on_the_port_held_for_it(replica):
+    """Its port was reserved at launch (no port given); once it listens the hold is gone, and the replica's
+    own listener keeps the port from a plain bind."""
+    import socket
+
+    assert replica.port_hold is None
+    with socket.socket() as other, pytest.raises(OSError):
+        other.bind(("127.0.0.1", replica.port))
+
+
 def test_generate_returns_logprobs_and_routed_experts(replica, test_model):
     cfg = json.loads((test_model / "config.json").read_text())
     out = _generate(

@@ -105,6 +105,6 @@ class Sample:
 
 def _tensor(a: np.ndarray) -> torch.Tensor:
     """A tensor of a sample's array: a copy only where it must be one (an event decoded from Kafka is a
-    read-only view of its message, which torch.from_numpy would make writable, with a warning; a strided one
-    is made whole)."""
+    read-only view of its message, which torch.from_numpy would share as a writable tensor, with a warning:
+    writes through it would change the event; a strided one is made whole)."""
     return torch.from_numpy(a if a.flags.writeable and a.flags.c_contiguous else np.array(a, order="C"))

@@ -28,6 +28,7 @@ from flywheel.core.procs import (
     reserve_port,
     same_process,
     spawn,
+    stop_pid,
     stop_recorded,
     tail,
     wait_until,
@@ -119,6 +120,9 @@ class Replica:
         except (TimeoutError, RuntimeError) as e:
             self.stop()
             raise RuntimeError(f"{e}\n--- {self.log_file} ---\n{tail(self.log_file, 40)}") from None
+        except BaseException:  # Ctrl-C while it loads: a half-started replica is not left behind
+            self.stop()
+            raise
         self._release_port()  # it listens: the hold has done its job
         return self
 
@@ -253,8 +257,10 @@ def start(cfg: ReplicaConfig, die_with_parent: bool = True, wait: bool = True) -
                 "started": time.time(),
             },
         )
-    except BaseException:  # unrecorded, it would outlive us unseen: stop it now (its hold goes with it)
-        replica.stop()
+    except BaseException:  # unrecorded, it would outlive us unseen: stop it now, by its pid (no state file)
+        stop_pid(proc.pid)
+        replica._release_port()
+        shutil.rmtree(tmp_dir, ignore_errors=True)
         raise
     if wait:
         replica.ready(cfg.start_timeout_s)

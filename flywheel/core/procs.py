@@ -119,9 +119,9 @@ def reserve_port(host: str = "127.0.0.1") -> socket.socket:
     it has: a server that loads for a while before it binds (an SGLang replica, ~20 s) keeps its port from
     the kernel's port-0 picks and from plain binds meanwhile (free_port's memory is this process's only).
     The server binds with SO_REUSEADDR (uvicorn, SGLang's own check), which Linux grants beside a bound
-    socket that also has it and is not listening; so would it another process binding with SO_REUSEADDR
-    (Kafka's Java, uvicorn), which this narrows the race against but cannot refuse. Close the socket once
-    the server listens."""
+    socket that also has it and is not listening, and grants the same to any other process binding with
+    SO_REUSEADDR (Kafka's Java, uvicorn): the hold narrows that race, it cannot refuse it. Close the socket
+    once the server listens."""
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
         s.bind((host, 0))  # without SO_REUSEADDR: the kernel picks a port nobody holds

@@ -48,8 +48,8 @@ def tensor_pair(draw):
 
 
 # The strategy draws from numpy Generators only. Hypothesis warns when the `random` module's global state
-# moves during a draw, and in the full suite it does: the session's broker clients and gateway, started by the
-# integration tests before these, draw from it in their own threads (kafka-python's jitter and broker choice).
+# moves during a draw, and in the full suite it does: the session's Kafka clients, started in this process by
+# the integration tests before these, draw from it in their own threads (kafka-python's jitter, broker choice).
 @pytest.mark.filterwarnings("ignore:Do not use the `random` module inside strategies")
 @settings(max_examples=300, deadline=None, derandomize=True)
 @given(tensor_pair(), st.booleans())

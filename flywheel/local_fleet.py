@@ -204,7 +204,11 @@ class LocalFleet:
         """Every gateway routing to the replicas (each drains a replica during its switch)."""
         return [self.gateway.url]
 
-    def _python(self, args: list[str], log_name: str, netns: str | None = None) -> subprocess.Popen:
+    def _python(
+        self, args: list[str], log_name: str, netns: str | None = None, secret_env: dict[str, str] | None = None
+    ) -> subprocess.Popen:
+        """`python -m flywheel args` in the fleet's environment; secrets go in the child's environment, never in
+        its argv (which every `ps` on the machine shows: DESIGN, Trust)."""
         (self.out / "logs").mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "flywheel", *args]
         with open(self.out / "logs" / log_name, "ab") as log:
@@ -214,7 +218,7 @@ class LocalFleet:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=_child_env(),
+                env={**_child_env(), **(secret_env or {})},
             )
 
     def _spawn_store(self, port: int = 0, host: str = "127.0.0.1", netns: str | None = None) -> str:
@@ -271,8 +275,6 @@ class LocalFleet:
                 self.broker.bootstrap,
                 "--gateway",
                 ",".join(self.gateway_urls()),
-                "--admin-token",
-                self.cfg.admin_token,
                 "--switch-mode",
                 self.cfg.switch_mode,
                 "--relay-host",
@@ -286,6 +288,7 @@ class LocalFleet:
             ],
             f"agent-{name}.log",
             netns,
+            secret_env={"FLYWHEEL_ADMIN_TOKEN": self.cfg.admin_token},
         )
         time.sleep(0.5)
         if proc.poll() is not None:
@@ -298,5 +301,5 @@ def _child_env() -> dict[str, str]:
 
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     for k in ("FLYWHEEL_KAFKA_BOOTSTRAP", "FLYWHEEL_GATEWAY_URL", "FLYWHEEL_ADMIN_TOKEN"):
-        env.pop(k, None)  # children get this fleet's values by flag, never a stale shell's
+        env.pop(k, None)  # children get this fleet's values (by flag, a secret by its own env), never a stale shell's
     return env

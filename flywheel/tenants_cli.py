@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     def gateway_flags(p):
         p.add_argument("--gateway", default=(env("FLYWHEEL_GATEWAY_URL") or "http://127.0.0.1:8000"))
-        p.add_argument("--admin-token", default=env("FLYWHEEL_ADMIN_TOKEN"))
+        p.set_defaults(admin_token=env("FLYWHEEL_ADMIN_TOKEN"))  # environment only (DESIGN: Trust)
         p.add_argument("--json", action="store_true", help="print the gateway's answer as JSON")
 
     ls = tsub.add_parser("list", help="every tenant, its key ids and policy")
@@ -54,7 +54,7 @@ def _call(args, method: str, path: str, body: dict | None = None) -> dict:
     from flywheel.core.admin_client import admin_call
 
     if not args.admin_token:
-        raise ValueError("the admin token is needed: --admin-token or FLYWHEEL_ADMIN_TOKEN")
+        raise ValueError("the admin token is needed: set FLYWHEEL_ADMIN_TOKEN (it never goes on a command line)")
     try:  # longer than the gateway's own wait for its spool, so its 503 is what we show
         return admin_call(args.gateway, args.admin_token, method, path, body, timeout=60)
     except urllib.error.HTTPError as e:
@@ -123,7 +123,7 @@ def _ids(args) -> list[str]:
             return ids
     if args.admin_token:
         return _call(args, "GET", f"/admin/tenants/{quote(args.name, safe='')}")["ids"]
-    raise ValueError(f"no tenant {args.name!r} in {keys_file} (or give --gateway and --admin-token)")
+    raise ValueError(f"no tenant {args.name!r} in {keys_file} (or give --gateway, with FLYWHEEL_ADMIN_TOKEN set)")
 
 
 def _provenance(args) -> int:

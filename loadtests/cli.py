@@ -29,8 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=env("FLYWHEEL_GATEWAY_URL"),
         help="a deployed gateway (default: start a local fleet)",
     )
-    p.add_argument("--keys", default=env("FLYWHEEL_LOADTEST_KEYS"), help="API keys, comma-separated")
-    p.add_argument("--admin-token", default=env("FLYWHEEL_ADMIN_TOKEN"))
+    # Secrets from the environment only, never flags (a command line shows to every `ps`: DESIGN, Trust).
+    p.set_defaults(keys=env("FLYWHEEL_LOADTEST_KEYS"), admin_token=env("FLYWHEEL_ADMIN_TOKEN"))
     p.add_argument("--preset", default=d.preset, choices=["test", "demo"], help="model of the local fleet")
     p.add_argument("--replicas", type=int, default=d.replicas, help="replicas of the local fleet")
     p.add_argument(

@@ -1,6 +1,7 @@
 """`flywheel loadtest SCENARIO`: run one locust scenario headless and judge it.
 
-Against a deployed fleet (`--gateway`, `--keys`, `--admin-token`, plus the environment of
+Against a deployed fleet (`--gateway`; its API keys in FLYWHEEL_LOADTEST_KEYS and admin token in
+FLYWHEEL_ADMIN_TOKEN, never flags; plus the environment of
 loadtests.scenario for actions), or, without `--gateway`, against a fleet it starts here (broker, store,
 replicas, gateway, agents; loadtests.versions makes the checkpoints to publish). Writes, under --out:
 locust's CSV stats (locust_stats.csv, locust_stats_history.csv, locust_failures.csv), requests.csv,
@@ -116,7 +117,7 @@ def run(cfg: LoadTestConfig) -> int:
     try:
         if cfg.gateway:
             if not cfg.keys:
-                raise ValueError("a deployed fleet needs --keys (its API keys, comma-separated)")
+                raise ValueError("a deployed fleet needs FLYWHEEL_LOADTEST_KEYS (its API keys, comma-separated)")
             env = {
                 "FLYWHEEL_GATEWAY_URL": cfg.gateway,
                 "FLYWHEEL_LOADTEST_KEYS": cfg.keys,

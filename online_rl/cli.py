@@ -118,7 +118,7 @@ def _train(args) -> int:
     offpeak = None
     if args.offpeak:
         if not rollouts.gateway_url or not rollouts.admin_token:
-            raise ValueError("--offpeak needs the gateway and its admin token (--gateway, --admin-token)")
+            raise ValueError("--offpeak needs the gateway and its admin token (--gateway, FLYWHEEL_ADMIN_TOKEN)")
         offpeak = build(OffPeakConfig, args, gateway_url=rollouts.gateway_url, admin_token=rollouts.admin_token)
     cfg = build(
         TrainerConfig,

@@ -185,7 +185,9 @@ class RolloutConfig:
     gateway_url: str | None = option(
         None, flag="gateway", env="FLYWHEEL_GATEWAY_URL", help="gateway for rollouts (its admin path)"
     )
-    admin_token: str | None = option(None, env="FLYWHEEL_ADMIN_TOKEN", help="the gateway's admin token")
+    admin_token: str | None = option(
+        None, env="FLYWHEEL_ADMIN_TOKEN", cli=False, help="the gateway's admin token (environment only)"
+    )
     tasks_per_step: int = option(0, flag="rollout-tasks", help="sandbox tasks per update (0: user feedback only)")
     group_size: int = 8
     temperature: float = 1.0

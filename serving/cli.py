@@ -57,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         if name != "status":
             q.add_argument("replica", help="replica id, e.g. r0")
         q.add_argument("--gateway", default=(env("FLYWHEEL_GATEWAY_URL") or "http://127.0.0.1:8000"))
-        q.add_argument("--admin-token", default=env("FLYWHEEL_ADMIN_TOKEN"))
+        q.set_defaults(admin_token=env("FLYWHEEL_ADMIN_TOKEN"))  # environment only (DESIGN: Trust)
         q.set_defaults(func=_fleet)
 
     k = sub.add_parser("keys", help="API keys of the gateway (stored hashed)")
@@ -204,7 +204,7 @@ def _fleet(args) -> int:
     from flywheel.core.admin_client import admin_call
 
     if not args.admin_token:
-        raise ValueError("the admin token is needed: --admin-token or FLYWHEEL_ADMIN_TOKEN")
+        raise ValueError("the admin token is needed: set FLYWHEEL_ADMIN_TOKEN (it never goes on a command line)")
     if args.fleet_cmd != "status":
         try:
             print(

@@ -54,7 +54,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     ls = w.add_parser("list", help="versions, sizes, ratios, activations, and which replica runs which")
     ls.add_argument("--gateway", default=env("FLYWHEEL_GATEWAY_URL"))
-    ls.add_argument("--admin-token", default=env("FLYWHEEL_ADMIN_TOKEN"))
+    ls.set_defaults(admin_token=env("FLYWHEEL_ADMIN_TOKEN"))  # environment only (DESIGN: Trust)
     common(ls, kafka=False)
     ls.set_defaults(func=_list)
 
@@ -89,7 +89,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "with --canary, then promote or roll back",
     )
     can.add_argument("--gateway", default=env("FLYWHEEL_GATEWAY_URL"), required=False)
-    can.add_argument("--admin-token", default=env("FLYWHEEL_ADMIN_TOKEN"))
+    can.set_defaults(admin_token=env("FLYWHEEL_ADMIN_TOKEN"))
     can.add_argument("--replica-share", type=float, default=0.5)
     can.add_argument("--traffic-share", type=float, default=0.5)
     can.add_argument("--min-feedback", type=int, default=100, help="feedback events per arm before judging")
@@ -141,7 +141,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=env("FLYWHEEL_GATEWAY_URL"),
         help="the gateway's URL, or every gateway's, comma-separated (the replica is drained on each)",
     )
-    ag.add_argument("--admin-token", default=env("FLYWHEEL_ADMIN_TOKEN"))
+    ag.set_defaults(admin_token=env("FLYWHEEL_ADMIN_TOKEN"))
     ag.add_argument("--switch-mode", default="drain", choices=MODES)
     ag.add_argument(
         "--no-inplace",
@@ -246,7 +246,9 @@ def _canary(args) -> int:
     from weight_sync.canary import CanaryConfig, CanaryController
 
     if not (args.gateway and args.admin_token and args.kafka):
-        raise ValueError("the canary controller needs --gateway, --admin-token and --kafka (or their env vars)")
+        raise ValueError(
+            "the canary controller needs --gateway and --kafka (or their env vars) and FLYWHEEL_ADMIN_TOKEN"
+        )
     cfg = CanaryConfig(
         gateway_url=args.gateway,
         admin_token=args.admin_token,

@@ -85,5 +85,5 @@ def test_deployed_fleet_steady_passes_and_a_failed_action_fails_the_run(gateway,
 def test_unknown_scenario_and_missing_keys_are_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="unknown scenario"):
         run(LoadTestConfig(scenario="chaos", out_dir=tmp_path))
-    with pytest.raises(ValueError, match="--keys"):
+    with pytest.raises(ValueError, match="FLYWHEEL_LOADTEST_KEYS"):
         run(LoadTestConfig(scenario="steady", out_dir=tmp_path, gateway="http://127.0.0.1:9"))

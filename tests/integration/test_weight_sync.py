@@ -360,15 +360,14 @@ def test_hot_switch_under_load_through_the_gateway(weights, replica, second_repl
             kafka_bootstrap,
             "--gateway",
             gw.url,
-            "--admin-token",
-            GATEWAY_ADMIN,
         ]
         log = open(root / f"agent-{rid}.log", "wb")
         agents.append(
             subprocess.Popen(
                 cmd,
                 cwd=REPO_ROOT,
-                env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"},
+                # The admin token in the environment: never on a command line (DESIGN, Trust).
+                env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin", "FLYWHEEL_ADMIN_TOKEN": GATEWAY_ADMIN},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,

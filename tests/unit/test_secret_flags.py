@@ -1,0 +1,85 @@
+"""Secrets never travel on command lines (DESIGN, Trust): no `flywheel` subcommand has a flag for the admin
+token, an API key or a password (they are read from the environment: a command line shows to every `ps` on
+the machine), and the fleet's children get the admin token in their environment, not their argv."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+
+import pytest
+
+from flywheel.cli import build_parser, main
+
+# A flag whose name says it carries a secret's value (paths to key files, e.g. --key or --public-key, are fine).
+SECRET_FLAG = re.compile(r"(admin|api|auth|access|bearer)-?token|^--token$|password|api-key|secret-key|^--keys$")
+
+
+def _options(parser: argparse.ArgumentParser, path: str = "flywheel"):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _options(sub, f"{path} {name}")
+        else:
+            for flag in action.option_strings:
+                yield path, flag
+
+
+def test_no_subcommand_takes_a_secret_as_a_flag():
+    options = list(_options(build_parser()))
+    assert len({p for p, _ in options}) > 30  # every subcommand was walked
+    offending = [(p, f) for p, f in options if SECRET_FLAG.search(f)]
+    assert not offending, offending
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["weights", "agent", "--name", "r0", "--replica", "u", "--store-url", "u", "--initial-model", "m"]
+        + ["--admin-token", "t"],
+        ["weights", "canary", "--admin-token", "t"],
+        ["fleet", "status", "--admin-token", "t"],
+        ["tenants", "list", "--admin-token", "t"],
+        ["train", "--admin-token", "t"],
+        ["loadtest", "steady", "--keys", "k"],
+    ],
+)
+def test_a_secret_flag_is_refused(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2 and "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_the_fleet_gives_an_agent_its_admin_token_in_its_environment(tmp_path, monkeypatch):
+    """LocalFleet._spawn_agent's child: the token in /proc/<pid>/environ, not in /proc/<pid>/cmdline."""
+    from flywheel import local_fleet
+    from flywheel.local_fleet import LocalFleet, LocalFleetConfig
+
+    spawned = {}
+
+    def spawn(cmd, **kw):
+        spawned.update(cmd=cmd, env=kw["env"])
+        spawned["proc"] = subprocess.Popen(["sleep", "30"], env=kw["env"], start_new_session=True)
+        return spawned["proc"]
+
+    monkeypatch.setattr(local_fleet, "spawn", spawn)
+    monkeypatch.setenv("FLYWHEEL_ADMIN_TOKEN", "a-stale-shells-token")
+    fleet = LocalFleet.__new__(LocalFleet)  # only what _spawn_agent reads: no broker, store or replica
+    fleet.cfg, fleet.out = LocalFleetConfig(model=tmp_path, out_dir=tmp_path), tmp_path
+    fleet.relay_ports, fleet.agent_metrics, fleet.store_url = {}, {}, "http://127.0.0.1:9"
+    fleet.public_key = tmp_path / "signing.pub"
+    fleet.broker = type("Broker", (), {"bootstrap": "127.0.0.1:9"})()
+    fleet.gateway = type("Gateway", (), {"url": "http://127.0.0.1:9"})()
+    pid = fleet._spawn_agent("r0", "http://127.0.0.1:9")
+    try:
+        token = fleet.cfg.admin_token
+        assert token not in " ".join(spawned["cmd"])
+        assert spawned["env"]["FLYWHEEL_ADMIN_TOKEN"] == token  # this fleet's, not the shell's
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            assert token.encode() not in f.read()
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            assert f"FLYWHEEL_ADMIN_TOKEN={token}".encode() in f.read().split(b"\0")
+    finally:
+        spawned["proc"].kill()
+        spawned["proc"].wait()

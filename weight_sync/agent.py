@@ -35,7 +35,7 @@ from flywheel.core.events import TOPIC_WEIGHTS
 from kernels import delta as delta_kernels
 from weight_sync import codec, inplace
 from weight_sync.checkpoint import CheckpointReader, CheckpointWriter, config_digest
-from weight_sync.fetch import FetchError, PeerLink, StoreClient, open_store
+from weight_sync.fetch import FetchError, NotInStore, PeerLink, StoreClient, open_store
 from weight_sync.manifest import Manifest, ManifestError, load_public, verify
 from weight_sync.relay import RelayCache, RelayConfig, RelayServer
 from weight_sync.switch import (
@@ -251,8 +251,10 @@ class Agent:
         t = time.monotonic()
         try:
             body, sig = await client.manifest(version)
-        except FetchError as e:
+        except NotInStore as e:
             raise Rejected("unknown_version", str(e)) from None
+        except FetchError as e:  # the store failing (a 5xx, a proxy's 502) says nothing of the version: retried
+            raise Rejected("fetch_failed", str(e)) from None
         try:
             manifest = verify(body, sig, self.public)
             manifest.check_model(self.expected, self.config_digest)

@@ -36,6 +36,11 @@ class FetchError(Exception):
     """A piece could not be downloaded intact (after retries)."""
 
 
+class NotInStore(FetchError):
+    """The store answered that it has no such piece (HTTP 404, a missing object): the version is not, or no
+    longer, there. Any other failure (a 5xx from a store restarting, a proxy's 502) is transient."""
+
+
 class PackUnsupported(FetchError):
     """The store serves no /versions/N/changed (a store server older than it): fetch chunk by chunk."""
 
@@ -113,7 +118,7 @@ class StoreClient:
         """A store response's whole body (counted as from the store), or FetchError."""
         async with r:
             if r.status == 404:
-                raise FetchError(f"{path}: not in the store")
+                raise NotInStore(f"{path}: not in the store")
             if r.status != 200:
                 raise FetchError(f"{path}: HTTP {r.status}")
             data = await r.read()
@@ -131,7 +136,7 @@ class StoreClient:
         body = await self._get(f"/versions/{version}/manifest.json")
         try:
             sig = await self._get(f"/versions/{version}/manifest.sig")
-        except FetchError:
+        except NotInStore:  # refused as unsigned by the caller's verify; a store failing is not "unsigned"
             sig = b""
         return body, sig
 
@@ -250,7 +255,7 @@ class StoreClient:
                 body, p1 = await self._fetch_small(version, "manifest.json", failed)
                 try:
                     sig, p2 = await self._fetch_small(version, "manifest.sig", failed)
-                except FetchError:
+                except NotInStore:
                     sig, p2 = b"", None
             except _PeerFailed as e:
                 self._fell_back(e.reason)
@@ -280,7 +285,7 @@ class StoreClient:
         if r is not None:
             async with r:
                 if r.status == 404:
-                    raise FetchError(f"chunk {piece} of v{version}: not in the store")
+                    raise NotInStore(f"chunk {piece} of v{version}: not in the store")
                 if r.status not in (200, 206):
                     raise FetchError(f"chunk {piece} of v{version}: HTTP {r.status}")
                 if have and r.status == 206:

@@ -2,7 +2,7 @@
 
 Same behaviour as the HTTP client: pieces are checked against the manifest's digests, chunks download in
 parallel (bounded) into <download_dir>/v<N>-<t>.<c>.part, and a broken transfer resumes with a range get
-from the bytes already in the .part file. A missing object is a FetchError (the version is not in the
+from the bytes already in the .part file. A missing object is NotInStore, a FetchError (the version is not in the
 store); an unreachable or refusing endpoint is an S3StoreError, a ConnectionError, which the agent
 retries with backoff rather than rejecting the version.
 """
@@ -16,7 +16,7 @@ import obstore
 from obstore.exceptions import BaseError as ObstoreError
 
 from weight_sync import codec
-from weight_sync.fetch import FetchError
+from weight_sync.fetch import FetchError, NotInStore
 from weight_sync.s3_store import MANIFEST, SIGNATURE, S3Options, endpoint_of, explain, numbered_prefixes, open_bucket
 from weight_sync.store import chunk_name
 
@@ -52,7 +52,7 @@ class S3StoreClient:
             r = await obstore.get_async(self.store, key)
             data = bytes(await r.bytes_async())
         except _MISSING:
-            raise FetchError(f"{key}: not in the store") from None
+            raise NotInStore(f"{key}: not in the store") from None
         except ObstoreError as e:
             raise explain(e, self.url, self.endpoint) from None
         self.bytes_downloaded += len(data)
@@ -82,7 +82,7 @@ class S3StoreClient:
         body = await self._get(self._key(version, MANIFEST))
         try:
             sig = await self._get(self._key(version, SIGNATURE))
-        except FetchError:
+        except NotInStore:
             sig = b""  # refused as unsigned by the caller's verify
         return body, sig
 
@@ -123,7 +123,7 @@ class S3StoreClient:
                     last = FetchError(f"chunk {name} of v{version}: digest mismatch")
                 except _MISSING:
                     part.unlink(missing_ok=True)
-                    raise FetchError(f"chunk {name} of v{version}: not in the store") from None
+                    raise NotInStore(f"chunk {name} of v{version}: not in the store") from None
                 except ObstoreError as e:
                     if have and "416" in str(e):  # the object is shorter than what we hold: that is not its head
                         part.unlink(missing_ok=True)

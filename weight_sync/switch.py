@@ -87,6 +87,7 @@ async def _load(
         )
     else:
         status, out = await _load_patch(session, replica_url, patch, None if patch.warmup else version)
+    engine = out.get("engine") or {}  # what the patch's loader did (a flush below answers with other fields)
     if status == 400 and "cache was not flushed" in str(out.get("message", "")):
         # The weights did change, but a request still running or queued in SGLang (one finishing as the
         # drain ended) kept the prefix cache, which holds KV of the old weights: flush it once that is done
@@ -96,7 +97,7 @@ async def _load(
     if status != 200 or not out.get("success"):
         how = "update_weights_from_disk" if patch is None else "in-place patch"
         raise LoadRefused(f"{how} failed ({status}): {out.get('message', out)}")
-    return time.monotonic() - t, out.get("engine") or {}
+    return time.monotonic() - t, engine
 
 
 class InPlace:
@@ -155,10 +156,11 @@ async def _load_patch(session, replica_url: str, patch: InPlace, version: int | 
     result = weight_patch.read_result(patch.path)
     Path(weight_patch.result_path(patch.path)).unlink(missing_ok=True)
     out["engine"] = result  # what the loader did, and how long it took
-    if status == 200 and not result.get("ok") and version is not None:
+    if not result.get("ok") and version is not None:
         # SGLang has put the new version's label on weights the loader did not change (or, if writing itself
-        # failed, changed only in part): the label goes back while the replica is still drained or paused,
-        # and the caller reloads the version from disk.
+        # failed, changed only in part), also when it answers 400 for a prefix cache a running request kept:
+        # the label goes back while the replica is still drained or paused, and the caller reloads the version
+        # from disk (never a flush and a "switch" to base weights labelled new).
         await _post(
             session,
             f"{replica_url}/update_weight_version",

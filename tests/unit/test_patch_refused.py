@@ -1,0 +1,89 @@
+"""An in-place patch the engine's loader refused is a refused load, whatever SGLang's HTTP status: when a
+request still running kept the prefix cache, SGLang answers 400 "cache was not flushed" after putting the new
+version's label on the weights; the switch must put the label back and report the load refused (the agent then
+reloads the version from disk), not flush the cache and call base weights the new version."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from flywheel.core import weight_patch
+from weight_sync.switch import InPlace, LoadRefused, _load
+
+UNFLUSHED = (
+    "Weights were updated, but the cache was not flushed because requests are still running or waiting; "
+    "flush it after they finish"
+)
+
+
+class PatchEngine:
+    """SGLang's weight-update endpoints as they answer for a patch whose loader ran (its outcome in the result
+    file, as flywheel.core.weight_patch's loader writes it): `loader_ok` and whether a request kept the cache."""
+
+    def __init__(self, loader_ok: bool, unflushed: bool):
+        self.loader_ok, self.unflushed = loader_ok, unflushed
+        self.label, self.calls = "4", []
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        for name in ("begin_weight_update", "end_weight_update", "update_weights_from_tensor"):
+            app.router.add_post(f"/{name}", self.handle)
+        app.router.add_post("/update_weight_version", self.relabel)
+        app.router.add_post("/flush_cache", self.flush)
+        return app
+
+    async def handle(self, request: web.Request) -> web.Response:
+        name = request.path.strip("/")
+        self.calls.append(name)
+        if name != "update_weights_from_tensor":
+            return web.json_response({"success": True})
+        body = await request.json()
+        weight_patch.write_result(
+            self.patch_path, {"ok": self.loader_ok, "written": 0, "error": None if self.loader_ok else "x"}
+        )
+        self.label = body["weight_version"]  # SGLang labels the weights whatever the loader did
+        if self.unflushed:
+            return web.json_response({"success": False, "message": UNFLUSHED}, status=400)
+        return web.json_response({"success": True})
+
+    async def relabel(self, request: web.Request) -> web.Response:
+        self.calls.append("update_weight_version")
+        self.label = (await request.json())["new_version"]
+        return web.json_response({"success": True})
+
+    async def flush(self, request: web.Request) -> web.Response:
+        self.calls.append("flush_cache")
+        return web.json_response({"success": True})
+
+
+async def _apply(engine: PatchEngine, tmp_path) -> tuple[float, dict]:
+    engine.patch_path = str(tmp_path / "v5.safetensors")
+    runner = web.AppRunner(engine.app())
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+            return await _load(session, url, None, 5, InPlace(engine.patch_path, base_version=4))
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize("unflushed", [False, True])
+def test_a_refused_patch_puts_the_label_back_whatever_the_status(tmp_path, unflushed):
+    engine = PatchEngine(loader_ok=False, unflushed=unflushed)
+    with pytest.raises(LoadRefused, match="refused the patch"):
+        asyncio.run(_apply(engine, tmp_path))
+    assert engine.label == "4"  # the base's label: those are the weights it serves
+    assert "flush_cache" not in engine.calls  # before: flushed, then reported a switch to v5
+
+
+def test_an_applied_patch_with_a_request_running_is_flushed_and_labelled(tmp_path):
+    engine = PatchEngine(loader_ok=True, unflushed=True)
+    _, result = asyncio.run(_apply(engine, tmp_path))
+    assert result["ok"] and engine.label == "5" and engine.calls[-1] == "flush_cache"

@@ -228,7 +228,12 @@ class Agent:
         if path.exists():
             state = json.loads(path.read_text())
         else:
-            state = {"version": self.cfg.initial_version, "pinned": None, "latest_seen": self.cfg.initial_version}
+            state = {
+                "version": self.cfg.initial_version,
+                "pinned": None,
+                "latest_seen": self.cfg.initial_version,
+                "released": self.cfg.initial_version,
+            }
         seed = self.versions_dir / str(self.cfg.initial_version)
         if not seed.exists():
             seed.symlink_to(Path(self.cfg.initial_model).resolve(), target_is_directory=True)
@@ -599,7 +604,9 @@ class Agent:
                 continue
             if kind == "version":
                 self.state["latest_seen"] = max(self.state.get("latest_seen", 0), v)
-                if self.state.get("pinned") is None and not r.get("canary"):  # a canary waits for its trial
+                if not r.get("canary"):  # a canary waits for its trial, and is released only when promoted
+                    self._released(v)
+                if self.state.get("pinned") is None and not r.get("canary"):
                     target = v
             elif kind == "canary":  # a trial: only the replicas named serve the candidate
                 if self.state.get("pinned") is None and self.cfg.name in r.get("replicas", []):
@@ -608,14 +615,16 @@ class Agent:
                 if self.state.get("pinned") is None and isinstance(r.get("stable"), int):
                     target = r["stable"]
             elif kind in ("activate", "promote"):
+                if kind == "promote":
+                    self._released(v)
                 if self.state.get("pinned") is None:
                     target = v
             elif kind == "pin":
                 self.state["pinned"] = v
                 target = v
-            elif kind == "unpin":
+            elif kind == "unpin":  # the newest released version: never a canary that was not promoted
                 self.state["pinned"] = None
-                target = self.state.get("latest_seen", self.state["version"])
+                target = self.state.get("released", self.state.get("latest_seen", self.state["version"]))
             else:
                 log.error("ignoring a weights record of unknown type %r", kind)
         self.metrics.pinned.set(1 if self.state.get("pinned") is not None else 0)
@@ -623,6 +632,10 @@ class Agent:
         if target is not None:
             self.metrics.target.set(target)
         return target
+
+    def _released(self, version: int) -> None:
+        """The newest version released to the whole fleet (announced without a trial, or promoted after one)."""
+        self.state["released"] = max(self.state.get("released", self.state["version"]), version)
 
     def run(self, stop=None) -> None:
         """Follow the weights topic until `stop` (a threading.Event) is set."""

@@ -69,7 +69,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     common(pin)
     pin.set_defaults(func=lambda a: _activate(a, a.version, "pin", "pinned by SRE"))
 
-    unpin = w.add_parser("unpin", help="follow new versions again (switch to the newest)")
+    unpin = w.add_parser(
+        "unpin", help="follow new versions again (switch to the newest released: never a canary that was not promoted)"
+    )
     common(unpin)
     unpin.set_defaults(func=lambda a: _activate(a, -1, "unpin", "unpinned by SRE"))
 

@@ -167,6 +167,13 @@ def test_agent_follows_versions_rollbacks_and_pins(test_model, tmp_path):
     assert agent.decide([{"type": "pin", "version": 2}, v(5)]) == 2  # pinned: new versions wait
     assert agent.decide([{"type": "activate", "version": 3}]) is None
     assert agent.decide([{"type": "unpin"}]) == 5  # unpinned: the newest seen
+    # A canary the trial rolled back is never the newest released: an unpin after it returns to the stable one.
+    assert agent.decide([{"type": "version", "version": 6, "canary": True}]) is None
+    assert agent.decide([{"type": "rollback", "version": 6, "stable": 5}]) == 5
+    assert agent.decide([{"type": "pin", "version": 4}]) == 4
+    assert agent.decide([{"type": "unpin"}]) == 5  # before: 6, the rolled-back canary, on every replica
+    assert agent.decide([v(7), {"type": "version", "version": 8, "canary": True}, {"type": "promote", "version": 8}])
+    assert agent.decide([{"type": "pin", "version": 7}, {"type": "unpin"}]) == 8  # a promoted canary is released
     assert agent.decide([{"type": "version"}, {"type": "bogus", "version": 9}]) is None
 
 

@@ -28,7 +28,6 @@ import logging
 import math
 import threading
 import time
-import urllib.error
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
@@ -37,6 +36,8 @@ from flywheel.core.admin_client import admin_call
 from flywheel.core.events import TOPIC_WEIGHTS
 from weight_sync.manifest import load_private
 from weight_sync.publish import PublishConfig, activate
+
+RETRY_TRIAL_S = 5.0  # a trial the gateway interrupted starts again this long after
 
 log = logging.getLogger(__name__)
 
@@ -208,33 +209,40 @@ class CanaryController:
         while not self._stop.is_set():
             override = self._override(version)
             if override is not None:
-                self._call("DELETE", "/admin/canary")
+                self._end_split()
                 log.info("v%d: %s by override (%s)", version, override["type"], override.get("reason"))
                 return self._decided(override)
-            arms = (self._call("GET", "/admin/canary")["canary"] or {}).get("arms")
-            if arms:
-                verdict = judge(arms["canary"], arms["stable"], self.cfg)
-                if verdict.decision != "extend":
-                    return self._end(version, stable, verdict, time.monotonic() - t0)
-                if time.monotonic() - t0 > self.cfg.max_trial_s:
-                    return self._end(
-                        version,
-                        stable,
-                        Verdict(
-                            "rollback",
-                            f"undecided after {self.cfg.max_trial_s:.0f}s ({verdict.reason}): the safe choice",
-                            verdict.figures,
-                        ),
-                        time.monotonic() - t0,
-                    )
+            try:
+                arms = (self._call("GET", "/admin/canary")["canary"] or {}).get("arms")
+            except (OSError, ValueError, KeyError, TypeError) as e:  # the gateway away a moment: judge later
+                log.warning("v%d: no canary figures from the gateway (%s); asking again", version, e)
+                arms = None
+            verdict = judge(arms["canary"], arms["stable"], self.cfg) if arms else None
+            if verdict is not None and verdict.decision != "extend":
+                return self._end(version, stable, verdict, time.monotonic() - t0)
+            if time.monotonic() - t0 > self.cfg.max_trial_s:  # also when the gateway never gave figures
+                why = verdict.reason if verdict is not None else "no figures from the gateway"
+                return self._end(
+                    version,
+                    stable,
+                    Verdict(
+                        "rollback",
+                        f"undecided after {self.cfg.max_trial_s:.0f}s ({why}): the safe choice",
+                        verdict.figures if verdict is not None else {},
+                    ),
+                    time.monotonic() - t0,
+                )
             self._stop.wait(self.cfg.poll_s)
         return {}
 
-    def _end(self, version: int, stable: int, verdict: Verdict, elapsed: float = 0.0) -> dict:
+    def _end_split(self) -> None:
         try:
             self._call("DELETE", "/admin/canary")
-        except urllib.error.URLError as e:
+        except (OSError, ValueError) as e:  # urllib's errors are OSErrors; a body that is not JSON
             log.warning("could not end the gateway's canary split: %s", e)
+
+    def _end(self, version: int, stable: int, verdict: Verdict, elapsed: float = 0.0) -> dict:
+        self._end_split()
         rec = self._announce(
             verdict.decision, version, verdict.reason, stable=stable, figures=verdict.figures, trial_s=round(elapsed, 1)
         )
@@ -266,15 +274,20 @@ class CanaryController:
         return out
 
     def _override(self, version: int) -> dict | None:
+        """An SRE's promote or rollback of `version`, if one was read; every other record read meanwhile,
+        before or after it, is kept for the main loop (a candidate announced in the same batch is trialled next)."""
+        found = None
         for rec in self._records():
             if (
-                rec.get("type") in ("promote", "rollback")
+                found is None
+                and rec.get("type") in ("promote", "rollback")
                 and rec.get("version") == version
                 and rec.get("seq") not in self._mine
             ):
-                return rec
-            self._pending.append(rec)
-        return None
+                found = rec
+            else:
+                self._pending.append(rec)
+        return found
 
     def _open(self):
         """The whole weights topic from its start, by assignment (no group: a rebalance racing the topic's
@@ -313,11 +326,20 @@ class CanaryController:
                 for rec in records:
                     if rec.get("type") in ("promote", "rollback"):
                         decided.add(rec.get("version"))
-                for rec in records:
+                for i, rec in enumerate(records):
                     v = rec.get("version")
                     if rec.get("type") == "version" and rec.get("canary") and v not in decided:
                         log.info("v%d: canary trial starts", v)
-                        self.trial(v)
+                        try:
+                            self.trial(v)
+                        except (OSError, ValueError, KeyError, TypeError) as e:
+                            # The gateway did not answer (or not as its API does): the controller lives on, the
+                            # split ends, and the trial starts again from the next read of the topic.
+                            log.error("v%d: trial interrupted, the gateway failed (%s); trying again", v, e)
+                            self._end_split()
+                            self._pending = records[i:] + self._pending  # this one and the rest, in order
+                            self._stop.wait(RETRY_TRIAL_S)
+                            break
                         decided.add(v)
                         if self._stop.is_set():
                             break

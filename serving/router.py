@@ -3,8 +3,9 @@
 A replica is `active` (takes user traffic), `draining` (finishes what it has, takes nothing new) or
 `borrowed` (lent to the trainer for rollouts; no user traffic). Health checks take a replica that stops
 answering out of rotation and bring it back when it answers again; a request that fails to connect
-marks it unhealthy at once. Every change of state goes through the pool's methods (drain, activate,
-borrow, mark_failed, check, expire_drain_leases): nothing else writes `state`.
+marks it unhealthy at once. Every change of state goes through the pool's methods (drain, end_lease,
+activate, borrow, mark_failed, check, expire_drain_leases): nothing else writes `state`. An agent's drain
+(with a lease) is refused on a replica an operator holds (drained without one, or borrowed).
 
     active --drain--> draining --activate--> active
     active --borrow--> draining (borrow pending) --last request done--> borrowed --activate--> active
@@ -114,6 +115,11 @@ class LastActive(Exception):
     """Taking this replica from users would leave none serving them."""
 
 
+class HeldByOperator(Exception):
+    """An agent asked to drain a replica an operator holds (drained without a lease, or borrowed for
+    rollouts): the agent's drain, and the re-activation that ends it, would undo the operator's decision."""
+
+
 class ReplicaPool:
     def __init__(self, urls: list[str], cfg: PoolConfig | None = None, routing: RoutingConfig | None = None):
         self.cfg = cfg or PoolConfig()
@@ -166,6 +172,12 @@ class ReplicaPool:
         """No new user requests; those in flight finish. With a lease (an agent switching weights) the
         drain lapses unless renewed; without (an SRE's), it holds until activated."""
         r = self.get(replica_id)
+        held = r.state == ReplicaState.BORROWED or r.borrow_pending
+        held = held or (r.state == ReplicaState.DRAINING and r.drain_lease_until is None)
+        if lease_s is not None and held:
+            raise HeldByOperator(
+                f"replica {r.id} is {'borrowed' if r.borrow_pending else r.state.value} by an operator"
+            )
         self._leave_users(r, "drain")
         r.state, r.borrow_pending = ReplicaState.DRAINING, False
         r.drain_lease_until = time.monotonic() + lease_s if lease_s is not None else None
@@ -190,6 +202,14 @@ class ReplicaPool:
         if r.borrow_pending:  # not activated meanwhile
             r.state, r.borrow_pending = ReplicaState.BORROWED, False
             log.info("replica %s drained: borrowed for rollouts", r.id)
+
+    def end_lease(self, replica_id: str) -> ReplicaHandle:
+        """An agent's drain ends: users come back, unless an operator drained or borrowed the replica since
+        (their decision stands; the agent's lease had become theirs)."""
+        r = self.get(replica_id)
+        if r.state == ReplicaState.DRAINING and r.drain_lease_until is not None:
+            r.state, r.drain_lease_until = ReplicaState.ACTIVE, None
+        return r
 
     def activate(self, replica_id: str) -> ReplicaHandle:
         """Users come back at once (from draining, borrowed, or a borrow still pending). The caller stops

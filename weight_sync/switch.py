@@ -190,9 +190,13 @@ async def takes_patches(session, replica_url: str) -> bool:
     return single and weight_patch.LOADER in (info.get("custom_weight_loader") or [])
 
 
-async def _drain(session, gw: GatewayLink, deadline: float) -> bool:
+HELD = "held"  # _drain: an operator holds the replica on that gateway (drained or borrowed): users are not routed there
+
+
+async def _drain(session, gw: GatewayLink, deadline: float) -> bool | str:
     """Ask the gateway to drain the replica and wait (until `deadline`, monotonic) for its requests there to
-    finish; False if it refuses (the last active replica)."""
+    finish; False if it refuses (the last active replica); HELD if an operator holds it (nothing to drain,
+    and nothing to re-activate after: their decision stands)."""
     headers = {"Authorization": f"Bearer {gw.admin_token}"}
     while True:
         status, out = await _post(
@@ -202,6 +206,8 @@ async def _drain(session, gw: GatewayLink, deadline: float) -> bool:
             headers=headers,
             timeout=ADMIN_TIMEOUT_S,
         )
+        if status == 409 and (out.get("error") or {}).get("code") == "held_by_operator":
+            return HELD
         if status != 409:
             break
         # Refused as the last active replica. If another one is draining for a switch (its drain has a
@@ -254,17 +260,18 @@ async def _renew_drain(session, gw: GatewayLink) -> None:
             pass
 
 
-async def _activate_quietly(session, gw: GatewayLink) -> None:
+async def _undrain_quietly(session, gw: GatewayLink) -> None:
     try:
-        await _activate(session, gw)
+        await _undrain(session, gw)
     except (SwitchError, aiohttp.ClientError, asyncio.TimeoutError):
         pass
 
 
-async def _activate(session, gw: GatewayLink) -> None:
+async def _undrain(session, gw: GatewayLink) -> None:
+    """End this agent's drain: users come back, unless an operator drained or borrowed the replica meanwhile."""
     status, out = await _post(
         session,
-        f"{gw.url}/admin/replicas/{gw.replica_id}/activate",
+        f"{gw.url}/admin/replicas/{gw.replica_id}/undrain",
         headers={"Authorization": f"Bearer {gw.admin_token}"},
         timeout=ADMIN_TIMEOUT_S,
     )
@@ -309,6 +316,10 @@ class _Drains:
                         "gateway %s unreachable (%s): switching %s without it", gw.url, type(e).__name__, gw.replica_id
                     )
                     continue
+                if granted == HELD:  # not routed to users there: nothing to drain, nor to undo
+                    self.passed_over.remove(gw)
+                    log.info("gateway %s: %s is held by an operator; left as it is", gw.url, gw.replica_id)
+                    continue
                 if not granted:
                     await self.release(quiet=True)
                     return False
@@ -334,8 +345,8 @@ class _Drains:
         self._renewals.clear()
         held, passed = self.held, self.passed_over
         self.held, self.passed_over = [], []
-        results = await asyncio.gather(*(_activate(self.session, gw) for gw in held), return_exceptions=True)
-        await asyncio.gather(*(_activate_quietly(self.session, gw) for gw in passed))
+        results = await asyncio.gather(*(_undrain(self.session, gw) for gw in held), return_exceptions=True)
+        await asyncio.gather(*(_undrain_quietly(self.session, gw) for gw in passed))
         for gw, r in zip(held, results, strict=True):
             if isinstance(r, BaseException) and (quiet or _unreachable(r)):
                 log.warning("gateway %s: %s not re-activated (%s)", gw.url, gw.replica_id, type(r).__name__)

@@ -23,7 +23,7 @@ from serving.api.tenants import TenantsApi
 from serving.auth import Tenant, admin_middleware
 from serving.canary_split import CanarySplit
 from serving.openai_api import finish_reason, parse_completion
-from serving.router import LastActive, ReplicaState
+from serving.router import HeldByOperator, LastActive, ReplicaState
 from serving.schema import ApiError, Field, Schema, number, one_of, parse_json_body, string_list, value
 
 if TYPE_CHECKING:
@@ -31,8 +31,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-ACTIONS = ("drain", "activate", "borrow", "return")
-NO_BODY = Schema({})  # activate, borrow, return: an empty object (or nothing)
+# undrain: what an agent ends its drain with (a no-op when an operator has drained or borrowed it since).
+ACTIONS = ("drain", "undrain", "activate", "borrow", "return")
+NO_BODY = Schema({})  # undrain, activate, borrow, return: an empty object (or nothing)
 DRAIN_BODY = Schema(
     {"lease_s": Field(number(0, 3600, "'lease_s' must be a number of seconds in (0, 3600]", open_lo=True))}
 )
@@ -94,11 +95,15 @@ class AdminApi:
                 replica = pool.drain(rid, body["lease_s"])
             elif action == "borrow":
                 replica = pool.borrow(rid)
+            elif action == "undrain":
+                replica = pool.end_lease(rid)
             else:  # activate / return: users come back at once; rollouts in flight stop for the trainer to redo
                 replica = pool.activate(rid)
                 await self.gw.dispatcher.abort_rollouts(replica)
         except LastActive as e:
             raise ApiError(409, str(e), code="last_active") from None
+        except HeldByOperator as e:
+            raise ApiError(409, str(e), code="held_by_operator") from None
         log.info(
             "replica %s -> %s%s (admin)",
             rid,

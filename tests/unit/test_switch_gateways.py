@@ -200,3 +200,36 @@ def test_weights_loaded_with_a_request_still_running_are_followed_by_a_flush(tes
             assert [await states(c) for c in gws] == ["active", "active"]
 
     asyncio.run(main())
+
+
+def test_a_replica_an_operator_holds_stays_held_after_a_switch(test_model, tmp_path):
+    """r0 drained by an SRE on one gateway (no lease) and borrowed for rollouts on the other: the agent's
+    switch neither turns those into its own leased drains nor re-activates r0 after (before: it did both)."""
+
+    async def main():
+        async with two_gateways(test_model, tmp_path) as (fakes, urls, gws):
+            admin = {"Authorization": f"Bearer {ADMIN}"}
+            assert (await gws[0].post("/admin/replicas/r0/drain", json={}, headers=admin)).status == 200
+            assert (await gws[1].post("/admin/replicas/r0/borrow", json={}, headers=admin)).status == 200
+            await asyncio.sleep(0.2)  # idle: the borrow settles at once
+            assert [await states(c) for c in gws] == ["draining", "borrowed"]
+            report = await switch(urls[0], "/models/v1", 1, "drain", [link(c) for c in gws])
+            assert report["mode"] == "no_pause" and fakes[0].version == 1  # no users there to drain
+            assert [await states(c) for c in gws] == ["draining", "borrowed"]
+            r = await gws[0].get("/admin/replicas", headers=admin)
+            assert next(x for x in (await r.json())["replicas"] if x["id"] == "r0")["drain_lease_s"] is None
+            # An agent's drain taken first, an SRE's drain of the same replica during the load: the agent's
+            # undrain after it leaves the SRE's drain standing.
+            assert (await gws[0].post("/admin/replicas/r0/activate", json={}, headers=admin)).status == 200
+            seen = []
+
+            async def sre_drains_mid_switch():
+                seen.append(await states(gws[0], "r1"))
+                seen.append((await gws[0].post("/admin/replicas/r1/drain", json={}, headers=admin)).status)
+
+            fakes[1].during_load = sre_drains_mid_switch
+            report = await switch(urls[1], "/models/v1", 1, "drain", [link(gws[0], "r1")], drain_timeout_s=5)
+            assert report["mode"] == "drain" and seen == ["draining", 200]
+            assert await states(gws[0], "r1") == "draining"  # before: re-activated by the agent
+
+    asyncio.run(main())

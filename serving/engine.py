@@ -100,6 +100,20 @@ def _fill(result: EngineResult, out: dict, layers: int, top_k: int) -> None:
         result.routed_experts = experts
 
 
+# What a malformed answer raises as it is read (not JSON, not an object, fields of the wrong type or shape).
+_MALFORMED = (ValueError, TypeError, AttributeError, KeyError, IndexError)
+
+
+def _parse(data: bytes, result: EngineResult, layers: int, top_k: int) -> dict:
+    """One answer (or stream chunk) read into result; raises one of _MALFORMED if it is not what SGLang sends."""
+    out = orjson.loads(data)
+    if not isinstance(out, dict):
+        raise TypeError(f"an answer is a JSON object, not {type(out).__name__}")
+    if "error" not in out:
+        _fill(result, out, layers, top_k)
+    return out
+
+
 async def _error(resp: aiohttp.ClientResponse) -> Exception:
     text = await resp.text()
     try:
@@ -118,13 +132,18 @@ async def generate(
         async with session.post(f"{url}/generate", json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)) as r:
             if r.status != 200:
                 raise await _error(r)
-            out = orjson.loads(await r.read())
+            data = await r.read()
     except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as e:  # the latter: a body cut short
         raise EngineUnavailable(f"{type(e).__name__}: {e}") from None
     except asyncio.TimeoutError:
         raise EngineUnavailable(f"no answer within {timeout_s:g} s") from None
     result = EngineResult()
-    _fill(result, out, layers, top_k)
+    try:  # a replica answering garbage is a failed replica (another one takes the request), never a 500
+        out = _parse(data, result, layers, top_k)
+    except _MALFORMED as e:
+        raise EngineUnavailable(f"malformed answer ({type(e).__name__}: {str(e)[:200]})") from None
+    if "error" in out:
+        raise EngineError(400, str(out["error"])[:500])
     return result
 
 
@@ -149,11 +168,17 @@ async def generate_stream(
                 data = line[6:].strip()
                 if data == b"[DONE]":
                     break
-                out = orjson.loads(data)
-                if "error" in out:
-                    raise EngineError(400, str(out["error"].get("message", out["error"])))
                 before = len(result.text)
-                _fill(result, out, layers, top_k)
+                try:
+                    out = _parse(data, result, layers, top_k)
+                except _MALFORMED as e:  # before any output another replica takes it; after, the stream broke
+                    why = f"malformed chunk ({type(e).__name__}: {str(e)[:200]})"
+                    raise (
+                        ReplicaBroke(f"replica stream broke: {why}") if got_first else EngineUnavailable(why)
+                    ) from None
+                if "error" in out:
+                    err = out["error"]
+                    raise EngineError(400, str(err.get("message", err) if isinstance(err, dict) else err))
                 got_first = True
                 yield result.text[before:], result
     # A replica that dies mid-answer cuts the chunked body short (ClientPayloadError), or the connection.

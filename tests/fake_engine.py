@@ -19,6 +19,9 @@ class FakeReplica:
         self.texts: list[str] = ["x = 1"]  # what the next answers say, in order (the last one repeats)
         self.fail_status: int | None = None  # answer /generate with this status before any output
         self.break_mid_stream = False  # send one chunk, then drop the connection
+        # Bytes that are not an answer: the whole body (plain), or a chunk sent after `garbage_after` good ones.
+        self.garbage: bytes | None = None
+        self.garbage_after = 0
         self.delay_s = 0.0  # before answering
         self.rids: list[str] = []  # /generate requests seen
         self.aborted: list[str] = []  # /abort_request rids seen
@@ -59,10 +62,16 @@ class FakeReplica:
             return web.json_response({"error": {"message": "engine overloaded"}}, status=self.fail_status)
         text = self.texts.pop(0) if len(self.texts) > 1 else self.texts[0]
         if not body.get("stream"):
+            if self.garbage is not None:
+                return web.Response(body=self.garbage, content_type="application/json")
             return web.json_response(self._out(text))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        for end in (len(text) // 2, len(text)):  # cumulative, as SGLang sends
+        for i, end in enumerate((len(text) // 2, len(text))):  # cumulative, as SGLang sends
+            if self.garbage is not None and i == self.garbage_after:
+                await resp.write(b"data: " + self.garbage + b"\n\n")
+                await asyncio.sleep(0.5)  # still "generating" when the gateway gives up on it
+                return resp
             await resp.write(b"data: " + orjson.dumps(self._out(text[:end])) + b"\n\n")
             if self.break_mid_stream:
                 await asyncio.sleep(0.05)

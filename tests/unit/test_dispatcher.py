@@ -183,3 +183,33 @@ def test_bodies_are_checked_by_their_schema(test_model, tmp_path):
     assert tabby == 200  # Tabby's own extra fields are ignored
     assert drain == 400 and activate == 400
     assert unknown == [404, 404]  # an unknown path is a 404, credentials or not
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [b"not json", b"[1, 2]", b'{"text": "x", "output_ids": 5}', b'{"meta_info": {"routed_experts": "AAAAAAA="}}'],
+)
+def test_a_replica_answering_garbage_is_a_failed_replica_not_a_500(test_model, tmp_path, garbage):
+    """Plain: another replica takes the request. Streamed, garbage after the first chunk: the stream ends with
+    an error chunk and [DONE], and the replica is told to stop generating (before: a 500 after the headers,
+    a cut stream, and the replica left generating)."""
+
+    async def scenario(client, fakes):
+        fakes[0].garbage = garbage
+        plain = await complete(client)
+        plain_body = await plain.json()
+        reps_after_plain = await replicas(client)
+        fakes[1].garbage, fakes[1].garbage_after, fakes[0].garbage = garbage, 1, None
+        r = await client.post("/admin/replicas/r0/drain", json={}, headers=ADMIN)  # the stream goes to r1
+        assert r.status == 200
+        streamed = await complete(client, stream=True)
+        lines = [ln async for ln in streamed.content if ln.startswith(b"data: ")]
+        await asyncio.sleep(0.2)  # the abort goes out soon after
+        return plain.status, plain_body, reps_after_plain, streamed.status, lines, fakes, await replicas(client)
+
+    status, body, reps0, s_status, lines, fakes, reps = run(test_model, tmp_path, [1, 1], scenario)
+    assert status == 200 and body["choices"][0]["text"] == "x = 1"  # served by r1
+    assert reps0["r0"]["healthy"] is False and "malformed" in reps0["r0"]["last_error"]
+    assert s_status == 200 and json.loads(lines[0][6:])["choices"][0]["text"]
+    assert json.loads(lines[-2][6:])["error"]["code"] == "replica_failed" and lines[-1].strip() == b"data: [DONE]"
+    assert reps["r1"]["healthy"] is False and fakes[1].aborted == fakes[1].rids[-1:]

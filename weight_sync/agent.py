@@ -38,6 +38,7 @@ from weight_sync.checkpoint import CheckpointReader, CheckpointWriter, config_di
 from weight_sync.fetch import FetchError, NotInStore, PeerLink, StoreClient, open_store
 from weight_sync.manifest import Manifest, ManifestError, load_public, verify
 from weight_sync.relay import RelayCache, RelayConfig, RelayServer
+from weight_sync.store import version_number
 from weight_sync.switch import (
     GatewayLink,
     InPlace,
@@ -248,7 +249,7 @@ class Agent:
         return self.versions_dir / str(int(version))
 
     def local_versions(self) -> list[int]:
-        return sorted(int(p.name) for p in self.versions_dir.iterdir() if p.name.isdigit())
+        return sorted(v for p in self.versions_dir.iterdir() if (v := version_number(p.name)) is not None)
 
     # ------------------------------------------------------------------ rebuild
     async def manifest(self, client: StoreClient, version: int) -> Manifest:

@@ -24,7 +24,7 @@ from typing import Callable
 
 from aiohttp import web
 
-from weight_sync.store import valid_piece
+from weight_sync.store import valid_piece, version_number
 from weight_sync.store_relay import peer_url
 
 _PIECE = web.RequestKey("flywheel_relay_piece", bool)  # set when the response carries a piece's bytes
@@ -128,7 +128,7 @@ class RelayCache:
             src.unlink(missing_ok=True)
 
     def versions(self) -> list[int]:
-        return sorted(int(p.name) for p in self.root.iterdir() if p.name.isdigit())
+        return sorted(v for p in self.root.iterdir() if (v := version_number(p.name)) is not None)
 
     def prune(self, keep: set[int]) -> None:
         """Drop the pieces of versions the agent no longer keeps (peers asking for them get 404)."""
@@ -149,12 +149,12 @@ class RelayServer:
 
     def app(self) -> web.Application:
         async def piece(request: web.Request) -> web.StreamResponse:
-            v, name = request.match_info["version"], request.match_info["piece"]
-            if not v.isdigit() or not valid_piece(name):
+            v, name = version_number(request.match_info["version"]), request.match_info["piece"]
+            if v is None or not valid_piece(name):
                 self.count("bad", 0)
                 raise web.HTTPNotFound(reason="bad version or piece name")
-            path = self.cache.path(int(v), name)
-            if not path.is_file() and not await self.cache.arrival(int(v), name, self.cfg.wait_s):
+            path = self.cache.path(v, name)
+            if not path.is_file() and not await self.cache.arrival(v, name, self.cfg.wait_s):
                 self.count("missing", 0)
                 raise web.HTTPNotFound(reason="not held here (or not yet)")
             request[_PIECE] = True

@@ -37,6 +37,8 @@ import obstore
 from obstore.exceptions import BaseError as ObstoreError
 from obstore.store import S3Store
 
+from weight_sync.store import version_number
+
 log = logging.getLogger(__name__)
 
 MANIFEST, SIGNATURE = "manifest.json", "manifest.sig"
@@ -156,8 +158,8 @@ def numbered_prefixes(listing: dict) -> set[int]:
     out = set()
     for p in list(listing.get("common_prefixes", [])) + [o["path"] for o in listing.get("objects", [])]:
         name = p.rstrip("/").rsplit("/", 1)[-1]
-        if name.isdigit():
-            out.add(int(name))
+        if (v := version_number(name)) is not None:
+            out.add(v)
     return out
 
 

@@ -43,6 +43,12 @@ def chunk_name(tensor_index: int, chunk_index: int) -> str:
     return f"{tensor_index}.{chunk_index}"
 
 
+def version_number(name: str) -> int | None:
+    """A version's name in a URL, a directory or a bucket listing as its number; None if it is not one.
+    ASCII digits only: str.isdigit also takes "²" (int() refuses it) and "٣" (an alias of 3)."""
+    return int(name) if name.isascii() and name.isdigit() and len(name) <= 18 else None
+
+
 def valid_piece(piece: str) -> bool:
     """What a store or a relay serves of a version: manifest.json, manifest.sig, chunks/T.C, files/NAME."""
     if piece in ("manifest.json", "manifest.sig"):
@@ -62,7 +68,7 @@ class Store:
         return self.root / "versions" / str(int(version))
 
     def versions(self) -> list[int]:
-        return sorted(int(p.name) for p in (self.root / "versions").iterdir() if p.name.isdigit())
+        return sorted(v for p in (self.root / "versions").iterdir() if (v := version_number(p.name)) is not None)
 
     def latest(self) -> int | None:
         v = self.versions()
@@ -216,13 +222,13 @@ class Store:
         relay.registry.register(VersionSizes(self))  # flywheel_store_version_bytes{version,form,kind}
 
         def version_of(request) -> tuple[int, Path]:
-            v = request.match_info["version"]
-            if not v.isdigit():
+            v = version_number(request.match_info["version"])
+            if v is None:
                 raise web.HTTPNotFound(reason="bad version")
-            d = self.version_dir(int(v))
+            d = self.version_dir(v)
             if not d.is_dir():
                 raise web.HTTPNotFound(reason=f"no version {v}")
-            return int(v), d
+            return v, d
 
         async def versions(request):
             relay.count_as(request, "index")

@@ -207,6 +207,9 @@ def test_bad_requests_to_a_relay_or_the_store_are_4xx(published, store, agents):
     assert status(f"{relay}/versions/1/chunks/0.0") == 200
     for path in (
         "/versions/x/chunks/0.0",
+        "/versions/%C2%B2/chunks/0.0",  # "²": str.isdigit takes it, int() does not (was a 500)
+        "/versions/%D9%A1/chunks/0.0",  # Arabic-Indic "1": int() reads it as 1 (was an alias of v1)
+        "/versions/" + "1" * 5000 + "/chunks/0.0",  # past int()'s digit limit
         "/versions/1/chunks/0.0.0",
         "/versions/1/chunks/..%2F..%2Fstate.json",
         "/versions/1/files/..",
@@ -222,6 +225,8 @@ def test_bad_requests_to_a_relay_or_the_store_are_4xx(published, store, agents):
     for query in ("peer=ftp://x:1", "peer=http://h:1/p", "failed=nonsense", "peer=http://h:1&direct=2"):
         assert status(f"{ok}?{query}") == 400, query
     assert status(f"{store}/versions/1/chunks/..%2Fmanifest.json?peer=http://h:1") == 404
+    for v in ("%C2%B2", "%D9%A1", "1" * 5000):
+        assert status(f"{store}/versions/{v}/manifest.json") == 404, v
     before = sent(store)["sent_bytes_total"]
     with urllib.request.urlopen(urllib.request.Request(f"{store}/versions/1/manifest.json", method="HEAD")) as r:
         assert r.status == 200 and int(r.headers["Content-Length"]) > 0

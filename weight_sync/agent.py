@@ -287,6 +287,7 @@ class Agent:
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir()
         base = CheckpointReader(base_dir) if base_dir else None
+        writer, built = None, False
         try:
             writer = CheckpointWriter(
                 staging / "model.safetensors", [(e.name, e.dtype, e.shape) for e in manifest.tensors]
@@ -318,20 +319,22 @@ class Agent:
                 writer.write(entry.name, bits)
                 del bits, frames, base_bits
             writer.close()
+            writer = None
             for name, want in manifest.files.items():
                 (staging / name).write_bytes(await client.file(version, name, want))
+            os.replace(staging, target)
+            built = True
         except FetchError as e:
-            shutil.rmtree(staging, ignore_errors=True)
             raise Rejected("fetch_failed", str(e)) from None
-        except (ValueError, Rejected) as e:
-            shutil.rmtree(staging, ignore_errors=True)
-            if isinstance(e, Rejected):
-                raise
+        except ValueError as e:
             raise Rejected("corrupt_chunk", str(e)) from None
-        finally:
+        finally:  # whatever ended it (a disk full, the store gone, a cancel): no model-sized leftover, no open file
+            if writer is not None:
+                writer.abort()
+            if not built:
+                shutil.rmtree(staging, ignore_errors=True)
             if base is not None:
                 base.close()
-        os.replace(staging, target)
         self.metrics.phase.labels("rebuild").observe(time.monotonic() - t)
         log.info(
             "rebuilt v%d (%s of v%s) in %.2fs", version, manifest.kind, manifest.base_version, time.monotonic() - t
@@ -421,6 +424,10 @@ class Agent:
 
     def _prune(self) -> None:
         for stale in (self.work / "patches").glob("*"):  # left by an agent that died mid-switch
+            stale.unlink(missing_ok=True)
+        for stale in self.work.glob(".build-*"):  # a rebuild a killed agent left (a live one removes its own)
+            shutil.rmtree(stale, ignore_errors=True)
+        for stale in (self.work / "downloads").glob("*.part"):  # of applies never finished (superseded versions)
             stale.unlink(missing_ok=True)
         keep = set(self.local_versions()[-self.cfg.keep_local :]) | {self.state["version"], self.cfg.initial_version}
         for v in self.local_versions():

@@ -125,6 +125,10 @@ class CheckpointWriter:
         self._f.write(memoryview(np.ascontiguousarray(bits)).cast("B"))
         self._written.add(name)
 
+    def abort(self) -> None:
+        """Give the file up unfinished (its caller removes it): the descriptor is not left open."""
+        self._f.close()
+
     def close(self) -> None:
         missing = set(self._slots) - self._written
         self._f.flush()

@@ -1,10 +1,14 @@
-"""A store that fails is not a version that is bad: an agent rejects a version for good only when the store
-says it has no such version (404); a 5xx (a store restarting, a proxy's 502) on its manifest or its signature
-is a transient failure, retried, never "unknown" or "unsigned"."""
+"""What an agent does when the store or its own disk fails. A store that fails is not a version that is bad:
+a version is rejected for good only when the store says it has no such version (404); a 5xx (a store
+restarting, a proxy's 502) on its manifest or its signature is a transient failure, retried, never "unknown"
+or "unsigned". A rebuild that fails for any reason (a full disk) leaves no model-sized staging file and no
+open descriptor, and what a killed agent left is pruned."""
 
 from __future__ import annotations
 
 import asyncio
+import errno
+import os
 
 import aiohttp
 import pytest
@@ -36,20 +40,42 @@ async def _manifest(agent: Agent, url: str, version: int):
         return await agent.manifest(agent.store_client(session), version)
 
 
-def test_a_failing_store_is_retried_and_only_a_missing_version_is_unknown(test_model, tmp_path):
-    generate_key(tmp_path / "s.pem", tmp_path / "s.pub")
-    cfg = PublishConfig(store=tmp_path / "store", private_key=tmp_path / "s.pem")
+@pytest.fixture(scope="module")
+def published(test_model, tmp_path_factory) -> PublishConfig:
+    """A store holding v0 (the test model, full) and v1 (a delta against it)."""
+    root = tmp_path_factory.mktemp("published")
+    generate_key(root / "s.pem", root / "s.pub")
+    cfg = PublishConfig(store=root / "store", private_key=root / "s.pem")
     assert publish(test_model, cfg).version == 0
-    agent = Agent(
+    assert publish(test_model, cfg).kind == "delta"
+    return cfg
+
+
+def _open_files() -> list[str]:
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except FileNotFoundError:  # the listing's own descriptor, closed by now
+            pass
+    return out
+
+
+def _agent(cfg: PublishConfig, test_model, work) -> Agent:
+    return Agent(
         AgentConfig(
             name="a",
             replica_url="http://unused",
             store_url="http://unused",
-            public_key=tmp_path / "s.pub",
-            work_dir=tmp_path / "w",
+            public_key=cfg.private_key.with_suffix(".pub"),
+            work_dir=work,
             initial_model=test_model,
         )
     )
+
+
+def test_a_failing_store_is_retried_and_only_a_missing_version_is_unknown(published, test_model, tmp_path):
+    cfg, agent = published, _agent(published, test_model, tmp_path / "w")
     broken: set[str] = set()
 
     async def scenario():
@@ -75,3 +101,42 @@ def test_a_failing_store_is_retried_and_only_a_missing_version_is_unknown(test_m
             await runner.cleanup()
 
     asyncio.run(scenario())
+
+
+def test_a_rebuild_the_disk_ended_leaves_nothing_behind(published, test_model, tmp_path, monkeypatch):
+    from weight_sync.checkpoint import CheckpointWriter
+
+    agent = _agent(published, test_model, tmp_path / "w")
+    write, calls = CheckpointWriter.write, []
+
+    def write_until_full(self, name, bits):
+        calls.append(name)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write(self, name, bits)
+
+    monkeypatch.setattr(CheckpointWriter, "write", write_until_full)
+
+    async def scenario():
+        runner = web.AppRunner(Store(published.store).app())
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        try:
+            async with aiohttp.ClientSession() as session:
+                agent.cfg.store_url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+                await agent.materialize(agent.store_client(session), 1)
+        finally:
+            await runner.cleanup()
+
+    with pytest.raises(OSError) as e:  # transient: apply() retries it (switch_failed), not a rejection
+        asyncio.run(scenario())
+    assert e.value.errno == errno.ENOSPC and len(calls) == 2
+    assert not (tmp_path / "w" / ".build-1").exists() and not agent.local_dir(1).exists()  # before: left there
+    assert not [f for f in _open_files() if ".build-1" in f]  # before: the writer's file left open
+    # What an agent killed mid-rebuild or mid-download leaves is pruned after its next switch.
+    (tmp_path / "w" / ".build-7").mkdir()
+    (tmp_path / "w" / ".build-7" / "model.safetensors").write_bytes(b"x" * 1024)
+    (tmp_path / "w" / "downloads").mkdir(exist_ok=True)
+    (tmp_path / "w" / "downloads" / "v7-0.0.part").write_bytes(b"x")
+    agent._prune()
+    assert not (tmp_path / "w" / ".build-7").exists() and not list((tmp_path / "w" / "downloads").iterdir())

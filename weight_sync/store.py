@@ -43,6 +43,14 @@ def chunk_name(tensor_index: int, chunk_index: int) -> str:
     return f"{tensor_index}.{chunk_index}"
 
 
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def version_number(name: str) -> int | None:
     """A version's name in a URL, a directory or a bucket listing as its number; None if it is not one.
     ASCII digits only: str.isdigit also takes "²" (int() refuses it) and "٣" (an alias of 3)."""
@@ -88,17 +96,19 @@ class Store:
         return d
 
     def commit(self, staging: Path, version: int) -> Path:
-        """Make a staged version visible (atomic rename)."""
-        for f in (staging / "chunks").iterdir():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
+        """Make a staged version visible (atomic rename), everything in it durable first: every file (chunks,
+        side files, manifest and signature) and each directory's entries, so a machine crash after the rename
+        can never show a version whose manifest is empty (retention's chain() would then refuse every later
+        publish, and agents would reject the version for good)."""
+        for d in (staging / "chunks", staging / "files", staging):
+            for f in d.iterdir():
+                if f.is_file():
+                    with open(f, "rb") as fh:
+                        os.fsync(fh.fileno())
+            _fsync_dir(d)
         target = self.version_dir(version)
         os.replace(staging, target)
-        fd = os.open(target.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync_dir(target.parent)
         return target
 
     def chain(self, version: int) -> list[int]:

@@ -145,6 +145,35 @@ def test_publish_chain_retention_and_atomicity(keys, tmp_path):
     assert 6 not in store.versions() and staging.name.startswith(".staging-6-")
 
 
+def test_a_publish_is_durable_before_it_is_visible(tmp_path, monkeypatch):
+    """Every file of a version (chunks, side files, manifest, signature) and its directories are fsynced
+    before the rename that makes it visible (before: only the chunks, so a machine crash could leave a
+    visible version with an empty manifest)."""
+    import os
+
+    from weight_sync.manifest import generate_key
+
+    generate_key(tmp_path / "s.pem", tmp_path / "s.pub")
+    synced, renamed, fsync, replace = [], [], os.fsync, os.replace
+
+    def record_fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return fsync(fd)
+
+    def record_replace(src, dst):
+        renamed.append((str(src), len(synced)))
+        return replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", record_fsync)
+    monkeypatch.setattr(os, "replace", record_replace)
+    publish(_ckpt(tmp_path / "c0", 0), PublishConfig(store=tmp_path / "store", private_key=tmp_path / "s.pem"))
+    staging, before = next((src, n) for src, n in renamed if "/.staging-0-" in src)
+    durable = {p[len(staging) + 1 :] for p in synced[:before] if p.startswith(staging)}
+    assert {"manifest.json", "manifest.sig", "files/config.json", "chunks", "files"} <= durable, durable
+    assert any(p.startswith("chunks/") for p in durable)
+    assert staging in synced[:before]  # the staging directory's own entries
+
+
 def test_agent_follows_versions_rollbacks_and_pins(test_model, tmp_path):
     """The agent's reading of the weights topic (no servers: its decision alone)."""
     from weight_sync.agent import Agent, AgentConfig

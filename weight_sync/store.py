@@ -106,6 +106,10 @@ class Store:
                     with open(f, "rb") as fh:
                         os.fsync(fh.fileno())
             _fsync_dir(d)
+        if not self.versions() and self.announced() is None:
+            # This store's first version: its announcements are recorded from here on (-1: none yet), so a
+            # first version the broker never got is announced later, not taken for an old store's newest.
+            self.mark_announced(-1)
         target = self.version_dir(version)
         os.replace(staging, target)
         _fsync_dir(target.parent)
@@ -165,12 +169,14 @@ class Store:
             return None
 
     def mark_announced(self, version: int) -> None:
-        """Record that `version` is on the weights topic (under the sequence lock: never moves backwards)."""
+        """Record that `version` is on the weights topic (under the sequence lock: never moves backwards).
+        -1: a new store, which records its announcements from its first version on."""
         import fcntl
 
         with open(self.root / "control_seq.lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            if (self.announced() or -1) >= version:
+            done = self.announced()
+            if done is not None and done >= version:
                 return
             tmp = self.root / "announced.tmp"
             tmp.write_text(str(int(version)))
@@ -182,7 +188,8 @@ class Store:
         """Versions committed here whose announcement never reached the broker (the publisher died, or the
         broker was away, between the commit and the send): without one, no agent ever switches to them.
         Not those a later decision (an SRE's rollback, activate or pin) has passed over: announcing them
-        now would undo it. A store from before the record: nothing (its newest is taken as announced)."""
+        now would undo it. A store from before the record (versions, no `announced` file; a new store writes
+        -1 with its first version): nothing (its newest is taken as announced)."""
         versions, done = self.versions(), self.announced()
         if done is None:
             if versions:

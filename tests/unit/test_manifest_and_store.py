@@ -281,9 +281,11 @@ def test_unannounced_versions_skip_what_a_later_decision_passed_over(tmp_path):
     generate_key(tmp_path / "s.pem", tmp_path / "s.pub")
     cfg = PublishConfig(store=tmp_path / "store", private_key=tmp_path / "s.pem")
     prev = _ckpt(tmp_path / "c0", 0)
-    publish(prev, cfg)
+    publish(prev, cfg)  # no broker configured: a new store's first version, committed and never announced
     store = Store(tmp_path / "store")
+    assert store.announced() == -1 and store.unannounced() == [0]  # before: taken as announced, never sent
     # A store from before the record: nothing is re-announced, its newest is taken as announced.
+    (tmp_path / "store" / "announced").unlink()
     assert store.announced() is None and store.unannounced() == [] and store.announced() == 0
     for v in (1, 2):
         prev = _ckpt(tmp_path / f"c{v}", v, base=prev)

@@ -377,7 +377,13 @@ class Agent:
             try:
                 load = InPlace(str(patch.path.resolve()), manifest.base_version)
                 report = await switch(
-                    self.cfg.replica_url, None, version, self.cfg.switch_mode, self.gateways(), patch=load
+                    self.cfg.replica_url,
+                    None,
+                    version,
+                    self.cfg.switch_mode,
+                    self.gateways(),
+                    patch=load,
+                    restore_dir=str(base_dir.resolve()),
                 )
             except LoadRefused as e:
                 self.metrics.inplace_fallbacks.labels("refused").inc()

@@ -45,7 +45,12 @@ class SwitchError(Exception):
 
 
 class LoadRefused(SwitchError):
-    """The replica answered the load itself with an error (a checkpoint or patch it would not take)."""
+    """The replica answered the load itself with an error (a checkpoint or patch it would not take).
+    partial: a patch's loader had written some tensors before it failed (the weights are neither version)."""
+
+    def __init__(self, message: str, partial: bool = False):
+        super().__init__(message)
+        self.partial = partial
 
 
 @dataclass
@@ -96,7 +101,7 @@ async def _load(
         out["success"] = status == 200
     if status != 200 or not out.get("success"):
         how = "update_weights_from_disk" if patch is None else "in-place patch"
-        raise LoadRefused(f"{how} failed ({status}): {out.get('message', out)}")
+        raise LoadRefused(f"{how} failed ({status}): {out.get('message', out)}", partial=bool(out.get("partial")))
     return time.monotonic() - t, engine
 
 
@@ -169,6 +174,7 @@ async def _load_patch(session, replica_url: str, patch: InPlace, version: int | 
         )
         return 400, {
             "success": False,
+            "partial": result.get("written", 0) > 0,
             "message": f"the engine refused the patch ({result.get('written', 0)} tensors written): "
             f"{result.get('error')}",
         }
@@ -279,6 +285,20 @@ async def _undrain(session, gw: GatewayLink) -> None:
         raise SwitchError(f"gateway refused to re-activate {gw.replica_id} ({status}): {out}")
 
 
+async def _load_or_restore(
+    session, replica_url: str, model_dir: str | None, version: int, patch: InPlace | None, restore_dir: str | None
+) -> tuple[float, dict]:
+    """_load; a patch refused after it wrote part of the weights reloads `restore_dir` (the base, on disk)
+    at once, while the replica is still drained or paused: users never get weights that are neither version."""
+    try:
+        return await _load(session, replica_url, model_dir, version, patch)
+    except LoadRefused as e:
+        if patch is not None and e.partial and restore_dir is not None:
+            log.error("%s: a refused patch changed part of the weights; reloading v%d", replica_url, patch.base_version)
+            await _load(session, replica_url, restore_dir, patch.base_version)
+        raise
+
+
 def _admin_timeout() -> aiohttp.ClientTimeout:
     return aiohttp.ClientTimeout(total=ADMIN_TIMEOUT_S)
 
@@ -363,10 +383,12 @@ async def switch(
     gateway: GatewayLink | list[GatewayLink] | None = None,
     drain_timeout_s: float = 120.0,
     patch: InPlace | None = None,
+    restore_dir: str | None = None,
 ) -> dict:
     """Switch the replica to a checkpoint directory, or by a patch file applied in place; returns the mode
     used and the time of each phase (ms). `gateway`: the one, or every one, that routes to the replica
-    (drain mode). A load the replica refuses raises LoadRefused."""
+    (drain mode). A load the replica refuses raises LoadRefused; `restore_dir`: the patch's base on disk,
+    reloaded before the drain ends if a refused patch changed part of the weights."""
     if mode not in MODES:
         raise ValueError(f"unknown switch mode {mode!r}; choose from {MODES}")
     gws = [gateway] if isinstance(gateway, GatewayLink) else list(gateway or [])
@@ -389,13 +411,15 @@ async def switch(
                 t = time.monotonic()
                 await _post(session, f"{replica_url}/pause_generation", {"mode": "retract"})
                 try:
-                    seconds, engine = await _load(session, replica_url, model_dir, version, patch)
+                    seconds, engine = await _load_or_restore(
+                        session, replica_url, model_dir, version, patch, restore_dir
+                    )
                     timings["load_ms"] = 1000 * seconds
                 finally:  # a failed load must not leave the replica paused
                     await _post(session, f"{replica_url}/continue_generation", {})
                 timings["pause_ms"] = 1000 * (time.monotonic() - t)
             else:
-                seconds, engine = await _load(session, replica_url, model_dir, version, patch)
+                seconds, engine = await _load_or_restore(session, replica_url, model_dir, version, patch, restore_dir)
                 timings["load_ms"] = 1000 * seconds
                 # drain: nothing was routed here meanwhile; no_pause: requests were held during the load.
                 timings["pause_ms"] = 0.0 if used == "drain" else timings["load_ms"]

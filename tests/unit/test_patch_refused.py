@@ -12,7 +12,7 @@ import pytest
 from aiohttp import web
 
 from flywheel.core import weight_patch
-from weight_sync.switch import InPlace, LoadRefused, _load
+from weight_sync.switch import InPlace, LoadRefused, _load, switch
 
 UNFLUSHED = (
     "Weights were updated, but the cache was not flushed because requests are still running or waiting; "
@@ -24,9 +24,9 @@ class PatchEngine:
     """SGLang's weight-update endpoints as they answer for a patch whose loader ran (its outcome in the result
     file, as flywheel.core.weight_patch's loader writes it): `loader_ok` and whether a request kept the cache."""
 
-    def __init__(self, loader_ok: bool, unflushed: bool):
-        self.loader_ok, self.unflushed = loader_ok, unflushed
-        self.label, self.calls = "4", []
+    def __init__(self, loader_ok: bool, unflushed: bool, written: int = 0):
+        self.loader_ok, self.unflushed, self.written = loader_ok, unflushed, written
+        self.label, self.calls, self.reloads = "4", [], []
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -34,7 +34,15 @@ class PatchEngine:
             app.router.add_post(f"/{name}", self.handle)
         app.router.add_post("/update_weight_version", self.relabel)
         app.router.add_post("/flush_cache", self.flush)
+        app.router.add_post("/update_weights_from_disk", self.reload)
         return app
+
+    async def reload(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.calls.append("update_weights_from_disk")
+        self.reloads.append(body["model_path"])
+        self.label = body["weight_version"]
+        return web.json_response({"success": True})
 
     async def handle(self, request: web.Request) -> web.Response:
         name = request.path.strip("/")
@@ -42,9 +50,8 @@ class PatchEngine:
         if name != "update_weights_from_tensor":
             return web.json_response({"success": True})
         body = await request.json()
-        weight_patch.write_result(
-            self.patch_path, {"ok": self.loader_ok, "written": 0, "error": None if self.loader_ok else "x"}
-        )
+        error = None if self.loader_ok else "x"
+        weight_patch.write_result(self.patch_path, {"ok": self.loader_ok, "written": self.written, "error": error})
         self.label = body["weight_version"]  # SGLang labels the weights whatever the loader did
         if self.unflushed:
             return web.json_response({"success": False, "message": UNFLUSHED}, status=400)
@@ -60,7 +67,7 @@ class PatchEngine:
         return web.json_response({"success": True})
 
 
-async def _apply(engine: PatchEngine, tmp_path) -> tuple[float, dict]:
+async def _apply(engine: PatchEngine, tmp_path, restore_dir: str | None = None):
     engine.patch_path = str(tmp_path / "v5.safetensors")
     runner = web.AppRunner(engine.app())
     await runner.setup()
@@ -69,7 +76,10 @@ async def _apply(engine: PatchEngine, tmp_path) -> tuple[float, dict]:
     try:
         async with aiohttp.ClientSession() as session:
             url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-            return await _load(session, url, None, 5, InPlace(engine.patch_path, base_version=4))
+            if restore_dir is None:
+                return await _load(session, url, None, 5, InPlace(engine.patch_path, base_version=4))
+            patch = InPlace(engine.patch_path, base_version=4)
+            return await switch(url, None, 5, "no_pause", patch=patch, restore_dir=restore_dir)
     finally:
         await runner.cleanup()
 
@@ -87,3 +97,15 @@ def test_an_applied_patch_with_a_request_running_is_flushed_and_labelled(tmp_pat
     engine = PatchEngine(loader_ok=True, unflushed=True)
     _, result = asyncio.run(_apply(engine, tmp_path))
     assert result["ok"] and engine.label == "5" and engine.calls[-1] == "flush_cache"
+
+
+@pytest.mark.parametrize("written", [0, 3])
+def test_a_patch_refused_half_written_reloads_the_base_before_users_see_it(tmp_path, written):
+    """The loader failed after writing 3 tensors: the weights are neither version, so the switch reloads the
+    base from disk before it lets requests through (before: the drain ended on mixed weights while the agent
+    rebuilt the version). Nothing written: nothing to reload."""
+    engine = PatchEngine(loader_ok=False, unflushed=False, written=written)
+    with pytest.raises(LoadRefused) as e:
+        asyncio.run(_apply(engine, tmp_path, restore_dir="/models/v4"))
+    assert e.value.partial == bool(written) and engine.label == "4"
+    assert engine.reloads == (["/models/v4"] if written else [])

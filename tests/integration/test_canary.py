@@ -1,6 +1,7 @@
 """Canary trials on two real SGLang replicas with the simulated population: a better version is promoted,
 a worse one rolled back automatically (zero failed requests, the fleet ends on the stable version), a
-neutral one promoted within the margin; every decision is on the weights topic and in `weights list`;
+neutral one promoted within the margin; replayed, forged and garbage records on the weights topic are counted
+and skipped; every decision is on the weights topic and in `weights list`;
 completions record their arm; the trainer stops learning from a rolled-back version."""
 
 from __future__ import annotations
@@ -36,6 +37,33 @@ def _arms_in_kafka(bootstrap: str) -> dict[str, int]:
         return arms(events_until(bootstrap, ev.TOPIC_COMPLETIONS, lambda es: {"canary", "stable"} <= set(arms(es))))
 
 
+def _bad_weights_records(bootstrap: str, tmp_path) -> int:
+    """Send what any local process could write to the weights topic: a replay of its first (signed) record,
+    garbage, and a canary candidate v999 unsigned and signed by another key. Returns how many."""
+    import json
+
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+    from flywheel.core import control
+    from flywheel.core.events import TOPIC_WEIGHTS
+    from weight_sync.manifest import generate_key, load_private
+
+    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=5000)
+    c.assign([TopicPartition(TOPIC_WEIGHTS, 0)])
+    c.seek_to_beginning()
+    first = next(iter(c)).value
+    c.close()
+    forged = control.make("version", 999, seq=10**6, canary=True, reason="forged")
+    generate_key(tmp_path / "evil.pem", tmp_path / "evil.pub")
+    bad = [first, b"not json", json.dumps(forged).encode(), control.encode(forged, load_private(tmp_path / "evil.pem"))]
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    for raw in bad:
+        producer.send(TOPIC_WEIGHTS, key=b"weights", value=raw)
+    producer.flush()
+    producer.close()
+    return len(bad)
+
+
 def test_better_promoted_worse_rolled_back_neutral_promoted(test_model, tmp_path, capsys):
     from flywheel.cli import main
 
@@ -58,6 +86,7 @@ def test_better_promoted_worse_rolled_back_neutral_promoted(test_model, tmp_path
                 poll_s=1.0,
             )
         ).start()
+        sent_bad = _bad_weights_records(fleet.broker.bootstrap, tmp_path)  # counted and skipped, never acted on
         pop = Population(
             PopulationConfig(users=12, max_tokens=24, think_s=(0.0, 0.2)),
             fleet.gateway.url,
@@ -119,6 +148,7 @@ def test_better_promoted_worse_rolled_back_neutral_promoted(test_model, tmp_path
 
     (v_better, d1, f1), (v_bad, d2, f2), (v_same, d3, f3) = trials
     assert (d1, d2, d3) == ("promote", "rollback", "promote"), ctrl.decisions
+    assert ctrl.bad_records == sent_bad and not [d for d in ctrl.decisions if d["version"] == 999]
     assert f2 == v_better and f3 == v_same  # the rollback put everyone back on the stable version
     assert not [r for r in records if r.outcome == "failed"], "zero failed requests through all trials"
     bad_seen = [r for r in records if r.version == v_bad]

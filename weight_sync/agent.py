@@ -186,7 +186,7 @@ class AgentMetrics:
             registry=r,
         )
         # Every reason exported from the start at 0: a series born at 1 has no increase to alert on.
-        for reason in (*Agent.PERMANENT, "fetch_failed", "switch_failed"):
+        for reason in (*Agent.PERMANENT, "fetch_failed", "switch_failed", "damaged_base"):
             self.rejected.labels(reason)
         for reason in control.REASONS:
             self.bad_records.labels(reason)
@@ -311,6 +311,15 @@ class Agent:
                         self.pool,
                     )
                 if codec.digest(bits) != entry.digest:
+                    if base_bits is not None and await self._base_damaged(client, manifest.base_version, entry.name):
+                        # This agent's own copy of the base went bad (a disk error): the version is fine. The
+                        # copy goes; the retry rebuilds the base from the store (before: rejected for good).
+                        self._drop_local(manifest.base_version)
+                        raise Rejected(
+                            "damaged_base",
+                            f"the local copy of v{manifest.base_version} differs from its manifest at "
+                            f"{entry.name}: dropped, rebuilt from the store on retry",
+                        )
                     raise Rejected(
                         "digest_mismatch",
                         f"tensor {entry.name} of v{version} rebuilds to other bytes "
@@ -340,6 +349,28 @@ class Agent:
             "rebuilt v%d (%s of v%s) in %.2fs", version, manifest.kind, manifest.base_version, time.monotonic() - t
         )
         return target
+
+    async def _base_damaged(self, client: StoreClient, base_version: int, name: str) -> bool:
+        """Whether this agent's copy of `base_version` has tensor `name` other than the store's manifest says
+        (False when that cannot be told: the base is no longer in the store, nor can it be rebuilt)."""
+        try:
+            entry = next((e for e in (await self.manifest(client, base_version)).tensors if e.name == name), None)
+        except Rejected:
+            return False
+        if entry is None:
+            return False
+        reader = CheckpointReader(self.local_dir(base_version))
+        try:
+            return codec.digest(reader.bits(name)) != entry.digest
+        finally:
+            reader.close()
+
+    def _drop_local(self, version: int) -> None:
+        p = self.local_dir(version)
+        if p.is_symlink():  # the launch checkpoint: only the link goes (materialize fetches the version)
+            p.unlink()
+        else:
+            shutil.rmtree(p, ignore_errors=True)
 
     async def _apply_inplace(self, client: StoreClient, session, version: int, t0: float) -> dict | None:
         """Switch by handing the replica only what changed (weight_sync.inplace), when `version` is a delta
@@ -402,10 +433,7 @@ class Agent:
                 # The local base is damaged, so what the replica now serves may be too: that copy goes, and
                 # the caller rebuilds the version from the store and reloads it whole, now.
                 shutil.rmtree(staging, ignore_errors=True)
-                if base_dir.is_symlink():
-                    base_dir.unlink()
-                else:
-                    shutil.rmtree(base_dir, ignore_errors=True)
+                self._drop_local(manifest.base_version)
                 self.metrics.inplace_fallbacks.labels("damaged_base").inc()
                 log.error("v%d applied in place over a damaged base (%s): reloading it from the store", version, e)
                 return None

@@ -140,3 +140,37 @@ def test_a_rebuild_the_disk_ended_leaves_nothing_behind(published, test_model, t
     (tmp_path / "w" / "downloads" / "v7-0.0.part").write_bytes(b"x")
     agent._prune()
     assert not (tmp_path / "w" / ".build-7").exists() and not list((tmp_path / "w" / "downloads").iterdir())
+
+
+def test_a_damaged_local_base_is_dropped_and_rebuilt_not_the_version_rejected(published, test_model, tmp_path):
+    """The agent's copy of v0 (its launch checkpoint) has a flipped bit: v1, a delta on v0, does not rebuild
+    to its digests. That is this agent's disk, not the version: the copy is dropped (damaged_base, retried)
+    and the retry rebuilds v0 from the store, then v1 (before: digest_mismatch, v1 rejected for good)."""
+    import shutil
+    import struct
+
+    launch = tmp_path / "launch"
+    shutil.copytree(test_model, launch)
+    weights = launch / "model.safetensors"
+    raw = bytearray(weights.read_bytes())
+    raw[8 + struct.unpack("<Q", raw[:8])[0] + 10] ^= 0x40  # a byte of the first tensor's data
+    weights.write_bytes(bytes(raw))
+    agent = _agent(published, launch, tmp_path / "w")
+
+    async def scenario():
+        runner = web.AppRunner(Store(published.store).app())
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        try:
+            async with aiohttp.ClientSession() as session:
+                agent.cfg.store_url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+                client = agent.store_client(session)
+                with pytest.raises(Rejected) as e:
+                    await agent.materialize(client, 1)
+                assert e.value.reason == "damaged_base" and e.value.reason not in Agent.PERMANENT
+                assert not agent.local_dir(0).exists() and launch.exists()  # the link went, not the checkpoint
+                return await agent.materialize(client, 1)  # the retry
+        finally:
+            await runner.cleanup()
+
+    assert asyncio.run(scenario()) == agent.local_dir(1) and agent.local_dir(0).is_dir()

@@ -303,14 +303,22 @@ def _corrupt(store_root: Path, src_version: int, new_version: int, how: str, cfg
         ("unknown", "unknown_version"),
     ],
 )
-def test_bad_versions_are_rejected_and_the_replica_keeps_serving(weights, second_replica, tmp_path, how, reason):
+def test_bad_versions_are_rejected_and_the_replica_keeps_serving(
+    weights, second_replica, tmp_path, how, reason, caplog
+):
     number = 100 + ["bad_signature", "unsigned", "truncated_chunk", "corrupt_chunk", "wrong_base", "unknown"].index(how)
     if how != "unknown":
         _corrupt(weights["root"] / "store", 1, number, how, weights["cfg"])
     agent = _agent(weights, second_replica, f"bad-{how}", tmp_path / "agent", switch_mode="no_pause")
     before, version = _greedy(second_replica.url), _version(second_replica.url)
-    assert asyncio.run(agent.apply(number)) is None
+    with caplog.at_level("ERROR", logger="weight_sync.agent"):
+        assert asyncio.run(agent.apply(number)) is None
     assert agent.metrics.rejected.labels(reason)._value.get() == 1
+    # The clear log line DESIGN asks for: which version, why, and that the replica keeps serving.
+    assert any(
+        r.getMessage().startswith(f"rejected v{number}: {reason}") and "keeps serving v0" in r.getMessage()
+        for r in caplog.records
+    ), [r.getMessage() for r in caplog.records]
     assert _version(second_replica.url) == version and same(_greedy(second_replica.url), before)
     assert agent.state["version"] == 0 and not agent.local_dir(number).exists()
 

@@ -114,6 +114,11 @@ def _parse(data: bytes, result: EngineResult, layers: int, top_k: int) -> dict:
     return out
 
 
+def _message(err) -> str:
+    """The message of an error SGLang sends in an answer's body ({"message": ...}, or a bare string)."""
+    return str(err.get("message", err) if isinstance(err, dict) else err)[:500]
+
+
 async def _error(resp: aiohttp.ClientResponse) -> Exception:
     text = await resp.text()
     try:
@@ -143,7 +148,7 @@ async def generate(
     except _MALFORMED as e:
         raise EngineUnavailable(f"malformed answer ({type(e).__name__}: {str(e)[:200]})") from None
     if "error" in out:
-        raise EngineError(400, str(out["error"])[:500])
+        raise EngineError(400, _message(out["error"]))
     return result
 
 
@@ -177,8 +182,7 @@ async def generate_stream(
                         ReplicaBroke(f"replica stream broke: {why}") if got_first else EngineUnavailable(why)
                     ) from None
                 if "error" in out:
-                    err = out["error"]
-                    raise EngineError(400, str(err.get("message", err) if isinstance(err, dict) else err))
+                    raise EngineError(400, _message(out["error"]))
                 got_first = True
                 yield result.text[before:], result
     # A replica that dies mid-answer cuts the chunked body short (ClientPayloadError), or the connection.

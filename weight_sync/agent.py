@@ -201,8 +201,11 @@ class Agent:
         self.public = load_public(cfg.public_key)
         self.metrics = AgentMetrics()
         self.state = self._load_state()
-        self.expected = CheckpointReader(self.local_dir(self.state["version"])).specs()
-        self.config_digest = config_digest(self.local_dir(self.state["version"]) / "config.json")
+        served = self.local_dir(self.state["version"])
+        if not served.exists():  # dropped as damaged before a restart; every version has the model's shapes
+            served = self.local_dir(self.cfg.initial_version)
+        self.expected = CheckpointReader(served).specs()
+        self.config_digest = config_digest(served / "config.json")
         self.metrics.version.set(self.state["version"])
         self.metrics.target.set(self.state["version"])  # until the topic says otherwise
         self.metrics.announced.set(self.state.get("latest_seen", self.state["version"]))
@@ -352,10 +355,13 @@ class Agent:
 
     async def _base_damaged(self, client: StoreClient, base_version: int, name: str) -> bool:
         """Whether this agent's copy of `base_version` has tensor `name` other than the store's manifest says
-        (False when that cannot be told: the base is no longer in the store, nor can it be rebuilt)."""
+        (False when that cannot be told for good: the base is no longer in the store, nor can it be rebuilt).
+        A store failing meanwhile raises its transient rejection: the version is not judged on a guess."""
         try:
             entry = next((e for e in (await self.manifest(client, base_version)).tensors if e.name == name), None)
-        except Rejected:
+        except Rejected as e:
+            if e.reason not in self.PERMANENT:
+                raise
             return False
         if entry is None:
             return False

@@ -37,7 +37,8 @@ from flywheel.core.events import TOPIC_WEIGHTS
 from weight_sync.manifest import load_private
 from weight_sync.publish import PublishConfig, activate
 
-RETRY_TRIAL_S = 5.0  # a trial the gateway interrupted starts again this long after
+RETRY_TRIAL_S = 5.0  # a trial the gateway interrupted starts again this long after (times the attempts so far)
+MAX_TRIAL_ATTEMPTS = 3  # then the candidate is rolled back: never served to everyone without a trial
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +153,8 @@ class CanaryController:
         self._thread: threading.Thread | None = None
         self._consumer = None
         self._pending: list[dict] = []  # records read while a trial looked for overrides, for the main loop
+        self._attempts: dict[int, int] = {}  # candidate -> trials the gateway (or the topic) broke
+        self._stable_of: dict[int, int] = {}  # candidate -> the stable version its trial compares against
 
     # ------------------------------------------------------------------ gateway
     def _call(self, method: str, path: str, body: dict | None = None) -> dict:
@@ -183,8 +186,13 @@ class CanaryController:
         """Run one version's trial to a decision; returns the decision record."""
         served = self.served()
         ids = sorted(served)
-        stable_versions = {v for v in served.values() if v is not None}
-        stable = max(stable_versions, key=lambda v: list(served.values()).count(v)) if stable_versions else 0
+        # Never the candidate itself (a retried trial finds it on the canary replicas already): the version
+        # most replicas serve, the newest of those on a tie.
+        counts = [v for v in served.values() if v is not None and v != version]
+        stable = self._stable_of.get(version)
+        if stable is None:
+            stable = max(set(counts), key=lambda v: (counts.count(v), v)) if counts else 0
+            self._stable_of[version] = stable
         if len(ids) < 2:
             rec = self._announce("promote", version, "one replica: no stable arm to compare against", stable=stable)
             return self._decided(rec)
@@ -234,6 +242,20 @@ class CanaryController:
                 )
             self._stop.wait(self.cfg.poll_s)
         return {}
+
+    def _give_up(self, version: int, error: Exception) -> bool:
+        """Roll back a candidate whose trial could not run MAX_TRIAL_ATTEMPTS times; False if even that
+        announcement fails (the caller tries again later)."""
+        stable = self._stable_of.get(version)
+        why = f"the trial could not run {self._attempts[version]} times ({type(error).__name__}: {error})"
+        try:
+            rec = self._announce("rollback", version, why, **({} if stable is None else {"stable": stable}))
+        except Exception as e:  # noqa: BLE001 - the broker or the store away too: retried like the trial
+            log.error("v%d: could not announce its rollback (%s)", version, e)
+            return False
+        log.error("v%d rolled back: %s", version, why)
+        self._decided(rec)
+        return True
 
     def _end_split(self) -> None:
         try:
@@ -318,6 +340,8 @@ class CanaryController:
         return c
 
     def run(self) -> None:
+        from kafka.errors import KafkaError
+
         self._consumer = self._open()
         decided = {d["version"] for d in self.decisions}
         try:
@@ -332,13 +356,17 @@ class CanaryController:
                         log.info("v%d: canary trial starts", v)
                         try:
                             self.trial(v)
-                        except (OSError, ValueError, KeyError, TypeError) as e:
-                            # The gateway did not answer (or not as its API does): the controller lives on, the
-                            # split ends, and the trial starts again from the next read of the topic.
-                            log.error("v%d: trial interrupted, the gateway failed (%s); trying again", v, e)
+                        except (OSError, ValueError, KeyError, TypeError, KafkaError) as e:
+                            # The gateway (or the broker) failed, or the version is gone: the controller lives
+                            # on, the split ends, and the trial starts again, a few times, then is rolled back.
                             self._end_split()
+                            n = self._attempts[v] = self._attempts.get(v, 0) + 1
+                            if n >= MAX_TRIAL_ATTEMPTS and self._give_up(v, e):
+                                decided.add(v)
+                                continue
+                            log.error("v%d: trial %d interrupted (%s: %s); trying again", v, n, type(e).__name__, e)
                             self._pending = records[i:] + self._pending  # this one and the rest, in order
-                            self._stop.wait(RETRY_TRIAL_S)
+                            self._stop.wait(RETRY_TRIAL_S * n)
                             break
                         decided.add(v)
                         if self._stop.is_set():

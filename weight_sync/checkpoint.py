@@ -126,8 +126,13 @@ class CheckpointWriter:
         self._written.add(name)
 
     def abort(self) -> None:
-        """Give the file up unfinished (its caller removes it): the descriptor is not left open."""
-        self._f.close()
+        """Give the file up unfinished (its caller removes it): the descriptor is not left open. Closing
+        flushes what is buffered, which on a full disk fails again: the descriptor is closed all the same,
+        and that second error is not the one to report."""
+        try:
+            self._f.close()
+        except OSError:
+            pass
 
     def close(self) -> None:
         missing = set(self._slots) - self._written

@@ -175,8 +175,9 @@ async def _load_patch(session, replica_url: str, patch: InPlace, version: int | 
         return 400, {
             "success": False,
             "partial": result.get("written", 0) > 0,
+            # The loader's error; SGLang's own when it answered an error before the loader ran (no outcome).
             "message": f"the engine refused the patch ({result.get('written', 0)} tensors written): "
-            f"{result.get('error')}",
+            f"{result.get('error') if status == 200 or 'written' in result else out.get('message', out)}",
         }
     return status, out
 
@@ -274,13 +275,13 @@ async def _undrain_quietly(session, gw: GatewayLink) -> None:
 
 
 async def _undrain(session, gw: GatewayLink) -> None:
-    """End this agent's drain: users come back, unless an operator drained or borrowed the replica meanwhile."""
-    status, out = await _post(
-        session,
-        f"{gw.url}/admin/replicas/{gw.replica_id}/undrain",
-        headers={"Authorization": f"Bearer {gw.admin_token}"},
-        timeout=ADMIN_TIMEOUT_S,
-    )
+    """End this agent's drain: users come back, unless an operator drained or borrowed the replica meanwhile.
+    A gateway from before `undrain` (404 not_found) is re-activated, as agents did then."""
+    headers = {"Authorization": f"Bearer {gw.admin_token}"}
+    url = f"{gw.url}/admin/replicas/{gw.replica_id}"
+    status, out = await _post(session, f"{url}/undrain", headers=headers, timeout=ADMIN_TIMEOUT_S)
+    if status == 404 and (out.get("error") or {}).get("code") == "not_found":
+        status, out = await _post(session, f"{url}/activate", headers=headers, timeout=ADMIN_TIMEOUT_S)
     if status != 200:
         raise SwitchError(f"gateway refused to re-activate {gw.replica_id} ({status}): {out}")
 
@@ -288,8 +289,10 @@ async def _undrain(session, gw: GatewayLink) -> None:
 async def _load_or_restore(
     session, replica_url: str, model_dir: str | None, version: int, patch: InPlace | None, restore_dir: str | None
 ) -> tuple[float, dict]:
-    """_load; a patch refused after it wrote part of the weights reloads `restore_dir` (the base, on disk)
-    at once, while the replica is still drained or paused: users never get weights that are neither version."""
+    """_load; a patch refused after it wrote part of the weights reloads `restore_dir` (the base, on disk) at
+    once, before the switch lets users back (drain, retract). In no_pause mode (no gateway would drain it)
+    requests run on between the refusal and this reload; if the reload fails too, the agent's own reload of
+    the version from disk follows."""
     try:
         return await _load(session, replica_url, model_dir, version, patch)
     except LoadRefused as e:

@@ -116,3 +116,38 @@ def test_a_trial_the_gateway_broke_starts_again_and_the_split_ends(tmp_path, mon
     puts = [i for i, c in enumerate(gateway.calls) if c == ("PUT", "/admin/canary")]
     assert len(puts) == 2 and ("DELETE", "/admin/canary") in gateway.calls[puts[0] : puts[1]]  # split ended between
     assert gateway.split is None and ctl.decisions[-1]["type"] == "promote"
+
+
+def test_a_retried_trial_keeps_its_stable_version_and_a_hopeless_one_is_rolled_back(tmp_path, monkeypatch):
+    """The canary replica already serves the candidate when its trial is retried: stable stays the version
+    the first attempt compared against (a tie of one replica each once made the candidate its own stable).
+    A trial the gateway breaks every time is rolled back after MAX_TRIAL_ATTEMPTS, never retried forever."""
+    monkeypatch.setattr("weight_sync.canary.RETRY_TRIAL_S", 0.01)
+    gateway = Gateway(fail_put=10**6)
+    records = [[{"type": "version", "version": 9, "canary": True, "seq": 1}]]
+    ctl, announced = controller(tmp_path, gateway, records)
+    gateway.calls.clear()
+
+    class Consumer:
+        def close(self):
+            pass
+
+    ctl._open = lambda: Consumer()
+    done = threading.Event()
+    decided = ctl._decided
+
+    def decided_then_stop(rec):
+        done.set()
+        ctl._stop.set()
+        return decided(rec)
+
+    ctl._decided = decided_then_stop
+    t = threading.Thread(target=ctl.run, daemon=True)
+    t.start()
+    assert done.wait(20), gateway.calls
+    t.join(10)
+    from weight_sync.canary import MAX_TRIAL_ATTEMPTS
+
+    assert announced == [("canary", 9)] * MAX_TRIAL_ATTEMPTS + [("rollback", 9)]
+    assert ctl.decisions[-1]["stable"] == 1  # r0's version, though r1 served v9 from the first attempt on
+    assert gateway.split is None

@@ -211,7 +211,10 @@ def test_a_replica_an_operator_holds_stays_held_after_a_switch(test_model, tmp_p
             admin = {"Authorization": f"Bearer {ADMIN}"}
             assert (await gws[0].post("/admin/replicas/r0/drain", json={}, headers=admin)).status == 200
             assert (await gws[1].post("/admin/replicas/r0/borrow", json={}, headers=admin)).status == 200
-            await asyncio.sleep(0.2)  # idle: the borrow settles at once
+            for _ in range(100):  # idle: the borrow settles at once, asynchronously
+                if await states(gws[1]) == "borrowed":
+                    break
+                await asyncio.sleep(0.05)
             assert [await states(c) for c in gws] == ["draining", "borrowed"]
             report = await switch(urls[0], "/models/v1", 1, "drain", [link(c) for c in gws])
             assert report["mode"] == "no_pause" and fakes[0].version == 1  # no users there to drain
@@ -231,5 +234,18 @@ def test_a_replica_an_operator_holds_stays_held_after_a_switch(test_model, tmp_p
             report = await switch(urls[1], "/models/v1", 1, "drain", [link(gws[0], "r1")], drain_timeout_s=5)
             assert report["mode"] == "drain" and seen == ["draining", 200]
             assert await states(gws[0], "r1") == "draining"  # before: re-activated by the agent
+
+    asyncio.run(main())
+
+
+def test_a_gateway_from_before_undrain_is_re_activated(test_model, tmp_path, monkeypatch):
+    """A gateway without the undrain action (404 not_found) still gets its replica back after the switch."""
+    monkeypatch.setattr("serving.api.admin.ACTIONS", ("drain", "activate", "borrow", "return"))
+
+    async def main():
+        async with two_gateways(test_model, tmp_path) as (fakes, urls, gws):
+            report = await switch(urls[0], "/models/v1", 1, "drain", [link(c) for c in gws])
+            assert report["mode"] == "drain" and fakes[0].version == 1
+            assert [await states(c) for c in gws] == ["active", "active"]
 
     asyncio.run(main())

@@ -146,6 +146,32 @@ def store_server(store: Path):
         assert stop_pid(proc.pid), f"store server pid {proc.pid} did not stop"
 
 
+@contextlib.contextmanager
+def small_tmpfs(path: Path, size: str):
+    """A tmpfs of `size` (e.g. "256k") mounted at `path`: a disk that fills up (root is available here and in
+    CI). Unmounted when the test ends, also when it fails."""
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+@contextlib.asynccontextmanager
+async def serving_app(app):
+    """An aiohttp app on a free loopback port, in the running loop: yields its URL; cleaned up after."""
+    from aiohttp import web
+
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+    finally:
+        await runner.cleanup()
+
+
 async def loopback_app(handler) -> tuple[object, str]:
     """An aiohttp app answering every GET with `handler`, on a free loopback port, in the running loop (a
     proxy in front of a real server). Returns its runner (the caller awaits runner.cleanup()) and its URL."""

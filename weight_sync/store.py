@@ -29,6 +29,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from flywheel.core.files import fsync_path
 from weight_sync.manifest import Manifest
 from weight_sync.store_metrics import VersionSizes
 from weight_sync.store_relay import StoreRelay
@@ -41,14 +42,6 @@ _RANGE = re.compile(r"bytes=(\d{1,15})-")
 
 def chunk_name(tensor_index: int, chunk_index: int) -> str:
     return f"{tensor_index}.{chunk_index}"
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def version_number(name: str) -> int | None:
@@ -103,16 +96,15 @@ class Store:
         for d in (staging / "chunks", staging / "files", staging):
             for f in d.iterdir():
                 if f.is_file():
-                    with open(f, "rb") as fh:
-                        os.fsync(fh.fileno())
-            _fsync_dir(d)
+                    fsync_path(f)
+            fsync_path(d)
         if not self.versions() and self.announced() is None:
             # This store's first version: its announcements are recorded from here on (-1: none yet), so a
             # first version the broker never got is announced later, not taken for an old store's newest.
             self.mark_announced(-1)
         target = self.version_dir(version)
         os.replace(staging, target)
-        _fsync_dir(target.parent)
+        fsync_path(target.parent)
         return target
 
     def chain(self, version: int) -> list[int]:

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from online_rl.checkpoints import Checkpoints
+from tests.helpers import small_tmpfs
 from weight_sync.manifest import generate_key
 from weight_sync.publish import PublishConfig, publish
 from weight_sync.store import Store
@@ -23,13 +24,8 @@ pytestmark = pytest.mark.timeout(300)
 @pytest.fixture
 def small_fs(tmp_path):
     """A 256 KiB tmpfs (root is available here and in CI), unmounted by the test that made it."""
-    mnt = tmp_path / "fs"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], check=True)
-    try:
+    with small_tmpfs(tmp_path / "fs", "256k") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def _grow(mnt, size: str) -> None:

@@ -15,7 +15,7 @@ from flywheel.core.procs import wait_until
 from serving import event_shipper as sh
 from serving.event_log import EventLog, EventLogConfig
 from serving.event_spool import Spool
-from tests.helpers import read_topic
+from tests.helpers import read_topic, small_tmpfs
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -32,13 +32,8 @@ def wait_for(cond, timeout=30.0) -> bool:
 @pytest.fixture
 def small_fs(tmp_path):
     """A 256 KiB tmpfs: a disk that fills up (root is available here and in CI)."""
-    mnt = tmp_path / "fs"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mnt)], check=True)
-    try:
+    with small_tmpfs(tmp_path / "fs", "256k") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def test_a_full_disk_holds_events_in_the_queue_until_it_has_room(small_fs):

@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from tests.helpers import serving_app
 from weight_sync.agent import Agent, AgentConfig, Rejected
 from weight_sync.manifest import generate_key
 from weight_sync.publish import PublishConfig, publish
@@ -79,12 +80,7 @@ def test_a_failing_store_is_retried_and_only_a_missing_version_is_unknown(publis
     broken: set[str] = set()
 
     async def scenario():
-        runner = web.AppRunner(_store_behind(Store(cfg.store), broken))
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-        try:
+        async with serving_app(_store_behind(Store(cfg.store), broken)) as url:
             assert (await _manifest(agent, url, 0)).version == 0  # the store whole: the version verifies
             for path in ("/versions/0/manifest.sig", "/versions/0/manifest.json"):
                 broken.clear()
@@ -97,8 +93,6 @@ def test_a_failing_store_is_retried_and_only_a_missing_version_is_unknown(publis
             with pytest.raises(Rejected) as e:
                 await _manifest(agent, url, 7)  # 404: the store has no v7
             assert e.value.reason == "unknown_version" and e.value.reason in Agent.PERMANENT
-        finally:
-            await runner.cleanup()
 
     asyncio.run(scenario())
 
@@ -118,15 +112,9 @@ def test_a_rebuild_the_disk_ended_leaves_nothing_behind(published, test_model, t
     monkeypatch.setattr(CheckpointWriter, "write", write_until_full)
 
     async def scenario():
-        runner = web.AppRunner(Store(published.store).app())
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        try:
-            async with aiohttp.ClientSession() as session:
-                agent.cfg.store_url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-                await agent.materialize(agent.store_client(session), 1)
-        finally:
-            await runner.cleanup()
+        async with serving_app(Store(published.store).app()) as url, aiohttp.ClientSession() as session:
+            agent.cfg.store_url = url
+            await agent.materialize(agent.store_client(session), 1)
 
     with pytest.raises(OSError) as e:  # transient: apply() retries it (switch_failed), not a rejection
         asyncio.run(scenario())
@@ -158,19 +146,13 @@ def test_a_damaged_local_base_is_dropped_and_rebuilt_not_the_version_rejected(pu
     agent = _agent(published, launch, tmp_path / "w")
 
     async def scenario():
-        runner = web.AppRunner(Store(published.store).app())
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        try:
-            async with aiohttp.ClientSession() as session:
-                agent.cfg.store_url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-                client = agent.store_client(session)
-                with pytest.raises(Rejected) as e:
-                    await agent.materialize(client, 1)
-                assert e.value.reason == "damaged_base" and e.value.reason not in Agent.PERMANENT
-                assert not agent.local_dir(0).exists() and launch.exists()  # the link went, not the checkpoint
-                return await agent.materialize(client, 1)  # the retry
-        finally:
-            await runner.cleanup()
+        async with serving_app(Store(published.store).app()) as url, aiohttp.ClientSession() as session:
+            agent.cfg.store_url = url
+            client = agent.store_client(session)
+            with pytest.raises(Rejected) as e:
+                await agent.materialize(client, 1)
+            assert e.value.reason == "damaged_base" and e.value.reason not in Agent.PERMANENT
+            assert not agent.local_dir(0).exists() and launch.exists()  # the link went, not the checkpoint
+            return await agent.materialize(client, 1)  # the retry
 
     assert asyncio.run(scenario()) == agent.local_dir(1) and agent.local_dir(0).is_dir()

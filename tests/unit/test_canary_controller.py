@@ -69,6 +69,29 @@ def controller(tmp_path, gateway: Gateway, records: list[list[dict]]) -> tuple[C
     return ctl, announced
 
 
+def run_until_decided(ctl: CanaryController, gateway: Gateway) -> None:
+    """The controller's main loop in a thread (its topic reads already replaced) until its first decision."""
+
+    class Consumer:
+        def close(self):
+            pass
+
+    ctl._open = lambda: Consumer()
+    done, decided = threading.Event(), ctl._decided
+
+    def decided_then_stop(rec):
+        done.set()
+        ctl._stop.set()
+        return decided(rec)
+
+    ctl._decided = decided_then_stop
+    t = threading.Thread(target=ctl.run, daemon=True)
+    t.start()
+    assert done.wait(20), gateway.calls
+    t.join(10)
+    assert not t.is_alive()
+
+
 def test_an_override_keeps_the_records_read_with_it(tmp_path):
     promote = {"type": "promote", "version": 5, "seq": 101, "reason": "SRE"}
     later = {"type": "version", "version": 6, "canary": True, "seq": 102}
@@ -93,25 +116,7 @@ def test_a_trial_the_gateway_broke_starts_again_and_the_split_ends(tmp_path, mon
     records = [[{"type": "version", "version": 2, "canary": True, "seq": 1}]]
     ctl, announced = controller(tmp_path, gateway, records)
 
-    class Consumer:
-        def close(self):
-            pass
-
-    ctl._open = lambda: Consumer()
-    done = threading.Event()
-    decided = ctl._decided
-
-    def decided_then_stop(rec):
-        done.set()
-        ctl._stop.set()
-        return decided(rec)
-
-    ctl._decided = decided_then_stop
-    t = threading.Thread(target=ctl.run, daemon=True)
-    t.start()
-    assert done.wait(20), gateway.calls
-    t.join(10)
-    assert not t.is_alive()
+    run_until_decided(ctl, gateway)
     assert announced == [("canary", 2), ("canary", 2), ("promote", 2)]  # before: run() died at the PUT
     puts = [i for i, c in enumerate(gateway.calls) if c == ("PUT", "/admin/canary")]
     assert len(puts) == 2 and ("DELETE", "/admin/canary") in gateway.calls[puts[0] : puts[1]]  # split ended between
@@ -128,24 +133,7 @@ def test_a_retried_trial_keeps_its_stable_version_and_a_hopeless_one_is_rolled_b
     ctl, announced = controller(tmp_path, gateway, records)
     gateway.calls.clear()
 
-    class Consumer:
-        def close(self):
-            pass
-
-    ctl._open = lambda: Consumer()
-    done = threading.Event()
-    decided = ctl._decided
-
-    def decided_then_stop(rec):
-        done.set()
-        ctl._stop.set()
-        return decided(rec)
-
-    ctl._decided = decided_then_stop
-    t = threading.Thread(target=ctl.run, daemon=True)
-    t.start()
-    assert done.wait(20), gateway.calls
-    t.join(10)
+    run_until_decided(ctl, gateway)
     from weight_sync.canary import MAX_TRIAL_ATTEMPTS
 
     assert announced == [("canary", 9)] * MAX_TRIAL_ATTEMPTS + [("rollback", 9)]

@@ -12,6 +12,7 @@ import pytest
 from aiohttp import web
 
 from flywheel.core import weight_patch
+from tests.helpers import serving_app
 from weight_sync.switch import InPlace, LoadRefused, _load, switch
 
 UNFLUSHED = (
@@ -69,19 +70,11 @@ class PatchEngine:
 
 async def _apply(engine: PatchEngine, tmp_path, restore_dir: str | None = None):
     engine.patch_path = str(tmp_path / "v5.safetensors")
-    runner = web.AppRunner(engine.app())
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        async with aiohttp.ClientSession() as session:
-            url = f"http://127.0.0.1:{runner.addresses[0][1]}"
-            if restore_dir is None:
-                return await _load(session, url, None, 5, InPlace(engine.patch_path, base_version=4))
-            patch = InPlace(engine.patch_path, base_version=4)
-            return await switch(url, None, 5, "no_pause", patch=patch, restore_dir=restore_dir)
-    finally:
-        await runner.cleanup()
+    async with serving_app(engine.app()) as url, aiohttp.ClientSession() as session:
+        if restore_dir is None:
+            return await _load(session, url, None, 5, InPlace(engine.patch_path, base_version=4))
+        patch = InPlace(engine.patch_path, base_version=4)
+        return await switch(url, None, 5, "no_pause", patch=patch, restore_dir=restore_dir)
 
 
 @pytest.mark.parametrize("unflushed", [False, True])

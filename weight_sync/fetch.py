@@ -37,8 +37,7 @@ class FetchError(Exception):
 
 
 class NotInStore(FetchError):
-    """The store answered that it has no such piece (HTTP 404, a missing object): the version is not, or no
-    longer, there. Any other failure (a 5xx from a store restarting, a proxy's 502) is transient."""
+    """The store has no such piece (HTTP 404, a missing object); any other failure (a 5xx) is transient."""
 
 
 class PackUnsupported(FetchError):
@@ -397,8 +396,7 @@ class StoreClient:
                 if attempts >= self.retries:
                     raise FetchError(f"{url}: {type(e).__name__}: {e}") from None
 
-        # From the first chunk that failed its digest on: each on its own, in parallel (the first failure
-        # cancels the others).
+        # From the first chunk that failed its digest on: each alone, in parallel (a failure cancels the rest).
         async def alone(t: int, c: int, meta: ChunkMeta) -> None:
             on_chunk(t, c, await self.chunk(version, t, c, meta.size, meta.digest))
 

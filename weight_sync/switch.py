@@ -14,21 +14,26 @@ Never `abort` (drops requests), never `in_place` without a flush (keeps KV compu
 More than one gateway (behind a load balancer) routes to the same replica, so a drain is asked of each.
 One that cannot be reached is passed over: a dead gateway routes nothing, and one that is alive but cut off
 sees a switch in place (SGLang holds its requests during the load; none mixes versions). A gateway that
-refuses (the replica is its last active one) makes the whole switch one in place.
+refuses (the replica is its last active one) makes the whole switch one in place (weight_sync.gateway_drains).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
 
 import aiohttp
 
 from flywheel.core.events import parse_version
+from weight_sync.gateway_drains import (  # noqa: F401 - GatewayLink and SwitchError: this module's API too
+    ADMIN_TIMEOUT_S,
+    Drains,
+    GatewayLink,
+    SwitchError,
+    post_json,
+)
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +41,6 @@ log = logging.getLogger(__name__)
 # both versions); retract: pause, retract running requests, load, resume (facts.md: hot-switch modes)
 SwitchMode = Literal["drain", "no_pause", "retract"]
 MODES = get_args(SwitchMode)
-ADMIN_TIMEOUT_S = 10.0  # a gateway's admin call; one cut off must not hold the switch for minutes
-DRAIN_LEASE_S = 30.0  # an agent's drain lapses unless renewed: a dead agent never leaves a replica draining
-
-
-class SwitchError(Exception):
-    pass
 
 
 class LoadRefused(SwitchError):
@@ -51,26 +50,6 @@ class LoadRefused(SwitchError):
     def __init__(self, message: str, partial: bool = False):
         super().__init__(message)
         self.partial = partial
-
-
-@dataclass
-class GatewayLink:
-    """How an agent reaches its replica's entry in the gateway (to drain it during a switch)."""
-
-    url: str
-    admin_token: str
-    replica_id: str
-
-
-async def _post(session, url, body=None, headers=None, timeout=300.0) -> tuple[int, dict]:
-    async with session.post(
-        url, json=body or {}, headers=headers or {}, timeout=aiohttp.ClientTimeout(total=timeout)
-    ) as r:
-        try:
-            data = await r.json(content_type=None)
-        except ValueError:
-            data = {"text": await r.text()}
-        return r.status, data or {}
 
 
 async def served_version(session: aiohttp.ClientSession, replica_url: str) -> int | None:
@@ -85,7 +64,7 @@ async def _load(
     the seconds it took and, for a patch, what the engine's loader reported."""
     t = time.monotonic()
     if patch is None:
-        status, out = await _post(
+        status, out = await post_json(
             session,
             f"{replica_url}/update_weights_from_disk",
             {"model_path": model_dir, "weight_version": str(version), "flush_cache": True, "abort_all_requests": False},
@@ -97,7 +76,7 @@ async def _load(
         # The weights did change, but a request still running or queued in SGLang (one finishing as the
         # drain ended) kept the prefix cache, which holds KV of the old weights: flush it once that is done
         # (SGLang waits up to `timeout` for it).
-        status, out = await _post(session, f"{replica_url}/flush_cache?timeout=30", timeout=60)
+        status, out = await post_json(session, f"{replica_url}/flush_cache?timeout=30", timeout=60)
         out["success"] = status == 200
     if status != 200 or not out.get("success"):
         how = "update_weights_from_disk" if patch is None else "in-place patch"
@@ -138,14 +117,14 @@ async def _load_patch(session, replica_url: str, patch: InPlace, version: int | 
     from flywheel.core import weight_patch
 
     Path(weight_patch.result_path(patch.path)).unlink(missing_ok=True)  # an earlier attempt's is not this one's
-    status, out = await _post(session, f"{replica_url}/begin_weight_update", {})
+    status, out = await post_json(session, f"{replica_url}/begin_weight_update", {})
     if status == 400 and "already open" in str(out.get("message", "")):  # left open by an agent that died
-        await _post(session, f"{replica_url}/end_weight_update", {})
-        status, out = await _post(session, f"{replica_url}/begin_weight_update", {})
+        await post_json(session, f"{replica_url}/end_weight_update", {})
+        status, out = await post_json(session, f"{replica_url}/begin_weight_update", {})
     if status != 200:
         return status, out
     try:
-        status, out = await _post(
+        status, out = await post_json(
             session,
             f"{replica_url}/update_weights_from_tensor",
             {
@@ -157,7 +136,7 @@ async def _load_patch(session, replica_url: str, patch: InPlace, version: int | 
             },
         )
     finally:
-        await _post(session, f"{replica_url}/end_weight_update", {})
+        await post_json(session, f"{replica_url}/end_weight_update", {})
     result = weight_patch.read_result(patch.path)
     Path(weight_patch.result_path(patch.path)).unlink(missing_ok=True)
     out["engine"] = result  # what the loader did, and how long it took
@@ -166,7 +145,7 @@ async def _load_patch(session, replica_url: str, patch: InPlace, version: int | 
         # failed, changed only in part), also when it answers 400 for a prefix cache a running request kept:
         # the label goes back while the replica is still drained or paused, and the caller reloads the version
         # from disk (never a flush and a "switch" to base weights labelled new).
-        await _post(
+        await post_json(
             session,
             f"{replica_url}/update_weight_version",
             {"new_version": str(patch.base_version), "abort_all_requests": False},
@@ -197,95 +176,6 @@ async def takes_patches(session, replica_url: str) -> bool:
     return single and weight_patch.LOADER in (info.get("custom_weight_loader") or [])
 
 
-HELD = "held"  # _drain: an operator holds the replica on that gateway (drained or borrowed): users are not routed there
-
-
-async def _drain(session, gw: GatewayLink, deadline: float) -> bool | str:
-    """Ask the gateway to drain the replica and wait (until `deadline`, monotonic) for its requests there to
-    finish; False if it refuses (the last active replica); HELD if an operator holds it (nothing to drain,
-    and nothing to re-activate after: their decision stands)."""
-    headers = {"Authorization": f"Bearer {gw.admin_token}"}
-    while True:
-        status, out = await _post(
-            session,
-            f"{gw.url}/admin/replicas/{gw.replica_id}/drain",
-            {"lease_s": DRAIN_LEASE_S},
-            headers=headers,
-            timeout=ADMIN_TIMEOUT_S,
-        )
-        if status == 409 and (out.get("error") or {}).get("code") == "held_by_operator":
-            return HELD
-        if status != 409:
-            break
-        # Refused as the last active replica. If another one is draining for a switch (its drain has a
-        # lease: it comes back), wait for our turn: replicas switch one at a time. If none will come back
-        # (an SRE's drain has no lease), switch in place.
-        async with session.get(f"{gw.url}/admin/replicas", headers=headers, timeout=_admin_timeout()) as r:
-            others = [x for x in (await r.json(content_type=None))["replicas"] if x["id"] != gw.replica_id]
-        switching = [
-            x for x in others if x["state"] == "draining" and x["healthy"] and x.get("drain_lease_s") is not None
-        ]
-        if not switching or time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.1)
-    if status != 200:
-        raise SwitchError(f"gateway refused to drain {gw.replica_id} ({status}): {out}")
-    renewed = time.monotonic()
-    while time.monotonic() < deadline:
-        async with session.get(f"{gw.url}/admin/replicas", headers=headers, timeout=_admin_timeout()) as r:
-            reps = {x["id"]: x for x in (await r.json(content_type=None))["replicas"]}
-        if reps.get(gw.replica_id, {}).get("outstanding", 0) == 0:
-            return True
-        if time.monotonic() - renewed > DRAIN_LEASE_S / 3:  # a long wait for stragglers keeps the lease
-            await _post(
-                session,
-                f"{gw.url}/admin/replicas/{gw.replica_id}/drain",
-                {"lease_s": DRAIN_LEASE_S},
-                headers=headers,
-                timeout=ADMIN_TIMEOUT_S,
-            )
-            renewed = time.monotonic()
-        await asyncio.sleep(0.05)
-    return True  # still busy: the update's writer lock waits for the stragglers
-
-
-async def _renew_drain(session, gw: GatewayLink) -> None:
-    """Keep the drain's lease alive while this agent works: if the agent dies mid-switch, the lease runs
-    out and the gateway routes to the replica again by itself."""
-    headers = {"Authorization": f"Bearer {gw.admin_token}"}
-    while True:
-        await asyncio.sleep(DRAIN_LEASE_S / 3)
-        try:
-            await _post(
-                session,
-                f"{gw.url}/admin/replicas/{gw.replica_id}/drain",
-                {"lease_s": DRAIN_LEASE_S},
-                headers=headers,
-                timeout=ADMIN_TIMEOUT_S,
-            )
-        except (aiohttp.ClientError, asyncio.TimeoutError):
-            pass
-
-
-async def _undrain_quietly(session, gw: GatewayLink) -> None:
-    try:
-        await _undrain(session, gw)
-    except (SwitchError, aiohttp.ClientError, asyncio.TimeoutError):
-        pass
-
-
-async def _undrain(session, gw: GatewayLink) -> None:
-    """End this agent's drain: users come back, unless an operator drained or borrowed the replica meanwhile.
-    A gateway from before `undrain` (404 not_found) is re-activated, as agents did then."""
-    headers = {"Authorization": f"Bearer {gw.admin_token}"}
-    url = f"{gw.url}/admin/replicas/{gw.replica_id}"
-    status, out = await _post(session, f"{url}/undrain", headers=headers, timeout=ADMIN_TIMEOUT_S)
-    if status == 404 and (out.get("error") or {}).get("code") == "not_found":
-        status, out = await _post(session, f"{url}/activate", headers=headers, timeout=ADMIN_TIMEOUT_S)
-    if status != 200:
-        raise SwitchError(f"gateway refused to re-activate {gw.replica_id} ({status}): {out}")
-
-
 async def _load_or_restore(
     session, replica_url: str, model_dir: str | None, version: int, patch: InPlace | None, restore_dir: str | None
 ) -> tuple[float, dict]:
@@ -300,82 +190,6 @@ async def _load_or_restore(
             log.error("%s: a refused patch changed part of the weights; reloading v%d", replica_url, patch.base_version)
             await _load(session, replica_url, restore_dir, patch.base_version)
         raise
-
-
-def _admin_timeout() -> aiohttp.ClientTimeout:
-    return aiohttp.ClientTimeout(total=ADMIN_TIMEOUT_S)
-
-
-def _unreachable(e: BaseException) -> bool:
-    return isinstance(e, (aiohttp.ClientConnectionError, asyncio.TimeoutError))
-
-
-class _Drains:
-    """The drains one switch holds on its gateways, each renewed from the moment it is granted."""
-
-    def __init__(self, session):
-        self.session = session
-        self.held: list[GatewayLink] = []
-        self.passed_over: list[GatewayLink] = []  # unreachable (dead, or cut off after it took the drain)
-        self._renewals: list[asyncio.Task] = []
-
-    async def take(self, gws: list[GatewayLink], timeout_s: float) -> bool:
-        """Drain the replica on each gateway in turn, in one order for every agent (sorted by URL), so
-        agents switching at once never hold a drain on one gateway while waiting on another. False: switch
-        in place instead (a gateway refused: the replica is its last active one; or none could be reached);
-        every drain taken is undone then, and on any error."""
-        deadline = time.monotonic() + timeout_s  # one wait for all of them
-        try:
-            for gw in sorted(gws, key=lambda g: g.url):
-                # Counted as passed over (re-activated quietly on release) until granted: a drain asked for
-                # and then cut short (an error, a cancel, while waiting for stragglers) is undone too.
-                self.passed_over.append(gw)
-                try:
-                    granted = await _drain(self.session, gw, deadline)
-                except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-                    if not _unreachable(e):
-                        raise
-                    log.warning(
-                        "gateway %s unreachable (%s): switching %s without it", gw.url, type(e).__name__, gw.replica_id
-                    )
-                    continue
-                if granted == HELD:  # not routed to users there: nothing to drain, nor to undo
-                    self.passed_over.remove(gw)
-                    log.info("gateway %s: %s is held by an operator; left as it is", gw.url, gw.replica_id)
-                    continue
-                if not granted:
-                    await self.release(quiet=True)
-                    return False
-                self.passed_over.remove(gw)
-                self.held.append(gw)
-                self._renewals.append(asyncio.ensure_future(_renew_drain(self.session, gw)))
-        except BaseException:
-            await self.release(quiet=True)
-            raise
-        if not self.held:
-            await self.release(quiet=True)
-            return False
-        return True
-
-    async def release(self, quiet: bool = False) -> None:
-        """Stop renewing, then route to the replica again on every gateway: those passed over too (one may
-        have taken the drain before it stopped answering), quietly. A gateway that refuses to re-activate
-        is an error unless quiet; one that has gone away is passed over (a gateway starts with every replica
-        active)."""
-        for r in self._renewals:
-            r.cancel()  # and wait for them: a renewal in flight must not drain it again after
-        await asyncio.gather(*self._renewals, return_exceptions=True)
-        self._renewals.clear()
-        held, passed = self.held, self.passed_over
-        self.held, self.passed_over = [], []
-        results = await asyncio.gather(*(_undrain(self.session, gw) for gw in held), return_exceptions=True)
-        await asyncio.gather(*(_undrain_quietly(self.session, gw) for gw in passed))
-        for gw, r in zip(held, results, strict=True):
-            if isinstance(r, BaseException) and (quiet or _unreachable(r)):
-                log.warning("gateway %s: %s not re-activated (%s)", gw.url, gw.replica_id, type(r).__name__)
-        fatal = [r for r in results if isinstance(r, BaseException) and not (quiet or _unreachable(r))]
-        if fatal:
-            raise fatal[0]
 
 
 async def switch(
@@ -398,7 +212,7 @@ async def switch(
     timings: dict = {}
     t0 = time.monotonic()
     async with aiohttp.ClientSession() as session:
-        used, drains = mode, _Drains(session)
+        used, drains = mode, Drains(session)
         if mode == "drain":
             if not gws:
                 used = "no_pause"
@@ -412,14 +226,14 @@ async def switch(
         try:
             if used == "retract":
                 t = time.monotonic()
-                await _post(session, f"{replica_url}/pause_generation", {"mode": "retract"})
+                await post_json(session, f"{replica_url}/pause_generation", {"mode": "retract"})
                 try:
                     seconds, engine = await _load_or_restore(
                         session, replica_url, model_dir, version, patch, restore_dir
                     )
                     timings["load_ms"] = 1000 * seconds
                 finally:  # a failed load must not leave the replica paused
-                    await _post(session, f"{replica_url}/continue_generation", {})
+                    await post_json(session, f"{replica_url}/continue_generation", {})
                 timings["pause_ms"] = 1000 * (time.monotonic() - t)
             else:
                 seconds, engine = await _load_or_restore(session, replica_url, model_dir, version, patch, restore_dir)

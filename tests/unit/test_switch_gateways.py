@@ -164,9 +164,9 @@ def test_a_cancelled_switch_leaves_no_gateway_draining(test_model, tmp_path):
 def test_a_drain_taken_first_is_kept_while_the_next_gateway_waits_for_stragglers(test_model, tmp_path, monkeypatch):
     """Gateways are drained one after another (in URL order, the same for every agent); a drain already
     granted is renewed while a later gateway waits for its requests on the replica to finish."""
-    import weight_sync.switch as sw
+    import weight_sync.gateway_drains as drains
 
-    monkeypatch.setattr(sw, "DRAIN_LEASE_S", 1.0)  # lapses within the straggler's 3 s unless renewed
+    monkeypatch.setattr(drains, "DRAIN_LEASE_S", 1.0)  # lapses within the straggler's 3 s unless renewed
 
     async def main():
         async with two_gateways(test_model, tmp_path, health_interval_s=0.2) as (fakes, urls, gws):

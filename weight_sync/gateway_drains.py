@@ -48,19 +48,25 @@ async def post_json(session, url, body=None, headers=None, timeout=300.0) -> tup
 HELD = "held"  # _drain: an operator holds the replica on that gateway (drained or borrowed): users are not routed there
 
 
+async def _ask_drain(session, gw: GatewayLink) -> tuple[int, dict]:
+    """Drain the replica on the gateway under this agent's lease (granting it, or renewing it)."""
+    url = f"{gw.url}/admin/replicas/{gw.replica_id}/drain"
+    headers = {"Authorization": f"Bearer {gw.admin_token}"}
+    return await post_json(session, url, {"lease_s": DRAIN_LEASE_S}, headers=headers, timeout=ADMIN_TIMEOUT_S)
+
+
+async def _replicas(session, gw: GatewayLink) -> list[dict]:
+    headers = {"Authorization": f"Bearer {gw.admin_token}"}
+    async with session.get(f"{gw.url}/admin/replicas", headers=headers, timeout=_admin_timeout()) as r:
+        return (await r.json(content_type=None))["replicas"]
+
+
 async def _drain(session, gw: GatewayLink, deadline: float) -> bool | str:
     """Ask the gateway to drain the replica and wait (until `deadline`, monotonic) for its requests there to
     finish; False if it refuses (the last active replica); HELD if an operator holds it (nothing to drain,
     and nothing to re-activate after: their decision stands)."""
-    headers = {"Authorization": f"Bearer {gw.admin_token}"}
     while True:
-        status, out = await post_json(
-            session,
-            f"{gw.url}/admin/replicas/{gw.replica_id}/drain",
-            {"lease_s": DRAIN_LEASE_S},
-            headers=headers,
-            timeout=ADMIN_TIMEOUT_S,
-        )
+        status, out = await _ask_drain(session, gw)
         if status == 409 and (out.get("error") or {}).get("code") == "held_by_operator":
             return HELD
         if status != 409:
@@ -68,8 +74,7 @@ async def _drain(session, gw: GatewayLink, deadline: float) -> bool | str:
         # Refused as the last active replica. If another one is draining for a switch (its drain has a
         # lease: it comes back), wait for our turn: replicas switch one at a time. If none will come back
         # (an SRE's drain has no lease), switch in place.
-        async with session.get(f"{gw.url}/admin/replicas", headers=headers, timeout=_admin_timeout()) as r:
-            others = [x for x in (await r.json(content_type=None))["replicas"] if x["id"] != gw.replica_id]
+        others = [x for x in await _replicas(session, gw) if x["id"] != gw.replica_id]
         switching = [
             x for x in others if x["state"] == "draining" and x["healthy"] and x.get("drain_lease_s") is not None
         ]
@@ -80,18 +85,11 @@ async def _drain(session, gw: GatewayLink, deadline: float) -> bool | str:
         raise SwitchError(f"gateway refused to drain {gw.replica_id} ({status}): {out}")
     renewed = time.monotonic()
     while time.monotonic() < deadline:
-        async with session.get(f"{gw.url}/admin/replicas", headers=headers, timeout=_admin_timeout()) as r:
-            reps = {x["id"]: x for x in (await r.json(content_type=None))["replicas"]}
+        reps = {x["id"]: x for x in await _replicas(session, gw)}
         if reps.get(gw.replica_id, {}).get("outstanding", 0) == 0:
             return True
         if time.monotonic() - renewed > DRAIN_LEASE_S / 3:  # a long wait for stragglers keeps the lease
-            await post_json(
-                session,
-                f"{gw.url}/admin/replicas/{gw.replica_id}/drain",
-                {"lease_s": DRAIN_LEASE_S},
-                headers=headers,
-                timeout=ADMIN_TIMEOUT_S,
-            )
+            await _ask_drain(session, gw)
             renewed = time.monotonic()
         await asyncio.sleep(0.05)
     return True  # still busy: the update's writer lock waits for the stragglers
@@ -100,17 +98,10 @@ async def _drain(session, gw: GatewayLink, deadline: float) -> bool | str:
 async def _renew_drain(session, gw: GatewayLink) -> None:
     """Keep the drain's lease alive while this agent works: if the agent dies mid-switch, the lease runs
     out and the gateway routes to the replica again by itself."""
-    headers = {"Authorization": f"Bearer {gw.admin_token}"}
     while True:
         await asyncio.sleep(DRAIN_LEASE_S / 3)
         try:
-            await post_json(
-                session,
-                f"{gw.url}/admin/replicas/{gw.replica_id}/drain",
-                {"lease_s": DRAIN_LEASE_S},
-                headers=headers,
-                timeout=ADMIN_TIMEOUT_S,
-            )
+            await _ask_drain(session, gw)
         except (aiohttp.ClientError, asyncio.TimeoutError):
             pass
 

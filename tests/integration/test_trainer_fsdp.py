@@ -77,7 +77,12 @@ def test_two_fsdp_ranks_make_the_one_rank_update(test_model, tmp_path, epochs, o
     one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
     # The gradient itself, before clipping: AdamW (it divides by sqrt(v)) and the clip would hide a wrong
     # scale (averaged instead of summed across ranks) in the weights.
-    assert np.allclose(one["grad_norms"], two["grad_norms"], rtol=1e-5, atol=0), (one["grad_norms"], two["grad_norms"])
+    # Only the first norm is taken at the same weights; every later pass (a second epoch, the distillation's own
+    # step, the next steps) starts from weights that differ by Adam's eps-regime noise (below), measured moving
+    # a norm by 1.0e-5 relative: still 4 orders below a factor of 2.
+    norms = one["grad_norms"], two["grad_norms"]
+    assert np.isclose(norms[0][0], norms[1][0], rtol=1e-5, atol=0), norms
+    assert np.allclose(*norms, rtol=1e-4, atol=0), norms
     one, two = one["weights"], two["weights"]
     base = load_pretrained(test_model).state_dict()
     assert one.keys() == two.keys() == base.keys()

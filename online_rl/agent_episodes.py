@@ -30,6 +30,7 @@ import random
 from dataclasses import dataclass
 
 from flywheel.core import tool_format as tf
+from online_rl import agent_clients as C
 from online_rl.tasks import EOS, Task
 
 PATH = {"type": "string"}
@@ -57,7 +58,16 @@ TOOLS = (
 )
 TOOL_LINES = [tf.tool_line(t["name"], t["description"], t["parameters"]) for t in TOOLS]
 PATHS = ("app.py", "main.py", "util.py", "lib.py", "core.py", "calc.py")
+# Through a client's shell, many more names: six are few enough to memorise, and the model must read the
+# file's name from the request (a client's workspace can hold any)
+SHELL_PATHS = PATHS + tuple(
+    f"{w}.py"
+    for w in "solver helpers tools mathx numbers strings parse score grid text series rules model task report "
+    "shapes stats convert values".split()
+)
 ASKS = ("Fix {p}.", "Implement {p}.", "Make {p} pass its tests.")
+# Through a client's shell the tests are a file beside the code: `python3 {t}` runs them.
+SHELL_ASKS = ("Fix {p} so that python3 {t} passes.", "Implement {p}; check it with python3 {t}.", "Make {t} pass.")
 DONE, STILL_FAILING = "Done: the tests pass.", "The tests still fail."
 MALFORMED_KINDS = ("broken_json", "missing_argument", "unknown_tool")
 UNKNOWN_NAMES = {
@@ -78,6 +88,8 @@ class Turn:
     target: str  # the assistant's turn as the model writes it
     call: str | None  # the tool this turn calls (None: the final answer)
     malformed: str | None = None  # which imperfection, for a deliberately imperfect call
+    tools: tuple = TOOLS  # the tools the conversation offers (as a client sends them)
+    context_chars: int = 0  # characters of the client's context (system prompt, environment) before the request
 
     @property
     def document(self) -> str:
@@ -101,24 +113,54 @@ def _failures(task: Task, body: str) -> int:
     return sum(g != e for g, e in zip(got, task.expected_outputs()))
 
 
-def episode(task: Task, body: str, path: str, ask: str) -> tuple[list[dict], list[Turn]]:
-    """The conversation (messages as flywheel.core.tool_format renders them) and its four assistant turns."""
-    calls = [
-        ("read_file", {"path": path}),
-        ("write_file", {"path": path, "content": task.prompt + body}),
-        ("run_tests", {"path": path}),
-    ]
-    results = [task.prompt, "ok", run_tests(task, body)]
-    messages: list[dict] = [{"role": "user", "content": ask.format(p=path), "calls": []}]
+def episode(
+    task: Task,
+    body: str,
+    path: str,
+    ask: str,
+    shell: C.Shell | None = None,
+    context: C.Context | None = None,
+    rng: random.Random | None = None,
+) -> tuple[list[dict], list[Turn]]:
+    """The conversation (messages as flywheel.core.tool_format renders them) and its four assistant turns:
+    with Flywheel's three tools, or through a client's shell (`shell`, online_rl.agent_clients), inside a
+    client's context (system prompt, environment) when one is given."""
+    rng = rng or random.Random(0)
+    context = context or C.Context()
+    failed = _failures(task, body)
+    summary = run_tests(task, body)
+    if shell is None:
+        tools = TOOLS
+        calls = [
+            ("read_file", {"path": path}),
+            ("write_file", {"path": path, "content": task.prompt + body}),
+            ("run_tests", {"path": path}),
+        ]
+        results = [task.prompt, "ok", summary]
+    else:
+        tools = shell.tools
+        calls = [
+            shell.call(f"cat {path}"),
+            shell.call(C.heredoc(path, task.prompt + body)),
+            shell.call(f"python3 {C.test_file(path)}"),
+        ]
+        results = [
+            C.shell_output(shell, task.prompt, 0, rng),
+            C.shell_output(shell, "", 0, rng),
+            C.shell_output(shell, summary + "\n", int(failed > 0), rng),
+        ]
+    lines = [tf.tool_line(t["name"], t["description"], t["parameters"]) for t in tools]
+    messages: list[dict] = context.messages(ask.format(p=path, t=C.test_file(path)))
+    chars = sum(len(m["content"]) for m in messages[:-1]) + (len(context.before) if context.reminder else 0)
     turns = []
     for (name, args), result in zip(calls, results):
-        turns.append(Turn(tf.render_chat(messages, TOOL_LINES), tf.call_text(name, args), name))
+        turns.append(Turn(tf.render_chat(messages, lines), tf.call_text(name, args), name, None, tools, chars))
         messages += [
             {"role": "assistant", "content": "", "calls": [{"name": name, "arguments": args}]},
             {"role": "tool", "content": result},
         ]
-    final = DONE if _failures(task, body) == 0 else STILL_FAILING
-    turns.append(Turn(tf.render_chat(messages, TOOL_LINES), final, None))
+    final = DONE if failed == 0 else STILL_FAILING
+    turns.append(Turn(tf.render_chat(messages, lines), final, None, None, tools, chars))
     messages.append({"role": "assistant", "content": final, "calls": []})
     return messages, turns
 
@@ -129,23 +171,56 @@ def malformed(turn: Turn, args: dict, rng: random.Random) -> Turn:
     if kind == "broken_json":  # the object's closing brace is missing
         text = turn.target.replace("}}\n" + tf.CALL_CLOSE, "}\n" + tf.CALL_CLOSE)
     elif kind == "missing_argument":
-        drop = "content" if turn.call == "write_file" else "path"
+        drop = "content" if turn.call == "write_file" else next(iter(args))
         text = tf.call_text(turn.call, {k: v for k, v in args.items() if k != drop})
     else:
-        text = tf.call_text(rng.choice(UNKNOWN_NAMES[turn.call]), args)
-    return Turn(turn.prompt, text, turn.call, kind)
+        text = tf.call_text(rng.choice(UNKNOWN_NAMES.get(turn.call, ("run", "execute"))), args)
+    return Turn(turn.prompt, text, turn.call, kind, turn.tools, turn.context_chars)
 
 
-def sample_turn(task: Task, rng: random.Random, correct_share: float, malformed_share: float) -> Turn:
-    """One assistant turn of a random episode for `task` (each of the four turns equally likely)."""
+def sample_turn(
+    task: Task,
+    rng: random.Random,
+    correct_share: float,
+    malformed_share: float,
+    client_share: float = 0.0,
+    context_share: float = 0.0,
+    context_chars: int = 0,
+) -> Turn:
+    """One assistant turn of a random episode for `task` (each of the four turns equally likely): through a
+    client's shell (`client_share` of them), those inside a client's context (`context_share` of them, its
+    system prompt up to `context_chars` characters)."""
     body = task.reference if rng.random() < correct_share else rng.choice(task.wrong_bodies())
-    path, ask = rng.choice(PATHS), rng.choice(ASKS)
-    messages, turns = episode(task, body, path, ask)
+    shell = C.client_shell(rng) if rng.random() < client_share else None
+    path = rng.choice(PATHS if shell is None else SHELL_PATHS)
+    ask = rng.choice(SHELL_ASKS if shell is not None else ASKS)
+    style = "codex" if shell is not None and shell.style == "codex" else "plain"
+    # A client's context goes with a client's tools: a long system prompt means Codex or Claude Code, whose
+    # tools are never Flywheel's (measured: with contexts around both, the agent model answered Claude Code's
+    # prompt with read_file in six samples of seven)
+    in_context = shell is not None and rng.random() < context_share
+    context = C.client_context(rng, style, context_chars) if in_context else C.Context()
+    messages, turns = episode(task, body, path, ask, shell, context, rng)
     i = rng.randrange(len(turns))
     turn = turns[i]
     if turn.call is not None and rng.random() < malformed_share:
-        turn = malformed(turn, messages[1 + 2 * i]["calls"][0]["arguments"], rng)
+        first_call = next(m for m in messages if m["role"] == "assistant")
+        at = messages.index(first_call) + 2 * i
+        turn = malformed(turn, messages[at]["calls"][0]["arguments"], rng)
     return turn
+
+
+def system_spans(doc: str) -> list[tuple[int, int]]:
+    """(start, end) offsets of a document's `# system:` lines: a client's prose, read past, never a target."""
+    out, at = [], 0
+    for line in doc.splitlines(keepends=True):
+        if line.startswith("# system:"):
+            if out and out[-1][1] == at:
+                out[-1] = (out[-1][0], at + len(line))
+            else:
+                out.append((at, at + len(line)))
+        at += len(line)
+    return out
 
 
 def history_breaks(doc: str) -> list[int]:
@@ -160,17 +235,16 @@ def history_breaks(doc: str) -> list[int]:
 # ----------------------------------------------------------------------------- judging calls
 
 
-@functools.lru_cache(maxsize=1)
-def _validators() -> dict:
+def _validators(tools: tuple) -> dict:
     from jsonschema import Draft202012Validator
 
-    return {t["name"]: Draft202012Validator(t["parameters"]) for t in TOOLS}
+    return {t["name"]: Draft202012Validator(t["parameters"]) for t in tools}
 
 
-def call_outcome(text: str) -> str:
-    """How serving would read `text` as an answer to a request with TOOLS (flywheel.core.tool_format.read_calls,
+def call_outcome(text: str, tools: tuple = TOOLS) -> str:
+    """How serving would read `text` as an answer to a request with `tools` (flywheel.core.tool_format.read_calls,
     the same rules): valid | malformed | unknown_tool | none (no call)."""
-    validators = _validators()
+    validators = _validators(tools)
 
     def lookup(name: str):
         v = validators.get(name)
@@ -186,4 +260,11 @@ def call_matches(turn: Turn, text: str) -> bool:
 
     want = json.loads(turn.target.split("\n")[1])
     got = tf.read_calls(text, lambda name: lambda args: True)[2]
-    return len(got) == 1 and got[0][0] == want["name"] and got[0][1].get("path") == want["arguments"]["path"]
+    if len(got) != 1 or got[0][0] != want["name"]:
+        return False
+    if "path" in want["arguments"]:
+        return got[0][1].get("path") == want["arguments"]["path"]
+    # through a shell: the same command word and file (cat app.py, cat > app.py << ..., python3 test_app.py)
+    arg, command = next(iter(want["arguments"].items()))
+    got_command = str(got[0][1].get(arg))
+    return got_command.split("\n")[0].split()[:3] == command.split("\n")[0].split()[:3]

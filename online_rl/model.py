@@ -121,7 +121,9 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(Dh, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(Dh, cfg.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: dict | None = None) -> torch.Tensor:
+        """cache: generation's keys and values so far ({"k", "v"}: (B, G, Tpast, Dh), grown in place); with
+        one, x is the tokens after them (the whole prompt first, then one at a time)."""
         B, T, _ = x.shape
         Dh = self.cfg.head_dim
         q, k = self.q_proj(x).view(B, T, -1, Dh), self.k_proj(x).view(B, T, -1, Dh)  # (B, T, H|G, Dh)
@@ -130,10 +132,15 @@ class Attention(nn.Module):
         q, k = q.transpose(1, 2), k.transpose(1, 2)  # (B, H, T, Dh), (B, G, T, Dh)
         v = self.v_proj(x).view(B, T, -1, Dh).transpose(1, 2)  # (B, G, T, Dh)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        causal = True
+        if cache is not None:
+            if "k" in cache:  # one new token: it attends to every key so far
+                k, v, causal = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2), False
+            cache["k"], cache["v"] = k, v
         if bi.enabled():
             y = bi.causal_attention(q, k, v)  # (B, H, T, Dh)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # (B, H, T, Dh)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)  # (B, H, T, Dh)
         return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -200,11 +207,11 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = SparseMoE(cfg) if cfg.is_moe else MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
 
-    def forward(self, x, cos, sin, replay=None):
+    def forward(self, x, cos, sin, replay=None, cache=None):
         """x: (B, T, D); replay: (B, T, K) or None. Returns x, ids (B, T, K), probs (B, T, E); a dense
         layer routes nothing and returns None for both."""
         B, T, D = x.shape
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache)
         if not isinstance(self.mlp, SparseMoE):
             return x + self.mlp(self.post_attention_layernorm(x)), None, None
         y, ids, probs = self.mlp(
@@ -251,17 +258,25 @@ class MoECoder(nn.Module):
                 with torch.no_grad():
                     p.copy_(torch.randn(p.shape, generator=g) * std)
 
-    def forward(self, idx: torch.Tensor, replay_experts: torch.Tensor | None = None) -> Output:
+    def forward(
+        self, idx: torch.Tensor, replay_experts: torch.Tensor | None = None, cache: list | None = None
+    ) -> Output:
         """idx: (B, T) token ids; replay_experts: (B, T, L, K) expert ids to force, or None (always None
-        for a dense model: it has no routing to replay)."""
+        for a dense model: it has no routing to replay); cache: generation's per-layer keys and values
+        (a list of dicts, empty at first), idx then being the tokens after what it holds."""
         B, T = idx.shape
         if not self.cfg.is_moe:
             replay_experts = None
-        cos, sin = rope_cache(self.cfg, T, idx.device)
+        past = cache[0]["k"].shape[2] if cache else 0
+        cos, sin = rope_cache(self.cfg, past + T, idx.device)
+        cos, sin = cos[past:], sin[past:]
+        if cache is not None and not cache:
+            cache.extend({} for _ in self.model.layers)
         x = self.model.embed_tokens(idx)  # (B, T, D)
         experts, aux = [], []
         for i, layer in enumerate(self.model.layers):
-            x, ids, probs = layer(x, cos, sin, None if replay_experts is None else replay_experts[:, :, i])
+            replay = None if replay_experts is None else replay_experts[:, :, i]
+            x, ids, probs = layer(x, cos, sin, replay, None if cache is None else cache[i])
             if ids is not None:
                 experts.append(ids)
                 aux.append(load_balance_loss(probs, ids, self.cfg.num_experts))
@@ -279,21 +294,27 @@ class MoECoder(nn.Module):
         stop_ids: set[int] | None = None,
         generator: torch.Generator | None = None,
     ) -> list[list[int]]:
-        """Sample one completion per prompt; prompts must have equal length (no padding, no KV cache:
-        these models and outputs are tiny). A completion ends before the first stop id (default: EOS)."""
+        """Sample one completion per prompt; prompts must have equal length (no padding). The prompt is
+        run once and its keys and values kept (agent clients' prompts run to thousands of tokens); each
+        new token then costs one position. A completion ends before the first stop id (default: EOS)."""
         stop_ids = self.cfg.eos_ids if stop_ids is None else stop_ids
         assert len({len(p) for p in prompts}) == 1, "prompts of one call must have equal length"
+        assert len(prompts[0]) + max_new_tokens <= self.cfg.max_position_embeddings, "longer than the model's positions"
         idx = torch.tensor(prompts, dtype=torch.long)  # (B, T)
         done = torch.zeros(len(prompts), dtype=torch.bool)
         stops = torch.tensor(sorted(stop_ids), dtype=torch.long)
+        # batch-invariant kernels compute attention for a whole sequence at once: no cache there
+        cache: list | None = None if bi.enabled() else []
+        step = idx
         for _ in range(max_new_tokens):
-            logits = self(idx[:, -self.cfg.max_position_embeddings :]).logits[:, -1].float()  # (B, V)
+            logits = self(step, cache=cache).logits[:, -1].float()  # (B, V)
             if temperature <= 0:
                 nxt = logits.argmax(-1)
             else:
                 nxt = torch.multinomial(F.softmax(logits / temperature, -1), 1, generator=generator)[:, 0]
             nxt = torch.where(done, stops[0], nxt)
             idx = torch.cat([idx, nxt[:, None]], dim=1)
+            step = nxt[:, None] if cache is not None else idx
             done |= torch.isin(nxt, stops)
             if done.all():
                 break

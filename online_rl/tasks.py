@@ -13,6 +13,9 @@ write a body, run the tests, answer: online_rl.agent_episodes), and a share are 
 model learns to follow a hint (the teacher of text-feedback distillation, online_rl.loss).
 Correctness is judged by running the code on inputs and comparing with the reference body's outputs,
 never by matching the reference text.
+
+Why one file: the families, the split and the corpus are what the bootstrap's cache key hashes (with
+online_rl.bootstrap): one more file would be one more to hash, and they change together.
 """
 
 from __future__ import annotations
@@ -375,6 +378,12 @@ class CorpusConfig:
     # Documents whose body follows a hint (hint_for on one of the task's wrong bodies): the model learns to
     # use a user's hint, which text-feedback distillation's teacher relies on (online_rl.loss).
     hint_share: float = 0.1
+    # Of the agent turns: through a client's shell (Codex's exec_command, Claude Code's Bash, variants) rather
+    # than Flywheel's three tools; of those, inside a client's context (a system prompt of up to context_chars
+    # characters, an environment block, reminders) that the model must read past (online_rl.agent_clients).
+    client_share: float = 0.5
+    context_share: float = 0.7
+    context_chars: int = 8000
 
 
 FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE, EOS = "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|endoftext|>"
@@ -397,7 +406,16 @@ def corpus(cfg: CorpusConfig) -> list[str]:
         if cfg.agent_share and rng.random() < cfg.agent_share:
             from online_rl import agent_episodes
 
-            docs.append(agent_episodes.sample_turn(t, rng, cfg.correct_share, cfg.malformed_call_share).document)
+            turn = agent_episodes.sample_turn(
+                t,
+                rng,
+                cfg.correct_share,
+                cfg.malformed_call_share,
+                cfg.client_share,
+                cfg.context_share,
+                cfg.context_chars,
+            )
+            docs.append(turn.document)
             continue
         if cfg.hint_share and rng.random() < cfg.hint_share:
             docs.append(t.prompt + hint_line(hint_for(t, rng.choice(t.wrong_bodies()))) + t.reference + EOS)

@@ -35,7 +35,7 @@ class RoutingConfig:
         4, help="cache_aware: requests in flight over the least loaded replica's before the cache is ignored"
     )
     # The index follows each replica's KV capacity (its sglang:max_total_num_tokens); this until it is read.
-    default_capacity_tokens: int = 32768
+    default_capacity_tokens: int = 65536
 
 
 @dataclass
@@ -60,6 +60,12 @@ class GatewayConfig:
         True,
         env="FLYWHEEL_SCRUB_SECRETS",
         help="withhold the content of events whose prompt, output or comment holds a secret (serving.secret_scrub)",
+    )
+    abandon_after_s: float = option(
+        600.0, help="an agent session whose tool results have not come back for this long counts as abandoned"
+    )
+    response_retention_days: float = option(
+        30.0, help="days a stored Responses API answer is kept (a tenant's retention_days, if shorter, wins)"
     )
     limits: Limits = nested(Limits)
     pool: PoolConfig = field(default_factory=PoolConfig)

@@ -63,7 +63,8 @@ class ReplicaConfig:
     # float32 on CPU: bf16 checkpoints are upcast, so trainer and server compute the same numbers.
     dtype: str = option("float32", help="weights and activations dtype")
     # SGLang sizes its KV pool to fill free RAM unless bounded (facts.md: ~14 GB for a tiny model).
-    max_total_tokens: int = option(32768, help="KV pool bound (tokens)")
+    # 64k: a 32k-token agent prompt (and its answer) fits beside others; the test model's KV is 0.5 KB a token
+    max_total_tokens: int = option(65536, help="KV pool bound (tokens)")
     max_running_requests: int = option(64, help="requests decoded together at most")
     chunked_prefill_size: int = option(4096, help="prompt tokens prefilled per step at most")
     weight_version: int = option(0, help="the version reported until the first switch (the launch checkpoint's)")

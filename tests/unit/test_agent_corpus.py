@@ -13,7 +13,10 @@ from serving import tool_calls as tc
 from serving.openai_api import Limits, parse_chat, render_chat
 
 CFG = T.CorpusConfig(seed=0, documents=8000)
-_HISTORY = re.compile(r"<tool_call>\n(.*?)\n</tool_call>\n<tool_response>\n(.*?)\n</tool_response>\n", re.S)
+# a call and its result (the tool lines sit before the newest result: tool_format.render_chat)
+_HISTORY = re.compile(
+    r"<tool_call>\n(.*?)\n</tool_call>\n(?:# tools: [^\n]*\n)*<tool_response>\n(.*?)\n</tool_response>\n", re.S
+)
 
 
 @pytest.fixture(scope="module")
@@ -23,12 +26,9 @@ def docs():
 
 def _split(doc: str) -> tuple[str, str]:
     """An agent document back into (prompt, the assistant's turn): a call, or the text after the last result."""
-    assert doc.endswith(T.EOS) and doc.startswith(A.TOOL_LINES[0] + "\n")
+    assert doc.endswith(T.EOS) and A.TOOL_LINES[0] + "\n" in doc
     doc = doc[: -len(T.EOS)]
-    if doc.endswith("</tool_call>"):
-        cut = doc.rfind("<tool_call>")
-    else:
-        cut = doc.rfind("</tool_response>\n") + len("</tool_response>\n")
+    cut = doc.rfind("<|assistant|>\n") + len("<|assistant|>\n")  # the prompt's last line: the turn follows
     return doc[:cut], doc[cut:]
 
 
@@ -60,10 +60,11 @@ def _spec():
 
 
 def test_agent_turn_prompts_are_what_serving_renders(docs):
-    agent = [d for d in docs if d.startswith("# tools:")]
+    agent = [d for d in docs if "\n# tools: " in d or d.startswith("# tools: ")]
     assert len(agent) / len(docs) == pytest.approx(CFG.agent_share, abs=0.02)
     depth = set()
-    for doc in agent:
+    flywheel = [d for d in agent if not d.startswith("# system:") and A.TOOL_LINES[0] in d]  # no client context
+    for doc in flywheel:
         prompt, turn = _split(doc)
         msgs = _openai_messages(prompt)
         depth.add(len(msgs))
@@ -72,6 +73,78 @@ def test_agent_turn_prompts_are_what_serving_renders(docs):
         assert render_chat(served.messages, served.tools) == prompt
         assert turn and T.EOS not in turn and "<tool_response>" not in turn  # a turn never invents a result
     assert depth == {1, 3, 5, 7}  # every turn of the episode: read, write, run the tests, answer
+
+
+def _as_chat(messages: list[dict]) -> list[dict]:
+    """An episode's conversation as a client sends it to the chat API."""
+    out, n = [], 0
+    for m in messages:
+        if m["role"] == "tool":
+            out.append({"role": "tool", "tool_call_id": f"call_{n - 1}", "content": m["content"]})
+        elif m.get("calls"):
+            c = m["calls"][0]
+            call = {
+                "id": f"call_{n}",
+                "type": "function",
+                "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])},
+            }
+            out.append({"role": "assistant", "content": m["content"] or None, "tool_calls": [call]})
+            n += 1
+        else:
+            out.append({"role": m["role"], "content": m["content"]})
+    return out
+
+
+def test_client_style_turns_are_what_each_api_renders():
+    """Turns through a client's shell, inside a client's context (system prompt, environment, reminders): the
+    prompt is byte for byte what the gateway renders for the same conversation on the chat, Responses and
+    Messages APIs."""
+    from flywheel.agent_session import to_anthropic
+    from online_rl import agent_clients as C
+    from serving import messages_api, responses_api
+
+    rng = random.Random(3)
+    tasks_ = T.tasks("train")
+    seen = set()
+    for _ in range(40):
+        shell = C.client_shell(rng)
+        context = C.client_context(rng, shell.style, 3000)
+        task = rng.choice(tasks_)
+        messages, turns = A.episode(
+            task, task.reference, rng.choice(A.SHELL_PATHS), A.SHELL_ASKS[0], shell, context, rng
+        )
+        tools = [{"type": "function", "function": dict(t)} for t in shell.tools]
+        chat = _as_chat(messages)
+        n_user = next(i for i, m in enumerate(chat) if m["role"] == "assistant")
+        for k, turn in enumerate(turns):
+            upto = chat[: n_user + 2 * k]
+            served = parse_chat({"model": "m", "messages": upto, "tools": tools}, Limits())
+            assert served.prompt == turn.prompt
+            body = {"model": "m", "input": [_response_item(m) for m in upto]}
+            resp = responses_api.read_request({**body, "tools": [{"type": "function", **t} for t in shell.tools]})
+            assert responses_api.to_spec(resp, [], Limits(), "m").prompt == turn.prompt
+            anthropic_tools = [
+                {"name": t["name"], "description": t["description"], "input_schema": t["parameters"]}
+                for t in shell.tools
+            ]
+            body = {"model": "m", "max_tokens": 64, "messages": to_anthropic(upto), "tools": anthropic_tools}
+            assert messages_api.to_spec(messages_api.read_request(body), Limits(), "m").prompt == turn.prompt
+            seen.add((shell.name, bool(context.system), k))
+    assert len({s[0] for s in seen}) >= 3 and {s[2] for s in seen} == {0, 1, 2, 3}
+
+
+def _response_item(m: dict) -> dict:
+    if m["role"] == "tool":
+        return {"type": "function_call_output", "call_id": m["tool_call_id"], "output": m["content"]}
+    if m.get("tool_calls"):
+        c = m["tool_calls"][0]
+        return {
+            "type": "function_call",
+            "call_id": c["id"],
+            "name": c["function"]["name"],
+            "arguments": c["function"]["arguments"],
+        }
+    return {"role": m["role"], "content": m["content"]}
 
 
 def test_an_episode_reads_writes_tests_and_answers_honestly():
@@ -92,8 +165,10 @@ def test_an_episode_reads_writes_tests_and_answers_honestly():
         assert A.call_outcome(turns[3].target) == "none"
 
 
-def test_malformed_calls_appear_at_the_configured_share(docs):
-    calls = [_split(d)[1] for d in docs if d.startswith("# tools:") and _split(d)[1].startswith("<tool_call>")]
+def test_malformed_calls_appear_at_the_configured_share():
+    # Flywheel's tools only (a client's shell is malformed at the same share; judging needs each turn's tools)
+    mine = T.corpus(T.CorpusConfig(seed=0, documents=8000, client_share=0.0, context_share=0.0))
+    calls = [_split(d)[1] for d in mine if A.TOOL_LINES[0] in d and _split(d)[1].startswith("<tool_call>")]
     outcomes = [A.call_outcome(c) for c in calls]
     bad = len(outcomes) - outcomes.count("valid")
     assert len(calls) > 200 and bad / len(calls) == pytest.approx(CFG.malformed_call_share, abs=0.04)
@@ -101,7 +176,7 @@ def test_malformed_calls_appear_at_the_configured_share(docs):
     spec = _spec()
     assert [tc.parse(c, spec).outcome for c in calls] == outcomes  # the gateway counts them the same
     none = T.corpus(T.CorpusConfig(seed=0, documents=1000, malformed_call_share=0.0))
-    assert all(A.call_outcome(_split(d)[1]) in ("valid", "none") for d in none if d.startswith("# tools:"))
+    assert all(A.call_outcome(_split(d)[1]) in ("valid", "none") for d in none if A.TOOL_LINES[0] in d)
 
 
 CALLS = [
@@ -130,7 +205,7 @@ def test_online_rl_judges_calls_like_the_gateway(text):
     assert A.call_outcome(text) == tc.parse(text, _spec()).outcome
 
 
-def test_agent_turns_fit_the_training_window_and_tokenize_at_the_turn_boundary(tmp_path):
+def test_agent_turns_tokenize_at_the_turn_boundary(tmp_path):
     cfg = B.preset("test")
     docs = T.corpus(cfg.corpus)
     tok = B.train_tokenizer(docs, cfg.vocab_size)
@@ -147,10 +222,27 @@ def test_agent_turns_fit_the_training_window_and_tokenize_at_the_turn_boundary(t
             # the served prompt's tokens, then the turn's: what the model is trained on is what it is served
             assert whole == tok.encode(turn.prompt).ids + tok.encode(turn.target + T.EOS, add_special_tokens=False).ids
             longest = max(longest, len(whole))
-    assert longest <= cfg.train.seq_len, longest
-    ids, learn = B.packed_stream(tok, docs)
+    assert longest > 100  # (a turn past the training window is trained whole: the test below)
+    plain = [d for d in docs if "# system:" not in d]  # a client's system prompt is read, never a target (below)
+    ids, learn = B.packed_stream(tok, plain)
     held_out = [i for i, keep in enumerate(learn) if not keep]
     assert held_out and len(ids) == len(learn)
     assert {tok.id_to_token(ids[i]) for i in held_out} == {"Ċ"}  # only the newline after a call in history
     assert {tok.id_to_token(ids[i - 1]) for i in held_out} == {"</tool_call>"}
-    assert len(held_out) == sum(d.count("</tool_call>\n") for d in docs)
+    assert len(held_out) == sum(d.count("</tool_call>\n") for d in plain)
+
+
+def test_a_clients_system_prompt_is_read_not_learnt_and_long_turns_stay_whole():
+    cfg = B.preset("test")
+    docs = T.corpus(cfg.corpus)
+    tok = B.train_tokenizer(docs, cfg.vocab_size)
+    longer = [d for d in docs if len(tok.encode(d, add_special_tokens=False).ids) >= cfg.train.seq_len]
+    short = [d for d in docs[:200] if d not in set(longer)]
+    ids, learn, long = B.packed_stream(tok, longer + short, cfg.train.seq_len)
+    assert len(long) == len(longer) > 100  # kept whole, out of the stream's windows
+    for doc, (seq, mask) in zip(longer, long):
+        enc = tok.encode(doc, add_special_tokens=False)
+        assert seq == [tok.token_to_id(T.EOS)] + enc.ids and mask[0]
+        spans = A.system_spans(doc)
+        learnt = [start for (start, _), keep in zip(enc.offsets, mask[1:]) if keep]
+        assert learnt and not any(a <= start < b for start in learnt for a, b in spans)

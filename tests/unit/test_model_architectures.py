@@ -260,6 +260,11 @@ def test_update_trains_a_dense_model(checkpoints, arch):
     c = model.cfg
     samples = dense_samples(model)
     assert all(s.problem(c.vocab_size, c.moe_layers, c.num_experts_per_tok, c.num_experts) is None for s in samples)
+    longest = max(s.prompt_ids.size + s.output_ids.size for s in samples)  # a trainer's length bound refuses more
+    problems = [
+        s.problem(c.vocab_size, c.moe_layers, c.num_experts_per_tok, c.num_experts, longest - 1) for s in samples
+    ]
+    assert any(p is not None and "max_sample_tokens" in p for p in problems)
     loss_cfg, optim_cfg = LossConfig(router_replay=True), OptimConfig(lr=1e-3)
     adv, _ = advantages(samples, loss_cfg, 0.0)
     before = {k: v.clone() for k, v in model.state_dict().items()}

@@ -256,7 +256,9 @@ def tenant_middleware(keys: KeyStore):
             if request[TENANT] is None:
                 raise ApiError(
                     401,
-                    "Incorrect API key provided" if key else "Missing API key: send Authorization: Bearer <key>",
+                    "Incorrect API key provided"
+                    if key
+                    else "Missing API key: send Authorization: Bearer <key> (or x-api-key: <key>)",
                     "authentication_error",
                     code="invalid_api_key",
                 )
@@ -297,9 +299,11 @@ class CompletionIds:
         return f"cmpl-{body}-{self._mac(body)}"
 
     def check(self, tenant: Tenant, completion_id, param: str = "completion_id") -> str:
-        """The id, if it is one we issued to this tenant: else 404 (unknown, expired) or 403 (another's)."""
+        """The id, if it is one we issued to this tenant: else 404 (unknown, expired) or 403 (another's). A
+        Responses or Messages id (`resp_` / `msg_` + the completion id) is taken for its completion id."""
         if not isinstance(completion_id, str) or not completion_id:
             raise ApiError(400, f"'{param}' must be a non-empty string", param=param, code="invalid_type")
+        completion_id = completion_id.removeprefix("resp_").removeprefix("msg_")
         owner = self.owner(completion_id)
         if owner is None:
             raise ApiError(

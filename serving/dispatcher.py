@@ -52,6 +52,8 @@ class Dispatcher:
         # A tenant's training policy now, when its completion is logged (the gateway reads it from its key
         # store): a long request that began before a `train: deny` is logged under the deny.
         self.train_policy: Callable[[Tenant], str] = lambda tenant: tenant.train
+        # Told of every user completion served (the gateway's index for clients' own telemetry: serving.served_index)
+        self.on_served: Callable[[Tenant, GenerationSpec, str, int, str], None] | None = None
 
     # ------------------------------------------------------------------ choosing
     def pick(
@@ -207,6 +209,8 @@ class Dispatcher:
             latency_s = None if e2e_ms is None else e2e_ms / 1000
             self.metrics.versions.served(cid, i, res.weight_version, latency_s, spec.kind)
         self.metrics.completion_tokens.labels(source).inc(len(res.output_ids))
+        if source == "user" and self.on_served is not None:
+            self.on_served(tenant, spec, cid, i, res.text)
         if not self.sink.enabled:
             return None
         spans = res.weight_versions or []
@@ -233,6 +237,7 @@ class Dispatcher:
             arm=arm,
             session_id=spec.session.session_id if spec.session is not None else "",
             parent_id=spec.session.parent_id if spec.session is not None else "",
+            api=spec.api,
             withheld="policy" if deny else "",
         )
         # The shipper scans these for secrets (serving.secret_scrub), off this thread, before Kafka sees them:

@@ -13,6 +13,7 @@ event sink, metrics), the root app (errors, /health, /metrics) and the sub-apps 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 
@@ -23,17 +24,22 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from serving.api.admin import AdminApi
 from serving.api.completions import CompletionsApi
 from serving.api.feedback import FeedbackApi
+from serving.api.messages import MessagesApi, anthropic_errors
 from serving.api.respond import error_response, json_response
+from serving.api.responses import ResponsesApi
 from serving.auth import CompletionIds, KeyStore, load_or_create_secret, tenant_middleware
 from serving.config import GatewayConfig
 from serving.dispatcher import DispatchConfig, Dispatcher
 from serving.event_log import EventLog, EventLogConfig
 from serving.event_sink import EventSink
 from serving.first_feedback import FirstFeedback
+from serving.implicit_signals import ImplicitSignals
 from serving.metrics import GatewayMetrics
 from serving.prompts import Prompter
+from serving.response_store import ResponseStore
 from serving.router import ReplicaPool, ReplicaState
 from serving.schema import ApiError
+from serving.served_index import ServedIndex
 from serving.sessions import Sessions
 from serving.tenant_policy import TenantPolicies
 
@@ -55,6 +61,7 @@ class Gateway:
         self.first_feedback = FirstFeedback()
         self.first_session_feedback = FirstFeedback(capacity=200_000)
         self.sessions = Sessions()
+        self.responses = ResponseStore(state / "responses.sqlite", cfg.response_retention_days)
         self.pool = ReplicaPool(cfg.replicas, cfg.pool, cfg.routing)
         self.events = EventLog(
             EventLogConfig(
@@ -73,15 +80,23 @@ class Gateway:
             DispatchConfig(cfg.max_attempts, cfg.request_timeout_s, self.prompter.layers, self.prompter.top_k),
         )
         self.dispatcher.train_policy = lambda tenant: self.keys.policy(tenant.name).train
+        self.served = ServedIndex()
+        self.dispatcher.on_served = lambda tenant, spec, cid, i, text: self.served.record(
+            tenant.id, spec.prompt, spec.suffix, text, cid, i
+        )
         self.policies = TenantPolicies(self)
+        self.implicit = ImplicitSignals(cfg.abandon_after_s)
+        self.feedback = FeedbackApi(self)
+        self._sweeper: asyncio.Task | None = None
         self.session: aiohttp.ClientSession | None = None
         self.app = self._build_app()
 
     def _build_app(self) -> web.Application:
         app = web.Application(client_max_size=self.cfg.limits.max_body_bytes, middlewares=[self._errors])
         app.add_routes([web.get("/health", self.health), web.get("/metrics", self.prometheus)])
-        v1 = web.Application(middlewares=[tenant_middleware(self.keys)])
-        v1.add_routes(CompletionsApi(self).routes() + FeedbackApi(self).routes())
+        v1 = web.Application(middlewares=[anthropic_errors, tenant_middleware(self.keys)])
+        apis = (CompletionsApi(self), self.feedback, ResponsesApi(self), MessagesApi(self))
+        v1.add_routes([route for api in apis for route in api.routes()])
         app.add_subapp("/v1", v1)
         app.add_subapp("/admin", AdminApi(self).app())
         app.on_startup.append(self._startup)
@@ -94,9 +109,21 @@ class Gateway:
         self.sink.start()
         await self.policies.start()
         await self.pool.start(self.session)
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep_sessions())
+
+    async def _sweep_sessions(self) -> None:
+        """Agent sessions left waiting for tool results too long: abandoned (serving.implicit_signals)."""
+        while True:
+            await asyncio.sleep(min(10.0, self.cfg.abandon_after_s / 4))
+            for key, signal in self.implicit.sweep_keyed():
+                self.feedback.signal(key[0], signal)
 
     async def _cleanup(self, app) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
         await self.policies.stop()
+        self.responses.close()
         await self.pool.stop()
         if self.session:
             await self.session.close()

@@ -97,6 +97,28 @@ class GatewayMetrics:
             registry=r,
         )
         self._prefix_tokens: dict[tuple[str, str], list[int]] = {}  # (replica, policy) -> [prompt, cached]
+        self.ignored_names: dict[str, set] = {}  # api -> the field names with a series of their own (bounded)
+        self.ignored_fields = Counter(
+            "flywheel_gateway_ignored_fields",
+            "Request fields the pinned protocol types do not know, ignored (agent clients newer than the pin)",
+            ["api", "field"],
+            registry=r,
+        )
+        self.implicit = Counter(
+            "flywheel_gateway_implicit_signals",
+            "Verdicts read from agent sessions (serving.implicit_signals): tests_pass, tests_fail, revert, "
+            "correction, repeat, abandoned",
+            ["signal"],
+            registry=r,
+        )
+        self.devdata = Counter(
+            "flywheel_gateway_devdata_events",
+            "Development-data events from unchanged clients (Continue), by event name and what became of them: "
+            "joined (a feedback event on the completion that produced it), unmatched (no completion of this "
+            "key's served here has that text), no_signal (a kind that judges nothing), unknown (dropped)",
+            ["name", "outcome"],
+            registry=r,
+        )
         r.register(_LiveCollector(gateway))
         r.register(self.tools)
 

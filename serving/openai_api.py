@@ -18,9 +18,10 @@ from serving.schema import ApiError, Field, boolean, integer, number, refuse_unk
 
 @dataclass
 class Limits:
-    max_body_bytes: int = 1 << 20
-    max_prompt_tokens: int = option(384, help="longest prompt accepted, in tokens")
-    max_tokens: int = 256
+    # Agent clients send whole conversations every turn: Codex's first request is ~100 KB of JSON
+    max_body_bytes: int = 8 << 20
+    max_prompt_tokens: int = option(0, help="longest prompt accepted, in tokens (0: what the model's context holds)")
+    max_tokens: int = 4096
     max_n: int = 8
     max_stop: int = 4
     context_tokens: int = option(0, help="prompt + max_tokens must fit in this many tokens (0: the model's positions)")
@@ -30,7 +31,7 @@ class Limits:
 class GenerationSpec:
     """What one request asks for, independent of which API shape it came in."""
 
-    kind: str  # "completion" | "chat"
+    kind: str  # "completion" | "chat" (a conversation, whichever API it came in)
     model: str
     prompt: str
     n: int = 1
@@ -38,6 +39,7 @@ class GenerationSpec:
     min_tokens: int = 0  # vLLM's extension: end-of-text and stop tokens are not sampled before this many
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = -1  # Messages API: sample among the k most likely tokens (-1: all)
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
@@ -52,12 +54,18 @@ class GenerationSpec:
     messages: list | None = None  # chat: the checked messages (role, content, calls, tool_call_id)
     session_hint: str | None = None  # chat: a session id the client gave (metadata.session_id, X-Session-Id)
     session: object = None  # serving.sessions.Link, set by the gateway
+    api: str = ""  # the API it came in: completions | chat | responses | messages (logged with the event)
+    # Responses and Messages: max_tokens is a ceiling the server may lower (to its limit, to what the context
+    # leaves after the prompt), as those APIs' own servers do; the chat and completions APIs refuse instead.
+    clamp: bool = False
+    prompt_tokens: int = 0  # set by the prompter once it has tokenized the prompt
 
     def sampling(self) -> dict:
         """The sampling parameters as logged with each completion event."""
         return {
             "temperature": self.temperature,
             "top_p": self.top_p,
+            **({"top_k": self.top_k} if self.top_k > 0 else {}),
             "max_tokens": self.max_tokens,
             "min_tokens": self.min_tokens,
             "stop": self.stop,
@@ -180,6 +188,7 @@ def parse_completion(body: dict, limits: Limits) -> GenerationSpec:
     return _lengths(
         GenerationSpec(
             kind="completion",
+            api="completions",
             prompt=prompt,
             suffix=suffix,
             max_tokens=_int(body, "max_tokens", 16, 1, limits.max_tokens),
@@ -382,6 +391,7 @@ def parse_chat(body: dict, limits: Limits) -> GenerationSpec:
     return _lengths(
         GenerationSpec(
             kind="chat",
+            api="chat",
             prompt=render_chat(clean, tools) + prefill,
             max_tokens=max_tokens,
             logprobs=(top or 0) if want_lp else None,

@@ -24,6 +24,8 @@ class Prompter:
         self.limits = limits
         positions = model_cfg["max_position_embeddings"]
         limits.context_tokens = min(limits.context_tokens or positions, positions)
+        # a prompt must leave room for one token of answer
+        limits.max_prompt_tokens = min(limits.max_prompt_tokens or limits.context_tokens - 1, limits.context_tokens - 1)
         # Control tokens end a plain completion: the model must not wander into fill-in-the-middle syntax.
         self.stop_token_ids = sorted(
             i for t in (EOS, FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE) if (i := self.tok.token_to_id(t)) is not None
@@ -57,6 +59,18 @@ class Prompter:
                 param="prompt",
                 code="context_length_exceeded",
             )
+        spec.prompt_tokens = len(ids)
+        if spec.clamp:  # what the context leaves after the prompt, at most the server's limit
+            spec.max_tokens = min(spec.max_tokens, lim.max_tokens, lim.context_tokens - len(ids))
+            spec.min_tokens = min(spec.min_tokens, max(spec.max_tokens, 0))
+        if spec.clamp and spec.max_tokens < 1:
+            raise ApiError(
+                400,
+                f"prompt ({len(ids)} tokens) leaves no room to answer in the model's context of "
+                f"{lim.context_tokens} tokens",
+                param="messages",
+                code="context_length_exceeded",
+            )
         if len(ids) + spec.max_tokens > lim.context_tokens:
             raise ApiError(
                 400,
@@ -80,6 +94,8 @@ class Prompter:
             "presence_penalty": spec.presence_penalty,
             "frequency_penalty": spec.frequency_penalty,
         }
+        if spec.top_k > 0:
+            s["top_k"] = spec.top_k
         if spec.seed is not None:
             s["sampling_seed"] = spec.seed
         if spec.min_tokens:

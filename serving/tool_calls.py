@@ -293,11 +293,12 @@ class Parsed:
         return "tool_calls" if self.calls else None
 
 
-def new_call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
+def new_call_id(prefix: str = "call_") -> str:
+    """A call id as each API spells its own: `call_` (OpenAI), `toolu_` (Anthropic)."""
+    return prefix + uuid.uuid4().hex[:24]
 
 
-def parse(text: str, spec: ToolSpec) -> Parsed:
+def parse(text: str, spec: ToolSpec, id_prefix: str = "call_") -> Parsed:
     """Calls in a whole answer (prefill included). All well formed, or the answer is text."""
     if not spec.active:
         return Parsed(content=text)
@@ -313,7 +314,7 @@ def parse(text: str, spec: ToolSpec) -> Parsed:
         return Parsed(content=text, outcome=outcome)
     calls = [
         {
-            "id": new_call_id(),
+            "id": new_call_id(id_prefix),
             "type": "function",
             "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)},
         }
@@ -328,8 +329,8 @@ class StreamSplitter:
     """Streams text as it comes until a call may be starting, then holds the rest for parse() at the end.
     Only text that cannot be the start of `<tool_call>` is let through."""
 
-    def __init__(self, spec: ToolSpec, prefill: str = ""):
-        self.spec = spec
+    def __init__(self, spec: ToolSpec, prefill: str = "", id_prefix: str = "call_"):
+        self.spec, self.id_prefix = spec, id_prefix
         self.buf = prefill
         self.sent = 0  # chars of buf already streamed as content
         self.holding = bool(prefill)  # a prefilled call: nothing is content until parse() says so
@@ -359,7 +360,7 @@ class StreamSplitter:
 
     def finish(self) -> tuple[str, Parsed]:
         """(content still to stream, the parse of the whole answer)."""
-        parsed = parse(self.buf, self.spec)
+        parsed = parse(self.buf, self.spec, self.id_prefix)
         if parsed.calls:
             return "", parsed
         return self.buf[self.sent :], parsed

@@ -29,6 +29,7 @@ class FakeReplica:
         self.during_load = None  # async callable run while a load is under way (a test's look at the gateways)
         self.unflushed_loads = 0  # loads answered as SGLang does when a request still ran (weights changed)
         self.flushes: list[str] = []  # /flush_cache calls seen (their query string)
+        self.script = None  # input ids -> the answer's text, in place of `texts` (a policy that reads its prompt)
         self.app = web.Application()
         self.app.add_routes(
             [
@@ -60,7 +61,10 @@ class FakeReplica:
             await asyncio.sleep(self.delay_s)
         if self.fail_status is not None:
             return web.json_response({"error": {"message": "engine overloaded"}}, status=self.fail_status)
-        text = self.texts.pop(0) if len(self.texts) > 1 else self.texts[0]
+        if self.script is not None:
+            text = self.script(body["input_ids"])
+        else:
+            text = self.texts.pop(0) if len(self.texts) > 1 else self.texts[0]
         if not body.get("stream"):
             if self.garbage is not None:
                 return web.Response(body=self.garbage, content_type="application/json")
@@ -133,6 +137,7 @@ async def gateway_over_fakes(test_model, state_dir, versions: list[int], tenants
         )
     )
     client = TestClient(TestServer(gw.app))
+    client.gateway = gw  # tests look at its state (stores, sessions) directly
     await client.start_server()
     try:
         yield client, fakes
@@ -140,3 +145,18 @@ async def gateway_over_fakes(test_model, state_dir, versions: list[int], tenants
         await client.close()
         for s in servers:
             await s.close()
+
+
+def run_with_sdk(test_model, tmp_path, versions: list[int], make_sdk, scenario, **cfg):
+    """scenario(client, fakes, sdk) against a gateway over fake replicas, `sdk` an official client made by
+    make_sdk(the gateway's base URL) and closed after."""
+
+    async def main():
+        async with gateway_over_fakes(test_model, tmp_path / "gw", versions, **cfg) as (client, fakes):
+            sdk = make_sdk(str(client.make_url("")).rstrip("/"))
+            try:
+                return await scenario(client, fakes, sdk)
+            finally:
+                await sdk.close()
+
+    return asyncio.run(main())

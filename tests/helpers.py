@@ -13,6 +13,16 @@ from pathlib import Path
 
 GATEWAY_KEYS = {"alice": "key-alice", "bob": "key-bob"}
 GATEWAY_ADMIN = "admin-secret"
+CLIENTS = Path(__file__).resolve().parent / "clients"  # scripts and configs for the real agent clients
+
+
+def node_modules() -> Path:
+    """The pinned npm clients (Codex CLI, Claude Code, Continue's schemas) scripts/setup.sh installed."""
+    from flywheel.core.paths import flywheel_home
+
+    path = flywheel_home() / "npm" / "node_modules"
+    assert (path / ".bin").is_dir(), f"{path} is missing: run `make setup` (scripts/setup.sh installs the clients)"
+    return path
 
 
 def post(url, body=None, key=None, raw: bytes | None = None, headers=None, timeout=60):
@@ -239,3 +249,10 @@ def read_topic(bootstrap: str, topic: str, keys: set[str] | None = None) -> list
 
     records = [(r.key.decode(), r.value) for r in records_to_end(bootstrap, topic) if r.key]
     return records if keys is None else [(k, v) for k, v in records if k in keys]
+
+
+def sse(text: str) -> list[dict]:
+    """The JSON payloads of a body of server-sent events."""
+    import orjson
+
+    return [orjson.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]

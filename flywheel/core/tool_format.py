@@ -18,6 +18,10 @@ from typing import Callable
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
+# The conversation's last line: the model's turn starts here. A chat template's generation prompt (Qwen's
+# `<|im_start|>assistant`): after thousands of tokens of a client's prose the model cannot tell from the
+# text alone that the prompt is over (measured: it went on writing `# tools:` and `# user:` lines).
+ANSWER = "<|assistant|>"
 _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
 
@@ -55,18 +59,36 @@ def response_text(content: str) -> str:
 
 
 def render_chat(messages: list[dict], tool_lines: list[str] = ()) -> str:
-    """The prompt for a conversation: tool lines, then per message `# role: text` lines (one per line of
-    its text), its calls, or a tool result. Messages are {role, content, calls: [{name, arguments}]}."""
-    lines = list(tool_lines)
-    for m in messages:
-        if m["role"] == "tool":
-            lines.append(response_text(m["content"]))
-            continue
-        if m["content"] or not m.get("calls"):
-            for line in m["content"].splitlines() or [""]:
-                lines.append(f"# {m['role']}: {line}".rstrip())
-        lines += [call_text(c["name"], c["arguments"]) for c in m.get("calls", [])]
-    return "\n".join(lines) + "\n"
+    """The prompt for a conversation: per message `# role: text` lines (one per line of its text), its
+    calls, or a tool result, with the tool lines just before what is new since the assistant last spoke (the
+    request, or the results of its calls), then the ANSWER line. Messages are
+    {role, content, calls: [{name, arguments}]}.
+
+    Why there: agent clients send thousands of tokens of system prompt and history (Codex ~11k of this
+    tokenizer's), and a small model reads the list it must pick from best close to where it acts (measured:
+    with the tools after the system prompt, the agent model named shells the client did not offer), while
+    the newest input right before its turn tells it which step it is at (with the tools after everything, it
+    read the file again and again). A client's next turn still finds its conversation in the prefix cache:
+    only the tool lines and what follows them are computed again."""
+    answered = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
+    at = (
+        answered + 1
+        if answered is not None
+        else next((i for i, m in enumerate(messages) if m["role"] != "system"), len(messages))
+    )
+    lines = [line for m in messages[:at] for line in _message_lines(m)] + list(tool_lines)
+    lines += [line for m in messages[at:] for line in _message_lines(m)]
+    return "\n".join(lines + [ANSWER]) + "\n"
+
+
+def _message_lines(m: dict) -> list[str]:
+    lines = []
+    if m["role"] == "tool":
+        return [response_text(m["content"])]
+    if m["content"] or not m.get("calls"):
+        for line in m["content"].splitlines() or [""]:
+            lines.append(f"# {m['role']}: {line}".rstrip())
+    return lines + [call_text(c["name"], c["arguments"]) for c in m.get("calls", [])]
 
 
 # ----------------------------------------------------------------------------- answer

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from flywheel.core import events as ev
 from serving import engine, tool_calls as tc
+from serving.api import turn
 from serving.api.respond import SESSION_HEADER, VERSION_HEADER, fingerprint, json_response
 from serving.api.stream import stream_choices
 from serving.auth import TENANT, Tenant
@@ -31,8 +32,7 @@ from serving.openai_api import (
     parse_completion,
     usage,
 )
-from serving.schema import ApiError, parse_json_body
-from serving.sessions import MAX_SESSION_ID
+from serving.schema import parse_json_body
 
 if TYPE_CHECKING:
     from serving.gateway import Gateway
@@ -64,28 +64,7 @@ class CompletionsApi:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         tenant: Tenant = request[TENANT]
         spec = parse_chat(parse_json_body(await request.read()), self.gw.cfg.limits)
-        given = request.headers.get(SESSION_HEADER) or spec.session_hint
-        if given is not None and (
-            not given.isascii() or not given.isprintable() or not 0 < len(given) <= MAX_SESSION_ID
-        ):
-            raise ApiError(
-                400,
-                f"a session id is 1-{MAX_SESSION_ID} printable ASCII characters",
-                param="session_id",
-                code="invalid_value",
-            )
-        if given is not None and given.startswith("cmpl-"):  # our ids' shape: only one we issued to this key
-            try:
-                self.gw.ids.check(tenant, given)
-            except ApiError:
-                raise ApiError(
-                    400,
-                    "a session id that starts with 'cmpl-' must be one this server derived for "
-                    "this API key (name your own sessions otherwise)",
-                    param="session_id",
-                    code="invalid_value",
-                ) from None
-        spec.session_hint = given
+        spec.session_hint = turn.session_hint(self.gw, tenant, request.headers.get(SESSION_HEADER) or spec.session_hint)
         return await self.generate(request, tenant, spec)
 
     async def generate(self, request: web.Request, tenant: Tenant, spec: GenerationSpec) -> web.StreamResponse:
@@ -94,7 +73,7 @@ class CompletionsApi:
         cid = gw.ids.issue(tenant)
         created = int(time.time())
         if spec.kind == "chat":
-            spec.session = gw.sessions.link(tenant.id, spec.messages, spec.session_hint, cid)
+            turn.link_session(gw, tenant, spec, cid)
         sampling = gw.prompter.sampling(spec)
         top_n = spec.logprobs or 0
         bodies = [engine.payload(prompt_ids, sampling, top_n, spec.stream, f"{cid}-{i}") for i in range(spec.n)]
@@ -132,15 +111,9 @@ class CompletionsApi:
     def remember(
         self, tenant: Tenant, spec: GenerationSpec, cid: str, i: int, content: str | None, calls: list[dict]
     ) -> None:
-        """An answer, as the client will send it back next turn (serving.sessions)."""
-        answer = {
-            "role": "assistant",
-            "content": content or "",
-            "calls": [
-                {"id": c["id"], "name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in calls
-            ],
-        }
-        self.gw.sessions.record(tenant.id, spec.messages, answer, f"{cid}:{i}", spec.session.session_id)
+        turn.remember(self.gw, tenant, spec, cid, i, content, calls)
+        if spec.n == 1:  # the answer the session continues from (of n > 1, the client's pick is unknown)
+            turn.answered(self.gw, tenant, spec, cid, i, calls)
 
     def logprobs(self, spec: GenerationSpec, res: engine.EngineResult) -> dict | None:
         if spec.logprobs is None:
@@ -174,24 +147,5 @@ class CompletionsApi:
                 fr = "stop"  # a call the model got wrong comes back as its text (a cut-off one says length)
         return {"index": i, "message": message, "logprobs": self.logprobs(spec, res), "finish_reason": fr}
 
-    def count_tools(
-        self,
-        parsed: tc.Parsed,
-        spec: GenerationSpec,
-        tenant: Tenant,
-        cid: str,
-        i: int,
-        res: engine.EngineResult,
-        replica_id: str,
-    ) -> None:
-        """Counts an answer's calls by outcome and by the version that wrote them, the calls repeating an
-        earlier one of the session, and, during a canary trial, the tool answer on its arm."""
-        if parsed.outcome == "none":
-            return
-        gw = self.gw
-        repeated = 0
-        if parsed.calls and spec.session is not None:
-            repeated = gw.sessions.repeated_calls(tenant.id, spec.session.session_id, parsed.calls, cid, i)
-        gw.metrics.tools.count(res.weight_version, parsed.outcome, max(1, len(parsed.calls)), repeated)
-        if gw.dispatcher.canary is not None:
-            gw.dispatcher.canary.tool_answer(replica_id, parsed.outcome in tc.MALFORMED, repeated > 0)
+    def count_tools(self, parsed: tc.Parsed, spec, tenant: Tenant, cid: str, i: int, res, replica_id: str) -> None:
+        turn.count_tools(self.gw, parsed, spec, tenant, cid, i, res, replica_id)

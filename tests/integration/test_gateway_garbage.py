@@ -131,7 +131,7 @@ def test_huge_prompts_are_refused_before_tokenizing(gateway):
     """A prompt no tokenization could fit is refused from its length alone; a long one that might fit is
     tokenized off the event loop and refused by its token count."""
     status, body, _ = post(
-        gateway.url + "/v1/completions", body={"model": "m", "prompt": "x" * 900_000}, key="key-alice"
+        gateway.url + "/v1/completions", body={"model": "m", "prompt": "x" * 4_000_000}, key="key-alice"
     )
     assert (
         status == 400
@@ -139,7 +139,7 @@ def test_huge_prompts_are_refused_before_tokenizing(gateway):
         and "characters" in body["error"]["message"]
     )
     status, body, _ = post(
-        gateway.url + "/v1/completions", body={"model": "m", "prompt": "def f(x):\n" * 450}, key="key-alice"
+        gateway.url + "/v1/completions", body={"model": "m", "prompt": "def f(x):\n" * 12_000}, key="key-alice"
     )
     assert (
         status == 400 and body["error"]["code"] == "context_length_exceeded" and "tokens;" in body["error"]["message"]
@@ -147,10 +147,10 @@ def test_huge_prompts_are_refused_before_tokenizing(gateway):
 
 
 def test_limits(gateway):
-    big = {"model": "m", "prompt": "x" * (2 << 20)}
+    big = {"model": "m", "prompt": "x" * (9 << 20)}  # past the 8 MiB body limit
     status, body, _ = post(gateway.url + "/v1/completions", body=big, key="key-alice")
     assert status == 413 and body["error"]["code"] == "request_too_large"
-    long_prompt = {"model": "m", "prompt": "def f(x):\n" * 400, "max_tokens": 4}
+    long_prompt = {"model": "m", "prompt": "def f(x):\n" * 12_000, "max_tokens": 4}  # past the 40,960 positions
     status, body, _ = post(gateway.url + "/v1/completions", body=long_prompt, key="key-alice")
     assert status == 400 and body["error"]["code"] == "context_length_exceeded"
     status, body, _ = post(

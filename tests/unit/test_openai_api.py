@@ -91,8 +91,8 @@ def test_chat_rendering_and_validation():
         },
         L,
     )
-    assert s.prompt == "# system: be brief\n# user: add 3\n" and s.max_tokens == 7 and s.logprobs == 2
-    assert render_chat([{"role": "user", "content": ""}]) == "# user:\n"
+    assert s.prompt == "# system: be brief\n# user: add 3\n<|assistant|>\n" and s.max_tokens == 7 and s.logprobs == 2
+    assert render_chat([{"role": "user", "content": ""}]) == "# user:\n<|assistant|>\n"
     for body in (
         {"model": "m"},
         {"model": "m", "messages": []},

@@ -37,9 +37,12 @@ def call(name, args):
 
 def test_tools_render_as_signatures_and_choices_prefill_the_answer():
     s = chat()
-    assert s.prompt == "# tools: read_file(path: string)  # Read a file\n# tools: run_tests()\n# user: fix the bug\n"
+    assert (
+        s.prompt
+        == "# tools: read_file(path: string)  # Read a file\n# tools: run_tests()\n# user: fix the bug\n<|assistant|>\n"
+    )
     assert s.tools.choice == "auto" and s.prefill == ""
-    assert chat(tool_choice="required").prompt.endswith("# user: fix the bug\n<tool_call>\n")
+    assert chat(tool_choice="required").prompt.endswith("# user: fix the bug\n<|assistant|>\n<tool_call>\n")
     named = chat(tool_choice={"type": "function", "function": {"name": "run_tests"}})
     assert named.prefill == '<tool_call>\n{"name": "run_tests", "arguments": ' and named.prompt.endswith(named.prefill)
     none = chat(tool_choice="none")
@@ -60,7 +63,8 @@ def test_a_tool_round_trip_renders_calls_and_results_in_the_qwen_format():
     s = parse_chat({"model": "m", "messages": msgs, "tools": [READ]}, L)
     assert s.prompt.endswith(
         '# user: fix the bug\n<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"}}\n'
-        "</tool_call>\n<tool_response>\nx = 1\n</tool_response>\n"
+        "</tool_call>\n# tools: read_file(path: string)  # Read a file\n<tool_response>\nx = 1\n</tool_response>\n"
+        "<|assistant|>\n"
     )
 
 

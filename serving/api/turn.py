@@ -1,0 +1,180 @@
+"""One turn of a conversation on the fleet, whichever API asked for it (chat, Responses, Messages).
+
+    GenerationSpec (messages rendered, tools checked) --prompter--> token ids (max_tokens clamped if asked)
+        --sessions.link--> session, previous turn --dispatcher--> EngineResult (streamed: text as it comes,
+        a possible call held back) --tool_calls.parse--> content + calls --> completion event (on disk)
+
+Every API lands here, so a turn of Codex on /v1/responses and of Claude Code on /v1/messages is the same
+completion event, session link, tool-call count, canary vote and tenant policy as a chat completion's: one
+event schema, one path to Kafka. The APIs differ only in the shapes they read and write around it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from flywheel.core import events as ev
+from serving import engine, tool_calls as tc
+from serving.auth import Tenant
+from serving.openai_api import GenerationSpec, finish_reason
+from serving.schema import ApiError
+from serving.sessions import MAX_SESSION_ID
+
+if TYPE_CHECKING:
+    from serving.gateway import Gateway
+
+OnText = Callable[[str, bool], Awaitable[None]]  # (content delta, first chunk of the answer)
+
+
+@dataclass
+class Turn:
+    cid: str
+    res: engine.EngineResult
+    replica_id: str
+    content: str  # the answer's text ("" when it only called tools)
+    calls: list[dict] = field(default_factory=list)  # [{id, name, arguments (a JSON string)}]
+    finish: str = "stop"  # stop | length | tool_calls
+    prompt_tokens: int = 0
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.res.output_ids)
+
+    @property
+    def version(self) -> int | None:
+        return self.res.weight_version
+
+
+def remember(gw: Gateway, tenant: Tenant, spec: GenerationSpec, cid: str, i: int, content, calls: list[dict]) -> None:
+    """An answer, as the client will send it back next turn (serving.sessions). calls: OpenAI tool_calls."""
+    answer = {
+        "role": "assistant",
+        "content": content or "",
+        "calls": [
+            {"id": c["id"], "name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in calls
+        ],
+    }
+    gw.sessions.record(tenant.id, spec.messages, answer, f"{cid}:{i}", spec.session.session_id)
+
+
+def count_tools(
+    gw: Gateway,
+    parsed: tc.Parsed,
+    spec: GenerationSpec,
+    tenant: Tenant,
+    cid: str,
+    i: int,
+    res: engine.EngineResult,
+    replica_id: str,
+) -> None:
+    """Counts an answer's calls by outcome and by the version that wrote them, the calls repeating an
+    earlier one of the session, and, during a canary trial, the tool answer on its arm."""
+    if parsed.outcome == "none":
+        return
+    repeated = 0
+    if parsed.calls and spec.session is not None:
+        repeated = gw.sessions.repeated_calls(tenant.id, spec.session.session_id, parsed.calls, cid, i)
+    gw.metrics.tools.count(res.weight_version, parsed.outcome, max(1, len(parsed.calls)), repeated)
+    if gw.dispatcher.canary is not None:
+        gw.dispatcher.canary.tool_answer(replica_id, parsed.outcome in tc.MALFORMED, repeated > 0)
+
+
+def session_hint(gw: Gateway, tenant: Tenant, given: str | None) -> str | None:
+    """A session id the client named (X-Session-Id, metadata.session_id, ...), checked: printable ASCII, and
+    one of our derived ids (`cmpl-...`) only if it was issued to this key."""
+    if given is None:
+        return None
+    if not given.isascii() or not given.isprintable() or not 0 < len(given) <= MAX_SESSION_ID:
+        what = f"a session id is 1-{MAX_SESSION_ID} printable ASCII characters"
+        raise ApiError(400, what, param="session_id", code="invalid_value")
+    if given.startswith("cmpl-"):  # our ids' shape: only one we issued to this key
+        try:
+            gw.ids.check(tenant, given)
+        except ApiError:
+            raise ApiError(
+                400,
+                "a session id that starts with 'cmpl-' must be one this server derived for "
+                "this API key (name your own sessions otherwise)",
+                param="session_id",
+                code="invalid_value",
+            ) from None
+    return given
+
+
+def link_session(gw: Gateway, tenant: Tenant, spec: GenerationSpec, cid: str) -> None:
+    """The turn's session and previous turn, and the verdicts on that turn the client's request carries
+    (serving.implicit_signals), logged as feedback."""
+    spec.session = gw.sessions.link(tenant.id, spec.messages, spec.session_hint, cid)
+    link = spec.session
+    for signal in gw.implicit.observe(tenant.id, link.session_id, link.parent_id, spec.messages):
+        gw.feedback.signal(tenant.id, signal)
+
+
+def answered(gw: Gateway, tenant: Tenant, spec: GenerationSpec, cid: str, i: int, calls: list[dict]) -> None:
+    """The turn's answer, for the session's later verdicts; calls: OpenAI tool_calls."""
+    flat = [{"id": c["id"], "name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in calls]
+    for signal in gw.implicit.answered(tenant.id, spec.session.session_id, f"{cid}:{i}", flat):
+        gw.feedback.signal(tenant.id, signal)
+
+
+async def run_turn(
+    gw: Gateway,
+    path: str,
+    tenant: Tenant,
+    spec: GenerationSpec,
+    cid: str,
+    on_text: OnText | None = None,
+    id_prefix: str = "call_",
+) -> Turn:
+    """One choice of a conversation under the completion id `cid` (gw.ids.issue: the API names its answer
+    after it before the first token): streamed when `on_text` is given (content deltas, a call held back
+    until the answer is whole). Returns once its completion event is on disk (or the durable wait is over)."""
+    prompt_ids = await gw.prompter.prompt_ids(spec)
+    link_session(gw, tenant, spec, cid)
+    stream = on_text is not None
+    body = engine.payload(prompt_ids, gw.prompter.sampling(spec), 0, stream, f"{cid}-0")
+    active = spec.tools is not None and spec.tools.active
+    split = tc.StreamSplitter(spec.tools, spec.prefill, id_prefix) if active and stream else None
+    t0, first, last = time.monotonic(), [True], [None]
+
+    async def on_chunk(delta: str, res: engine.EngineResult) -> None:
+        now = time.monotonic()
+        if first[0]:
+            gw.metrics.ttft.labels(path).observe(now - t0)
+        elif last[0] is not None:
+            gw.metrics.itl.labels(path).observe(now - last[0])
+        last[0] = now
+        if split is not None:
+            delta = split.feed(delta)
+        if delta or first[0]:
+            await on_text(delta, first[0])
+        first[0] = False
+
+    res, replica_id, timing = await gw.dispatcher.run_choice(body, stream, on_chunk if stream else None, tenant.id)
+    fr = finish_reason(res.finish)
+    if split is not None:
+        tail = split.feed(tc.trimmed_close(res.finish))
+        rest, parsed = split.finish()
+        if tail + rest:
+            await on_text(tail + rest, False)
+    elif active:
+        parsed = tc.parse(spec.prefill + res.text + tc.trimmed_close(res.finish), spec.tools, id_prefix)
+    else:
+        parsed = tc.Parsed(content=res.text)
+    count_tools(gw, parsed, spec, tenant, cid, 0, res, replica_id)
+    if parsed.calls:
+        fr = "tool_calls"
+    elif parsed.outcome != "none" and fr != "length":
+        fr = "stop"  # a call the model got wrong comes back as its text (a cut-off one says length)
+    remember(gw, tenant, spec, cid, 0, parsed.content, parsed.calls)
+    answered(gw, tenant, spec, cid, 0, parsed.calls)
+    durable = gw.dispatcher.log_completion(tenant, spec, cid, 0, prompt_ids, res, replica_id, timing)
+    await gw.sink.wait([durable], ev.TOPIC_COMPLETIONS)
+    gw.metrics.e2e.labels(path).observe(time.monotonic() - t0)
+    calls = [
+        {"id": c["id"], "name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in parsed.calls
+    ]
+    return Turn(cid, res, replica_id, parsed.content or "", calls, fr, len(prompt_ids))

@@ -11,7 +11,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("model", help="the base model: build it here from a seed")
     msub = p.add_subparsers(dest="model_cmd", required=True)
     b = msub.add_parser("bootstrap", help="train tokenizer + tiny Qwen3-MoE on the synthetic code corpus (cached)")
-    b.add_argument("--preset", default="test", choices=["test", "demo"])
+    b.add_argument("--preset", default="test", choices=["test", "agent", "demo"])
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--out", type=Path, default=None, help="copy the checkpoint here (default: print the cache dir)")
     b.add_argument("--force", action="store_true", help="rebuild even when cached")

@@ -28,6 +28,26 @@ class RewardTable:
     kept: float = 1.0  # an accepted completion still in the file when checked (edit_distance 0)
     deleted: float = -0.5  # one the user deleted since
     persist_weight: float = 0.5  # the share of the reward the persistence check decides
+    # Verdicts the gateway reads from agent sessions whose clients send no feedback (serving.implicit_signals).
+    # Tests passing after an edit is the strongest evidence an agent client gives, but weaker than a user's
+    # accept (the agent ran its own tests, which may be few); a correction or a revert is the user's word
+    # against the turn, as strong as a reject plus the cost of the turn; a repeat or an abandoned task may
+    # have other causes (a flaky network, a user called away): the mildest.
+    signals: dict = field(
+        default_factory=lambda: {
+            "tests_pass": 0.5,
+            "tests_fail": -0.25,
+            "revert": -0.5,
+            "correction": -0.5,
+            "repeat": -0.25,
+            "abandoned": -0.25,
+        }
+    )
+
+    def signal(self, name: str) -> float:
+        if name not in self.signals:
+            raise ValueError(f"no reward for signal {name!r}; RewardTable.signals has {sorted(self.signals)}")
+        return self.signals[name]
 
     def __post_init__(self):
         w = self.persist_weight
@@ -148,7 +168,7 @@ class LossConfig:
     distill_backlog: int = 256  # contexts that wait at most (beyond: dropped, those already sampled first)
     length_penalty: LengthPenalty = field(default_factory=LengthPenalty)
     group_std: bool = False  # divide group advantages by the group's std (GRPO); off: Dr.GRPO-style
-    baseline_momentum: float = 0.9  # running baseline of user rewards
+    baseline_momentum: float = 0.9  # of each running baseline of user rewards (one per Sample.baseline)
     router_replay: bool = True
 
     def __post_init__(self):
@@ -262,6 +282,10 @@ class TrainerConfig:
     batch_invariant: bool = option(
         False, help="batch-invariant kernels in the model (slower; a row's logprobs never depend on its batch)"
     )
+    # An agent client's turn carries its whole conversation (Codex: ~11k tokens at the first turn). A micro
+    # batch pads to its longest sample, so on CPU the bound is memory: longer samples are counted and skipped
+    # (flywheel_trainer_dropped_total{reason="invalid"}; the ledger says why); raise it on a GPU.
+    max_sample_tokens: int = option(8192, help="samples longer than this (prompt + output tokens) are not trained")
     metrics_port: int = option(0, help="port of /metrics (0: none)")
     metrics_host: str = option("127.0.0.1", help="address /metrics listens on")
     publish: PublisherConfig = nested(PublisherConfig)

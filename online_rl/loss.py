@@ -7,8 +7,10 @@ loss = ( sum over sequences and output tokens of  -m_t * min(rho_t, C) * A * log
   m_t   0 once the ratio has left PPO's trust region in the advantage's direction (A > 0 and
         rho > 1 + clip_high, or A < 0 and rho < 1 - clip_low), else 1: the gradient of PPO's clipped
         surrogate, against the behaviour policy;
-  A     group-relative for rollouts (reward - group mean), reward - running baseline for user samples,
-        after a concave length penalty on the token count (Composer 2: coef * n ** power);
+  A     group-relative for rollouts (reward - group mean), reward - running baseline for user samples (one
+        baseline per kind of judgment, Sample.baseline: users' own accepts and rejects, agent turns judged by
+        their session's outcome, verdicts read from agent sessions), after a concave length penalty on the
+        token count (Composer 2: coef * n ** power);
   0 for the student's fresh samples of a commented context (online_rl.distill_samples: no reward, only
         the distillation and KL-to-reference terms train on them);
   the KL term is k2 against the frozen reference (the bootstrap model); k1 is what /metrics reports;
@@ -69,8 +71,17 @@ class Batch:
         )
 
 
-def advantages(samples: list[Sample], cfg: LossConfig, baseline: float) -> tuple[np.ndarray, float]:
-    """Per-sample advantages; returns them and the updated user-reward baseline."""
+def as_baselines(b: dict[str, float] | float) -> dict[str, float]:
+    """The running baselines by Sample.baseline; a float is the explicit one (checkpoints before implicit signals)."""
+    return dict(b) if isinstance(b, dict) else {"explicit": float(b)}
+
+
+def advantages(
+    samples: list[Sample], cfg: LossConfig, baseline: dict[str, float] | float
+) -> tuple[np.ndarray, dict[str, float]]:
+    """Per-sample advantages; returns them and the updated running baselines of user rewards, one per
+    Sample.baseline (a float: the explicit one, as checkpoints before implicit signals kept it)."""
+    baselines = as_baselines(baseline)
     shaped = np.array([s.reward - cfg.length_penalty(s.n_tokens) for s in samples], dtype=np.float64)
     adv = np.zeros(len(samples))
     groups: dict[str, list[int]] = {}
@@ -83,12 +94,15 @@ def advantages(samples: list[Sample], cfg: LossConfig, baseline: float) -> tuple
         if cfg.group_std and r.std() > 1e-6:
             a = a / r.std()
         adv[idx] = a
-    users = [i for i, s in enumerate(samples) if s.group is None and s.source != DISTILL]
-    for i in users:
-        adv[i] = shaped[i] - baseline
-    if users:
-        baseline = cfg.baseline_momentum * baseline + (1 - cfg.baseline_momentum) * float(shaped[users].mean())
-    return adv, baseline
+    users: dict[str, list[int]] = {}
+    for i, s in enumerate(samples):
+        if s.group is None and s.source != DISTILL:
+            users.setdefault(s.baseline, []).append(i)
+    for kind, idx in users.items():
+        b = baselines.get(kind, 0.0)
+        adv[idx] = shaped[idx] - b
+        baselines[kind] = cfg.baseline_momentum * b + (1 - cfg.baseline_momentum) * float(shaped[idx].mean())
+    return adv, baselines
 
 
 def make_batch(samples: list[Sample], adv: np.ndarray, replay: bool = True, teacher: bool = False) -> Batch:

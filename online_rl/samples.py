@@ -30,12 +30,20 @@ class Sample:
     hint_ids: np.ndarray | None = None  # (H,) int: a user's comment as the hint line the teacher sees (online_rl.loss)
     tenant: str = ""  # a user sample's tenant (hashed key id): its privacy policy applies (online_rl.tenants)
     ts: float = 0.0  # a user sample's completion event time (0: not known, e.g. a rollout)
+    # The running baseline a user sample's advantage is taken against (online_rl.loss.advantages): "explicit" (a
+    # user's own accept or reject), "session" (an agent turn judged by its session's outcome) or "implicit" (a
+    # verdict read from its agent session). Apart, because their rewards differ in scale and in who is judged:
+    # against the autocomplete users' mean (+0.7 once most is accepted), every implicit reward (+0.5 at most) is
+    # pushed down, the good turns with the bad.
+    baseline: str = "explicit"
 
     @property
     def n_tokens(self) -> int:
         return int(self.output_ids.size)
 
-    def problem(self, vocab_size: int, num_layers: int, top_k: int, num_experts: int) -> str | None:
+    def problem(
+        self, vocab_size: int, num_layers: int, top_k: int, num_experts: int, max_tokens: int | None = None
+    ) -> str | None:
         """Why this sample cannot be trained on by a model of these dimensions, or None. One bad event
         (a client's garbage, a serving bug) must cost that sample, never the update or the daemon.
         num_layers: the model's routed layers (cfg.moe_layers); 0 (a dense model) skips the routing checks,
@@ -43,6 +51,8 @@ class Sample:
         p, n = self.prompt_ids.size, self.output_ids.size
         if self.prompt_ids.ndim != 1 or self.output_ids.ndim != 1 or p == 0:
             return "token ids are not two non-empty sequences"
+        if max_tokens is not None and p + n > max_tokens:
+            return f"{p + n} tokens, more than the trainer takes (max_sample_tokens {max_tokens})"
         ids = np.concatenate([self.prompt_ids, self.output_ids])
         if ids.min() < 0 or ids.max() >= vocab_size:
             return f"token id outside the vocabulary [0, {vocab_size})"
@@ -81,6 +91,7 @@ class Sample:
             "hint_ids": None if self.hint_ids is None else _tensor(self.hint_ids),
             "tenant": self.tenant,
             "ts": float(self.ts),
+            "baseline": self.baseline,
         }
 
     @classmethod
@@ -100,6 +111,7 @@ class Sample:
             hint_ids=None if d.get("hint_ids") is None else d["hint_ids"].numpy(),
             tenant=d.get("tenant", ""),  # checkpoints written before tenants have neither
             ts=d.get("ts", 0.0),
+            baseline=d.get("baseline", "explicit"),  # checkpoints written before implicit signals
         )
 
 

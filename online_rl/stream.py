@@ -16,6 +16,10 @@ a turn of that session written before it (still in flight on another partition) 
 whole outcome. With n > 1, only the choice a later turn continued from carries the outcome. The loss only
 scores output tokens: what the environment wrote is never trained on as the policy's.
 
+Verdicts read from agent sessions (kind implicit: tests passing or failing after an edit, a revert, a
+correction, a repeated request, an abandoned session; serving.implicit_signals) judge the turn they name like
+an accept or a reject, each with its own reward (RewardTable.signals); the first judgment of a turn decides.
+
 Delayed signals (`cfg.signals`): `persisted` (is the accepted code still in the file after_s later) and
 `comment` (the teacher's hint for text-feedback distillation: online_rl.loss). Under "persist" an accept
 waits up to `delayed_window_s` for its persisted check; under "text" a reject waits up to `comment_wait_s`
@@ -24,6 +28,9 @@ signal too late, unused by the mode, or on an agent turn is counted (late_signal
 nothing. A hint goes at a line start of a left-to-right prompt, within `max_hint_tokens`. `held`: samples
 waiting for a delayed signal. Tenants' privacy (online_rl.tenants): an event `refuse` refuses is never held;
 drop_tenant forgets a tenant.
+
+Why one file: the join is one state machine (pending, turns, held, orphans, closed sessions, judged keys)
+whose every transition reads the others' state, and it checkpoints as one.
 """
 
 from __future__ import annotations
@@ -38,6 +45,10 @@ from flywheel.core import events as ev
 from online_rl.config import JoinConfig, RewardTable
 from online_rl.samples import Sample
 from online_rl.tasks import hint_line
+
+# What judges a completion when it is seen: the user's accept | reject | partial, or a verdict the gateway
+# read from its agent session (kind implicit: serving.implicit_signals); the first of them decides.
+JUDGMENTS = (*ev.IMMEDIATE_KINDS, ev.IMPLICIT)
 
 
 def _is_turn(c: ev.CompletionEvent) -> bool:
@@ -64,6 +75,13 @@ class JoinStats:
     late_signals: int = 0  # delayed signals that came after their sample was made
     unused_signals: int = 0  # delayed signals the mode does not use (signals=basic; comments under persist)
     window_expired: int = 0  # samples made at the end of their wait, without the signal they waited for
+    # samples judged by a verdict read from their agent session (serving.implicit_signals), by signal
+    implicit_tests_pass: int = 0
+    implicit_tests_fail: int = 0
+    implicit_revert: int = 0
+    implicit_correction: int = 0
+    implicit_repeat: int = 0
+    implicit_abandoned: int = 0
 
 
 @dataclass
@@ -167,7 +185,7 @@ class Joiner:
                 return self._expired(held[0], signals)
             if (
                 f.kind in signals
-                or (not delayed and any(k in signals for k in ev.IMMEDIATE_KINDS))
+                or (not delayed and any(k in signals for k in JUDGMENTS))
                 or (f.kind == "persisted" and "reject" in signals)  # a check implies an accept: not this one
             ):
                 self.stats.extra_feedback += 1
@@ -191,7 +209,7 @@ class Joiner:
                 self.stats.extra_feedback += 1
             return []
         waiting = self.orphans.setdefault(key, [])
-        if any(o.kind == f.kind or (not delayed and o.kind in ev.IMMEDIATE_KINDS) for o in waiting):
+        if any(o.kind == f.kind or (not delayed and o.kind in JUDGMENTS) for o in waiting):
             self.stats.extra_feedback += 1
         else:
             waiting.append(f)
@@ -211,14 +229,14 @@ class Joiner:
     def _expired(self, c: ev.CompletionEvent, signals: dict) -> list[Sample]:
         """A sample whose wait ended, on what it has. Only a comment, neither judged nor kept: no sample (a
         completion nobody judged teaches nothing; a reward for it would push it down against the baseline)."""
-        if not any(k in signals for k in (*ev.IMMEDIATE_KINDS, "persisted")):
+        if not any(k in signals for k in (*JUDGMENTS, "persisted")):
             self.stats.no_signal += 1
             return []
         return [self._sample(c, signals)]
 
     def _release_if_complete(self, key: str) -> list[Sample]:
         c, signals, _ = self.held[key]
-        judged = next((k for k in ev.IMMEDIATE_KINDS if k in signals), None)
+        judged = next((k for k in JUDGMENTS if k in signals), None)
         if self._waits(judged, signals):
             return []
         del self.held[key]
@@ -227,11 +245,14 @@ class Joiner:
     def _sample(self, c: ev.CompletionEvent, signals: dict[str, ev.FeedbackEvent]) -> Sample:
         """One completion's sample from its feedback: a judgment (accept | reject | partial, or a session's
         outcome), and the delayed signals that came in time."""
-        f = next((signals[k] for k in ev.IMMEDIATE_KINDS if k in signals), None)
+        f = next((signals[k] for k in JUDGMENTS if k in signals), None)
         persisted, comment = signals.get("persisted"), signals.get("comment")
         need_len = (f is not None and f.kind == "partial") or (persisted is not None and persisted.edit_distance)
         total = self.text_len(list(c.output_ids)) if (self.text_len and need_len) else None
-        if f is not None:
+        if f is not None and f.kind == ev.IMPLICIT:
+            reward = self.rewards.signal(f.signal)
+            setattr(self.stats, f"implicit_{f.signal}", getattr(self.stats, f"implicit_{f.signal}") + 1)
+        elif f is not None:
             reward = self.rewards.reward(f.kind, f.accepted_chars, total, score=f.score)
         elif persisted is not None:  # the code was in the file: it was accepted (its accept never came)
             reward = self.rewards.accept
@@ -261,6 +282,7 @@ class Joiner:
             hint_ids=hint,
             tenant=c.tenant,
             ts=c.ts,
+            baseline="implicit" if f is not None and f.kind == ev.IMPLICIT else "explicit",
         )
 
     def _session_feedback(self, f: ev.FeedbackEvent) -> list[Sample]:
@@ -300,6 +322,7 @@ class Joiner:
         self.stats.session_turns += 1
         s = self._sample(c, {f.kind: f})
         s.reward *= weight
+        s.baseline = "session"  # discounted turns of sessions, whose success rate is not the autocomplete's
         return s
 
     def expire(self, now: float | None = None) -> list[Sample]:

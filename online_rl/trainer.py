@@ -34,7 +34,7 @@ from online_rl.checkpoints import Checkpoints
 from online_rl.config import TrainerConfig
 from online_rl.distill_samples import sample_commented
 from online_rl.failures import Failures
-from online_rl.loss import advantages
+from online_rl.loss import advantages, as_baselines
 from online_rl.model import load_pretrained
 from online_rl.offpeak import OffPeakScheduler
 from online_rl.publisher import Publisher
@@ -88,7 +88,7 @@ class Trainer:
         self.step = 0
         self.saved_step = 0  # the step the newest checkpoint holds
         self.version = 0  # the newest published version (samples are judged stale against it)
-        self.baseline = 0.0
+        self.baseline: dict[str, float] = {}  # running mean user reward, per Sample.baseline (online_rl.loss)
         self.trained_since_ckpt: list[dict] = []  # the ledger of the next checkpoint: samples trained or dropped
         self.history: dict[str, dict] = {}  # version -> reward/acceptance sums (history.json, the plot)
         self.rolled_back: set[int] = set()  # versions a canary trial rolled back (weights topic)
@@ -173,7 +173,7 @@ class Trainer:
         if old and self.rank == 0:  # a checkpoint from before tenants: its samples carry no tenant, nor time
             log.warning("%d user samples with no tenant (an older checkpoint): no forget or deny applies", old)
         self.reader.offsets = state["offsets"]
-        self.step, self.version, self.baseline = state["step"], state["version"], state["baseline"]
+        self.step, self.version, self.baseline = state["step"], state["version"], as_baselines(state["baseline"])
         self.saved_step = self.step
         self.history = state.get("history", {})
         self.rolled_back = set(state.get("rolled_back", []))
@@ -306,7 +306,7 @@ class Trainer:
     # ------------------------------------------------------------------ update
     def _problem(self, s: Sample) -> str | None:
         c = self.model.cfg
-        return s.problem(c.vocab_size, c.moe_layers, c.num_experts_per_tok, c.num_experts)
+        return s.problem(c.vocab_size, c.moe_layers, c.num_experts_per_tok, c.num_experts, self.cfg.max_sample_tokens)
 
     def _invalid(self, s: Sample, problem: str) -> None:
         self.metrics.dropped.labels("invalid").inc()

@@ -30,6 +30,7 @@ class ArmStats:
     tool_answers: int = 0  # answers (choices) with a tool call in them, well formed or not
     tool_malformed: int = 0  # of those, malformed or calling an unknown tool (returned as text)
     tool_repeated: int = 0  # of those, answers with a call repeating an earlier one of the session
+    signals: collections.Counter = field(default_factory=collections.Counter)  # implicit verdicts, by signal
 
     def view(self) -> dict:
         lat = np.asarray(self.latencies_ms)
@@ -47,6 +48,7 @@ class ArmStats:
             "tool_malformed": self.tool_malformed,
             "tool_repeated": self.tool_repeated,
             "malformed_rate": self.tool_malformed / self.tool_answers if self.tool_answers else None,
+            "implicit": dict(self.signals),
         }
 
 
@@ -101,6 +103,12 @@ class CanarySplit:
             self.stats[arm].accepts += 1
         elif kind == "reject":
             self.stats[arm].rejects += 1
+
+    def signal(self, completion_id: str, name: str) -> None:
+        """A verdict read from an agent session (serving.implicit_signals) on a completion of the trial."""
+        arm = self.issued.get(completion_id)
+        if arm is not None:
+            self.stats[arm].signals[name] += 1
 
     def view(self) -> dict:
         return {

@@ -97,6 +97,14 @@ class Sessions:
         for c in answer.get("calls", []):
             self._put(f"call:{tenant}:{c['id']}", (completion_id, session_id))
 
+    def call_turn(self, tenant: str, call_id: str) -> tuple[str, int] | None:
+        """The completion (id, choice) whose answer made the tool call `call_id`, if this gateway remembers it."""
+        hit = self._turns.get(f"call:{tenant}:{call_id}")
+        if hit is None:
+            return None
+        cid, _, choice = hit[0].rpartition(":")
+        return (cid, int(choice)) if choice.isdigit() else None
+
     def repeated_calls(self, tenant: str, session_id: str, calls: list[dict], completion_id: str, choice: int) -> int:
         """How many of an answer's calls (OpenAI tool_calls) repeat a call made earlier in the same session:
         same tool, same arguments compared as JSON (key order and spacing aside). Remembers them.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from flywheel.core import events as ev
@@ -24,8 +25,8 @@ log = logging.getLogger(__name__)
 
 
 class TenantPolicies:
-    def __init__(self, gw: Gateway, poll_s: float = 1.0):
-        self.gw, self.poll_s = gw, poll_s
+    def __init__(self, gw: Gateway, poll_s: float = 1.0, sweep_s: float = 600.0):
+        self.gw, self.poll_s, self.sweep_s = gw, poll_s, sweep_s
         self.applied: dict[str, Policy] = {}  # name -> the policy this gateway has put into effect
         self.applied_ids: dict[str, list[str]] = {}  # name -> its key ids when it was applied (a new key: again)
         self.retry: dict[str, Policy] = {}  # name -> a policy not yet in effect (a slow or full spool): tried again
@@ -51,12 +52,19 @@ class TenantPolicies:
                 await self._apply(changed)
 
     async def _poll(self) -> None:
+        swept = 0.0
         while True:
             await asyncio.sleep(self.poll_s)
             try:
                 await self.sync()
             except Exception:  # noqa: BLE001 - a bad file or a slow spool must not end the polling
                 log.exception("applying tenant policies failed; retrying")
+            if time.monotonic() - swept > self.sweep_s:  # stored responses past their retention
+                swept = time.monotonic()
+                try:
+                    await self.gw.responses.run(self.gw.responses.expire)
+                except Exception:  # noqa: BLE001 - a locked or full store must not end the polling
+                    log.exception("expiring stored responses failed; retrying")
 
     async def _apply(self, changed: dict[str, Policy], announce_all: bool = False) -> None:
         tenants = self.gw.keys.tenants()
@@ -79,6 +87,12 @@ class TenantPolicies:
         spool for the tenants topic. False when either could not be done now."""
         before = self.applied.get(name, Policy())
         gw = self.gw
+        for i in ids:  # stored Responses answers: kept as long as the tenant lets us, forgotten with the rest
+            gw.responses.retention[i] = policy.retention_days
+        if policy.forgotten_before is not None:
+            gone = await gw.responses.run(gw.responses.forget, ids, policy.forgotten_before)
+            if gone:
+                log.info("tenant %s: %d stored responses forgotten", name, gone)
         if not gw.cfg.log_events:  # nothing is logged, so nothing to redact or announce
             return True
         if policy.forgotten_before is not None and policy.forgotten_before != before.forgotten_before:

@@ -41,6 +41,10 @@ IMMEDIATE_KINDS = ("accept", "reject", "partial")  # the judgment when a complet
 # and whether it is still in the file after_s seconds on (Cody-style persistence). Completions only.
 DELAYED_KINDS = ("comment", "persisted")
 FEEDBACK_KINDS = IMMEDIATE_KINDS + DELAYED_KINDS
+# What the gateway reads from an agent session itself, for clients that never call /v1/feedback
+# (serving.implicit_signals): kind "implicit", `signal` one of these. Never sent by a client.
+IMPLICIT = "implicit"
+SIGNALS = ("tests_pass", "tests_fail", "revert", "correction", "repeat", "abandoned")
 MAX_COMMENT_BYTES = 2048
 
 
@@ -110,6 +114,7 @@ class CompletionEvent:
     session_id: str = ""  # chat: the agent session this turn belongs to (serving.sessions)
     parent_id: str = ""  # chat: the completion id of the session's previous turn ("" for a first turn)
     cached_tokens: int | None = None  # prompt tokens the replica's prefix cache held (None: it did not say)
+    api: str = ""  # the API the client used: completions | chat | responses | messages ("" before it was logged)
     withheld: str = ""  # see WITHHELD: why prompt, output, logprobs and routed experts are empty
     secret_types: list = field(default_factory=list)  # withheld == "secret": what the scrubber found
     event_id: str = field(default_factory=new_event_id)
@@ -134,7 +139,7 @@ class FeedbackEvent:
     completion_id: str  # "" when the feedback judges a whole agent session (session_id)
     choice_index: int
     tenant: str
-    kind: str  # accept | reject | partial
+    kind: str  # accept | reject | partial | comment | persisted | implicit
     accepted_chars: int | None = None  # for partial: how much of the completion the user kept
     elapsed_ms: float | None = None  # from showing the completion to the decision
     origin: str = "feedback"  # feedback | tabby (which API the client used)
@@ -144,6 +149,7 @@ class FeedbackEvent:
     still_present: bool | None = None  # persisted: is the accepted code still in the file after_s later
     after_s: float | None = None  # persisted: seconds from the accept to the check
     edit_distance: int | None = None  # persisted: characters the user changed in it since (optional)
+    signal: str = ""  # kind implicit: which of SIGNALS the session showed
     withheld: str = ""  # see WITHHELD: a comment whose text was removed ("policy" or "secret")
     secret_types: list = field(default_factory=list)
     event_id: str = field(default_factory=new_event_id)
@@ -201,8 +207,10 @@ def _check_feedback(f: FeedbackEvent) -> None:
         raise SchemaError("feedback ids are not strings")
     if bool(f.completion_id) == bool(f.session_id):
         raise SchemaError("feedback names a completion or a session, exactly one")
-    if f.kind not in FEEDBACK_KINDS:
+    if f.kind not in FEEDBACK_KINDS and f.kind != IMPLICIT:
         raise SchemaError(f"unknown feedback kind {f.kind!r}")
+    if (f.kind == IMPLICIT) != bool(f.signal) or (f.signal and f.signal not in SIGNALS):
+        raise SchemaError(f"an implicit feedback names one of {SIGNALS} (and only it does), not {f.signal!r}")
     if isinstance(f.choice_index, bool) or not isinstance(f.choice_index, int):
         raise SchemaError("choice_index is not an int")
     if f.score is not None and (

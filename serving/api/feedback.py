@@ -14,9 +14,10 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from flywheel.core import events as ev
+from serving import devdata
 from serving.api.respond import json_response
 from serving.auth import TENANT, Tenant
-from serving.schema import ApiError, Body, Field, Schema, boolean, integer, number, one_of, string
+from serving.schema import ApiError, Body, Field, Schema, boolean, integer, number, one_of, parse_json_body, string
 from serving.sessions import MAX_SESSION_ID
 
 if TYPE_CHECKING:
@@ -138,7 +139,39 @@ class FeedbackApi:
         self.tabby_body = tabby_schema(gw.cfg.limits.max_n)
 
     def routes(self) -> list[web.RouteDef]:
-        return [web.post("/feedback", self.feedback), web.post("/events", self.tabby_events)]
+        return [
+            web.post("/feedback", self.feedback),
+            web.post("/events", self.tabby_events),
+            web.post("/devdata", self.devdata),
+        ]
+
+    async def devdata(self, request: web.Request) -> web.Response:
+        """Continue's development data (serving.devdata): an event that judges a completion of this key's
+        becomes its feedback; anything else is counted and answered 200 (Continue never resends)."""
+        tenant: Tenant = request[TENANT]
+        e = devdata.read(parse_json_body(await request.read()))
+        m = self.gw.metrics.devdata
+        if not e.known:
+            m.labels("other", "unknown").inc()
+            return json_response({"status": "ignored", "outcome": "unknown", "name": e.name[:64]})
+        if e.kind is None:
+            m.labels(e.name, "no_signal").inc()
+            return json_response({"status": "ok", "outcome": "no_signal"})
+        if e.name == "toolUsage":
+            ref = self.gw.sessions.call_turn(tenant.id, e.data["toolCallId"])
+        else:
+            d = e.data
+            ref = self.gw.served.find(tenant.id, d.get("completion") or "", d.get("prompt"), d.get("suffix"))
+        if ref is None:
+            m.labels(e.name, "unmatched").inc()
+            return json_response({"status": "ok", "outcome": "unmatched"})
+        cid, choice = ref
+        fb = ev.FeedbackEvent(
+            completion_id=cid, choice_index=choice, tenant=tenant.id, kind=e.kind, origin=f"continue:{e.name}"
+        )
+        await self.log(fb, tenant)
+        m.labels(e.name, "joined").inc()
+        return json_response({"status": "ok", "outcome": "joined", "completion_id": cid, "kind": e.kind})
 
     async def feedback(self, request: web.Request) -> web.Response:
         """Feedback on one completion's choice (`completion_id`), or on a whole agent session (`session_id`:
@@ -204,6 +237,27 @@ class FeedbackApi:
             tenant,
         )
         return json_response({"status": "ok"})
+
+    def signal(self, tenant_id: str, s) -> None:
+        """A verdict the gateway read from an agent session (serving.implicit_signals.Signal): a feedback event
+        of kind implicit on the completion it judges, counted by signal and version, and on its canary arm.
+        Not waited for: it is the gateway's reading, not a client's word it has answered for."""
+        gw = self.gw
+        fb = ev.FeedbackEvent(
+            completion_id=s.completion_id,
+            choice_index=s.choice,
+            tenant=tenant_id,
+            kind=ev.IMPLICIT,
+            signal=s.name,
+            origin="implicit",
+        )
+        gw.metrics.implicit.labels(s.name).inc()
+        gw.metrics.versions.judged(s.completion_id, f"implicit_{s.name}")
+        if gw.dispatcher.canary is not None:
+            gw.dispatcher.canary.signal(s.completion_id, s.name)
+        gw.sink.submit(
+            ev.TOPIC_FEEDBACK, s.completion_id, fb.encode(), meta={"tenant": tenant_id, "ts": fb.ts, "scan": None}
+        )
 
     async def log(self, fb: ev.FeedbackEvent, tenant: Tenant) -> None:
         gw, m = self.gw, self.gw.metrics

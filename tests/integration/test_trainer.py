@@ -246,7 +246,10 @@ def test_two_ranks_make_the_same_update_as_one(test_model, tmp_path):
     moved = max((one[k] - base[k]).abs().max().item() for k in one)
     diff = max((one[k] - two[k]).abs().max().item() for k in one)
     assert moved > 1e-4, "the update moved the weights"
-    assert diff < 1e-5 * max(1.0, moved * 100), f"2 ranks differ from 1 by {diff} (update size {moved})"
+    # Float noise only: the ranks' micro-batches pad differently, and a gradient at that noise's level (~1e-10 on
+    # an embedding row of a token no loss depends on, measured) still moves a weight by lr * g / (|g| + eps),
+    # about 1% of lr under Adam's eps (1e-8): 1.1e-5 here at lr 1e-3. A real divergence moves whole updates.
+    assert diff < 2e-5 * max(1.0, moved * 100), f"2 ranks differ from 1 by {diff} (update size {moved})"
 
 
 def test_stale_samples_are_dropped(test_model, tmp_path):
@@ -544,14 +547,23 @@ def test_checkpoint_round_trips_as_plain_state_and_refuses_pickled_code(test_mod
             reward=0.75,
             model_version=3,
             event_ids=("a", "b"),
+            baseline="implicit",
         )
     ]
-    trainer.step = 5
+    trainer.step, trainer.baseline = 5, {"explicit": 0.7, "implicit": -0.1}
     trainer.save()
     again = Trainer(cfg)
     (s,) = again.buffer
     assert again.step == 5 and s.key == "k" and s.event_ids == ("a", "b") and s.model_version == 3
     assert np.array_equal(s.routed_experts, trainer.buffer[0].routed_experts) and s.routed_experts.dtype == np.uint8
+    assert again.baseline == {"explicit": 0.7, "implicit": -0.1} and s.baseline == "implicit"
+
+    # A checkpoint from before implicit signals kept one baseline, a float: the explicit one.
+    latest = trainer._latest() / "trainer.pt"
+    state = torch.load(latest, weights_only=True)
+    state["baseline"] = 0.3
+    torch.save(state, latest)
+    assert Trainer(cfg).baseline == {"explicit": 0.3}
 
     # A checkpoint that carries code (someone wrote into the trainer's directory): refused, not run.
     latest = trainer._latest() / "trainer.pt"

@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 
 from flywheel.core import events as ev
-from online_rl.config import JoinConfig, LengthPenalty, RewardTable
+from online_rl.config import JoinConfig, LengthPenalty, LossConfig, RewardTable
+from online_rl.loss import advantages
+from online_rl.samples import Sample
 from online_rl.stream import Joiner
 
 
@@ -109,7 +111,8 @@ def test_a_session_outcome_is_spread_over_its_turns():
     turns = j.add(session_feedback("S", "accept", 141.0))
     assert [s.key for s in turns] == ["s0:0", "s2:0"]  # in stream order, this tenant's only
     assert [s.reward for s in turns] == [pytest.approx(0.375), pytest.approx(0.75)]  # 0.75 * 0.5 ** (K-1-k)
-    assert all(s.session == "S" and len(s.event_ids) == 2 for s in turns)
+    assert all(s.session == "S" and len(s.event_ids) == 2 and s.baseline == "session" for s in turns)
+    assert own.baseline == "explicit"
     assert j.add(session_feedback("S", "reject", 142.0)) == [] and j.stats.extra_feedback == 1
     assert (j.stats.session_feedback, j.stats.session_turns, j.stats.joined) == (1, 2, 3)
     assert "other-tenant:0" in j.turns
@@ -191,3 +194,27 @@ def test_a_bad_feedback_record_is_refused_not_a_crash():
             setattr(f, k, v)
         j = Joiner()
         assert j.add_raw(f.encode()) == [] and j.stats.bad_records == 1
+
+
+def test_an_implicit_verdict_is_judged_against_its_own_baseline():
+    """A turn judged by a verdict read from its agent session is compared with other such turns, not with the
+    autocomplete users' accepts: their rewards differ in scale (+0.5 at most against +0.75)."""
+    j = Joiner(JoinConfig(window_s=10), RewardTable())
+    j.add(completion("tab", 100.0))
+    [tab] = j.add(feedback("tab", "accept", 101.0))
+    j.add(completion("turn", 102.0, session="s"))
+    implicit = ev.FeedbackEvent(
+        completion_id="turn", choice_index=0, tenant="t", kind=ev.IMPLICIT, signal="tests_pass", ts=103.0
+    )
+    [turn] = j.add(implicit)
+    assert (tab.baseline, turn.baseline, turn.reward) == ("explicit", "implicit", 0.5)
+    cfg = LossConfig()
+    # Most of the autocomplete is accepted (baseline 0.7); the agent's verdicts have averaged -0.1.
+    adv, b = advantages([tab, turn], cfg, {"explicit": 0.7, "implicit": -0.1})
+    assert adv == pytest.approx([0.05, 0.6])  # a passing test run is a good turn, whatever the autocomplete does
+    assert b == pytest.approx({"explicit": 0.9 * 0.7 + 0.1 * 0.75, "implicit": 0.9 * -0.1 + 0.1 * 0.5})
+    # A checkpoint from before implicit signals kept one float: the explicit baseline; the other starts at 0.
+    adv, b = advantages([tab, turn], cfg, 0.7)
+    assert adv == pytest.approx([0.05, 0.5]) and b["implicit"] == pytest.approx(0.05)
+    # and the checkpointed sample keeps which baseline it is judged against
+    assert Sample.from_state(turn.state()).baseline == "implicit"

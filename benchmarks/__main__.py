@@ -53,7 +53,9 @@ def table() -> str:
         r = json.loads(f.read_text())
         for k, v in _flatten(r):
             if k != "benchmark":
-                lines.append(f"| {f.stem} | {k} | {v} |")
+                cell = str(v).replace("\n", "\\n").replace("|", "\\|")  # one table row per value
+                cell = f"`{cell}`" if "<" in cell else cell  # a model's answer, not HTML
+                lines.append(f"| {f.stem} | {k} | {cell} |")
     return "\n".join(lines)
 
 

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     if not args.verbose:
-        for noisy in ("kafka", "httpx"):
+        for noisy in ("kafka", "httpx", "httpx2"):  # httpx2: what the anthropic SDK sends through
             logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         return int(args.func(args) or 0)

@@ -31,7 +31,12 @@ class DemoConfig:
     seed: int = option(0, help="of the model, the users and their preferences")
     out_dir: Path = option(Path("demo_out"), help="logs, interactions, summary and figures")
     users: int = option(6, help="simulated IDE users (autocomplete)")
-    agents: int = option(1, help="agent users: short tool-using sessions (read, write, run tests), judged per session")
+    agents: int = option(1, help="agent users: short tool-using sessions (read, write, run tests)")
+    agent_api: Literal["chat", "messages"] = option(
+        "messages",
+        help="how agent users talk: messages (the Messages API, no feedback: the gateway reads implicit signals) "
+        "or chat (the chat API, with feedback on each whole session)",
+    )
     versions: int = option(6, help="new versions to publish and serve before stopping")
     minutes: float = option(13.0, help="bound on the loop (setup aside); a first run also builds the model")
     publish_interval_s: float = option(75.0, help="seconds between published versions")
@@ -163,6 +168,7 @@ def run(cfg: DemoConfig) -> int:
             PopulationConfig(
                 users=cfg.users,
                 agents=cfg.agents,
+                agent_api=cfg.agent_api,
                 temperature=cfg.temperature,
                 seed=cfg.seed,
                 feedback=cfg.feedback,
@@ -214,13 +220,15 @@ def run(cfg: DemoConfig) -> int:
         if trainer is not None:
             stop_pid(trainer.pid, timeout=60)
         switches = fleet.switch_reports()
+        signals = _implicit_signals(fleet)
         fleet.stop()
     store = Store(fleet.store_root)
-    rows = demo_report.summarize(pop.snapshot(), switches, {v: store.manifest(v) for v in store.versions()})
+    rows = demo_report.summarize(pop.snapshot(), switches, {v: store.manifest(v) for v in store.versions()}, signals)
     verdict = demo_report.verdict(rows, goal_points=cfg.goal_points)
     verdict["feedback"] = cfg.feedback
     verdict["signals_sent"] = pop.signals_sent
     verdict["signals_dropped"] = pop.signals_dropped  # still due when the users stopped
+    verdict["implicit_signals"] = _signal_quality(pop, signals)
     if checked is not None:
         verdict["prometheus_crosscheck"] = checked
     if alerts is not None:
@@ -275,6 +283,40 @@ def _crosscheck(prom, pop) -> list[dict] | None:
     except (OSError, ValueError) as e:
         print(f"prometheus cross-check failed: {e}")
         return None
+
+
+def _implicit_signals(fleet) -> list[tuple[str, str]]:
+    """(signal, completion id) of every implicit feedback the gateway logged (from Kafka, before it stops)."""
+    from flywheel.core import events as ev
+    from flywheel.core.kafka_admin import records_to_end
+
+    if fleet.broker is None:
+        return []
+    time.sleep(2.0)  # the gateway ships its spool about every second
+    out = []
+    try:
+        for r in records_to_end(fleet.broker.bootstrap, ev.TOPIC_FEEDBACK):
+            try:
+                f = ev.decode(r.value)
+            except ev.SchemaError:
+                continue
+            if isinstance(f, ev.FeedbackEvent) and f.kind == ev.IMPLICIT:
+                out.append((f.signal, f.completion_id))
+    except Exception as e:  # noqa: BLE001 - a figure is not worth the cleanup
+        print(f"implicit signals not read from Kafka: {type(e).__name__}: {e}")
+    return out
+
+
+def _signal_quality(pop, signals: list[tuple[str, str]]) -> dict:
+    """The implicit signals' precision and recall against the agent users' truth (flywheel.signal_quality)."""
+    from flywheel.signal_quality import SessionTruth, score
+
+    sessions = [
+        SessionTruth(list(r.turn_versions), r.truth, r.writes or [], "abandoned" in (r.reactions or []))
+        for r in pop.snapshot()
+        if r.kind == "agent" and r.truth is not None and r.turn_versions is not None
+    ]
+    return score(sessions, signals)
 
 
 def _pct(x) -> str:

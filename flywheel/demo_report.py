@@ -3,8 +3,9 @@
 From the population's interactions (outcome, latency, serving version), the agents' switch reports and the
 store's manifests: one row per version with acceptance (accepted / judged; ignored completions are not
 judged) of the autocomplete users and of the agent users' sessions (a session counts for the version of its
-first turn; accepted: the file it left passes its hidden tests), requests, failed requests (counted against
-the version the fleet served when they failed), p50/p99 latency of the autocomplete requests, the
+first turn; accepted: the file it left passes its hidden tests), the agent's turns by the implicit signals
+the gateway read from its sessions (it sends no feedback: serving.implicit_signals), requests, failed requests
+(counted against the version the fleet served when they failed), p50/p99 latency of the autocomplete requests, the
 user-visible switch pause (max over replicas), time out of rotation, and the delta's size and compression
 ratio.
 """
@@ -23,6 +24,8 @@ FIELDS = (
     "judged",
     "agent_acceptance",
     "sessions",
+    "implicit_acceptance",
+    "implicit_signals",
     "requests",
     "failed",
     "p50_ms",
@@ -34,8 +37,19 @@ FIELDS = (
 )
 
 
-def summarize(records: list, switches: list[dict], manifests: dict[int, object]) -> list[dict]:
-    """records: flywheel.population.Interaction; switches: agents' switches.jsonl rows; manifests by version."""
+def summarize(
+    records: list, switches: list[dict], manifests: dict[int, object], signals: list[tuple[str, str]] = ()
+) -> list[dict]:
+    """records: flywheel.population.Interaction; switches: agents' switches.jsonl rows; manifests by version;
+    signals: (signal, completion id) of the implicit feedback the gateway read from agent sessions."""
+    turn_version = {
+        cid.removeprefix("msg_"): v for r in records for cid, v in (getattr(r, "turn_versions", None) or {}).items()
+    }
+    implicit: dict[int, list[int]] = {}  # version -> [positive, negative]
+    for name, cid in signals:
+        v = turn_version.get(cid.removeprefix("msg_"))
+        if v is not None:
+            implicit.setdefault(v, [0, 0])[0 if name == "tests_pass" else 1] += 1
     first_served: dict[int, float] = {}
     for r in records:
         if r.version is not None:
@@ -63,6 +77,12 @@ def summarize(records: list, switches: list[dict], manifests: dict[int, object])
                 "judged": len(judged),
                 "agent_acceptance": _rate(sessions),
                 "sessions": len(sessions),
+                # the agent's turns by what the gateway read from its sessions: tests passing after an edit
+                # against every negative verdict (tests failing, correction, repeat, revert, abandoned)
+                "implicit_acceptance": round(implicit[v][0] / sum(implicit[v]), 4)
+                if sum(implicit.get(v, []))
+                else None,
+                "implicit_signals": sum(implicit.get(v, [])),
                 "requests": len(mine),
                 "failed": len(failed),
                 "p50_ms": round(float(np.percentile(lat, 50)), 1) if lat.size else None,
@@ -93,7 +113,8 @@ def _kept(judged: list) -> float | None:
 
 def table(rows: list[dict]) -> str:
     head = (
-        f"{'version':>7} {'accept':>7} {'kept':>7} {'judged':>6} {'agent':>7} {'sess':>5} {'reqs':>5} {'failed':>6} "
+        f"{'version':>7} {'accept':>7} {'kept':>7} {'judged':>6} {'agent':>7} {'sess':>5} {'implicit':>8} {'sig':>4} "
+        f"{'reqs':>5} {'failed':>6} "
         f"{'p50 ms':>7} {'p99 ms':>7} {'pause ms':>8} {'out ms':>7} {'delta MB':>8} {'ratio':>6}"
     )
     lines = [head, "-" * len(head)]
@@ -106,7 +127,8 @@ def table(rows: list[dict]) -> str:
             f"{'v' + str(r['version']):>7} {f(r['acceptance'] and 100 * r['acceptance'], '6.1f')}% "
             f"{f(r.get('kept') and 100 * r['kept'], '6.1f')}% {r['judged']:>6} "
             f"{f(r['agent_acceptance'] and 100 * r['agent_acceptance'], '6.1f')}% "
-            f"{r['sessions']:>5} {r['requests']:>5} {r['failed']:>6} {f(r['p50_ms'], '7.0f')} "
+            f"{r['sessions']:>5} {f(r.get('implicit_acceptance') and 100 * r['implicit_acceptance'], '7.1f')}% "
+            f"{r.get('implicit_signals', 0):>4} {r['requests']:>5} {r['failed']:>6} {f(r['p50_ms'], '7.0f')} "
             f"{f(r['p99_ms'], '7.0f')} {f(r['switch_pause_ms'], '8.0f')} {f(r['out_of_rotation_ms'], '7.0f')} "
             f"{f(r['delta_mb'], '8.3f')} {f(r['delta_ratio'], '6.1f')}"
         )
@@ -157,8 +179,17 @@ def plot(rows: list[dict], path: Path) -> None:
         )
     ax.set_xlabel("weight version (hot-switched)")
     ax.set_ylabel("acceptance (%)")
+    implicit = [r for r in rows if r.get("implicit_acceptance") is not None]
+    if implicit:
+        ax.plot(
+            [r["version"] for r in implicit],
+            [100 * r["implicit_acceptance"] for r in implicit],
+            marker="^",
+            linestyle="--",
+            label="agent: implicit signals positive (no feedback sent)",
+        )
     agents = [r for r in rows if r.get("agent_acceptance") is not None]
-    if agents:
+    if agents or implicit:
         ax.plot(
             [r["version"] for r in agents],
             [100 * r["agent_acceptance"] for r in agents],

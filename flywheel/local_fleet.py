@@ -28,9 +28,12 @@ class LocalFleetConfig:
     out_dir: Path
     replicas: int = 2
     threads: int = 1  # per replica: replicas sharing the cores must split them (README, weight sync)
-    max_total_tokens: int = 32768
+    max_total_tokens: int = 65536  # the KV pool of each replica: a 32k-token agent prompt fits beside others
     switch_mode: SwitchMode = "drain"
     tenants: int = 8  # API keys made for simulated users: tenant-0 .. tenant-{n-1}
+    # An agent session waiting this long for tool results is abandoned (serving.implicit_signals): the simulated
+    # users walk away at once, so a short wait shows it within the demo's minutes (a person's default is 600 s)
+    abandon_after_s: float = 30.0
     admin_token: str = field(default_factory=lambda: "fw-admin-" + secrets.token_hex(8))
 
     def __post_init__(self):
@@ -101,6 +104,7 @@ class LocalFleet:
             kafka=self.broker.bootstrap,
             keys=self.keys,
             admin_token=self.cfg.admin_token,
+            extra_args=["--abandon-after-s", str(self.cfg.abandon_after_s)],
         )
         self.say(f"gateway {self.gateway.url}  (pid {self.gateway.pid}; OpenAI API at {self.gateway.url}/v1)")
         for i, rep in enumerate(self.replicas):

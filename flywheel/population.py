@@ -47,6 +47,10 @@ class PopulationConfig:
     users: int = 6  # autocomplete users
     agents: int = 0  # agent users (one session after another)
     agent_max_tokens: int = 96  # a write_file call carries the whole file
+    # How agent users talk: the chat API with session feedback (a client written for Flywheel), or the
+    # Messages API with none (as Claude Code does), their verdicts read by the gateway from what they do next
+    # (flywheel.agent_session.UserModel: corrections, repeats, undos, walking away).
+    agent_api: Literal["chat", "messages"] = "chat"
     temperature: float = 1.0  # IDE sampling; greedy already passes these tasks, so users see samples
     max_tokens: int = 40
     ignore_rate: float = 0.1  # share of completions a user neither accepts nor rejects
@@ -108,6 +112,11 @@ class Interaction:
     session_id: str | None = None
     turns: int = 0
     tool_calls: int = 0
+    # agent sessions: each turn's truth (its completion id -> the file it left passes), the user's reactions
+    truth: dict | None = None
+    reactions: list | None = None
+    writes: list | None = None  # completion ids of the turns that wrote the file
+    turn_versions: dict | None = None  # completion id -> the weight version that served it
     # A failure's own request (an interaction is a completion, then its feedback): when it began.
     failed_request_started: float | None = None
 
@@ -276,17 +285,29 @@ class Population:
             self._stop.wait(rng.uniform(*self.cfg.think_s))
 
     def _agent(self, i: int) -> None:
-        import openai
-
-        from flywheel.agent_session import chat_body, run_session, tests_passed
+        from flywheel.agent_session import UserModel, chat_body, messages_transport, run_session, tests_passed
 
         rng = random.Random(f"{self.cfg.seed}/agent/{i}")
         key = self.keys[(self.cfg.users + i) % len(self.keys)]
-        client = openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0, timeout=120)
+        user = None
+        if self.cfg.agent_api == "messages":  # as Claude Code: the Messages API, no feedback, a user who reacts
+            import anthropic
 
-        def chat(messages: list[dict]) -> dict:
-            body = chat_body(messages, self.cfg.temperature, self.cfg.agent_max_tokens)
-            return client.chat.completions.create(**body, user=f"agent-{i}").model_dump()
+            client = anthropic.Anthropic(base_url=self.url, api_key=key, max_retries=0, timeout=120)
+            chat = messages_transport(
+                lambda **body: client.messages.create(**body).model_dump(),
+                self.cfg.temperature,
+                self.cfg.agent_max_tokens,
+            )
+            user = UserModel()
+        else:
+            import openai
+
+            client = openai.OpenAI(base_url=f"{self.url}/v1", api_key=key, max_retries=0, timeout=120)
+
+            def chat(messages: list[dict]) -> dict:
+                body = chat_body(messages, self.cfg.temperature, self.cfg.agent_max_tokens)
+                return client.chat.completions.create(**body, user=f"agent-{i}").model_dump()
 
         def judge(task: tasks.Task, code: str) -> tuple[int, int]:  # run_tests in the agent's workspace
             if isinstance(self.prefers, HiddenTests):
@@ -297,8 +318,9 @@ class Population:
             task = rng.choice(self.tasks)
             started, t = time.time(), time.monotonic()
             try:
-                res = run_session(chat, task, rng, judge)
-                self._feedback(key, None, res.outcome, session_id=res.session_id)
+                res = run_session(chat, task, rng, judge, user=user)
+                if user is None:  # a client written for Flywheel says how the session went
+                    self._feedback(key, None, res.outcome, session_id=res.session_id)
                 rec = Interaction(
                     f"agent-{i}",
                     task.task_id,
@@ -311,6 +333,10 @@ class Population:
                     session_id=res.session_id,
                     turns=res.turns,
                     tool_calls=res.calls,
+                    truth=res.truth,
+                    reactions=res.reactions + (["abandoned"] if res.abandoned else []),
+                    writes=res.writes,
+                    turn_versions=dict(zip(res.completion_ids, res.versions)),
                 )
             except Exception as e:  # a failed request is a result, not a crash of the population
                 rec = Interaction(

@@ -19,6 +19,7 @@ command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 [ -x /usr/bin/python3.11 ] || need+=(python3.11)
 [ -x /usr/sbin/haproxy ] || need+=(haproxy)
 [ -x /usr/bin/prometheus ] && [ -x /usr/bin/promtool ] || need+=(prometheus)
+command -v npm >/dev/null 2>&1 || need+=(nodejs npm)  # the agent clients the tests drive (below)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "setup: installing ${need[*]} from Debian"
@@ -61,3 +62,17 @@ fi
 PYTHONPATH="$repo" "$venv/bin/python" -m flywheel kafka fetch >/dev/null
 # S3Proxy jars, the S3 server the weight store's S3 tests and benchmark run against (cached likewise).
 PYTHONPATH="$repo" "$venv/bin/python" -m flywheel.s3proxy fetch >/dev/null
+# The agent clients the tests drive headless (OpenAI's Codex CLI, Anthropic's Claude Code) and Continue's
+# development-data schemas, from npm, pinned by flywheel/clients_npm/package-lock.json (~820 MB, the clients'
+# native binaries); installed again only when that lock changes. Claude Code's postinstall places its binary.
+npm_dir=$home/npm
+npm_want=$(cat "$repo/flywheel/clients_npm/package.json" "$repo/flywheel/clients_npm/package-lock.json" | sha256sum | cut -c1-16)
+if [ "$(cat "$npm_dir/.flywheel-npm" 2>/dev/null)" != "$npm_want" ]; then
+  echo "setup: installing the agent clients (Codex CLI, Claude Code, Continue's schemas) into $npm_dir"
+  mkdir -p "$npm_dir"
+  cp "$repo/flywheel/clients_npm/package.json" "$repo/flywheel/clients_npm/package-lock.json" "$npm_dir/"
+  npm ci --prefix "$npm_dir" --no-audit --no-fund --loglevel=error
+  "$npm_dir/node_modules/.bin/claude" --version >/dev/null
+  "$npm_dir/node_modules/.bin/codex" --version >/dev/null
+  echo "$npm_want" > "$npm_dir/.flywheel-npm"
+fi

@@ -77,3 +77,85 @@ def test_the_repository_answers_every_call():
     assert repo.call("run_tests", '{"path": "app.py"}') == "1 failed, 0 passed" and not repo.kept()
     assert repo.call("write_file", json.dumps({"path": "app.py", "content": TASK.prompt + TASK.reference})) == "ok"
     assert repo.call("run_tests", '{"path": "app.py"}') == "1 passed" and repo.kept()
+
+
+def test_a_user_who_reacts_records_the_truth_of_every_turn():
+    from flywheel.agent_session import UserModel
+
+    rng = random.Random(0)
+    path = random.Random(0).choice(PATHS)
+    wrong = TASK.prompt + "    return 0\n"
+    chat, seen = scripted(
+        [
+            answer(0, [("read_file", {"path": path})]),
+            answer(1, [("write_file", {"path": path, "content": wrong})]),
+            answer(2, [("run_tests", {"path": path})]),
+            answer(3, text="Done: the tests pass."),
+            answer(4, text="Sorry."),
+        ]
+    )
+    always = UserModel(correct_if_bad=1.0, abandon=0.0, abandon_after_failure=0.0, max_turns=5)
+    res = run_session(chat, TASK, rng, judge, user=always)
+    assert res.reactions == ["correct", "correct"] and res.turns == 5
+    assert res.truth == {f"cmpl-{i}": False for i in range(5)} and res.writes == ["cmpl-1"]
+    from flywheel.agent_session import CORRECTIONS
+
+    assert seen[4][-1]["role"] == "user" and seen[4][-1]["content"] in CORRECTIONS  # the correction was sent
+    walks = UserModel(abandon=1.0)
+    chat, seen = scripted([answer(0, [("read_file", {"path": path})])])
+    res = run_session(chat, TASK, random.Random(0), judge, user=walks)
+    assert res.abandoned and res.turns == 1 and len(seen) == 1  # the tool result never went back
+
+
+def test_the_messages_transport_speaks_the_messages_api():
+    from flywheel.agent_session import from_anthropic, messages_transport, to_anthropic
+
+    convo = [
+        {"role": "user", "content": "Fix app.py."},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "toolu_1",
+                    "type": "function",
+                    "function": {"name": "read_file", "arguments": '{"path": "app.py"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "toolu_1", "content": "def f(): pass"},
+    ]
+    sent = to_anthropic(convo)
+    assert sent[1]["content"] == [
+        {"type": "tool_use", "id": "toolu_1", "name": "read_file", "input": {"path": "app.py"}}
+    ]
+    assert sent[2] == {
+        "role": "user",
+        "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "def f(): pass"}],
+    }
+    reply = {
+        "id": "msg_cmpl-1",
+        "content": [{"type": "text", "text": "Done."}],
+        "stop_reason": "end_turn",
+        "model_version": 2,
+    }
+    got = {}
+    chat = messages_transport(lambda **body: got.update(body) or reply, 0.5, 64)
+    out = chat(convo)
+    assert out == from_anthropic(reply) and out["choices"][0]["finish_reason"] == "stop"
+    assert got["extra_body"] == {"temperature": 0.5} and got["tools"][0]["name"] == "read_file"
+
+
+def test_signal_quality_scores_against_the_truth():
+    from flywheel.signal_quality import SessionTruth, score
+
+    sessions = [
+        SessionTruth(["msg_a", "msg_b", "msg_c"], {"msg_a": False, "msg_b": False, "msg_c": False}, ["msg_b"]),
+        SessionTruth(["d", "e"], {"d": True, "e": True}, ["d"], abandoned=True),
+    ]
+    named = [("tests_fail", "b"), ("correction", "c"), ("correction", "e"), ("abandoned", "e"), ("tests_pass", "d")]
+    s = score(sessions, named)["signals"]
+    assert s["tests_fail"] == {"named": 1, "precision": 1.0, "recall": 1.0}
+    assert s["correction"] == {"named": 2, "precision": 0.5, "recall": 0.5}  # a and c were bad answers; e was not bad
+    assert s["abandoned"]["precision"] == 0.0 and s["abandoned"]["recall"] == 1.0
+    assert s["tests_pass"] == {"named": 1, "precision": 1.0, "recall": 1.0}

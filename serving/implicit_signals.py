@@ -69,7 +69,8 @@ class Signal:
             raise ValueError(f"unknown signal {self.name!r}")
 
 
-MAX_PATHS = 64  # files remembered per session (by digest)
+MAX_PATHS = 64  # files remembered per session (a path and its content by digest: the model writes both)
+MAX_NAMED = 64  # (turn, signal) pairs remembered per session: a retry repeats a recent turn, not an old one
 MAX_TEXT = 8192  # characters of a user's message read (its head and tail): matching stays cheap on any input
 
 
@@ -80,12 +81,12 @@ class _Session:
     calls: dict = field(default_factory=dict)  # call id -> (name, {path, command}) of the latest answer
     awaiting: bool = False  # the latest answer called tools: their results are due
     seen: float = field(default_factory=time.monotonic)
-    known: dict = field(default_factory=dict)  # path -> digest of its content as last read or written
-    before: dict = field(default_factory=dict)  # path -> digest of it before the last edit (written back: a revert)
-    named: set = field(default_factory=set)  # (completion ref, signal) already logged: a retried turn says it once
+    known: dict = field(default_factory=dict)  # path digest -> digest of its content as last read or written
+    before: dict = field(default_factory=dict)  # path digest -> of its content before the last edit (a revert)
+    named: dict = field(default_factory=dict)  # (completion ref, signal) already logged (the newest MAX_NAMED)
 
-    def remember(self, path, content: str) -> None:
-        if isinstance(path, str):
+    def remember(self, path: bytes | None, content: str) -> None:
+        if path is not None:
             self.known.pop(path, None)
             self.known[path] = _digest(content)
             while len(self.known) > MAX_PATHS:
@@ -94,6 +95,11 @@ class _Session:
 
 def _digest(text: str) -> bytes:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+def _path(path) -> bytes | None:
+    """A path as a session keeps it: by digest (the model writes it, at any length)."""
+    return _digest(path) if isinstance(path, str) else None
 
 
 def _ref(ref: str) -> tuple[str, int]:
@@ -106,7 +112,7 @@ def _args(arguments) -> dict:
         return arguments
     try:
         v = json.loads(arguments)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, RecursionError):
         return {}
     return v if isinstance(v, dict) else {}
 
@@ -177,7 +183,7 @@ class ImplicitSignals:
         if name.lower() in ("read_file", "read"):
             s.remember(args.get("path"), result)
         if cmd.strip().startswith("cat ") and len(cmd.split()) == 2:
-            s.remember(cmd.split()[1], result)
+            s.remember(_path(cmd.split()[1]), result)
         if not s.edit:
             return []
         if is_test(name, args):
@@ -212,7 +218,7 @@ class ImplicitSignals:
         out = []
         parsed = [(c["id"], c["name"], _args(c["arguments"])) for c in calls]
         for _, name, args in parsed:
-            content, path = args.get("content"), args.get("path") or args.get("file_path")
+            content, path = args.get("content"), _path(args.get("path") or args.get("file_path"))
             written = _digest(content) if isinstance(content, str) else None
             restores = written is not None and s.before.get(path) == written != s.known.get(path)
             if s.edit and (_REVERT_CMD.search(_command(name, args)) or restores):
@@ -220,24 +226,30 @@ class ImplicitSignals:
         s.last, s.awaiting, s.seen = ref, bool(parsed), time.monotonic()
         # what a result will be read against: the tool, its file, its command (never a file's content)
         s.calls = {
-            i: (name, {"path": args.get("path") or args.get("file_path"), "command": _command(name, args)[:MAX_TEXT]})
+            i: (
+                name,
+                {"path": _path(args.get("path") or args.get("file_path")), "command": _command(name, args)[:MAX_TEXT]},
+            )
             for i, name, args in parsed
         }
         edits = [args for _, name, args in parsed if is_edit(name, args)]
         if edits:
             s.edit = ref
-            paths = [a.get("path") or a.get("file_path") for a in edits]
+            paths = [_path(a.get("path") or a.get("file_path")) for a in edits]
             s.before = {p: s.known[p] for p in paths if p in s.known}  # what this edit replaced
             for a in edits:
                 if isinstance(a.get("content"), str):
-                    s.remember(a.get("path") or a.get("file_path"), a["content"])
+                    s.remember(_path(a.get("path") or a.get("file_path")), a["content"])
         return self._new(s, out)
 
     @staticmethod
     def _new(s: _Session, signals: list[Signal]) -> list[Signal]:
         """Each (turn, signal) once per session: a request retried after a failure carries the same results."""
         out = [x for x in signals if (x.completion_id, x.choice, x.name) not in s.named]
-        s.named |= {(x.completion_id, x.choice, x.name) for x in out}
+        for x in out:
+            s.named[(x.completion_id, x.choice, x.name)] = None
+        while len(s.named) > MAX_NAMED:
+            s.named.pop(next(iter(s.named)))
         return out
 
     def sweep_keyed(self, now: float | None = None) -> list[tuple[tuple[str, str], Signal]]:

@@ -32,7 +32,7 @@ from anthropic.types.message_create_params import MessageCreateParamsBase
 
 from serving import tool_calls as tc
 from serving.openai_api import GenerationSpec, Limits, render_chat
-from serving.schema import ApiError
+from serving.schema import ApiError, at_most
 from serving.typed_bodies import check
 
 # anthropic-version is a date (2023-06-01 is the API's long-standing one; the SDK pinned here sends 2026-10-21):
@@ -156,10 +156,11 @@ def _message(m, i: int) -> list[dict]:
     return out
 
 
-def _tools(body: dict) -> tc.ToolSpec | None:
+def _tools(body: dict, limits: Limits) -> tc.ToolSpec | None:
     raw = body.get("tools") or []
     if not isinstance(raw, list):
         raise ApiError(400, "tools: must be a list", param="tools", code="invalid_type")
+    at_most(len(raw), tc.MAX_TOOLS, "tools", "MAX_TOOLS", "tools")  # before each is checked
     chat = []
     for i, t in enumerate(raw):
         p = f"tools[{i}]"
@@ -191,7 +192,7 @@ def _tools(body: dict) -> tc.ToolSpec | None:
         else:
             choice = {"auto": "auto", "any": "required", "none": "none"}[kind]
     try:
-        return tc.parse_tools({"tools": chat, "tool_choice": choice, "parallel_tool_calls": parallel})
+        return tc.parse_tools({"tools": chat, "tool_choice": choice, "parallel_tool_calls": parallel}, limits)
     except ApiError as e:  # the chat API's names for the same fields
         e.param = (e.param or "").replace(".function.parameters", ".input_schema").replace(".function.", ".")
         e.message = e.message.replace(".function.parameters", ".input_schema").replace(".function.", ".")
@@ -226,7 +227,13 @@ def _conversation(body: dict) -> list[dict]:
     return out
 
 
-def read_request(body: dict, counting: bool = False) -> MessagesRequest:
+def read_request(body: dict, limits: Limits | None = None, counting: bool = False) -> MessagesRequest:
+    limits = limits or Limits()
+    msgs = body.get("messages") if isinstance(body.get("messages"), list) else []
+    at_most(len(msgs), limits.max_messages, "messages", "max_messages", "messages")  # before any is read
+    blocks = [m.get("content") for m in msgs if isinstance(m, dict)] + [body.get("system")]
+    n = sum(len(b) for b in blocks if isinstance(b, list))
+    at_most(n, limits.max_content_parts, "content blocks", "max_content_parts", "messages")
     known = (COUNT_KNOWN if counting else KNOWN) | IGNORED
     top = {k: v for k, v in body.items() if k in known - IGNORED and k not in ("messages", "tools", "system")}
     top.pop("tool_choice", None)  # read with the tools (_tools)
@@ -254,7 +261,7 @@ def read_request(body: dict, counting: bool = False) -> MessagesRequest:
             raise ApiError(400, "system: must be a string or a list of text blocks", param="system")
         for j, b in enumerate(system):
             check(TextBlockParam, b, f"system[{j}]")
-    return MessagesRequest(checked, _conversation(body), _tools(body), sorted(set(body) - known))
+    return MessagesRequest(checked, _conversation(body), _tools(body, limits), sorted(set(body) - known))
 
 
 def to_spec(req: MessagesRequest, limits: Limits, model: str) -> GenerationSpec:
@@ -267,6 +274,8 @@ def to_spec(req: MessagesRequest, limits: Limits, model: str) -> GenerationSpec:
             param="stop_sequences",
             code="invalid_value",
         )
+    at_most(max(map(len, stop), default=0), limits.max_stop_chars, "stop_sequences: characters of a sequence",
+            "max_stop_chars", "stop_sequences")  # fmt: skip
     prefill = req.tools.opening() if req.tools is not None and req.tools.active else ""
     return GenerationSpec(
         kind="chat",

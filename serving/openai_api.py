@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from flywheel.core.config import option
-from serving.schema import ApiError, Field, boolean, integer, number, refuse_unknown, string, value
+from serving.schema import ApiError, Field, at_most, boolean, integer, number, refuse_unknown, string, value
 
 
 @dataclass
@@ -25,6 +25,28 @@ class Limits:
     max_n: int = 8
     max_stop: int = 4
     context_tokens: int = option(0, help="prompt + max_tokens must fit in this many tokens (0: the model's positions)")
+    # Bounded work per request: each of these is a clear 400 naming it, checked before the work it bounds.
+    max_stop_chars: int = 256  # a stop sequence is matched against the answer's tail at every decode step
+    max_json_depth: int = 64  # containers nested in a body (code that walks it recursively must not overflow)
+    max_messages: int = 4096  # messages, Responses input items (with the stored conversation), per request
+    max_content_parts: int = 8192  # text parts / content blocks of all messages (each is checked on its own)
+    max_schema_nodes: int = 10_000  # JSON nodes of all tool schemas of a request (their checks walk every one)
+    max_schema_expansion: int = option(
+        10_000,
+        help="tool schemas: most subschemas a call's check may apply to one value ($ref, anyOf, ... expanded); "
+        "a schema over it is a 400",
+    )
+    max_argument_depth: int = 32  # a call's arguments nested deeper are an invalid call (recursive $ref's unroll)
+    tool_call_timeout_s: float = option(
+        1.0,
+        help="seconds to check an answer's tool calls against their schemas, off the event loop; past it the "
+        "call is invalid (returned as text)",
+    )
+    tool_schema_timeout_s: float = option(
+        5.0,
+        help="seconds to check a request's tool schemas (metaschema, refs, expansion), off the event loop; "
+        "past it the request is a 400",
+    )
 
 
 @dataclass
@@ -108,6 +130,7 @@ def _stop(body: dict, limits: Limits) -> list[str]:
         raise ApiError(400, "'stop' must be a non-empty string or a list of them", param="stop", code="invalid_type")
     if len(v) > limits.max_stop:
         raise ApiError(400, f"'stop' takes at most {limits.max_stop} sequences", param="stop", code="out_of_range")
+    at_most(max(map(len, v)), limits.max_stop_chars, "'stop': characters of a sequence", "max_stop_chars", "stop")
     return v
 
 
@@ -234,7 +257,15 @@ def render_chat(messages: list[dict], tools=None) -> str:
     from flywheel.core import tool_format as tf
     from serving import tool_calls as tc
 
-    return tf.render_chat(messages, tc.tools_header(tools) if tools is not None and tools.active else [])
+    try:
+        return tf.render_chat(messages, tc.tools_header(tools) if tools is not None and tools.active else [])
+    except RecursionError:  # a call's arguments, a JSON string, nested past what Python's json reads
+        raise ApiError(
+            400,
+            "a tool call's arguments are nested too deeply to read (JSON in a string counts too: max_json_depth)",
+            param="messages",
+            code="invalid_value",
+        ) from None
 
 
 def _content(m: dict, i: int) -> str:
@@ -255,7 +286,7 @@ def _content(m: dict, i: int) -> str:
     )
 
 
-def _messages(msgs, tools) -> list[dict]:
+def _messages(msgs, tools, limits: Limits) -> list[dict]:
     from serving import tool_calls as tc
 
     if not isinstance(msgs, list) or not msgs:
@@ -265,6 +296,11 @@ def _messages(msgs, tools) -> list[dict]:
             param="messages",
             code="missing_required_parameter" if msgs is None else "invalid_type",
         )
+    at_most(len(msgs), limits.max_messages, "'messages'", "max_messages", "messages")
+    parts = sum(
+        len(m[k]) for m in msgs if isinstance(m, dict) for k in ("content", "tool_calls") if isinstance(m.get(k), list)
+    )
+    at_most(parts, limits.max_content_parts, "'messages': content parts", "max_content_parts", "messages")
     clean, call_ids = [], set()
     for i, m in enumerate(msgs):
         if not isinstance(m, dict):
@@ -378,8 +414,8 @@ def parse_chat(body: dict, limits: Limits) -> GenerationSpec:
             param="response_format",
             code="unsupported_parameter",
         )
-    tools = tc.parse_tools(body)
-    clean = _messages(body.get("messages"), tools)
+    tools = tc.parse_tools(body, limits)
+    clean = _messages(body.get("messages"), tools, limits)
     max_tokens = _int(body, "max_completion_tokens", None, 1, limits.max_tokens)
     if max_tokens is None:
         max_tokens = _int(body, "max_tokens", 16, 1, limits.max_tokens)

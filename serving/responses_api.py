@@ -35,7 +35,7 @@ from openai.types.responses.tool_param import CustomToolParam, FunctionToolParam
 
 from serving import tool_calls as tc
 from serving.openai_api import GenerationSpec, Limits, render_chat
-from serving.schema import ApiError
+from serving.schema import ApiError, at_most
 from serving.typed_bodies import check
 
 KNOWN = set(rcp.ResponseCreateParamsBase.__annotations__) | {"stream"}
@@ -110,12 +110,18 @@ def _call(messages: list[dict], call: dict) -> None:
         messages.append({"role": "assistant", "content": "", "calls": [call]})
 
 
-def read_items(raw, where: str = "input") -> tuple[list[dict], list[dict]]:
+def read_items(raw, where: str = "input", limits: Limits | None = None) -> tuple[list[dict], list[dict]]:
     """(checked messages, the items as given with an id each) of `input`."""
     if isinstance(raw, str):
         return [{"role": "user", "content": raw}], [_item_of_text(raw)]
     if not isinstance(raw, list):
         raise ApiError(400, f"'{where}' must be a string or a list of items", param=where, code="invalid_type")
+    limits = limits or Limits()
+    at_most(len(raw), limits.max_messages, f"'{where}': items", "max_messages", where)  # before any is checked
+    parts = sum(
+        len(x[k]) for x in raw if isinstance(x, dict) for k in ("content", "output") if isinstance(x.get(k), list)
+    )
+    at_most(parts, limits.max_content_parts, f"'{where}': content parts", "max_content_parts", where)
     messages: list[dict] = []
     items: list[dict] = []
     for i, item in enumerate(raw):
@@ -161,7 +167,7 @@ def _item_of_text(text: str) -> dict:
     return {"id": new_id("msg"), "type": "message", "role": "user", "content": content}
 
 
-def _tools(body: dict, dropped: list[str]) -> tuple[tc.ToolSpec | None, set]:
+def _tools(body: dict, dropped: list[str], limits: Limits) -> tuple[tc.ToolSpec | None, set]:
     """The request's tools as the chat API's (so one set of checks serves both), and the custom ones' names.
     Tools the server would have to run itself (web_search, file_search, code_interpreter, ...) or that
     group others (namespace, tool_search) are not offered to the model: left out, named in `dropped`. A custom
@@ -171,6 +177,7 @@ def _tools(body: dict, dropped: list[str]) -> tuple[tc.ToolSpec | None, set]:
         raw = []
     if not isinstance(raw, list):
         raise ApiError(400, "'tools' must be a list", param="tools", code="invalid_type")
+    at_most(len(raw), tc.MAX_TOOLS, "'tools'", "MAX_TOOLS", "tools")  # before each is checked
     chat_tools, custom = [], set()
     for i, t in enumerate(raw):
         p = f"tools[{i}]"
@@ -206,12 +213,13 @@ def _tools(body: dict, dropped: list[str]) -> tuple[tc.ToolSpec | None, set]:
             )
         choice = {"type": "function", "function": {"name": choice["name"]}}
     spec = tc.parse_tools(
-        {"tools": chat_tools, "tool_choice": choice, "parallel_tool_calls": body.get("parallel_tool_calls")}
+        {"tools": chat_tools, "tool_choice": choice, "parallel_tool_calls": body.get("parallel_tool_calls")}, limits
     )
     return spec, custom
 
 
-def read_request(body: dict) -> ResponsesRequest:
+def read_request(body: dict, limits: Limits | None = None) -> ResponsesRequest:
+    limits = limits or Limits()
     top = {k: v for k, v in body.items() if k in KNOWN and k not in ("input", "tools") and k not in IGNORED}
     checked = check(rcp.ResponseCreateParamsBase, {**top, "input": "", "model": body.get("model")}, "")
     if not isinstance(body.get("stream", False), bool):
@@ -238,9 +246,9 @@ def read_request(body: dict) -> ResponsesRequest:
         )
     if "input" not in body and not checked.get("previous_response_id"):
         raise ApiError(400, "'input' is required", param="input", code="missing_required_parameter")
-    messages, items = read_items(body.get("input", []))
+    messages, items = read_items(body.get("input", []), "input", limits)
     ignored = sorted(set(body) - KNOWN)
-    tools, custom = _tools(body, ignored)
+    tools, custom = _tools(body, ignored, limits)
     return ResponsesRequest(checked, messages, items, tools, list(body.get("tools") or []), custom, ignored)
 
 
@@ -249,6 +257,8 @@ def to_spec(req: ResponsesRequest, previous: list[dict], limits: Limits, model: 
     against the calls made before them."""
     b = req.body
     conversation = previous + req.messages
+    # a chain of previous_response_id grows by each turn: bounded like one request's input
+    at_most(len(conversation), limits.max_messages, "messages in the conversation", "max_messages", "input")
     instructions = b.get("instructions")
     head = [{"role": "system", "content": instructions}] if instructions else []
     calls = set()

@@ -33,7 +33,25 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
-def parse_json_body(raw: bytes) -> dict:
+MAX_JSON_DEPTH = 64  # Limits.max_json_depth: the default where a body is read without the gateway's limits
+
+
+def nesting(value, limit: int) -> bool:
+    """Whether a JSON value nests at most `limit` containers deep, checked without recursion."""
+    stack = [(value, 1)]
+    while stack:
+        node, d = stack.pop()
+        if d > limit:
+            return False
+        for x in node.values() if isinstance(node, dict) else node:
+            if isinstance(x, (dict, list)):
+                stack.append((x, d + 1))
+    return True
+
+
+def parse_json_body(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> dict:
+    """A body as a JSON object, nested at most `max_depth` deep (orjson takes 1024; Python's own json, pydantic
+    and every recursive walk of it here would overflow before that: a 500, or worse, where a 400 is due)."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -46,7 +64,20 @@ def parse_json_body(raw: bytes) -> dict:
         ) from None
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object", code="invalid_json")
+    if raw.count(b"[") + raw.count(b"{") > max_depth and not nesting(body, max_depth):
+        raise ApiError(
+            400, f"request body is nested deeper than {max_depth} levels (max_json_depth)", code="invalid_json"
+        )
     return body
+
+
+def at_most(count: int, limit: int, what: str, name: str, param: str | None = None) -> None:
+    """A bounded count, checked before the work it bounds: over `limit`, a 400 naming the limit (`name`, the
+    serving.openai_api.Limits field that sets it)."""
+    if count > limit:
+        raise ApiError(
+            400, f"{what}: {count}, more than the limit of {limit} ({name})", param=param, code="out_of_range"
+        )
 
 
 # ----------------------------------------------------------------------------- checks

@@ -19,10 +19,10 @@ and routed experts the trainer needs from /generate. The format is the same; one
 the last call makes the answer text here (SGLang's parser keeps the calls and drops it), since a policy
 that learns to trail prose after its calls should see that counted.
 
-A call the model gets wrong (not JSON, an unknown tool, arguments that fail the tool's JSON schema, a
-call cut off) makes the whole answer plain text with finish_reason "stop" ("length" when cut off by the
-token limit), never an error: the client
-sees what the model wrote, and the gateway counts it (a rising malformed-call rate is reward hacking's
+A call the model gets wrong (not JSON, an unknown tool, arguments that fail the tool's JSON schema or whose
+check runs past its deadline (serving.tool_schema), a call cut off) makes the whole answer plain text with
+finish_reason "stop" ("length" when cut off by the token limit), never an error: the client sees what the
+model wrote, and the gateway counts it (a rising malformed-call rate is reward hacking's
 first sign).
 """
 
@@ -33,84 +33,15 @@ import re
 import uuid
 from dataclasses import dataclass, field
 
-import regex
-from jsonschema import Draft202012Validator, validators
-from jsonschema.exceptions import SchemaError, ValidationError
-from referencing import Registry
-from referencing.jsonschema import DRAFT202012
-
 from flywheel.core import tool_format as tf
 from flywheel.core.tool_format import CALL_OPEN
-from serving.schema import ApiError
+from serving import tool_schema as ts
+from serving.openai_api import Limits
+from serving.schema import ApiError, nesting
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 MAX_TOOLS = 64
-MAX_SCHEMA_DEPTH = 32
-PATTERN_TIMEOUT_S = 0.05  # a client's regex runs on the gateway's event loop: bounded, or it could stall it
-
-
-def _pattern(validator, patrn, instance, schema):
-    """jsonschema's `pattern`, with a time bound (the `regex` module): a pathological pattern fails the
-    arguments instead of freezing every tenant's requests."""
-    if not validator.is_type(instance, "string"):
-        return
-    try:
-        found = regex.search(patrn, instance, timeout=PATTERN_TIMEOUT_S)
-    except (TimeoutError, regex.error):
-        found = None
-    if not found:
-        yield ValidationError(f"{instance[:80]!r} does not match {patrn[:80]!r}")
-
-
-# Client schemas: no $ref is ever fetched (an empty registry: local refs only), `pattern` is time-bounded.
-_Validator = validators.extend(Draft202012Validator, {"pattern": _pattern})
-_NO_FETCH = Registry()
-
-
-def _check_schema(params: dict, where: str) -> None:
-    """What jsonschema's check_schema does not: no remote or unresolvable $ref, no patternProperties (an
-    unbounded regex over keys), a depth bound (deep nesting would exhaust Python's recursion)."""
-    refs = []
-
-    def walk(node, depth: int) -> None:
-        if depth > MAX_SCHEMA_DEPTH:
-            raise ApiError(
-                400, f"{where} is nested deeper than {MAX_SCHEMA_DEPTH} levels", param=where, code="invalid_value"
-            )
-        if isinstance(node, dict):
-            for k, v in node.items():
-                if k in ("$ref", "$dynamicRef") and (not isinstance(v, str) or not v.startswith("#")):
-                    raise ApiError(
-                        400,
-                        f"{where}: only local references ('#...') are allowed in $ref",
-                        param=where,
-                        code="invalid_value",
-                    )
-                if k in ("$ref", "$dynamicRef"):
-                    refs.append(v)
-                if k == "patternProperties":
-                    raise ApiError(
-                        400, f"{where}: patternProperties is not supported", param=where, code="unsupported_parameter"
-                    )
-                walk(v, depth + 1)
-        elif isinstance(node, list):
-            for v in node:
-                walk(v, depth + 1)
-
-    walk(params, 0)
-    try:
-        Draft202012Validator.check_schema(params)
-        resolver = _NO_FETCH.with_resource("urn:tool", DRAFT202012.create_resource(params)).resolver("urn:tool")
-        for ref in refs:  # a $ref that leads nowhere fails here, not when the model first calls the tool
-            resolver.lookup(ref)
-    except SchemaError as e:
-        raise ApiError(
-            400, f"{where} is not a valid JSON schema: {e.message}", param=where, code="invalid_value"
-        ) from None
-    except Exception as e:  # noqa: BLE001 - unresolvable or self-referential $ref (RecursionError too)
-        raise ApiError(
-            400, f"{where} cannot be used ({type(e).__name__}): check its $ref", param=where, code="invalid_value"
-        ) from None
+MAX_SCHEMA_DEPTH = ts.MAX_SCHEMA_DEPTH
 
 
 @dataclass
@@ -118,7 +49,7 @@ class Tool:
     name: str
     description: str
     parameters: dict
-    validator: object  # _Validator: the parameters schema, no fetching, bounded patterns
+    validator: object  # tool_schema.Validator: the parameters schema, no fetching, bounded patterns, deadline
 
 
 @dataclass
@@ -129,6 +60,8 @@ class ToolSpec:
     choice: str = "auto"  # auto | none | required | function
     forced: str | None = None  # the function tool_choice names
     parallel: bool = True
+    timeout_s: float = 1.0  # Limits.tool_call_timeout_s: checking an answer's calls, off the event loop
+    max_argument_depth: int = 32  # Limits.max_argument_depth: deeper arguments are an invalid call
 
     @property
     def active(self) -> bool:
@@ -152,7 +85,8 @@ class ToolSpec:
 # ----------------------------------------------------------------------------- request
 
 
-def parse_tools(body: dict) -> ToolSpec | None:
+def parse_tools(body: dict, limits: Limits | None = None) -> ToolSpec | None:
+    limits = limits or Limits()
     tools_raw, choice_raw = body.get("tools"), body.get("tool_choice")
     parallel = body.get("parallel_tool_calls", True)
     if parallel is None:
@@ -168,6 +102,7 @@ def parse_tools(body: dict) -> ToolSpec | None:
     if len(tools_raw) > MAX_TOOLS:
         raise ApiError(400, f"'tools' takes at most {MAX_TOOLS} functions", param="tools", code="out_of_range")
     tools: dict[str, Tool] = {}
+    nodes_left = limits.max_schema_nodes
     for i, t in enumerate(tools_raw):
         p = f"tools[{i}]"
         if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("function"), dict):
@@ -207,9 +142,11 @@ def parse_tools(body: dict) -> ToolSpec | None:
                 param=f"{p}.function.parameters",
                 code="invalid_type",
             )
-        _check_schema(params, f"{p}.function.parameters")
-        tools[name] = Tool(name, desc, params, _Validator(params, registry=_NO_FETCH))
-    spec = ToolSpec(tools=tools, parallel=parallel)
+        nodes_left -= ts.check_schema(params, f"{p}.function.parameters", limits, nodes_left)
+        tools[name] = Tool(name, desc, params, ts.Validator(params, registry=ts.NO_FETCH))
+    spec = ToolSpec(
+        tools, parallel=parallel, timeout_s=limits.tool_call_timeout_s, max_argument_depth=limits.max_argument_depth
+    )
     if choice_raw is None or choice_raw in ("auto", "none", "required"):
         spec.choice = choice_raw or "auto"
     elif (
@@ -307,9 +244,14 @@ def parse(text: str, spec: ToolSpec, id_prefix: str = "call_") -> Parsed:
         tool = spec.tools.get(name)
         if tool is None or (spec.forced is not None and name != spec.forced):
             return None
-        return lambda args: next(tool.validator.iter_errors(args), None) is None
+        return lambda args: (
+            nesting(args, spec.max_argument_depth) and next(tool.validator.iter_errors(args), None) is None
+        )
 
-    outcome, start, found = tf.read_calls(text, lookup)
+    try:
+        outcome, start, found = tf.read_calls(text, lookup)
+    except RecursionError:  # a call nested past Python's recursion (json.loads): not a call either
+        return Parsed(content=text, outcome="malformed")
     if outcome != "valid":
         return Parsed(content=text, outcome=outcome)
     calls = [
@@ -323,6 +265,16 @@ def parse(text: str, spec: ToolSpec, id_prefix: str = "call_") -> Parsed:
     if spec.single and len(calls) > 1:
         calls, outcome = calls[:1], "dropped_parallel"
     return Parsed(content=text[:start] if text[:start].strip() else None, calls=calls, outcome=outcome)
+
+
+async def parse_off_loop(text: str, spec: ToolSpec, id_prefix: str = "call_") -> Parsed:
+    """parse(), with the calls' checks on a thread and within spec.timeout_s (serving.tool_schema): a check
+    past it makes the call invalid, as arguments that fail their schema do; the event loop never waits on it."""
+    if not spec.active or CALL_OPEN not in text:
+        return parse(text, spec, id_prefix)
+    return await ts.off_loop(
+        lambda: parse(text, spec, id_prefix), spec.timeout_s, lambda: Parsed(content=text, outcome="malformed")
+    )
 
 
 class StreamSplitter:
@@ -358,12 +310,15 @@ class StreamSplitter:
         out, self.sent = self.buf[self.sent : end], max(self.sent, end)
         return out
 
-    def finish(self) -> tuple[str, Parsed]:
-        """(content still to stream, the parse of the whole answer)."""
-        parsed = parse(self.buf, self.spec, self.id_prefix)
+    def finish(self, parsed: Parsed | None = None) -> tuple[str, Parsed]:
+        """(content still to stream, the parse of the whole answer: `parsed`, when already done off the loop)."""
+        parsed = parsed or parse(self.buf, self.spec, self.id_prefix)
         if parsed.calls:
             return "", parsed
         return self.buf[self.sent :], parsed
+
+    async def finish_off_loop(self) -> tuple[str, Parsed]:
+        return self.finish(await parse_off_loop(self.buf, self.spec, self.id_prefix))
 
 
 def trimmed_close(finish: dict | None) -> str:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from flywheel.core import events as ev
-from serving import engine, tool_calls as tc
+from serving import engine, tool_calls as tc, tool_schema
 from serving.api import turn
 from serving.api.respond import SESSION_HEADER, VERSION_HEADER, fingerprint, json_response
 from serving.api.stream import stream_choices
@@ -49,6 +49,9 @@ class CompletionsApi:
             web.get("/models", self.models),
         ]
 
+    def body(self, raw: bytes) -> dict:
+        return parse_json_body(raw, self.gw.cfg.limits.max_json_depth)
+
     async def models(self, request: web.Request) -> web.Response:
         return json_response(
             {
@@ -58,12 +61,13 @@ class CompletionsApi:
         )
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        spec = parse_completion(parse_json_body(await request.read()), self.gw.cfg.limits)
+        spec = parse_completion(self.body(await request.read()), self.gw.cfg.limits)
         return await self.generate(request, request[TENANT], spec)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         tenant: Tenant = request[TENANT]
-        spec = parse_chat(parse_json_body(await request.read()), self.gw.cfg.limits)
+        body, limits = self.body(await request.read()), self.gw.cfg.limits
+        spec = await tool_schema.read_off_loop(body, lambda: parse_chat(body, limits), limits.tool_schema_timeout_s)
         spec.session_hint = turn.session_hint(self.gw, tenant, request.headers.get(SESSION_HEADER) or spec.session_hint)
         return await self.generate(request, tenant, spec)
 
@@ -85,7 +89,7 @@ class CompletionsApi:
         durable = []
         for i, (res, replica_id, timing) in enumerate(results):
             durable.append(gw.dispatcher.log_completion(tenant, spec, cid, i, prompt_ids, res, replica_id, timing))
-            choices.append(self.choice(spec, i, res, tenant, cid, replica_id))
+            choices.append(await self.choice(spec, i, res, tenant, cid, replica_id))
             if spec.session is not None:
                 m = choices[-1]["message"]
                 self.remember(tenant, spec, cid, i, m["content"], m.get("tool_calls", []))
@@ -130,7 +134,7 @@ class CompletionsApi:
             return completion_logprobs(tokens, res.logprobs, tops, len(spec.prompt))
         return chat_logprobs(tokens, res.logprobs, tops)
 
-    def choice(
+    async def choice(
         self, spec: GenerationSpec, i: int, res: engine.EngineResult, tenant: Tenant, cid: str, replica_id: str
     ) -> dict:
         fr = finish_reason(res.finish)
@@ -138,7 +142,7 @@ class CompletionsApi:
             return {"index": i, "text": res.text, "logprobs": self.logprobs(spec, res), "finish_reason": fr}
         message = {"role": "assistant", "content": res.text}
         if spec.tools is not None and spec.tools.active:
-            parsed = tc.parse(spec.prefill + res.text + tc.trimmed_close(res.finish), spec.tools)
+            parsed = await tc.parse_off_loop(spec.prefill + res.text + tc.trimmed_close(res.finish), spec.tools)
             self.count_tools(parsed, spec, tenant, cid, i, res, replica_id)
             message["content"] = parsed.content
             if parsed.calls:

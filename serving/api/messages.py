@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import orjson
 from aiohttp import web
 
-from serving import messages_api as ma
+from serving import messages_api as ma, tool_schema
 from serving.api import turn as turns
 from serving.api.respond import SESSION_HEADER, VERSION_HEADER, json_response, send_event
 from serving.api.responses import count_ignored
@@ -70,7 +70,11 @@ class MessagesApi:
 
     async def count_tokens(self, request: web.Request) -> web.Response:
         check_version(request)
-        req = ma.read_request(parse_json_body(await request.read()), counting=True)
+        limits = self.gw.cfg.limits
+        body = parse_json_body(await request.read(), limits.max_json_depth)
+        req = await tool_schema.read_off_loop(
+            body, lambda: ma.read_request(body, limits, counting=True), limits.tool_schema_timeout_s
+        )
         count_ignored(self.gw, "messages", req.ignored)
         spec = ma.to_spec(req, self.gw.cfg.limits, self.gw.cfg.model_name)
         spec.max_tokens = 1  # counted as a request would be, refused as one would be when it does not fit
@@ -79,7 +83,8 @@ class MessagesApi:
     async def create(self, request: web.Request) -> web.StreamResponse:
         gw, tenant = self.gw, request[TENANT]
         check_version(request)
-        req = ma.read_request(parse_json_body(await request.read()))
+        body, limits = parse_json_body(await request.read(), gw.cfg.limits.max_json_depth), gw.cfg.limits
+        req = await tool_schema.read_off_loop(body, lambda: ma.read_request(body, limits), limits.tool_schema_timeout_s)
         count_ignored(gw, "messages", req.ignored)
         spec = ma.to_spec(req, gw.cfg.limits, gw.cfg.model_name)
         spec.session_hint = turns.session_hint(gw, tenant, request.headers.get(SESSION_HEADER))

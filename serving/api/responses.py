@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from serving import responses_api as ra
+from serving import responses_api as ra, tool_schema
 from serving.api import turn as turns
 from serving.api.respond import SESSION_HEADER, VERSION_HEADER, json_response, send_event
 from serving.auth import TENANT, Tenant
@@ -102,7 +102,8 @@ class ResponsesApi:
 
     async def create(self, request: web.Request) -> web.StreamResponse:
         gw, tenant = self.gw, request[TENANT]
-        req = ra.read_request(parse_json_body(await request.read()))
+        body, limits = parse_json_body(await request.read(), gw.cfg.limits.max_json_depth), gw.cfg.limits
+        req = await tool_schema.read_off_loop(body, lambda: ra.read_request(body, limits), limits.tool_schema_timeout_s)
         ra.check_sampling(req.body)
         count_ignored(gw, "responses", req.ignored)
         previous: list[dict] = []

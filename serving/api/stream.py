@@ -114,7 +114,7 @@ async def stream_choices(
         fr = finish_reason(res.finish)
         if split is not None:
             tail = split.feed(tc.trimmed_close(res.finish))
-            rest, parsed = split.finish()
+            rest, parsed = await split.finish_off_loop()
             rest = tail + rest
             api.count_tools(parsed, spec, tenant, cid, i, res, replica_id)
             if rest:

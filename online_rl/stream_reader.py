@@ -7,6 +7,12 @@ a partition away between a read and the checkpoint that accounts for it.
 Tenants' policies come first (online_rl.tenants): after connecting, the other topics wait until the tenants
 topic is read to the end it had then (a trainer that starts, or restarts, knows every forget and deny
 written so far before it reads one event), and in each fetch the tenants' records are given out first.
+
+Records are untrusted input (anyone who can write to the broker wrote them): `events` decodes completions,
+feedback and tenants' policies strictly (flywheel.core.events.decode) and gives out only what decodes; a record
+that does not is refused (`refuse`: counted in flywheel_trainer_bad_records_total{topic,reason}, copied to the
+dead-letter topic, flywheel.core.dead_letter) and its offset passed like any other's, so neither it nor a restart
+that reads it again (a compacted tenants topic keeps it forever) stops the trainer.
 """
 
 from __future__ import annotations
@@ -15,15 +21,23 @@ import logging
 import time
 from collections.abc import Iterator
 
+from prometheus_client import CollectorRegistry
+
 from flywheel.core import events as ev
+from flywheel.core.dead_letter import DeadLetters
 
 log = logging.getLogger(__name__)
 TOPICS = (ev.TOPIC_COMPLETIONS, ev.TOPIC_FEEDBACK, ev.TOPIC_WEIGHTS, ev.TOPIC_TENANTS)
 
 
 class StreamReader:
-    def __init__(self, bootstrap: str | None, group_id: str, poll_ms: int = 500):
+    def __init__(
+        self, bootstrap: str | None, group_id: str, poll_ms: int = 500, registry: CollectorRegistry | None = None
+    ):
         self.bootstrap, self.group_id, self.poll_ms = bootstrap, group_id, poll_ms
+        registry = registry if registry is not None else CollectorRegistry()
+        self.dead_letters = DeadLetters(registry, "flywheel_trainer", "trainer", bootstrap, TOPICS)
+        self.current = None  # the record events() gave out last (where a record the caller refuses came from)
         self.offsets: dict[str, int] = {}  # "topic:partition" -> next offset to read (the checkpoint's)
         self._consumer = None
         self._policies_end: dict = {}  # tenants partition -> its end at connect, while the others wait for it
@@ -89,8 +103,28 @@ class StreamReader:
         once the caller has taken it (asked for the next)."""
         for tp, records in sorted(batch.items(), key=lambda kv: kv[0].topic != ev.TOPIC_TENANTS):
             for r in records:
+                self.current = r
                 yield tp.topic, r.value
                 self.offsets[f"{tp.topic}:{tp.partition}"] = r.offset + 1
+
+    def events(self, batch: dict) -> Iterator[tuple[str, object]]:
+        """As read(), with completions and feedback (flywheel.core.events.CompletionEvent, FeedbackEvent) and
+        tenants' policies (TenantRecord) decoded; weights records stay bytes (the trainer verifies them with its key).
+        A record that does not decode as its topic's kind is refused, never given out."""
+        for topic, value in self.read(batch):
+            if topic == ev.TOPIC_WEIGHTS:
+                yield topic, value
+                continue
+            try:
+                event = ev.decode(value, topic)
+            except ev.BadRecord as e:
+                self.refuse(topic, value, e)
+                continue
+            yield topic, event
+
+    def refuse(self, topic: str, value, error: Exception) -> None:
+        """The record events() gave out last (`value`, from `topic`) is unusable: counted, dead-lettered, skipped."""
+        self.dead_letters.refuse(topic, value, error, self.current)
 
     def commit(self) -> None:
         """The offsets a checkpoint now holds, to the consumer group (for monitoring and tools: the
@@ -110,6 +144,7 @@ class StreamReader:
             log.warning("offset commit failed (%s); the checkpoint's offsets stay authoritative", e)
 
     def close(self) -> None:
+        self.dead_letters.close()
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None

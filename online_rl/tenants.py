@@ -27,7 +27,10 @@ without any older one beside it (online_rl.checkpoints): the checkpoints from be
 token ids and events. Weights already trained are not un-trained: online_rl.provenance says which published
 versions saw a tenant's samples, and the students' samples of its commented contexts (`distilled`).
 A record on the tenants topic that is not a tenant policy is skipped, logged and counted
-(flywheel_trainer_privacy_bad_records_total).
+(flywheel_trainer_privacy_bad_records_total; in the trainer its reader refuses it first: online_rl.stream_reader).
+Policies are versioned (serving.auth.Policy.version): a record of
+a lower version than the tenant's policy in effect (a gateway restarted on a stale keys file re-announcing what
+it read) changes nothing but a later forgotten_before, and is counted (flywheel_trainer_privacy_stale_records_total).
 
 The gate's state (policies, forgotten_before, user and distilled samples trained by tenant) goes into the
 trainer's checkpoint, as plain values. Ids already joined (the Joiner's judged keys and seen event ids) hold
@@ -62,8 +65,9 @@ class TenantGate:
 
     def __init__(self, registry: CollectorRegistry | None = None, holder=None, clock: Callable[[], float] = time.time):
         self.holder, self.clock = holder, clock
-        # tenant -> {"name", "train", "retention_days", "forgotten_before", "ts"}: its newest record, except
-        # forgotten_before, which only grows (a record that lost it cannot bring forgotten events back)
+        # tenant -> {"name", "train", "retention_days", "forgotten_before", "ts", "version"}: its record of the
+        # highest policy version (a tie: the later one), except forgotten_before, which only grows (a record that
+        # lost it cannot bring forgotten events back)
         self.policies: dict[str, dict] = {}
         self.trained: dict[str, int] = {}  # user samples trained, by tenant, since the first step (provenance)
         self.distilled: dict[str, int] = {}  # students' samples of commented contexts trained, by tenant
@@ -72,6 +76,12 @@ class TenantGate:
         self.bad_records = Counter(
             "flywheel_trainer_privacy_bad_records",
             "Records on the tenants topic that are not a tenant policy (skipped)",
+            registry=registry,
+        )
+        self.stale_records = Counter(
+            "flywheel_trainer_privacy_stale_records",
+            "Tenant policies older (by version) than the one in effect, e.g. re-announced by a gateway on a stale "
+            "keys file: only a later forgotten_before in one is taken",
             registry=registry,
         )
         self.dropped = Counter(
@@ -145,16 +155,29 @@ class TenantGate:
         old = self.policies.get(r.tenant, {"train": "allow", "forgotten_before": None})
         was = old["forgotten_before"]
         before = r.forgotten_before if was is None else max(was, r.forgotten_before or was)
-        self.policies[r.tenant] = {
-            "name": r.name,
-            "train": r.train,
-            "retention_days": None if r.retention_days is None else float(r.retention_days),
-            "forgotten_before": None if before is None else float(before),
-            "ts": float(r.ts),
-        }
+        if r.version < old.get("version", 0):  # older than what is in effect: it may only forget more
+            self.stale_records.inc()
+            log.warning(
+                "tenant %s (%s): a policy of version %d after version %d (a stale keys file?): not applied",
+                r.tenant,
+                r.name,
+                r.version,
+                old["version"],
+            )
+            new = {**old, "forgotten_before": None if before is None else float(before)}
+        else:
+            new = {
+                "name": r.name,
+                "train": r.train,
+                "retention_days": None if r.retention_days is None else float(r.retention_days),
+                "forgotten_before": None if before is None else float(before),
+                "ts": float(r.ts),
+                "version": r.version,
+            }
+        self.policies[r.tenant] = new
         if before is not None and (was is None or before > was):
             self.purge(r.tenant, before, "forgotten")
-        if r.train == "deny" and old["train"] != "deny":
+        if new["train"] == "deny" and old["train"] != "deny":
             self.purge(r.tenant, math.inf, "deny")
 
     def purge(self, tenant: str, before: float, reason: str) -> int:

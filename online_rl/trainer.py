@@ -29,7 +29,7 @@ import torch
 
 from flywheel.core import control, events as ev
 from kernels import batch_invariant as bi
-from online_rl import sandbox
+from online_rl import sandbox, tenant_share
 from online_rl.checkpoints import Checkpoints
 from online_rl.config import TrainerConfig
 from online_rl.distill_samples import sample_commented
@@ -96,7 +96,7 @@ class Trainer:
         self.privacy = TenantGate(self.metrics.registry, holder=self)  # tenants' policies (online_rl.tenants)
         self.joiner.refuse = self.privacy.refuse
         self.failures = Failures(self.metrics.failures, cfg.retry)
-        self.reader = StreamReader(cfg.kafka_bootstrap, cfg.group_id, cfg.poll_ms)
+        self.reader = StreamReader(cfg.kafka_bootstrap, cfg.group_id, cfg.poll_ms, self.metrics.registry)
         self.checkpoints = Checkpoints(self.work)
         self.publisher = Publisher(
             cfg.publish, cfg.model_dir, self.work, self.failures, cfg.kafka_bootstrap, self.rank == 0
@@ -271,13 +271,13 @@ class Trainer:
             return 0
         self.failures.succeeded("ingest")
         n = 0
-        for topic, value in self.reader.read(batch):
+        for topic, value in self.reader.events(batch):  # decoded and checked: a bad record is refused there
             if topic == ev.TOPIC_WEIGHTS:
                 self._weights_record(value)
             elif topic == ev.TOPIC_TENANTS:
                 self.privacy.record(value)
             else:
-                self.buffer.extend(self.joiner.add_raw(value))
+                self.buffer.extend(self.joiner.add(value))
             n += 1
         # Caught up: let wall time age the windows. Samples whose wait for a delayed signal ended come back.
         self.buffer.extend(self.joiner.expire(None if n else time.time()))
@@ -290,9 +290,9 @@ class Trainer:
             return  # no key to verify with (a trainer that does not publish): nothing to act on
         try:
             record = self._control_guard.check(control.decode(raw, self._control_key))
-        except control.ControlError as e:
+        except control.ControlError as e:  # counted (and dead-lettered) as refused, never acted on
             self.failures.failed("control_record", e, retry=False)
-            return
+            return self.reader.refuse(ev.TOPIC_WEIGHTS, raw, e)
         if record["type"] == "rollback":
             if record["version"] not in self.rolled_back:
                 log.info(
@@ -328,7 +328,7 @@ class Trainer:
                 self._ledger(s, "stale")
             else:
                 fresh.append(s)
-        batch, self.buffer = fresh[: self.cfg.batch_size], fresh[self.cfg.batch_size :]
+        batch, self.buffer = tenant_share.take_batch(self, fresh)  # no tenant fills it
         return batch
 
     def _distill_samples(self, samples: list[Sample]) -> list[Sample]:

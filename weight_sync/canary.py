@@ -20,6 +20,12 @@ call) is compared the same way as acceptance, higher being worse: the one-sided 
 minus stable above `tool_margin` (worse beyond it, with confidence) rolls back. The guard only ever rolls
 back: with too few tool answers, or no confident excess, acceptance decides alone (a fleet with little
 tool traffic is not held up waiting for it).
+
+No tenant decides a trial alone: an arm's votes are counted with each tenant's (all its keys are one voter)
+scaled down to a common level, the highest at which no tenant counts for more than `max_tenant_share` of the
+arm's counted votes (capped_votes). The gateway reports each voter's votes without names. With the default,
+one half, an arm needs two tenants voting before any vote counts, and a tenant that votes a thousand times
+beside one that votes ten times counts as ten.
 """
 
 from __future__ import annotations
@@ -31,9 +37,13 @@ import time
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
+from prometheus_client import CollectorRegistry
+
 from flywheel.core import control
 from flywheel.core.admin_client import admin_call
+from flywheel.core.dead_letter import DeadLetters
 from flywheel.core.events import TOPIC_WEIGHTS
+from weight_sync.canary_votes import capped
 from weight_sync.manifest import load_private
 from weight_sync.publish import PublishConfig, activate
 
@@ -58,6 +68,7 @@ class CanaryConfig:
     error_margin: float = 0.01
     tool_min_answers: int = 100  # tool-call answers per arm, before the malformed-call rate is judged
     tool_margin: float = 0.05  # the canary's malformed-call rate may exceed stable's by this much (with confidence)
+    max_tenant_share: float = 0.5  # of an arm's counted votes, the most one tenant's count for (1: no cap)
     max_trial_s: float = 900.0
     poll_s: float = 2.0
     switch_timeout_s: float = 240.0
@@ -80,11 +91,23 @@ def _diff_bound(x_c: int, n_c: int, x_s: int, n_s: int, confidence: float) -> tu
     return diff, diff - z * se, diff + z * se
 
 
-FIGURES = ("requests", "errors", "feedback", "acceptance", "p99_ms", "tool_answers", "tool_malformed", "malformed_rate")
+FIGURES = (
+    "requests",
+    "errors",
+    "feedback",
+    "feedback_cast",
+    "tenants_voting",
+    "acceptance",
+    "p99_ms",
+    "tool_answers",
+    "tool_malformed",
+    "malformed_rate",
+)
 
 
 def judge(canary: dict, stable: dict, cfg: CanaryConfig) -> Verdict:
     """The decision on the two arms' figures (GET /admin/canary "arms" entries)."""
+    canary, stable = capped(canary, cfg.max_tenant_share), capped(stable, cfg.max_tenant_share)
     figures = {"canary": {k: canary.get(k) for k in FIGURES}, "stable": {k: stable.get(k) for k in FIGURES}}
     if canary["requests"] >= cfg.min_requests and stable["requests"] >= cfg.min_requests:
         err_c = canary["errors"] / max(1, canary["requests"] + canary["errors"])
@@ -119,7 +142,9 @@ def judge(canary: dict, stable: dict, cfg: CanaryConfig) -> Verdict:
     n_c, n_s = canary["feedback"], stable["feedback"]
     if n_c < cfg.min_feedback or n_s < cfg.min_feedback:
         return Verdict(
-            "extend", f"waiting for feedback ({n_c} canary, {n_s} stable; need {cfg.min_feedback} each)", figures
+            "extend",
+            f"waiting for feedback ({n_c:g} canary, {n_s:g} stable counted; need {cfg.min_feedback} each)",
+            figures,
         )
     p_c, p_s = canary["accepts"] / n_c, stable["accepts"] / n_s
     diff, lo, hi = _diff_bound(canary["accepts"], n_c, stable["accepts"], n_s, cfg.confidence)
@@ -149,6 +174,8 @@ class CanaryController:
         self._public = load_private(cfg.publish.private_key).public_key()
         self._guard = control.ReplayGuard()  # the topic is read from its start at every start
         self.bad_records = 0
+        self.registry = CollectorRegistry()  # flywheel_canary_bad_records_total{topic,reason}: refused records
+        self.dead_letters = DeadLetters(self.registry, "flywheel_canary", "canary", cfg.publish.kafka_bootstrap)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._consumer = None
@@ -293,6 +320,7 @@ class CanaryController:
                 except Exception as e:  # not ours, not well-formed, or a replay (ControlError): never acted on
                     self.bad_records += 1
                     log.error("ignoring weights record at offset %d: %s", r.offset, e)
+                    self.dead_letters.refuse(TOPIC_WEIGHTS, r.value, e, r)
         return out
 
     def _override(self, version: int) -> dict | None:
@@ -373,6 +401,7 @@ class CanaryController:
                             break
         finally:
             self._consumer.close()
+            self.dead_letters.close()
 
     def start(self) -> "CanaryController":
         self._thread = threading.Thread(target=self.run, name="canary", daemon=True)

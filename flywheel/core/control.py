@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import time
 
 SCHEMA = "flywheel.control/1"
@@ -37,6 +38,7 @@ _FIELDS = {
     "signer": (str,),
     "figures": (dict,),
     "trial_s": (int, float),
+    "ts": (int, float),
 }
 
 
@@ -70,6 +72,8 @@ def validate(record) -> dict:
             raise ControlError("invalid", f"{kind}: field {name!r} is not {'/'.join(t.__name__ for t in types)}")
     if "replicas" in record and not all(isinstance(r, str) for r in record["replicas"]):
         raise ControlError("invalid", "replicas are names")
+    if any(isinstance(v, float) and not math.isfinite(v) for v in record.values()):  # JSON as Python writes it
+        raise ControlError("invalid", f"{kind}: a number that is not finite")
     return record
 
 

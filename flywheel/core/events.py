@@ -14,16 +14,27 @@ import math
 import time
 import unicodedata
 import uuid
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 
 import msgpack
 import numpy as np
+
+from flywheel.core.event_checks import (
+    REASONS as REASONS,  # why a record is refused, re-exported
+    BadRecord,
+    check_fields,
+    completion_arrays,
+    field_rules,
+)
 
 TOPIC_COMPLETIONS = "completions"
 TOPIC_FEEDBACK = "feedback"
 TOPIC_WEIGHTS = "weights"
 TOPIC_DEADLETTER = "events.deadletter"  # stubs of events too large for the broker (kept whole on disk)
 TOPIC_TENANTS = "tenants"  # each tenant's privacy policy and deletions, keyed by tenant id (compacted)
+# Records a consumer refused (not an event, a wrong type, out of range, unsigned...): each copied here whole, with
+# headers naming its topic, partition, offset, the reason and the consumer (flywheel.core.dead_letter).
+TOPIC_BAD_RECORDS = "records.deadletter"
 
 COMPLETION_SCHEMA = "flywheel.completion.v1"
 FEEDBACK_SCHEMA = "flywheel.feedback.v1"
@@ -175,6 +186,9 @@ class TenantRecord:
     event_id: str = field(default_factory=new_event_id)
     ts: float = field(default_factory=time.time)
     schema: str = TENANT_SCHEMA
+    # The policy's version (serving.auth.Policy.version, set by the admin action that made it): readers keep
+    # the highest, so a gateway re-announcing an older policy from a stale keys file cannot loosen a newer one.
+    version: int = 0
 
     def encode(self) -> bytes:
         return msgpack.packb(_fields(self), use_bin_type=True)
@@ -196,8 +210,7 @@ _TENANT_FIELDS = {f.name for f in fields(TenantRecord)}
 _CONTENT = {"prompt_ids": b"", "output_ids": b"", "logprobs": b"", "routed_experts": b""}
 
 
-class SchemaError(ValueError):
-    """A record that is not a valid Flywheel event."""
+SchemaError = BadRecord  # the name consumers used first
 
 
 def _check_feedback(f: FeedbackEvent) -> None:
@@ -243,6 +256,8 @@ def _check_tenant(t: TenantRecord) -> None:
         raise SchemaError("a tenant record names its tenant id")
     if t.train not in TRAIN_POLICIES:
         raise SchemaError(f"train is {t.train!r}, not one of {TRAIN_POLICIES}")
+    if isinstance(t.version, bool) or not isinstance(t.version, int) or t.version < 0:
+        raise SchemaError("version is not a non-negative int")
     for name in ("retention_days", "forgotten_before"):
         v = getattr(t, name)
         if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0):
@@ -267,42 +282,50 @@ def withhold(raw: bytes, reason: str, secret_types=()) -> bytes:
     return msgpack.packb(d, use_bin_type=True)
 
 
-def decode(raw: bytes) -> CompletionEvent | FeedbackEvent | TenantRecord:
+_SCHEMAS = {  # schema -> (its class, its decoding rules, the topic that carries it)
+    COMPLETION_SCHEMA: (CompletionEvent, field_rules(CompletionEvent), TOPIC_COMPLETIONS),
+    FEEDBACK_SCHEMA: (FeedbackEvent, field_rules(FeedbackEvent), TOPIC_FEEDBACK),
+    TENANT_SCHEMA: (TenantRecord, field_rules(TenantRecord), TOPIC_TENANTS),
+}
+_REQUIRED = {
+    schema: {f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING}
+    for schema, (cls, _, _) in _SCHEMAS.items()
+}
+
+
+def decode(raw: bytes, topic: str | None = None) -> CompletionEvent | FeedbackEvent | TenantRecord:
+    """The event a record holds, every field of the type and in the range its consumers rely on; BadRecord (with
+    its reason) otherwise. `topic`: the topic it was read from, which must be the one its kind goes to."""
+    if raw is None:
+        raise BadRecord("no value (a tombstone)", "tombstone")
     try:
         d = msgpack.unpackb(raw, raw=False)
-    except Exception as e:
-        raise SchemaError(f"not msgpack: {e}") from None
+    except Exception as e:  # garbage: any of msgpack's errors, a non-string map key, bytes that are not UTF-8
+        raise BadRecord(f"not msgpack: {type(e).__name__}", "not_msgpack") from None
     if not isinstance(d, dict):
-        raise SchemaError("event is not a map")
+        raise BadRecord(f"event is {type(d).__name__}, not a map", "not_a_map")
     schema = d.get("schema")
+    if not isinstance(schema, str) or schema not in _SCHEMAS:
+        raise BadRecord(f"unknown schema {str(schema)[:64]!r}", "unknown_schema")
+    cls, rules, home = _SCHEMAS[schema]
+    if topic is not None and topic != home:
+        raise BadRecord(f"a {schema} event on the {topic} topic (its topic is {home})", "wrong_topic")
     # Fields this reader does not know are dropped, not refused: a producer one release ahead (new optional
     # fields, same schema) must not make its events unreadable to consumers still on the old one.
-    known = {
-        COMPLETION_SCHEMA: _COMPLETION_FIELDS,
-        FEEDBACK_SCHEMA: _FEEDBACK_FIELDS,
-        TENANT_SCHEMA: _TENANT_FIELDS,
-    }.get(schema)
-    if known is not None:
-        d = {k: v for k, v in d.items() if k in known}
-    try:
-        if schema == COMPLETION_SCHEMA:
-            shape = tuple(d.pop("routed_experts_shape"))
-            d["prompt_ids"] = np.frombuffer(d["prompt_ids"], "<i4")
-            d["output_ids"] = np.frombuffer(d["output_ids"], "<i4")
-            d["logprobs"] = np.frombuffer(d["logprobs"], "<f4")
-            d["routed_experts"] = np.frombuffer(d["routed_experts"], np.uint8).reshape(shape)
-            # Events written before versions were ints carry them as strings.
-            d["model_version"] = parse_version(d.get("model_version"))
-            d["weight_versions"] = _spans(d.get("weight_versions", []))
-            return CompletionEvent(**d)
-        if schema == FEEDBACK_SCHEMA:
-            f = FeedbackEvent(**d)
-            _check_feedback(f)
-            return f
-        if schema == TENANT_SCHEMA:
-            t = TenantRecord(**d)
-            _check_tenant(t)
-            return t
-    except (KeyError, TypeError, ValueError) as e:
-        raise SchemaError(f"malformed {schema} event: {e}") from None
-    raise SchemaError(f"unknown schema {schema!r}")
+    known = _COMPLETION_FIELDS if cls is CompletionEvent else {f.name for f in fields(cls)}
+    d = {k: v for k, v in d.items() if k in known}
+    need = _REQUIRED[schema] | ({"routed_experts_shape"} if cls is CompletionEvent else set())
+    if missing := sorted(need - d.keys()):
+        raise BadRecord(f"{schema}: missing {missing}", "missing_field")
+    check_fields(d, rules, time.time())
+    if cls is CompletionEvent:
+        completion_arrays(d)
+        # Events written before versions were ints carry them as strings.
+        d["model_version"] = parse_version(d.get("model_version"))
+        d["weight_versions"] = _spans(d.get("weight_versions", []))
+    event = cls(**d)
+    if cls is FeedbackEvent:
+        _check_feedback(event)
+    elif cls is TenantRecord:
+        _check_tenant(event)
+    return event

@@ -57,6 +57,8 @@ def ensure_topics(bootstrap: str, partitions: int = 4) -> None:
             NewTopic(ev.TOPIC_FEEDBACK, partitions, rf),
             NewTopic(ev.TOPIC_WEIGHTS, 1, rf, topic_configs=keep[ev.TOPIC_WEIGHTS]),
             NewTopic(ev.TOPIC_DEADLETTER, 1, rf),
+            # Records consumers refused (flywheel.core.dead_letter): for forensics, so kept as long as the events.
+            NewTopic(ev.TOPIC_BAD_RECORDS, 1, rf),
             NewTopic(ev.TOPIC_TENANTS, 1, rf, topic_configs=keep[ev.TOPIC_TENANTS]),
         ]
         missing = [t for t in want if t.name not in existing]

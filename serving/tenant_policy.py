@@ -5,7 +5,9 @@ A change, whichever way it came (this gateway's admin API, another gateway's, `f
 file), is applied once: a tenant forgotten has its records skipped and redacted in this gateway's spool first
 (serving.event_log.EventLog.forget), then a TenantRecord per key id goes on the tenants topic, where the
 trainer (online_rl.tenants) drops what it holds of the tenant and skips the rest. At start every tenant with a
-policy is announced again: a change made while this gateway was down still reaches the trainer.
+policy is announced again: a change made while this gateway was down still reaches the trainer. Each record
+carries its policy's version (serving.auth.Policy.version) and readers keep the highest, so a gateway restarted
+on a stale keys file re-announces an older policy that cannot undo a newer deny or forget.
 """
 
 from __future__ import annotations
@@ -112,6 +114,7 @@ class TenantPolicies:
                 train=policy.train,
                 retention_days=policy.retention_days,
                 forgotten_before=policy.forgotten_before,
+                version=policy.version,  # as read: an older one re-announced from a stale file loses to a newer
             )
             for i in ids
         ]

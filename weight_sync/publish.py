@@ -91,10 +91,18 @@ def _send_control(cfg: PublishConfig, store: Store, record: dict, timeout_s: flo
     """Number, sign and send one control record (flywheel.core.control) under the store's sequence lock; with
     keep, record it in the store first (a decision retention must honour even if the send then fails)."""
     key = load_private(cfg.private_key)
-    with store.sequence() as seq:
+    floor = None
+    if cfg.kafka_bootstrap:
+        from weight_sync.topic_floor import highest_seq
+
+        def floor() -> int:
+            return highest_seq(cfg.kafka_bootstrap, key.public_key(), timeout_s)
+
+    with store.sequence(floor) as seq:
         record = control.validate({**record, "seq": seq, "ts": time.time()})
-        if keep:
-            store.record_activation(record)
+        # In a ledger before it is sent: it may go through even if the send then fails, and the next sequence
+        # number must be above it whatever becomes of the counter.
+        (store.record_activation if keep else store.record_announcement)(record)
         if cfg.kafka_bootstrap:
             _kafka_send(cfg.kafka_bootstrap, control.encode(record, key, key_id(key.public_key())), timeout_s)
     return record

@@ -67,7 +67,8 @@ def test_tenant_policies_live_in_the_keys_file_and_are_read_again_when_it_change
         "forgotten_before": None,
     }
     changed = store.reload_if_changed(min_interval_s=0)
-    assert changed == {"alice": auth.Policy(train="deny", retention_days=30)}
+    assert {n: p.view() for n, p in changed.items()} == {"alice": auth.Policy(train="deny", retention_days=30).view()}
+    assert changed["alice"].version > 0  # each change is versioned (a stale copy's older one cannot win)
     assert store.lookup(k1).train == "deny" and store.policy("bob").train == "allow"
     assert store.reload_if_changed(min_interval_s=0) is None  # nothing new
 
@@ -91,10 +92,10 @@ def test_a_hand_edited_policy_is_checked_and_a_new_key_of_a_tenant_with_a_policy
 
     f = tmp_path / "keys.json"
     auth.add_key(f, "alice")
-    auth.set_policy(f, "alice", retention_days=7)
+    set_to = auth.set_policy(f, "alice", retention_days=7)
     store = auth.KeyStore.load(f)
     auth.add_key(f, "alice")  # a second key: its id must get alice's policy record too
-    assert store.reload_if_changed(min_interval_s=0) == {"alice": auth.Policy(retention_days=7)}
+    assert store.reload_if_changed(min_interval_s=0) == {"alice": set_to}
     assert len(store.tenants()["alice"]) == 2
 
     good = json.loads(f.read_text())

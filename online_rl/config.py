@@ -272,6 +272,10 @@ class TrainerConfig:
     batch_size: int = option(32, help="samples per update")
     min_batch: int = option(8, help="fewer buffered samples wait for more (unless rollouts fill the batch)")
     staleness: int = option(4, help="eta: samples produced more than this many versions ago are dropped")
+    max_tenant_share: float = option(
+        0.25, help="of a batch's places, the most one tenant's user samples take (the rest wait: tenant_share)"
+    )
+    max_tenant_backlog: int = option(128, help="samples of a tenant over its share that wait (older ones: dropped)")
     checkpoint_every: int = option(1, help="updates between checkpoints (offsets are committed at each)")
     max_steps: int | None = option(None, help="stop after this many updates (none: run until stopped)")
     poll_ms: int = option(500, help="Kafka poll timeout")

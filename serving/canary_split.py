@@ -31,6 +31,7 @@ class ArmStats:
     tool_malformed: int = 0  # of those, malformed or calling an unknown tool (returned as text)
     tool_repeated: int = 0  # of those, answers with a call repeating an earlier one of the session
     signals: collections.Counter = field(default_factory=collections.Counter)  # implicit verdicts, by signal
+    votes: dict = field(default_factory=dict)  # tenant name -> [accepts, rejects] (the controller caps each's say)
 
     def view(self) -> dict:
         lat = np.asarray(self.latencies_ms)
@@ -49,6 +50,9 @@ class ArmStats:
             "tool_repeated": self.tool_repeated,
             "malformed_rate": self.tool_malformed / self.tool_answers if self.tool_answers else None,
             "implicit": dict(self.signals),
+            # Each voting tenant's [accepts, rejects], largest first, without names: weight_sync.canary caps the
+            # share of an arm's feedback one tenant's votes count for (its max_tenant_share).
+            "tenant_votes": sorted(self.votes.values(), key=lambda v: (-sum(v), v)),
         }
 
 
@@ -95,14 +99,17 @@ class CanarySplit:
     def failed(self, tenant: str) -> None:
         self.stats[self.arm_of(tenant)].errors += 1
 
-    def feedback(self, completion_id: str, kind: str) -> None:
+    def feedback(self, completion_id: str, kind: str, tenant: str = "") -> None:
+        """A vote on a completion of the trial; tenant: the voter's name (all its keys are one voter)."""
         arm = self.issued.get(completion_id)
-        if arm is None:
+        if arm is None or kind not in ("accept", "reject"):
             return  # issued before the trial, or forgotten: it says nothing about either arm
+        s = self.stats[arm]
         if kind == "accept":
-            self.stats[arm].accepts += 1
-        elif kind == "reject":
-            self.stats[arm].rejects += 1
+            s.accepts += 1
+        else:
+            s.rejects += 1
+        s.votes.setdefault(tenant, [0, 0])[kind == "reject"] += 1
 
     def signal(self, completion_id: str, name: str) -> None:
         """A verdict read from an agent session (serving.implicit_signals) on a completion of the trial."""

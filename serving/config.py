@@ -34,8 +34,39 @@ class RoutingConfig:
     balance_threshold: int = option(
         4, help="cache_aware: requests in flight over the least loaded replica's before the cache is ignored"
     )
+    isolate_tenants: bool = option(
+        True,
+        help="prefix caches per tenant, in the replicas (SGLang's cache_salt) and the cache-aware index: no "
+        "tenant's prompt is served faster, or with cached_tokens, because another tenant sent its prefix",
+    )
     # The index follows each replica's KV capacity (its sglang:max_total_num_tokens); this until it is read.
     default_capacity_tokens: int = 65536
+
+
+@dataclass
+class TenantLimitsConfig:
+    """Requests per API key and per tenant (every key of one name): a sustained rate with a burst (a token
+    bucket) and a count in flight; over either, a 429 with Retry-After (serving.tenant_limits). The defaults
+    are far above one IDE user (a few requests a second) and the load tests, and bound a flood; a keys file's
+    `"limits": {name: {field: value}}` sets any of them for one tenant. 0: no limit of that kind."""
+
+    key_rate_per_s: float = option(500.0, help="requests per second one API key may make, sustained")
+    key_burst: int = option(1000, help="requests one API key may make at once above its rate (the bucket's size)")
+    key_concurrency: int = option(128, help="requests one API key may have in flight (streams included)")
+    tenant_rate_per_s: float = option(2000.0, help="requests per second all keys of one tenant may make together")
+    tenant_burst: int = option(4000, help="the same tenant's burst")
+    tenant_concurrency: int = option(512, help="requests all keys of one tenant may have in flight")
+
+
+def check_tenant_limits(name: str, fields) -> dict:
+    """A tenant's limits from the keys file, checked: a typo must not mean "no limit"."""
+    known = TenantLimitsConfig.__dataclass_fields__
+    if not isinstance(fields, dict) or set(fields) - set(known):
+        raise ValueError(f"tenant {name!r}: limits are an object of {', '.join(known)}")
+    for k, v in fields.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
+            raise ValueError(f"tenant {name!r}: limit {k} must be a number >= 0 (0: no limit), not {v!r}")
+    return dict(fields)
 
 
 @dataclass
@@ -68,6 +99,7 @@ class GatewayConfig:
         30.0, help="days a stored Responses API answer is kept (a tenant's retention_days, if shorter, wins)"
     )
     limits: Limits = nested(Limits)
+    tenant_limits: TenantLimitsConfig = nested(TenantLimitsConfig)
     pool: PoolConfig = field(default_factory=PoolConfig)
     routing: RoutingConfig = nested(RoutingConfig)
     request_timeout_s: float = option(

@@ -29,6 +29,7 @@ MAX_SESSION_ID = 128
 class Link:
     session_id: str
     parent_id: str  # the completion id of the previous turn ("" when none is known)
+    logged_id: str = ""  # the session id as events carry it (serving.session_ids: a secret in it never leaves)
 
 
 def _canonical(m: dict) -> list:
@@ -37,7 +38,7 @@ def _canonical(m: dict) -> list:
     for c in m.get("calls", []):
         try:
             args = json.loads(c["arguments"])
-        except ValueError:
+        except (ValueError, RecursionError):  # a client's arguments, as sent (nested past recursion too)
             args = c["arguments"]
         calls.append([c["name"], args])
     return [m["role"], m.get("content") or "", calls, m.get("tool_call_id", "")]
@@ -51,7 +52,7 @@ def _key(tenant: str, messages: list[dict]) -> str:
 def _call_key(tenant: str, session_id: str, name: str, arguments: str) -> bytes:
     try:
         args = json.loads(arguments)
-    except ValueError:
+    except (ValueError, RecursionError):
         args = arguments
     raw = json.dumps([tenant, session_id, name, args], sort_keys=True, ensure_ascii=False)
     return hashlib.blake2b(raw.encode(), digest_size=16).digest()

@@ -180,7 +180,8 @@ class FeedbackApi:
         b = self.feedback_body.parse(await request.read())
         if "session_id" in b.given:
             sid = b["session_id"]
-            if sid.startswith("cmpl-"):  # one we derived (a signed completion id): checked like one
+            ours = sid.startswith("cmpl-")
+            if ours:  # one we derived (a signed completion id): checked like one
                 self.gw.ids.check(tenant, sid, param="session_id")
             fb = ev.FeedbackEvent(
                 completion_id="",
@@ -188,7 +189,7 @@ class FeedbackApi:
                 tenant=tenant.id,
                 kind=b["kind"],
                 elapsed_ms=b["elapsed_ms"],
-                session_id=sid,
+                session_id=self.gw.session_ids.logged(tenant.id, sid, ours),  # a secret in it never leaves
                 score=b["score"],
             )
             await self.log(fb, tenant)
@@ -281,7 +282,7 @@ class FeedbackApi:
             # The canary takes one vote per completion, whatever its n: a tenant cannot multiply its say.
             canary = gw.dispatcher.canary
             if canary is not None and gw.first_feedback.first(fb.completion_id, -1):
-                canary.feedback(fb.completion_id, fb.kind)
+                canary.feedback(fb.completion_id, fb.kind, tenant.name)
         else:  # logged all the same (the trainer's Joiner also takes only the first), counted apart
             m.feedback_repeated.labels(fb.kind).inc()
         key = fb.session_id or fb.completion_id

@@ -107,8 +107,8 @@ def session_hint(gw: Gateway, tenant: Tenant, given: str | None) -> str | None:
 def link_session(gw: Gateway, tenant: Tenant, spec: GenerationSpec, cid: str) -> None:
     """The turn's session and previous turn, and the verdicts on that turn the client's request carries
     (serving.implicit_signals), logged as feedback."""
-    spec.session = gw.sessions.link(tenant.id, spec.messages, spec.session_hint, cid)
-    link = spec.session
+    spec.session = link = gw.sessions.link(tenant.id, spec.messages, spec.session_hint, cid)
+    link.logged_id = gw.session_ids.logged(tenant.id, link.session_id, gw.ids.owner(link.session_id) == tenant.id)
     for signal in gw.implicit.observe(tenant.id, link.session_id, link.parent_id, spec.messages):
         gw.feedback.signal(tenant.id, signal)
 
@@ -157,11 +157,11 @@ async def run_turn(
     fr = finish_reason(res.finish)
     if split is not None:
         tail = split.feed(tc.trimmed_close(res.finish))
-        rest, parsed = split.finish()
+        rest, parsed = await split.finish_off_loop()
         if tail + rest:
             await on_text(tail + rest, False)
     elif active:
-        parsed = tc.parse(spec.prefill + res.text + tc.trimmed_close(res.finish), spec.tools, id_prefix)
+        parsed = await tc.parse_off_loop(spec.prefill + res.text + tc.trimmed_close(res.finish), spec.tools, id_prefix)
     else:
         parsed = tc.Parsed(content=res.text)
     count_tools(gw, parsed, spec, tenant, cid, 0, res, replica_id)

@@ -9,7 +9,8 @@ against 90-120 ms for a hit). Both get 8192 positions so that files of 2-6k toke
 same two replicas, in one run:
 
     ours_lo           our gateway, --routing least_outstanding
-    ours_ca           our gateway, --routing cache_aware
+    ours_ca           our gateway, --routing cache_aware (tenants isolated: each its own prefix cache scope)
+    ours_ca_shared    the same with --no-isolate-tenants (one prefix cache for all): what isolation costs
     peer              smg (pip package `smg`), --policy cache_aware, its defaults otherwise
     peer_no_overload  the same with --disable-worker-overload-protection (by default smg leaves a worker
                       out of routing at 80% KV usage, which a full prefix cache always is)
@@ -42,6 +43,7 @@ import aiohttp
 import numpy as np
 
 from benchmarks._gateway_profile import profile_gateway
+from flywheel.core import replica_keys
 from flywheel.core.procs import free_port, spawn, stop_pid, wait_until
 from loadtests import ide_prefix as ide
 from online_rl.bootstrap import bootstrap
@@ -130,7 +132,8 @@ def start_smg(workers: list[str], log: Path, extra: tuple[str, ...] = ()) -> tup
 
 def _generates(url: str) -> bool:
     body = json.dumps({"text": "def", "sampling_params": {"max_new_tokens": 1}}).encode()
-    req = urllib.request.Request(f"{url}/generate", data=body, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", **replica_keys.inference_headers()}
+    req = urllib.request.Request(f"{url}/generate", data=body, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
             return r.status == 200
@@ -152,7 +155,7 @@ def decisions(gateway: str) -> dict[str, float]:
 
 def flush(replicas: list[str]) -> None:
     for url in replicas:
-        req = urllib.request.Request(f"{url}/flush_cache", method="POST")
+        req = urllib.request.Request(f"{url}/flush_cache", method="POST", headers=replica_keys.admin_headers())
         with urllib.request.urlopen(req, timeout=30):
             pass
 
@@ -235,6 +238,7 @@ def main(
             if name.startswith("ours_"):
                 policy = "least_outstanding" if name == "ours_lo" else "cache_aware"
                 args = ["--no-events", "--max-prompt-tokens", str(POSITIONS - 64), "--routing", policy]
+                args += ["--no-isolate-tenants"] if name == "ours_ca_shared" else []
                 gw = gateway_process.start(urls, model, tmp / f"gw-{name}", keys=keys, extra_args=args)
                 return ide.Target(gw.url, "gateway", KEY, user_keys=user_keys), gw.stop
             # smg by default leaves a worker out of routing at 80% KV usage, which a full prefix cache always
@@ -244,12 +248,12 @@ def main(
             target = ide.Target(url, "sglang", engine_fields=ENGINE_FIELDS, sampling_fields={"stop_token_ids": stops})
             return target, lambda: stop_pid(pid)
 
-        arms = ["ours_lo", "ours_ca", "peer", "peer_no_overload"]
+        arms = ["ours_lo", "ours_ca", "ours_ca_shared", "peer", "peer_no_overload"]
         try:
             start_arm("peer")[1]()
         except Exception as e:  # its wheel may not run here: record why and measure the rest
             peer_error = f"{type(e).__name__}: {e}\n{(tmp / 'peer.log').read_text()[-2000:]}"
-            arms = arms[:2]
+            arms = arms[:3]
         runs: dict[str, list[dict]] = {name: [] for name in arms}
         decided: dict[str, float] = {}
         for _ in range(repeats):
@@ -319,7 +323,7 @@ def _result(runs, lat, peer_error, cfg, kv_tokens, requests, warmup) -> dict:
     keys = ("requests", "errors", "hit_rate", "ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms", "requests_per_s")
     keys += ("mean_prompt_tokens",)
     arm = {name: {k: _mean(rs, k) for k in keys} for name, rs in runs.items()}
-    lo, ca, peer = arm["ours_lo"], arm["ours_ca"], arm.get("peer")
+    lo, ca, shared, peer = arm["ours_lo"], arm["ours_ca"], arm["ours_ca_shared"], arm.get("peer")
     result = {
         "hit_rate_least_outstanding": lo["hit_rate"],
         "hit_rate_cache_aware": ca["hit_rate"],
@@ -331,6 +335,13 @@ def _result(runs, lat, peer_error, cfg, kv_tokens, requests, warmup) -> dict:
         "peer_no_overload_hit_rate": arm.get("peer_no_overload", {}).get("hit_rate"),
         "peer_no_overload_ttft_p50_ms": arm.get("peer_no_overload", {}).get("ttft_p50_ms"),
         "ours_added_p50_ms": round(p50["ours"] - p50["direct"], 2),
+        # Tenant isolation (serving.cache_scope): cache-aware with each tenant in its own prefix cache scope,
+        # against one scope for all. These users share no prefix across tenants, so the cost is the mechanism's.
+        "isolation": {
+            "hit_rate_isolated": ca["hit_rate"],
+            "hit_rate_shared": shared["hit_rate"],
+            "ttft_p50_ratio_isolated_to_shared": round(ca["ttft_p50_ms"] / shared["ttft_p50_ms"], 3),
+        },
         "arms": arm,
         "runs": runs,
         "latency_p50_ms": {k: round(v, 2) for k, v in p50.items()},
@@ -364,14 +375,14 @@ def _plot(arm: dict) -> None:
     import matplotlib.pyplot as plt
 
     names = list(arm)
-    fig, axes = plt.subplots(1, 3, figsize=(11, 3.2))
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4))
     for ax, key, label in zip(
         axes, ("hit_rate", "ttft_p50_ms", "ttft_p99_ms"), ("prefix hit rate", "TTFT p50 (ms)", "TTFT p99 (ms)")
     ):
-        ax.bar(names, [arm[n][key] or 0 for n in names], color=["#999", "#2a7", "#37c", "#7ad"][: len(names)])
+        ax.bar(names, [arm[n][key] or 0 for n in names], color=["#999", "#2a7", "#8c8", "#37c", "#7ad"][: len(names)])
         ax.tick_params(axis="x", labelrotation=30)
         ax.set_title(label)
-    fig.suptitle("IDE traffic on 2 replicas: least-outstanding, cache-aware (ours), smg cache_aware")
+    fig.suptitle("IDE traffic on 2 replicas: least-outstanding, cache-aware (ours: tenants isolated, shared), smg")
     fig.tight_layout()
     RESULTS.mkdir(exist_ok=True)
     fig.savefig(RESULTS / "routing.png", dpi=110)

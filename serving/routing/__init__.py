@@ -24,10 +24,13 @@ if TYPE_CHECKING:
 
 @dataclass
 class RouteRequest:
-    """What a policy may look at: the prompt's token ids and who sent it."""
+    """What a policy may look at: the prompt's token ids, who sent it, and the prefix-cache scope it is
+    served in (the `cache_salt` the replica gets: a prefix is reused only within one scope; None: the scope of
+    requests without one, such as rollouts)."""
 
     tokens: Sequence[int] = ()
     tenant: str | None = None
+    scope: str | None = None
     memo: dict = field(default_factory=dict)  # per-request work a policy keeps between pick and on_complete
 
 

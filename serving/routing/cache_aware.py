@@ -10,6 +10,9 @@ replica's KV capacity (SGLang's `sglang:max_total_num_tokens`, read by the healt
                                                   exceed the least loaded replica's by balance_threshold
     otherwise (nothing worth keeping, or imbalance) -> least outstanding
 
+Prefixes are named within the request's cache scope (one per tenant: serving.cache_scope), so another
+tenant's prompts never make a replica look warm, as they never are in its cache (SGLang's `cache_salt`).
+
 The index of a replica is dropped when its cache is: it failed (a restarted SGLang starts empty) or its
 weights changed (a switch flushes the cache: KV of the old weights is wrong for the new).
 """
@@ -60,7 +63,7 @@ class CacheAware:
             return self._fallback.pick(candidates)
         names = req.memo.get("blocks")
         if names is None:
-            names = req.memo["blocks"] = block_names(req.tokens, self.cfg.block_tokens)
+            names = req.memo["blocks"] = block_names(req.tokens, self.cfg.block_tokens, req.scope)
         held = {r.id: self._index(r).match(names) for r in candidates}
         best = max(held.values())
         if best * self.cfg.block_tokens < max(self.cfg.min_match_tokens, 1):

@@ -2,7 +2,9 @@
 
 A prompt is cut into blocks of `block_tokens` token ids; block i is named by a hash chained over blocks
 0..i, so a name stands for the whole prefix up to that block: a node of a token trie, without the trie's
-pointers. The longest cached prefix of a prompt is then its run of leading block names found here.
+pointers. The longest cached prefix of a prompt is then its run of leading block names found here. The
+chain starts from the request's cache scope (a tenant's: serving.cache_scope), as SGLang's radix cache
+keys a prefix by its `cache_salt` too: the same tokens of two tenants are two prefixes, in the replica and here.
 Approximate three ways, all on the side of cheapness: a partial last block is not indexed; the index
 holds what was routed to the replica, not what the replica kept (its own radix cache evicts on its own
 schedule; the bound below is set to the replica's KV capacity to follow it); and a 64-bit hash could
@@ -18,12 +20,13 @@ import numpy as np
 import xxhash
 
 
-def block_names(tokens: Sequence[int], block_tokens: int) -> list[int]:
-    """Chained names of the full blocks of `tokens`: names[i] identifies tokens[: (i + 1) * block_tokens]."""
+def block_names(tokens: Sequence[int], block_tokens: int, scope: str | None = None) -> list[int]:
+    """Chained names of the full blocks of `tokens`: names[i] identifies tokens[: (i + 1) * block_tokens]
+    within `scope` (None: the scope of requests that carry none)."""
     ids = np.asarray(tokens, dtype="<i4")
     data = ids.tobytes()
     step = 4 * block_tokens
-    names, prev = [], 0
+    names, prev = [], 0 if scope is None else xxhash.xxh3_64_intdigest(scope.encode())
     for start in range(0, (len(ids) // block_tokens) * step, step):
         prev = xxhash.xxh3_64_intdigest(data[start : start + step], seed=prev)
         names.append(prev)

@@ -12,7 +12,7 @@ import urllib.request
 import openai
 import pytest
 
-from flywheel.core import events as ev
+from flywheel.core import events as ev, replica_keys
 from loadtests import ide_prefix as ide
 from serving import gateway_process
 from tests.helpers import GATEWAY_ADMIN, GATEWAY_KEYS, get
@@ -43,7 +43,8 @@ def two_gateways(replica, second_replica, test_model, kafka_bootstrap, tmp_path)
 
 def _flush(*replicas) -> None:
     for r in replicas:
-        with urllib.request.urlopen(urllib.request.Request(f"{r.url}/flush_cache", method="POST"), timeout=30):
+        req = urllib.request.Request(f"{r.url}/flush_cache", method="POST", headers=replica_keys.admin_headers())
+        with urllib.request.urlopen(req, timeout=30):
             pass
 
 

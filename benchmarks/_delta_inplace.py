@@ -71,7 +71,7 @@ def _same(a: list, b: list) -> bool:
 
 
 def inplace_vs_reload(tmp: Path) -> dict:
-    from benchmarks.delta import _serve_store
+    from benchmarks.delta import STORE_TOKEN, _serve_store
     from online_rl.random_checkpoint import random_checkpoint
     from serving.replica import ReplicaConfig, start
     from weight_sync.agent import Agent, AgentConfig
@@ -110,6 +110,7 @@ def inplace_vs_reload(tmp: Path) -> dict:
                         initial_model=v0,
                         switch_mode="no_pause",
                         inplace=inplace,
+                        store_token=STORE_TOKEN,
                     )
                 )
 

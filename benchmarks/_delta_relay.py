@@ -37,6 +37,7 @@ from safetensors.torch import load_file, save_file
 
 from flywheel.core.paths import REPO_ROOT
 from flywheel.core.procs import free_port, in_netns, spawn, stop_pid, wait_until
+from weight_sync import fleet_credential
 
 ROUNDS = (1, 3, 6)
 RATE_MBIT = 50  # every test host's link, the store's too: a version's transfer weighs against its rebuild
@@ -47,6 +48,8 @@ STORE_PORT, RELAY_PORT = 8100, 8200
 class _StoreServer:
     """`flywheel weights serve` on loopback (a free port) or on a test host (its address, STORE_PORT)."""
 
+    token = fleet_credential.new()  # the fleet read credential: the store's, and every agent's (their env)
+
     def __init__(self, store: Path, host=None, fanout: int = 2):
         addr, port = (host.addr, STORE_PORT) if host else ("127.0.0.1", free_port())
         self.url = f"http://{addr}:{port}"
@@ -55,18 +58,20 @@ class _StoreServer:
         self.proc = spawn(
             in_netns(host.netns if host else None, cmd),
             cwd=REPO_ROOT,
-            env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
+            env=dict(os.environ, PYTHONPATH=str(REPO_ROOT), **{fleet_credential.ENV: self.token}),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
         wait_until(self.up, 30, interval=0.1, what="store server", alive=lambda: self.proc.poll() is None)
 
     def up(self) -> bool:
-        with urllib.request.urlopen(f"{self.url}/versions", timeout=2):
+        req = urllib.request.Request(f"{self.url}/versions", headers=fleet_credential.headers(self.token))
+        with urllib.request.urlopen(req, timeout=2):
             return True
 
     def stats(self) -> dict:
-        with urllib.request.urlopen(f"{self.url}/stats", timeout=10) as r:
+        req = urllib.request.Request(f"{self.url}/stats", headers=fleet_credential.headers(self.token))
+        with urllib.request.urlopen(req, timeout=10) as r:
             return json.loads(r.read())
 
     def stop(self) -> None:
@@ -108,7 +113,7 @@ def _process_round(
     is on host 0 and agent i on host i+1 (its relay on that host's address); otherwise all on loopback."""
     server = _StoreServer(store, hosts.hosts[0] if hosts else None, fanout)
     procs = []
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), **{fleet_credential.ENV: server.token})
     try:
         for i in range(n):
             h = hosts.hosts[1 + i] if hosts else None

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import aiohttp
 
+from weight_sync import fleet_credential
 from weight_sync.agent import Agent, AgentConfig
 
 
@@ -53,6 +54,7 @@ def main() -> None:
             relay_port=a.relay_port,
             relay_host=a.relay_host,
             switch_mode="no_pause",
+            store_token=fleet_credential.from_env(),  # environment only, as `flywheel weights agent`
         )
     )
     agent.start_relay()

@@ -36,7 +36,7 @@ import zstandard
 
 from flywheel.core.paths import REPO_ROOT
 from flywheel.core.procs import free_port, stop_pid, wait_until
-from weight_sync import codec
+from weight_sync import codec, fleet_credential
 
 THREADS = 2
 
@@ -132,11 +132,19 @@ def trainer_versions(tmp: Path) -> dict:
     }
 
 
+# The fleet read credential of the stores these benchmarks serve (weight_sync.fleet_credential).
+STORE_TOKEN = fleet_credential.new()
+
+
 def _serve_store(store: Path) -> tuple[subprocess.Popen, str]:
+    """`flywheel weights serve` on a free port, wanting STORE_TOKEN."""
+    import os
+
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "flywheel", "weights", "serve", "--store", str(store), "--port", str(port)],
         cwd=REPO_ROOT,
+        env={**os.environ, fleet_credential.ENV: STORE_TOKEN},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
@@ -146,7 +154,8 @@ def _serve_store(store: Path) -> tuple[subprocess.Popen, str]:
     def up():
         import urllib.request
 
-        with urllib.request.urlopen(f"{url}/versions", timeout=2):
+        req = urllib.request.Request(f"{url}/versions", headers=fleet_credential.headers(STORE_TOKEN))
+        with urllib.request.urlopen(req, timeout=2):
             return True
 
     wait_until(up, 30, what="store server")
@@ -189,12 +198,13 @@ def apply_memory(tmp: Path) -> dict:
                 public_key=tmp / "k.pub",
                 work_dir=tmp / "agent",
                 initial_model=v0,
+                store_token=STORE_TOKEN,
             )
         )
 
         async def rebuild():
             async with aiohttp.ClientSession() as s:
-                client = StoreClient(url, s, tmp / "agent" / "dl")
+                client = StoreClient(url, s, tmp / "agent" / "dl", token=STORE_TOKEN)
                 return await agent.materialize(client, 1)
 
         tracemalloc.start()

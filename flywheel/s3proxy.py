@@ -85,6 +85,7 @@ class S3Proxy:
         if not _BUCKET.match(name):
             raise ValueError(f"bad bucket name {name!r}")
         (self.buckets_dir / name).mkdir(parents=True, exist_ok=True)
+        (self.buckets_dir / name).chmod(0o700)  # private: see _PRIVATE
         return name
 
     def env(self) -> dict[str, str]:
@@ -121,6 +122,13 @@ _LOGBACK = """\
   <root level="INFO"><appender-ref ref="file"/></root>
 </configuration>
 """
+
+
+# The filesystem backend takes a bucket or an object that others may read (its directory's or file's mode has
+# o+r) as public-read, and S3Proxy then answers anonymous GETs and listings of it: with the default umask,
+# every bucket made as a directory was readable by anyone who could reach the port, credentials or not. So
+# buckets are made 0700 and the server runs under this umask: what it writes is private too.
+_PRIVATE = 0o077
 
 
 def _java() -> str:
@@ -168,6 +176,9 @@ def start(cfg: S3ProxyConfig | None = None, die_with_parent: bool = True) -> S3P
     libs = fetch_jars(quiet=True)
     data_dir.chmod(0o700)  # the config and state files written below hold the secret
     (data_dir / "buckets").mkdir(exist_ok=True)
+    for bucket in (data_dir / "buckets").iterdir():  # made by an earlier start, or by hand
+        if bucket.is_dir():
+            bucket.chmod(0o700)
     port = cfg.port or free_port(cfg.host)
     endpoint = f"http://{cfg.host}:{port}"
     props = data_dir / "s3proxy.conf"
@@ -197,7 +208,12 @@ def start(cfg: S3ProxyConfig | None = None, die_with_parent: bool = True) -> S3P
     ]
     stdout = open(data_dir / "s3proxy.stdout", "ab")
     proc = spawn(
-        cmd, die_with_parent=die_with_parent, stdout=stdout, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        cmd,
+        die_with_parent=die_with_parent,
+        stdout=stdout,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        umask=_PRIVATE,
     )
     stdout.close()
     server = S3Proxy(proc.pid, endpoint, data_dir, cfg.access_key, cfg.secret_key, log_file)

@@ -40,6 +40,9 @@ class StatusConfig:
         None, env="FLYWHEEL_TRAINER_METRICS_URL", help="the trainer's metrics URL (base or .../metrics)"
     )
     store_url: str | None = option(None, env="FLYWHEEL_STORE_URL", help="the weight store's base URL")
+    store_token: str | None = option(
+        None, env="FLYWHEEL_STORE_TOKEN", cli=False, help="the fleet read credential the store wants (environment only)"
+    )
     prometheus: str | None = option(
         None, env="FLYWHEEL_PROMETHEUS_URL", help="a Prometheus server: alerts, and rate and p99 by PromQL"
     )
@@ -236,7 +239,9 @@ def fold_activations(activations: list[dict]) -> dict:
 
 def gather_versions(cfg: StatusConfig) -> dict:
     url = cfg.store_url.rstrip("/") + "/versions"
-    data = get_json(url, cfg.timeout_s, "the weight store")
+    from weight_sync import fleet_credential
+
+    data = get_json(url, cfg.timeout_s, "the weight store", fleet_credential.headers(cfg.store_token))
     versions, activations = data.get("versions"), data.get("activations", [])
     if not isinstance(versions, list) or not all(isinstance(v, int) for v in versions):
         raise Unexpected(f"the weight store at {url}: no list of versions (is this the store?)")

@@ -21,6 +21,7 @@ def explain(e: BaseException, what: str, where: str, timeout_s: float) -> str:
         except Exception:
             pass
         hint = " (check FLYWHEEL_ADMIN_TOKEN)" if e.code in (401, 403) and "admin" in what else ""
+        hint = " (check FLYWHEEL_STORE_TOKEN)" if e.code == 401 and "store" in what else hint
         hint = " (is this the right URL?)" if e.code == 404 else hint
         return f"{what} at {where}: HTTP {e.code} {detail or e.reason}{hint}"
     if isinstance(e, urllib.error.URLError):
@@ -42,16 +43,16 @@ class Unexpected(ValueError):
 # ----------------------------------------------------------------------------- HTTP and metrics
 
 
-def get(url: str, timeout_s: float, what: str) -> bytes:
+def get(url: str, timeout_s: float, what: str, headers: dict[str, str] | None = None) -> bytes:
     try:
-        with urllib.request.urlopen(urllib.request.Request(url), timeout=timeout_s) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout_s) as r:
             return r.read()
     except Exception as e:
         raise Unexpected(explain(e, what, url, timeout_s)) from None
 
 
-def get_json(url: str, timeout_s: float, what: str) -> dict:
-    body = get(url, timeout_s, what)
+def get_json(url: str, timeout_s: float, what: str, headers: dict[str, str] | None = None) -> dict:
+    body = get(url, timeout_s, what, headers)
     try:
         data = json.loads(body)
     except ValueError:

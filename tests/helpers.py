@@ -13,6 +13,7 @@ from pathlib import Path
 
 GATEWAY_KEYS = {"alice": "key-alice", "bob": "key-bob"}
 GATEWAY_ADMIN = "admin-secret"
+STORE_TOKEN = "test-fleet-read-credential"  # what store_server() wants (weight_sync.fleet_credential)
 CLIENTS = Path(__file__).resolve().parent / "clients"  # scripts and configs for the real agent clients
 
 
@@ -134,8 +135,8 @@ class TcpProxy:
 
 @contextlib.contextmanager
 def store_server(store: Path):
-    """`flywheel weights serve` on a free loopback port over a store directory: yields its URL, stops it by
-    PID (also when the test fails)."""
+    """`flywheel weights serve` on a free loopback port over a store directory, wanting STORE_TOKEN: yields its
+    URL, stops it by PID (also when the test fails)."""
     from flywheel.core.paths import REPO_ROOT
     from flywheel.core.procs import free_port, stop_pid, wait_until
 
@@ -143,14 +144,14 @@ def store_server(store: Path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "flywheel", "weights", "serve", "--store", str(store), "--port", str(port)],
         cwd=REPO_ROOT,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT), "FLYWHEEL_STORE_TOKEN": STORE_TOKEN},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until(lambda: get(f"{url}/versions")[0] == 200, 30, what="store server")
+        wait_until(lambda: get(f"{url}/versions", key=STORE_TOKEN)[0] == 200, 30, what="store server")
         yield url
     finally:
         assert stop_pid(proc.pid), f"store server pid {proc.pid} did not stop"

@@ -23,7 +23,7 @@ import os
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -31,12 +31,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from flywheel.core import control
 from flywheel.core.config import check_modes
+from flywheel.core.dead_letter import DeadLetters
 from flywheel.core.events import TOPIC_WEIGHTS
 from kernels import delta as delta_kernels
-from weight_sync import codec, inplace
+from weight_sync import codec, fleet_credential, inplace
 from weight_sync.checkpoint import CheckpointReader, CheckpointWriter, config_digest
 from weight_sync.fetch import FetchError, NotInStore, PeerLink, StoreClient, open_store
 from weight_sync.manifest import Manifest, ManifestError, load_public, verify
+from weight_sync.peer_rate import PeerBound
 from weight_sync.relay import RelayCache, RelayConfig, RelayServer
 from weight_sync.store import version_number
 from weight_sync.switch import (
@@ -86,18 +88,31 @@ class AgentConfig:
     relay_port: int = 0
     relay_host: str = "127.0.0.1"
     relay_url: str | None = None  # what peers are told (default http://relay_host:relay_port)
-    relay_wait_s: float = 30.0  # a peer asking for a piece still arriving here waits this long
+    relay_wait_s: float = 4.0  # a peer asking for a piece still arriving here waits this long
+    # The fleet read credential (weight_sync.fleet_credential; $FLYWHEEL_STORE_TOKEN): the store server and
+    # every relay want it, this agent's relay asks it of its peers. An s3:// store signs with AWS_* instead.
+    store_token: str | None = field(default=None, repr=False)
+    # A peer slower than this is dropped within seconds and the store serves instead (weight_sync.peer_rate).
+    peer_bound: PeerBound = field(default_factory=PeerBound)
 
     def __post_init__(self):
         check_modes(self)
         if self.relay_port:
             self.relay_config()  # checks port, host and URL now, not at the first apply
+            fleet_credential.checked(self.store_token, "a relay")  # never one that anyone could read from
+            if self.relay_wait_s >= self.peer_bound.first_byte_s:  # an honest relay, still waiting, taken for slow
+                raise ValueError("relay_wait_s must be below the peers' first-byte deadline (peer_bound.first_byte_s)")
 
     def relay_config(self) -> RelayConfig | None:
         if not self.relay_port:
             return None
         return RelayConfig(
-            Path(self.work_dir) / "relay", self.relay_port, self.relay_host, self.relay_url, self.relay_wait_s
+            Path(self.work_dir) / "relay",
+            self.relay_port,
+            self.relay_host,
+            self.relay_url,
+            self.relay_wait_s,
+            token=self.store_token,
         )
 
 
@@ -157,13 +172,14 @@ class AgentMetrics:
         )
         self.peer_fallbacks = Counter(
             "flywheel_agent_peer_fallbacks",
-            "Pieces a peer failed to give (missing, unreachable, timeout, corrupt) and the store sent instead",
+            "Pieces a peer failed to give (missing, unreachable, slow, corrupt, http_error) and the store sent instead",
             ["reason"],
             registry=r,
         )
         self.relay_requests = Counter(
             "flywheel_agent_relay_requests",
-            "Requests to this agent's relay, by result (served; missing: not here, not yet, or never; bad name)",
+            "Requests to this agent's relay, by result (served; missing: not here, not yet, or never; bad name; "
+            "unauthorized: without the fleet read credential)",
             ["result"],
             registry=r,
         )
@@ -190,6 +206,16 @@ class AgentMetrics:
             self.rejected.labels(reason)
         for reason in control.REASONS:
             self.bad_records.labels(reason)
+        self._dead_letters: DeadLetters | None = None
+
+    def dead_letters(self, consumer: str, bootstrap: str | None) -> DeadLetters:
+        """Refused weights records: flywheel_agent_bad_records_total{topic,reason} and the dead-letter topic
+        (flywheel.core.dead_letter). Made once per registry: a run() after another reuses its counters."""
+        if self._dead_letters is None:
+            self._dead_letters = DeadLetters(self.registry, "flywheel_agent", consumer, bootstrap, (TOPIC_WEIGHTS,))
+        return self._dead_letters
+        for reason in ("missing", "unreachable", "slow", "corrupt", "http_error"):
+            self.peer_fallbacks.labels(reason)
 
 
 class Agent:
@@ -489,7 +515,7 @@ class Agent:
             return open_store(self.cfg.store_url, session, self.work / "downloads", self.cfg.parallel_downloads)
         link = None
         if self.relay_cache is not None and self.relay_server is not None:
-            link = PeerLink(self.cfg.relay_config().advertised, self.relay_cache, self.public)
+            link = PeerLink(self.cfg.relay_config().advertised, self.relay_cache, self.public, self.cfg.peer_bound)
         return StoreClient(
             self.cfg.store_url,
             session,
@@ -498,6 +524,7 @@ class Agent:
             relay=link,
             on_bytes=lambda source, n: self.metrics.fetched.labels(source).inc(n),
             on_fallback=lambda reason: self.metrics.peer_fallbacks.labels(reason).inc(),
+            token=self.cfg.store_token,
         )
 
     def start_relay(self) -> None:
@@ -726,6 +753,7 @@ class Agent:
         # The sequence is persisted with the offsets it belongs to: records read again after a restart
         # (not committed: an apply still being retried) are accepted again.
         guard = control.ReplayGuard(self.state.get("control_seq", 0))
+        dead_letters = self.metrics.dead_letters(f"agent-{self.cfg.name}", self.cfg.kafka_bootstrap)
         try:
             self.start_relay()  # peers may ask for this agent's pieces from the first apply on
             while stop is None or not stop.is_set():
@@ -742,9 +770,10 @@ class Agent:
                         uncommitted = True
                         try:
                             records.append(guard.check(control.decode(rec.value, self.public)))
-                        except Exception as e:  # counted and skipped, never acted on (ControlError says why)
+                        except Exception as e:  # counted, dead-lettered, never acted on (ControlError says why)
                             self.metrics.bad_records.labels(getattr(e, "reason", "malformed")).inc()
                             log.error("ignoring weights record at offset %d: %s", rec.offset, e)
+                            dead_letters.refuse(TOPIC_WEIGHTS, rec.value, e, rec)
                 if records:
                     target = self.decide(records)
                     if target is not None:
@@ -786,4 +815,5 @@ class Agent:
                     uncommitted = False
         finally:
             consumer.close()
+            dead_letters.close()
             self.stop_relay()

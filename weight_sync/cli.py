@@ -111,10 +111,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=0.05,
         help="malformed-call rate above stable's that rolls back (with confidence)",
     )
+    can.add_argument(
+        "--max-tenant-share",
+        type=float,
+        default=0.5,
+        help="of an arm's counted votes, the most one tenant's count for (1: no cap; weight_sync.canary_votes)",
+    )
     common(can)
     can.set_defaults(func=_canary)
 
-    srv = w.add_parser("serve", help="serve the store over HTTP (range requests) for the agents")
+    srv = w.add_parser(
+        "serve",
+        help="serve the store over HTTP (range requests) for the agents, who must show the fleet read credential "
+        "($FLYWHEEL_STORE_TOKEN, which this server reads too)",
+    )
     srv.add_argument("--host", default="127.0.0.1")
     srv.add_argument("--port", type=int, default=8100)
     srv.add_argument(
@@ -124,7 +134,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="peers each agent's relay is sent per piece (a tree of this degree); 0: serve everything here",
     )
     common(srv, kafka=False)
-    srv.set_defaults(func=_serve)
+    srv.set_defaults(func=_serve, store_token=env("FLYWHEEL_STORE_TOKEN"))  # environment only (DESIGN: Trust)
 
     ag = w.add_parser("agent", help="run the weight agent of one replica (follows the weights topic)")
     ag.add_argument("--name", required=True, help="agent name (the replica's id in the gateway, e.g. r0)")
@@ -143,7 +153,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=env("FLYWHEEL_GATEWAY_URL"),
         help="the gateway's URL, or every gateway's, comma-separated (the replica is drained on each)",
     )
-    ag.set_defaults(admin_token=env("FLYWHEEL_ADMIN_TOKEN"))
+    ag.set_defaults(admin_token=env("FLYWHEEL_ADMIN_TOKEN"), store_token=env("FLYWHEEL_STORE_TOKEN"))
     ag.add_argument("--switch-mode", default="drain", choices=MODES)
     ag.add_argument(
         "--no-inplace",
@@ -264,6 +274,7 @@ def _canary(args) -> int:
         max_trial_s=args.max_trial,
         tool_min_answers=args.tool_min_answers,
         tool_margin=args.tool_margin,
+        max_tenant_share=args.max_tenant_share,
     )
     CanaryController(cfg).run()
     return 0
@@ -304,16 +315,19 @@ def _serve(args) -> int:
     from weight_sync.store import Store
     from weight_sync.tracker import TrackerConfig
 
-    app = Store(_store(args)).app(TrackerConfig(fanout=args.relay_fanout))
+    app = Store(_store(args)).app(TrackerConfig(fanout=args.relay_fanout), token=args.store_token)
     web.run_app(app, host=args.host, port=args.port, access_log=None)
     return 0
 
 
 def _agent(args) -> int:
+    from weight_sync import fleet_credential
     from weight_sync.agent import Agent, AgentConfig
 
     if args.store_url.startswith("s3://"):
         _s3_url(args.store_url)
+    else:
+        fleet_credential.checked(args.store_token, "an agent of a store server")
     cfg = AgentConfig(
         name=args.name,
         replica_url=args.replica,
@@ -332,6 +346,7 @@ def _agent(args) -> int:
         relay_port=args.relay_port,
         relay_host=args.relay_host,
         relay_url=args.relay_url,
+        store_token=args.store_token,
     )
     Agent(cfg).run()
     return 0

@@ -1,26 +1,29 @@
-"""Download a version's pieces from a store server: parallel, resumable, checked against their digests.
+"""Download a version's pieces from a store server: parallel, resumable, checked against their digests, each
+request with the fleet read credential (weight_sync.fleet_credential).
 
 With a relay (PeerLink), every request tells the store where this agent's relay listens; the store may
 answer with a redirect to a peer that has the piece (weight_sync.store_relay). The client follows it
-itself, so it knows the bytes came from a peer: if the peer fails (refused, timed out, 404, bytes that
-fail their digest or signature), nothing it sent is kept and the piece is fetched again from the store
-with `direct=1&failed=<peer>`. A lying peer costs one extra store transfer, never a wrong weight. Each
-verified piece is then kept in the relay cache for the agents that come after.
+itself, so it knows the bytes came from a peer: if the peer fails (refused, 404, bytes that fail their
+digest or signature, slower than weight_sync.peer_rate allows), nothing it sent is kept and the piece is
+fetched again from the store with `direct=1&failed=<peer>`. A lying peer costs one extra store transfer,
+never a wrong weight; a slow one seconds. Verified pieces go to the relay cache for the agents after.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 from urllib.parse import urlencode, urljoin
 
 import aiohttp
 
-from weight_sync import codec
+from weight_sync import codec, fleet_credential
 from weight_sync.codec import ChunkMeta
+from weight_sync.peer_rate import PeerBound, PeerFailed as _PeerFailed, from_peer
 from weight_sync.relay import RelayCache
 from weight_sync.store import chunk_name
 from weight_sync.store_relay import PEER_HEADER, peer_url
@@ -44,21 +47,15 @@ class PackUnsupported(FetchError):
     """The store serves no /versions/N/changed (a store server older than it): fetch chunk by chunk."""
 
 
-class _PeerFailed(Exception):
-    def __init__(self, peer: str, reason: str):
-        super().__init__(f"peer {peer}: {reason}")
-        self.peer, self.reason = peer, reason
-
-
 @dataclass
 class PeerLink:
-    """What an agent with a relay gives its client: the relay's URL (told to the store), the cache verified
-    pieces go to, and the key a manifest from a peer must be signed with before it is used."""
+    """What an agent with a relay gives its client: its URL (told to the store), the cache verified pieces go
+    to, the key a peer's manifest must be signed with, how slow a peer may be (weight_sync.peer_rate)."""
 
     url: str
     cache: RelayCache
     public_key: object  # Ed25519PublicKey
-    timeout_s: float = 60.0  # one piece from a peer, waiting for it to arrive there included
+    bound: PeerBound = field(default_factory=PeerBound)
 
 
 class StoreClient:
@@ -73,6 +70,7 @@ class StoreClient:
         relay: PeerLink | None = None,
         on_bytes: Callable[[str, int], None] | None = None,
         on_fallback: Callable[[str], None] | None = None,
+        token: str | None = None,
     ):
         self.base = base_url.rstrip("/")
         self.session = session
@@ -82,7 +80,7 @@ class StoreClient:
         self.retries = retries
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.relay = relay
-        self.peer_timeout = aiohttp.ClientTimeout(total=relay.timeout_s if relay else timeout_s, sock_connect=5)
+        self.auth = fleet_credential.headers(token)  # the fleet read credential, on every request
         self.on_bytes = on_bytes  # (source: "store" | "peer", bytes): the agent's counters
         self.on_fallback = on_fallback  # (reason): a peer failed and the store served instead
         self.bytes_downloaded = 0
@@ -111,7 +109,17 @@ class StoreClient:
 
     # ------------------------------------------------------------------ plain pieces
     async def _get(self, path: str) -> bytes:
-        return await self._body(await self.session.get(f"{self.base}{path}", timeout=self.timeout), path)
+        return await self._body(await self._follow(f"{self.base}{path}", {}, self.timeout), path)
+
+    async def _follow(self, url: str, headers: dict, timeout: aiohttp.ClientTimeout) -> aiohttp.ClientResponse:
+        """GET url, following redirects here: aiohttp drops the credential on one to another host or port."""
+        for _ in range(10):
+            r = await self.session.get(url, headers={**self.auth, **headers}, timeout=timeout, allow_redirects=False)
+            if r.status not in _REDIRECTS:
+                return r
+            r.release()
+            url = urljoin(url, r.headers.get("Location", ""))
+        raise FetchError(f"{url}: too many redirects")
 
     async def _body(self, r: aiohttp.ClientResponse, path: str) -> bytes:
         """A store response's whole body (counted as from the store), or FetchError."""
@@ -119,14 +127,12 @@ class StoreClient:
             if r.status == 404:
                 raise NotInStore(f"{path}: not in the store")
             if r.status != 200:
-                raise FetchError(f"{path}: HTTP {r.status}")
+                raise FetchError(f"{path}: HTTP {r.status}{fleet_credential.hint(r.status)}")
             data = await r.read()
         self._got("store", len(data))
         return data
 
     async def versions(self) -> dict:
-        import json
-
         return json.loads(await self._get("/versions"))
 
     async def manifest(self, version: int) -> tuple[bytes, bytes]:
@@ -177,7 +183,9 @@ class StoreClient:
         `direct`: the store serves it (a retry: a peer waiting on this agent for the piece may be next in line)."""
         url = self._url(version, piece, failed, direct)
         for _ in range(10):
-            r = await self.session.get(url, headers=headers or {}, timeout=self.timeout, allow_redirects=False)
+            r = await self.session.get(
+                url, headers={**self.auth, **(headers or {})}, timeout=self.timeout, allow_redirects=False
+            )
             if r.status not in _REDIRECTS:
                 return r, None
             location, peer = r.headers.get("Location", ""), r.headers.get(PEER_HEADER)
@@ -197,22 +205,11 @@ class StoreClient:
         raise FetchError(f"{piece} of v{version}: too many redirects")
 
     async def _from_peer(self, location: str, peer: str, write: Callable[[bytes], object], limit: int) -> None:
-        """Stream a piece from a peer into write(); anything wrong is _PeerFailed (the caller goes direct)."""
-        try:
-            async with self.session.get(location, timeout=self.peer_timeout, allow_redirects=False) as r:
-                if r.status != 200:
-                    raise _PeerFailed(peer, "missing" if r.status == 404 else "http_error")
-                n = 0
-                async for block in r.content.iter_chunked(1 << 20):
-                    n += len(block)
-                    if n > limit:
-                        raise _PeerFailed(peer, "corrupt")
-                    write(block)
-                    self._got("peer", len(block))
-        except asyncio.TimeoutError:
-            raise _PeerFailed(peer, "timeout") from None
-        except aiohttp.ClientError:
-            raise _PeerFailed(peer, "unreachable") from None
+        """Stream a piece from a peer into write(); anything wrong is _PeerFailed (the caller goes direct):
+        a peer slower than the bound (weight_sync.peer_rate) is "slow", within seconds."""
+        async for block in from_peer(self.session, location, peer, self.relay.bound, self.auth, limit):
+            write(block)
+            self._got("peer", len(block))
 
     async def _fetch_small(self, version: int, piece: str, failed: str | None = None) -> tuple[bytes, str | None]:
         """A small piece and the peer it came from (None: the store)."""
@@ -286,7 +283,7 @@ class StoreClient:
                 if r.status == 404:
                     raise NotInStore(f"chunk {piece} of v{version}: not in the store")
                 if r.status not in (200, 206):
-                    raise FetchError(f"chunk {piece} of v{version}: HTTP {r.status}")
+                    raise FetchError(f"chunk {piece} of v{version}: HTTP {r.status}{fleet_credential.hint(r.status)}")
                 if have and r.status == 206:
                     self.resumed += 1
                 with open(part, "ab" if r.status == 206 else "wb") as f:
@@ -374,11 +371,11 @@ class StoreClient:
             have = done + len(buf)
             try:
                 headers = {"Range": f"bytes={have}-"} if have else {}
-                async with self.session.get(url, headers=headers, timeout=timeout) as r:
+                async with await self._follow(url, headers, timeout) as r:
                     if r.status == 404 and not have:
                         raise PackUnsupported(f"{url}: not served by this store")
                     if r.status not in (200, 206) or (have and r.status != 206):
-                        raise FetchError(f"{url}: HTTP {r.status}")
+                        raise FetchError(f"{url}: HTTP {r.status}{fleet_credential.hint(r.status)}")
                     if have and not r.headers.get("Content-Range", "").startswith(f"bytes {have}-"):
                         raise FetchError(f"{url}: resumed at {r.headers.get('Content-Range')!r}, asked for {have}")
                     if have:
@@ -409,12 +406,13 @@ class StoreClient:
 
 
 def open_store(
-    url: str, session: aiohttp.ClientSession, download_dir: Path, parallel: int = 4
+    url: str, session: aiohttp.ClientSession, download_dir: Path, parallel: int = 4, token: str | None = None
 ) -> StoreClient | S3StoreClient:
     """The client for a store URL: an S3 bucket (s3://BUCKET/PREFIX, weight_sync/s3_fetch.py; endpoint and
-    credentials from the AWS_* variables) or a store server over HTTP."""
+    credentials from the AWS_* variables, every request signed) or a store server over HTTP (with the fleet
+    read credential `token`)."""
     if url.startswith("s3://"):
         from weight_sync.s3_fetch import S3StoreClient  # obstore only where a bucket is used
 
         return S3StoreClient(url, download_dir, parallel)
-    return StoreClient(url, session, download_dir, parallel)
+    return StoreClient(url, session, download_dir, parallel, token=token)

@@ -4,11 +4,14 @@
 
 A piece lands here only after its digest (or, for the manifest, its signature) checked, by an atomic
 rename, so a file that exists is whole. The server (aiohttp, in a thread of the agent's process with its
-own event loop) answers GET /versions/N/<piece> the way the store does, Range requests included. A piece
-the agent is still receiving (the store sent the asker here because this agent asked first) is waited for
-up to `wait_s`, then 404; a piece it neither has nor is receiving is 404 at once. Either way the asker
-falls back to the store. Names are checked like the store's (weight_sync.store.valid_piece) and paths are
-built from them, never taken from the request, so nothing outside the cache is reachable.
+own event loop) answers GET /versions/N/<piece> the way the store does, Range requests included, and only
+to a caller with the fleet read credential (weight_sync.fleet_credential: 401 otherwise). A piece the
+agent is still receiving (the store sent the asker here because this agent asked first) is waited for up
+to `wait_s`, then 404; a piece it neither has nor is receiving is 404 at once. Either way the asker falls
+back to the store. `wait_s` stays below the askers' first-byte deadline (weight_sync.peer_rate): a relay
+still waiting when the asker gives up would be taken for a slow one. Names are checked like the store's
+(weight_sync.store.valid_piece) and paths are built from them, never taken from the request, so nothing
+outside the cache is reachable.
 """
 
 from __future__ import annotations
@@ -18,12 +21,13 @@ import contextlib
 import os
 import shutil
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from aiohttp import web
 
+from weight_sync import fleet_credential
 from weight_sync.store import valid_piece, version_number
 from weight_sync.store_relay import peer_url
 
@@ -36,7 +40,8 @@ class RelayConfig:
     port: int
     host: str = "127.0.0.1"
     url: str | None = None  # what peers are told to use (default http://host:port): a NAT, a proxy
-    wait_s: float = 30.0  # how long a piece still arriving here is waited for before answering 404
+    wait_s: float = 4.0  # how long a piece still arriving here is waited for before answering 404
+    token: str | None = field(default=None, repr=False)  # the fleet read credential callers must show
 
     def __post_init__(self):
         if not 0 < self.port < 65536:
@@ -143,7 +148,7 @@ class RelayServer:
     def __init__(self, cfg: RelayConfig, cache: RelayCache, count: Callable[[str, int], None] | None = None):
         self.cfg = cfg
         self.cache = cache
-        self.count = count or (lambda result, nbytes: None)  # (served|missing|bad, body bytes)
+        self.count = count or (lambda result, nbytes: None)  # (served|missing|bad|unauthorized, body bytes)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
 
@@ -164,7 +169,8 @@ class RelayServer:
             if request.get(_PIECE) and request.method != "HEAD" and response.status in (200, 206):
                 self.count("served", response.content_length or 0)
 
-        app = web.Application()
+        guard = fleet_credential.middleware(self.cfg.token, "the relay", lambda reason: self.count("unauthorized", 0))
+        app = web.Application(middlewares=[guard])
         app.add_routes([web.get("/versions/{version}/{piece:.+}", piece)])
         app.on_response_prepare.append(sent)
         return app
@@ -172,10 +178,11 @@ class RelayServer:
     def start(self) -> RelayServer:
         """Listen on cfg.host:cfg.port (raises if it cannot) and serve until stop()."""
         ready, failed = threading.Event(), []
+        app = self.app()  # here, not in the thread: no credential to check is an error the caller sees
 
         def main():
             loop = self._loop = asyncio.new_event_loop()
-            runner = web.AppRunner(self.app(), access_log=None, shutdown_timeout=2.0)
+            runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
             try:
                 loop.run_until_complete(runner.setup())
                 loop.run_until_complete(web.TCPSite(runner, self.cfg.host, self.cfg.port).start())

@@ -7,7 +7,13 @@
     <root>/.staging-<N>-*/                a version being written; renamed into versions/ when complete
     <root>/head/                          the publisher's full copy of the newest version (delta base)
     <root>/activations.jsonl              rollbacks and pins, in order (also announced on Kafka)
+    <root>/announcements.jsonl            every other control record sent (new versions): its seq and version
+    <root>/control_seq                    the last control-record sequence number handed out
     <root>/announced                      the newest version whose announcement the broker acknowledged
+
+Sequence numbers never go back: the next one is above the counter and above every number either ledger
+names, so a lost or stale counter cannot hand out a number the agents have passed (they would drop that
+record as a replay, silently). Ledgers are written before their record is sent (weight_sync.ledger).
 
 Chunk and file paths are derived from indices and validated names, never taken from a manifest, so
 nothing a manifest says can reach outside the store. A version is visible only after the rename, which
@@ -20,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import re
 import shutil
@@ -29,7 +34,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from flywheel.core.files import fsync_path
+from flywheel.core.files import fsync_path, write_durably
+from weight_sync import fleet_credential, ledger
 from weight_sync.manifest import Manifest
 from weight_sync.store_metrics import VersionSizes
 from weight_sync.store_relay import StoreRelay
@@ -38,6 +44,7 @@ from weight_sync.tracker import TrackerConfig
 _CHUNK = re.compile(r"^\d{1,6}\.\d{1,6}$")
 _FILE = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
 _RANGE = re.compile(r"bytes=(\d{1,15})-")
+ANNOUNCEMENTS = "announcements.jsonl"
 
 
 def chunk_name(tensor_index: int, chunk_index: int) -> str:
@@ -133,10 +140,13 @@ class Store:
         return removed
 
     @contextlib.contextmanager
-    def sequence(self):
+    def sequence(self, floor=None):
         """The next control-record sequence number, held under a lock until the caller has sent its record,
         so that the weights topic's order is the sequence's order. A number is never handed out twice,
-        even when its send fails (it may have gone through)."""
+        even when its send fails (it may have gone through), nor one at or below any number a ledger names:
+        the counter lost, damaged or restored from an older copy, the floor is still every record sent.
+        `floor()`: what the weights topic says was used (weight_sync.topic_floor), asked when the counter is
+        gone (a store rebuilt beside a topic that remembers); what it raises propagates, no number handed out."""
         import fcntl
 
         with open(self.root / "control_seq.lock", "a") as lock:
@@ -144,14 +154,15 @@ class Store:
             path = self.root / "control_seq"
             try:
                 last = int(path.read_text())
-            except (OSError, ValueError):  # a store from before sequence numbers: start past its activations
-                last = max((a["seq"] for a in self.activations() if isinstance(a.get("seq"), int)), default=0)
-            tmp = path.with_name("control_seq.tmp")
-            tmp.write_text(str(last + 1))
-            with open(tmp, "rb") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            except (OSError, ValueError):  # lost or damaged: the ledgers, and the topic, say what was used
+                last = floor() if floor is not None else 0
+            last = max(last, self.used_seq())
+            write_durably(path, str(last + 1).encode())  # the file and its directory, before the number is used
             yield last + 1
+
+    def used_seq(self) -> int:
+        """The highest sequence number the ledgers name (0: none)."""
+        return max(ledger.max_seq(self.root / "activations.jsonl"), ledger.max_seq(self.root / ANNOUNCEMENTS))
 
     def announced(self) -> int | None:
         """The newest version known to be on the weights topic (None: none yet, or a store from before)."""
@@ -170,11 +181,7 @@ class Store:
             done = self.announced()
             if done is not None and done >= version:
                 return
-            tmp = self.root / "announced.tmp"
-            tmp.write_text(str(int(version)))
-            with open(tmp, "rb") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, self.root / "announced")
+            write_durably(self.root / "announced", str(int(version)).encode())
 
     def unannounced(self) -> list[int]:
         """Versions committed here whose announcement never reached the broker (the publisher died, or the
@@ -194,8 +201,14 @@ class Store:
         return [v for v in versions if v > done and self.version_dir(v).stat().st_mtime > decided]
 
     def record_activation(self, record: dict) -> None:
-        with open(self.root / "activations.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
+        """A decision (rollback, activate, pin, canary...), before it is sent; under the sequence lock."""
+        ledger.append(self.root / "activations.jsonl", record)
+
+    def record_announcement(self, record: dict) -> None:
+        """Any other control record (a new version's announcement), before it is sent; under the sequence lock.
+        Only what numbering needs: the full record is on the weights topic."""
+        keep = ("seq", "type", "version", "ts")
+        ledger.append(self.root / ANNOUNCEMENTS, {k: record[k] for k in keep if k in record})
 
     def decided(self) -> set[int]:
         """Versions the fleet's standing decisions name (folded like an agent folds the weights topic): the
@@ -215,19 +228,19 @@ class Store:
         return stable | ({pinned} if pinned is not None else set())
 
     def activations(self) -> list[dict]:
-        path = self.root / "activations.jsonl"
-        if not path.exists():
-            return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        """The decisions recorded, in order; a line that cannot be read (a torn append) is skipped, never fatal."""
+        return ledger.read(self.root / "activations.jsonl")
 
     # ------------------------------------------------------------------ HTTP
-    def app(self, tracker: TrackerConfig | None = None) -> web.Application:
+    def app(self, tracker: TrackerConfig | None = None, token: str | None = None) -> web.Application:
         """GET /versions, /versions/N/manifest.json|manifest.sig, /versions/N/chunks/T.C, /versions/N/files/NAME,
         /versions/N/changed (the chunks an in-place apply needs, in one response);
         /metrics and /stats (bytes sent, relay redirects). File responses honour Range requests, so an
         interrupted download resumes. An agent with a relay may be sent to a peer instead
-        (weight_sync.store_relay)."""
+        (weight_sync.store_relay). Every request but /metrics needs the fleet read credential `token`
+        (weight_sync.fleet_credential; ValueError without one)."""
         relay = StoreRelay(self.versions, tracker)
+        guard = fleet_credential.middleware(token, "the weight store", relay.refuse)
         relay.registry.register(VersionSizes(self))  # flywheel_store_version_bytes{version,form,kind}
 
         def version_of(request) -> tuple[int, Path]:
@@ -303,7 +316,7 @@ class Store:
             v, d = version_of(request)
             return relay.answer(request, "file", v, f"files/{name}", d / "files" / name)
 
-        app = web.Application()
+        app = web.Application(middlewares=[guard])
         app.add_routes(
             [
                 web.get("/versions", versions),

@@ -8,7 +8,9 @@ and files/NAME (an agent without one adds none and is always served the bytes, a
     direct=1      serve the bytes, no redirect (the agent's retry after a peer failed it)
     failed=URL    a peer the agent could not fetch from: dropped from every piece of that version
 
-A request with a Range header resumes a transfer from the store and is always served directly.
+A request with a Range header resumes a transfer from the store and is always served directly. Every one
+of these carries the fleet read credential (weight_sync.fleet_credential): without it the store neither
+answers nor notes the peer, so an outsider cannot get agents sent to it.
 """
 
 from __future__ import annotations
@@ -57,6 +59,14 @@ class StoreRelay:
         self.failed_peers = Counter(
             "flywheel_store_relay_failed_peers", "Reports of a peer an agent could not fetch from", registry=r
         )
+        self.refused = Counter(
+            "flywheel_store_refused_requests",
+            "Requests refused for want of the fleet read credential (missing, or wrong)",
+            ["reason"],
+            registry=r,
+        )
+        for reason in ("missing", "wrong"):
+            self.refused.labels(reason)
         Gauge(
             "flywheel_store_relay_tracked_pieces", "(version, piece) entries the tracker holds", registry=r
         ).set_function(lambda: len(self.tracker.pieces))
@@ -107,6 +117,9 @@ class StoreRelay:
             return
         self.sent.labels(kind).inc(response.content_length)
         self.totals[kind] += response.content_length
+
+    def refuse(self, reason: str) -> None:
+        self.refused.labels(reason).inc()
 
     def count_as(self, request: web.Request, kind: str) -> None:
         request[EGRESS_KIND] = kind

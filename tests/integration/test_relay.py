@@ -19,13 +19,15 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from flywheel.core.procs import free_port
-from tests.helpers import get, loopback_app, store_server
+from tests.helpers import STORE_TOKEN, get, loopback_app, store_server
+from weight_sync import fleet_credential
 from weight_sync.agent import Agent, AgentConfig
 from weight_sync.manifest import generate_key
 from weight_sync.publish import PublishConfig, publish
 from weight_sync.store import Store
 
 pytestmark = pytest.mark.timeout(180)
+AUTH = fleet_credential.headers(STORE_TOKEN)  # the fleet read credential store_server() wants
 
 
 def _checkpoint(d: Path, tensors: dict) -> Path:
@@ -80,7 +82,8 @@ def agents(published, store, tmp_path):
                 work_dir=tmp_path / name,
                 initial_model=published["v0"],
                 relay_port=free_port() if relay else 0,
-                relay_wait_s=10.0,
+                relay_wait_s=4.0,
+                store_token=STORE_TOKEN,
             )
         )
         agent.start_relay()
@@ -113,9 +116,12 @@ def assert_bit_identical(agent: Agent, want: Path) -> None:
     assert (agent.local_dir(1) / "tokenizer.json").read_bytes() == (want / "tokenizer.json").read_bytes()
 
 
-def status(url: str) -> int:
+def status(url: str, token: str | None = STORE_TOKEN) -> int:
+    """The HTTP status of a GET, with the fleet read credential unless told otherwise."""
     try:
-        with urllib.request.urlopen(url, timeout=30) as r:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, headers=fleet_credential.headers(token)), timeout=30
+        ) as r:
             r.read()
             return r.status
     except urllib.error.HTTPError as e:
@@ -123,7 +129,7 @@ def status(url: str) -> int:
 
 
 def sent(store: str) -> dict:
-    status, body = get(f"{store}/stats")
+    status, body = get(f"{store}/stats", key=STORE_TOKEN)
     assert status == 200
     return json.loads(body)
 
@@ -228,7 +234,8 @@ def test_bad_requests_to_a_relay_or_the_store_are_4xx(published, store, agents):
     for v in ("%C2%B2", "%D9%A1", "1" * 5000):
         assert status(f"{store}/versions/{v}/manifest.json") == 404, v
     before = sent(store)["sent_bytes_total"]
-    with urllib.request.urlopen(urllib.request.Request(f"{store}/versions/1/manifest.json", method="HEAD")) as r:
+    head = urllib.request.Request(f"{store}/versions/1/manifest.json", method="HEAD", headers=AUTH)
+    with urllib.request.urlopen(head) as r:
         assert r.status == 200 and int(r.headers["Content-Length"]) > 0
     assert sent(store)["sent_bytes_total"] == before, "a HEAD sends no body"
     code, text = get(f"{store}/metrics")

@@ -222,6 +222,29 @@ def test_a_corrupt_object_is_refused_by_its_digest(s3, test_model, tmp_path):
         asyncio.run(client.file(0, name, want))
 
 
+def test_an_anonymous_client_reads_and_writes_nothing(s3, published):
+    """The bucket holds every version: S3Proxy checks each request's AWS signature (aws-v2-or-v4 with an
+    identity and credential), so an unsigned GET, listing or PUT from anyone on the network is a 403."""
+    import urllib.error
+    import urllib.request
+
+    endpoint = s3["server"].endpoint
+    manifest = f"{endpoint}/{BUCKET}/main/versions/1/manifest.json"
+    for url, method, data in (
+        (manifest, "GET", None),
+        (f"{endpoint}/{BUCKET}/main/versions/0/chunks/0.0", "GET", None),
+        (f"{endpoint}/{BUCKET}?list-type=2&prefix=main/", "GET", None),
+        (f"{endpoint}/", "GET", None),
+        (f"{endpoint}/{BUCKET}/main/versions/9/manifest.json", "PUT", b"{}"),
+        (manifest, "DELETE", None),
+    ):
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(urllib.request.Request(url, data=data, method=method), timeout=20)
+        assert e.value.code == 403, (method, url)
+    signed = S3StoreClient(published["url"], published["root"] / "dl", options=s3["options"])
+    assert json.loads(asyncio.run(signed.manifest(1))[0])["version"] == 1  # the fleet's signed GET still works
+
+
 @pytest.mark.parametrize(
     "url, match",
     [

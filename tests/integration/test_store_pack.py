@@ -21,7 +21,7 @@ from safetensors.numpy import load_file
 from safetensors.torch import save_file
 
 from flywheel.core.procs import free_port
-from tests.helpers import get, loopback_app, store_server
+from tests.helpers import STORE_TOKEN, get, loopback_app, store_server
 from weight_sync import inplace
 from weight_sync.fetch import FetchError, PackUnsupported, StoreClient
 from weight_sync.manifest import Manifest, generate_key
@@ -29,6 +29,7 @@ from weight_sync.publish import PublishConfig, publish
 from weight_sync.store import Store, chunk_name
 
 pytestmark = pytest.mark.timeout(180)
+AUTH = {"Authorization": f"Bearer {STORE_TOKEN}"}  # the fleet read credential store_server() wants
 
 
 @pytest.fixture(scope="module")
@@ -73,11 +74,12 @@ def test_the_pack_is_every_chunk_of_every_changed_tensor_back_to_back(published,
     assert [(t, c) for t, c, _ in m.pack()] == [(t, c) for t in range(4) for c in range(4)]
     import urllib.request
 
-    before = json.loads(get(f"{store}/stats")[1])["sent_bytes"]["chunk"]
-    with urllib.request.urlopen(f"{store}/versions/1/changed", timeout=30) as r:
+    before = json.loads(get(f"{store}/stats", key=STORE_TOKEN)[1])["sent_bytes"]["chunk"]
+    req = urllib.request.Request(f"{store}/versions/1/changed", headers=AUTH)
+    with urllib.request.urlopen(req, timeout=30) as r:
         status, body = r.status, r.read()
     assert status == 200 and body == published["pack"]
-    assert json.loads(get(f"{store}/stats")[1])["sent_bytes"]["chunk"] - before == len(body)
+    assert json.loads(get(f"{store}/stats", key=STORE_TOKEN)[1])["sent_bytes"]["chunk"] - before == len(body)
 
 
 def test_a_range_resumes_the_pack_and_a_range_it_cannot_serve_is_416(published, store):
@@ -87,7 +89,7 @@ def test_a_range_resumes_the_pack_and_a_range_it_cannot_serve_is_416(published, 
     pack = published["pack"]
 
     def ranged(spec: str) -> tuple[int, bytes, str]:
-        req = urllib.request.Request(f"{store}/versions/1/changed", headers={"Range": spec})
+        req = urllib.request.Request(f"{store}/versions/1/changed", headers={"Range": spec, **AUTH})
         try:
             with urllib.request.urlopen(req, timeout=30) as r:
                 return r.status, r.read(), r.headers.get("Content-Range", "")
@@ -97,9 +99,9 @@ def test_a_range_resumes_the_pack_and_a_range_it_cannot_serve_is_416(published, 
     assert ranged("bytes=1000-") == (206, pack[1000:], f"bytes 1000-{len(pack) - 1}/{len(pack)}")
     assert ranged(f"bytes={len(pack)}-")[::2] == (416, f"bytes */{len(pack)}")
     assert ranged("bytes=0-10")[0] == 416  # only "from N to the end" is served
-    assert get(f"{store}/versions/9/changed")[0] == 404
-    assert get(f"{store}/versions/0/changed")[0] == 404  # a full snapshot has no pack: chunk by chunk
-    head = urllib.request.Request(f"{store}/versions/1/changed", method="HEAD")
+    assert get(f"{store}/versions/9/changed", key=STORE_TOKEN)[0] == 404
+    assert get(f"{store}/versions/0/changed", key=STORE_TOKEN)[0] == 404  # a full snapshot has no pack: chunk by chunk
+    head = urllib.request.Request(f"{store}/versions/1/changed", method="HEAD", headers=AUTH)
     with urllib.request.urlopen(head, timeout=30) as r:
         assert r.status == 200 and int(r.headers["Content-Length"]) == len(pack) and r.read() == b""
 
@@ -153,7 +155,7 @@ def _pack_through(published, store, how: str, tmp_path) -> tuple[dict, dict, Sto
         seen["third"] = sizes[0] + sizes[1] + 5
         try:
             async with aiohttp.ClientSession() as s:
-                client = StoreClient(url, s, tmp_path / "dl")
+                client = StoreClient(url, s, tmp_path / "dl", token=STORE_TOKEN)
                 got: dict = {}
                 await client.pack(1, m.pack(), lambda t, c, data: got.setdefault((t, c), []).append(data))
                 return got, seen, client
@@ -196,7 +198,7 @@ def test_a_store_without_the_pack_is_asked_chunk_by_chunk_for_the_same_patch(pub
 
     async def build(url: str, out: Path):
         async with aiohttp.ClientSession() as s:
-            client = StoreClient(url, s, tmp_path / "dl")
+            client = StoreClient(url, s, tmp_path / "dl", token=STORE_TOKEN)
             with ThreadPoolExecutor(2) as pool:
                 return await inplace.build_patch(client, m, published["v0"], pool, out)
 

@@ -363,7 +363,7 @@ def test_publish_hands_a_delta_to_weight_sync(broker, test_model, tmp_path):
     import aiohttp
     from safetensors.torch import load_file
 
-    from tests.helpers import store_server
+    from tests.helpers import STORE_TOKEN, store_server
     from weight_sync.agent import Agent, AgentConfig
     from weight_sync.fetch import StoreClient
     from weight_sync.manifest import generate_key
@@ -429,12 +429,13 @@ def test_publish_hands_a_delta_to_weight_sync(broker, test_model, tmp_path):
                 public_key=tmp_path / "k.pub",
                 work_dir=tmp_path / "agent",
                 initial_model=test_model,
+                store_token=STORE_TOKEN,
             )
         )
 
         async def rebuild():
             async with aiohttp.ClientSession() as s:
-                return await agent.materialize(StoreClient(url, s, tmp_path / "dl"), 1)
+                return await agent.materialize(StoreClient(url, s, tmp_path / "dl", token=STORE_TOKEN), 1)
 
         path = asyncio.run(rebuild())
     rebuilt = load_file(str(path / "model.safetensors"))

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from tests.helpers import serving_app
+from tests.helpers import STORE_TOKEN, serving_app
 from weight_sync.agent import Agent, AgentConfig, Rejected
 from weight_sync.manifest import generate_key
 from weight_sync.publish import PublishConfig, publish
@@ -30,7 +30,7 @@ def _store_behind(store: Store, broken: set[str]) -> web.Application:
             return web.Response(status=502, text="bad gateway")
         return await handler(request)
 
-    app = store.app()
+    app = store.app(token=STORE_TOKEN)
     app.middlewares.append(fail)
     return app
 
@@ -71,6 +71,7 @@ def _agent(cfg: PublishConfig, test_model, work) -> Agent:
             public_key=cfg.private_key.with_suffix(".pub"),
             work_dir=work,
             initial_model=test_model,
+            store_token=STORE_TOKEN,
         )
     )
 
@@ -112,7 +113,10 @@ def test_a_rebuild_the_disk_ended_leaves_nothing_behind(published, test_model, t
     monkeypatch.setattr(CheckpointWriter, "write", write_until_full)
 
     async def scenario():
-        async with serving_app(Store(published.store).app()) as url, aiohttp.ClientSession() as session:
+        async with (
+            serving_app(Store(published.store).app(token=STORE_TOKEN)) as url,
+            aiohttp.ClientSession() as session,
+        ):
             agent.cfg.store_url = url
             await agent.materialize(agent.store_client(session), 1)
 
@@ -146,7 +150,10 @@ def test_a_damaged_local_base_is_dropped_and_rebuilt_not_the_version_rejected(pu
     agent = _agent(published, launch, tmp_path / "w")
 
     async def scenario():
-        async with serving_app(Store(published.store).app()) as url, aiohttp.ClientSession() as session:
+        async with (
+            serving_app(Store(published.store).app(token=STORE_TOKEN)) as url,
+            aiohttp.ClientSession() as session,
+        ):
             agent.cfg.store_url = url
             client = agent.store_client(session)
             with pytest.raises(Rejected) as e:

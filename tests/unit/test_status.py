@@ -27,6 +27,7 @@ from flywheel.status_sources import quantile
 
 pytestmark = pytest.mark.timeout(120)
 TOKEN = "admin-secret"
+STORE_TOKEN = "status-fleet-read-token"
 
 
 @contextmanager
@@ -165,7 +166,7 @@ def store_app(tmp_path) -> web.Application:
         start=1,
     ):
         store.record_activation({"schema": "flywheel.control/1", "seq": seq, "ts": time.time(), "reason": "t", **rec})
-    return store.app()
+    return store.app(token=STORE_TOKEN)
 
 
 def prometheus_app(firing: bool = True) -> web.Application:
@@ -237,6 +238,7 @@ def test_a_whole_fleet_without_prometheus(tmp_path):
         served(store_app(tmp_path)) as st,
     ):
         cfg = StatusConfig(gateway=gw, admin_token=TOKEN, trainer=tr, store_url=st, sample_s=0.5, timeout_s=5)
+        cfg.store_token = STORE_TOKEN
         data = gather(cfg)
     assert failed(data) == []
     assert data["kafka"]["not_given"] and data["alerts"]["error"].startswith("no Prometheus given")
@@ -385,6 +387,7 @@ def test_cli_json_is_valid_json_and_exit_codes(tmp_path, monkeypatch):
         monkeypatch.setenv("FLYWHEEL_GATEWAY_URL", closed_url())  # the flag wins over it
         monkeypatch.setenv("FLYWHEEL_ADMIN_TOKEN", TOKEN)
         monkeypatch.setenv("FLYWHEEL_STORE_URL", st)
+        monkeypatch.setenv("FLYWHEEL_STORE_TOKEN", STORE_TOKEN)
         out = io.StringIO()
         with redirect_stdout(out):
             rc = main(["status", "--json", "--gateway", gw, "--sample-s", "0"])

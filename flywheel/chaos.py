@@ -113,8 +113,8 @@ def _fill(path: Path) -> Path:
     return ballast
 
 
-def _get(url: str, timeout: float = 5.0):
-    with urllib.request.urlopen(url, timeout=timeout) as r:
+def _get(url: str, timeout: float = 5.0, headers: dict[str, str] | None = None):
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as r:
         return json.loads(r.read() or b"null")
 
 
@@ -271,6 +271,7 @@ class Chaos:
             keys=self.fleet.keys,
             admin_token=self.fleet.cfg.admin_token,
             port=port,
+            env=self.fleet.gateway_env(),
         )
         self.started_pids.add(self.fleet.gateway.pid)
 
@@ -308,15 +309,14 @@ class Chaos:
             i = self.rng.randrange(len(fleet.replicas))
             rep = fleet.replicas[i]
             _killpg(rep.pid)
-            new = start_replica(
-                ReplicaConfig(
-                    model_path=self.model,
-                    log_dir=self.out / "logs",
-                    threads=1,
-                    port=rep.port,
-                    max_total_tokens=fleet.cfg.max_total_tokens,
-                )
+            cfg = ReplicaConfig(
+                model_path=self.model,
+                log_dir=self.out / "logs",
+                threads=1,
+                port=rep.port,
+                max_total_tokens=fleet.cfg.max_total_tokens,
             )
+            new = start_replica(fleet.keyed(cfg, f"r{i}"))
             fleet.replicas[i] = new
             self.started_pids.add(new.pid)
             self._wait("replica", lambda: self._replicas_ok() and len(set(fleet.served_versions().values())) == 1)
@@ -343,7 +343,8 @@ class Chaos:
             port = int(fleet.store_url.rsplit(":", 1)[1])
             fleet.store_url = fleet._spawn_store(port)
             self.started_pids.add(fleet.store_pid)
-            self._wait("store", lambda: _get(f"{fleet.store_url}/versions") is not None)
+            auth = {"Authorization": f"Bearer {fleet.store_token}"}  # the fleet read credential (weight_sync)
+            self._wait("store", lambda: _get(f"{fleet.store_url}/versions", headers=auth) is not None)
         elif kind in ("broker", "broker_down"):
             if kind == "broker":
                 _killpg(fleet.broker.pid)

@@ -81,7 +81,7 @@ class HostFleet(LocalFleet):
                 threads=self.cfg.threads,
                 max_total_tokens=self.cfg.max_total_tokens,
             )
-            self.replicas.append(start_replica(rcfg, wait=False))
+            self.replicas.append(start_replica(self.keyed(rcfg, f"r{i}"), wait=False))
         self.start_broker()
         if not self.signing_key.exists():
             generate_key(self.signing_key, self.public_key)
@@ -144,7 +144,7 @@ class HostFleet(LocalFleet):
             port=GATEWAY_PORT + j,
             host=h.addr,
             netns=h.netns,
-            env={"FLYWHEEL_ID_SECRET": self.cfg.id_secret},
+            env=self.gateway_env(FLYWHEEL_ID_SECRET=self.cfg.id_secret),
         )
         self.say(f"gateway g{j} {gw.url}  (pid {gw.pid}, on {h.netns})")
         return gw

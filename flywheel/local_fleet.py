@@ -6,6 +6,7 @@ started here is stopped here, by PID.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import secrets
 import subprocess
@@ -16,9 +17,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from flywheel.core import replica_keys
 from flywheel.core.config import check_modes
 from flywheel.core.paths import REPO_ROOT
 from flywheel.core.procs import free_port, in_netns, spawn, stop_pid, tail, wait_until
+from serving import admin_tokens
+from weight_sync import fleet_credential
 from weight_sync.switch import SwitchMode
 
 
@@ -46,6 +50,16 @@ class LocalFleet:
         self.out = Path(cfg.out_dir).resolve()
         self.say = say
         self.keys = {f"tenant-{i}": "fw-" + secrets.token_hex(12) for i in range(cfg.tenants)}
+        # The replicas' two keys (flywheel.core.replica_keys): the gateways hold the inference key; each
+        # replica's admin key only its weight agent (which reads the replica's version with the other).
+        self.replica_key = replica_keys.new_key("inference")
+        # The admin API's token split by capability (serving.admin_tokens): agents hold the weights part only;
+        # cfg.admin_token (all of them) stays with the fleet's operator (env(): status, load tests, the demo).
+        self.admin_parts = {cap: f"fw-admin-{cap}-{secrets.token_hex(8)}" for cap in admin_tokens.CAPABILITIES}
+        self.replica_admin_keys: dict[str, str] = {}
+        # The fleet read credential (weight_sync.fleet_credential): the store server and every agent (which
+        # fetches, and whose relay checks its peers with it) hold it; nobody else reads versions.
+        self.store_token = fleet_credential.new()
         self.broker = None
         self.replicas: list = []
         self.gateway = None
@@ -85,8 +99,8 @@ class LocalFleet:
             threads=self.cfg.threads,
             max_total_tokens=self.cfg.max_total_tokens,
         )
-        for _ in range(self.cfg.replicas):
-            self.replicas.append(start_replica(rcfg, wait=False))
+        for i in range(self.cfg.replicas):
+            self.replicas.append(start_replica(self.keyed(rcfg, f"r{i}"), wait=False))
         self.start_broker()
         if not self.signing_key.exists():
             generate_key(self.signing_key, self.public_key)
@@ -105,6 +119,7 @@ class LocalFleet:
             keys=self.keys,
             admin_token=self.cfg.admin_token,
             extra_args=["--abandon-after-s", str(self.cfg.abandon_after_s)],
+            env=self.gateway_env(),
         )
         self.say(f"gateway {self.gateway.url}  (pid {self.gateway.pid}; OpenAI API at {self.gateway.url}/v1)")
         for i, rep in enumerate(self.replicas):
@@ -165,12 +180,24 @@ class LocalFleet:
             "FLYWHEEL_ADMIN_TOKEN": self.cfg.admin_token,
             "FLYWHEEL_KAFKA_BOOTSTRAP": self.broker.bootstrap,
             "FLYWHEEL_STORE_URL": self.store_url or "",
+            fleet_credential.ENV: self.store_token,  # `flywheel status` lists the store's versions with it
             "FLYWHEEL_WEIGHTS_STORE": str(self.store_root),
             "FLYWHEEL_SIGNING_KEY": str(self.signing_key),
             "FLYWHEEL_PUBLIC_KEY": str(self.public_key),  # what agents verify versions with
             "FLYWHEEL_AGENT_METRICS": ",".join(f"{n}={a}" for n, a in sorted(self.agent_metrics.items())),
             "FLYWHEEL_LOADTEST_KEYS": ",".join(self.keys.values()),
         }
+
+    def keyed(self, rcfg, name: str):
+        """rcfg with replica `name`'s keys (its admin key made on first use, kept across its restarts)."""
+        admin = self.replica_admin_keys.setdefault(name, replica_keys.new_key("admin"))
+        return dataclasses.replace(rcfg, api_key=self.replica_key, admin_api_key=admin)
+
+    def gateway_env(self, **more: str) -> dict[str, str]:
+        """A gateway's environment entries: the replicas' inference key (never an admin key) and the admin API's
+        tokens by capability (the operator's token, all of them, goes by gateway_process's admin_token)."""
+        parts = {admin_tokens.ENV[cap]: token for cap, token in self.admin_parts.items()}
+        return {**replica_keys.env(self.replica_key), **parts, **more}
 
     def admin(self, method: str, path: str) -> dict:
         from flywheel.core.admin_client import admin_call
@@ -231,6 +258,7 @@ class LocalFleet:
             ["weights", "serve", "--store", str(self.store_root), "--host", host, "--port", str(port)],
             "store.log",
             netns,
+            secret_env={fleet_credential.ENV: self.store_token},
         )
         self.store_pid = proc.pid
         url = f"http://{host}:{port}"
@@ -292,7 +320,11 @@ class LocalFleet:
             ],
             f"agent-{name}.log",
             netns,
-            secret_env={"FLYWHEEL_ADMIN_TOKEN": self.cfg.admin_token},
+            secret_env={
+                "FLYWHEEL_ADMIN_TOKEN": self.admin_parts["weights"],
+                **replica_keys.env(self.replica_key, self.replica_admin_keys[name]),
+                fleet_credential.ENV: self.store_token,
+            },
         )
         time.sleep(0.5)
         if proc.poll() is not None:
@@ -304,6 +336,7 @@ def _child_env() -> dict[str, str]:
     import os
 
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-    for k in ("FLYWHEEL_KAFKA_BOOTSTRAP", "FLYWHEEL_GATEWAY_URL", "FLYWHEEL_ADMIN_TOKEN"):
+    stale = ("FLYWHEEL_KAFKA_BOOTSTRAP", "FLYWHEEL_GATEWAY_URL", "FLYWHEEL_ADMIN_TOKEN", fleet_credential.ENV)
+    for k in (*stale, *replica_keys.env(None), *admin_tokens.ENV.values()):
         env.pop(k, None)  # children get this fleet's values (by flag, a secret by its own env), never a stale shell's
     return env

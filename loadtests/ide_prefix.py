@@ -29,6 +29,8 @@ import aiohttp
 import numpy as np
 import orjson
 
+from flywheel.core import replica_keys
+
 FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE = "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"
 NAMES = ["total", "count", "value", "items", "result", "index", "data", "left", "right", "node", "key", "size"]
 OPS = ["+", "-", "*", "//", "%"]
@@ -162,7 +164,7 @@ async def one_request(
         if stream:
             body["stream_options"] = {"include_usage": True}
     else:
-        url, headers = f"{t.url}/generate", {}
+        url, headers = f"{t.url}/generate", replica_keys.inference_headers()
         body = {
             "text": f"{FIM_PREFIX}{prefix}{FIM_SUFFIX}{suffix}{FIM_MIDDLE}",
             "sampling_params": {"max_new_tokens": cfg.max_tokens, "temperature": 0.0, **t.sampling_fields},

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from flywheel.core import replica_keys
 from online_rl import tasks
 from online_rl.model import load_pretrained, token_logprobs
 
@@ -29,7 +30,9 @@ def _generate(url: str, ids: list[int], max_tokens: int, temperature: float, see
         "sampling_params": {"max_new_tokens": max_tokens, "temperature": temperature, "sampling_seed": seed},
     }
     req = urllib.request.Request(
-        f"{url}/generate", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        f"{url}/generate",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", **replica_keys.inference_headers()},
     )
     with urllib.request.urlopen(req, timeout=120) as r:
         return json.loads(r.read())

@@ -25,6 +25,8 @@ from aiohttp import web
 from flywheel.core import events as ev
 from flywheel.core.config import env
 from flywheel.core.files import write_durably
+from serving.admin_tokens import CAPABILITIES, AdminTokens, needed
+from serving.config import check_tenant_limits
 from serving.schema import ApiError
 
 log = logging.getLogger(__name__)
@@ -41,17 +43,30 @@ class Tenant:
 class Policy:
     """What a tenant lets Flywheel do with its code. `train: deny`: requests are served and counted, but
     events carry no content and nothing is trained on. `retention_days`: the trainer does not train on its
-    events older than that. `forgotten_before`: every event up to then is forgotten (flywheel tenants forget)."""
+    events older than that. `forgotten_before`: every event up to then is forgotten (flywheel tenants forget).
+    `version`: set by each change (set_policy) above any before it in that file and at least its wall time in
+    microseconds, so a change made through one gateway outranks what another gateway's stale keys file still
+    says: every reader of the tenants topic keeps the highest version (online_rl.tenants). 0: never changed."""
 
     train: str = "allow"
     retention_days: float | None = None
     forgotten_before: float | None = None
+    version: int = 0
 
     def view(self) -> dict:
         return {"train": self.train, "retention_days": self.retention_days, "forgotten_before": self.forgotten_before}
 
+    def stored(self) -> dict:
+        """As the keys file holds it."""
+        return {**self.view(), "version": self.version}
 
-def check_policy(train=None, retention_days=None, forgotten_before=None) -> None:
+
+def next_version(old: int) -> int:
+    """A policy version after `old`: the wall clock in microseconds, or old + 1 where a clock behind says less."""
+    return max(old + 1, time.time_ns() // 1000)
+
+
+def check_policy(train=None, retention_days=None, forgotten_before=None, version=None) -> None:
     """A clear error for a policy nobody can mean (the admin API turns it into a 400; in the keys file, the
     gateway refuses to start on it, or keeps the policies it had)."""
     if forgotten_before is not None and (
@@ -68,6 +83,8 @@ def check_policy(train=None, retention_days=None, forgotten_before=None) -> None
         or not 0 < retention_days <= 36500
     ):
         raise ValueError("retention_days must be a number of days in (0, 36500]")
+    if version is not None and (isinstance(version, bool) or not isinstance(version, int) or version < 0):
+        raise ValueError("version must be a non-negative integer")
 
 
 def _raw(text: str) -> bytes:
@@ -91,6 +108,7 @@ class KeyStore:
 
     def __init__(self, hashed: dict[str, str], policies: dict[str, Policy] | None = None):
         self.policies = dict(policies or {})  # name -> Policy (a name absent: the default)
+        self.limits: dict[str, dict] = {}  # name -> its own request limits (serving.config.TenantLimitsConfig)
         self._by_hash = {h: Tenant(id=h[:16], name=name, train=self.policy(name).train) for h, name in hashed.items()}
         self._source: tuple[Path | None, str | None] = (None, None)
         self.load_error: str | None = None  # the keys file's last reload failed: why (its changes wait)
@@ -112,6 +130,10 @@ class KeyStore:
             hashed[hash_key(key)] = name
         store = cls(hashed, {name: _policy(name, p) for name, p in data.get("tenants", {}).items()})
         store._source, store._stamp = (keys_file, env_value), _stamp(keys_file)
+        limits = data.get("limits", {})
+        if not isinstance(limits, dict):
+            raise ValueError('"limits" is an object of tenant names and their limits')
+        store.limits = {name: check_tenant_limits(name, fields) for name, fields in limits.items()}
         return store
 
     def reload_if_changed(self, min_interval_s: float = 1.0) -> dict[str, Policy] | None:
@@ -139,6 +161,7 @@ class KeyStore:
             if self.policy(n) != fresh.policy(n) or (n in fresh.policies and ids.get(n) != fresh_ids.get(n))
         }
         self.policies, self._by_hash, self._stamp = fresh.policies, fresh._by_hash, fresh._stamp
+        self.limits = fresh.limits
         return changed
 
     def lookup(self, key: str | None) -> Tenant | None:
@@ -165,7 +188,8 @@ def _policy(name: str, fields) -> Policy:
     if not isinstance(fields, dict) or set(fields) - set(Policy.__dataclass_fields__):
         raise ValueError(f"tenant {name!r}: a policy is an object of {', '.join(Policy.__dataclass_fields__)}")
     try:
-        check_policy(fields.get("train", "allow"), fields.get("retention_days"), fields.get("forgotten_before"))
+        optional = (fields.get(k) for k in ("retention_days", "forgotten_before", "version"))
+        check_policy(fields.get("train", "allow"), *optional)
     except ValueError as e:
         raise ValueError(f"tenant {name!r}: {e}") from None
     return Policy(**fields)
@@ -215,8 +239,8 @@ def set_policy(keys_file: Path, name: str, **changes) -> Policy:
         before = changes.get("forgotten_before")
         if before is not None and old.forgotten_before is not None:
             changes["forgotten_before"] = max(before, old.forgotten_before)
-        new = Policy(**{**old.view(), **changes})
-        policies[name] = new.view()
+        new = Policy(**{**old.view(), **changes, "version": next_version(old.version)})
+        policies[name] = new.stored()
         _write(keys_file, data)
     return new
 
@@ -267,18 +291,25 @@ def tenant_middleware(keys: KeyStore):
     return tenant
 
 
-def admin_middleware(admin_token: str | None):
-    """Every admin request carries the admin token, else 401. A path that matches no route passes through
-    to its 404/405, as on the public API."""
+def admin_middleware(tokens: AdminTokens | str | None):
+    """Every admin request carries a token that grants what it asks (serving.admin_tokens: status, weights or
+    tenants), else 401 (none of ours) or 403 (ours, without that capability). A path that matches no route
+    passes through to its 404/405, as on the public API. A plain string is the operator's token (all)."""
+    if not isinstance(tokens, AdminTokens):
+        tokens = AdminTokens(all=tokens)
 
     @web.middleware
     async def admin(request: web.Request, handler):
-        if request.match_info.http_exception is None and not admin_ok(
-            bearer(request.headers.get("Authorization")), admin_token
-        ):
-            raise ApiError(
-                401, "admin endpoints need the admin token", "authentication_error", code="invalid_admin_token"
-            )
+        if request.match_info.http_exception is None:
+            presented, need = bearer(request.headers.get("Authorization")), needed(request.method, request.path)
+            if not tokens.grants(presented, need):
+                if any(tokens.grants(presented, cap) for cap in CAPABILITIES):
+                    raise ApiError(
+                        403, f"this admin token does not grant {need!r}", "permission_error", code="missing_capability"
+                    )
+                raise ApiError(
+                    401, "admin endpoints need the admin token", "authentication_error", code="invalid_admin_token"
+                )
         return await handler(request)
 
     return admin

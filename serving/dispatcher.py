@@ -2,9 +2,13 @@
 fails before the first byte, and log the completion event.
 
     pick (canary arm, routing policy) -> Lease -> engine.generate[_stream] -> policy.on_complete
-        EngineUnavailable (before any output) -> replica out of rotation, abort there, next replica
+        EngineUnavailable (before any output) -> replica out of rotation, next replica
         ReplicaBroke (after output started)   -> replica out of rotation, the request fails (502)
-        client gone / cancelled               -> abort on the replica (nobody reads it any more)
+        client gone / cancelled               -> the connection to the replica closes: SGLang aborts it
+
+Aborting is closing the connection: SGLang aborts a request whose client went away (a stream when its
+response ends, a plain request at its next disconnect check), and /abort_request takes the replica's
+admin key, which only its weight agent holds (flywheel.core.replica_keys).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import numpy as np
 from flywheel.core import events as ev
 from serving import engine
 from serving.auth import Tenant
+from serving.cache_scope import CacheScopes
 from serving.canary_split import CanarySplit
 from serving.event_sink import EventSink
 from serving.openai_api import GenerationSpec, finish_reason
@@ -48,12 +53,13 @@ class Dispatcher:
         self.pool, self.sink, self.metrics, self.cfg = pool, sink, metrics, cfg
         self.canary: CanarySplit | None = None  # a trial in progress (weight_sync.canary starts and ends it)
         self.session: aiohttp.ClientSession | None = None
-        self._background: set[asyncio.Task] = set()  # aborts sent to replicas, kept until done
         # A tenant's training policy now, when its completion is logged (the gateway reads it from its key
         # store): a long request that began before a `train: deny` is logged under the deny.
         self.train_policy: Callable[[Tenant], str] = lambda tenant: tenant.train
         # Told of every user completion served (the gateway's index for clients' own telemetry: serving.served_index)
         self.on_served: Callable[[Tenant, GenerationSpec, str, int, str], None] | None = None
+        # Each tenant's prefix-cache scope (the gateway sets it from its id secret; None: one shared scope)
+        self.cache_scopes = CacheScopes(None)
 
     # ------------------------------------------------------------------ choosing
     def pick(
@@ -106,7 +112,11 @@ class Dispatcher:
         Returns the result, the replica's id and the timings (ttft_ms when streamed, e2e_ms)."""
         tried: set[str] = set()
         last: Exception | None = None
-        req = RouteRequest(tokens=body["input_ids"], tenant=tenant)
+        # The replica reuses a prefix only within the tenant's scope, and the router's index names it the same
+        scope = self.cache_scopes.of(tenant)
+        if scope is not None:
+            body["cache_salt"] = scope
+        req = RouteRequest(tokens=body["input_ids"], tenant=tenant, scope=scope)
         for attempt in range(self.cfg.max_attempts):
             try:
                 replica = self.pick(tried, rollout, borrowed_only, tenant, req)
@@ -120,19 +130,15 @@ class Dispatcher:
             timing = {"ttft_ms": None}
             try:
                 with Lease(replica, rollout=rollout, rid=body["rid"] if rollout else None):
-                    res = await self._generate(replica, body, stream, on_chunk, t0, timing)
+                    run = self._generate(replica, body, stream, on_chunk, t0, timing)
+                    res = await (self._stoppable(replica, body["rid"], run) if rollout else run)
             except engine.EngineUnavailable as e:  # before any output: another replica takes it
                 self.pool.mark_failed(replica, str(e))
-                self.abort_soon(replica, body["rid"])  # a replica that timed out may still be generating
                 last = e
                 continue
             except engine.ReplicaBroke as e:  # after output started: the request fails, the replica is out
                 self.pool.mark_failed(replica, str(e))
-                self.abort_soon(replica, body["rid"])
                 raise ApiError(502, f"engine: {e}", "server_error", code="replica_failed") from None
-            except (ClientGone, asyncio.CancelledError):
-                self.abort_soon(replica, body["rid"])  # nobody reads it any more: free the replica
-                raise
             except engine.EngineError as e:
                 raise ApiError(
                     400 if e.status < 500 else 502,
@@ -163,27 +169,23 @@ class Dispatcher:
         return res
 
     # ------------------------------------------------------------------ aborting
-    async def abort(self, replica: ReplicaHandle, rid: str) -> bool:
-        """Ask a replica to stop generating `rid` (SGLang's /abort_request)."""
+    async def _stoppable(self, replica: ReplicaHandle, rid: str, run) -> engine.EngineResult:
+        """A rollout that users coming back can stop (abort_rollouts): its connection to the replica closes
+        (SGLang aborts it) and the trainer gets finish_reason abort, to redo it."""
+        task = asyncio.ensure_future(run)
+        replica.rollout_tasks[rid] = task
         try:
-            async with self.session.post(
-                f"{replica.url}/abort_request", json={"rid": rid}, timeout=aiohttp.ClientTimeout(total=10)
-            ) as r:
-                await r.read()
-                return r.status < 400
-        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-            log.debug("could not abort %s on %s: %s", rid, replica.id, e)
-            return False
-
-    def abort_soon(self, replica: ReplicaHandle, rid: str) -> None:
-        task = asyncio.ensure_future(self.abort(replica, rid))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+            return await task
+        except asyncio.CancelledError:
+            if task.cancelled() and asyncio.current_task().cancelling() == 0:  # stopped here, not by our caller
+                return engine.EngineResult(finish={"type": "abort", "message": "the replica went back to users"})
+            raise
+        finally:
+            replica.rollout_tasks.pop(rid, None)
 
     async def abort_rollouts(self, replica: ReplicaHandle) -> None:
-        for rid in list(replica.rollout_rids):
-            if not await self.abort(replica, rid):
-                log.warning("could not abort rollout %s on %s", rid, replica.id)
+        for task in list(replica.rollout_tasks.values()):
+            task.cancel()
 
     # ------------------------------------------------------------------ logging
     def log_completion(
@@ -235,7 +237,7 @@ class Dispatcher:
             source=source,
             replica=replica_id,
             arm=arm,
-            session_id=spec.session.session_id if spec.session is not None else "",
+            session_id=spec.session.logged_id if spec.session is not None else "",  # scanned: serving.session_ids
             parent_id=spec.session.parent_id if spec.session is not None else "",
             api=spec.api,
             withheld="policy" if deny else "",

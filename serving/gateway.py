@@ -21,6 +21,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from flywheel.core import replica_keys
 from serving.api.admin import AdminApi
 from serving.api.completions import CompletionsApi
 from serving.api.feedback import FeedbackApi
@@ -28,6 +29,7 @@ from serving.api.messages import MessagesApi, anthropic_errors
 from serving.api.respond import error_response, json_response
 from serving.api.responses import ResponsesApi
 from serving.auth import CompletionIds, KeyStore, load_or_create_secret, tenant_middleware
+from serving.cache_scope import CacheScopes
 from serving.config import GatewayConfig
 from serving.dispatcher import DispatchConfig, Dispatcher
 from serving.event_log import EventLog, EventLogConfig
@@ -40,7 +42,9 @@ from serving.response_store import ResponseStore
 from serving.router import ReplicaPool, ReplicaState
 from serving.schema import ApiError
 from serving.served_index import ServedIndex
+from serving.session_ids import SessionIds
 from serving.sessions import Sessions
+from serving.tenant_limits import TenantLimits
 from serving.tenant_policy import TenantPolicies
 
 log = logging.getLogger(__name__)
@@ -80,6 +84,7 @@ class Gateway:
             DispatchConfig(cfg.max_attempts, cfg.request_timeout_s, self.prompter.layers, self.prompter.top_k),
         )
         self.dispatcher.train_policy = lambda tenant: self.keys.policy(tenant.name).train
+        self.dispatcher.cache_scopes = CacheScopes(self.ids.secret if cfg.routing.isolate_tenants else None)
         self.served = ServedIndex()
         self.dispatcher.on_served = lambda tenant, spec, cid, i, text: self.served.record(
             tenant.id, spec.prompt, spec.suffix, text, cid, i
@@ -87,6 +92,8 @@ class Gateway:
         self.policies = TenantPolicies(self)
         self.implicit = ImplicitSignals(cfg.abandon_after_s)
         self.feedback = FeedbackApi(self)
+        self.session_ids = SessionIds(self.ids.secret, cfg.scrub_secrets and cfg.log_events, self.metrics.registry)
+        self.tenant_limits = TenantLimits(cfg.tenant_limits, self.keys, self.metrics.registry)
         self._sweeper: asyncio.Task | None = None
         self.session: aiohttp.ClientSession | None = None
         self.app = self._build_app()
@@ -94,7 +101,8 @@ class Gateway:
     def _build_app(self) -> web.Application:
         app = web.Application(client_max_size=self.cfg.limits.max_body_bytes, middlewares=[self._errors])
         app.add_routes([web.get("/health", self.health), web.get("/metrics", self.prometheus)])
-        v1 = web.Application(middlewares=[anthropic_errors, tenant_middleware(self.keys)])
+        limited = [tenant_middleware(self.keys), self.tenant_limits.middleware]  # the tenant known, then its limits
+        v1 = web.Application(middlewares=[anthropic_errors, *limited])
         apis = (CompletionsApi(self), self.feedback, ResponsesApi(self), MessagesApi(self))
         v1.add_routes([route for api in apis for route in api.routes()])
         app.add_subapp("/v1", v1)
@@ -105,7 +113,9 @@ class Gateway:
 
     async def _startup(self, app) -> None:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
-        self.session = self.dispatcher.session = aiohttp.ClientSession(connector=connector)
+        # Used for the replicas only: it carries their inference key (never the admin key: flywheel.core.replica_keys)
+        headers = replica_keys.inference_headers()
+        self.session = self.dispatcher.session = aiohttp.ClientSession(connector=connector, headers=headers)
         self.sink.start()
         await self.policies.start()
         await self.pool.start(self.session)

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flywheel.core import weight_patch
+from flywheel.core import replica_keys, weight_patch
 from flywheel.core.config import option
 from flywheel.core.paths import REPO_ROOT, flywheel_home
 from flywheel.core.procs import (
@@ -76,6 +76,10 @@ class ReplicaConfig:
         0, help="torch intra-op threads; 0: torch's default (all cores)", env="FLYWHEEL_REPLICA_THREADS"
     )
     extra_args: list[str] = field(default_factory=list)
+    # Its two keys (flywheel.core.replica_keys): SGLang refuses a caller without the right one. Never flags
+    # (a command line is world-readable): None takes the launching process's environment; "" runs without.
+    api_key: str | None = field(default=None, repr=False)
+    admin_api_key: str | None = field(default=None, repr=False)
     log_dir: Path | None = None
     start_timeout_s: float = option(240.0, help="seconds to wait until it generates, then stop it and fail")
 
@@ -87,6 +91,8 @@ class Replica:
     url: str
     log_file: Path
     model_path: str
+    api_key: str = field(default="", repr=False)  # the keys it was started with ("": none)
+    admin_api_key: str = field(default="", repr=False)
     tmp_dir: str = ""  # its TMPDIR: SGLang's ZMQ sockets, metric files and locks, removed when it stops
     # Its port, held from launch until it listens (flywheel.core.procs.reserve_port), when the port was ours to pick.
     port_hold: socket.socket | None = field(default=None, repr=False, compare=False)
@@ -135,11 +141,13 @@ def _state_dir() -> Path:
 
 
 def command(cfg: ReplicaConfig, port: int) -> list[str]:
-    """The full command line of a replica (module, then SGLang's own flags)."""
+    """The full command line of a replica (our launcher, SGLang's module, then its own flags; the keys are
+    added by serving.replica_launch from the environment, out of sight of `ps`)."""
     module = "serving.cpu_compat.launch" if cfg.device == "cpu" else "sglang.launch_server"
     args = [
         sys.executable,
         "-m",
+        "serving.replica_launch",
         module,
         "--model-path",
         str(Path(cfg.model_path).resolve()),
@@ -173,8 +181,15 @@ def command(cfg: ReplicaConfig, port: int) -> list[str]:
     return args + list(cfg.extra_args)
 
 
+def keys_of(cfg: ReplicaConfig) -> tuple[str, str]:
+    """The (inference, admin) keys a replica of cfg starts with."""
+    inference = cfg.api_key if cfg.api_key is not None else replica_keys.inference_key()
+    admin = cfg.admin_api_key if cfg.admin_api_key is not None else replica_keys.admin_key()
+    return inference or "", admin or ""
+
+
 def _env(cfg: ReplicaConfig) -> dict:
-    env = dict(os.environ)
+    env = {**os.environ, **replica_keys.env(*keys_of(cfg))}
     # The launcher module must import from this checkout; SGLang's children inherit the path.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     env.setdefault("SGLANG_DISABLE_REQUEST_LOGGING", "1")
@@ -242,6 +257,8 @@ def start(cfg: ReplicaConfig, die_with_parent: bool = True, wait: bool = True) -
         url=url,
         log_file=log_file,
         model_path=str(cfg.model_path),
+        api_key=keys_of(cfg)[0],
+        admin_api_key=keys_of(cfg)[1],
         tmp_dir=tmp_dir,
         port_hold=hold,
     )

@@ -55,6 +55,7 @@ class ReplicaHandle:
     running: int = 0  # SGLang's running requests, same source
     kv_capacity_tokens: int | None = None  # SGLang's KV pool (sglang:max_total_num_tokens), same source
     rollout_rids: set = field(default_factory=set)  # rollout requests in flight here (to abort on return)
+    rollout_tasks: dict = field(default_factory=dict)  # rid -> the task that runs it (cancelled to abort it)
     _rate: float = 0.0  # user requests/s, exponentially decayed
     _rate_t: float = field(default_factory=time.monotonic)
 

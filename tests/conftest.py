@@ -12,6 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from flywheel.core import replica_keys
+
+# The session's replicas run with both keys, as a fleet's do (flywheel.core.replica_keys): the test process holds
+# both, and what it starts inherits them; tests of the boundary itself call without them, or with the wrong one.
+os.environ.setdefault(replica_keys.INFERENCE_ENV, replica_keys.new_key("inference"))
+os.environ.setdefault(replica_keys.ADMIN_ENV, replica_keys.new_key("admin"))
+
 
 def pytest_sessionfinish(session, exitstatus):
     # A run that executes no test must fail (e.g. everything deselected or skipped).

@@ -1,12 +1,13 @@
 """An in-process stand-in for an SGLang replica, for unit tests of the gateway's own logic (routing,
-retries, counting) and of a switch's dealings with gateways: /generate (plain and streamed),
-/abort_request, /model_info, /metrics and /update_weights_from_disk as far as those use them, with faults
-on request. Tests that claim to test SGLang run the real one."""
+retries, counting) and of a switch's dealings with gateways: /generate (plain and streamed, aborted when
+its client goes away, as SGLang does), /model_info, /metrics and /update_weights_from_disk as far as
+those use them, with faults on request. Tests that claim to test SGLang run the real one."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 import orjson
 from aiohttp import web
@@ -24,7 +25,8 @@ class FakeReplica:
         self.garbage_after = 0
         self.delay_s = 0.0  # before answering
         self.rids: list[str] = []  # /generate requests seen
-        self.aborted: list[str] = []  # /abort_request rids seen
+        self.salts: list[str | None] = []  # the cache_salt of each /generate request seen
+        self.aborted: list[str] = []  # rids whose client went away while they waited (SGLang aborts those)
         self.load_s = 0.0  # how long /update_weights_from_disk takes
         self.during_load = None  # async callable run while a load is under way (a test's look at the gateways)
         self.unflushed_loads = 0  # loads answered as SGLang does when a request still ran (weights changed)
@@ -34,7 +36,6 @@ class FakeReplica:
         self.app.add_routes(
             [
                 web.post("/generate", self.generate),
-                web.post("/abort_request", self.abort),
                 web.get("/model_info", self.model_info),
                 web.get("/metrics", self.metrics),
                 web.post("/update_weights_from_disk", self.update_weights),
@@ -57,8 +58,10 @@ class FakeReplica:
     async def generate(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.rids.append(body["rid"])
-        if self.delay_s:
-            await asyncio.sleep(self.delay_s)
+        self.salts.append(body.get("cache_salt"))
+        if self.delay_s and await self._client_left(request, self.delay_s):
+            self.aborted.append(body["rid"])
+            return web.Response(status=499)
         if self.fail_status is not None:
             return web.json_response({"error": {"message": "engine overloaded"}}, status=self.fail_status)
         if self.script is not None:
@@ -74,7 +77,8 @@ class FakeReplica:
         for i, end in enumerate((len(text) // 2, len(text))):  # cumulative, as SGLang sends
             if self.garbage is not None and i == self.garbage_after:
                 await resp.write(b"data: " + self.garbage + b"\n\n")
-                await asyncio.sleep(0.5)  # still "generating" when the gateway gives up on it
+                if await self._client_left(request, 0.5):  # still "generating" when the gateway gives up on it
+                    self.aborted.append(body["rid"])
                 return resp
             await resp.write(b"data: " + orjson.dumps(self._out(text[:end])) + b"\n\n")
             if self.break_mid_stream:
@@ -84,9 +88,18 @@ class FakeReplica:
         await resp.write(b"data: [DONE]\n\n")
         return resp
 
-    async def abort(self, request: web.Request) -> web.Response:
-        self.aborted.append((await request.json())["rid"])
-        return web.json_response({})
+    @staticmethod
+    async def _client_left(request: web.Request, seconds: float) -> bool:
+        """Wait `seconds`; True as soon as the client closes its connection (the gateway's way to abort)."""
+        end = time.monotonic() + seconds
+        try:
+            while time.monotonic() < end:
+                if request.transport is None or request.transport.is_closing():
+                    return True
+                await asyncio.sleep(0.01)
+        except asyncio.CancelledError:  # aiohttp's test server cancels the handler of a client that left
+            return True
+        return False
 
     async def model_info(self, request: web.Request) -> web.Response:
         return web.json_response({"weight_version": str(self.version)})

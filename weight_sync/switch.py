@@ -26,6 +26,7 @@ from typing import Literal, get_args
 
 import aiohttp
 
+from flywheel.core import replica_keys
 from flywheel.core.events import parse_version
 from weight_sync.gateway_drains import (  # noqa: F401 - GatewayLink and SwitchError: this module's API too
     ADMIN_TIMEOUT_S,
@@ -52,8 +53,15 @@ class LoadRefused(SwitchError):
         self.partial = partial
 
 
+async def _admin_post(session, url: str, body=None, timeout: float = 300.0) -> tuple[int, dict]:
+    """A control call on the replica: with its admin key, held by this agent only (flywheel.core.replica_keys)."""
+    return await post_json(session, url, body, headers=replica_keys.admin_headers(), timeout=timeout)
+
+
 async def served_version(session: aiohttp.ClientSession, replica_url: str) -> int | None:
-    async with session.get(f"{replica_url}/model_info", timeout=aiohttp.ClientTimeout(total=10)) as r:
+    async with session.get(
+        f"{replica_url}/model_info", headers=replica_keys.inference_headers(), timeout=aiohttp.ClientTimeout(total=10)
+    ) as r:
         return parse_version((await r.json()).get("weight_version"))
 
 
@@ -64,7 +72,7 @@ async def _load(
     the seconds it took and, for a patch, what the engine's loader reported."""
     t = time.monotonic()
     if patch is None:
-        status, out = await post_json(
+        status, out = await _admin_post(
             session,
             f"{replica_url}/update_weights_from_disk",
             {"model_path": model_dir, "weight_version": str(version), "flush_cache": True, "abort_all_requests": False},
@@ -76,7 +84,7 @@ async def _load(
         # The weights did change, but a request still running or queued in SGLang (one finishing as the
         # drain ended) kept the prefix cache, which holds KV of the old weights: flush it once that is done
         # (SGLang waits up to `timeout` for it).
-        status, out = await post_json(session, f"{replica_url}/flush_cache?timeout=30", timeout=60)
+        status, out = await _admin_post(session, f"{replica_url}/flush_cache?timeout=30", timeout=60)
         out["success"] = status == 200
     if status != 200 or not out.get("success"):
         how = "update_weights_from_disk" if patch is None else "in-place patch"
@@ -117,14 +125,14 @@ async def _load_patch(session, replica_url: str, patch: InPlace, version: int | 
     from flywheel.core import weight_patch
 
     Path(weight_patch.result_path(patch.path)).unlink(missing_ok=True)  # an earlier attempt's is not this one's
-    status, out = await post_json(session, f"{replica_url}/begin_weight_update", {})
+    status, out = await _admin_post(session, f"{replica_url}/begin_weight_update", {})
     if status == 400 and "already open" in str(out.get("message", "")):  # left open by an agent that died
-        await post_json(session, f"{replica_url}/end_weight_update", {})
-        status, out = await post_json(session, f"{replica_url}/begin_weight_update", {})
+        await _admin_post(session, f"{replica_url}/end_weight_update", {})
+        status, out = await _admin_post(session, f"{replica_url}/begin_weight_update", {})
     if status != 200:
         return status, out
     try:
-        status, out = await post_json(
+        status, out = await _admin_post(
             session,
             f"{replica_url}/update_weights_from_tensor",
             {
@@ -136,7 +144,7 @@ async def _load_patch(session, replica_url: str, patch: InPlace, version: int | 
             },
         )
     finally:
-        await post_json(session, f"{replica_url}/end_weight_update", {})
+        await _admin_post(session, f"{replica_url}/end_weight_update", {})
     result = weight_patch.read_result(patch.path)
     Path(weight_patch.result_path(patch.path)).unlink(missing_ok=True)
     out["engine"] = result  # what the loader did, and how long it took
@@ -145,7 +153,7 @@ async def _load_patch(session, replica_url: str, patch: InPlace, version: int | 
         # failed, changed only in part), also when it answers 400 for a prefix cache a running request kept:
         # the label goes back while the replica is still drained or paused, and the caller reloads the version
         # from disk (never a flush and a "switch" to base weights labelled new).
-        await post_json(
+        await _admin_post(
             session,
             f"{replica_url}/update_weight_version",
             {"new_version": str(patch.base_version), "abort_all_requests": False},
@@ -166,7 +174,9 @@ async def takes_patches(session, replica_url: str) -> bool:
     may not be, and SGLang's scheduler stops on a load format it does not know), on a single rank."""
     from flywheel.core import weight_patch
 
-    async with session.get(f"{replica_url}/server_info", timeout=aiohttp.ClientTimeout(total=10)) as r:
+    async with session.get(
+        f"{replica_url}/server_info", headers=replica_keys.inference_headers(), timeout=aiohttp.ClientTimeout(total=10)
+    ) as r:
         if r.status != 200:
             return False
         info = await r.json(content_type=None)
@@ -226,14 +236,14 @@ async def switch(
         try:
             if used == "retract":
                 t = time.monotonic()
-                await post_json(session, f"{replica_url}/pause_generation", {"mode": "retract"})
+                await _admin_post(session, f"{replica_url}/pause_generation", {"mode": "retract"})
                 try:
                     seconds, engine = await _load_or_restore(
                         session, replica_url, model_dir, version, patch, restore_dir
                     )
                     timings["load_ms"] = 1000 * seconds
                 finally:  # a failed load must not leave the replica paused
-                    await post_json(session, f"{replica_url}/continue_generation", {})
+                    await _admin_post(session, f"{replica_url}/continue_generation", {})
                 timings["pause_ms"] = 1000 * (time.monotonic() - t)
             else:
                 seconds, engine = await _load_or_restore(session, replica_url, model_dir, version, patch, restore_dir)

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from flywheel.core import events as ev
 from serving import engine
+from serving.admin_tokens import AdminTokens
 from serving.api.respond import json_response
 from serving.api.tenants import TenantsApi
 from serving.auth import Tenant, admin_middleware
@@ -62,7 +63,7 @@ class AdminApi:
         self.gw = gw
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[admin_middleware(self.gw.cfg.admin_token)])
+        app = web.Application(middlewares=[admin_middleware(AdminTokens.from_env(self.gw.cfg.admin_token or ""))])
         app.add_routes(
             [
                 web.get("/replicas", self.replicas),

@@ -15,7 +15,7 @@ import openai
 import pytest
 from kafka import KafkaConsumer
 
-from flywheel.core import events as ev
+from flywheel.core import events as ev, replica_keys
 from flywheel.core.procs import free_port
 from serving import gateway_process
 from tests.helpers import GATEWAY_ADMIN, GATEWAY_KEYS, get, post
@@ -41,6 +41,7 @@ def _engine_greedy(replica, test_model, prompt, max_tokens):
             "input_ids": ids,
             "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0.0, "stop_token_ids": [0, 1, 2, 3]},
         },
+        key=replica_keys.inference_key(),
     )
     assert status == 200
     return ids, out

@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 
+from flywheel.core import replica_keys
 from flywheel.core.paths import REPO_ROOT
 from online_rl.config import RolloutConfig
 from online_rl.numerics import measure
@@ -42,7 +43,7 @@ def test_numerics_cli_prints_one_json_object(replica, test_model):
         capture_output=True,
         text=True,
         cwd=REPO_ROOT,
-        env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"},
+        env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin", **replica_keys.env(replica_keys.inference_key())},
         timeout=300,
     )
     assert out.returncode == 0, out.stderr[-2000:]

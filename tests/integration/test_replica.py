@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 import torch
 
+from flywheel.core import replica_keys
+
 pytestmark = pytest.mark.timeout(600)
 
 PROMPTS = [
@@ -19,7 +21,9 @@ PROMPTS = [
 
 def _generate(url, payload):
     req = urllib.request.Request(
-        f"{url}/generate", data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
+        f"{url}/generate",
+        data=json.dumps(payload).encode(),
+        headers={"Content-Type": "application/json", **replica_keys.inference_headers()},
     )
     with urllib.request.urlopen(req, timeout=120) as r:
         return json.loads(r.read())

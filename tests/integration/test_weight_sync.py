@@ -19,10 +19,11 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from flywheel.core import replica_keys
 from flywheel.core.paths import REPO_ROOT
 from flywheel.core.procs import stop_pid, wait_until
 from serving import gateway_process
-from tests.helpers import GATEWAY_ADMIN, get, post, store_server
+from tests.helpers import GATEWAY_ADMIN, STORE_TOKEN, get, post, store_server
 from weight_sync.agent import Agent, AgentConfig
 from weight_sync.manifest import generate_key
 from weight_sync.publish import PublishConfig, activate, publish
@@ -111,7 +112,7 @@ def _agent(weights, replica, name, work, **kw) -> Agent:
             public_key=weights["root"] / "signing.pub",
             work_dir=work,
             initial_model=weights["ckpts"][0],
-            **kw,
+            **{"store_token": STORE_TOKEN, **kw},  # the fleet read credential store_server() wants
         )
     )
 
@@ -121,6 +122,7 @@ def _greedy(url: str) -> list:
     status, out, _ = post(
         f"{url}/generate",
         {"text": PROMPT, "return_logprob": True, "sampling_params": {"max_new_tokens": 16, "temperature": 0.0}},
+        key=replica_keys.inference_key(),
     )
     assert status == 200
     return [(t, lp) for lp, t, _ in out["meta_info"]["output_token_logprobs"]]
@@ -132,7 +134,7 @@ def same(a: list, b: list) -> bool:
 
 
 def _version(url: str) -> str:
-    return json.loads(get(f"{url}/model_info")[1])["weight_version"]
+    return json.loads(get(f"{url}/model_info", key=replica_keys.inference_key())[1])["weight_version"]
 
 
 def test_agent_rebuilds_bit_exact_and_switches(weights, second_replica, tmp_path):
@@ -375,7 +377,14 @@ def test_hot_switch_under_load_through_the_gateway(weights, replica, second_repl
                 cmd,
                 cwd=REPO_ROOT,
                 # The admin token in the environment: never on a command line (DESIGN, Trust).
-                env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin", "FLYWHEEL_ADMIN_TOKEN": GATEWAY_ADMIN},
+                env={
+                    "PYTHONPATH": str(REPO_ROOT),
+                    "PATH": "/usr/bin:/bin",
+                    "FLYWHEEL_ADMIN_TOKEN": GATEWAY_ADMIN,
+                    "FLYWHEEL_STORE_TOKEN": STORE_TOKEN,
+                    # its replica's keys: the admin key switches it, the inference key reads its version
+                    **replica_keys.env(replica_keys.inference_key(), replica_keys.admin_key()),
+                },
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -529,6 +538,7 @@ def test_a_transient_apply_failure_is_retried_and_its_offset_not_committed(weigh
             initial_model=weights["ckpts"][0],
             kafka_bootstrap=broker.bootstrap,
             switch_mode="no_pause",
+            store_token=STORE_TOKEN,
             retry_base_s=0.3,
             retry_max_s=1.0,
         )
@@ -594,6 +604,7 @@ def test_the_agent_acts_only_on_signed_fresh_records(weights, second_replica, tm
             initial_model=weights["ckpts"][0],
             kafka_bootstrap=broker.bootstrap,
             switch_mode="no_pause",
+            store_token=STORE_TOKEN,
         )
     )
     stop = threading.Event()
@@ -637,6 +648,59 @@ def test_the_agent_acts_only_on_signed_fresh_records(weights, second_replica, tm
         wait_until(lambda: _version(second_replica.url) == "0", 60, what="v0")
     finally:
         producer.close()
+        stop.set()
+        thread.join(timeout=30)
+        assert broker.stop()
+
+
+def test_a_rollback_after_the_counter_file_is_lost_reaches_every_agent(weights, second_replica, tmp_path, capsys):
+    """The store's sequence counter is lost (a restore, a move to a new host) after a version announcement the
+    agents have passed: the SRE's rollback still gets a number above it, and the agent applies it instead of
+    dropping it as a replay."""
+    from flywheel import kafka_broker
+    from flywheel.cli import main as flywheel
+    from flywheel.core.kafka_admin import ensure_topics
+    from tests.helpers import STORE_TOKEN
+
+    broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=tmp_path / "kafka"))
+    ensure_topics(broker.bootstrap)
+    store = weights["root"] / "store"
+    cfg = PublishConfig(store=store, private_key=weights["root"] / "signing.pem", kafka_bootstrap=broker.bootstrap)
+    agent = _agent(
+        weights,
+        second_replica,
+        "follower",
+        tmp_path / "agent",
+        kafka_bootstrap=broker.bootstrap,
+        switch_mode="no_pause",
+        store_token=STORE_TOKEN,
+    )
+    stop = threading.Event()
+    thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
+    try:
+        thread.start()
+        activate(cfg, 1, "serve v1")  # a decision: in the store's activation ledger
+        wait_until(lambda: _version(second_replica.url) == "1", 60, what="v1")
+        announce(weights, broker.bootstrap, 2)  # a new version: numbered, sent, followed by the fleet
+        wait_until(lambda: _version(second_replica.url) == "2", 60, what="v2")
+        (store / "control_seq").unlink()
+        rollback = ["weights", "rollback", "--to", "1", "--reason", "v2 misbehaves", "--store", str(store)]
+        key = ["--key", str(weights["root"] / "signing.pem"), "--kafka", broker.bootstrap]
+        assert flywheel(rollback + key) == 0
+        sent = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        wait_until(lambda: _version(second_replica.url) == "1", 60, what=f"the rollback (seq {sent['seq']}) applied")
+        # Every file of the store's that names a number gone (a store rebuilt on a new host): the topic says.
+        for name in ("control_seq", "activations.jsonl", "announcements.jsonl"):
+            (store / name).rename(tmp_path / name)
+        try:
+            again = activate(cfg, 2, "forward again")
+        finally:  # the module's ledgers back (the new counter keeps the numbering above them)
+            for name in ("activations.jsonl", "announcements.jsonl"):
+                (tmp_path / name).rename(store / name)
+        assert again["seq"] > sent["seq"]
+        wait_until(lambda: _version(second_replica.url) == "2", 60, what=f"the activation (seq {again['seq']})")
+        assert agent.metrics.bad_records.labels("replayed")._value.get() == 0
+    finally:
         stop.set()
         thread.join(timeout=30)
         assert broker.stop()

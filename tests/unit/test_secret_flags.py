@@ -10,6 +10,9 @@ import re
 import pytest
 
 from flywheel.cli import build_parser, main
+from flywheel.core import replica_keys
+from serving import admin_tokens
+from serving.replica import ReplicaConfig
 
 # A flag whose name says it carries a secret's value (paths to key files, e.g. --key or --public-key, are fine).
 SECRET_FLAG = re.compile(r"(admin|api|auth|access|bearer)-?token|^--token$|password|api-key|secret-key|^--keys$")
@@ -73,14 +76,42 @@ def test_the_fleet_gives_an_agent_its_admin_token_in_its_environment(tmp_path, m
     fleet.public_key = tmp_path / "signing.pub"
     fleet.broker = type("Broker", (), {"bootstrap": "127.0.0.1:9"})()
     fleet.gateway = type("Gateway", (), {"url": "http://127.0.0.1:9"})()
+    monkeypatch.setenv(replica_keys.ADMIN_ENV, "a-stale-shells-replica-key")
+    fleet.replica_key, fleet.replica_admin_keys = "fleet-inference", {"r0": "r0-admin", "r1": "r1-admin"}
+    fleet.admin_parts = {"status": "st", "weights": "fleet-weights-part", "tenants": "tn"}
+    fleet.store_token = "fleet-store-read-credential"
+    monkeypatch.setenv("FLYWHEEL_STORE_TOKEN", "a-stale-shells-store-token")
     pid = fleet._spawn_agent("r0", "http://127.0.0.1:9")
     try:
-        token = fleet.cfg.admin_token
+        token = fleet.admin_parts["weights"]  # the admin API's weights part only (serving.admin_tokens)
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             argv = f.read()
         assert b"weights\0agent" in argv and token.encode() not in argv  # the agent's argv, without the token
         with open(f"/proc/{pid}/environ", "rb") as f:  # this fleet's token, not the shell's
-            assert f"FLYWHEEL_ADMIN_TOKEN={token}".encode() in f.read().split(b"\0")
+            environ = f.read().split(b"\0")
+        assert f"FLYWHEEL_ADMIN_TOKEN={token}".encode() in environ
+        assert not any(fleet.cfg.admin_token.encode() in e for e in environ)  # not the operator's, all of it
+        # Its replica's two keys (flywheel.core.replica_keys), not another replica's admin key, not the shell's
+        assert f"{replica_keys.ADMIN_ENV}=r0-admin".encode() in environ
+        assert f"{replica_keys.INFERENCE_ENV}=fleet-inference".encode() in environ
+        assert not any(b"r1-admin" in e or b"a-stale-shells-replica-key" in e for e in environ)
+        # The fleet read credential it fetches versions with and checks its relay's callers against (weight_sync)
+        assert b"FLYWHEEL_STORE_TOKEN=fleet-store-read-credential" in environ and b"store-read" not in argv
     finally:
         spawned["proc"].kill()
         spawned["proc"].wait()
+
+
+def test_a_fleets_gateways_hold_the_replicas_inference_key_and_no_admin_key(tmp_path, monkeypatch):
+    from flywheel.local_fleet import LocalFleet, LocalFleetConfig
+
+    monkeypatch.setenv(replica_keys.ADMIN_ENV, "a-stale-shells-replica-key")
+    fleet = LocalFleet(LocalFleetConfig(model=tmp_path, out_dir=tmp_path, replicas=2))
+    cfgs = [fleet.keyed(ReplicaConfig(model_path=tmp_path), f"r{i}") for i in range(2)]
+    assert cfgs[0].api_key == cfgs[1].api_key == fleet.replica_key
+    assert cfgs[0].admin_api_key != cfgs[1].admin_api_key  # one admin key per replica: one agent each
+    assert fleet.keyed(ReplicaConfig(model_path=tmp_path), "r0").admin_api_key == cfgs[0].admin_api_key  # restarts
+    env = fleet.gateway_env(FLYWHEEL_ID_SECRET="s")
+    parts = {admin_tokens.ENV[cap]: fleet.admin_parts[cap] for cap in admin_tokens.CAPABILITIES}
+    keys = {replica_keys.INFERENCE_ENV: fleet.replica_key, replica_keys.ADMIN_ENV: ""}
+    assert env == {**keys, "FLYWHEEL_ID_SECRET": "s", **parts}

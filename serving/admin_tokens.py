@@ -13,6 +13,7 @@ variable (never a flag). A client presents whichever token it holds as the beare
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import os
 from dataclasses import dataclass
@@ -24,6 +25,12 @@ ENV = {
     "weights": "FLYWHEEL_ADMIN_TOKEN_WEIGHTS",
     "tenants": "FLYWHEEL_ADMIN_TOKEN_TENANTS",
 }
+
+
+def _digest(token: str) -> bytes:
+    """What tokens are compared by: equal lengths (the compare says nothing of a token's length), and any
+    header aiohttp decoded (a non-UTF-8 one carries surrogates) is bytes again, never an exception."""
+    return hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
 
 
 def needed(method: str, path: str) -> str:
@@ -61,7 +68,7 @@ class AdminTokens:
             holders.append(self.weights)
         ok = False
         for token in holders:  # no early exit: the time taken does not say which token matched
-            ok |= bool(presented and token and hmac.compare_digest(presented.encode(), token.encode()))
+            ok |= bool(presented and token and hmac.compare_digest(_digest(presented), _digest(token)))
         return ok
 
     @property

@@ -37,9 +37,18 @@ from serving.schema import ApiError
 
 MAX_SCHEMA_DEPTH = 32
 PATTERN_TIMEOUT_S = 0.05  # one client regex on one string, at most
-VALIDATION_THREADS = 2  # checks of tool calls at once; each ends by its deadline, so a queue drains
+# Threads for each kind of off-loop work: reading a request's schemas (up to tool_schema_timeout_s each) and
+# checking the model's calls (up to tool_call_timeout_s). Apart, so that requests offering fresh, costly schemas
+# can delay only other requests' first read of theirs, never a call's check (a late check is an invalid call:
+# a flood of schemas would otherwise turn every tenant's calls malformed). A queued job's deadline starts when
+# its thread does: waiting is latency, not a failure.
+VALIDATION_THREADS = {"read": 2, "call": 2}
 
-_REFS = ("$ref", "$dynamicRef")
+_REFS = ("$ref",)
+# A new base URI or anchor below the root changes what a $ref there resolves to, where the expansion count
+# (which resolves from the root) would not follow; dynamic refs resolve by the dynamic scope: refused both.
+_SCOPED = ("$id", "$anchor", "$dynamicAnchor")
+_DYNAMIC = ("$dynamicRef", "$recursiveRef", "$recursiveAnchor")
 # Keywords that apply subschemas to the value itself, and those that apply them to its children.
 _IN_PLACE_LISTS = ("allOf", "anyOf", "oneOf")
 _IN_PLACE = ("not", "if", "then", "else")
@@ -153,6 +162,13 @@ def _check(params: dict, where: str, limits, nodes_left: int) -> int:
                     )
                 if k in _REFS:
                     refs.append(v)
+                if k in _DYNAMIC or (k in _SCOPED and depth > 0):
+                    raise ApiError(
+                        400,
+                        f"{where}: {k} is not supported" + (" below the schema's root" if k in _SCOPED else ""),
+                        param=where,
+                        code="unsupported_parameter",
+                    )
                 if k == "patternProperties":
                     raise ApiError(
                         400, f"{where}: patternProperties is not supported", param=where, code="unsupported_parameter"
@@ -264,7 +280,7 @@ def expansion(root, resolver, depth: int, cap: int) -> int:
 
 # ----------------------------------------------------------------------------- checking calls
 
-_pool: ThreadPoolExecutor | None = None
+_pools: dict[str, ThreadPoolExecutor] = {}
 
 
 def run_bounded(fn, timeout_s: float):
@@ -287,17 +303,28 @@ async def read_off_loop(body: dict, fn, timeout_s: float):
             400, f"checking the tool schemas took longer than tool_schema_timeout_s={timeout_s} s", param="tools"
         )
 
-    return await off_loop(fn, timeout_s, late)
+    return await off_loop(fn, timeout_s, late, kind="read")
 
 
-async def off_loop(fn, timeout_s: float, on_timeout):
-    """fn() on a thread of its own with its deadline; on_timeout() if even the thread does not come back in
-    time (a check stuck in one long C call): the event loop never waits longer than the deadline and a second."""
-    global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(VALIDATION_THREADS, thread_name_prefix="tool-args")
-    fut = asyncio.get_running_loop().run_in_executor(_pool, run_bounded, fn, timeout_s)
+async def off_loop(fn, timeout_s: float, on_timeout, kind: str = "call"):
+    """fn() on a thread of `kind`'s pool (VALIDATION_THREADS) with its deadline, counted from when the thread
+    takes it; on_timeout() if even the thread does not come back in time (a check stuck in one long C call):
+    once started, the event loop never waits longer than the deadline and a second."""
+    if kind not in _pools:
+        _pools[kind] = ThreadPoolExecutor(VALIDATION_THREADS[kind], thread_name_prefix=f"tool-{kind}")
+    loop = asyncio.get_running_loop()
+    started = asyncio.Event()
+
+    def job():
+        loop.call_soon_threadsafe(started.set)
+        return run_bounded(fn, timeout_s)
+
+    fut = loop.run_in_executor(_pools[kind], job)
+    waiter = asyncio.ensure_future(started.wait())
     try:
-        return await asyncio.wait_for(fut, timeout_s + 1.0)
+        await asyncio.wait([fut, waiter], return_when=asyncio.FIRST_COMPLETED)  # queued: no deadline yet
+        return await asyncio.wait_for(asyncio.shield(fut), timeout_s + 1.0)
     except asyncio.TimeoutError:
         return on_timeout()
+    finally:
+        waiter.cancel()

@@ -206,6 +206,8 @@ class AgentMetrics:
             self.rejected.labels(reason)
         for reason in control.REASONS:
             self.bad_records.labels(reason)
+        for reason in ("missing", "unreachable", "slow", "corrupt", "http_error"):
+            self.peer_fallbacks.labels(reason)
         self._dead_letters: DeadLetters | None = None
 
     def dead_letters(self, consumer: str, bootstrap: str | None) -> DeadLetters:
@@ -214,8 +216,6 @@ class AgentMetrics:
         if self._dead_letters is None:
             self._dead_letters = DeadLetters(self.registry, "flywheel_agent", consumer, bootstrap, (TOPIC_WEIGHTS,))
         return self._dead_letters
-        for reason in ("missing", "unreachable", "slow", "corrupt", "http_error"):
-            self.peer_fallbacks.labels(reason)
 
 
 class Agent:

@@ -73,3 +73,10 @@ def test_each_part_opens_only_its_doors(test_model, tmp_path, monkeypatch):
         "a stranger reads": 401,
         "the operator sets a policy": 409,
     }
+
+
+def test_a_token_of_undecodable_bytes_is_a_401_not_a_500():
+    """aiohttp hands a non-UTF-8 header over as surrogates, which a plain encode() refuses."""
+    bad = b"\xff\xfe-not-a-token".decode("utf-8", "surrogateescape")
+    tokens = AdminTokens(all="root", **PARTS)
+    assert not any(tokens.grants(bad, cap) for cap in admin_tokens.CAPABILITIES)

@@ -162,9 +162,9 @@ def test_a_large_schema_is_checked_off_the_loop_within_its_own_deadline():
     body = {"model": "m", "messages": USER, "tools": [tool(big)]}
     limits = Limits(tool_schema_timeout_s=0.1)
 
-    async def main():
-        ticks = 0
+    ticks = 0
 
+    async def main():
         async def ticker():
             nonlocal ticks
             while True:
@@ -176,11 +176,11 @@ def test_a_large_schema_is_checked_off_the_loop_within_its_own_deadline():
             await ts.read_off_loop(body, lambda: parse_chat(body, limits), limits.tool_schema_timeout_s)
         finally:
             t.cancel()
-        return ticks
 
     with pytest.raises(ApiError) as e:
         asyncio.run(main())
     assert e.value.status == 400 and "tool_schema_timeout_s" in e.value.message
+    assert ticks >= 3, ticks  # the loop ran while the schema was checked (on the loop it would not tick at all)
 
 
 def test_a_session_keeps_what_the_model_wrote_by_digest():
@@ -360,7 +360,7 @@ def test_health_and_other_tenants_are_answered_while_a_hostile_call_is_checked(t
     status, answer, t_engine, t_hostile, normal_done, seen = asyncio.run(main())
     during = [a for s, a in seen if t_engine < s and a < t_hostile]
     assert len(during) >= 5, f"/health answered {len(during)} times in the {t_hostile - t_engine:.1f} s checked"
-    assert normal_done and normal_done[0] < t_hostile - 1.0
+    assert normal_done and normal_done[0] < t_hostile  # another tenant's request was not held behind it
     assert status == 200 and t_hostile - t_engine < 30, answer
     choice = answer["choices"][0]
     assert choice["finish_reason"] == "stop" and "tool_calls" not in choice["message"]  # past its deadline: text
@@ -405,3 +405,46 @@ def test_bodies_built_to_overflow_recursion_are_400s_never_500s(test_model, tmp_
     sa, ta, sb, jb = asyncio.run(main())
     assert sa == 400 and "max_json_depth" in ta, ta
     assert sb == 400 and "max_json_depth" in jb["error"]["message"], jb
+
+
+def test_schema_reads_never_hold_up_call_checks_and_a_queued_job_is_not_late():
+    """A flood of costly schema reads fills the read threads: the model's calls are still checked at once
+    (their own threads), and a read that waited in the queue longer than its deadline still gets its whole
+    deadline once started (waiting is latency, not a 400)."""
+
+    from serving import tool_schema as ts
+
+    async def main():
+        slow = [ts.off_loop(lambda: time.sleep(1.5) or "read", 2.0, lambda: "late", kind="read") for _ in range(3)]
+        reads = [asyncio.ensure_future(r) for r in slow]
+        await asyncio.sleep(0.05)  # both read threads busy, the third read queued
+        t = time.monotonic()
+        call = await ts.off_loop(lambda: "checked", 0.2, lambda: "late", kind="call")
+        call_s = time.monotonic() - t
+        queued = await ts.off_loop(lambda: time.sleep(0.05) or "read", 0.2, lambda: "late", kind="read")
+        return call, call_s, queued, await asyncio.gather(*reads)
+
+    call, call_s, queued, reads = asyncio.run(main())
+    assert call == "checked" and call_s < 1.0, call_s  # not behind the reads (they hold their threads 1.5 s)
+    # queued ~1.45 s behind the reads, past its deadline and the second of grace: still not late
+    assert queued == "read"
+    assert reads == ["read"] * 3
+
+
+@pytest.mark.parametrize("key", ["$id", "$anchor", "$dynamicAnchor"])
+def test_a_new_scope_below_the_root_is_refused(key):
+    """jsonschema resolves a $ref under a nested $id against that $id's resource, where the expansion count
+    (which resolves from the root) would not follow: a cheap-looking ref could be an expensive one."""
+    cheap = {"type": "string"}
+    nested = {key: "urn:x" if key == "$id" else "a", "$defs": {"a": cheap}, "anyOf": [{"$ref": "#/$defs/a"}]}
+    params = {"type": "object", "$defs": {"a": cheap}, "properties": {"x": nested}}
+    with pytest.raises(ApiError) as e:
+        parse_chat({"model": "m", "messages": USER, "tools": [tool(params)]}, Limits())
+    assert e.value.status == 400 and key in e.value.message
+
+
+def test_a_dynamic_ref_is_refused():
+    params = {"type": "object", "properties": {"x": {"$dynamicRef": "#meta"}}}
+    with pytest.raises(ApiError) as e:
+        parse_chat({"model": "m", "messages": USER, "tools": [tool(params)]}, Limits())
+    assert e.value.status == 400 and "$dynamicRef" in e.value.message

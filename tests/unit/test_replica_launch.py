@@ -14,17 +14,10 @@ from flywheel.core.paths import REPO_ROOT
 from serving.replica_launch import RedactKeys
 
 
-def test_keys_go_from_the_environment_into_argv_and_out_of_the_environment(tmp_path):
-    (tmp_path / "probe_launch.py").write_text(
-        "import json, os, sys\n"
-        "print(json.dumps({'argv': sys.argv[1:], 'env': [k for k in os.environ if k.startswith('FLYWHEEL_REPLICA')],"
-        " 'cmdline': open('/proc/self/cmdline', 'rb').read().decode(errors='replace')}))\n"
-    )
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(tmp_path)]),
-        **replica_keys.env("inf-key-1", "adm-key-2"),
-    }
+def _launch(tmp_path, probe: str, keys: dict) -> object:
+    """Run serving.replica_launch on a probe module (in tmp_path) instead of SGLang: what the probe printed."""
+    (tmp_path / "probe_launch.py").write_text(probe)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(tmp_path)]), **keys}
     out = subprocess.run(
         [sys.executable, "-m", "serving.replica_launch", "probe_launch", "--port", "1"],
         env=env,
@@ -33,24 +26,26 @@ def test_keys_go_from_the_environment_into_argv_and_out_of_the_environment(tmp_p
         timeout=120,
         check=True,
     )
-    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_keys_go_from_the_environment_into_argv_and_out_of_the_environment(tmp_path):
+    probe = (
+        "import json, os, sys\n"
+        "print(json.dumps({'argv': sys.argv[1:], 'env': [k for k in os.environ if k.startswith('FLYWHEEL_REPLICA')],"
+        " 'cmdline': open('/proc/self/cmdline', 'rb').read().decode(errors='replace')}))\n"
+    )
+    seen = _launch(tmp_path, probe, replica_keys.env("inf-key-1", "adm-key-2"))
     assert seen["argv"] == ["--port", "1", "--api-key", "inf-key-1", "--admin-api-key", "adm-key-2"]
     assert seen["env"] == []  # SGLang's children inherit no key
     assert "inf-key-1" not in seen["cmdline"] and "adm-key-2" not in seen["cmdline"]
 
 
 def test_without_keys_nothing_is_added(tmp_path):
-    (tmp_path / "probe_plain.py").write_text("import json, sys\nprint(json.dumps(sys.argv[1:]))\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(tmp_path)]), **replica_keys.env(None)}
-    out = subprocess.run(
-        [sys.executable, "-m", "serving.replica_launch", "probe_plain", "--port", "1"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == ["--port", "1"]
+    assert _launch(tmp_path, "import json, sys\nprint(json.dumps(sys.argv[1:]))\n", replica_keys.env(None)) == [
+        "--port",
+        "1",
+    ]
 
 
 def _call(middleware, method: str, body: bytes) -> tuple[dict, bytes]:

@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 export PYTHONPATH := $(CURDIR)
 PYTEST_ARGS ?=
 
-.PHONY: setup lint test demo bench clean
+.PHONY: setup lint models test demo bench clean
 
 setup:
 	@scripts/setup.sh
@@ -17,7 +17,13 @@ lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-test: lint
+# The models the suite runs on, found in the cache or built before it starts: a cold build takes minutes (the
+# agent model ~15 on 2 cores), longer than the timeout of the test whose fixture would otherwise build it.
+models: setup
+	$(PY) -m flywheel model bootstrap --preset test
+	$(PY) -m flywheel model bootstrap --preset agent
+
+test: lint models
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 DEMO_ARGS ?=

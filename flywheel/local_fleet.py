@@ -193,6 +193,11 @@ class LocalFleet:
         admin = self.replica_admin_keys.setdefault(name, replica_keys.new_key("admin"))
         return dataclasses.replace(rcfg, api_key=self.replica_key, admin_api_key=admin)
 
+    def replica_env(self, name: str) -> dict[str, str]:
+        """The keys of replica `name` (the fleet's inference key, its own admin key): what an SRE restarting that
+        replica or its agent needs in the shell (docs/runbooks: ReplicaDown, AgentRejectedVersion)."""
+        return replica_keys.env(self.replica_key, self.replica_admin_keys[name])
+
     def gateway_env(self, **more: str) -> dict[str, str]:
         """A gateway's environment entries: the replicas' inference key (never an admin key) and the admin API's
         tokens by capability (the operator's token, all of them, goes by gateway_process's admin_token)."""

@@ -210,6 +210,7 @@ def test_every_runbook_command_runs_and_the_fixes_clear_the_alerts(observed, tes
     env = {
         **os.environ,
         **fleet.env(),
+        **fleet.replica_env("r1"),  # the page is about r1: its keys, to restart it and its agent
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",  # `flywheel`, as installed
         "PYTHONPATH": os.getcwd(),
         # One torch thread a process, as the fleet's replicas run (its restarted replica too, `--threads`: then

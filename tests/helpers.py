@@ -257,3 +257,27 @@ def sse(text: str) -> list[dict]:
     import orjson
 
     return [orjson.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+
+
+def completion_event(cid, ts, source="user", choice=0, session="", tenant="t"):
+    """A small completion event (3 prompt tokens, 2 output, routed experts of the test model's shape)."""
+    import numpy as np
+
+    from flywheel.core import events as ev
+
+    return ev.CompletionEvent(
+        completion_id=cid,
+        choice_index=choice,
+        tenant=tenant,
+        model_version=2,
+        prompt_ids=np.array([0, 5, 6], np.int32),
+        output_ids=np.array([7, 8], np.int32),
+        logprobs=np.array([-0.1, -0.2], np.float32),
+        routed_experts=np.zeros((4, 2, 2), np.uint8),
+        sampling={},
+        finish_reason="stop",
+        latency={},
+        source=source,
+        ts=ts,
+        session_id=session,
+    )

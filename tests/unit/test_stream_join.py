@@ -1,6 +1,5 @@
 """The join of completions and feedback into rewarded samples (no broker: the Joiner alone)."""
 
-import numpy as np
 import pytest
 
 from flywheel.core import events as ev
@@ -8,25 +7,7 @@ from online_rl.config import JoinConfig, LengthPenalty, LossConfig, RewardTable
 from online_rl.loss import advantages
 from online_rl.samples import Sample
 from online_rl.stream import Joiner
-
-
-def completion(cid, ts, source="user", choice=0, session="", tenant="t"):
-    return ev.CompletionEvent(
-        completion_id=cid,
-        choice_index=choice,
-        tenant=tenant,
-        model_version=2,
-        prompt_ids=np.array([0, 5, 6], np.int32),
-        output_ids=np.array([7, 8], np.int32),
-        logprobs=np.array([-0.1, -0.2], np.float32),
-        routed_experts=np.zeros((4, 2, 2), np.uint8),
-        sampling={},
-        finish_reason="stop",
-        latency={},
-        source=source,
-        ts=ts,
-        session_id=session,
-    )
+from tests.helpers import completion_event as completion
 
 
 def session_feedback(sid, kind, ts, score=None, tenant="t"):

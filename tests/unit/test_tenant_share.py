@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import numpy as np
 from prometheus_client import CollectorRegistry, Counter
 
 from flywheel.core import events as ev
@@ -15,24 +14,12 @@ from online_rl.config import TrainerConfig
 from online_rl.stream import Joiner
 from online_rl.tenants import TenantGate
 from online_rl.trainer import Trainer
+from tests.helpers import completion_event
 
 
 def judged(tenant: str, i: int, ts: float) -> list:
     cid = f"cmpl-{tenant}-{i}"
-    c = ev.CompletionEvent(
-        completion_id=cid,
-        choice_index=0,
-        tenant=tenant,
-        model_version=0,
-        prompt_ids=np.array([0, 5, 6], np.int32),
-        output_ids=np.array([7, 8], np.int32),
-        logprobs=np.array([-0.1, -0.2], np.float32),
-        routed_experts=np.zeros((4, 2, 2), np.uint8),
-        sampling={},
-        finish_reason="stop",
-        latency={},
-        ts=ts,
-    )
+    c = completion_event(cid, ts, tenant=tenant)
     return [c, ev.FeedbackEvent(completion_id=cid, choice_index=0, tenant=tenant, kind="accept", ts=ts)]
 
 

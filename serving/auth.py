@@ -264,10 +264,6 @@ def bearer(header: str | None) -> str | None:
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
-def admin_ok(presented: str | None, admin_token: str | None) -> bool:
-    return bool(presented and admin_token and hmac.compare_digest(_raw(presented), _raw(admin_token)))
-
-
 def tenant_middleware(keys: KeyStore):
     """Every request to the public API names its tenant by key (`request[TENANT]`), else 401. A path
     that matches no route passes through to its 404/405."""

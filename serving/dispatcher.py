@@ -129,7 +129,7 @@ class Dispatcher:
             t0 = time.monotonic()
             timing = {"ttft_ms": None}
             try:
-                with Lease(replica, rollout=rollout, rid=body["rid"] if rollout else None):
+                with Lease(replica, rollout=rollout):
                     run = self._generate(replica, body, stream, on_chunk, t0, timing)
                     res = await (self._stoppable(replica, body["rid"], run) if rollout else run)
             except engine.EngineUnavailable as e:  # before any output: another replica takes it

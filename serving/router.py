@@ -54,8 +54,7 @@ class ReplicaHandle:
     queue_depth: int = 0  # SGLang's waiting requests (its /metrics), as of the last health check
     running: int = 0  # SGLang's running requests, same source
     kv_capacity_tokens: int | None = None  # SGLang's KV pool (sglang:max_total_num_tokens), same source
-    rollout_rids: set = field(default_factory=set)  # rollout requests in flight here (to abort on return)
-    rollout_tasks: dict = field(default_factory=dict)  # rid -> the task that runs it (cancelled to abort it)
+    rollout_tasks: dict = field(default_factory=dict)  # rid -> the task running that rollout here (to abort on return)
     _rate: float = 0.0  # user requests/s, exponentially decayed
     _rate_t: float = field(default_factory=time.monotonic)
 
@@ -214,7 +213,7 @@ class ReplicaPool:
 
     def activate(self, replica_id: str) -> ReplicaHandle:
         """Users come back at once (from draining, borrowed, or a borrow still pending). The caller stops
-        the rollouts still running there (`rollout_rids`) for the trainer to redo."""
+        the rollouts still running there (`rollout_tasks`) for the trainer to redo."""
         r = self.get(replica_id)
         r.state, r.borrow_pending, r.drain_lease_until = ReplicaState.ACTIVE, False, None
         return r
@@ -309,14 +308,11 @@ class Lease:
 
     replica: ReplicaHandle
     rollout: bool = False
-    rid: str | None = None  # a rollout's request id, kept while it runs (to abort it when users come back)
     started: float = field(default_factory=time.monotonic)
 
     def __enter__(self) -> ReplicaHandle:
         if self.rollout:
             self.replica.rollout_outstanding += 1
-            if self.rid is not None:
-                self.replica.rollout_rids.add(self.rid)
         else:
             self.replica.outstanding += 1
             self.replica.count_request()
@@ -325,6 +321,5 @@ class Lease:
     def __exit__(self, *exc) -> None:
         if self.rollout:
             self.replica.rollout_outstanding -= 1
-            self.replica.rollout_rids.discard(self.rid)
         else:
             self.replica.outstanding -= 1

@@ -195,7 +195,7 @@ class Chaos:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
+                env=dict(os.environ, PYTHONPATH=str(REPO_ROOT), **self.fleet.kafka_env("trainer")),
             )
         self.started_pids.add(self.trainer.pid)
 

@@ -14,6 +14,7 @@ Everything started here is stopped here, by PID; the output directory is started
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -110,8 +111,9 @@ def _trainer(cfg: DemoConfig, fleet, model: Path, out: Path, metrics_port: int) 
         "--metrics-port",
         str(metrics_port),
     ]
+    env = {**os.environ, **fleet.kafka_env("trainer")}  # it logs in to Kafka as the trainer, not as the operator
     with open(out / "logs" / "trainer.log", "ab") as log:  # the child keeps its own copy of the descriptor
-        return spawn(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        return spawn(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
 
 
 def _line(t0: float, pop, fleet) -> str:

@@ -20,6 +20,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
+from flywheel.core import kafka_auth
 from flywheel.core.procs import kill_group_now, wait_until
 from flywheel.local_fleet import LocalFleet, LocalFleetConfig
 
@@ -120,12 +121,14 @@ class HostFleet(LocalFleet):
 
         t = time.monotonic()
         self.broker = kafka_cluster.start(self.hosts[:3], kafka_cluster.ClusterConfig(data_root=self.out / "kafka"))
+        self._operator.enter_context(kafka_auth.acting_as(self.kafka_env("admin")))
         ensure_topics(self.broker.bootstrap)
         self.say(f"kafka   {self.broker.bootstrap}  (3 nodes, ready in {time.monotonic() - t:.1f}s)")
 
     def stop_broker(self) -> None:
         if self.broker is not None:
             self.broker.stop()
+        self._operator.close()
 
     def gateway_host(self, j: int):
         return self.hosts[1 + j]
@@ -172,7 +175,7 @@ class HostFleet(LocalFleet):
         h0 = self.hosts[0]
         args = ["train", "--model", str(self.cfg.model), "--work-dir", str(work_dir), "--kafka", self.broker.bootstrap]
         args += ["--store", str(self.store_root), "--key", str(self.signing_key), "--store-url", self.store_url]
-        return self._python([*args, *flags], "trainer.log", h0.netns)
+        return self._python([*args, *flags], "trainer.log", h0.netns, secret_env=self.kafka_env("trainer"))
 
     # ------------------------------------------------------------------ faults
     def kill_gateway(self, j: int) -> None:

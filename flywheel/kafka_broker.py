@@ -4,6 +4,10 @@ one node of a cluster on a test host (flywheel.kafka_cluster: a static quorum of
 The jars come from Maven Central through the small Maven project beside this file and are cached
 under $FLYWHEEL_HOME/kafka/<version>/libs. The broker keeps its pid, ports and log under a data dir;
 `start` returns only once the broker answers metadata requests.
+
+Secure by default (flywheel.kafka_security): SCRAM logins, an ACL per role, TLS; the credentials are made at the
+first format, under <data dir>/security, and Broker.client_env(role) is what a process acting as a role gets.
+`secure=False` formats an open broker (PLAINTEXT, no authorizer), for comparing what security costs.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from flywheel.core import kafka_auth
 from flywheel.core.kafka_admin import quiet_kafka
 from flywheel.core.maven import resolve_jars
 from flywheel.core.paths import flywheel_home
@@ -33,10 +38,19 @@ from flywheel.core.procs import (
     wait_until,
     write_state,
 )
+from flywheel.kafka_security import (
+    Security,
+    apply_acls,
+    create_security,
+    format_args,
+    load_security,
+    server_properties,
+)
 
 POM = Path(__file__).resolve().parent / "kafka_maven" / "pom.xml"
 STATE_FILE = "broker.json"  # present while a broker runs
 PORTS_FILE = "ports.json"  # kept: the ports the data dir was formatted with
+SECURITY_DIR_ENV = "FLYWHEEL_KAFKA_SECURITY_DIR"
 
 
 def pinned_version() -> str:
@@ -63,6 +77,11 @@ class BrokerConfig:
     replication: int = 1
     min_insync: int = 1
     netns: str | None = None
+    secure: bool = True  # SCRAM logins and ACLs (flywheel.kafka_security); a formatted data dir keeps its choice
+    tls: bool = True  # ... over TLS (benchmarks.kafka_tls measures what it costs)
+    # Where the credentials and CA live: brokers started with one share its principals (a cluster's nodes; every
+    # broker of a test session). None: $FLYWHEEL_KAFKA_SECURITY_DIR, else <data_dir>/security.
+    security_dir: Path | None = None
 
 
 @dataclass
@@ -71,9 +90,18 @@ class Broker:
     bootstrap: str
     data_dir: Path
     log_file: Path
+    security: Security | None = None  # None: an open broker
 
     def stop(self, timeout: float = 30.0) -> bool:
         return stop_recorded(self.pid, self.data_dir / STATE_FILE, timeout)
+
+    def client_env(self, role: str) -> dict[str, str]:
+        """The environment of a process that talks to this broker as `role` (flywheel.core.kafka_auth)."""
+        return self.security.client_env(role) if self.security else kafka_auth.env(None)
+
+    def client_config(self, role: str) -> dict:
+        """kafka-python's keyword arguments for `role` ({} on an open broker)."""
+        return self.security.client_config(role) if self.security else {}
 
 
 def libs_dir(version: str | None = None) -> Path:
@@ -95,20 +123,27 @@ def new_cluster_id() -> str:
             return cid
 
 
-def _server_properties(cfg: BrokerConfig, port: int, cport: int, log_dirs: Path) -> str:
-    h, rf, isr = cfg.host, cfg.replication, cfg.min_insync
-    quorum = (
-        f"controller.quorum.voters={cfg.voters}" if cfg.voters else f"controller.quorum.bootstrap.servers={h}:{cport}"
-    )
+def _open_listeners(h: str, port: int, cport: int) -> str:
     return f"""\
-process.roles=broker,controller
-node.id={cfg.node_id}
-{quorum}
 listeners=PLAINTEXT://{h}:{port},CONTROLLER://{h}:{cport}
 advertised.listeners=PLAINTEXT://{h}:{port}
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
 listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+"""
+
+
+def _server_properties(cfg: BrokerConfig, port: int, cport: int, log_dirs: Path, sec: Security | None) -> str:
+    h, rf, isr = cfg.host, cfg.replication, cfg.min_insync
+    quorum = (
+        f"controller.quorum.voters={cfg.voters}" if cfg.voters else f"controller.quorum.bootstrap.servers={h}:{cport}"
+    )
+    listeners = server_properties(sec, h, port, cport) if sec else _open_listeners(h, port, cport)
+    return f"""\
+process.roles=broker,controller
+node.id={cfg.node_id}
+{quorum}
+{listeners.rstrip()}
 log.dirs={log_dirs}
 num.partitions={cfg.num_partitions}
 default.replication.factor={rf}
@@ -156,13 +191,14 @@ def _java() -> str:
     return java
 
 
-def metadata_ok(bootstrap: str, timeout_s: float = 5.0) -> bool:
+def metadata_ok(bootstrap: str, timeout_s: float = 5.0, login: dict | None = None) -> bool:
     """True when the broker answers a metadata request (and reports itself as a live node); False while its
     port is closed; raises (kafka-python's timeout) when it accepts but does not answer. Within about twice
     timeout_s (bootstrap, then the request): kafka-python alone would go on bootstrapping for 30 s, its
     reconnect backoff doubling, so a probe begun just before a broker opened its port answered half a minute
     later (a restarted cluster node: ready in ~10 s, seen after 30). The port is tried first because an admin
-    client whose bootstrap fails raises from its constructor with its I/O thread left running."""
+    client whose bootstrap fails raises from its constructor with its I/O thread left running. `login`: the
+    client's keyword arguments for a secured broker (default: this process's principal, kafka_auth)."""
     import socket
 
     from kafka import KafkaAdminClient
@@ -180,6 +216,7 @@ def metadata_ok(bootstrap: str, timeout_s: float = 5.0) -> bool:
             bootstrap_timeout_ms=ms,
             reconnect_backoff_max_ms=min(ms, 500),
             client_id="flywheel-probe",
+            **(kafka_auth.client_config() if login is None else login),
         )
         try:
             return len(admin.describe_cluster().get("brokers", [])) >= 1
@@ -192,8 +229,13 @@ def running(data_dir: Path) -> Broker | None:
     state = read_state(Path(data_dir) / STATE_FILE)
     if not state or not same_process(state):
         return None
+    security = load_security(Path(state["security_dir"])) if state.get("security_dir") else None
     return Broker(
-        pid=state["pid"], bootstrap=state["bootstrap"], data_dir=Path(data_dir), log_file=Path(state["log_file"])
+        pid=state["pid"],
+        bootstrap=state["bootstrap"],
+        data_dir=Path(data_dir),
+        log_file=Path(state["log_file"]),
+        security=security,
     )
 
 
@@ -219,8 +261,10 @@ def start(cfg: BrokerConfig | None = None, die_with_parent: bool = True, wait: b
     cport = cfg.controller_port or previous.get("controller_port") or free_port(cfg.host)
     while cport == port:
         cport = free_port(cfg.host)
+    sec = _security(cfg, data_dir, formatted)
     props = data_dir / "server.properties"
-    props.write_text(_server_properties(cfg, port, cport, log_dirs))
+    props.write_text(_server_properties(cfg, port, cport, log_dirs, sec))
+    os.chmod(props, 0o600)  # it holds the nodes' own password
     log_file = data_dir / "broker.log"
     log4j = data_dir / "log4j2.yaml"
     log4j.write_text(_LOG4J2.format(log=log_file))
@@ -246,7 +290,7 @@ def start(cfg: BrokerConfig | None = None, die_with_parent: bool = True, wait: b
             raise ValueError("a cluster node needs the cluster's id (BrokerConfig.cluster_id)")
         how = ["-t", cfg.cluster_id] if cfg.voters else ["--standalone", "-t", cfg.cluster_id or new_cluster_id()]
         fmt = subprocess.run(
-            jvm + ["kafka.tools.StorageTool", "format", *how, "-c", str(props)],
+            jvm + ["kafka.tools.StorageTool", "format", *how, *(format_args(sec) if sec else []), "-c", str(props)],
             capture_output=True,
             text=True,
         )
@@ -266,7 +310,7 @@ def start(cfg: BrokerConfig | None = None, die_with_parent: bool = True, wait: b
     )
     stdout.close()
     bootstrap = f"{cfg.host}:{port}"
-    broker = Broker(pid=proc.pid, bootstrap=bootstrap, data_dir=data_dir, log_file=log_file)
+    broker = Broker(pid=proc.pid, bootstrap=bootstrap, data_dir=data_dir, log_file=log_file, security=sec)
     write_state(
         data_dir / STATE_FILE,
         {
@@ -275,6 +319,7 @@ def start(cfg: BrokerConfig | None = None, die_with_parent: bool = True, wait: b
             "port": port,
             "controller_port": cport,
             "log_file": str(log_file),
+            "security_dir": str(sec.dir) if sec else None,
             "version": pinned_version(),
             "started": time.time(),
         },
@@ -283,7 +328,7 @@ def start(cfg: BrokerConfig | None = None, die_with_parent: bool = True, wait: b
         return broker
     try:
         wait_until(
-            lambda: metadata_ok(bootstrap, 3.0),
+            lambda: metadata_ok(bootstrap, 3.0, broker.client_config("admin")),
             cfg.start_timeout_s,
             interval=0.5,
             what=f"Kafka broker on {bootstrap}",
@@ -294,4 +339,27 @@ def start(cfg: BrokerConfig | None = None, die_with_parent: bool = True, wait: b
         raise RuntimeError(
             f"{e}\n--- broker.stdout ---\n{tail(data_dir / 'broker.stdout')}\n--- broker.log ---\n{tail(log_file)}"
         ) from None
+    if sec and not cfg.voters:  # a cluster's ACLs are applied once all its nodes serve (flywheel.kafka_cluster)
+        try:
+            apply_acls(bootstrap, sec)
+        except BaseException:
+            broker.stop()
+            raise
     return broker
+
+
+def _security(cfg: BrokerConfig, data_dir: Path, formatted: bool) -> Security | None:
+    """The data dir's security material: made before its first format when cfg.secure; a formatted data dir
+    keeps what it was formatted with (its credentials are in its metadata)."""
+    where = Path(cfg.security_dir or os.environ.get(SECURITY_DIR_ENV) or data_dir / "security")
+    sec = load_security(where)
+    if formatted:
+        if sec is None and cfg.secure:
+            raise RuntimeError(
+                f"{data_dir} was formatted without credentials (an open broker, before Kafka authentication): "
+                "start it with secure=False, or remove the data dir to format a secured one"
+            )
+        return sec
+    if not cfg.secure:
+        return None
+    return sec or create_security(where, tls=cfg.tls)

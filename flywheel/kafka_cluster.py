@@ -2,18 +2,24 @@
 voters, topics replicated three ways with min.insync.replicas=2, so one broker can die under load and
 nothing acknowledged is lost (producers ask for acks=all).
 
-    host i: node i+1  PLAINTEXT <addr>:9092, CONTROLLER <addr>:9093, data <data_root>/node<i+1>
+    host i: node i+1  CLIENT <addr>:9092, CONTROLLER <addr>:9093, data <data_root>/node<i+1>
+
+Secured as a single broker is (flywheel.kafka_security), with one set of credentials and one CA under
+<data_root>/security (or $FLYWHEEL_KAFKA_SECURITY_DIR), shared by the nodes, each with its own certificate; the
+ACLs are applied once all serve.
 
 Each host has its own network namespace, so every node listens on the same ports at its own address.
 """
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from flywheel import kafka_broker as kb
+from flywheel.core import kafka_auth
 from flywheel.core.kafka_admin import quiet_kafka
 from flywheel.core.procs import kill_group_now, pid_alive, tail, wait_until
 from flywheel.hosts import Host
@@ -29,6 +35,7 @@ class ClusterConfig:
     heap: str = "384m"  # three JVMs share this machine
     num_partitions: int = 4
     start_timeout_s: float = 180.0
+    secure: bool = True
 
 
 @dataclass
@@ -36,6 +43,14 @@ class Cluster:
     cfg: ClusterConfig
     nodes: list[kb.BrokerConfig]
     brokers: list[kb.Broker | None] = field(default_factory=list)
+    security: kb.Security | None = None
+
+    def client_env(self, role: str) -> dict[str, str]:
+        """The environment of a process that talks to the cluster as `role` (flywheel.core.kafka_auth)."""
+        return self.security.client_env(role) if self.security else kafka_auth.env(None)
+
+    def _login(self) -> dict:
+        return self.security.client_config("admin") if self.security else {}
 
     @property
     def bootstrap(self) -> str:
@@ -69,7 +84,7 @@ class Cluster:
         from kafka import KafkaAdminClient
 
         with quiet_kafka():
-            admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="flywheel-cluster")
+            admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="flywheel-cluster", **self._login())
             try:
                 return sorted(b["broker_id"] for b in admin.describe_cluster()["brokers"] if not b.get("is_fenced"))
             finally:
@@ -87,7 +102,7 @@ class Cluster:
         from kafka import KafkaAdminClient
 
         with quiet_kafka():
-            admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="flywheel-cluster")
+            admin = KafkaAdminClient(bootstrap_servers=self.bootstrap, client_id="flywheel-cluster", **self._login())
             try:
                 (desc,) = admin.describe_topics([topic])
                 return {p["partition_index"]: (p["leader_id"], sorted(p["isr_nodes"])) for p in desc["partitions"]}
@@ -101,6 +116,10 @@ def start(hosts: list[Host], cfg: ClusterConfig) -> Cluster:
     if len(hosts) < cfg.replication:
         raise ValueError(f"replication {cfg.replication} needs at least that many hosts, got {len(hosts)}")
     cid = kb.new_cluster_id()
+    security_dir = Path(os.environ.get(kb.SECURITY_DIR_ENV) or Path(cfg.data_root) / "security")
+    security = None
+    if cfg.secure:
+        security = kb.load_security(security_dir) or kb.create_security(security_dir)
     voters = ",".join(f"{i + 1}@{h.addr}:{cfg.controller_port}" for i, h in enumerate(hosts))
     nodes = [
         kb.BrokerConfig(
@@ -117,16 +136,18 @@ def start(hosts: list[Host], cfg: ClusterConfig) -> Cluster:
             replication=cfg.replication,
             min_insync=cfg.min_insync,
             netns=h.netns,
+            secure=cfg.secure,
+            security_dir=security_dir,
         )
         for i, h in enumerate(hosts)
     ]
-    cluster = Cluster(cfg, nodes, [])
+    cluster = Cluster(cfg, nodes, [], security)
     try:
         for n in nodes:  # none answers before a majority of voters is up: start all, then wait
             cluster.brokers.append(kb.start(n, wait=False))
         wait_until(
             lambda: (
-                all(kb.metadata_ok(f"{n.host}:{n.port}", 3.0) for n in nodes)
+                all(kb.metadata_ok(f"{n.host}:{n.port}", 3.0, cluster._login()) for n in nodes)
                 and len(cluster.broker_ids()) == len(nodes)
             ),
             cfg.start_timeout_s,
@@ -134,6 +155,8 @@ def start(hosts: list[Host], cfg: ClusterConfig) -> Cluster:
             what=f"Kafka cluster of {len(nodes)} on {cluster.bootstrap}",
             alive=lambda: all(pid_alive(b.pid) for b in cluster.brokers),
         )
+        if security:
+            kb.apply_acls(cluster.bootstrap, security)
     except (TimeoutError, RuntimeError) as e:
         logs = "\n".join(f"--- node {i + 1} ---\n{tail(b.log_file)}" for i, b in enumerate(cluster.brokers))
         cluster.stop()

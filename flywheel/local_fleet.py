@@ -2,10 +2,14 @@
 store (signing keys, v0 = the model, its HTTP server), SGLang replicas on CPU, the gateway, and one weight
 agent per replica following the `weights` topic. Everything lives under one directory and every process
 started here is stopped here, by PID.
+
+The broker is secured (flywheel.kafka_security): each process started here logs in as its role (kafka_env), and
+this process, which launched the broker, is its operator (`admin`) while the fleet runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import secrets
@@ -17,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flywheel.core import replica_keys
+from flywheel.core import kafka_auth, replica_keys
 from flywheel.core.config import check_modes
 from flywheel.core.paths import REPO_ROOT
 from flywheel.core.procs import free_port, in_netns, spawn, stop_pid, tail, wait_until
@@ -61,6 +65,7 @@ class LocalFleet:
         # fetches, and whose relay checks its peers with it) hold it; nobody else reads versions.
         self.store_token = fleet_credential.new()
         self.broker = None
+        self._operator = contextlib.ExitStack()  # this process's Kafka login while the broker runs
         self.replicas: list = []
         self.gateway = None
         self.store_pid: int | None = None
@@ -151,6 +156,7 @@ class LocalFleet:
 
         t = time.monotonic()
         self.broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=self.out / "kafka"))
+        self._operator.enter_context(kafka_auth.acting_as(self.kafka_env("admin")))
         ensure_topics(self.broker.bootstrap)
         self.say(f"kafka   {self.broker.bootstrap}  (pid {self.broker.pid}, ready in {time.monotonic() - t:.1f}s)")
 
@@ -161,6 +167,7 @@ class LocalFleet:
         current = kafka_broker.running(self.out / "kafka")
         for b in {id(x): x for x in (current, self.broker) if x is not None}.values():
             b.stop()
+        self._operator.close()
 
     # ------------------------------------------------------------------ helpers
     def publish_config(self, kafka: bool = True):
@@ -173,9 +180,14 @@ class LocalFleet:
             store_url=self.store_url,
         )
 
+    def kafka_env(self, role: str) -> dict[str, str]:
+        """The Kafka login of a process acting as `role` here (flywheel.core.kafka_auth)."""
+        return self.broker.client_env(role)
+
     def env(self) -> dict[str, str]:
         """What a process working against this fleet needs (the flywheel CLI reads these)."""
         return {
+            **self.kafka_env("admin"),  # the operator's: rollbacks, audits, load-test checks
             "FLYWHEEL_GATEWAY_URL": self.gateway.url,
             "FLYWHEEL_ADMIN_TOKEN": self.cfg.admin_token,
             "FLYWHEEL_KAFKA_BOOTSTRAP": self.broker.bootstrap,
@@ -202,7 +214,7 @@ class LocalFleet:
         """A gateway's environment entries: the replicas' inference key (never an admin key) and the admin API's
         tokens by capability (the operator's token, all of them, goes by gateway_process's admin_token)."""
         parts = {admin_tokens.ENV[cap]: token for cap, token in self.admin_parts.items()}
-        return {**replica_keys.env(self.replica_key), **parts, **more}
+        return {**replica_keys.env(self.replica_key), **parts, **self.kafka_env("gateway"), **more}
 
     def admin(self, method: str, path: str) -> dict:
         from flywheel.core.admin_client import admin_call
@@ -329,6 +341,7 @@ class LocalFleet:
                 "FLYWHEEL_ADMIN_TOKEN": self.admin_parts["weights"],
                 **replica_keys.env(self.replica_key, self.replica_admin_keys[name]),
                 fleet_credential.ENV: self.store_token,
+                **self.kafka_env("agent"),
             },
         )
         time.sleep(0.5)
@@ -342,6 +355,6 @@ def _child_env() -> dict[str, str]:
 
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     stale = ("FLYWHEEL_KAFKA_BOOTSTRAP", "FLYWHEEL_GATEWAY_URL", "FLYWHEEL_ADMIN_TOKEN", fleet_credential.ENV)
-    for k in (*stale, *replica_keys.env(None), *admin_tokens.ENV.values()):
+    for k in (*stale, *replica_keys.env(None), *admin_tokens.ENV.values(), *kafka_auth.env(None)):
         env.pop(k, None)  # children get this fleet's values (by flag, a secret by its own env), never a stale shell's
     return env

@@ -8,7 +8,7 @@ only together with a checkpoint (online_rl.stream_reader), so its lag is what a 
 
 from __future__ import annotations
 
-from flywheel.core import events as ev
+from flywheel.core import events as ev, kafka_auth
 from flywheel.status_sources import Unexpected
 from online_rl import stream_reader
 
@@ -37,7 +37,11 @@ def consumer_lag(bootstrap: str, trainer_group: str, agent_prefix: str, timeout_
     with quiet_kafka():
         try:
             admin = KafkaAdminClient(
-                bootstrap_servers=bootstrap, client_id="flywheel-status", bootstrap_timeout_ms=ms, request_timeout_ms=ms
+                bootstrap_servers=bootstrap,
+                **kafka_auth.client_config(),
+                client_id="flywheel-status",
+                bootstrap_timeout_ms=ms,
+                request_timeout_ms=ms,
             )
         except Exception as e:
             why = f"no broker answered within {ms / 1000:g} s" if "bootstrap" in str(e).lower() else _text(e)

@@ -7,6 +7,8 @@ import time
 import urllib.request
 import uuid
 
+from flywheel.core import kafka_auth
+
 
 def _spool_pending(gateway: str) -> int:
     try:
@@ -40,7 +42,10 @@ def all_delivered(
     seen = {ev.TOPIC_COMPLETIONS: set(), ev.TOPIC_FEEDBACK: set()}
     with quiet_kafka():
         consumer = KafkaConsumer(
-            bootstrap_servers=bootstrap, group_id=f"loadtest-check-{uuid.uuid4().hex[:6]}", enable_auto_commit=False
+            bootstrap_servers=bootstrap,
+            **kafka_auth.client_config(),
+            group_id=f"loadtest-check-{uuid.uuid4().hex[:6]}",
+            enable_auto_commit=False,
         )
         try:
             parts = [TopicPartition(t, p) for t in seen for p in sorted(consumer.partitions_for_topic(t) or [])]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from flywheel.core import events as ev
+from flywheel.core import events as ev, kafka_auth
 from online_rl import tasks
 from online_rl.model import MoECoder, token_logprobs
 
@@ -103,7 +103,13 @@ def events_for(samples, judge, version: int = 0, prefix: str = "cmpl") -> list[t
 def produce(bootstrap: str, records) -> None:
     from kafka import KafkaProducer
 
-    p = KafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, compression_type="zstd")
+    p = KafkaProducer(
+        bootstrap_servers=bootstrap,
+        **kafka_auth.client_config(),
+        acks="all",
+        enable_idempotence=True,
+        compression_type="zstd",
+    )
     try:
         for topic, key, value in records:
             p.send(topic, key=key.encode(), value=value)

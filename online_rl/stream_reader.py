@@ -23,7 +23,7 @@ from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry
 
-from flywheel.core import events as ev
+from flywheel.core import events as ev, kafka_auth
 from flywheel.core.dead_letter import DeadLetters
 
 log = logging.getLogger(__name__)
@@ -47,9 +47,10 @@ class StreamReader:
 
         from flywheel.core.kafka_admin import RECONNECT_BACKOFF_MAX_MS, ensure_topics
 
-        ensure_topics(self.bootstrap)  # weights too: a rollback announced later must reach us
+        ensure_topics(self.bootstrap, topics=TOPICS)  # weights too: a rollback announced later must reach us
         c = KafkaConsumer(
             bootstrap_servers=self.bootstrap,
+            **kafka_auth.client_config(),
             group_id=self.group_id,
             enable_auto_commit=False,
             auto_offset_reset="earliest",

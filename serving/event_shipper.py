@@ -36,6 +36,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from flywheel.core import kafka_auth
 from flywheel.core.events import TOPIC_TENANTS
 from flywheel.core.kafka_admin import ensure_topics
 from serving import event_forget as fg
@@ -73,6 +74,7 @@ def _producer(cfg):
     ms = int(cfg.send_timeout_s * 1000)
     return KafkaProducer(
         bootstrap_servers=cfg.bootstrap,
+        **kafka_auth.client_config(),
         acks="all",
         enable_idempotence=True,
         compression_type="zstd",
@@ -301,7 +303,7 @@ def run(cfg, shared) -> None:
                     # effort: a gateway whose Kafka user may not create topics still delivers.
                     topics_checked = True
                     try:
-                        ensure_topics(cfg.bootstrap)
+                        ensure_topics(cfg.bootstrap, topics=(TOPIC_TENANTS,))
                     except Exception as e:  # noqa: BLE001
                         log.warning("could not check the tenants topic's settings (%s: %s)", type(e).__name__, e)
                 futures = [producer.send(t, key=k.encode(), value=v) for t, k, v in records]

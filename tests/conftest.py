@@ -30,6 +30,23 @@ def pytest_sessionfinish(session, exitstatus):
             reporter.write_line("flywheel: no test passed in this run; failing it", red=True)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def kafka_security(tmp_path_factory):
+    """The session's Kafka credentials and CA (flywheel.kafka_security), shared by every broker a test starts
+    ($FLYWHEEL_KAFKA_SECURITY_DIR); this process logs in as the operator (`admin`), and so does what it starts
+    unless given a role (the gateway fixture: `gateway`; a fleet's processes: theirs)."""
+    if os.environ.get("FLYWHEEL_KAFKA_BOOTSTRAP"):  # an external broker: its operator says how to log in
+        yield None
+        return
+    from flywheel.core import kafka_auth
+    from flywheel.kafka_broker import SECURITY_DIR_ENV
+    from flywheel.kafka_security import create_security
+
+    sec = create_security(tmp_path_factory.mktemp("kafka-security"))
+    with kafka_auth.acting_as({SECURITY_DIR_ENV: str(sec.dir), **sec.client_env("admin")}):
+        yield sec
+
+
 @pytest.fixture(scope="session")
 def kafka_bootstrap(tmp_path_factory) -> str:
     external = os.environ.get("FLYWHEEL_KAFKA_BOOTSTRAP")
@@ -67,7 +84,7 @@ def test_model() -> Path:
 
 
 @pytest.fixture(scope="session")
-def gateway(launched_replicas, kafka_bootstrap, replica, test_model, tmp_path_factory):
+def gateway(launched_replicas, kafka_bootstrap, kafka_security, replica, test_model, tmp_path_factory):
     """A gateway process (`flywheel serve`) in front of the session replica, logging to the session broker
     (started while the replica loads)."""
     from serving import gateway_process
@@ -80,6 +97,7 @@ def gateway(launched_replicas, kafka_bootstrap, replica, test_model, tmp_path_fa
         kafka=kafka_bootstrap,
         keys=GATEWAY_KEYS,
         admin_token=GATEWAY_ADMIN,
+        env=kafka_security.client_env("gateway") if kafka_security else None,
     )
     try:
         yield gw

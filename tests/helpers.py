@@ -11,6 +11,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from flywheel.core import kafka_auth
+
 GATEWAY_KEYS = {"alice": "key-alice", "bob": "key-bob"}
 GATEWAY_ADMIN = "admin-secret"
 STORE_TOKEN = "test-fleet-read-credential"  # what store_server() wants (weight_sync.fleet_credential)
@@ -226,7 +228,12 @@ def events_until(bootstrap: str, topic: str, done, timeout_s: float = 60.0) -> l
     from flywheel.core import events as ev
 
     c = KafkaConsumer(
-        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False, group_id=None
+        topic,
+        bootstrap_servers=bootstrap,
+        **kafka_auth.client_config(),
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        group_id=None,
     )
     events: list = []
     deadline = time.monotonic() + timeout_s

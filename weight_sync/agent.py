@@ -29,7 +29,7 @@ from pathlib import Path
 import aiohttp
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from flywheel.core import control
+from flywheel.core import control, kafka_auth
 from flywheel.core.config import check_modes
 from flywheel.core.dead_letter import DeadLetters
 from flywheel.core.events import TOPIC_WEIGHTS
@@ -735,6 +735,7 @@ class Agent:
         consumer = KafkaConsumer(
             TOPIC_WEIGHTS,
             bootstrap_servers=self.cfg.kafka_bootstrap,
+            **kafka_auth.client_config(),
             group_id=f"flywheel-agent-{self.cfg.name}",
             auto_offset_reset="earliest",
             enable_auto_commit=False,

@@ -39,7 +39,7 @@ from statistics import NormalDist
 
 from prometheus_client import CollectorRegistry
 
-from flywheel.core import control
+from flywheel.core import control, kafka_auth
 from flywheel.core.admin_client import admin_call
 from flywheel.core.dead_letter import DeadLetters
 from flywheel.core.events import TOPIC_WEIGHTS
@@ -349,6 +349,7 @@ class CanaryController:
 
         c = KafkaConsumer(
             bootstrap_servers=self.cfg.publish.kafka_bootstrap,
+            **kafka_auth.client_config(),
             enable_auto_commit=False,
             client_id="flywheel-canary",
             reconnect_backoff_max_ms=RECONNECT_BACKOFF_MAX_MS,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from flywheel.core import control
+from flywheel.core import control, kafka_auth
 from flywheel.core.events import TOPIC_WEIGHTS
 from flywheel.core.progress import bar
 from weight_sync import codec
@@ -71,6 +71,7 @@ def _kafka_send(bootstrap: str, value: bytes, timeout_s: float = 30.0) -> None:
     ms = int(timeout_s * 1000)
     producer = KafkaProducer(
         bootstrap_servers=bootstrap,
+        **kafka_auth.client_config(),
         acks="all",
         enable_idempotence=True,
         compression_type="zstd",

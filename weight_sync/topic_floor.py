@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 
-from flywheel.core import control
+from flywheel.core import control, kafka_auth
 from flywheel.core.events import TOPIC_WEIGHTS
 
 log = logging.getLogger(__name__)
@@ -29,6 +29,7 @@ def highest_seq(bootstrap: str, public_key, timeout_s: float = 15.0) -> int:
     ms = int(timeout_s * 1000)
     c = KafkaConsumer(
         bootstrap_servers=bootstrap,
+        **kafka_auth.client_config(),
         enable_auto_commit=False,
         group_id=None,
         client_id="flywheel-publisher-floor",

@@ -21,7 +21,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter
 
-from flywheel.core import control, events as ev
+from flywheel.core import control, events as ev, kafka_auth
 
 log = logging.getLogger(__name__)
 BACKOFF_S = 30.0  # after the producer could not reach the broker: copies wait this long before another try
@@ -116,6 +116,7 @@ class DeadLetters:
 
             self._producer = KafkaProducer(
                 bootstrap_servers=self.bootstrap,
+                **kafka_auth.client_config(),
                 acks="all",
                 client_id=f"flywheel-dead-letter-{self.consumer}",
                 max_block_ms=2000,  # the longest a refused record can hold its consumer up

@@ -8,6 +8,8 @@ import contextlib
 import logging
 import time
 
+from flywheel.core import kafka_auth
+
 # kafka-python 3 doubles its reconnect backoff up to 30 s (kafka-python 2 and the Java client stop at 1 s): a
 # client that lost its broker then saw it back up to half a minute after it served again (measured: a broker
 # restarted in 3-5 s was found after 9-11 s, a restarted cluster node after 30 s). Our clients that retry
@@ -29,18 +31,23 @@ def quiet_kafka():
         log.setLevel(level)
 
 
-def ensure_topics(bootstrap: str, partitions: int = 4) -> None:
+def ensure_topics(bootstrap: str, partitions: int = 4, topics: tuple[str, ...] | None = None) -> None:
     """Create the event, weights and tenants topics if they are missing (weights, tenants: one partition, one order), so
     the first producer does not race the broker's auto-creation. Replicated as the brokers' own
     default.replication.factor says (-1: 1 on a development broker, 3 on flywheel.kafka_cluster, whose
-    min.insync.replicas=2 then makes acks=all survive one broker's death)."""
+    min.insync.replicas=2 then makes acks=all survive one broker's death). `topics`: only those (a principal sees
+    only the topics its ACLs name). On a secured broker the operator makes them (flywheel.core.kafka_auth): a role
+    that finds one missing gets a PermissionError that says so, and settings it may not alter are left as they are."""
     from kafka.admin import KafkaAdminClient, NewTopic
-    from kafka.errors import TopicAlreadyExistsError
+    from kafka.errors import AuthorizationError, TopicAlreadyExistsError
 
     from flywheel.core import events as ev
 
     admin = KafkaAdminClient(
-        bootstrap_servers=bootstrap, client_id="flywheel-topics", reconnect_backoff_max_ms=RECONNECT_BACKOFF_MAX_MS
+        bootstrap_servers=bootstrap,
+        **kafka_auth.client_config(),
+        client_id="flywheel-topics",
+        reconnect_backoff_max_ms=RECONNECT_BACKOFF_MAX_MS,
     )
     try:
         existing = set(admin.list_topics())
@@ -61,17 +68,30 @@ def ensure_topics(bootstrap: str, partitions: int = 4) -> None:
             NewTopic(ev.TOPIC_BAD_RECORDS, 1, rf),
             NewTopic(ev.TOPIC_TENANTS, 1, rf, topic_configs=keep[ev.TOPIC_TENANTS]),
         ]
+        want = [t for t in want if topics is None or t.name in topics]
         missing = [t for t in want if t.name not in existing]
         if missing:
             try:
                 admin.create_topics(missing)
             except TopicAlreadyExistsError:
                 pass
-        present = [t for t in keep if t in existing]  # made before these rules, or auto-created: set them now
+            except AuthorizationError:
+                user = kafka_auth.client_config().get("sasl_plain_username")
+                names = ", ".join(t.name for t in missing)
+                raise PermissionError(
+                    f"topics {names} are missing on {bootstrap} and Kafka user {user!r} may not create them: "
+                    "the operator creates them (flywheel.core.kafka_admin.ensure_topics, as admin)"
+                ) from None
+        present = [t for t in keep if t in existing and t in {w.name for w in want}]  # made before these rules
         if present:
             from kafka.admin import ConfigResource, ConfigResourceType
 
-            admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, t, configs=keep[t]) for t in present])
+            try:
+                admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, t, configs=keep[t]) for t in present])
+            except (AuthorizationError, ValueError):
+                # Not this principal's to set (the operator made the topics with them). kafka-python checks the
+                # names against the topic's configs as the principal may describe them: none, a ValueError.
+                pass
     finally:
         admin.close()
 
@@ -86,6 +106,7 @@ def records_to_end(bootstrap: str, topic: str, timeout_s: float = 120.0) -> list
 
     c = KafkaConsumer(
         bootstrap_servers=bootstrap,
+        **kafka_auth.client_config(),
         enable_auto_commit=False,
         group_id=None,
         reconnect_backoff_max_ms=RECONNECT_BACKOFF_MAX_MS,

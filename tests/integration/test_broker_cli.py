@@ -8,6 +8,7 @@ import sys
 import pytest
 from kafka import KafkaProducer
 
+from flywheel.core import kafka_auth
 from flywheel.core.kafka_admin import records_to_end
 from flywheel.core.paths import REPO_ROOT
 
@@ -32,7 +33,9 @@ def test_start_status_stop_restart(tmp_path):
         again = _flywheel("kafka", "start", "--data-dir", data)
         assert again.returncode != 0 and "already running" in again.stderr
 
-        producer = KafkaProducer(bootstrap_servers=info["bootstrap"], acks="all", compression_type="zstd")
+        producer = KafkaProducer(
+            bootstrap_servers=info["bootstrap"], **kafka_auth.client_config(), acks="all", compression_type="zstd"
+        )
         producer.send("survives", b"before-restart").get(timeout=30)
         producer.close()
 

@@ -11,6 +11,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from flywheel.core import kafka_auth
 from flywheel.core.procs import wait_until
 from flywheel.local_fleet import LocalFleet, LocalFleetConfig
 from flywheel.population import HouseStyle, Population, PopulationConfig
@@ -48,7 +49,9 @@ def _bad_weights_records(bootstrap: str, tmp_path) -> int:
     from flywheel.core.events import TOPIC_WEIGHTS
     from weight_sync.manifest import generate_key, load_private
 
-    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, consumer_timeout_ms=5000)
+    c = KafkaConsumer(
+        bootstrap_servers=bootstrap, **kafka_auth.client_config(), enable_auto_commit=False, consumer_timeout_ms=5000
+    )
     c.assign([TopicPartition(TOPIC_WEIGHTS, 0)])
     c.seek_to_beginning()
     first = next(iter(c)).value
@@ -56,7 +59,7 @@ def _bad_weights_records(bootstrap: str, tmp_path) -> int:
     forged = control.make("version", 999, seq=10**6, canary=True, reason="forged")
     generate_key(tmp_path / "evil.pem", tmp_path / "evil.pub")
     bad = [first, b"not json", json.dumps(forged).encode(), control.encode(forged, load_private(tmp_path / "evil.pem"))]
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    producer = KafkaProducer(bootstrap_servers=bootstrap, **kafka_auth.client_config(), acks="all")
     for raw in bad:
         producer.send(TOPIC_WEIGHTS, key=b"weights", value=raw)
     producer.flush()

@@ -15,7 +15,7 @@ import openai
 import pytest
 from kafka import KafkaConsumer
 
-from flywheel.core import events as ev, replica_keys
+from flywheel.core import events as ev, kafka_auth, replica_keys
 from flywheel.core.procs import free_port
 from serving import gateway_process
 from tests.helpers import GATEWAY_ADMIN, GATEWAY_KEYS, get, post
@@ -52,6 +52,7 @@ def _read_events(bootstrap, topic, want_ids: set[str], timeout_s=30.0, want: int
     consumer = KafkaConsumer(
         topic,
         bootstrap_servers=bootstrap,
+        **kafka_auth.client_config(),
         group_id=f"t-{uuid.uuid4().hex[:8]}",
         auto_offset_reset="earliest",
         enable_auto_commit=False,

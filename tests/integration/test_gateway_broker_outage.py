@@ -14,7 +14,7 @@ import pytest
 from kafka import KafkaConsumer
 
 from flywheel import kafka_broker
-from flywheel.core import events as ev
+from flywheel.core import events as ev, kafka_auth
 from serving import gateway_process
 
 pytestmark = pytest.mark.timeout(600)
@@ -87,6 +87,7 @@ def test_broker_outage_loses_nothing(replica, test_model, tmp_path):
             ev.TOPIC_COMPLETIONS,
             ev.TOPIC_FEEDBACK,
             bootstrap_servers=broker.bootstrap,
+            **kafka_auth.client_config(),
             group_id=f"t-{uuid.uuid4().hex[:6]}",
             auto_offset_reset="earliest",
             enable_auto_commit=False,

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from flywheel import kafka_broker
-from flywheel.core import control, events as ev
+from flywheel.core import control, events as ev, kafka_auth
 from flywheel.core.kafka_admin import ensure_topics, records_to_end
 from flywheel.core.procs import wait_until
 from tests import hostile_records
@@ -69,7 +69,7 @@ def _send(bootstrap: str, records) -> None:
     """As any client of the broker would: (topic, key, value) each, None a tombstone."""
     from kafka import KafkaProducer
 
-    p = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    p = KafkaProducer(bootstrap_servers=bootstrap, **kafka_auth.client_config(), acks="all")
     try:
         for topic, key, value, *_ in records:
             p.send(topic, key=key.encode(), value=value)
@@ -233,7 +233,12 @@ def test_a_weight_agent_counts_dead_letters_and_passes_hostile_records_and_resta
         )
         _wait_dead_lettered(broker, "agent-hostile", hostile)
         # Committed past them: the agent's group offset is the end of the topic.
-        c = KafkaConsumer(bootstrap_servers=broker, group_id="flywheel-agent-hostile", enable_auto_commit=False)
+        c = KafkaConsumer(
+            bootstrap_servers=broker,
+            **kafka_auth.client_config(),
+            group_id="flywheel-agent-hostile",
+            enable_auto_commit=False,
+        )
         tp = TopicPartition(ev.TOPIC_WEIGHTS, 0)
         end = c.end_offsets([tp])[tp]
         wait_until(lambda: c.committed(tp) == end, 30, what="the offset committed past the hostile records")

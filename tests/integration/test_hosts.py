@@ -10,6 +10,7 @@ import urllib.request
 
 import pytest
 
+from flywheel.core.paths import REPO_ROOT
 from flywheel.core.procs import free_port, pid_alive, stop_pid, wait_until
 from flywheel.hosts import HostsConfig, TestHosts, _links, _netns, reap_stale, recorded
 
@@ -127,13 +128,15 @@ def test_a_broker_on_the_bridge_serves_the_hosts(tmp_path):
         try:
             state = json.loads((data / "broker.json").read_text())
             assert state["bootstrap"].startswith(f"{hosts.gateway_addr}:")
-            code = (
+            code = (  # as the operator (the session's login, inherited), over TLS to the bridge's address
                 "from kafka import KafkaProducer, KafkaConsumer; import sys; b = sys.argv[1]; "
-                "p = KafkaProducer(bootstrap_servers=b, acks='all'); p.send('hosts-probe', b'hello').get(30); "
+                "from flywheel.core.kafka_auth import client_config; login = client_config(); "
+                "p = KafkaProducer(bootstrap_servers=b, acks='all', **login); p.send('hosts-probe', b'hello').get(30); "
                 "c = KafkaConsumer('hosts-probe', bootstrap_servers=b, auto_offset_reset='earliest', "
-                "consumer_timeout_ms=20000); print(next(iter(c)).value.decode())"
+                "consumer_timeout_ms=20000, **login); print(next(iter(c)).value.decode())"
             )
-            r = host.run([sys.executable, "-c", code, state["bootstrap"]], capture_output=True, text=True, timeout=120)
+            argv = [sys.executable, "-c", code, state["bootstrap"]]
+            r = host.run(argv, capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
             assert r.returncode == 0 and r.stdout.strip() == "hello", r.stderr[-2000:]
         finally:
             assert main(["kafka", "stop", "--data-dir", str(data)]) == 0

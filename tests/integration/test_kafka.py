@@ -6,12 +6,14 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.admin import NewTopic
 
+from flywheel.core import kafka_auth
+
 pytestmark = pytest.mark.timeout(180)
 
 
 def _topic(bootstrap: str, partitions: int = 3) -> str:
     name = f"t-{uuid.uuid4().hex[:8]}"
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, **kafka_auth.client_config())
     try:
         admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])
     finally:
@@ -21,7 +23,12 @@ def _topic(bootstrap: str, partitions: int = 3) -> str:
 
 def _consume_all(bootstrap, topic, group, expect, timeout_s=30):
     consumer = KafkaConsumer(
-        topic, bootstrap_servers=bootstrap, group_id=group, auto_offset_reset="earliest", enable_auto_commit=False
+        topic,
+        bootstrap_servers=bootstrap,
+        **kafka_auth.client_config(),
+        group_id=group,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
     )
     got = []
     try:
@@ -43,14 +50,14 @@ def _consume_all(bootstrap, topic, group, expect, timeout_s=30):
 
 
 def test_broker_is_kafka_4_kraft(kafka_bootstrap):
-    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, **kafka_auth.client_config())
     try:
         cluster = admin.describe_cluster()
         assert len(cluster["brokers"]) == 1
         assert cluster["controller_id"] in (-1, 1)
     finally:
         admin.close()
-    probe = KafkaConsumer(bootstrap_servers=kafka_bootstrap)
+    probe = KafkaConsumer(bootstrap_servers=kafka_bootstrap, **kafka_auth.client_config())
     try:
         assert probe.config["api_version"] >= (4, 0) or probe._client.check_version() >= (4, 0)
     finally:
@@ -60,7 +67,12 @@ def test_broker_is_kafka_4_kraft(kafka_bootstrap):
 def test_idempotent_zstd_producer_and_group_reads_every_message_once(kafka_bootstrap):
     topic = _topic(kafka_bootstrap)
     producer = KafkaProducer(
-        bootstrap_servers=kafka_bootstrap, acks="all", enable_idempotence=True, compression_type="zstd", linger_ms=5
+        bootstrap_servers=kafka_bootstrap,
+        **kafka_auth.client_config(),
+        acks="all",
+        enable_idempotence=True,
+        compression_type="zstd",
+        linger_ms=5,
     )
     n = 500
     try:
@@ -92,7 +104,7 @@ def test_the_audit_reads_a_topic_to_its_end_counting_events_once(kafka_bootstrap
 
     topic = _topic(kafka_bootstrap)
     events = [ev.FeedbackEvent(completion_id=f"c{i % 7}", choice_index=0, tenant="t", kind="accept") for i in range(50)]
-    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, **kafka_auth.client_config(), acks="all")
     try:
         for e in [*events, events[3], events[9]]:  # two retries
             producer.send(topic, key=e.completion_id.encode(), value=e.encode())

@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from flywheel.core import events as ev
+from flywheel.core import events as ev, kafka_auth
 from flywheel.core.paths import REPO_ROOT
 from flywheel.status import StatusConfig, failed, gather
 
@@ -25,7 +25,9 @@ def _commit(bootstrap: str, group: str, offsets: dict) -> None:
     from kafka import KafkaConsumer
     from kafka.structs import OffsetAndMetadata
 
-    c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    c = KafkaConsumer(
+        bootstrap_servers=bootstrap, **kafka_auth.client_config(), group_id=group, enable_auto_commit=False
+    )
     try:
         c.assign(list(offsets))
         c.commit({tp: OffsetAndMetadata(o, "", -1) for tp, o in offsets.items()})
@@ -55,7 +57,7 @@ def test_consumer_lag_of_trainer_and_agents(own_broker):
     ensure_topics(kafka_bootstrap)
     tag = uuid.uuid4().hex[:8]
     trainer, prefix = f"flywheel-trainer-{tag}", f"flywheel-agent-{tag}-"
-    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, **kafka_auth.client_config(), acks="all")
     for i in range(10):
         producer.send(ev.TOPIC_WEIGHTS, key=b"weights", value=b"w%d" % i)
     for i in range(40):
@@ -65,7 +67,7 @@ def test_consumer_lag_of_trainer_and_agents(own_broker):
     producer.flush()
     producer.close()
 
-    probe = KafkaConsumer(bootstrap_servers=kafka_bootstrap)
+    probe = KafkaConsumer(bootstrap_servers=kafka_bootstrap, **kafka_auth.client_config())
     try:
         parts = {t: [TopicPartition(t, p) for p in sorted(probe.partitions_for_topic(t))] for t in TOPICS}
         every = [tp for tps in parts.values() for tp in tps]

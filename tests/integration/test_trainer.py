@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from flywheel import kafka_broker
+from flywheel.core import kafka_auth
 from flywheel.core.paths import REPO_ROOT
 from online_rl.config import LossConfig, OptimConfig, PublisherConfig, TrainerConfig
 from online_rl.loss import advantages
@@ -102,7 +103,9 @@ def _start_group_at_the_end(bootstrap: str, group: str) -> None:
 
     from flywheel.core import events as ev
 
-    c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    c = KafkaConsumer(
+        bootstrap_servers=bootstrap, **kafka_auth.client_config(), group_id=group, enable_auto_commit=False
+    )
     try:
         topics = (ev.TOPIC_COMPLETIONS, ev.TOPIC_FEEDBACK)
         parts = [TopicPartition(t, p) for t in topics for p in sorted(c.partitions_for_topic(t))]

@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from flywheel.core import replica_keys
+from flywheel.core import kafka_auth, replica_keys
 from flywheel.core.paths import REPO_ROOT
 from flywheel.core.procs import stop_pid, wait_until
 from serving import gateway_process
@@ -85,6 +85,7 @@ def completion_events(bootstrap: str, ids: set[str], timeout_s: float = 60.0) ->
     consumer = KafkaConsumer(
         ev.TOPIC_COMPLETIONS,
         bootstrap_servers=bootstrap,
+        **kafka_auth.client_config(),
         group_id=f"t-{uuid.uuid4().hex[:6]}",
         auto_offset_reset="earliest",
         enable_auto_commit=False,
@@ -547,7 +548,9 @@ def test_a_transient_apply_failure_is_retried_and_its_offset_not_committed(weigh
     thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
 
     def committed():
-        c = KafkaConsumer(bootstrap_servers=broker.bootstrap, group_id="flywheel-agent-retry")
+        c = KafkaConsumer(
+            bootstrap_servers=broker.bootstrap, **kafka_auth.client_config(), group_id="flywheel-agent-retry"
+        )
         try:
             return c.committed(TopicPartition(TOPIC_WEIGHTS, 0))
         finally:
@@ -609,14 +612,19 @@ def test_the_agent_acts_only_on_signed_fresh_records(weights, second_replica, tm
     )
     stop = threading.Event()
     thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
-    producer = KafkaProducer(bootstrap_servers=broker.bootstrap)
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap, **kafka_auth.client_config())
     try:
         thread.start()
         activate(cfg, 1, "serve v1")
         wait_until(lambda: _version(second_replica.url) == "1", 60, what="v1")
         activate(cfg, 3, "serve v3")
         wait_until(lambda: _version(second_replica.url) == "3", 60, what="v3")
-        c = KafkaConsumer(bootstrap_servers=broker.bootstrap, enable_auto_commit=False, consumer_timeout_ms=3000)
+        c = KafkaConsumer(
+            bootstrap_servers=broker.bootstrap,
+            **kafka_auth.client_config(),
+            enable_auto_commit=False,
+            consumer_timeout_ms=3000,
+        )
         c.assign([TopicPartition(TOPIC_WEIGHTS, 0)])
         c.seek_to_beginning()
         first = next(iter(c)).value  # the signed "serve v1", to replay

@@ -1,8 +1,9 @@
 """Tenants' privacy in the training loop: which events and samples the trainer may learn from.
 
 The gateway puts each tenant's policy on the tenants topic (flywheel.core.events.TenantRecord, keyed by the
-tenant id, compacted): the newest record of a tenant is its policy. The trainer reads that topic with the
-others, from its checkpoint's offsets (online_rl.stream_reader), and gives every record to `TenantGate.record`.
+tenant id and version, compacted): the record of a tenant's highest version is its policy. The trainer reads
+that topic with the others, from its checkpoint's offsets (online_rl.stream_reader), and gives every record to
+`TenantGate.record`.
 Before the Joiner holds an event, `TenantGate.refuse` says why it must not (None: it may):
 
     withheld   the event carries no content (its tenant denies training, or a secret was scrubbed from it).

@@ -118,7 +118,7 @@ class TenantPolicies:
             )
             for i in ids
         ]
-        futures = [gw.sink.submit(ev.TOPIC_TENANTS, r.tenant, r.encode()) for r in records]
+        futures = [gw.sink.submit(ev.TOPIC_TENANTS, r.key, r.encode()) for r in records]
         if any(f is None for f in futures):  # the spool refused it (full): the trainer would never hear of it
             log.error("tenant %s's policy record could not be spooled (the spool is full); retrying", name)
             return False

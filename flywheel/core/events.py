@@ -31,7 +31,7 @@ TOPIC_COMPLETIONS = "completions"
 TOPIC_FEEDBACK = "feedback"
 TOPIC_WEIGHTS = "weights"
 TOPIC_DEADLETTER = "events.deadletter"  # stubs of events too large for the broker (kept whole on disk)
-TOPIC_TENANTS = "tenants"  # each tenant's privacy policy and deletions, keyed by tenant id (compacted)
+TOPIC_TENANTS = "tenants"  # each tenant's privacy policy and deletions, keyed by tenant and version (compacted)
 # Records a consumer refused (not an event, a wrong type, out of range, unsigned...): each copied here whole, with
 # headers naming its topic, partition, offset, the reason and the consumer (flywheel.core.dead_letter).
 TOPIC_BAD_RECORDS = "records.deadletter"
@@ -173,10 +173,10 @@ class FeedbackEvent:
 
 @dataclass
 class TenantRecord:
-    """A tenant's privacy policy as the gateway holds it, on TOPIC_TENANTS keyed by the tenant id: the newest
-    record of a tenant is its policy (the topic is compacted). `forgotten_before`: every event of this tenant
-    with ts at or before it is forgotten (flywheel tenants forget): consumers drop what they hold of it and
-    skip it wherever they read it again; the value only ever grows."""
+    """A tenant's privacy policy as the gateway holds it, on TOPIC_TENANTS keyed by `key` (the tenant id and the
+    policy's version): the record of a tenant's highest version is its policy. `forgotten_before`: every event of
+    this tenant with ts at or before it is forgotten (flywheel tenants forget): consumers drop what they hold of
+    it and skip it wherever they read it again; the value only ever grows."""
 
     tenant: str  # the hashed key id events carry
     name: str = ""  # the tenant's name in the key store (operators search by it)
@@ -189,6 +189,14 @@ class TenantRecord:
     # The policy's version (serving.auth.Policy.version, set by the admin action that made it): readers keep
     # the highest, so a gateway re-announcing an older policy from a stale keys file cannot loosen a newer one.
     version: int = 0
+
+    @property
+    def key(self) -> str:
+        """Its key on the compacted topic. The version is in it so that compaction keeps each version's newest
+        record: keyed by tenant alone, a stale gateway's older policy written last would be the only record of
+        that tenant left, and a trainer reading the topic from nothing would take it. The topic so keeps one
+        record per policy change of each tenant (admin actions: few)."""
+        return f"{self.tenant}@{self.version}"
 
     def encode(self) -> bytes:
         return msgpack.packb(_fields(self), use_bin_type=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -17,7 +18,7 @@ from flywheel.core import events as ev
 from flywheel.core.kafka_admin import ensure_topics
 from serving import auth
 from tests.fake_engine import gateway_over_fakes
-from tests.helpers import events_until
+from tests.helpers import events_until, read_topic
 
 pytestmark = pytest.mark.timeout(300)
 ADMIN = {"Authorization": "Bearer admin-secret"}
@@ -28,7 +29,7 @@ def test_a_stale_gateway_restart_cannot_loosen_a_deny(test_model, tmp_path):
     from online_rl.tenants import TenantGate
 
     broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=tmp_path / "kafka"))
-    reader = None
+    readers = []
     try:
         ensure_topics(broker.bootstrap)
         keys_a = tmp_path / "a" / "keys.json"
@@ -75,23 +76,77 @@ def test_a_stale_gateway_restart_cannot_loosen_a_deny(test_model, tmp_path):
         on_topic = acme_records(3)
         assert [r.train for r in on_topic][-2:] == ["deny", "allow"]  # the stale allow came last
 
-        # The trainer's reading of the topic: from the beginning, in order, as at a first start.
-        gate = TenantGate(registry=CollectorRegistry())
-        reader = StreamReader(broker.bootstrap, "stale-gateway", poll_ms=200)
-        seen = 0
-        for _ in range(100):
-            for topic, value in reader.read(reader.fetch()):
-                if topic == ev.TOPIC_TENANTS:
-                    gate.record(value)
-                    seen += 1
-            if seen >= len(on_topic):
-                break
-        assert seen >= len(on_topic)
+        def trainer_reads(group: str, n: int) -> TenantGate:
+            """The trainer's reading of the topic: from the beginning, in order, as at a first start."""
+            gate = TenantGate(registry=CollectorRegistry())
+            reader = StreamReader(broker.bootstrap, group, poll_ms=200)
+            readers.append(reader)
+            seen = 0
+            for _ in range(100):
+                for topic, value in reader.read(reader.fetch()):
+                    if topic == ev.TOPIC_TENANTS:
+                        gate.record(value)
+                        seen += 1
+                if seen >= n:
+                    break
+            assert seen >= n
+            return gate
+
+        gate = trainer_reads("stale-gateway", len(on_topic))
         assert gate.policies[tid]["train"] == "deny", gate.policies[tid]
         late = ev.FeedbackEvent(completion_id="cmpl-x", choice_index=0, tenant=tid, kind="accept")
         assert gate.refuse(late) == "deny"  # what the trainer would have learned from: refused
         assert gate.stale_records._value.get() >= 1
+
+        # The broker compacts the topic (it keeps the newest record of each key), then a trainer starts from
+        # nothing. Keyed by tenant alone, the stale allow would be all that is left of acme.
+        def acme_now() -> list:
+            records = (ev.decode(v) for _, v in read_topic(broker.bootstrap, ev.TOPIC_TENANTS))
+            return [r for r in records if r.tenant == tid]
+
+        _compact(broker.bootstrap, ev.TOPIC_TENANTS, lambda: len(acme_now()) < len(on_topic))
+        (allow, deny, stale) = on_topic[-3:]
+        assert allow.version == stale.version < deny.version
+        assert [(r.train, r.version) for r in acme_now()] == [("deny", deny.version), ("allow", stale.version)]
+        gate = trainer_reads("after-compaction", 2)
+        assert gate.policies[tid]["train"] == "deny", gate.policies[tid]
     finally:
-        if reader is not None:
+        for reader in readers:
             reader.close()
         assert broker.stop()
+
+
+def _compact(bootstrap: str, topic: str, done, timeout_s: float = 90.0) -> None:
+    """Have the broker compact `topic` now, until done() holds: its cleaner runs every 200 ms (a dynamic broker
+    setting) and a segment rolls after 100 ms; one more record (another tenant's) rolls the segment holding the
+    records so far, and the cleaner never cleans the segment being written."""
+    from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
+
+    from flywheel.core import kafka_auth
+    from online_rl.simulate import produce
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, **kafka_auth.client_config())
+    try:
+        admin.alter_configs(  # a whole topic's settings: the compaction it was made with among them
+            [
+                ConfigResource(ConfigResourceType.BROKER, "1", {"log.cleaner.backoff.ms": "200"}),  # its only node
+                ConfigResource(
+                    ConfigResourceType.TOPIC,
+                    topic,
+                    {
+                        "cleanup.policy": "compact",
+                        "retention.ms": "-1",
+                        "segment.ms": "100",
+                        "min.cleanable.dirty.ratio": "0.001",
+                    },
+                ),
+            ]
+        )
+    finally:
+        admin.close()
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, "the broker did not compact the topic"
+        filler = ev.TenantRecord(tenant="filler", name="filler")
+        produce(bootstrap, [(topic, filler.key, filler.encode())])
+        time.sleep(0.5)

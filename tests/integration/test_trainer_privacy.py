@@ -87,7 +87,7 @@ class Events:
 
 
 def _policy(bootstrap, record: ev.TenantRecord) -> None:
-    produce(bootstrap, [(ev.TOPIC_TENANTS, record.tenant, record.encode())])
+    produce(bootstrap, [(ev.TOPIC_TENANTS, record.key, record.encode())])
 
 
 def _ingest_until(trainer: Trainer, event_ids, timeout=90.0) -> None:

@@ -143,7 +143,7 @@ def main():
 
     readable = tuple(p.rstrip("/") + "/" for p in job["readable"]) + ("/dev/",)
     writable = (work.rstrip("/") + "/", "/tmp/", "/dev/null")
-    abspath, startswith, exists = os.path.abspath, str.startswith, os.path.lexists
+    abspath, startswith, exists, parent = os.path.abspath, str.startswith, os.path.lexists, os.path.dirname
     getframe, busy = sys._getframe, [False]
 
     def audit(event, args):
@@ -173,9 +173,10 @@ def main():
                 else:
                     write = event not in ("os.listdir", "os.scandir", "os.chdir")
                 inside = any(startswith(path, p) or path + "/" == p for p in writable)
-                # Its own files (work dir, /tmp) it may use; reaching for one that is not there is looking
-                # for something outside (a key, the repo) by its outside path.
-                if not (inside and (write or exists(path))) and not (
+                # Its own files (work dir, /tmp) it may use, and make new ones in its own folders; reaching for
+                # one that is not there, or writing into a folder that is not, is looking for something outside
+                # (a key, the repo) by its outside path, which may itself lie under /tmp (a checkout there).
+                if not (inside and exists(path if not write else parent(path))) and not (
                     not write and any(startswith(path, p) for p in readable)
                 ):
                     kind = "filesystem"

@@ -147,6 +147,8 @@ CASES: list[Hostile] = [
     Hostile("write_cache", "filesystem", 0, _write("{cache_dir}/pwned.py")),
     Hostile("write_stdlib_sitecustomize", "filesystem", 0, _write("{stdlib}/sitecustomize.py")),
     Hostile("write_root", "filesystem", 0, _write("/pwned.py")),
+    # A checkout or cache that lies under the host's /tmp, by its outside path: the sandbox's /tmp is its own.
+    Hostile("write_outside_path_under_tmp", "filesystem", 0, _write("/tmp/flywheel-checkout/pwned.py")),
     Hostile("fill_dev_shm", "filesystem", 0, _fill("/dev/shm/fill")),  # RAM, if /dev were writable
     Hostile("fill_tmp", None, 0, _fill("/tmp/fill")),  # its own tmpfs, capped
     # Processes.

@@ -78,7 +78,7 @@ class BrokerConfig:
     min_insync: int = 1
     netns: str | None = None
     secure: bool = True  # SCRAM logins and ACLs (flywheel.kafka_security); a formatted data dir keeps its choice
-    tls: bool = True  # ... over TLS (benchmarks.kafka_tls measures what it costs)
+    tls: bool = True  # ... over TLS (benchmarks.kafka_security measures what it costs)
     # Where the credentials and CA live: brokers started with one share its principals (a cluster's nodes; every
     # broker of a test session). None: $FLYWHEEL_KAFKA_SECURITY_DIR, else <data_dir>/security.
     security_dir: Path | None = None
@@ -261,10 +261,11 @@ def start(cfg: BrokerConfig | None = None, die_with_parent: bool = True, wait: b
     cport = cfg.controller_port or previous.get("controller_port") or free_port(cfg.host)
     while cport == port:
         cport = free_port(cfg.host)
-    sec = _security(cfg, data_dir, formatted)
+    sec = _security(cfg, data_dir, previous if formatted else None)
     props = data_dir / "server.properties"
+    props.touch(mode=0o600)
+    os.chmod(props, 0o600)  # before it holds the nodes' own password
     props.write_text(_server_properties(cfg, port, cport, log_dirs, sec))
-    os.chmod(props, 0o600)  # it holds the nodes' own password
     log_file = data_dir / "broker.log"
     log4j = data_dir / "log4j2.yaml"
     log4j.write_text(_LOG4J2.format(log=log_file))
@@ -289,14 +290,23 @@ def start(cfg: BrokerConfig | None = None, die_with_parent: bool = True, wait: b
         if cfg.voters and not cfg.cluster_id:
             raise ValueError("a cluster node needs the cluster's id (BrokerConfig.cluster_id)")
         how = ["-t", cfg.cluster_id] if cfg.voters else ["--standalone", "-t", cfg.cluster_id or new_cluster_id()]
-        fmt = subprocess.run(
-            jvm + ["kafka.tools.StorageTool", "format", *how, *(format_args(sec) if sec else []), "-c", str(props)],
-            capture_output=True,
-            text=True,
-        )
+        tool = ["kafka.tools.StorageTool", "format", *how, *(format_args(sec) if sec else []), "-c", str(props)]
+        # The tool takes the SCRAM passwords as arguments: they go in a java argument file of mode 0600, so
+        # that the command line any process can read names only that file.
+        argfile = data_dir / "format.args"
+        argfile.touch(mode=0o600)
+        os.chmod(argfile, 0o600)
+        argfile.write_text("\n".join(f'"{_argfile_quote(a)}"' for a in tool) + "\n")
+        try:
+            fmt = subprocess.run(jvm + [f"@{argfile}"], capture_output=True, text=True)
+        finally:
+            argfile.unlink()
         if fmt.returncode != 0:
             raise RuntimeError(f"kafka storage format failed:\n{fmt.stdout}\n{fmt.stderr}")
-    write_state(data_dir / PORTS_FILE, {"port": port, "controller_port": cport})
+    write_state(
+        data_dir / PORTS_FILE,
+        {"port": port, "controller_port": cport, "security_dir": str(sec.dir) if sec else None},
+    )
 
     stdout = open(data_dir / "broker.stdout", "ab")
     cmd = jvm + ["kafka.Kafka", str(props)]
@@ -348,18 +358,28 @@ def start(cfg: BrokerConfig | None = None, die_with_parent: bool = True, wait: b
     return broker
 
 
-def _security(cfg: BrokerConfig, data_dir: Path, formatted: bool) -> Security | None:
-    """The data dir's security material: made before its first format when cfg.secure; a formatted data dir
-    keeps what it was formatted with (its credentials are in its metadata)."""
-    where = Path(cfg.security_dir or os.environ.get(SECURITY_DIR_ENV) or data_dir / "security")
-    sec = load_security(where)
-    if formatted:
-        if sec is None and cfg.secure:
-            raise RuntimeError(
-                f"{data_dir} was formatted without credentials (an open broker, before Kafka authentication): "
-                "start it with secure=False, or remove the data dir to format a secured one"
-            )
+def _argfile_quote(arg: str) -> str:
+    """An argument as a java @-file writes it inside double quotes (backslash escapes apply there)."""
+    return arg.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _security(cfg: BrokerConfig, data_dir: Path, formatted: dict | None) -> Security | None:
+    """The data dir's security material: made (or taken from a shared directory) before its first format when
+    cfg.secure; a formatted data dir keeps what it was formatted with, as its PORTS_FILE (`formatted`) names it:
+    its credentials are in its metadata."""
+    if formatted is not None:
+        if not formatted.get("security_dir"):
+            if cfg.secure:
+                raise RuntimeError(
+                    f"{data_dir} was formatted without credentials (an open broker, or one formatted before Kafka "
+                    "authentication): start it with secure=False, or remove the data dir to format a secured one"
+                )
+            return None
+        sec = load_security(Path(formatted["security_dir"]))
+        if sec is None:
+            raise RuntimeError(f"{data_dir} was formatted with the credentials in {formatted['security_dir']}: gone")
         return sec
     if not cfg.secure:
         return None
-    return sec or create_security(where, tls=cfg.tls)
+    where = Path(cfg.security_dir or os.environ.get(SECURITY_DIR_ENV) or data_dir / "security")
+    return load_security(where) or create_security(where, tls=cfg.tls)

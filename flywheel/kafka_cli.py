@@ -12,7 +12,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ksub = p.add_subparsers(dest="kafka_cmd", required=True)
     for name, fn, doc in [
         ("fetch", _fetch, "resolve the broker jars from Maven Central into the cache"),
-        ("start", _start, "start a broker (127.0.0.1, free ports, by default) and wait until it serves"),
+        ("start", _start, "start a broker (127.0.0.1, free ports, by default), wait until it serves, make the topics"),
         ("stop", _stop, "stop the broker of a data dir (by PID)"),
         ("status", _status, "is the broker of a data dir running and answering"),
     ]:
@@ -45,12 +45,22 @@ def _fetch(args) -> int:
 def _start(args) -> int:
     import time
 
+    from flywheel.core import kafka_auth
+    from flywheel.core.kafka_admin import ensure_topics
     from flywheel.kafka_broker import start
 
     cfg = _cfg(args)
     cfg.port, cfg.heap, cfg.host = args.port, args.heap, args.host
     t0 = time.monotonic()
     b = start(cfg, die_with_parent=False)  # the command returns; the broker stays
+    try:
+        # Made by the operator, now: no role may create a topic (flywheel.core.kafka_auth), so a gateway's first
+        # event to a broker without them would be refused rather than create its topic.
+        with kafka_auth.acting_as(b.client_env("admin")):
+            ensure_topics(b.bootstrap)
+    except BaseException:
+        b.stop()
+        raise
     print(
         json.dumps(
             {
@@ -58,6 +68,8 @@ def _start(args) -> int:
                 "pid": b.pid,
                 "data_dir": str(b.data_dir),
                 "log": str(b.log_file),
+                # Each role's password and the CA (files of its owner's alone): hand a process its role's.
+                "security_dir": str(b.security.dir) if b.security else None,
                 "start_s": round(time.monotonic() - t0, 1),
             }
         )

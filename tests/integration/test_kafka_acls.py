@@ -89,33 +89,48 @@ def _reads(bootstrap: str, login: dict) -> set[str]:
     return ok
 
 
-def test_each_role_writes_and_reads_only_its_topics(kafka_bootstrap, kafka_security):
+@pytest.fixture(scope="module")
+def probe_broker(tmp_path_factory, kafka_security):
+    """A broker of this module's own (the session's credentials): its probes write records that are not events
+    onto the real topics, which the session's shared broker must never carry (other tests decode every record)."""
+    from flywheel import kafka_broker
+
+    if kafka_security is None:
+        pytest.skip("an external broker: its ACLs are its operator's")
+    broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=tmp_path_factory.mktemp("kafka-acls")))
+    try:
+        yield broker.bootstrap
+    finally:
+        assert broker.stop(), f"broker pid {broker.pid} did not stop"
+
+
+def test_each_role_writes_and_reads_only_its_topics(probe_broker, kafka_security):
     from concurrent.futures import ThreadPoolExecutor
 
     if kafka_security is None:
         pytest.skip("an external broker: its ACLs are its operator's")
-    ensure_topics(kafka_bootstrap)
-    assert _writes(kafka_bootstrap, kafka_auth.client_config()) == set(TOPICS)  # the operator: everything
+    ensure_topics(probe_broker)
+    assert _writes(probe_broker, kafka_auth.client_config()) == set(TOPICS)  # the operator: everything
     logins = {role: kafka_security.client_config(role) for role in MAY_WRITE}
     with quiet_kafka(), ThreadPoolExecutor(len(logins)) as pool:  # a refused read is a wait: the roles at once
-        writes = dict(zip(logins, pool.map(lambda login: _writes(kafka_bootstrap, login), logins.values())))
-        reads = dict(zip(logins, pool.map(lambda login: _reads(kafka_bootstrap, login), logins.values())))
+        writes = dict(zip(logins, pool.map(lambda login: _writes(probe_broker, login), logins.values())))
+        reads = dict(zip(logins, pool.map(lambda login: _reads(probe_broker, login), logins.values())))
     assert writes == MAY_WRITE
     assert reads == MAY_READ
 
 
-def test_a_role_reads_only_through_its_own_consumer_groups(kafka_bootstrap, kafka_security):
+def test_a_role_reads_only_through_its_own_consumer_groups(probe_broker, kafka_security):
     from kafka import KafkaConsumer, TopicPartition
     from kafka.errors import GroupAuthorizationFailedError
     from kafka.structs import OffsetAndMetadata
 
     if kafka_security is None:
         pytest.skip("an external broker: its ACLs are its operator's")
-    ensure_topics(kafka_bootstrap)
+    ensure_topics(probe_broker)
     tp = TopicPartition(ev.TOPIC_WEIGHTS, 0)
 
     def commit(role: str, group: str) -> bool:
-        c = KafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=group, **kafka_security.client_config(role))
+        c = KafkaConsumer(bootstrap_servers=probe_broker, group_id=group, **kafka_security.client_config(role))
         try:
             c.commit({tp: OffsetAndMetadata(0, "", -1)})
             return True
@@ -132,7 +147,7 @@ def test_a_role_reads_only_through_its_own_consumer_groups(kafka_bootstrap, kafk
         assert not commit("canary", "flywheel-agent-r7")
 
 
-def test_no_principal_but_the_operator_can_grant_itself_more_or_delete_a_topic(kafka_bootstrap, kafka_security):
+def test_no_principal_but_the_operator_can_grant_itself_more_or_delete_a_topic(probe_broker, kafka_security):
     from kafka.admin import (
         ACL,
         ACLOperation,
@@ -146,7 +161,7 @@ def test_no_principal_but_the_operator_can_grant_itself_more_or_delete_a_topic(k
 
     if kafka_security is None:
         pytest.skip("an external broker: its ACLs are its operator's")
-    ensure_topics(kafka_bootstrap)
+    ensure_topics(probe_broker)
     grab = ACL(
         "User:gateway",
         "*",
@@ -155,7 +170,7 @@ def test_no_principal_but_the_operator_can_grant_itself_more_or_delete_a_topic(k
         ResourcePattern(ResourceType.TOPIC, ev.TOPIC_WEIGHTS, ACLResourcePatternType.LITERAL),
     )
     for role in MAY_WRITE:
-        admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, **kafka_security.client_config(role))
+        admin = KafkaAdminClient(bootstrap_servers=probe_broker, **kafka_security.client_config(role))
         try:
             with pytest.raises(AuthorizationError):
                 result = admin.create_acls([grab])
@@ -167,28 +182,31 @@ def test_no_principal_but_the_operator_can_grant_itself_more_or_delete_a_topic(k
                 admin.create_topics([__import__("kafka.admin").admin.NewTopic(f"mine-{role}", 1, 1)])
         finally:
             admin.close()
-    assert ev.TOPIC_WEIGHTS in _writes(kafka_bootstrap, kafka_security.client_config("trainer"))
+    assert ev.TOPIC_WEIGHTS in _writes(probe_broker, kafka_security.client_config("trainer"))
 
 
 _OUTSIDER = r"""
 import json, sys
+from concurrent.futures import ThreadPoolExecutor
 from kafka import KafkaProducer
 from kafka.errors import KafkaError
 bootstrap, logins = sys.argv[1], json.loads(sys.argv[2])
-out = {}
-for name, login in logins.items():
+
+def attempt(login):
     try:
         p = KafkaProducer(
             bootstrap_servers=bootstrap, acks="all", max_block_ms=6000, bootstrap_timeout_ms=6000, **login
         )
         try:
             p.send("completions", b"from another host").get(timeout=10)
-            out[name] = "written"
+            return "written"
         finally:
             p.close(timeout=2)
     except KafkaError as e:
-        out[name] = type(e).__name__
-print(json.dumps(out))
+        return type(e).__name__
+
+with ThreadPoolExecutor(len(logins)) as pool:  # each refusal waits out its timeout: all at once
+    print(json.dumps(dict(zip(logins, pool.map(attempt, logins.values())))))
 """
 
 

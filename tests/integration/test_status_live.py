@@ -48,7 +48,7 @@ def own_broker(tmp_path):
         broker.stop()
 
 
-def test_consumer_lag_of_trainer_and_agents(own_broker):
+def test_consumer_lag_of_trainer_and_agents(own_broker, kafka_security):
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
     from flywheel.core.kafka_admin import ensure_topics
@@ -103,9 +103,12 @@ def test_consumer_lag_of_trainer_and_agents(own_broker):
     assert data["kafka"]["trainer_group"] == trainer and data["kafka"]["agents"] >= 2
     assert [g["role"] for g in data["kafka"]["groups"]][:3] == ["trainer", "agent", "agent"]  # trainer first
 
-    # the command itself, as an SRE runs it: the screen and --json
+    # the command itself, as an SRE runs it, logged in as the `status` role (describe only): the screen and --json
+    login = kafka_security.client_env("status") if kafka_security else {}
+    keep = ("FLYWHEEL_HOME", *(() if kafka_security else kafka_auth.env(None)))  # an external broker's login
     env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("FLYWHEEL_") or k == "FLYWHEEL_HOME"},
+        **{k: v for k, v in os.environ.items() if not k.startswith("FLYWHEEL_") or k in keep},
+        **login,
         "PYTHONPATH": str(REPO_ROOT),
         "COLUMNS": "140",
     }

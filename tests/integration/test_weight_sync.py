@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -326,7 +327,13 @@ def test_bad_versions_are_rejected_and_the_replica_keeps_serving(
     assert agent.state["version"] == 0 and not agent.local_dir(number).exists()
 
 
-def test_hot_switch_under_load_through_the_gateway(weights, replica, second_replica, kafka_bootstrap, tmp_path):
+def _login_here() -> dict[str, str]:
+    return {k: os.environ.get(k, "") for k in kafka_auth.env(None)}
+
+
+def test_hot_switch_under_load_through_the_gateway(
+    weights, replica, second_replica, kafka_bootstrap, kafka_security, tmp_path
+):
     """Two replicas behind the gateway, one agent each (processes, following Kafka): three versions and a
     rollback under continuous traffic; nothing fails, every completion names its version."""
     from tests.helpers import GATEWAY_KEYS
@@ -339,6 +346,7 @@ def test_hot_switch_under_load_through_the_gateway(weights, replica, second_repl
         kafka=kafka_bootstrap,
         keys=GATEWAY_KEYS,
         admin_token=GATEWAY_ADMIN,
+        env=kafka_security.client_env("gateway") if kafka_security else None,
     )
     topic_cfg = PublishConfig(
         store=weights["root"] / "store",
@@ -385,6 +393,8 @@ def test_hot_switch_under_load_through_the_gateway(weights, replica, second_repl
                     "FLYWHEEL_STORE_TOKEN": STORE_TOKEN,
                     # its replica's keys: the admin key switches it, the inference key reads its version
                     **replica_keys.env(replica_keys.inference_key(), replica_keys.admin_key()),
+                    # its Kafka login: the agent role's (an external broker's: this shell's)
+                    **(kafka_security.client_env("agent") if kafka_security else _login_here()),
                 },
                 stdout=log,
                 stderr=subprocess.STDOUT,

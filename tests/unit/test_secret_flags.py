@@ -10,7 +10,9 @@ import re
 import pytest
 
 from flywheel.cli import build_parser, main
-from flywheel.core import replica_keys
+from flywheel.core import kafka_auth, replica_keys
+from flywheel.kafka_broker import Broker
+from flywheel.kafka_security import Security
 from serving import admin_tokens
 from serving.replica import ReplicaConfig
 
@@ -26,6 +28,13 @@ def _options(parser: argparse.ArgumentParser, path: str = "flywheel"):
         else:
             for flag in action.option_strings:
                 yield path, flag
+
+
+def _secured_broker(tmp_path) -> Broker:
+    """A broker's record with one password per principal (nothing listens: only what children are handed)."""
+    passwords = {p: f"{p}-password" for p in (kafka_auth.BROKER, *kafka_auth.ROLES)}
+    security = Security(dir=tmp_path, passwords=passwords, tls=False)
+    return Broker(pid=0, bootstrap="127.0.0.1:9", data_dir=tmp_path, log_file=tmp_path / "log", security=security)
 
 
 def test_no_subcommand_takes_a_secret_as_a_flag():
@@ -74,7 +83,7 @@ def test_the_fleet_gives_an_agent_its_admin_token_in_its_environment(tmp_path, m
     fleet.cfg, fleet.out = LocalFleetConfig(model=tmp_path, out_dir=tmp_path), tmp_path
     fleet.relay_ports, fleet.agent_metrics, fleet.store_url = {}, {}, "http://127.0.0.1:9"
     fleet.public_key = tmp_path / "signing.pub"
-    fleet.broker = type("Broker", (), {"bootstrap": "127.0.0.1:9"})()
+    fleet.broker = _secured_broker(tmp_path)
     fleet.gateway = type("Gateway", (), {"url": "http://127.0.0.1:9"})()
     monkeypatch.setenv(replica_keys.ADMIN_ENV, "a-stale-shells-replica-key")
     fleet.replica_key, fleet.replica_admin_keys = "fleet-inference", {"r0": "r0-admin", "r1": "r1-admin"}
@@ -97,6 +106,11 @@ def test_the_fleet_gives_an_agent_its_admin_token_in_its_environment(tmp_path, m
         assert not any(b"r1-admin" in e or b"a-stale-shells-replica-key" in e for e in environ)
         # The fleet read credential it fetches versions with and checks its relay's callers against (weight_sync)
         assert b"FLYWHEEL_STORE_TOKEN=fleet-store-read-credential" in environ and b"store-read" not in argv
+        # Its Kafka login is the agent role's, in its environment only; no other principal's password
+        assert f"{kafka_auth.USER_ENV}=agent".encode() in environ and b"agent-password" not in argv
+        assert f"{kafka_auth.PASSWORD_ENV}=agent-password".encode() in environ
+        others = [pw.encode() for p, pw in fleet.broker.security.passwords.items() if p != "agent"]
+        assert not any(pw in e for pw in others for e in environ)
     finally:
         spawned["proc"].kill()
         spawned["proc"].wait()
@@ -107,6 +121,7 @@ def test_a_fleets_gateways_hold_the_replicas_inference_key_and_no_admin_key(tmp_
 
     monkeypatch.setenv(replica_keys.ADMIN_ENV, "a-stale-shells-replica-key")
     fleet = LocalFleet(LocalFleetConfig(model=tmp_path, out_dir=tmp_path, replicas=2))
+    fleet.broker = _secured_broker(tmp_path)
     cfgs = [fleet.keyed(ReplicaConfig(model_path=tmp_path), f"r{i}") for i in range(2)]
     assert cfgs[0].api_key == cfgs[1].api_key == fleet.replica_key
     assert cfgs[0].admin_api_key != cfgs[1].admin_api_key  # one admin key per replica: one agent each
@@ -114,4 +129,5 @@ def test_a_fleets_gateways_hold_the_replicas_inference_key_and_no_admin_key(tmp_
     env = fleet.gateway_env(FLYWHEEL_ID_SECRET="s")
     parts = {admin_tokens.ENV[cap]: fleet.admin_parts[cap] for cap in admin_tokens.CAPABILITIES}
     keys = {replica_keys.INFERENCE_ENV: fleet.replica_key, replica_keys.ADMIN_ENV: ""}
-    assert env == {**keys, "FLYWHEEL_ID_SECRET": "s", **parts}
+    kafka = kafka_auth.env("gateway", "gateway-password")  # the gateway's Kafka login, no other role's
+    assert env == {**keys, "FLYWHEEL_ID_SECRET": "s", **parts, **kafka}

@@ -72,14 +72,15 @@ def _line(t: dict) -> str:
     p = t["policy"]
     retention = "-" if p["retention_days"] is None else f"{p['retention_days']:g}d"
     forgotten = "-" if p["forgotten_before"] is None else f"{p['forgotten_before']:.0f}"
-    return f"{t['name']:20} {p['train']:5} {retention:>9} {forgotten:>12}  {','.join(t['ids'])}"
+    limited = sum(t.get("limited", {}).values())  # a gateway from before limits were counted by tenant here: none
+    return f"{t['name']:20} {p['train']:5} {retention:>9} {forgotten:>12} {limited:>7}  {','.join(t['ids'])}"
 
 
 def _print(args, answer: dict, tenants: list[dict]) -> None:
     if args.json:
         print(json.dumps(answer, indent=2))
         return
-    print(f"{'tenant':20} {'train':5} {'retention':>9} {'forgotten':>12}  key ids")
+    print(f"{'tenant':20} {'train':5} {'retention':>9} {'forgotten':>12} {'limited':>7}  key ids")
     for t in tenants:
         print(_line(t))
 

@@ -9,7 +9,9 @@ from the others by the number of its requests.
 
 A refusal is an OpenAI error body (code `rate_limit_exceeded`; an Anthropic one on /v1/messages), a
 `Retry-After` header in whole seconds and `retry-after-ms` (the header the OpenAI SDKs read first), counted in
-`flywheel_gateway_limited_total{tenant, limit}`. A refused request takes no token and no slot. The limits are
+`flywheel_gateway_limited_total{limit}` and, by tenant, in `refused` (the admin API's tenant view: /metrics is
+open on the public port, and tenants' names are not for everyone who reaches it). A refused request takes no
+token and no slot. The limits are
 serving.config.TenantLimitsConfig, and a tenant's own from the keys file's `"limits"` (read again when the file
 changes); 0 turns one off.
 
@@ -60,11 +62,12 @@ class TenantLimits:
         self.in_flight: dict[tuple[str, str], int] = {}  # the same keys -> requests in flight (absent: none)
         self.limited = Counter(
             "flywheel_gateway_limited",
-            "Requests refused with 429 by a per-tenant limit, by tenant name and limit (key_rate, tenant_rate, "
-            "key_concurrency, tenant_concurrency)",
-            ["tenant", "limit"],
+            "Requests refused with 429 by a per-tenant limit, by limit (key_rate, tenant_rate, key_concurrency, "
+            "tenant_concurrency); by tenant on the admin API (GET /admin/tenants: limited)",
+            ["limit"],
             registry=registry,
         )
+        self.refused: dict[str, dict[str, int]] = {}  # tenant name -> limit -> requests refused by this gateway
 
     def limits(self, tenant: Tenant) -> TenantLimitsConfig:
         own = self.keys.limits.get(tenant.name)
@@ -122,7 +125,9 @@ class TenantLimits:
                 self.in_flight.pop(who, None)
 
     def refusal(self, request: web.Request, tenant: Tenant, kind: str, wait: float) -> web.Response:
-        self.limited.labels(tenant.name, kind).inc()
+        self.limited.labels(kind).inc()
+        by_kind = self.refused.setdefault(tenant.name, {})
+        by_kind[kind] = by_kind.get(kind, 0) + 1
         scope = "API key" if kind.startswith("key") else "tenant"
         what = "requests in flight" if kind.endswith("concurrency") else "requests per second"
         message = f"Rate limit reached for this {scope} on {what}: please try again in {wait:.2f}s"

@@ -1,6 +1,6 @@
 """Tenants' privacy policies on the admin API (`/admin/tenants`, admin token):
 
-    GET  /admin/tenants                 every tenant: its key ids and policy
+    GET  /admin/tenants                 every tenant: its key ids, policy and requests refused by its limits here
     GET  /admin/tenants/{name}
     PUT  /admin/tenants/{name}          {"train": "allow"|"deny", "retention_days": N (0: none)}
     POST /admin/tenants/{name}/forget   {"train": "deny" (optional: also stop training on what comes next)}
@@ -51,7 +51,8 @@ class TenantsApi:
         ids = (self.gw.keys.tenants() if tenants is None else tenants).get(name)
         if ids is None:
             raise ApiError(404, f"no tenant {name!r} in the key store", code="tenant_not_found")
-        return {"name": name, "ids": ids, "policy": self.gw.keys.policy(name).view()}
+        limited = self.gw.tenant_limits.refused.get(name, {})
+        return {"name": name, "ids": ids, "policy": self.gw.keys.policy(name).view(), "limited": dict(limited)}
 
     async def _set(self, name: str, **changes) -> None:
         """Write the change (off the loop: the keys file's lock may be held by the CLI or another gateway),

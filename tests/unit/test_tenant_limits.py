@@ -16,6 +16,7 @@ from tests.fake_engine import gateway_over_fakes
 
 pytestmark = pytest.mark.timeout(120)
 
+ADMIN = {"Authorization": "Bearer admin-secret"}  # tests.fake_engine's gateway's
 CHAT = {"model": "flywheel-coder", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
 
@@ -40,14 +41,24 @@ def run(test_model, tmp_path, scenario, **cfg):
 
 
 async def limited(client) -> dict[tuple[str, str], float]:
-    text = await (await client.get("/metrics")).text()
-    return {
-        (s.labels["tenant"], s.labels["limit"]): s.value
-        for fam in text_string_to_metric_families(text)
+    """Refusals by (tenant, limit), from the admin API; /metrics, open on the public port, counts them by limit
+    only, and names no tenant."""
+    families = list(text_string_to_metric_families(await (await client.get("/metrics")).text()))
+    public = {
+        s.labels["limit"]: s.value
+        for fam in families
         if fam.name == "flywheel_gateway_limited"
         for s in fam.samples
         if s.name.endswith("_total")
     }
+    tenants = (await (await client.get("/admin/tenants", headers=ADMIN)).json())["tenants"]
+    named = {t["name"] for t in tenants} & {v for fam in families for s in fam.samples for v in s.labels.values()}
+    assert not named, f"/metrics names tenants: {named}"
+    by_tenant = {(t["name"], kind): float(n) for t in tenants for kind, n in t["limited"].items()}
+    assert public == {
+        kind: sum(n for (_, k), n in by_tenant.items() if k == kind) for kind in {k for _, k in by_tenant}
+    }
+    return by_tenant
 
 
 def test_a_flooding_key_gets_429_with_retry_after_while_another_tenant_is_served(test_model, tmp_path):

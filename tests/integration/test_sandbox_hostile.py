@@ -26,21 +26,23 @@ pytestmark = pytest.mark.timeout(300)
 CFG = sandbox.SandboxConfig(cpu_seconds=1, wall_seconds=3.0)
 
 
-def sandbox_processes() -> list[psutil.Process]:
-    low = CFG.outer_uid_base
+def sandbox_processes(runner: int | None = None) -> list[psutil.Process]:
+    """The sandbox processes that `runner` (a pid; this process by default) started: its block of outer uids
+    (online_rl.sandbox._outer_uid), not another process's, which a test run beside this one may have."""
+    low = CFG.outer_uid_base + ((runner or os.getpid()) % 4096) * 64
     found = []
     for p in psutil.process_iter(["uids", "status"]):
         try:
-            if low <= p.info["uids"].real < low + sandbox.UID_SPAN and p.info["status"] != psutil.STATUS_ZOMBIE:
+            if low <= p.info["uids"].real < low + 64 and p.info["status"] != psutil.STATUS_ZOMBIE:
                 found.append(p)
         except (psutil.Error, TypeError):
             pass
     return found
 
 
-def wait_no_sandbox_processes(timeout: float = 5.0) -> list[psutil.Process]:
+def wait_no_sandbox_processes(runner: int | None = None, timeout: float = 5.0) -> list[psutil.Process]:
     deadline = time.monotonic() + timeout
-    while (left := sandbox_processes()) and time.monotonic() < deadline:
+    while (left := sandbox_processes(runner)) and time.monotonic() < deadline:
         time.sleep(0.1)
     return left
 
@@ -112,13 +114,13 @@ def test_harness_killed_mid_run_leaves_nothing(tmp_path):
     )
     try:
         deadline = time.monotonic() + 60
-        while len(sandbox_processes()) < 4 and time.monotonic() < deadline:  # 2 x (bwrap, init, python)
+        while len(sandbox_processes(proc.pid)) < 4 and time.monotonic() < deadline:  # 2 x (bwrap, init, python)
             time.sleep(0.1)
-        assert len(sandbox_processes()) >= 4
+        assert len(sandbox_processes(proc.pid)) >= 4
     finally:
         proc.kill()
         proc.wait()
-    assert wait_no_sandbox_processes() == []
+    assert wait_no_sandbox_processes(proc.pid) == []
 
 
 def test_refuses_without_bubblewrap(monkeypatch):

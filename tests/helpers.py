@@ -288,3 +288,21 @@ def completion_event(cid, ts, source="user", choice=0, session="", tenant="t"):
         ts=ts,
         session_id=session,
     )
+
+
+@contextlib.contextmanager
+def broker_on_a_test_host(data: Path):
+    """One test host and a broker on this machine's bridge address (`flywheel kafka start --host`), its data in
+    `data`: yields (the host, the broker's state file as read); the broker is stopped and the host removed."""
+    from flywheel.cli import main
+    from flywheel.hosts import HostsConfig, TestHosts
+
+    with TestHosts.up(HostsConfig(n=1)) as hosts:
+        (host,) = hosts.hosts
+        assert main(["kafka", "start", "--host", hosts.gateway_addr, "--data-dir", str(data)]) == 0
+        try:
+            state = json.loads((data / "broker.json").read_text())
+            assert state["bootstrap"].startswith(f"{hosts.gateway_addr}:")
+            yield host, state
+        finally:
+            assert main(["kafka", "stop", "--data-dir", str(data)]) == 0

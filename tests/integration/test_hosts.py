@@ -119,24 +119,16 @@ def test_command_line_hosts_stay_until_down():
 def test_a_broker_on_the_bridge_serves_the_hosts(tmp_path):
     """Addresses by configuration: `flywheel kafka start --host` on this machine's bridge address, and a
     client inside a host produces to it and reads the record back."""
-    from flywheel.cli import main
+    from tests.helpers import broker_on_a_test_host
 
-    with TestHosts.up(HostsConfig(n=1)) as hosts:
-        (host,) = hosts.hosts
-        data = tmp_path / "kafka"
-        assert main(["kafka", "start", "--host", hosts.gateway_addr, "--data-dir", str(data)]) == 0
-        try:
-            state = json.loads((data / "broker.json").read_text())
-            assert state["bootstrap"].startswith(f"{hosts.gateway_addr}:")
-            code = (  # as the operator (the session's login, inherited), over TLS to the bridge's address
-                "from kafka import KafkaProducer, KafkaConsumer; import sys; b = sys.argv[1]; "
-                "from flywheel.core.kafka_auth import client_config; login = client_config(); "
-                "p = KafkaProducer(bootstrap_servers=b, acks='all', **login); p.send('hosts-probe', b'hello').get(30); "
-                "c = KafkaConsumer('hosts-probe', bootstrap_servers=b, auto_offset_reset='earliest', "
-                "consumer_timeout_ms=20000, **login); print(next(iter(c)).value.decode())"
-            )
-            argv = [sys.executable, "-c", code, state["bootstrap"]]
-            r = host.run(argv, capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
-            assert r.returncode == 0 and r.stdout.strip() == "hello", r.stderr[-2000:]
-        finally:
-            assert main(["kafka", "stop", "--data-dir", str(data)]) == 0
+    with broker_on_a_test_host(tmp_path / "kafka") as (host, state):
+        code = (  # as the operator (the session's login, inherited), over TLS to the bridge's address
+            "from kafka import KafkaProducer, KafkaConsumer; import sys; b = sys.argv[1]; "
+            "from flywheel.core.kafka_auth import client_config; login = client_config(); "
+            "p = KafkaProducer(bootstrap_servers=b, acks='all', **login); p.send('hosts-probe', b'hello').get(30); "
+            "c = KafkaConsumer('hosts-probe', bootstrap_servers=b, auto_offset_reset='earliest', "
+            "consumer_timeout_ms=20000, **login); print(next(iter(c)).value.decode())"
+        )
+        argv = [sys.executable, "-c", code, state["bootstrap"]]
+        r = host.run(argv, capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+        assert r.returncode == 0 and r.stdout.strip() == "hello", r.stderr[-2000:]

@@ -212,8 +212,7 @@ with ThreadPoolExecutor(len(logins)) as pool:  # each refusal waits out its time
 
 def test_outsiders_on_another_host_are_refused_and_nothing_secret_is_on_the_command_line(tmp_path, kafka_security):
     """A broker on this machine's bridge address (flywheel kafka start --host), attacked from a test host."""
-    from flywheel.cli import main
-    from flywheel.hosts import HostsConfig, TestHosts
+    from tests.helpers import broker_on_a_test_host
 
     if kafka_security is None:
         pytest.skip("an external broker")
@@ -227,31 +226,25 @@ def test_outsiders_on_another_host_are_refused_and_nothing_secret_is_on_the_comm
         "not trusting the fleet's CA": {k: v for k, v in gateway.items() if k != "ssl_cafile"},
         "the gateway": gateway,  # the control: the same client with the right login writes
     }
-    with TestHosts.up(HostsConfig(n=1)) as hosts:
-        (host,) = hosts.hosts
-        data = tmp_path / "kafka"
-        assert main(["kafka", "start", "--host", hosts.gateway_addr, "--data-dir", str(data)]) == 0
-        try:
-            state = json.loads((data / "broker.json").read_text())
-            argv = [sys.executable, "-c", _OUTSIDER, state["bootstrap"], json.dumps(logins)]
-            env = {k: v for k, v in os.environ.items() if not k.startswith("FLYWHEEL_KAFKA")}
-            r = host.run(argv, capture_output=True, text=True, timeout=120, cwd=REPO_ROOT, env=env)
-            assert r.returncode == 0, r.stderr[-2000:]
-            got = json.loads(r.stdout)
-            assert got.pop("the gateway") == "written", got
-            assert "written" not in got.values(), got
-            # What `ps` shows of the broker: no password; its files are its owner's alone.
-            cmdline = open(f"/proc/{state['pid']}/cmdline", "rb").read().decode()
-            assert not any(pw in cmdline for pw in kafka_security.passwords.values())
-            for f in (
-                data / "server.properties",
-                kafka_security.dir / "credentials.json",
-                kafka_security.dir / "ca.key",
-            ):
-                assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
-            assert stat.S_IMODE(kafka_security.dir.stat().st_mode) == 0o700
-        finally:
-            assert main(["kafka", "stop", "--data-dir", str(data)]) == 0
+    data = tmp_path / "kafka"
+    with broker_on_a_test_host(data) as (host, state):
+        argv = [sys.executable, "-c", _OUTSIDER, state["bootstrap"], json.dumps(logins)]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FLYWHEEL_KAFKA")}
+        r = host.run(argv, capture_output=True, text=True, timeout=120, cwd=REPO_ROOT, env=env)
+        assert r.returncode == 0, r.stderr[-2000:]
+        got = json.loads(r.stdout)
+        assert got.pop("the gateway") == "written", got
+        assert "written" not in got.values(), got
+        # What `ps` shows of the broker: no password; its files are its owner's alone.
+        cmdline = open(f"/proc/{state['pid']}/cmdline", "rb").read().decode()
+        assert not any(pw in cmdline for pw in kafka_security.passwords.values())
+        for f in (
+            data / "server.properties",
+            kafka_security.dir / "credentials.json",
+            kafka_security.dir / "ca.key",
+        ):
+            assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
+        assert stat.S_IMODE(kafka_security.dir.stat().st_mode) == 0o700
 
 
 def test_a_data_dir_formatted_open_is_not_started_as_if_secured(tmp_path):

@@ -153,4 +153,5 @@ def test_zeros_after_a_sealed_segment_end_it_for_every_reader(tmp_path, caplog):
         found, end, _, damaged = spool.read_at((1, 0), head, 1000)
         assert spool.redact(lambda meta: True, head) == 0
     assert [r[2].decode() for _, r in found] == [f"v{i}" for i in range(12)] and damaged == [] and end == head
-    assert not caplog.records
+    # The spool's own warnings (a Kafka client another test left retrying may log beside it meanwhile)
+    assert not [r for r in caplog.records if r.name.startswith("serving.")], caplog.records

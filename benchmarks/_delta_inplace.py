@@ -1,6 +1,6 @@
 """In-place apply vs a full reload from disk, side by side in one run, on a checkpoint of 1.06 GB of bf16.
 
-One SGLang replica serves the `large` random checkpoint (online_rl.random_checkpoint: our Qwen3-MoE shape,
+One SGLang replica serves the `large` random checkpoint (online_rl.model.random_checkpoint: our Qwen3-MoE shape,
 531M parameters). For each share of changed elements (2%, 30%; every tensor moved by 1 ULP at random
 positions, as a small optimizer step moves them), a delta is published, and the replica switches to it
 ROUNDS times each way: by a fresh agent that applies it in place (after warming the replica's in-place
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flywheel.core.procs import stop_pid
+from infra.procs import stop_pid
 from weight_sync.checkpoint import CheckpointReader, CheckpointWriter
 
 PROMPT = "def add(a, b):\n"
@@ -72,9 +72,9 @@ def _same(a: list, b: list) -> bool:
 
 def inplace_vs_reload(tmp: Path) -> dict:
     from benchmarks.delta import STORE_TOKEN, _serve_store
-    from online_rl.random_checkpoint import random_checkpoint
-    from serving.replica import ReplicaConfig, start
-    from weight_sync.agent import Agent, AgentConfig
+    from online_rl.model.random_checkpoint import random_checkpoint
+    from serving.replica.process import ReplicaConfig, start
+    from weight_sync.agent.loop import Agent, AgentConfig
     from weight_sync.manifest import generate_key
     from weight_sync.publish import PublishConfig, publish
 

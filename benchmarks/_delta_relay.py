@@ -35,8 +35,8 @@ import aiohttp
 import torch
 from safetensors.torch import load_file, save_file
 
-from flywheel.core.paths import REPO_ROOT
-from flywheel.core.procs import free_port, in_netns, spawn, stop_pid, wait_until
+from infra.paths import REPO_ROOT
+from infra.procs import free_port, in_netns, spawn, stop_pid, wait_until
 from weight_sync import fleet_credential
 
 ROUNDS = (1, 3, 6)
@@ -163,7 +163,7 @@ def _check(work: Path, n: int, want: dict) -> None:
 
 # ---------------------------------------------------------------------- (b) synthetic, over test hosts
 def synthetic(tmp: Path) -> dict:
-    from flywheel.hosts import HostsConfig, TestHosts
+    from flywheel.hosts.netns import HostsConfig, TestHosts
 
     g = torch.Generator().manual_seed(0)
     v0 = tmp / "m0"
@@ -208,9 +208,9 @@ def synthetic(tmp: Path) -> dict:
 
 # ---------------------------------------------------------------------- (a) real replicas, real switch
 def replicas(tmp: Path) -> dict:
-    from online_rl.bootstrap import bootstrap
-    from serving.replica import ReplicaConfig, start as start_replica
-    from weight_sync.switch import served_version, switch
+    from online_rl.model.bootstrap import bootstrap
+    from serving.replica.process import ReplicaConfig, start as start_replica
+    from weight_sync.agent.switch import served_version, switch
 
     model = bootstrap("test", seed=0, progress=False)
     v1 = _perturb(model, tmp / "v1", share=0.02, seed=1)

@@ -59,7 +59,7 @@ def s3_publish(tmp: Path) -> dict:
     from flywheel import s3proxy
     from weight_sync.manifest import generate_key
     from weight_sync.publish import PublishConfig
-    from weight_sync.s3_store import Bucket, S3Options
+    from weight_sync.store.s3 import Bucket, S3Options
 
     tmp = Path(tmp)
     ckpts = _checkpoints(tmp)

@@ -12,8 +12,8 @@ import urllib.request
 from pathlib import Path
 from typing import Callable
 
-from flywheel.core.paths import REPO_ROOT
-from flywheel.core.procs import free_port, spawn, stop_pid, wait_until
+from infra.paths import REPO_ROOT
+from infra.procs import free_port, spawn, stop_pid, wait_until
 
 Site = tuple[str, int, str]  # (file, line, function), as pstats names them
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import aiohttp
 
 from weight_sync import fleet_credential
-from weight_sync.agent import Agent, AgentConfig
+from weight_sync.agent.loop import Agent, AgentConfig
 
 
 def _samples(counter) -> dict:

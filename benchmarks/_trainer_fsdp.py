@@ -2,10 +2,10 @@
 
 - ours vs transformers: one training step (forward, cross-entropy, backward, AdamW) of our compact model
   and of transformers' Qwen3MoeForCausalLM loaded from the same checkpoint, same batch, alternating;
-- FSDP2 vs DP memory: the real trainer (online_rl.trainer, 2 gloo ranks, rank 0 driving, rank 1 following
+- FSDP2 vs DP memory: the real trainer (online_rl.trainer.loop, 2 gloo ranks, rank 0 driving, rank 1 following
   its commands, KL reference on) on a preset of ~290M parameters, where parameters, gradients, AdamW state
   and the reference dominate; each mode in fresh processes started as `flywheel train` starts its ranks
-  (online_rl.ranks.spawn), peak RSS per rank (ru_maxrss), tokens/s.
+  (online_rl.trainer.ranks.spawn), peak RSS per rank (ru_maxrss), tokens/s.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ PEER = dict(
 
 
 def _checkpoint(cfg: dict, out: Path) -> Path:
-    from online_rl.model import ModelConfig, MoECoder, save_pretrained
+    from online_rl.model.transformer import ModelConfig, MoECoder, save_pretrained
 
     if not (out / "config.json").exists():
         m = MoECoder(ModelConfig(**cfg))
@@ -58,7 +58,7 @@ def _checkpoint(cfg: dict, out: Path) -> Path:
 def ours_vs_transformers(tmp: Path, batch: int = 8, seq: int = 256, steps: int = 7) -> dict:
     from transformers import AutoModelForCausalLM
 
-    from online_rl.model import load_pretrained
+    from online_rl.model.transformer import load_pretrained
 
     torch.set_num_threads(2)
     path = _checkpoint(PEER, tmp / "peer")
@@ -102,7 +102,7 @@ def ours_vs_transformers(tmp: Path, batch: int = 8, seq: int = 256, steps: int =
 
 
 def _samples(cfg: dict, n: int, prompt: int, output: int, seed: int = 0):
-    from online_rl.samples import Sample
+    from online_rl.data.samples import Sample
 
     rng = np.random.default_rng(seed)
     L, K, E = cfg["num_hidden_layers"], cfg["num_experts_per_tok"], cfg["num_experts"]
@@ -127,8 +127,8 @@ def _rank(rank: int, size: int, port: int, model_dir: str, shard: str, samples, 
     import torch.distributed as dist
 
     from online_rl.config import OptimConfig, ShardConfig, TrainerConfig
-    from online_rl.ranks import command, worker_loop
-    from online_rl.trainer import Trainer
+    from online_rl.trainer.loop import Trainer
+    from online_rl.trainer.ranks import command, worker_loop
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
     cfg = TrainerConfig(
@@ -161,8 +161,8 @@ def _rank(rank: int, size: int, port: int, model_dir: str, shard: str, samples, 
 
 
 def fsdp_vs_dp(tmp: Path, steps: int = 2) -> dict:
-    from flywheel.core.procs import free_port
-    from online_rl.ranks import spawn
+    from infra.procs import free_port
+    from online_rl.trainer.ranks import spawn
 
     path = _checkpoint(LARGE, tmp / "large")
     samples = _samples(LARGE, 4, 48, 16)

@@ -12,7 +12,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from flywheel.chaos import ChaosConfig, run
+from flywheel.chaos.run import ChaosConfig, run
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

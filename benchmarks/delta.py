@@ -4,7 +4,7 @@
     the raw bytes, vs plain `zstd -1` of the new weights, vs zstd of the XOR without byte planes; encode and
     decode throughput vs a plain zstd -1 pass over the same bytes (same thread count);
 (b) consecutive versions of our own model, trained with AdamW in fp32 and published in bf16 (the online RL
-    trainer does not exist yet: these are fine-tuning steps of online_rl.model on the bootstrap corpus);
+    trainer does not exist yet: these are fine-tuning steps of online_rl.model.transformer on the bootstrap corpus);
 (c) the agent's peak extra memory while rebuilding a 128 MB checkpoint, against its largest tensor;
 (d) hot-switch under load through the gateway: p99 of requests overlapping switches vs steady p99, for a
     fleet of two replicas switching one at a time (drain) and a lone replica (no_pause, retract);
@@ -34,8 +34,8 @@ import numpy as np
 import torch
 import zstandard
 
-from flywheel.core.paths import REPO_ROOT
-from flywheel.core.procs import free_port, stop_pid, wait_until
+from infra.paths import REPO_ROOT
+from infra.procs import free_port, stop_pid, wait_until
 from weight_sync import codec, fleet_credential
 
 THREADS = 2
@@ -94,9 +94,9 @@ def trainer_versions(tmp: Path) -> dict:
     """Three consecutive versions of the demo model, 10 AdamW steps (lr 1e-6) each, fp32 master weights."""
     from tokenizers import Tokenizer
 
-    from online_rl import tasks
-    from online_rl.bootstrap import bootstrap
-    from online_rl.model import load_pretrained, save_pretrained
+    from online_rl.model.bootstrap import bootstrap
+    from online_rl.model.transformer import load_pretrained, save_pretrained
+    from online_rl.tasks import synthetic as tasks
     from weight_sync.manifest import generate_key
     from weight_sync.publish import PublishConfig, publish
 
@@ -127,7 +127,7 @@ def trainer_versions(tmp: Path) -> dict:
     return {
         "ratio_trainer_versions": [x["ratio"] for x in results],
         "changed_pct_trainer_versions": [x["changed_pct"] for x in results],
-        "trainer_versions_note": "10 AdamW steps (lr 1e-6, fp32 master) of online_rl.model per version; "
+        "trainer_versions_note": "10 AdamW steps (lr 1e-6, fp32 master) of online_rl.model.transformer per version; "
         "ratio counts the signed manifest too",
     }
 
@@ -166,8 +166,8 @@ def apply_memory(tmp: Path) -> dict:
     """Peak Python-heap growth (tracemalloc, numpy included) while the agent rebuilds a 2% delta."""
     from safetensors.torch import save_file
 
-    from weight_sync.agent import Agent, AgentConfig
-    from weight_sync.fetch import StoreClient
+    from weight_sync.agent.fetch import StoreClient
+    from weight_sync.agent.loop import Agent, AgentConfig
     from weight_sync.manifest import generate_key
     from weight_sync.publish import PublishConfig, publish
 
@@ -251,11 +251,11 @@ def _p99(xs):
 
 def switch_modes(tmp: Path) -> dict:
     """p99 of requests overlapping a switch vs steady p99, per mode, on the demo model."""
-    from online_rl import tasks
-    from online_rl.bootstrap import bootstrap
+    from online_rl.model.bootstrap import bootstrap
+    from online_rl.tasks import synthetic as tasks
     from serving import gateway_process
-    from serving.replica import ReplicaConfig, start as start_replica
-    from weight_sync.switch import GatewayLink, switch
+    from serving.replica.process import ReplicaConfig, start as start_replica
+    from weight_sync.agent.switch import GatewayLink, switch
 
     model = bootstrap("demo", 0, progress=False)
     prompts = [t.prompt for t in tasks.tasks("heldout")]

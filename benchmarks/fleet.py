@@ -15,7 +15,7 @@ from loadtests.fleet_drill import DrillConfig, run, table
 
 
 def main() -> dict:
-    from online_rl.bootstrap import bootstrap
+    from online_rl.model.bootstrap import bootstrap
 
     model = bootstrap("test")
     out = Path(tempfile.mkdtemp(prefix="fleet-bench-"))

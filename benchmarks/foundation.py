@@ -16,10 +16,11 @@ from pathlib import Path
 
 import aiohttp
 
-from flywheel import kafka_broker
-from flywheel.core.paths import flywheel_home
-from online_rl import bootstrap as B, tasks
-from serving.replica import ReplicaConfig, start as start_replica
+from flywheel.kafka import broker as kafka_broker
+from infra.paths import flywheel_home
+from online_rl.model import bootstrap as B
+from online_rl.tasks import synthetic as tasks
+from serving.replica.process import ReplicaConfig, start as start_replica
 
 
 def _du_mb(path: Path) -> float:

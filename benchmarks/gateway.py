@@ -9,13 +9,13 @@ budget (the same engine work). Throughput: concurrent load in paired rounds, eac
 turn (benchmarks._load_rounds): the logging on/off ratio is the median of the rounds' ratios, with its range,
 and each process's CPU per request (gateway loop and other threads, shipper, replica, broker, load generator)
 says where the difference goes, which on these shared cores is what throughput loses. The
-scanner's own throughput (serving.secret_scrub, in this process) is measured over events shaped like IDE
+scanner's own throughput (serving.event_log.secret_scrub, in this process) is measured over events shaped like IDE
 traffic: 2 KB prompts of real code (this repository's), a suffix and an output, 1% holding a secret.
 `--quick`: fewer rounds (a check that it runs); `--scrub-only`: only the scanner. Prints one JSON object as
 the last line.
 
 The replicas are the fleet's shape (flywheel.local_fleet's defaults): two replicas of one torch thread each, their
-OpenMP workers waiting passively (serving.replica), which keeps the machine's two cores busy. `--replicas 1
+OpenMP workers waiting passively (serving.replica.process), which keeps the machine's two cores busy. `--replicas 1
 --replica-threads 0` measures one replica with torch's default threads instead (every core, OpenMP workers
 spinning between parallel regions, as `flywheel serve start` runs a lone replica). `busy_cores_*` says how much of
 the machine was busy: logging's cost only shows in throughput when there is no spare CPU to run it on.
@@ -41,12 +41,12 @@ import aiohttp
 import numpy as np
 
 from benchmarks import _load_rounds as load_rounds
-from flywheel import kafka_broker
-from flywheel.core.procs import free_port, stop_pid, wait_until
-from online_rl import tasks
-from online_rl.bootstrap import bootstrap
+from flywheel.kafka import broker as kafka_broker
+from infra.procs import free_port, stop_pid, wait_until
+from online_rl.model.bootstrap import bootstrap
+from online_rl.tasks import synthetic as tasks
 from serving import gateway_process
-from serving.replica import ReplicaConfig, start as start_replica
+from serving.replica.process import ReplicaConfig, start as start_replica
 
 KEY = "bench-key"
 MAX_TOKENS = 8  # throughput rounds
@@ -170,7 +170,7 @@ def _port_open(port: int) -> bool:
 def scrub_events(n: int, secret_share: float = 0.01, seed: int = 0) -> list[tuple[list[str], bool]]:
     """n events' texts ([prompt ~2 KB, suffix, output]) cut from this repository's code, `secret_share` of them
     with a (fake) credential on a line of their prompt or output; with whether each holds one."""
-    from flywheel.core.paths import REPO_ROOT
+    from infra.paths import REPO_ROOT
 
     files = sorted(
         p for pkg in ("serving", "online_rl", "weight_sync", "kernels") for p in (REPO_ROOT / pkg).rglob("*.py")
@@ -211,7 +211,7 @@ def scrub_throughput(n: int) -> dict:
     """The scanner alone on one core (CPU time): every line scanned (no cache: the worst case), and events that
     follow a cursor through a file (each prompt ~4 lines on from the last, as an IDE sends them; the clean-line
     cache on, as in the shipper)."""
-    from serving.secret_scrub import Scrubber, ScrubConfig
+    from serving.event_log.secret_scrub import Scrubber, ScrubConfig
 
     events = scrub_events(n)
     scrubber = Scrubber(ScrubConfig(cache_lines=0))  # every line scanned, as if never seen before
@@ -220,7 +220,7 @@ def scrub_throughput(n: int) -> dict:
     distinct_s = time.thread_time() - t
     missed = sum(secret and not f for (_, secret), f in zip(events, found))
     flagged_clean = sum(f and not secret for (_, secret), f in zip(events, found))
-    from flywheel.core.paths import REPO_ROOT
+    from infra.paths import REPO_ROOT
 
     code = (REPO_ROOT / "serving" / "dispatcher.py").read_text().splitlines(keepends=True)
     following = []
@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "load_slices": LOAD_SLICES,
                 "replicas": a.replicas,
                 "replica_threads": a.replica_threads or "torch default",
-                # what serving.replica sets (it does not override an OMP_WAIT_POLICY this process already has)
+                # what serving.replica.process sets (it does not override an OMP_WAIT_POLICY this process already has)
                 "replica_omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")
                 or ("PASSIVE" if a.replica_threads else "default (spinning)"),
                 # the cores the whole machine kept busy while logging on was loaded (of os.cpu_count())

@@ -31,11 +31,11 @@ import torch
 from aiohttp import web
 from safetensors.torch import save_file
 
-from flywheel.core.procs import free_port
-from weight_sync.agent import Agent, AgentConfig
+from infra.procs import free_port
+from weight_sync.agent.loop import Agent, AgentConfig
 from weight_sync.manifest import generate_key
 from weight_sync.publish import PublishConfig, publish
-from weight_sync.store import Store
+from weight_sync.store.server import Store
 
 TOKEN = "bench-fleet-read-credential"
 SCENARIOS = os.environ.get("HOSTILE_SCENARIOS", "static-dribble,reregister-dribble,static-silent,reregister-silent")

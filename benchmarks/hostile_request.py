@@ -7,7 +7,7 @@ while a hostile request is:
 - ref_fanout: a tool schema whose check expands $ref fan-out (an anyOf of two refs to the next level,
   LEVELS deep: 2^LEVELS steps for a failing value), the model's call failing it;
 - slow_pattern: a schema under every static bound whose check still runs a pathological pattern to its time
-  limit for each of 40 list items (serving.tool_schema: now off the event loop, to a deadline).
+  limit for each of 40 list items (serving.protocol.tool_schema: now off the event loop, to a deadline).
 
     python -m benchmarks.hostile_request                 (LEVELS=40; on code without the expansion bound
     HOSTILE_LEVELS=18 python -m benchmarks.hostile_request    a smaller one: 2^40 would never finish)
@@ -29,7 +29,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from online_rl.bootstrap import bootstrap
+from online_rl.model.bootstrap import bootstrap
 from tests.fake_engine import gateway_over_fakes
 
 LEVELS = int(os.environ.get("HOSTILE_LEVELS", "40"))

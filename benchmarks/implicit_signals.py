@@ -1,7 +1,7 @@
-"""Precision and recall of each implicit signal (serving.implicit_signals) against a simulated population
+"""Precision and recall of each implicit signal (serving.signals.implicit) against a simulated population
 that knows the truth.
 
-Agent users (flywheel.agent_session with its UserModel: corrections, repeats, undos, new requests, "no
+Agent users (flywheel.demo.agent_session with its UserModel: corrections, repeats, undos, new requests, "no
 worries", walking away mid-task) run sessions over the Messages API against a gateway in this process. The
 replica is a scripted policy that works like the agent episodes (read, write, run the tests, answer), writing
 the task's reference body half the time and one of its wrong bodies otherwise, so good and bad turns come in
@@ -9,7 +9,7 @@ known proportions. Every turn's truth is whether the file it left passes the hid
 what it wrote does). The gateway's implicit feedback events (its spool) are joined to that truth by
 completion id.
 
-precision and recall as flywheel.signal_quality defines them.
+precision and recall as flywheel.demo.signal_quality defines them.
 
 Prints one JSON object as its last line.
 """
@@ -26,12 +26,13 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from flywheel import signal_quality
-from flywheel.agent_session import UserModel, messages_transport, run_session
-from flywheel.core import events as ev
-from flywheel.signal_quality import SessionTruth
-from online_rl import bootstrap as B, tasks as T
-from serving.event_spool import Spool
+from contracts import events as ev
+from flywheel.demo import signal_quality
+from flywheel.demo.agent_session import UserModel, messages_transport, run_session
+from flywheel.demo.signal_quality import SessionTruth
+from online_rl.model import bootstrap as B
+from online_rl.tasks import synthetic as T
+from serving.event_log.spool import Spool
 from tests.fake_engine import gateway_over_fakes
 
 _CALL = re.compile(r'<tool_call>\n\{"name": "(\w+)"')
@@ -71,7 +72,7 @@ def _call(name: str, args: dict) -> str:
 
 def _judge(task: T.Task, code: str) -> tuple[int, int]:
     """The hidden tests, in this process (the scripted policy writes only the task's own bodies)."""
-    from online_rl.agent_episodes import _failures
+    from online_rl.tasks.agent_episodes import _failures
 
     body = code.removeprefix(task.prompt)
     try:

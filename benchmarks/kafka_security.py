@@ -24,9 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from flywheel import kafka_broker as kb
-from flywheel.core.kafka_admin import ensure_topics
-from flywheel.core.progress import bar
+from flywheel.kafka import broker as kb
+from infra.kafka_admin import ensure_topics
+from infra.progress import bar
 
 ROUNDS = int(os.environ.get("ROUNDS", "5"))
 EVENTS = int(os.environ.get("EVENTS", "5000"))

@@ -15,7 +15,7 @@
     The fused kernels are single-threaded (the codec runs chunks on a thread pool), so one thread each;
 (b) the batch-invariant mode's cost: the trainer-shaped forward in batch-invariant mode against the default
     ops, alternating, best of 7: the demo model size (16 sequences of 60 tokens) and a larger one
-    (online_rl.gpu_check_bi's 0.11 B-parameter shape, 8 sequences of 128 tokens), router replay off;
+    (online_rl.gpu_check.batch_invariant's 0.11 B-parameter shape, 8 sequences of 128 tokens), router replay off;
 (c) whether the default ops are batch-variant here: the largest difference between a sequence's logprobs
     alone and inside that batch, for both modes (0 for the batch-invariant one, by construction).
 Prints one JSON object as the last line.
@@ -129,7 +129,7 @@ def delta_throughput() -> dict:
 def _forward_slowdown(cfg, batch_size: int, seq_len: int, reps: int) -> tuple[float, float]:
     """Best-of-`reps` seconds of the trainer-shaped forward (logits, then the tokens' logprobs), default ops
     and batch-invariant mode alternating so both see the same machine."""
-    from online_rl.model import MoECoder, token_logprobs
+    from online_rl.model.transformer import MoECoder, token_logprobs
 
     model = MoECoder(cfg).eval()
     model.init_weights(0)
@@ -149,9 +149,9 @@ def _forward_slowdown(cfg, batch_size: int, seq_len: int, reps: int) -> tuple[fl
 
 
 def batch_invariance() -> dict:
-    from online_rl.bootstrap import preset
-    from online_rl.gpu_check_bi import BI_CFG
-    from online_rl.model import MoECoder, token_logprobs
+    from online_rl.gpu_check.batch_invariant import BI_CFG
+    from online_rl.model.bootstrap import preset
+    from online_rl.model.transformer import MoECoder, token_logprobs
 
     cfg = preset("demo", 0).model
     default_s, bi_s = _forward_slowdown(cfg, 16, 59, reps=7)

@@ -1,10 +1,10 @@
 """What each learning signal is worth, side by side in one run: judged requests until the simulated
 population's acceptance reaches 90%, learning from (i) accept/reject only (`base`), (ii) plus persistence
-(`persist`), (iii) plus text feedback (`text`: comments distilled, online_rl.loss).
+(`persist`), (iii) plus text feedback (`text`: comments distilled, online_rl.trainer.loss).
 
-The in-process training loop, no serving: the trainer (online_rl.trainer.Trainer, its Joiner and update,
-no Kafka) serves the users itself, with its current weights, at temperature 1 (online_rl.simulate.serve);
-users react as the demo's do (flywheel.population.react: hidden tests in the sandbox, fooled now and then,
+The in-process training loop, no serving: the trainer (online_rl.trainer.loop.Trainer, its Joiner and update,
+no Kafka) serves the users itself, with its current weights, at temperature 1 (online_rl.data.simulate.serve);
+users react as the demo's do (flywheel.demo.population.react: hidden tests in the sandbox, fooled now and then,
 persisted checks, comments with hints) and their events reach the Joiner in stream-time order, each at its
 time. Every variant gets the same seed and the same budget of judged requests (ignored ones do not count).
 
@@ -35,13 +35,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flywheel.core import events as ev
-from flywheel.core.progress import bar as progress_bar
-from flywheel.population import PopulationConfig, react
-from online_rl import sandbox, tasks
+from contracts import events as ev
+from flywheel.demo.population import PopulationConfig, react
+from infra.progress import bar as progress_bar
 from online_rl.config import JoinConfig, LossConfig, OptimConfig, TrainerConfig
-from online_rl.simulate import serve
-from online_rl.trainer import Trainer
+from online_rl.data.simulate import serve
+from online_rl.sandbox import judge as sandbox
+from online_rl.tasks import synthetic as tasks
+from online_rl.trainer.loop import Trainer
 
 VARIANTS = ("base", "persist", "text")
 SIGNALS = {"base": "basic", "persist": "persist", "text": "text"}
@@ -85,7 +86,7 @@ class LearningConfig:
 
 
 def _model(preset: str, seed: int) -> Path:
-    from online_rl.bootstrap import bootstrap
+    from online_rl.model.bootstrap import bootstrap
 
     return bootstrap(preset, seed)
 
@@ -218,7 +219,8 @@ def run_variant(variant: str, cfg: LearningConfig, model_dir: Path, work: Path) 
         "users_kept_last_window": round(served_curve[-1][1], 4) if served_curve else None,
         "updates": steps,
         "distilled_tokens": distill_tokens,
-        "student_samples_distilled": distill_samples,  # fresh ones of commented contexts (online_rl.distill_samples)
+        # fresh ones of commented contexts (online_rl.data.distill_samples)
+        "student_samples_distilled": distill_samples,
         "reactions": counts,
         "joined": stats["joined"],
         "delayed_signals_joined": stats["delayed_signals"],

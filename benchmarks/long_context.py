@@ -1,14 +1,14 @@
 """Prompts as long as agent clients send: time to first token at 2k, 8k and 32k tokens on these CPUs, cold and
 with the prefix cached, and whether answers stay well-formed after that much system prompt.
 
-A client-style agent turn (online_rl.agent_clients: a shell tool among others, the request, the file's
+A client-style agent turn (online_rl.tasks.agent_clients: a shell tool among others, the request, the file's
 content) after a system prompt of N tokens, on one SGLang replica of the demo model (the test model's with
 --preset test), through /generate streamed:
   cold     a system prompt the replica has never seen (a fresh nonce first)
   cached   the same system prompt again with another request after it: what a client's next turn costs (it
            resends the same system prompt every turn), the radix cache holding the prefix
   valid    of `samples` answers at temperature 1 (and the greedy one) after that system prompt, the share that
-           is a well-formed call to one of the turn's tools (serving's rules, online_rl.agent_episodes); and
+           is a well-formed call to one of the turn's tools (serving's rules, online_rl.tasks.agent_episodes); and
            each answer's outcome (valid, malformed, unknown_tool: well-formed, naming a tool not offered, none)
 Prints one JSON object as its last line; plots TTFT by length (benchmarks/results/long_context.png).
 """
@@ -26,8 +26,9 @@ from pathlib import Path
 import aiohttp
 from tokenizers import Tokenizer
 
-from online_rl import agent_clients as C, agent_episodes as A, bootstrap as B, tasks as T
-from serving.replica import ReplicaConfig, start as start_replica
+from online_rl.model import bootstrap as B
+from online_rl.tasks import agent_clients as C, agent_episodes as A, synthetic as T
+from serving.replica.process import ReplicaConfig, start as start_replica
 
 LENGTHS = (2048, 8192, 32768)
 HERE = Path(__file__).resolve().parent

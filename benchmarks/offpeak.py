@@ -39,11 +39,11 @@ def _post(url: str, body: dict, token: str) -> tuple[int, dict]:
 
 
 def main() -> dict:
-    from online_rl import tasks
-    from online_rl.bootstrap import bootstrap
+    from online_rl.model.bootstrap import bootstrap
     from online_rl.offpeak import OffPeakConfig, OffPeakScheduler
+    from online_rl.tasks import synthetic as tasks
     from serving import gateway_process
-    from serving.replica import ReplicaConfig, start as start_replica
+    from serving.replica.process import ReplicaConfig, start as start_replica
 
     model = bootstrap("demo", 0, progress=False)
     prompts = [t.prompt for t in tasks.tasks("heldout")]

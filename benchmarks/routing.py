@@ -43,15 +43,15 @@ import aiohttp
 import numpy as np
 
 from benchmarks._gateway_profile import profile_gateway
-from flywheel.core import replica_keys
-from flywheel.core.procs import free_port, spawn, stop_pid, wait_until
+from contracts import replica_keys
+from infra.procs import free_port, spawn, stop_pid, wait_until
 from loadtests import ide_prefix as ide
-from online_rl.bootstrap import bootstrap
+from online_rl.model.bootstrap import bootstrap
 from serving import gateway_process
-from serving.replica import ReplicaConfig, start as start_replica
+from serving.replica.process import ReplicaConfig, start as start_replica
 
 KEY = "bench-key"
-# What our gateway asks every replica for (serving.engine.payload): the peer and the straight path ask the
+# What our gateway asks every replica for (serving.replica.engine.payload): the peer and the straight path ask the
 # same, so that the replicas do the same work on every path and only the routing differs.
 ENGINE_FIELDS = {"return_logprob": True, "logprob_start_len": -1, "return_routed_experts": True}
 POSITIONS = 8192
@@ -305,7 +305,7 @@ class _Stopper:
 
 
 def stop_ids(model: Path) -> list[int]:
-    """What our gateway stops a completion at (serving.prompts): the end of text and the FIM markers."""
+    """What our gateway stops a completion at (serving.protocol.prompts): the end of text and the FIM markers."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(model / "tokenizer.json"))
@@ -335,7 +335,7 @@ def _result(runs, lat, peer_error, cfg, kv_tokens, requests, warmup) -> dict:
         "peer_no_overload_hit_rate": arm.get("peer_no_overload", {}).get("hit_rate"),
         "peer_no_overload_ttft_p50_ms": arm.get("peer_no_overload", {}).get("ttft_p50_ms"),
         "ours_added_p50_ms": round(p50["ours"] - p50["direct"], 2),
-        # Tenant isolation (serving.cache_scope): cache-aware with each tenant in its own prefix cache scope,
+        # Tenant isolation (serving.tenants.cache_scope): cache-aware with each tenant in its own prefix cache scope,
         # against one scope for all. These users share no prefix across tenants, so the cost is the mechanism's.
         "isolation": {
             "hit_rate_isolated": ca["hit_rate"],

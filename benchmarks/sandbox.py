@@ -21,8 +21,9 @@ from pathlib import Path
 
 import psutil
 
-from flywheel.core.paths import REPO_ROOT, flywheel_home
-from online_rl import sandbox, tasks
+from infra.paths import REPO_ROOT, flywheel_home
+from online_rl.sandbox import judge as sandbox
+from online_rl.tasks import synthetic as tasks
 from tests import hostile_candidates as hc
 
 CFG = sandbox.SandboxConfig(cpu_seconds=1, wall_seconds=3.0)

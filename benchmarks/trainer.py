@@ -22,9 +22,9 @@ BATCH = 32
 def _samples(model_dir: Path, n: int):
     from tokenizers import Tokenizer
 
-    from online_rl import tasks
-    from online_rl.model import load_pretrained
-    from online_rl.simulate import as_samples, sample_completions
+    from online_rl.data.simulate import as_samples, sample_completions
+    from online_rl.model.transformer import load_pretrained
+    from online_rl.tasks import synthetic as tasks
 
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     model = load_pretrained(model_dir)
@@ -38,9 +38,9 @@ def _rank(rank: int, size: int, port: int, model_dir: str, samples, out: str, sh
     import torch.distributed as dist
 
     from online_rl.config import LossConfig, OptimConfig
-    from online_rl.loss import advantages
-    from online_rl.model import load_pretrained
-    from online_rl.update import make_optimizer, update
+    from online_rl.model.transformer import load_pretrained
+    from online_rl.trainer.loss import advantages
+    from online_rl.trainer.update import make_optimizer, update
 
     if size > 1 or shard == "fsdp":
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
@@ -48,7 +48,7 @@ def _rank(rank: int, size: int, port: int, model_dir: str, samples, out: str, sh
     model, ref = load_pretrained(Path(model_dir)), load_pretrained(Path(model_dir)).eval()
     if shard == "fsdp":
         from online_rl.config import ShardConfig
-        from online_rl.sharding import shard as fully_shard
+        from online_rl.trainer.sharding import shard as fully_shard
 
         fully_shard(model, ShardConfig(shard="fsdp"))
         fully_shard(ref, ShardConfig(shard="fsdp"))
@@ -69,7 +69,7 @@ def _rank(rank: int, size: int, port: int, model_dir: str, samples, out: str, sh
 def update_throughput(model_dir: Path, tmp: Path) -> dict:
     import torch.multiprocessing as mp
 
-    from flywheel.core.procs import free_port
+    from infra.procs import free_port
 
     samples = _samples(model_dir, BATCH)
     out = {}
@@ -94,10 +94,10 @@ def update_throughput(model_dir: Path, tmp: Path) -> dict:
 
 
 def ingest_rate(model_dir: Path, tmp: Path, pairs: int = 3000) -> dict:
-    from flywheel import kafka_broker
+    from flywheel.kafka import broker as kafka_broker
     from online_rl.config import TrainerConfig
-    from online_rl.simulate import events_for, produce
-    from online_rl.trainer import Trainer
+    from online_rl.data.simulate import events_for, produce
+    from online_rl.trainer.loop import Trainer
 
     broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=tmp / "kafka"))
     try:
@@ -120,7 +120,7 @@ def ingest_rate(model_dir: Path, tmp: Path, pairs: int = 3000) -> dict:
 
 def numerics(model_dir: Path) -> dict:
     from online_rl.numerics import measure
-    from serving.replica import ReplicaConfig, start
+    from serving.replica.process import ReplicaConfig, start
 
     replica = start(ReplicaConfig(model_path=model_dir))
     try:
@@ -130,7 +130,7 @@ def numerics(model_dir: Path) -> dict:
 
 
 def main() -> dict:
-    from online_rl.bootstrap import bootstrap
+    from online_rl.model.bootstrap import bootstrap
 
     model = bootstrap("demo", 0, progress=False)
     tmp = Path(tempfile.mkdtemp(prefix="bench-trainer-"))

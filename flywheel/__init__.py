@@ -1,2 +1,2 @@
 """Flywheel: the command line, the demo, the local fleet and the development Kafka broker (the top layer),
-above flywheel.core, the contracts and local infrastructure every package shares."""
+above every other package."""

@@ -13,16 +13,16 @@ import sys
 
 # Packages that contribute subcommands, in the order they appear in --help.
 COMMAND_MODULES = [
-    "flywheel.kafka_cli",
-    "flywheel.hosts_cli",
+    "flywheel.kafka.cli",
+    "flywheel.hosts.cli",
     "online_rl.cli",
     "serving.cli",
     "weight_sync.cli",
-    "flywheel.demo",
-    "flywheel.observe",
-    "flywheel.chaos",
+    "flywheel.demo.run",
+    "flywheel.observe.command",
+    "flywheel.chaos.run",
     "loadtests.cli",
-    "flywheel.status_cli",
+    "flywheel.status.screen",
     "flywheel.tenants_cli",
 ]
 

@@ -3,7 +3,7 @@ store (signing keys, v0 = the model, its HTTP server), SGLang replicas on CPU, t
 agent per replica following the `weights` topic. Everything lives under one directory and every process
 started here is stopped here, by PID.
 
-The broker is secured (flywheel.kafka_security): each process started here logs in as its role (kafka_env), and
+The broker is secured (flywheel.kafka.security): each process started here logs in as its role (kafka_env), and
 this process, which launched the broker, is its operator (`admin`) while the fleet runs.
 """
 
@@ -21,13 +21,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flywheel.core import kafka_auth, replica_keys
-from flywheel.core.config import check_modes
-from flywheel.core.paths import REPO_ROOT
-from flywheel.core.procs import free_port, in_netns, spawn, stop_pid, tail, wait_until
-from serving import admin_tokens
+from admin_api import tokens as admin_tokens
+from contracts import replica_keys
+from infra import kafka_auth
+from infra.config import check_modes
+from infra.paths import REPO_ROOT
+from infra.procs import free_port, in_netns, spawn, stop_pid, tail, wait_until
 from weight_sync import fleet_credential
-from weight_sync.switch import SwitchMode
+from weight_sync.agent.switch import SwitchMode
 
 
 @dataclass
@@ -39,7 +40,7 @@ class LocalFleetConfig:
     max_total_tokens: int = 65536  # the KV pool of each replica: a 32k-token agent prompt fits beside others
     switch_mode: SwitchMode = "drain"
     tenants: int = 8  # API keys made for simulated users: tenant-0 .. tenant-{n-1}
-    # An agent session waiting this long for tool results is abandoned (serving.implicit_signals): the simulated
+    # An agent session waiting this long for tool results is abandoned (serving.signals.implicit): the simulated
     # users walk away at once, so a short wait shows it within the demo's minutes (a person's default is 600 s)
     abandon_after_s: float = 30.0
     admin_token: str = field(default_factory=lambda: "fw-admin-" + secrets.token_hex(8))
@@ -54,10 +55,10 @@ class LocalFleet:
         self.out = Path(cfg.out_dir).resolve()
         self.say = say
         self.keys = {f"tenant-{i}": "fw-" + secrets.token_hex(12) for i in range(cfg.tenants)}
-        # The replicas' two keys (flywheel.core.replica_keys): the gateways hold the inference key; each
+        # The replicas' two keys (contracts.replica_keys): the gateways hold the inference key; each
         # replica's admin key only its weight agent (which reads the replica's version with the other).
         self.replica_key = replica_keys.new_key("inference")
-        # The admin API's token split by capability (serving.admin_tokens): agents hold the weights part only;
+        # The admin API's token split by capability (admin_api.tokens): agents hold the weights part only;
         # cfg.admin_token (all of them) stays with the fleet's operator (env(): status, load tests, the demo).
         self.admin_parts = {cap: f"fw-admin-{cap}-{secrets.token_hex(8)}" for cap in admin_tokens.CAPABILITIES}
         self.replica_admin_keys: dict[str, str] = {}
@@ -72,7 +73,7 @@ class LocalFleet:
         self.store_url: str | None = None
         self.agent_pids: dict[str, int] = {}
         self.relay_ports: dict[str, int] = {}
-        self.agent_metrics: dict[str, str] = {}  # agent name -> host:port of its /metrics (flywheel.prometheus)
+        self.agent_metrics: dict[str, str] = {}  # agent name -> host:port of its /metrics (flywheel.observe.prometheus)
         self.store_root = self.out / "weights" / "store"
         self.signing_key = self.out / "weights" / "keys" / "signing.pem"
         self.public_key = self.out / "weights" / "keys" / "signing.pub"
@@ -91,7 +92,7 @@ class LocalFleet:
 
     def start(self) -> "LocalFleet":
         from serving import gateway_process
-        from serving.replica import ReplicaConfig, start as start_replica
+        from serving.replica.process import ReplicaConfig, start as start_replica
         from weight_sync.manifest import generate_key
         from weight_sync.publish import activate, publish
 
@@ -151,8 +152,8 @@ class LocalFleet:
         self.stop_broker()
 
     def start_broker(self) -> None:
-        from flywheel import kafka_broker
-        from flywheel.core.kafka_admin import ensure_topics
+        from flywheel.kafka import broker as kafka_broker
+        from infra.kafka_admin import ensure_topics
 
         t = time.monotonic()
         self.broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=self.out / "kafka"))
@@ -161,7 +162,7 @@ class LocalFleet:
         self.say(f"kafka   {self.broker.bootstrap}  (pid {self.broker.pid}, ready in {time.monotonic() - t:.1f}s)")
 
     def stop_broker(self) -> None:
-        from flywheel import kafka_broker
+        from flywheel.kafka import broker as kafka_broker
 
         # The broker of this data dir now: a scenario may have stopped ours and started another.
         current = kafka_broker.running(self.out / "kafka")
@@ -181,7 +182,7 @@ class LocalFleet:
         )
 
     def kafka_env(self, role: str) -> dict[str, str]:
-        """The Kafka login of a process acting as `role` here (flywheel.core.kafka_auth)."""
+        """The Kafka login of a process acting as `role` here (infra.kafka_auth)."""
         return self.broker.client_env(role)
 
     def env(self) -> dict[str, str]:
@@ -217,7 +218,7 @@ class LocalFleet:
         return {**replica_keys.env(self.replica_key), **parts, **self.kafka_env("gateway"), **more}
 
     def admin(self, method: str, path: str) -> dict:
-        from flywheel.core.admin_client import admin_call
+        from admin_api.client import admin_call
 
         return admin_call(self.gateway.url, self.cfg.admin_token, method, path)
 
@@ -236,7 +237,7 @@ class LocalFleet:
         return time.monotonic() - t
 
     def store_activations(self) -> list[dict]:
-        from weight_sync.store import Store
+        from weight_sync.store.server import Store
 
         return Store(self.store_root).activations()
 

@@ -23,9 +23,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flywheel.core.maven import resolve_jars
-from flywheel.core.paths import flywheel_home
-from flywheel.core.procs import (
+from infra.maven import resolve_jars
+from infra.paths import flywheel_home
+from infra.procs import (
     free_port,
     identity,
     read_state,

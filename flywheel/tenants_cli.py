@@ -2,7 +2,7 @@
 
 list, policy and forget go through a gateway's admin API (serving.api.tenants): the change is in effect
 (spool redacted, records on their way to the trainer) when the command returns. provenance reads the
-trainer's per-version records (online_rl.provenance): the versions whose weights saw the tenant's samples,
+trainer's per-version records (online_rl.data.provenance): the versions whose weights saw the tenant's samples,
 which are the ones to roll back or retrain from after a deletion (weights are never un-trained).
 """
 
@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
-from flywheel.core.config import env
+from infra.config import env
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -51,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _call(args, method: str, path: str, body: dict | None = None) -> dict:
     import urllib.error
 
-    from flywheel.core.admin_client import admin_call
+    from admin_api.client import admin_call
 
     if not args.admin_token:
         raise ValueError("the admin token is needed: set FLYWHEEL_ADMIN_TOKEN (it never goes on a command line)")
@@ -114,7 +114,7 @@ def _forget(args) -> int:
 
 
 def _ids(args) -> list[str]:
-    from flywheel.core.paths import flywheel_home
+    from infra.paths import flywheel_home
     from serving.auth import KeyStore
 
     keys_file = args.keys_file or flywheel_home() / "gateway" / "keys.json"
@@ -128,7 +128,7 @@ def _ids(args) -> list[str]:
 
 
 def _provenance(args) -> int:
-    from online_rl.provenance import versions_for
+    from online_rl.data.provenance import versions_for
 
     if not Path(args.trainer_dir).is_dir():
         raise FileNotFoundError(f"no trainer work dir at {args.trainer_dir}")

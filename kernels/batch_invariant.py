@@ -21,11 +21,11 @@ training. Here no reduction's order depends on the batch:
 Transcendentals (exp, log; sigmoid in silu) come from kernels.cpu_math: the same float32 steps for every
 element, where torch's exp takes a different code path for a run's tail than for its vector body. Only
 exactly rounded IEEE operations (+, *, /, sqrt) touch float32 data otherwise, and those agree wherever they
-run. (The model's RoPE angles are computed in float64 by online_rl.model itself, once per forward.)
+run. (The model's RoPE angles are computed in float64 by online_rl.model.transformer itself, once per forward.)
 
 CUDA tensors go to the Triton kernels (kernels.triton_ops), which are batch-invariant by construction:
 fixed tiles, no split-K, one program per row. `enabled()` / `mode(True)` switch the model over
-(online_rl.model reads it at every forward).
+(online_rl.model.transformer reads it at every forward).
 """
 
 from __future__ import annotations

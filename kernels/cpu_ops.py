@@ -5,7 +5,7 @@ releases the GIL. Compiled on first use and cached next to this file (`cache=Tru
 ahead, off any hot path. kernels.delta picks these when numba imports, numpy otherwise.
 
 Single-threaded on purpose (no `parallel=True`/prange): the publisher codes a tensor's chunks on a thread pool
-(weight_sync.publish, codec.encode_tensor) and the agent decodes them on one (weight_sync.agent), so chunks
+(weight_sync.publish, codec.encode_tensor) and the agent decodes them on one (weight_sync.agent.loop), so chunks
 already run side by side on every core; numba's own threads inside each would oversubscribe the cores and add
 a fork-join per 8 MB chunk. benchmarks.kernels therefore compares one thread against a one-thread np.copyto.
 

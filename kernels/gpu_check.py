@@ -1,4 +1,4 @@
-"""The Triton kernels' section of the prepared GPU check (online_rl.gpu_check runs it, with the trainer's
+"""The Triton kernels' section of the prepared GPU check (online_rl.gpu_check.check runs it, with the trainer's
 FSDP2 step, the delta codec's GPU path and the batch-invariant forward): correctness of every Triton kernel
 against the numpy / float64 references on the device, batch invariance on the device, and timings against
 the ceilings measured in the same run (device-to-device copy bandwidth; cuBLAS fp32 matmul without TF32).

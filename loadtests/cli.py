@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from flywheel.core.config import env
+from infra.config import env
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -23,9 +23,9 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from flywheel.core.procs import pid_alive, stop_pid, wait_until
-from flywheel.host_fleet import HostFleet, HostFleetConfig
-from flywheel.population import HouseStyle, Population, PopulationConfig
+from flywheel.demo.population import HouseStyle, Population, PopulationConfig
+from flywheel.hosts.fleet import HostFleet, HostFleetConfig
+from infra.procs import pid_alive, stop_pid, wait_until
 
 
 @dataclass
@@ -162,7 +162,7 @@ def _kill_a_gateway(fleet: HostFleet, cfg: DrillConfig, r: dict, say) -> _Gatewa
 def _kill_a_broker(fleet: HostFleet, cfg: DrillConfig, r: dict, out: Path, say) -> tuple[float, float]:
     """Kill -9 a Kafka node, publish v1 while it is down, restart it, wait for the cluster to heal.
     Returns the window (kill, healed) in time.time()."""
-    from flywheel.core import events as ev
+    from contracts import events as ev
     from loadtests.versions import nudged
     from weight_sync.publish import publish
 
@@ -210,8 +210,8 @@ def _kill_a_broker(fleet: HostFleet, cfg: DrillConfig, r: dict, out: Path, say) 
 
 
 def _audit(fleet: HostFleet, records: list, gw: _GatewayKill, broker: tuple[float, float], trainer_dir: Path) -> dict:
-    from flywheel.core import events as ev
-    from flywheel.event_audit import read_topic, trained_keys
+    from contracts import events as ev
+    from flywheel.chaos.audit import read_topic, trained_keys
 
     def during(x, a: float, b: float) -> bool:
         return x.started <= b and x.started + x.latency_s >= a

@@ -29,7 +29,7 @@ import aiohttp
 import numpy as np
 import orjson
 
-from flywheel.core import replica_keys
+from contracts import replica_keys
 
 FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE = "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"
 NAMES = ["total", "count", "value", "items", "result", "index", "data", "left", "right", "node", "key", "size"]

@@ -3,10 +3,10 @@
     AutocompleteUser  fill-in-the-middle on /v1/completions (code before and after the cursor), mostly
                       non-streaming, short max_tokens, then accept/reject feedback after each completion
     ChatUser          streamed /v1/chat/completions; time to first token is its own locust entry ("TTFT")
-    AgentUser         one at a time (fixed_count): short agent sessions with tools (flywheel.agent_session:
+    AgentUser         one at a time (fixed_count): short agent sessions with tools (flywheel.demo.agent_session:
                       read the file, write it, run its tests), then feedback on the whole session
 Each simulated user gets its own API key (round-robin over FLYWHEEL_LOADTEST_KEYS). Feedback follows a
-hidden preference judged by code in-process (flywheel.population.HouseStyle: cheap enough not to load
+hidden preference judged by code in-process (flywheel.demo.population.HouseStyle: cheap enough not to load
 the machine under test).
 
 Pass/fail (the quitting listener sets locust's exit code): zero failed requests, and the p99 of completion
@@ -29,10 +29,10 @@ from pathlib import Path
 import numpy as np
 from locust import FastHttpUser, between, events, task
 
-from flywheel.core.config import env
-from flywheel.core.events import parse_version
-from flywheel.population import HouseStyle
-from online_rl import tasks
+from contracts.events import parse_version
+from flywheel.demo.population import HouseStyle
+from infra.config import env
+from online_rl.tasks import synthetic as tasks
 
 OUT = Path(env("FLYWHEEL_LOADTEST_OUT") or "loadtest_out")
 P99_MULTIPLE = float(env("FLYWHEEL_LOADTEST_P99_MULTIPLE") or "2.0")
@@ -142,7 +142,7 @@ class AgentUser(IdeUser):
 
     @task
     def session(self) -> None:
-        from flywheel.agent_session import chat_body, run_session
+        from flywheel.demo.agent_session import chat_body, run_session
 
         t = self.rng.choice(TASKS)
 

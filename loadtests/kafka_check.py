@@ -7,7 +7,7 @@ import time
 import urllib.request
 import uuid
 
-from flywheel.core import kafka_auth
+from infra import kafka_auth
 
 
 def _spool_pending(gateway: str) -> int:
@@ -32,8 +32,8 @@ def all_delivered(
     (by completion) and every agent session (by session id)."""
     from kafka import KafkaConsumer, TopicPartition
 
-    from flywheel.core import events as ev
-    from flywheel.core.kafka_admin import quiet_kafka
+    from contracts import events as ev
+    from infra.kafka_admin import quiet_kafka
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and _spool_pending(gateway) > 0:

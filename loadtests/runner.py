@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from flywheel.core.paths import REPO_ROOT
+from infra.paths import REPO_ROOT
 
 SCENARIOS = {
     "steady": "steady.py",
@@ -126,7 +126,7 @@ def run(cfg: LoadTestConfig) -> int:
             host = cfg.gateway
         else:
             from flywheel.local_fleet import LocalFleet, LocalFleetConfig
-            from online_rl.bootstrap import bootstrap
+            from online_rl.model.bootstrap import bootstrap
 
             model = bootstrap(cfg.preset, 0)
             fleet = LocalFleet(
@@ -134,7 +134,7 @@ def run(cfg: LoadTestConfig) -> int:
             )
             fleet.start()
             if cfg.observe:
-                from flywheel.prometheus import start_for_fleet
+                from flywheel.observe.prometheus import start_for_fleet
 
                 prom = start_for_fleet(fleet, out / "prometheus")
             env = _local_env(fleet, model, out)
@@ -183,7 +183,7 @@ def run(cfg: LoadTestConfig) -> int:
                 ]
             result_path.write_text(json.dumps(result, indent=1))
         if prom is not None:
-            from flywheel.prometheus import alerts_seen
+            from flywheel.observe.prometheus import alerts_seen
 
             result["alerts_seen"] = alerts_seen(prom)
             result_path.write_text(json.dumps(result, indent=1))

@@ -24,7 +24,7 @@ import time
 import gevent
 from locust import events
 
-from flywheel.core.admin_client import admin_call
+from admin_api.client import admin_call
 from loadtests import ide_users
 
 errors = ide_users.errors  # judged with the requests by ide_users' quitting listener

@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--out", type=Path, default=None, help="default <work-dir>/reward_by_version.png")
     g.set_defaults(func=_train_plot)
 
-    from flywheel.core.config import add_flags
+    from infra.config import add_flags
     from online_rl.config import TrainerConfig
     from online_rl.offpeak import OffPeakConfig
 
@@ -59,7 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _bootstrap(args) -> int:
-    from online_rl.bootstrap import bootstrap, report
+    from online_rl.model.bootstrap import bootstrap, report
 
     path = bootstrap(args.preset, args.seed, args.out, progress=not args.quiet, force=args.force)
     r = report(path)
@@ -75,14 +75,14 @@ def _bootstrap(args) -> int:
 
 
 def _numerics(args) -> int:
-    from online_rl.bootstrap import bootstrap
+    from online_rl.model.bootstrap import bootstrap
     from online_rl.numerics import measure
 
     model = args.model or bootstrap(args.preset, 0, progress=not args.json)
     replica = None
     url = args.replica
     if url is None:
-        from serving.replica import ReplicaConfig, start
+        from serving.replica.process import ReplicaConfig, start
 
         replica = start(ReplicaConfig(model_path=model))
         url = replica.url
@@ -96,7 +96,7 @@ def _numerics(args) -> int:
 
 
 def _train_plot(args) -> int:
-    from flywheel.core.paths import flywheel_home
+    from infra.paths import flywheel_home
     from online_rl.plots import reward_by_version
 
     work = args.work_dir or flywheel_home() / "trainer"
@@ -105,12 +105,12 @@ def _train_plot(args) -> int:
 
 
 def _train(args) -> int:
-    from flywheel.core.config import build
-    from flywheel.core.paths import flywheel_home
-    from online_rl.bootstrap import bootstrap
+    from infra.config import build
+    from infra.paths import flywheel_home
     from online_rl.config import PublisherConfig, RolloutConfig, TrainerConfig
+    from online_rl.model.bootstrap import bootstrap
     from online_rl.offpeak import OffPeakConfig
-    from online_rl.ranks import run_distributed
+    from online_rl.trainer.ranks import run_distributed
 
     rollouts = build(RolloutConfig, args, replicas="borrowed" if args.offpeak else "any")
     publish = build(PublisherConfig, args)

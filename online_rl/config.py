@@ -1,4 +1,4 @@
-"""The trainer's configuration, one dataclass per part, as the one source of its options (flywheel.core.config):
+"""The trainer's configuration, one dataclass per part, as the one source of its options (infra.config):
 each option's default, help and environment variable is written here once, and `flywheel train`'s flags
 are generated from it. Torch-free, so that building the command line stays instant.
 """
@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from flywheel.core.config import check_modes, nested, option
-from online_rl.failures import RetryConfig
+from infra.config import check_modes, nested, option
 from online_rl.offpeak import OffPeakConfig
-from online_rl.sandbox import SandboxConfig
+from online_rl.sandbox.judge import SandboxConfig
+from online_rl.trainer.failures import RetryConfig
 
 
 @dataclass
@@ -28,7 +28,7 @@ class RewardTable:
     kept: float = 1.0  # an accepted completion still in the file when checked (edit_distance 0)
     deleted: float = -0.5  # one the user deleted since
     persist_weight: float = 0.5  # the share of the reward the persistence check decides
-    # Verdicts the gateway reads from agent sessions whose clients send no feedback (serving.implicit_signals).
+    # Verdicts the gateway reads from agent sessions whose clients send no feedback (serving.signals.implicit).
     # Tests passing after an edit is the strongest evidence an agent client gives, but weaker than a user's
     # accept (the agent ran its own tests, which may be few); a correction or a revert is the user's word
     # against the turn, as strong as a reject plus the cost of the turn; a repeat or an abandoned task may
@@ -105,9 +105,9 @@ class LengthPenalty:
 
 @dataclass
 class JoinConfig:
-    # Which signals make a sample's reward (online_rl.stream): basic = accept | reject | partial when shown;
+    # Which signals make a sample's reward (online_rl.data.join): basic = accept | reject | partial when shown;
     # persist = also whether accepted code is still in the file (persisted); text = also the user's comments
-    # (a hint for text-feedback distillation, online_rl.loss).
+    # (a hint for text-feedback distillation, online_rl.trainer.loss).
     signals: Literal["basic", "persist", "text"] = option(
         "basic",
         flag="feedback",
@@ -245,7 +245,7 @@ class PublisherConfig:
 
 @dataclass
 class ShardConfig:
-    """How the model is spread over the ranks (online_rl.sharding)."""
+    """How the model is spread over the ranks (online_rl.trainer.sharding)."""
 
     shard: Literal["dp", "fsdp"] = option(
         "dp", help="dp: a whole model and optimizer per rank; fsdp: FSDP2 shards parameters, gradients, optimizer"

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from flywheel.core import replica_keys
-from online_rl import tasks
-from online_rl.model import load_pretrained, token_logprobs
+from contracts import replica_keys
+from online_rl.model.transformer import load_pretrained, token_logprobs
+from online_rl.tasks import synthetic as tasks
 
 
 def _generate(url: str, ids: list[int], max_tokens: int, temperature: float, seed: int) -> dict:

@@ -22,8 +22,8 @@ import time
 import urllib.error
 from dataclasses import dataclass, field
 
-from flywheel.core.admin_client import admin_call
-from flywheel.core.config import option
+from admin_api.client import admin_call
+from infra.config import option
 
 log = logging.getLogger(__name__)
 

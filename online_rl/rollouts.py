@@ -11,10 +11,11 @@ import urllib.request
 
 import numpy as np
 
-from online_rl import sandbox, tasks
 from online_rl.config import RolloutConfig
-from online_rl.failures import Failures
-from online_rl.samples import Sample
+from online_rl.data.samples import Sample
+from online_rl.sandbox import judge as sandbox
+from online_rl.tasks import synthetic as tasks
+from online_rl.trainer.failures import Failures
 
 
 def _local_counter():

@@ -22,12 +22,12 @@ from pathlib import Path
 
 from aiohttp import web
 
-from flywheel.core import events as ev
-from flywheel.core.config import env
-from flywheel.core.files import write_durably
-from serving.admin_tokens import CAPABILITIES, AdminTokens, needed
+from admin_api.tokens import CAPABILITIES, AdminTokens, needed
+from contracts import events as ev
+from infra.config import env
+from infra.files import write_durably
 from serving.config import check_tenant_limits
-from serving.schema import ApiError
+from serving.protocol.schema import ApiError
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class Policy:
     events older than that. `forgotten_before`: every event up to then is forgotten (flywheel tenants forget).
     `version`: set by each change (set_policy) above any before it in that file and at least its wall time in
     microseconds, so a change made through one gateway outranks what another gateway's stale keys file still
-    says: every reader of the tenants topic keeps the highest version (online_rl.tenants). 0: never changed."""
+    says: every reader of the tenants topic keeps the highest version (online_rl.data.tenants). 0: never changed."""
 
     train: str = "allow"
     retention_days: float | None = None
@@ -288,7 +288,7 @@ def tenant_middleware(keys: KeyStore):
 
 
 def admin_middleware(tokens: AdminTokens | str | None):
-    """Every admin request carries a token that grants what it asks (serving.admin_tokens: status, weights or
+    """Every admin request carries a token that grants what it asks (admin_api.tokens: status, weights or
     tenants), else 401 (none of ours) or 403 (ours, without that capability). A path that matches no route
     passes through to its 404/405, as on the public API. A plain string is the operator's token (all)."""
     if not isinstance(tokens, AdminTokens):

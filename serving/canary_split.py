@@ -5,7 +5,7 @@ hash of (version, tenant), so a user stays on one arm for the whole trial and a 
 arm counts requests, errors, latency, the feedback its completions got (a completion id is remembered
 with its arm until the feedback window closes) and its tool-call answers (those malformed: a call the
 model got wrong or to a tool not offered; those repeating a call of the session); the canary controller
-(weight_sync.canary) reads these through `GET /admin/canary` and decides.
+(weight_sync.canary.controller) reads these through `GET /admin/canary` and decides.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ class ArmStats:
             "tool_repeated": self.tool_repeated,
             "malformed_rate": self.tool_malformed / self.tool_answers if self.tool_answers else None,
             "implicit": dict(self.signals),
-            # Each voting tenant's [accepts, rejects], largest first, without names: weight_sync.canary caps the
+            # Each voting tenant's [accepts, rejects], largest first, without names: weight_sync.canary.controller caps
+            # the
             # share of an arm's feedback one tenant's votes count for (its max_tenant_share).
             "tenant_votes": sorted(self.votes.values(), key=lambda v: (-sum(v), v)),
         }
@@ -90,7 +91,7 @@ class CanarySplit:
         return arm
 
     def tool_answer(self, replica_id: str, malformed: bool, repeated: bool) -> None:
-        """An answer with a tool call in it (serving.tool_calls.parse outcome other than none)."""
+        """An answer with a tool call in it (serving.protocol.tool_calls.parse outcome other than none)."""
         s = self.stats[self.arm_of_replica(replica_id)]
         s.tool_answers += 1
         s.tool_malformed += malformed
@@ -112,7 +113,7 @@ class CanarySplit:
         s.votes.setdefault(tenant, [0, 0])[kind == "reject"] += 1
 
     def signal(self, completion_id: str, name: str) -> None:
-        """A verdict read from an agent session (serving.implicit_signals) on a completion of the trial."""
+        """A verdict read from an agent session (serving.signals.implicit) on a completion of the trial."""
         arm = self.issued.get(completion_id)
         if arm is not None:
             self.stats[arm].signals[name] += 1

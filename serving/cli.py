@@ -6,19 +6,19 @@ import argparse
 import json
 from pathlib import Path
 
-from flywheel.core.config import env
+from infra.config import env
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from flywheel.core.config import add_flags
+    from infra.config import add_flags
     from serving.config import GatewayConfig
-    from serving.replica import ReplicaConfig
+    from serving.replica.process import ReplicaConfig
 
     p = sub.add_parser("replica", help="SGLang serving replicas (CPU flags and compat layer on a CPU machine)")
     rsub = p.add_subparsers(dest="replica_cmd", required=True)
     s = rsub.add_parser("start", help="launch a replica in the background and wait until it generates")
     s.add_argument("--model", type=Path, required=True, help="checkpoint dir (Hugging Face layout)")
-    add_flags(s, ReplicaConfig)  # declared once, on the config's fields (serving.replica)
+    add_flags(s, ReplicaConfig)  # declared once, on the config's fields (serving.replica.process)
     s.set_defaults(func=_start)
     t = rsub.add_parser("stop", help="stop a replica by port (or all with --all)")
     t.add_argument("--port", type=int)
@@ -81,8 +81,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def replica_config(args: argparse.Namespace):
     """`flywheel replica start`'s flags (else FLYWHEEL_REPLICA_THREADS for --threads, else the defaults)."""
-    from flywheel.core.config import build
-    from serving.replica import ReplicaConfig
+    from infra.config import build
+    from serving.replica.process import ReplicaConfig
 
     return build(ReplicaConfig, args, model_path=args.model)
 
@@ -90,7 +90,7 @@ def replica_config(args: argparse.Namespace):
 def _start(args) -> int:
     import time
 
-    from serving.replica import start
+    from serving.replica.process import start
 
     cfg = replica_config(args)
     t0 = time.monotonic()
@@ -100,7 +100,7 @@ def _start(args) -> int:
 
 
 def _stop(args) -> int:
-    from serving.replica import find, running
+    from serving.replica.process import find, running
 
     if args.all:
         targets = running()
@@ -120,7 +120,7 @@ def _stop(args) -> int:
 
 
 def _status(args) -> int:
-    from serving.replica import healthy, running
+    from serving.replica.process import healthy, running
 
     for r in running():
         try:
@@ -132,11 +132,11 @@ def _status(args) -> int:
 
 
 def _serve(args) -> int:
-    from flywheel.core.config import build
-    from flywheel.core.paths import flywheel_home
+    from infra.config import build
+    from infra.paths import flywheel_home
     from serving.config import GatewayConfig
     from serving.gateway import run
-    from serving.replica import running
+    from serving.replica.process import running
 
     replicas = args.replicas
     model = args.model
@@ -156,7 +156,7 @@ def _serve(args) -> int:
 
 
 def _keys_add(args) -> int:
-    from flywheel.core.paths import flywheel_home
+    from infra.paths import flywheel_home
     from serving.auth import add_key
 
     path = args.keys_file or flywheel_home() / "gateway" / "keys.json"
@@ -166,7 +166,7 @@ def _keys_add(args) -> int:
 
 
 def _keys_path(args) -> Path:
-    from flywheel.core.paths import flywheel_home
+    from infra.paths import flywheel_home
 
     return args.keys_file or flywheel_home() / "gateway" / "keys.json"
 
@@ -201,7 +201,7 @@ def _keys_policy(args) -> int:
 def _fleet(args) -> int:
     import urllib.error
 
-    from flywheel.core.admin_client import admin_call
+    from admin_api.client import admin_call
 
     if not args.admin_token:
         raise ValueError("the admin token is needed: set FLYWHEEL_ADMIN_TOKEN (it never goes on a command line)")

@@ -1,4 +1,4 @@
-"""The gateway's configuration, the one source of `flywheel serve`'s options (flywheel.core.config).
+"""The gateway's configuration, the one source of `flywheel serve`'s options (infra.config).
 Light to import: the command line is built from it without loading the server."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from flywheel.core.config import nested, option
-from serving.openai_api import Limits
+from infra.config import nested, option
+from serving.protocol.openai import Limits
 
 
 @dataclass
@@ -46,7 +46,7 @@ class RoutingConfig:
 @dataclass
 class TenantLimitsConfig:
     """Requests per API key and per tenant (every key of one name): a sustained rate with a burst (a token
-    bucket) and a count in flight; over either, a 429 with Retry-After (serving.tenant_limits). The defaults
+    bucket) and a count in flight; over either, a 429 with Retry-After (serving.tenants.limits). The defaults
     are far above one IDE user (a few requests a second) and the load tests, and bound a flood; a keys file's
     `"limits": {name: {field: value}}` sets any of them for one tenant. 0: no limit of that kind."""
 
@@ -90,7 +90,8 @@ class GatewayConfig:
     scrub_secrets: bool = option(
         True,
         env="FLYWHEEL_SCRUB_SECRETS",
-        help="withhold the content of events whose prompt, output or comment holds a secret (serving.secret_scrub)",
+        help="withhold the content of events whose prompt, output or comment holds a secret "
+        "(serving.event_log.secret_scrub)",
     )
     abandon_after_s: float = option(
         600.0, help="an agent session whose tool results have not come back for this long counts as abandoned"

@@ -5,7 +5,7 @@
            <-- OpenAI response (+ completion id, model version) --'  '--> completion event -> event log
 
 Feedback (`/v1/feedback`, Tabby's `/v1/events`) becomes feedback events keyed by the same completion id.
-Events go through serving.event_log: the request path never waits on Kafka.
+Events go through serving.event_log.pipeline: the request path never waits on Kafka.
 
 This module wires the parts: the shared state (keys, ids, sessions, the replica pool, the dispatcher, the
 event sink, metrics), the root app (errors, /health, /metrics) and the sub-apps of serving.api.
@@ -21,7 +21,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from flywheel.core import replica_keys
+from contracts import replica_keys
 from serving.api.admin import AdminApi
 from serving.api.completions import CompletionsApi
 from serving.api.feedback import FeedbackApi
@@ -29,23 +29,23 @@ from serving.api.messages import MessagesApi, anthropic_errors
 from serving.api.respond import error_response, json_response
 from serving.api.responses import ResponsesApi
 from serving.auth import CompletionIds, KeyStore, load_or_create_secret, tenant_middleware
-from serving.cache_scope import CacheScopes
 from serving.config import GatewayConfig
-from serving.dispatcher import DispatchConfig, Dispatcher
-from serving.event_log import EventLog, EventLogConfig
-from serving.event_sink import EventSink
-from serving.first_feedback import FirstFeedback
-from serving.implicit_signals import ImplicitSignals
+from serving.event_log.pipeline import EventLog, EventLogConfig
+from serving.event_log.sink import EventSink
 from serving.metrics import GatewayMetrics
-from serving.prompts import Prompter
+from serving.protocol.prompts import Prompter
+from serving.protocol.schema import ApiError
 from serving.response_store import ResponseStore
-from serving.router import ReplicaPool, ReplicaState
-from serving.schema import ApiError
-from serving.served_index import ServedIndex
-from serving.session_ids import SessionIds
-from serving.sessions import Sessions
-from serving.tenant_limits import TenantLimits
-from serving.tenant_policy import TenantPolicies
+from serving.routing.dispatcher import DispatchConfig, Dispatcher
+from serving.routing.pool import ReplicaPool, ReplicaState
+from serving.signals.first_feedback import FirstFeedback
+from serving.signals.implicit import ImplicitSignals
+from serving.signals.served_index import ServedIndex
+from serving.signals.session_ids import SessionIds
+from serving.signals.sessions import Sessions
+from serving.tenants.cache_scope import CacheScopes
+from serving.tenants.limits import TenantLimits
+from serving.tenants.policy import TenantPolicies
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ class Gateway:
 
     async def _startup(self, app) -> None:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
-        # Used for the replicas only: it carries their inference key (never the admin key: flywheel.core.replica_keys)
+        # Used for the replicas only: it carries their inference key (never the admin key: contracts.replica_keys)
         headers = replica_keys.inference_headers()
         self.session = self.dispatcher.session = aiohttp.ClientSession(connector=connector, headers=headers)
         self.sink.start()
@@ -122,7 +122,7 @@ class Gateway:
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep_sessions())
 
     async def _sweep_sessions(self) -> None:
-        """Agent sessions left waiting for tool results too long: abandoned (serving.implicit_signals)."""
+        """Agent sessions left waiting for tool results too long: abandoned (serving.signals.implicit)."""
         while True:
             await asyncio.sleep(min(10.0, self.cfg.abandon_after_s / 4))
             for key, signal in self.implicit.sweep_keyed():

@@ -9,8 +9,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from flywheel.core.paths import REPO_ROOT
-from flywheel.core.procs import free_port, in_netns, spawn, stop_pid, tail, wait_until
+from infra.paths import REPO_ROOT
+from infra.procs import free_port, in_netns, spawn, stop_pid, tail, wait_until
 
 
 @dataclass

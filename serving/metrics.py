@@ -7,7 +7,7 @@ from collections import OrderedDict
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from serving.tool_calls import MALFORMED, OUTCOMES as TOOL_OUTCOMES
+from serving.protocol.tool_calls import MALFORMED, OUTCOMES as TOOL_OUTCOMES
 from serving.version_stats import VersionStats
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -106,7 +106,7 @@ class GatewayMetrics:
         )
         self.implicit = Counter(
             "flywheel_gateway_implicit_signals",
-            "Verdicts read from agent sessions (serving.implicit_signals): tests_pass, tests_fail, revert, "
+            "Verdicts read from agent sessions (serving.signals.implicit): tests_pass, tests_fail, revert, "
             "correction, repeat, abandoned",
             ["signal"],
             registry=r,
@@ -143,7 +143,7 @@ class ToolCallStats:
 
     Counted in calls: a valid answer counts each call it kept, a malformed or unknown_tool answer counts
     one (it is returned as text; how many calls it meant to make is unknown). `repeated` counts kept calls
-    identical (name and arguments as JSON) to an earlier call of the same session (serving.sessions); such
+    identical (name and arguments as JSON) to an earlier call of the same session (serving.signals.sessions); such
     a call is counted under its outcome too, so `repeated` is its own counter and the outcomes stay a
     partition. Also counted in answers (an answer with a call in it, whatever its outcome), for the
     per-version rates of GET /admin/weights.

@@ -2,9 +2,9 @@
 
 Why the gateway counts this and not only the trainer: an SRE asks "is v7 worse than v6?" of Prometheus
 while v7 is being served, before the trainer has joined anything; and the demo's per-version table is
-checked against these series (flywheel.prometheus). The feedback arrives later than the completion, so
+checked against these series (flywheel.observe.prometheus). The feedback arrives later than the completion, so
 the gateway remembers which version served each completion id (bounded: the oldest are forgotten first,
-as in serving.first_feedback; feedback on a forgotten id is counted under version "unknown").
+as in serving.signals.first_feedback; feedback on a forgotten id is counted under version "unknown").
 
 The `version` label is bounded too: the `max_versions` most recently served versions are kept, an older
 one's series are removed (a fleet serves one or two versions at a time, a canary trial three).

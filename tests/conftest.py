@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from flywheel.core import replica_keys
+from contracts import replica_keys
 
-# The session's replicas run with both keys, as a fleet's do (flywheel.core.replica_keys): the test process holds
+# The session's replicas run with both keys, as a fleet's do (contracts.replica_keys): the test process holds
 # both, and what it starts inherits them; tests of the boundary itself call without them, or with the wrong one.
 os.environ.setdefault(replica_keys.INFERENCE_ENV, replica_keys.new_key("inference"))
 os.environ.setdefault(replica_keys.ADMIN_ENV, replica_keys.new_key("admin"))
@@ -32,15 +32,15 @@ def pytest_sessionfinish(session, exitstatus):
 
 @pytest.fixture(scope="session", autouse=True)
 def kafka_security(tmp_path_factory):
-    """The session's Kafka credentials and CA (flywheel.kafka_security), shared by every broker a test starts
+    """The session's Kafka credentials and CA (flywheel.kafka.security), shared by every broker a test starts
     ($FLYWHEEL_KAFKA_SECURITY_DIR); this process logs in as the operator (`admin`), and so does what it starts
     unless given a role (the gateway fixture: `gateway`; a fleet's processes: theirs)."""
     if os.environ.get("FLYWHEEL_KAFKA_BOOTSTRAP"):  # an external broker: its operator says how to log in
         yield None
         return
-    from flywheel.core import kafka_auth
-    from flywheel.kafka_broker import SECURITY_DIR_ENV
-    from flywheel.kafka_security import create_security
+    from flywheel.kafka.broker import SECURITY_DIR_ENV
+    from flywheel.kafka.security import create_security
+    from infra import kafka_auth
 
     sec = create_security(tmp_path_factory.mktemp("kafka-security"))
     with kafka_auth.acting_as({SECURITY_DIR_ENV: str(sec.dir), **sec.client_env("admin")}):
@@ -53,7 +53,7 @@ def kafka_bootstrap(tmp_path_factory) -> str:
     if external:
         yield external
         return
-    from flywheel import kafka_broker
+    from flywheel.kafka import broker as kafka_broker
 
     broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=tmp_path_factory.mktemp("kafka")))
     try:
@@ -65,7 +65,7 @@ def kafka_bootstrap(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def s3proxy(tmp_path_factory):
     """S3Proxy (filesystem backend, signed requests) on 127.0.0.1 and a free port, for the whole session;
-    stopped by PID here, and by its death signal if pytest itself is killed (flywheel.core.procs.spawn)."""
+    stopped by PID here, and by its death signal if pytest itself is killed (infra.procs.spawn)."""
     from flywheel import s3proxy as s3p
 
     server = s3p.start(s3p.S3ProxyConfig(data_dir=tmp_path_factory.mktemp("s3proxy")))
@@ -78,7 +78,7 @@ def s3proxy(tmp_path_factory):
 @pytest.fixture(scope="session")
 def test_model() -> Path:
     """The test-preset checkpoint (built once per cache, then reused)."""
-    from online_rl.bootstrap import bootstrap
+    from online_rl.model.bootstrap import bootstrap
 
     return bootstrap("test", seed=0, progress=False)
 
@@ -106,10 +106,10 @@ def gateway(launched_replicas, kafka_bootstrap, kafka_security, replica, test_mo
 
 
 def _launch(test_model, tmp_path_factory, logs: str):
-    from serving.replica import ReplicaConfig, start
+    from serving.replica.process import ReplicaConfig, start
 
     # One torch thread each (passive OpenMP waits), as fleets run them (two share the cores); and so their
-    # children are forked (serving.cpu_compat).
+    # children are forked (serving.replica.cpu_compat).
     cfg = ReplicaConfig(model_path=test_model, log_dir=tmp_path_factory.mktemp(logs), threads=1)
     return start(cfg, wait=False)
 
@@ -159,10 +159,10 @@ def second_replica(launched_replicas, test_model, tmp_path_factory):
 
 @pytest.fixture
 def make_hosts():
-    """Test hosts for one test (flywheel.hosts): `hosts = make_hosts(3)` gives three network namespaces on
+    """Test hosts for one test (flywheel.hosts.netns): `hosts = make_hosts(3)` gives three network namespaces on
     a bridge; every set made is removed when the test ends, failed or not (and by the next run's reaper if
     this one is killed -9). Needs root."""
-    from flywheel.hosts import HostsConfig, TestHosts
+    from flywheel.hosts.netns import HostsConfig, TestHosts
 
     made = []
 

@@ -11,7 +11,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from flywheel.core import kafka_auth
+from infra import kafka_auth
 
 GATEWAY_KEYS = {"alice": "key-alice", "bob": "key-bob"}
 GATEWAY_ADMIN = "admin-secret"
@@ -21,7 +21,7 @@ CLIENTS = Path(__file__).resolve().parent / "clients"  # scripts and configs for
 
 def node_modules() -> Path:
     """The pinned npm clients (Codex CLI, Claude Code, Continue's schemas) scripts/setup.sh installed."""
-    from flywheel.core.paths import flywheel_home
+    from infra.paths import flywheel_home
 
     path = flywheel_home() / "npm" / "node_modules"
     assert (path / ".bin").is_dir(), f"{path} is missing: run `make setup` (scripts/setup.sh installs the clients)"
@@ -139,8 +139,8 @@ class TcpProxy:
 def store_server(store: Path):
     """`flywheel weights serve` on a free loopback port over a store directory, wanting STORE_TOKEN: yields its
     URL, stops it by PID (also when the test fails)."""
-    from flywheel.core.paths import REPO_ROOT
-    from flywheel.core.procs import free_port, stop_pid, wait_until
+    from infra.paths import REPO_ROOT
+    from infra.procs import free_port, stop_pid, wait_until
 
     port = free_port()
     proc = subprocess.Popen(
@@ -190,7 +190,7 @@ async def loopback_app(handler) -> tuple[object, str]:
     proxy in front of a real server). Returns its runner (the caller awaits runner.cleanup()) and its URL."""
     from aiohttp import web
 
-    from flywheel.core.procs import free_port
+    from infra.procs import free_port
 
     app = web.Application()
     app.router.add_get("/{tail:.*}", handler)
@@ -207,8 +207,8 @@ def served_samples(model_dir: Path, n: int | None = None, tasks: int = 6, seed: 
     import torch
     from tokenizers import Tokenizer
 
-    from online_rl.model import load_pretrained
-    from online_rl.simulate import as_samples, heldout_split, sample_completions
+    from online_rl.data.simulate import as_samples, heldout_split, sample_completions
+    from online_rl.model.transformer import load_pretrained
 
     tok = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
     raw = sample_completions(
@@ -225,7 +225,7 @@ def events_until(bootstrap: str, topic: str, done, timeout_s: float = 60.0) -> l
 
     from kafka import KafkaConsumer
 
-    from flywheel.core import events as ev
+    from contracts import events as ev
 
     c = KafkaConsumer(
         topic,
@@ -253,7 +253,7 @@ def events_until(bootstrap: str, topic: str, done, timeout_s: float = 60.0) -> l
 def read_topic(bootstrap: str, topic: str, keys: set[str] | None = None) -> list[tuple[str, bytes]]:
     """(key, value) of a topic's records from its start to its end now (call it once they are acknowledged: a
     spool drained), only those keyed by `keys` if given (a shared broker holds other tests' records too)."""
-    from flywheel.core.kafka_admin import records_to_end
+    from infra.kafka_admin import records_to_end
 
     records = [(r.key.decode(), r.value) for r in records_to_end(bootstrap, topic) if r.key]
     return records if keys is None else [(k, v) for k, v in records if k in keys]
@@ -270,7 +270,7 @@ def completion_event(cid, ts, source="user", choice=0, session="", tenant="t"):
     """A small completion event (3 prompt tokens, 2 output, routed experts of the test model's shape)."""
     import numpy as np
 
-    from flywheel.core import events as ev
+    from contracts import events as ev
 
     return ev.CompletionEvent(
         completion_id=cid,
@@ -295,7 +295,7 @@ def broker_on_a_test_host(data: Path):
     """One test host and a broker on this machine's bridge address (`flywheel kafka start --host`), its data in
     `data`: yields (the host, the broker's state file as read); the broker is stopped and the host removed."""
     from flywheel.cli import main
-    from flywheel.hosts import HostsConfig, TestHosts
+    from flywheel.hosts.netns import HostsConfig, TestHosts
 
     with TestHosts.up(HostsConfig(n=1)) as hosts:
         (host,) = hosts.hosts

@@ -24,7 +24,7 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-from online_rl import tasks
+from online_rl.tasks import synthetic as tasks
 
 TASK = tasks.Task("add", 3, "x")
 
@@ -111,7 +111,7 @@ CASES: list[Hostile] = [
     """,
     ),
     Hostile("read_repo_file", "filesystem", 0, _read("{repo_file}")),
-    Hostile("read_hidden_tests_from_cwd", "filesystem", 0, _read("online_rl/tasks.py")),
+    Hostile("read_hidden_tests_from_cwd", "filesystem", 0, _read("online_rl/tasks/synthetic.py")),
     Hostile("read_proc_1_environ", "filesystem", 0, _read("/proc/1/environ")),
     Hostile(
         "scan_proc_cmdlines",
@@ -599,7 +599,7 @@ LEFTOVER_PAIR: list[Hostile] = [
 
 def render(case: Hostile, **values):
     """The sandbox candidate for `case` with its placeholders filled."""
-    from online_rl import sandbox
+    from online_rl.sandbox import judge as sandbox
 
     return sandbox.candidate_for(TASK, case.completion(**values))
 

@@ -11,7 +11,7 @@ import json
 import msgpack
 import numpy as np
 
-from flywheel.core import control, events as ev
+from contracts import control, events as ev
 
 
 def completion(cid: str = "hostile", tenant: str = "t") -> ev.CompletionEvent:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from serving.event_spool import HEADER, Spool
+from serving.event_log.spool import HEADER, Spool
 
 
 def wait_for(cond, timeout: float = 10) -> bool:
@@ -25,7 +25,7 @@ def raw_records(spool_dir: Path) -> dict[tuple[int, int], bytes]:
         off = 0
         while off + HEADER.size <= len(data):
             n, _ = HEADER.unpack_from(data, off)
-            if n == 0:  # zeros: allocated ahead of the head (serving.event_spool_writer)
+            if n == 0:  # zeros: allocated ahead of the head (serving.event_log.spool_writer)
                 break
             out[(seg, off)] = data[off : off + HEADER.size + n]
             off += HEADER.size + n

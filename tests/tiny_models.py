@@ -1,6 +1,6 @@
 """Model configs small enough for unit tests to build and run in milliseconds."""
 
-from online_rl.model import ModelConfig
+from online_rl.model.transformer import ModelConfig
 
 # Two MoE layers of 4 experts, top-2, grouped-query attention: every path of MoECoder, at toy size.
 TINY_MOE = ModelConfig(

@@ -7,17 +7,17 @@ import json
 import time
 from pathlib import Path
 
-from flywheel.core.config import env
+from infra.config import env
 
 
 def _home() -> Path:
-    from flywheel.core.paths import flywheel_home
+    from infra.paths import flywheel_home
 
     return flywheel_home() / "weights"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from weight_sync.switch import MODES
+    from weight_sync.agent.switch import MODES
 
     p = sub.add_parser("weights", help="versions of the served weights: publish, list, rollback, pin, agents")
     w = p.add_subparsers(dest="weights_cmd", required=True)
@@ -115,7 +115,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--max-tenant-share",
         type=float,
         default=0.5,
-        help="of an arm's counted votes, the most one tenant's count for (1: no cap; weight_sync.canary_votes)",
+        help="of an arm's counted votes, the most one tenant's count for (1: no cap; weight_sync.canary.votes)",
     )
     common(can)
     can.set_defaults(func=_canary)
@@ -207,7 +207,7 @@ def _cfg(args):
 def _s3_url(url: str | None) -> str | None:
     """A bucket URL checked before anything is published or followed (a typo fails here, not mid-publish)."""
     if url:
-        from weight_sync.s3_store import parse_url
+        from weight_sync.store.s3 import parse_url
 
         parse_url(url)
     return url
@@ -246,7 +246,7 @@ def _activate(args, version: int, kind: str, reason: str, **extra) -> int:
 
 
 def _abort(args) -> int:
-    from weight_sync.store import Store
+    from weight_sync.store.server import Store
 
     trials = [a for a in Store(_store(args)).activations() if a["type"] == "canary" and a["version"] == args.version]
     if not trials:
@@ -255,7 +255,7 @@ def _abort(args) -> int:
 
 
 def _canary(args) -> int:
-    from weight_sync.canary import CanaryConfig, CanaryController
+    from weight_sync.canary.controller import CanaryConfig, CanaryController
 
     if not (args.gateway and args.admin_token and args.kafka):
         raise ValueError(
@@ -283,7 +283,7 @@ def _canary(args) -> int:
 def _list(args) -> int:
     import urllib.request
 
-    from weight_sync.store import Store
+    from weight_sync.store.server import Store
 
     store = Store(_store(args))
     serving = {}
@@ -312,8 +312,8 @@ def _list(args) -> int:
 def _serve(args) -> int:
     from aiohttp import web
 
-    from weight_sync.store import Store
-    from weight_sync.tracker import TrackerConfig
+    from weight_sync.store.server import Store
+    from weight_sync.store.tracker import TrackerConfig
 
     app = Store(_store(args)).app(TrackerConfig(fanout=args.relay_fanout), token=args.store_token)
     web.run_app(app, host=args.host, port=args.port, access_log=None)
@@ -322,7 +322,7 @@ def _serve(args) -> int:
 
 def _agent(args) -> int:
     from weight_sync import fleet_credential
-    from weight_sync.agent import Agent, AgentConfig
+    from weight_sync.agent.loop import Agent, AgentConfig
 
     if args.store_url.startswith("s3://"):
         _s3_url(args.store_url)

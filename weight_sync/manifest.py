@@ -20,7 +20,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from flywheel.core import control
+from contracts import control
 from weight_sync.codec import BIT_VIEWS, ChunkMeta
 
 MANIFEST_SCHEMA = "flywheel.manifest.v1"

@@ -12,16 +12,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from flywheel.core import control, kafka_auth
-from flywheel.core.events import TOPIC_WEIGHTS
-from flywheel.core.progress import bar
+from contracts import control
+from contracts.events import TOPIC_WEIGHTS
+from infra import kafka_auth
+from infra.progress import bar
 from weight_sync import codec
 from weight_sync.checkpoint import SIDE_FILES, CheckpointReader, config_digest, weight_files
 from weight_sync.manifest import Manifest, TensorEntry, announcement, key_id, load_private, sign
-from weight_sync.store import Store, chunk_name
+from weight_sync.store.server import Store, chunk_name
 
 if TYPE_CHECKING:
-    from weight_sync.s3_store import Bucket, S3Options
+    from weight_sync.store.s3 import Bucket, S3Options
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ class PublishConfig:
     keep: int = 10  # versions kept in the store (plus what their chains need)
     kafka_bootstrap: str | None = None
     store_url: str | None = None  # where agents fetch from (the announcement's manifest location)
-    # A bucket agents fetch from instead (s3://BUCKET/PREFIX; weight_sync/s3_store.py): each version is
+    # A bucket agents fetch from instead (s3://BUCKET/PREFIX; weight_sync/store/s3.py): each version is
     # uploaded there too, manifest last, and announced at its s3:// location. None: the directory store only.
     s3_url: str | None = None
     s3_options: S3Options | None = None  # endpoint, credentials; None: the AWS_* environment variables
@@ -64,7 +65,7 @@ class PublishResult:
 def _kafka_send(bootstrap: str, value: bytes, timeout_s: float = 30.0) -> None:
     from kafka import KafkaProducer
 
-    from flywheel.core.kafka_admin import RECONNECT_BACKOFF_MAX_MS
+    from infra.kafka_admin import RECONNECT_BACKOFF_MAX_MS
 
     # Bounded waits: a broker that is down fails this call in about timeout_s, and the caller retries.
     # The record expires with it (delivery timeout), so close() has nothing left to flush.
@@ -89,7 +90,7 @@ def _kafka_send(bootstrap: str, value: bytes, timeout_s: float = 30.0) -> None:
 
 
 def _send_control(cfg: PublishConfig, store: Store, record: dict, timeout_s: float = 30.0, keep: bool = False) -> dict:
-    """Number, sign and send one control record (flywheel.core.control) under the store's sequence lock; with
+    """Number, sign and send one control record (contracts.control) under the store's sequence lock; with
     keep, record it in the store first (a decision retention must honour even if the send then fails)."""
     key = load_private(cfg.private_key)
     floor = None
@@ -134,7 +135,7 @@ def _location(cfg: PublishConfig, store: Store, version: int) -> str:
 def _bucket(cfg: PublishConfig) -> Bucket | None:
     if not cfg.s3_url:
         return None
-    from weight_sync.s3_store import Bucket
+    from weight_sync.store.s3 import Bucket
 
     return Bucket(cfg.s3_url, cfg.s3_options)
 
@@ -284,7 +285,7 @@ def publish(
     _replace_dir(head_new, head)
     removed = store.retain(cfg.keep, protect=store.decided())
     if bucket is not None:
-        from weight_sync.s3_store import S3StoreError
+        from weight_sync.store.s3 import S3StoreError
 
         try:
             bucket.prune(set(store.versions()), set(removed))
@@ -321,7 +322,7 @@ def publish(
 
 def activate(cfg: PublishConfig, version: int, reason: str, kind: str = "activate", **extra) -> dict:
     """Announce that the fleet serves `version` from now on (rollback), pin/unpin it, or a canary trial's
-    start and end (kind canary | promote | rollback; weight_sync.canary). Recorded in the store too, so
+    start and end (kind canary | promote | rollback; weight_sync.canary.controller). Recorded in the store too, so
     `flywheel weights list` shows every decision."""
     store = Store(cfg.store)
     if kind in ("activate", "pin", "canary", "promote") and version not in store.versions():

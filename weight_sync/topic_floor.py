@@ -13,8 +13,9 @@ from __future__ import annotations
 import logging
 import time
 
-from flywheel.core import control, kafka_auth
-from flywheel.core.events import TOPIC_WEIGHTS
+from contracts import control
+from contracts.events import TOPIC_WEIGHTS
+from infra import kafka_auth
 
 log = logging.getLogger(__name__)
 WINDOW = 200  # records read back from each partition's end
@@ -24,7 +25,7 @@ def highest_seq(bootstrap: str, public_key, timeout_s: float = 15.0) -> int:
     """The highest seq of a record on the weights topic that verifies with `public_key` (0: none)."""
     from kafka import KafkaConsumer, TopicPartition
 
-    from flywheel.core.kafka_admin import RECONNECT_BACKOFF_MAX_MS
+    from infra.kafka_admin import RECONNECT_BACKOFF_MAX_MS
 
     ms = int(timeout_s * 1000)
     c = KafkaConsumer(

@@ -2,8 +2,8 @@
 and tenants' policies (serving.api.tenants).
 
 The weight-sync agent drains and re-activates a replica around a switch; the off-peak scheduler borrows
-and returns replicas and reads the load; the trainer asks for rollouts; weight_sync.canary starts and ends
-trials. State changes themselves belong to the replica pool (serving.router).
+and returns replicas and reads the load; the trainer asks for rollouts; weight_sync.canary.controller starts and ends
+trials. State changes themselves belong to the replica pool (serving.routing.pool).
 """
 
 from __future__ import annotations
@@ -16,16 +16,16 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from flywheel.core import events as ev
-from serving import engine
-from serving.admin_tokens import AdminTokens
+from admin_api.tokens import AdminTokens
+from contracts import events as ev
 from serving.api.respond import json_response
 from serving.api.tenants import TenantsApi
 from serving.auth import Tenant, admin_middleware
 from serving.canary_split import CanarySplit
-from serving.openai_api import finish_reason, parse_completion
-from serving.router import HeldByOperator, LastActive, ReplicaState
-from serving.schema import ApiError, Field, Schema, number, one_of, parse_json_body, string_list, value
+from serving.protocol.openai import finish_reason, parse_completion
+from serving.protocol.schema import ApiError, Field, Schema, number, one_of, parse_json_body, string_list, value
+from serving.replica import engine
+from serving.routing.pool import HeldByOperator, LastActive, ReplicaState
 
 if TYPE_CHECKING:
     from serving.gateway import Gateway

@@ -1,12 +1,12 @@
 """The OpenAI API: `/v1/completions`, `/v1/chat/completions` (plain, or streamed as server-sent events)
 and `/v1/models`.
 
-    body --schema (serving.openai_api)--> GenerationSpec --prompter--> token ids, sampling
+    body --schema (serving.protocol.openai)--> GenerationSpec --prompter--> token ids, sampling
          --dispatcher, one per choice--> EngineResult --> OpenAI response (+ completion id, model version)
                                                      '--> completion event (on disk before the answer)
 
-Agent turns (tools offered, or a conversation) are linked into sessions (serving.sessions); a tool call
-the model writes becomes OpenAI `tool_calls` (serving.tool_calls).
+Agent turns (tools offered, or a conversation) are linked into sessions (serving.signals.sessions); a tool call
+the model writes becomes OpenAI `tool_calls` (serving.protocol.tool_calls).
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from flywheel.core import events as ev
-from serving import engine, tool_calls as tc, tool_schema
+from contracts import events as ev
 from serving.api import turn
 from serving.api.respond import SESSION_HEADER, VERSION_HEADER, fingerprint, json_response
 from serving.api.stream import stream_choices
 from serving.auth import TENANT, Tenant
-from serving.openai_api import (
+from serving.protocol import tool_calls as tc, tool_schema
+from serving.protocol.openai import (
     GenerationSpec,
     chat_logprobs,
     completion_logprobs,
@@ -32,7 +32,8 @@ from serving.openai_api import (
     parse_completion,
     usage,
 )
-from serving.schema import parse_json_body
+from serving.protocol.schema import parse_json_body
+from serving.replica import engine
 
 if TYPE_CHECKING:
     from serving.gateway import Gateway

@@ -5,7 +5,7 @@ the completion (or the session) it judges, on disk before the client is answered
 Besides the judgment when a completion is shown (accept | reject | partial), a completion takes two delayed
 signals, sent later: `comment` (`text`: the user's words about it, at most 2 KB, no control characters) and
 `persisted` (`still_present`, `after_s`, optional `edit_distance`: is the accepted code still in the file).
-The trainer joins them to the completion within its window (online_rl.stream)."""
+The trainer joins them to the completion within its window (online_rl.data.join)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,23 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from flywheel.core import events as ev
-from serving import devdata
+from contracts import events as ev
 from serving.api.respond import json_response
 from serving.auth import TENANT, Tenant
-from serving.schema import ApiError, Body, Field, Schema, boolean, integer, number, one_of, parse_json_body, string
-from serving.sessions import MAX_SESSION_ID
+from serving.protocol.schema import (
+    ApiError,
+    Body,
+    Field,
+    Schema,
+    boolean,
+    integer,
+    number,
+    one_of,
+    parse_json_body,
+    string,
+)
+from serving.signals import devdata
+from serving.signals.sessions import MAX_SESSION_ID
 
 if TYPE_CHECKING:
     from serving.gateway import Gateway
@@ -146,7 +157,7 @@ class FeedbackApi:
         ]
 
     async def devdata(self, request: web.Request) -> web.Response:
-        """Continue's development data (serving.devdata): an event that judges a completion of this key's
+        """Continue's development data (serving.signals.devdata): an event that judges a completion of this key's
         becomes its feedback; anything else is counted and answered 200 (Continue never resends)."""
         tenant: Tenant = request[TENANT]
         e = devdata.read(parse_json_body(await request.read()))
@@ -240,7 +251,7 @@ class FeedbackApi:
         return json_response({"status": "ok"})
 
     def signal(self, tenant_id: str, s) -> None:
-        """A verdict the gateway read from an agent session (serving.implicit_signals.Signal): a feedback event
+        """A verdict the gateway read from an agent session (serving.signals.implicit.Signal): a feedback event
         of kind implicit on the completion it judges, counted by signal and version, and on its canary arm.
         Not waited for: it is the gateway's reading, not a client's word it has answered for."""
         gw = self.gw

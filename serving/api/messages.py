@@ -3,7 +3,7 @@
 header, and every error in that API's shape (`{"type": "error", "error": {"type", "message"}}`).
 
 A message's id is `msg_` + its completion id (signed, serving.auth): `/v1/feedback` takes either. The turn
-itself runs through serving.api.turn, like every conversation; the shapes are serving.messages_api.
+itself runs through serving.api.turn, like every conversation; the shapes are serving.protocol.messages.
 
 Streamed, nothing is sent before the first token (an error before then is a normal error response); then
 `message_start` and a `ping`, a text block's deltas as they come, each tool_use block (its input as one
@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING
 import orjson
 from aiohttp import web
 
-from serving import messages_api as ma, tool_schema
 from serving.api import turn as turns
 from serving.api.respond import SESSION_HEADER, VERSION_HEADER, json_response, send_event
 from serving.api.responses import count_ignored
 from serving.auth import TENANT
-from serving.dispatcher import ClientGone
-from serving.schema import ApiError, parse_json_body
+from serving.protocol import messages as ma, tool_schema
+from serving.protocol.schema import ApiError, parse_json_body
+from serving.routing.dispatcher import ClientGone
 
 if TYPE_CHECKING:
     from serving.gateway import Gateway

@@ -7,10 +7,10 @@ from collections.abc import Callable
 import orjson
 from aiohttp import web
 
-from serving.schema import ApiError
+from serving.protocol.schema import ApiError
 
 VERSION_HEADER = "X-Flywheel-Model-Version"
-SESSION_HEADER = "X-Session-Id"  # an agent session's id, from the client (else derived: serving.sessions)
+SESSION_HEADER = "X-Session-Id"  # an agent session's id, from the client (else derived: serving.signals.sessions)
 
 
 def json_response(body, status: int = 200, headers: dict | None = None) -> web.Response:

@@ -2,7 +2,7 @@
 keeps: `GET /v1/responses/{id}`, `GET /v1/responses/{id}/input_items`, `DELETE /v1/responses/{id}`.
 
 A response's id is `resp_` + its completion id (signed, serving.auth): `/v1/feedback` takes either. The
-turn itself runs through serving.api.turn, like every conversation; the shapes are serving.responses_api.
+turn itself runs through serving.api.turn, like every conversation; the shapes are serving.protocol.responses.
 
 Streamed, nothing is sent before the first token (an error before then is a normal error response); then
 `response.created` and `response.in_progress`, the message item's text deltas as they come, each call as an
@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from serving import responses_api as ra, tool_schema
 from serving.api import turn as turns
 from serving.api.respond import SESSION_HEADER, VERSION_HEADER, json_response, send_event
 from serving.auth import TENANT, Tenant
-from serving.dispatcher import ClientGone
-from serving.schema import ApiError, parse_json_body
+from serving.protocol import responses as ra, tool_schema
+from serving.protocol.schema import ApiError, parse_json_body
+from serving.routing.dispatcher import ClientGone
 
 if TYPE_CHECKING:
     from serving.gateway import Gateway

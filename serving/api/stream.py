@@ -14,13 +14,14 @@ from typing import TYPE_CHECKING
 import orjson
 from aiohttp import web
 
-from flywheel.core import events as ev
-from serving import engine, tool_calls as tc
+from contracts import events as ev
 from serving.api.respond import SESSION_HEADER, VERSION_HEADER, fingerprint
 from serving.auth import Tenant
-from serving.dispatcher import ClientGone
-from serving.openai_api import GenerationSpec, finish_reason, usage
-from serving.schema import ApiError
+from serving.protocol import tool_calls as tc
+from serving.protocol.openai import GenerationSpec, finish_reason, usage
+from serving.protocol.schema import ApiError
+from serving.replica import engine
+from serving.routing.dispatcher import ClientGone
 
 if TYPE_CHECKING:
     from serving.api.completions import CompletionsApi
@@ -94,7 +95,7 @@ async def stream_choices(
 
     async def run(i: int, body: dict):
         first = [True]
-        # With tools, text that may be a call is held back until the answer is whole (serving.tool_calls).
+        # With tools, text that may be a call is held back until the answer is whole (serving.protocol.tool_calls).
         split = tc.StreamSplitter(spec.tools, spec.prefill) if spec.tools is not None and spec.tools.active else None
 
         async def on_chunk(delta: str, res: engine.EngineResult) -> None:

@@ -6,7 +6,7 @@
     POST /admin/tenants/{name}/forget   {"train": "deny" (optional: also stop training on what comes next)}
 
 A change is written to the keys file (serving.auth.set_policy, the one source every gateway on the host
-reads) and is in effect when the answer comes (serving.tenant_policy): a forget has been applied to this
+reads) and is in effect when the answer comes (serving.tenants.policy): a forget has been applied to this
 gateway's spool and its records are on disk for the tenants topic.
 """
 
@@ -21,7 +21,7 @@ from aiohttp import web
 
 from serving.api.respond import json_response
 from serving.auth import set_policy
-from serving.schema import ApiError, Field, Schema, number, one_of
+from serving.protocol.schema import ApiError, Field, Schema, number, one_of
 
 if TYPE_CHECKING:
     from serving.gateway import Gateway

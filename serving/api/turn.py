@@ -16,12 +16,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from flywheel.core import events as ev
-from serving import engine, tool_calls as tc
+from contracts import events as ev
 from serving.auth import Tenant
-from serving.openai_api import GenerationSpec, finish_reason
-from serving.schema import ApiError
-from serving.sessions import MAX_SESSION_ID
+from serving.protocol import tool_calls as tc
+from serving.protocol.openai import GenerationSpec, finish_reason
+from serving.protocol.schema import ApiError
+from serving.replica import engine
+from serving.signals.sessions import MAX_SESSION_ID
 
 if TYPE_CHECKING:
     from serving.gateway import Gateway
@@ -49,7 +50,7 @@ class Turn:
 
 
 def remember(gw: Gateway, tenant: Tenant, spec: GenerationSpec, cid: str, i: int, content, calls: list[dict]) -> None:
-    """An answer, as the client will send it back next turn (serving.sessions). calls: OpenAI tool_calls."""
+    """An answer, as the client will send it back next turn (serving.signals.sessions). calls: OpenAI tool_calls."""
     answer = {
         "role": "assistant",
         "content": content or "",
@@ -106,7 +107,7 @@ def session_hint(gw: Gateway, tenant: Tenant, given: str | None) -> str | None:
 
 def link_session(gw: Gateway, tenant: Tenant, spec: GenerationSpec, cid: str) -> None:
     """The turn's session and previous turn, and the verdicts on that turn the client's request carries
-    (serving.implicit_signals), logged as feedback."""
+    (serving.signals.implicit), logged as feedback."""
     spec.session = link = gw.sessions.link(tenant.id, spec.messages, spec.session_hint, cid)
     link.logged_id = gw.session_ids.logged(tenant.id, link.session_id, gw.ids.owner(link.session_id) == tenant.id)
     for signal in gw.implicit.observe(tenant.id, link.session_id, link.parent_id, spec.messages):

@@ -1,6 +1,6 @@
 """Which replica serves a user's request: routing policies behind one small interface.
 
-The pool (serving.router) filters the candidates (healthy, active, not tried yet, the canary arm's);
+The pool (serving.routing.pool) filters the candidates (healthy, active, not tried yet, the canary arm's);
 a policy chooses among them and hears back about what happened:
 
     pick(candidates, request)                 -> the replica to try
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 
 if TYPE_CHECKING:
     from serving.config import RoutingConfig
-    from serving.router import ReplicaHandle
+    from serving.routing.pool import ReplicaHandle
 
 
 @dataclass

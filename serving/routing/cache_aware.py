@@ -10,7 +10,7 @@ replica's KV capacity (SGLang's `sglang:max_total_num_tokens`, read by the healt
                                                   exceed the least loaded replica's by balance_threshold
     otherwise (nothing worth keeping, or imbalance) -> least outstanding
 
-Prefixes are named within the request's cache scope (one per tenant: serving.cache_scope), so another
+Prefixes are named within the request's cache scope (one per tenant: serving.tenants.cache_scope), so another
 tenant's prompts never make a replica look warm, as they never are in its cache (SGLang's `cache_salt`).
 
 The index of a replica is dropped when its cache is: it failed (a restarted SGLang starts empty) or its
@@ -28,8 +28,8 @@ from serving.routing.prefix_index import PrefixIndex, block_names
 
 if TYPE_CHECKING:
     from serving.config import RoutingConfig
-    from serving.router import ReplicaHandle
     from serving.routing import RouteRequest
+    from serving.routing.pool import ReplicaHandle
 
 MAX_TENANTS = 100_000  # tenant -> last replica, least recently seen out
 

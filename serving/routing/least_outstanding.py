@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
     from serving.config import RoutingConfig
-    from serving.router import ReplicaHandle
     from serving.routing import RouteRequest
+    from serving.routing.pool import ReplicaHandle
 
 
 def outstanding(r: ReplicaHandle) -> int:

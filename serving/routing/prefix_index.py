@@ -3,7 +3,7 @@
 A prompt is cut into blocks of `block_tokens` token ids; block i is named by a hash chained over blocks
 0..i, so a name stands for the whole prefix up to that block: a node of a token trie, without the trie's
 pointers. The longest cached prefix of a prompt is then its run of leading block names found here. The
-chain starts from the request's cache scope (a tenant's: serving.cache_scope), as SGLang's radix cache
+chain starts from the request's cache scope (a tenant's: serving.tenants.cache_scope), as SGLang's radix cache
 keys a prefix by its `cache_salt` too: the same tokens of two tenants are two prefixes, in the replica and here.
 Approximate three ways, all on the side of cheapness: a partial last block is not indexed; the index
 holds what was routed to the replica, not what the replica kept (its own radix cache evicts on its own

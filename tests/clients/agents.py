@@ -18,7 +18,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from online_rl import tasks as T
+from online_rl.tasks import synthetic as T
 from tests.helpers import node_modules
 
 CODEX_CONFIG = """\

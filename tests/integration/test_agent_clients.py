@@ -18,8 +18,8 @@ import asyncio
 
 import pytest
 
-from flywheel.core import events as ev
-from online_rl import tasks as T
+from contracts import events as ev
+from online_rl.tasks import synthetic as T
 from serving.auth import hash_key
 from tests.clients import agents
 from tests.fake_engine import gateway_over_fakes
@@ -96,9 +96,9 @@ def test_each_client_finishes_a_tool_using_session_on_a_scripted_replica(client,
 @pytest.fixture(scope="module")
 def agent_fleet(kafka_bootstrap, tmp_path_factory):
     """A replica of the agent model and a gateway process in front of it, logging to the session broker."""
-    from online_rl.bootstrap import bootstrap
+    from online_rl.model.bootstrap import bootstrap
     from serving import gateway_process
-    from serving.replica import ReplicaConfig, start
+    from serving.replica.process import ReplicaConfig, start
 
     model = bootstrap("agent", 0, progress=False)
     replica = start(ReplicaConfig(model_path=model, log_dir=tmp_path_factory.mktemp("agent-replica"), threads=2))

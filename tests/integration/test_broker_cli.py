@@ -8,9 +8,9 @@ import sys
 import pytest
 from kafka import KafkaProducer
 
-from flywheel.core import kafka_auth
-from flywheel.core.kafka_admin import records_to_end
-from flywheel.core.paths import REPO_ROOT
+from infra import kafka_auth
+from infra.kafka_admin import records_to_end
+from infra.paths import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(300)
 

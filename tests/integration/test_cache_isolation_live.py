@@ -1,4 +1,4 @@
-"""Tenants never see each other through a real SGLang replica's prefix cache (serving.cache_scope): bob sends
+"""Tenants never see each other through a real SGLang replica's prefix cache (serving.tenants.cache_scope): bob sends
 the prompt alice sent and gets no cached token and no faster first token, while alice's own repeat is a hit
 and bob shares his own prefixes. The routing half (the cache-aware index) is in
 tests/unit/test_cache_isolation.py; the two-replica routing tests in test_cache_routing.py."""

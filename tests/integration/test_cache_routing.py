@@ -12,7 +12,7 @@ import urllib.request
 import openai
 import pytest
 
-from flywheel.core import events as ev, replica_keys
+from contracts import events as ev, replica_keys
 from loadtests import ide_prefix as ide
 from serving import gateway_process
 from tests.helpers import GATEWAY_ADMIN, GATEWAY_KEYS, get

@@ -11,13 +11,13 @@ import dataclasses
 import numpy as np
 import pytest
 
-from flywheel.core import kafka_auth
-from flywheel.core.procs import wait_until
+from flywheel.demo.population import HouseStyle, Population, PopulationConfig
 from flywheel.local_fleet import LocalFleet, LocalFleetConfig
-from flywheel.population import HouseStyle, Population, PopulationConfig
+from infra import kafka_auth
+from infra.procs import wait_until
 from loadtests import versions
 from tests.helpers import events_until
-from weight_sync.canary import CanaryConfig, CanaryController
+from weight_sync.canary.controller import CanaryConfig, CanaryController
 from weight_sync.publish import publish
 
 pytestmark = pytest.mark.timeout(900)
@@ -25,8 +25,8 @@ pytestmark = pytest.mark.timeout(900)
 
 def _arms_in_kafka(bootstrap: str) -> dict[str, int]:
     """Completions logged per arm, read until both arms are there (the shippers send a moment later)."""
-    from flywheel.core import events as ev
-    from flywheel.core.kafka_admin import quiet_kafka
+    from contracts import events as ev
+    from infra.kafka_admin import quiet_kafka
 
     def arms(events) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -45,8 +45,8 @@ def _bad_weights_records(bootstrap: str, tmp_path) -> int:
 
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-    from flywheel.core import control
-    from flywheel.core.events import TOPIC_WEIGHTS
+    from contracts import control
+    from contracts.events import TOPIC_WEIGHTS
     from weight_sync.manifest import generate_key, load_private
 
     c = KafkaConsumer(
@@ -174,10 +174,10 @@ def test_better_promoted_worse_rolled_back_neutral_promoted(test_model, tmp_path
 def test_trainer_stops_learning_from_a_rolled_back_version(test_model, tmp_path):
     import json
 
-    from flywheel.core import control
+    from contracts import control
     from online_rl.config import PublisherConfig, TrainerConfig
-    from online_rl.samples import Sample
-    from online_rl.trainer import Trainer
+    from online_rl.data.samples import Sample
+    from online_rl.trainer.loop import Trainer
     from weight_sync.manifest import generate_key, load_private
 
     generate_key(tmp_path / "k.pem", tmp_path / "k.pub")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from flywheel.chaos import ChaosConfig, run
+from flywheel.chaos.run import ChaosConfig, run
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -44,9 +44,9 @@ def test_an_interrupted_chaos_run_leaves_no_mount_and_no_process(tmp_path):
     import sys
     import time
 
-    from flywheel.chaos import _mount_tmpfs, _mounts_under
-    from flywheel.core.paths import REPO_ROOT
-    from flywheel.core.procs import pid_alive
+    from flywheel.chaos.run import _mount_tmpfs, _mounts_under
+    from infra.paths import REPO_ROOT
+    from infra.procs import pid_alive
 
     out = tmp_path / "chaos"
     _mount_tmpfs(out / "gateway" / "spool", 1)  # as a run killed with SIGKILL leaves it

@@ -12,11 +12,11 @@ import subprocess
 import pytest
 import torch
 
-from online_rl.checkpoints import Checkpoints
+from online_rl.trainer.checkpoints import Checkpoints
 from tests.helpers import small_tmpfs
 from weight_sync.manifest import generate_key
 from weight_sync.publish import PublishConfig, publish
-from weight_sync.store import Store
+from weight_sync.store.server import Store
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -11,17 +11,17 @@ import uuid
 
 import pytest
 
-from flywheel.core.procs import wait_until
-from serving import event_shipper as sh
-from serving.event_log import EventLog, EventLogConfig
-from serving.event_spool import Spool
+from infra.procs import wait_until
+from serving.event_log import shipper as sh
+from serving.event_log.pipeline import EventLog, EventLogConfig
+from serving.event_log.spool import Spool
 from tests.helpers import read_topic, small_tmpfs
 
 pytestmark = pytest.mark.timeout(300)
 
 
 def wait_for(cond, timeout=30.0) -> bool:
-    """flywheel.core.procs.wait_until, as a truth value for assert."""
+    """infra.procs.wait_until, as a truth value for assert."""
     try:
         wait_until(cond, timeout, interval=0.05)
     except TimeoutError:
@@ -69,8 +69,8 @@ def test_a_full_disk_holds_events_in_the_queue_until_it_has_room(small_fs):
 
 
 def test_an_oversize_event_is_dead_lettered_and_the_stream_goes_on(kafka_bootstrap, tmp_path):
-    from flywheel.core import events as ev
-    from flywheel.core.kafka_admin import ensure_topics
+    from contracts import events as ev
+    from infra.kafka_admin import ensure_topics
 
     ensure_topics(kafka_bootstrap)
     topic = f"test-eventlog-{uuid.uuid4().hex[:8]}"
@@ -151,7 +151,7 @@ def test_a_gateway_killed_mid_traffic_loses_no_event_it_answered_for(replica, te
 
     import openai
 
-    from flywheel.core import events as ev
+    from contracts import events as ev
     from serving import gateway_process
 
     gw = gateway_process.start([replica.url], test_model, tmp_path / "gw", keys={"alice": "key-a"})

@@ -15,8 +15,9 @@ import openai
 import pytest
 from kafka import KafkaConsumer
 
-from flywheel.core import events as ev, kafka_auth, replica_keys
-from flywheel.core.procs import free_port
+from contracts import events as ev, replica_keys
+from infra import kafka_auth
+from infra.procs import free_port
 from serving import gateway_process
 from tests.helpers import GATEWAY_ADMIN, GATEWAY_KEYS, get, post
 
@@ -385,7 +386,7 @@ def test_client_closing_a_stream_is_a_quiet_counted_cancel_and_frees_the_replica
     import socket
     from urllib.parse import urlparse
 
-    from serving.router import sglang_gauges
+    from serving.routing.pool import sglang_gauges
 
     def generated() -> float:
         return sglang_gauges(get(f"{replica.url}/metrics")[1]).get("sglang:generation_tokens_total", 0.0)

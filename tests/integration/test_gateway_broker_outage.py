@@ -13,8 +13,9 @@ import openai
 import pytest
 from kafka import KafkaConsumer
 
-from flywheel import kafka_broker
-from flywheel.core import events as ev, kafka_auth
+from contracts import events as ev
+from flywheel.kafka import broker as kafka_broker
+from infra import kafka_auth
 from serving import gateway_process
 
 pytestmark = pytest.mark.timeout(600)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from flywheel.hosts import _netns
+from flywheel.hosts.netns import _netns
 from loadtests.fleet_drill import DrillConfig, run, table
 
 pytestmark = pytest.mark.timeout(900)

@@ -12,10 +12,11 @@ import time
 
 import pytest
 
-from flywheel import kafka_broker
-from flywheel.core import control, events as ev, kafka_auth
-from flywheel.core.kafka_admin import ensure_topics, records_to_end
-from flywheel.core.procs import wait_until
+from contracts import control, events as ev
+from flywheel.kafka import broker as kafka_broker
+from infra import kafka_auth
+from infra.kafka_admin import ensure_topics, records_to_end
+from infra.procs import wait_until
 from tests import hostile_records
 
 pytestmark = pytest.mark.timeout(600)
@@ -47,7 +48,7 @@ def keys(tmp_path_factory):
 
 def _signed(keys, kind: str, version: int | None, **extra) -> bytes:
     """A real control record, numbered by the store as a publisher numbers it."""
-    from weight_sync.store import Store
+    from weight_sync.store.server import Store
 
     with Store(keys["store"]).sequence() as seq:
         return control.encode(control.make(kind, version, seq=seq, reason="test", **extra), keys["key"])
@@ -111,7 +112,7 @@ def _wait_dead_lettered(bootstrap: str, consumer: str, records) -> None:
 
 def _trainer(test_model, work, bootstrap: str, group: str, keys):
     from online_rl.config import LossConfig, PublisherConfig, TrainerConfig
-    from online_rl.trainer import Trainer
+    from online_rl.trainer.loop import Trainer
 
     return Trainer(
         TrainerConfig(
@@ -141,8 +142,8 @@ def test_the_trainer_counts_dead_letters_and_passes_hostile_records_and_restarts
     import torch
     from tokenizers import Tokenizer
 
-    from online_rl.model import load_pretrained
-    from online_rl.simulate import events_for, heldout_split, sample_completions
+    from online_rl.data.simulate import events_for, heldout_split, sample_completions
+    from online_rl.model.transformer import load_pretrained
 
     tok = Tokenizer.from_file(str(test_model / "tokenizer.json"))
     served = sample_completions(
@@ -188,7 +189,7 @@ def test_the_trainer_counts_dead_letters_and_passes_hostile_records_and_restarts
 
 
 def _agent(keys, test_model, work, bootstrap: str):
-    from weight_sync.agent import Agent, AgentConfig
+    from weight_sync.agent.loop import Agent, AgentConfig
 
     return Agent(
         AgentConfig(
@@ -262,7 +263,7 @@ def test_a_weight_agent_counts_dead_letters_and_passes_hostile_records_and_resta
 def test_the_canary_controller_counts_dead_letters_and_passes_hostile_records_and_restarts_past_them(
     broker, keys, tmp_path
 ):
-    from weight_sync.canary import CanaryConfig, CanaryController
+    from weight_sync.canary.controller import CanaryConfig, CanaryController
     from weight_sync.publish import PublishConfig
 
     cfg = CanaryConfig(

@@ -1,4 +1,4 @@
-"""Test hosts (flywheel.hosts): namespaces that talk by address over a bridge, cannot reach beyond it, can
+"""Test hosts (flywheel.hosts.netns): namespaces that talk by address over a bridge, cannot reach beyond it, can
 be shaped, and leave nothing behind: not on exit, not after their owner is killed -9."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import urllib.request
 
 import pytest
 
-from flywheel.core.paths import REPO_ROOT
-from flywheel.core.procs import free_port, pid_alive, stop_pid, wait_until
-from flywheel.hosts import HostsConfig, TestHosts, _links, _netns, reap_stale, recorded
+from flywheel.hosts.netns import HostsConfig, TestHosts, _links, _netns, reap_stale, recorded
+from infra.paths import REPO_ROOT
+from infra.procs import free_port, pid_alive, stop_pid, wait_until
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -87,7 +87,7 @@ def test_a_shaped_link_is_slower(tmp_path):
 
 def test_the_hosts_of_a_killed_owner_are_reaped():
     code = (
-        "import os, json, signal; from flywheel.hosts import HostsConfig, TestHosts; "
+        "import os, json, signal; from flywheel.hosts.netns import HostsConfig, TestHosts; "
         "h = TestHosts.up(HostsConfig(n=2)); print(json.dumps(h.view()), flush=True); "
         "os.kill(os.getpid(), signal.SIGKILL)"
     )
@@ -124,7 +124,7 @@ def test_a_broker_on_the_bridge_serves_the_hosts(tmp_path):
     with broker_on_a_test_host(tmp_path / "kafka") as (host, state):
         code = (  # as the operator (the session's login, inherited), over TLS to the bridge's address
             "from kafka import KafkaProducer, KafkaConsumer; import sys; b = sys.argv[1]; "
-            "from flywheel.core.kafka_auth import client_config; login = client_config(); "
+            "from infra.kafka_auth import client_config; login = client_config(); "
             "p = KafkaProducer(bootstrap_servers=b, acks='all', **login); p.send('hosts-probe', b'hello').get(30); "
             "c = KafkaConsumer('hosts-probe', bootstrap_servers=b, auto_offset_reset='earliest', "
             "consumer_timeout_ms=20000, **login); print(next(iter(c)).value.decode())"

@@ -6,7 +6,7 @@ import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer
 from kafka.admin import NewTopic
 
-from flywheel.core import kafka_auth
+from infra import kafka_auth
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -97,10 +97,10 @@ def test_idempotent_zstd_producer_and_group_reads_every_message_once(kafka_boots
 
 
 def test_the_audit_reads_a_topic_to_its_end_counting_events_once(kafka_bootstrap):
-    """flywheel.event_audit.read_topic (the chaos run's and the fleet drill's audit): every acknowledged
+    """flywheel.chaos.audit.read_topic (the chaos run's and the fleet drill's audit): every acknowledged
     record up to the end offsets, a producer's retry (same event_id) dropped, undecodable records skipped."""
-    from flywheel.core import events as ev
-    from flywheel.event_audit import read_topic
+    from contracts import events as ev
+    from flywheel.chaos.audit import read_topic
 
     topic = _topic(kafka_bootstrap)
     events = [ev.FeedbackEvent(completion_id=f"c{i % 7}", choice_index=0, tenant="t", kind="accept") for i in range(50)]

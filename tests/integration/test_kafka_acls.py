@@ -1,4 +1,4 @@
-"""Kafka's boundary, attacked (issue #48, item 1; flywheel.core.kafka_auth): a client logs in as one principal and
+"""Kafka's boundary, attacked (issue #48, item 1; infra.kafka_auth): a client logs in as one principal and
 does that role's work and nothing else; one without a login, with a wrong password, over plaintext or trusting
 another CA is refused, also from another host; no principal but the operator can grant itself more."""
 
@@ -11,9 +11,10 @@ import sys
 
 import pytest
 
-from flywheel.core import events as ev, kafka_auth
-from flywheel.core.kafka_admin import ensure_topics, quiet_kafka
-from flywheel.core.paths import REPO_ROOT
+from contracts import events as ev
+from infra import kafka_auth
+from infra.kafka_admin import ensure_topics, quiet_kafka
+from infra.paths import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -93,7 +94,7 @@ def _reads(bootstrap: str, login: dict) -> set[str]:
 def probe_broker(tmp_path_factory, kafka_security):
     """A broker of this module's own (the session's credentials): its probes write records that are not events
     onto the real topics, which the session's shared broker must never carry (other tests decode every record)."""
-    from flywheel import kafka_broker
+    from flywheel.kafka import broker as kafka_broker
 
     if kafka_security is None:
         pytest.skip("an external broker: its ACLs are its operator's")
@@ -250,7 +251,7 @@ def test_outsiders_on_another_host_are_refused_and_nothing_secret_is_on_the_comm
 def test_a_data_dir_formatted_open_is_not_started_as_if_secured(tmp_path):
     """A broker formatted before authentication (its metadata holds no SCRAM credential) is refused with the way
     out, rather than started with listeners no client could log in to."""
-    from flywheel import kafka_broker as kb
+    from flywheel.kafka import broker as kb
 
     data = tmp_path / "kafka"
     (data / "logs").mkdir(parents=True)
@@ -266,7 +267,7 @@ def test_formatting_puts_no_password_on_a_command_line(tmp_path, monkeypatch):
     real format among them) shows none of them, and the argument file that held them is gone."""
     import subprocess
 
-    from flywheel import kafka_broker as kb
+    from flywheel.kafka import broker as kb
 
     argvs = []
     real_run, real_popen = subprocess.run, subprocess.Popen

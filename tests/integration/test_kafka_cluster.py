@@ -1,4 +1,4 @@
-"""Kafka as a 3-node KRaft cluster on three test hosts (flywheel.kafka_cluster): topics replicated three
+"""Kafka as a 3-node KRaft cluster on three test hosts (flywheel.kafka.cluster): topics replicated three
 ways with min.insync.replicas=2. A broker killed -9 while the gateway's event log ships and the trainer's
 stream reader reads: no event lost, none left duplicated after dedupe by event_id, no submit blocked, and
 the cluster heals when the broker returns."""
@@ -10,12 +10,12 @@ import time
 
 import pytest
 
-from flywheel import kafka_cluster
-from flywheel.core import events as ev
-from flywheel.core.kafka_admin import ensure_topics
-from flywheel.core.procs import wait_until
-from online_rl.stream_reader import StreamReader
-from serving.event_log import EventLog, EventLogConfig
+from contracts import events as ev
+from flywheel.kafka import cluster as kafka_cluster
+from infra.kafka_admin import ensure_topics
+from infra.procs import wait_until
+from online_rl.data.reader import StreamReader
+from serving.event_log.pipeline import EventLog, EventLogConfig
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from flywheel.core.paths import REPO_ROOT
-from flywheel.core.procs import identity, pid_alive, same_process, stop_recorded, write_state
+from infra.paths import REPO_ROOT
+from infra.procs import identity, pid_alive, same_process, stop_recorded, write_state
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -23,7 +23,7 @@ import json, sys, time
 from pathlib import Path
 from flywheel import kafka_broker
 from serving import gateway_process
-from serving.replica import ReplicaConfig, start
+from serving.replica.process import ReplicaConfig, start
 model, tmp, threads = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 replica = start(ReplicaConfig(model_path=model, log_dir=tmp / "logs", threads=threads), wait=False)
 broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=tmp / "kafka"))
@@ -58,9 +58,9 @@ def test_servers_die_with_the_process_that_started_them(test_model, tmp_path):
 
     Two such parents side by side (they load at once): one whose replica's children were forked (one torch
     thread, as fleets run it) and is killed with SIGKILL, one whose replica's were spawned (torch's default
-    threads: serving.cpu_compat keeps "spawn" while OpenMP's workers run) and gets SIGTERM. The signal reaches
+    threads: serving.replica.cpu_compat keeps "spawn" while OpenMP's workers run) and gets SIGTERM. The signal reaches
     the launcher's parent; the start method decides only how its children began."""
-    from serving.replica import running
+    from serving.replica.process import running
 
     ways = {signal.SIGKILL: 1, signal.SIGTERM: 0}  # signal -> the replica's torch threads
     procs = {
@@ -122,7 +122,7 @@ def test_a_pid_file_whose_pid_was_reused_kills_nobody(tmp_path):
 
 LEADER = """
 import subprocess, sys, time
-from flywheel.core.procs import spawn
+from infra.procs import spawn
 # A server whose leader dies on SIGTERM but leaves a child that ignores it (multiprocessing's resource
 # tracker does; SGLang leaves it when interrupted while starting).
 server = spawn([sys.executable, "-c", "import signal, subprocess, sys, time; subprocess.Popen([sys.executable, "
@@ -160,7 +160,7 @@ def test_a_child_that_ignores_sigterm_dies_with_the_parent_of_its_server(tmp_pat
 
 
 def test_the_group_guard_leaves_when_its_server_is_stopped():
-    from flywheel.core.procs import spawn, stop_pid
+    from infra.procs import spawn, stop_pid
 
     server = spawn(["sleep", "600"])
     assert server.guard.poll() is None

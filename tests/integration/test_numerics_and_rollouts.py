@@ -7,8 +7,8 @@ import sys
 import numpy as np
 import pytest
 
-from flywheel.core import replica_keys
-from flywheel.core.paths import REPO_ROOT
+from contracts import replica_keys
+from infra.paths import REPO_ROOT
 from online_rl.config import RolloutConfig
 from online_rl.numerics import measure
 from online_rl.rollouts import RolloutSource
@@ -69,8 +69,8 @@ def test_rollouts_are_grouped_judged_and_tagged(gateway, test_model, kafka_boots
         assert s.behaviour_logprobs.shape == s.output_ids.shape and 0.0 <= s.reward <= 1.0
     # The admin path needs the admin token, and its completions are logged as rollouts, not user traffic.
     assert post(f"{gateway.url}/admin/rollouts", {"prompt": "def f(x):\n", "n": 1}, key="key-alice")[0] == 401
-    from flywheel.core import events as ev
-    from flywheel.core.kafka_admin import records_to_end
+    from contracts import events as ev
+    from infra.kafka_admin import records_to_end
 
     ours = {s.key.rsplit("-", 1)[0] for s in samples}  # the completions these samples came from
 

@@ -19,10 +19,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from flywheel.alert_rules import alert_names, load_rules, runbook_commands, with_for, write_rules
-from flywheel.core.procs import free_port, wait_until
 from flywheel.local_fleet import LocalFleet, LocalFleetConfig
-from flywheel.prometheus import Prometheus, PrometheusConfig, binary_path, fleet_targets, sleep_scrapes
+from flywheel.observe.alert_rules import alert_names, load_rules, runbook_commands, with_for, write_rules
+from flywheel.observe.prometheus import Prometheus, PrometheusConfig, binary_path, fleet_targets, sleep_scrapes
+from infra.procs import free_port, wait_until
 from tests.helpers import post
 
 pytestmark = [
@@ -92,7 +92,7 @@ def test_every_component_is_scraped_and_per_version_acceptance_agrees(observed):
         status, body, _ = post(f"{fleet.gateway.url}/v1/feedback", {"completion_id": cid, "kind": kind}, key=key)
         assert status == 200, body
         verdicts.setdefault(str(version), []).append(kind)
-    from flywheel.observe import ACCEPTANCE, JUDGED
+    from flywheel.observe.command import ACCEPTANCE, JUDGED
 
     def scraped() -> bool:
         return sum(prom.values(JUDGED, "version").values()) == len(done)
@@ -105,7 +105,7 @@ def test_every_component_is_scraped_and_per_version_acceptance_agrees(observed):
 
 
 def test_every_dashboard_expression_evaluates_on_the_live_prometheus(observed):
-    from flywheel.dashboard import expressions, load_dashboard, promql_for_query
+    from flywheel.observe.dashboard import expressions, load_dashboard, promql_for_query
 
     _, prom = observed
     sleep_scrapes(prom.cfg, 3)  # series born by the traffic above need two samples for a rate
@@ -214,7 +214,7 @@ def test_every_runbook_command_runs_and_the_fixes_clear_the_alerts(observed, tes
         "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",  # `flywheel`, as installed
         "PYTHONPATH": os.getcwd(),
         # One torch thread a process, as the fleet's replicas run (its restarted replica too, `--threads`: then
-        # SGLang's children are forked, serving.cpu_compat; ready in about half the time).
+        # SGLang's children are forked, serving.replica.cpu_compat; ready in about half the time).
         "OMP_NUM_THREADS": "1",
         "FLYWHEEL_PROMETHEUS_URL": prom.url,
         "REPLICA": "r1",

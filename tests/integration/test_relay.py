@@ -18,13 +18,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from flywheel.core.procs import free_port
+from infra.procs import free_port
 from tests.helpers import STORE_TOKEN, get, loopback_app, store_server
 from weight_sync import fleet_credential
-from weight_sync.agent import Agent, AgentConfig
+from weight_sync.agent.loop import Agent, AgentConfig
 from weight_sync.manifest import generate_key
 from weight_sync.publish import PublishConfig, publish
-from weight_sync.store import Store
+from weight_sync.store.server import Store
 
 pytestmark = pytest.mark.timeout(180)
 AUTH = fleet_credential.headers(STORE_TOKEN)  # the fleet read credential store_server() wants

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from flywheel.core import replica_keys
+from contracts import replica_keys
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -69,7 +69,7 @@ def test_served_routing_and_logprobs_match_the_trainer_model(replica, test_model
     """Our model recomputes the served tokens: same experts, logprobs within float32 noise."""
     from transformers import AutoTokenizer
 
-    from online_rl.model import load_pretrained, token_logprobs
+    from online_rl.model.transformer import load_pretrained, token_logprobs
 
     tok = AutoTokenizer.from_pretrained(test_model)
     model = load_pretrained(test_model).eval()

@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from flywheel.core import replica_keys
+from contracts import replica_keys
 from tests.helpers import post
 
 pytestmark = pytest.mark.timeout(300)
@@ -80,7 +80,7 @@ def test_no_key_is_on_any_command_line_of_the_replica_or_its_children(replica):
     for p in procs:
         cmdline = " ".join(p.cmdline())
         assert replica.api_key not in cmdline and replica.admin_api_key not in cmdline, p.pid
-    assert "serving.replica_launch" in " ".join(procs[0].cmdline())
+    assert "serving.replica.launch" in " ".join(procs[0].cmdline())
     # Nor in the replica's log.
     log = Path(replica.log_file).read_text(errors="replace")
     assert replica.api_key not in log and replica.admin_api_key not in log

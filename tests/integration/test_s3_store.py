@@ -25,16 +25,16 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from flywheel.core.paths import REPO_ROOT
-from flywheel.core.procs import free_port, pid_alive
-from weight_sync import s3_store
-from weight_sync.agent import Agent, AgentConfig
-from weight_sync.fetch import FetchError, open_store
+from infra.paths import REPO_ROOT
+from infra.procs import free_port, pid_alive
+from weight_sync.agent.fetch import FetchError, open_store
+from weight_sync.agent.loop import Agent, AgentConfig
+from weight_sync.agent.s3_fetch import S3StoreClient
 from weight_sync.manifest import Manifest, generate_key
 from weight_sync.publish import PublishConfig, publish
-from weight_sync.s3_fetch import S3StoreClient
-from weight_sync.s3_store import Bucket, S3Options, S3StoreError
-from weight_sync.store import Store
+from weight_sync.store import s3 as s3_store
+from weight_sync.store.s3 import Bucket, S3Options, S3StoreError
+from weight_sync.store.server import Store
 
 pytestmark = pytest.mark.timeout(180)
 BUCKET = "weights"

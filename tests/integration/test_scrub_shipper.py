@@ -13,9 +13,9 @@ import uuid
 import numpy as np
 import pytest
 
-from flywheel.core import events as ev
-from flywheel.core.procs import wait_until
-from serving.event_log import EventLog, EventLogConfig
+from contracts import events as ev
+from infra.procs import wait_until
+from serving.event_log.pipeline import EventLog, EventLogConfig
 from tests.helpers import read_topic
 
 pytestmark = pytest.mark.timeout(300)

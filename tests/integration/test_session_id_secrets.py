@@ -8,8 +8,8 @@ import hashlib
 
 import pytest
 
-from flywheel.core import events as ev
-from flywheel.core.kafka_admin import records_to_end
+from contracts import events as ev
+from infra.kafka_admin import records_to_end
 from tests.helpers import events_until, post
 
 pytestmark = pytest.mark.timeout(300)

@@ -13,9 +13,10 @@ import uuid
 
 import pytest
 
-from flywheel.core import events as ev, kafka_auth
-from flywheel.core.paths import REPO_ROOT
-from flywheel.status import StatusConfig, failed, gather
+from contracts import events as ev
+from flywheel.status.gather import StatusConfig, failed, gather
+from infra import kafka_auth
+from infra.paths import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(180)
 TOPICS = (ev.TOPIC_COMPLETIONS, ev.TOPIC_FEEDBACK, ev.TOPIC_WEIGHTS)
@@ -39,7 +40,7 @@ def _commit(bootstrap: str, group: str, offsets: dict) -> None:
 def own_broker(tmp_path):
     """A broker of this test's own: it writes records that are not events onto the real topics, which the
     session's shared broker must never carry (other tests decode every record there)."""
-    from flywheel import kafka_broker
+    from flywheel.kafka import broker as kafka_broker
 
     broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=tmp_path / "kafka"))
     try:
@@ -51,7 +52,7 @@ def own_broker(tmp_path):
 def test_consumer_lag_of_trainer_and_agents(own_broker, kafka_security):
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-    from flywheel.core.kafka_admin import ensure_topics
+    from infra.kafka_admin import ensure_topics
 
     kafka_bootstrap = own_broker
     ensure_topics(kafka_bootstrap)
@@ -86,7 +87,7 @@ def test_consumer_lag_of_trainer_and_agents(own_broker, kafka_security):
         ev.TOPIC_COMPLETIONS: sum(ends[tp] - max(0, ends[tp] - 3) for tp in parts[ev.TOPIC_COMPLETIONS]),
         ev.TOPIC_FEEDBACK: sum(ends[tp] - starts[tp] for tp in parts[ev.TOPIC_FEEDBACK]),
         ev.TOPIC_WEIGHTS: 2,
-        ev.TOPIC_TENANTS: 0,  # the trainer reads the tenants' policies too (online_rl.stream_reader): none here
+        ev.TOPIC_TENANTS: 0,  # the trainer reads the tenants' policies too (online_rl.data.reader): none here
     }
     _commit(kafka_bootstrap, prefix + "r0", {weights: ends[weights]})  # caught up
     _commit(kafka_bootstrap, prefix + "r1", {weights: ends[weights] - 7})  # 7 records behind

@@ -3,7 +3,7 @@
 An outsider (no fleet read credential) gets a 401 from the store server (`flywheel weights serve`) for every
 version, piece, pack and stat, and from an agent's relay, and cannot register as a relay peer: the store
 never sends an agent to it. A fleet member whose relay stalls or dribbles bytes costs an agent seconds, not a
-minute per piece: it is dropped as "slow" and the store serves instead (weight_sync.peer_rate).
+minute per piece: it is dropped as "slow" and the store serves instead (weight_sync.agent.peer_rate).
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ import torch
 from aiohttp import web
 from safetensors.torch import save_file
 
-from flywheel.core.procs import free_port
+from infra.procs import free_port
 from tests.helpers import STORE_TOKEN, get, store_server
-from weight_sync.agent import Agent, AgentConfig
+from weight_sync.agent.loop import Agent, AgentConfig
 from weight_sync.manifest import generate_key
 from weight_sync.publish import PublishConfig, publish
-from weight_sync.store import Store
+from weight_sync.store.server import Store
 
 pytestmark = pytest.mark.timeout(180)
 

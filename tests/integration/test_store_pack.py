@@ -20,13 +20,13 @@ from aiohttp import web
 from safetensors.numpy import load_file
 from safetensors.torch import save_file
 
-from flywheel.core.procs import free_port
+from infra.procs import free_port
 from tests.helpers import STORE_TOKEN, get, loopback_app, store_server
-from weight_sync import inplace
-from weight_sync.fetch import FetchError, PackUnsupported, StoreClient
+from weight_sync.agent import inplace
+from weight_sync.agent.fetch import FetchError, PackUnsupported, StoreClient
 from weight_sync.manifest import Manifest, generate_key
 from weight_sync.publish import PublishConfig, publish
-from weight_sync.store import Store, chunk_name
+from weight_sync.store.server import Store, chunk_name
 
 pytestmark = pytest.mark.timeout(180)
 AUTH = {"Authorization": f"Bearer {STORE_TOKEN}"}  # the fleet read credential store_server() wants

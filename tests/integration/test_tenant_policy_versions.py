@@ -1,7 +1,7 @@
 """A tenant policy cannot be loosened by a stale gateway: gateway A sets a tenant to `train: deny` through its
 admin API; gateway B, restarted on a keys file copied before that (train: allow), re-announces what it read
-on start. Both ship to a real broker; the trainer's reader (online_rl.stream_reader) and tenant gate
-(online_rl.tenants) read the tenants topic as the trainer does, and the tenant stays denied: its events are
+on start. Both ship to a real broker; the trainer's reader (online_rl.data.reader) and tenant gate
+(online_rl.data.tenants) read the tenants topic as the trainer does, and the tenant stays denied: its events are
 refused, never trained on."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry
 
-from flywheel import kafka_broker
-from flywheel.core import events as ev
-from flywheel.core.kafka_admin import ensure_topics
+from contracts import events as ev
+from flywheel.kafka import broker as kafka_broker
+from infra.kafka_admin import ensure_topics
 from serving import auth
 from tests.fake_engine import gateway_over_fakes
 from tests.helpers import events_until, read_topic
@@ -25,8 +25,8 @@ ADMIN = {"Authorization": "Bearer admin-secret"}
 
 
 def test_a_stale_gateway_restart_cannot_loosen_a_deny(test_model, tmp_path):
-    from online_rl.stream_reader import StreamReader
-    from online_rl.tenants import TenantGate
+    from online_rl.data.reader import StreamReader
+    from online_rl.data.tenants import TenantGate
 
     broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=tmp_path / "kafka"))
     readers = []
@@ -122,8 +122,8 @@ def _compact(bootstrap: str, topic: str, done, timeout_s: float = 90.0) -> None:
     records so far, and the cleaner never cleans the segment being written."""
     from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient
 
-    from flywheel.core import kafka_auth
-    from online_rl.simulate import produce
+    from infra import kafka_auth
+    from online_rl.data.simulate import produce
 
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, **kafka_auth.client_config())
     try:

@@ -11,12 +11,12 @@ import json
 
 import pytest
 
-from flywheel import kafka_broker
+from contracts import events as ev
 from flywheel.cli import main as flywheel
-from flywheel.core import events as ev
-from flywheel.core.procs import wait_until
+from flywheel.kafka import broker as kafka_broker
+from infra.procs import wait_until
 from online_rl.config import OptimConfig, PublisherConfig, TrainerConfig
-from online_rl.trainer import Trainer
+from online_rl.trainer.loop import Trainer
 from serving import gateway_process
 from tests.helpers import events_until
 

@@ -11,7 +11,7 @@ import openai
 import pytest
 from jsonschema import validate
 
-from flywheel.core.kafka_admin import records_to_end
+from infra.kafka_admin import records_to_end
 from tests.helpers import events_until, get
 
 pytestmark = pytest.mark.timeout(300)
@@ -191,7 +191,7 @@ def test_a_malformed_call_is_counted_with_the_version_that_wrote_it(gateway):
 def test_a_multi_turn_session_is_linked_in_the_completion_events(gateway, kafka_bootstrap):
     import uuid
 
-    from flywheel.core import events as ev
+    from contracts import events as ev
 
     client = _client(gateway)
     first = client.chat.completions.create(model="flywheel-coder", messages=MESSAGES, max_completion_tokens=8)
@@ -228,12 +228,12 @@ def test_an_agent_session_is_joined_and_trained_with_tool_results_masked(gateway
     import torch
     from tokenizers import Tokenizer
 
-    from flywheel.core import events as ev
+    from contracts import events as ev
     from online_rl.config import LossConfig, OptimConfig
-    from online_rl.loss import make_batch
-    from online_rl.model import load_pretrained
-    from online_rl.stream import Joiner
-    from online_rl.update import make_optimizer, update
+    from online_rl.data.join import Joiner
+    from online_rl.model.transformer import load_pretrained
+    from online_rl.trainer.loss import make_batch
+    from online_rl.trainer.update import make_optimizer, update
     from tests.helpers import post
 
     client, sid = _client(gateway), f"agent-{uuid.uuid4().hex[:8]}"
@@ -301,7 +301,7 @@ def test_an_agent_session_is_joined_and_trained_with_tool_results_masked(gateway
 
     model = load_pretrained(test_model, torch.float32)
     before = [t.detach().clone() for t in model.parameters()]
-    from online_rl.loss import advantages
+    from online_rl.trainer.loss import advantages
 
     adv, _ = advantages(samples, LossConfig(), baseline=0.0)
     m = update(
@@ -318,10 +318,10 @@ def test_an_agent_session_is_joined_and_trained_with_tool_results_masked(gateway
 
 
 def test_the_bootstrapped_model_calls_the_tools_its_corpus_taught(gateway):
-    """The bootstrap corpus's agent episodes (online_rl.agent_episodes) teach the base model a tool language:
+    """The bootstrap corpus's agent episodes (online_rl.tasks.agent_episodes) teach the base model a tool language:
     served, it answers turns of a held-out episode with well-formed calls (greedy)."""
-    from online_rl import agent_episodes as A
-    from online_rl.tasks import tasks
+    from online_rl.tasks import agent_episodes as A
+    from online_rl.tasks.synthetic import tasks
 
     task = tasks("heldout")[0]
     msgs = [{"role": "user", "content": A.ASKS[0].format(p="app.py")}]

@@ -20,15 +20,15 @@ import numpy as np
 import pytest
 import torch
 
-from flywheel import kafka_broker
-from flywheel.core import kafka_auth
-from flywheel.core.paths import REPO_ROOT
+from flywheel.kafka import broker as kafka_broker
+from infra import kafka_auth
+from infra.paths import REPO_ROOT
 from online_rl.config import LossConfig, OptimConfig, PublisherConfig, TrainerConfig
-from online_rl.loss import advantages
-from online_rl.model import load_pretrained
-from online_rl.samples import Sample
-from online_rl.simulate import events_for, heldout_split, produce, sample_completions
-from online_rl.trainer import Trainer
+from online_rl.data.samples import Sample
+from online_rl.data.simulate import events_for, heldout_split, produce, sample_completions
+from online_rl.model.transformer import load_pretrained
+from online_rl.trainer.loop import Trainer
+from online_rl.trainer.loss import advantages
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -101,7 +101,7 @@ def _start_group_at_the_end(bootstrap: str, group: str) -> None:
     from kafka import KafkaConsumer, TopicPartition
     from kafka.structs import OffsetAndMetadata
 
-    from flywheel.core import events as ev
+    from contracts import events as ev
 
     c = KafkaConsumer(
         bootstrap_servers=bootstrap, **kafka_auth.client_config(), group_id=group, enable_auto_commit=False
@@ -221,7 +221,7 @@ def test_kill_9_at_any_moment_trains_every_sample_exactly_once(broker, test_mode
 def _one_update(rank: int, size: int, port: int, model_dir: str, samples, adv, out: str) -> None:
     import torch.distributed as dist
 
-    from online_rl.update import make_optimizer, update
+    from online_rl.trainer.update import make_optimizer, update
 
     if size > 1:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size)
@@ -239,7 +239,7 @@ def _one_update(rank: int, size: int, port: int, model_dir: str, samples, adv, o
 def test_two_ranks_make_the_same_update_as_one(test_model, tmp_path):
     import torch.multiprocessing as mp
 
-    from flywheel.core.procs import free_port
+    from infra.procs import free_port
     from tests.helpers import served_samples
 
     samples = served_samples(test_model)
@@ -282,7 +282,7 @@ def test_stale_samples_are_dropped(test_model, tmp_path):
 def test_a_pass_failing_after_a_step_leaves_its_samples_trained_and_counted(test_model, tmp_path, monkeypatch):
     """--epochs 2, the second pass fails: the first step moved the weights, so the samples are in the ledger and
     their tenants' provenance as trained, the step counts, and the failure is recorded."""
-    from online_rl import update as update_mod
+    from online_rl.trainer import update as update_mod
     from tests.helpers import served_samples
 
     cfg = TrainerConfig(model_dir=test_model, work_dir=tmp_path / "t", min_batch=1, optim=OptimConfig(epochs=2))
@@ -309,7 +309,7 @@ def test_a_pass_failing_after_a_step_leaves_its_samples_trained_and_counted(test
 def test_a_commented_sample_brings_fresh_student_samples_and_a_failure_costs_only_them(
     test_model, tmp_path, monkeypatch
 ):
-    from online_rl import distill_samples
+    from online_rl.data import distill_samples
     from tests.helpers import served_samples
 
     def step(name, samples, **loss):
@@ -369,10 +369,10 @@ def test_publish_hands_a_delta_to_weight_sync(broker, test_model, tmp_path):
     from safetensors.torch import load_file
 
     from tests.helpers import STORE_TOKEN, store_server
-    from weight_sync.agent import Agent, AgentConfig
-    from weight_sync.fetch import StoreClient
+    from weight_sync.agent.fetch import StoreClient
+    from weight_sync.agent.loop import Agent, AgentConfig
     from weight_sync.manifest import generate_key
-    from weight_sync.store import Store
+    from weight_sync.store.server import Store
 
     generate_key(tmp_path / "k.pem", tmp_path / "k.pub")
     cfg = TrainerConfig(
@@ -403,9 +403,9 @@ def test_publish_hands_a_delta_to_weight_sync(broker, test_model, tmp_path):
     assert store.announced() == 1 and store.unannounced() == []
 
     # Killed between committing v2 and announcing it: the next trainer announces v2 before anything else.
-    from flywheel.core import control
-    from flywheel.core.events import TOPIC_WEIGHTS
-    from flywheel.core.kafka_admin import records_to_end
+    from contracts import control
+    from contracts.events import TOPIC_WEIGHTS
+    from infra.kafka_admin import records_to_end
     from weight_sync.manifest import load_private
     from weight_sync.publish import publish
 
@@ -449,7 +449,7 @@ def test_publish_hands_a_delta_to_weight_sync(broker, test_model, tmp_path):
 
 
 def test_join_windows_and_duplicates_against_the_broker(broker, test_model, tmp_path):
-    from flywheel.core import events as ev
+    from contracts import events as ev
 
     tok = _tok(test_model)
     model = load_pretrained(test_model)
@@ -488,8 +488,8 @@ def test_join_windows_and_duplicates_against_the_broker(broker, test_model, tmp_
 
 def test_batch_invariant_switch_makes_logprobs_independent_of_the_batch(test_model, tmp_path):
     from kernels import batch_invariant as bi
-    from online_rl.loss import make_batch
-    from online_rl.model import token_logprobs
+    from online_rl.model.transformer import token_logprobs
+    from online_rl.trainer.loss import make_batch
 
     trainer = Trainer(TrainerConfig(model_dir=test_model, work_dir=tmp_path / "t", batch_invariant=True))
     try:
@@ -584,7 +584,7 @@ def test_checkpoint_round_trips_as_plain_state_and_refuses_pickled_code(test_mod
 def test_checkpoints_commit_durably_and_a_dangling_latest_is_fatal(test_model, tmp_path):
     import shutil
 
-    from online_rl.checkpoints import CheckpointError
+    from online_rl.trainer.checkpoints import CheckpointError
 
     cfg = TrainerConfig(model_dir=test_model, work_dir=tmp_path / "t")
     trainer = Trainer(cfg)

@@ -13,15 +13,15 @@ import threading
 import pytest
 import torch
 
-from flywheel import kafka_broker
-from flywheel.core import events as ev
-from flywheel.core.procs import wait_until
+from contracts import events as ev
+from flywheel.kafka import broker as kafka_broker
+from infra.procs import wait_until
 from online_rl import rollouts as rollouts_mod
 from online_rl.config import OptimConfig, PublisherConfig, RolloutConfig, TrainerConfig
-from online_rl.failures import RetryConfig
-from online_rl.model import load_pretrained
-from online_rl.simulate import events_for, heldout_split, produce, sample_completions
-from online_rl.trainer import Trainer
+from online_rl.data.simulate import events_for, heldout_split, produce, sample_completions
+from online_rl.model.transformer import load_pretrained
+from online_rl.trainer.failures import RetryConfig
+from online_rl.trainer.loop import Trainer
 from tests.helpers import GATEWAY_ADMIN, TcpProxy
 
 pytestmark = pytest.mark.timeout(600)
@@ -33,8 +33,8 @@ def wait_for(what: str, cond, timeout: float = 120.0) -> None:
 
 def weights_records(bootstrap: str, public_key) -> list[dict]:
     """The weights topic from its start to its end now, each record verified (call it once they are announced)."""
-    from flywheel.core import control
-    from flywheel.core.kafka_admin import records_to_end
+    from contracts import control
+    from infra.kafka_admin import records_to_end
 
     return [control.decode(r.value, public_key) for r in records_to_end(bootstrap, ev.TOPIC_WEIGHTS)]
 
@@ -43,7 +43,7 @@ def test_trainer_survives_each_failure_mid_run(test_model, gateway, tmp_path, mo
     from tokenizers import Tokenizer
 
     from weight_sync.manifest import generate_key
-    from weight_sync.store import Store
+    from weight_sync.store.server import Store
 
     broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=tmp_path / "kafka"))
     proxy = TcpProxy(int(gateway.url.rsplit(":", 1)[1]))

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from online_rl.config import LossConfig, OptimConfig, PublisherConfig, ShardConfig, TrainerConfig
-from online_rl.loss import advantages
-from online_rl.model import load_pretrained
+from online_rl.model.transformer import load_pretrained
+from online_rl.trainer.loss import advantages
 from tests.helpers import served_samples
 
 pytestmark = pytest.mark.timeout(600)
@@ -36,8 +36,8 @@ def _steps(rank, size, port, model_dir, samples, adv, out, fsdp: bool, epochs: i
     a step of its own if `own`); rank 0 saves the full weights."""
     import torch.distributed as dist
 
-    from online_rl.sharding import full_tensors, load_sharded
-    from online_rl.update import make_optimizer, update
+    from online_rl.trainer.sharding import full_tensors, load_sharded
+    from online_rl.trainer.update import make_optimizer, update
 
     if fsdp:
         _init(rank, size, port)
@@ -65,7 +65,7 @@ def _steps(rank, size, port, model_dir, samples, adv, out, fsdp: bool, epochs: i
 def test_two_fsdp_ranks_make_the_one_rank_update(test_model, tmp_path, epochs, own):
     import torch.multiprocessing as mp
 
-    from flywheel.core.procs import free_port
+    from infra.procs import free_port
 
     samples = served_samples(test_model, 9)  # odd: one rank has a micro-batch less and pads with a zero-weight pass
     for s in samples[::4]:  # users' comments: every micro-batch on every rank runs the teacher's forward too
@@ -98,9 +98,9 @@ def _trainer_rank(rank, size, port, model_dir, work, samples, out, store=None) -
     With a store, rank 0 publishes through the trainer's own path (the other ranks gather with it)."""
     import torch.distributed as dist
 
-    from online_rl.export import save_streaming
-    from online_rl.ranks import command, worker_loop
-    from online_rl.trainer import Trainer
+    from online_rl.trainer.export import save_streaming
+    from online_rl.trainer.loop import Trainer
+    from online_rl.trainer.ranks import command, worker_loop
 
     _init(rank, size, port)
     cfg = TrainerConfig(
@@ -136,9 +136,9 @@ def test_fsdp_checkpoint_resumes_on_fewer_ranks_publishes_and_exports_the_same_b
     import torch.multiprocessing as mp
     from safetensors.torch import load_file
 
-    from flywheel.core.procs import free_port
+    from infra.procs import free_port
     from weight_sync.manifest import generate_key
-    from weight_sync.store import Store
+    from weight_sync.store.server import Store
 
     samples = served_samples(test_model, 12)
     work = str(tmp_path / "trainer")
@@ -173,7 +173,7 @@ def test_fsdp_checkpoint_resumes_on_fewer_ranks_publishes_and_exports_the_same_b
 def _load_rank(rank, size, port, paths: dict, out: str) -> None:
     import torch.distributed as dist
 
-    from online_rl.sharding import full_tensors, load_sharded
+    from online_rl.trainer.sharding import full_tensors, load_sharded
 
     _init(rank, size, port)
     gathered = {arch: dict(full_tensors(load_sharded(Path(p), ShardConfig(shard="fsdp")))) for arch, p in paths.items()}
@@ -187,7 +187,7 @@ def test_sharded_load_of_transformers_checkpoints_is_the_whole_load(tmp_path):
     written by transformers: gathered, they are exactly what load_pretrained reads on one process."""
     import torch.multiprocessing as mp
 
-    from flywheel.core.procs import free_port
+    from infra.procs import free_port
     from tests.unit.test_model_architectures import ARCHS, build
 
     paths = {}
@@ -209,7 +209,7 @@ def _idle_rank(rank, size, port, wait_s: float, out: str) -> None:
 
     import torch.distributed as dist
 
-    from online_rl.ranks import command
+    from online_rl.trainer.ranks import command
 
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size, timeout=timedelta(seconds=2)
@@ -231,7 +231,7 @@ def test_ranks_wait_for_commands_longer_than_the_collective_timeout(tmp_path):
     group's timeout at 2 s here (30 min in production), a 6 s silence does not end the run."""
     import torch.multiprocessing as mp
 
-    from flywheel.core.procs import free_port
+    from infra.procs import free_port
 
     mp.spawn(_idle_rank, args=(2, free_port(), 6.0, str(tmp_path / "got")), nprocs=2)
     assert (tmp_path / "got").read_text() == "('stop',)"

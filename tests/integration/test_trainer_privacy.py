@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 import torch
 
-from flywheel import kafka_broker
-from flywheel.core import events as ev
-from online_rl import provenance
+from contracts import events as ev
+from flywheel.kafka import broker as kafka_broker
 from online_rl.config import LossConfig, PublisherConfig, TrainerConfig
-from online_rl.simulate import heldout_split, produce, sample_completions
-from online_rl.trainer import Trainer
+from online_rl.data import provenance
+from online_rl.data.simulate import heldout_split, produce, sample_completions
+from online_rl.trainer.loop import Trainer
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -39,7 +39,7 @@ def served(test_model):
     """(prompt ids, output ids, behaviour logprobs, routed experts) of the test model's own completions."""
     from tokenizers import Tokenizer
 
-    from online_rl.model import load_pretrained
+    from online_rl.model.transformer import load_pretrained
 
     tok = Tokenizer.from_file(str(test_model / "tokenizer.json"))
     return sample_completions(
@@ -317,7 +317,7 @@ def test_a_late_deny_drops_the_tenant_and_withheld_events_never_become_samples(
 def test_the_reader_gives_every_tenant_policy_before_any_event(own_broker):
     """However far behind it starts, the trainer knows each forget and deny before it reads an event: more
     events than one fetch returns (max_poll_records) wait, in their partitions, behind the policy."""
-    from online_rl.stream_reader import StreamReader
+    from online_rl.data.reader import StreamReader
 
     probe = "tenant-reader-probe"
     events = [
@@ -352,7 +352,7 @@ def test_commented_contexts_follow_their_tenants_policy_and_distilled_samples_co
     old = Trainer(TrainerConfig(model_dir=test_model, work_dir=tmp_path / "old", min_batch=1, loss=loss))
     old.buffer = served_samples(test_model, 3)
     old.save()
-    with caplog.at_level(logging.WARNING, logger="online_rl.trainer"):
+    with caplog.at_level(logging.WARNING, logger="online_rl.trainer.loop"):
         Trainer(old.cfg)
     assert "3 user samples with no tenant" in caplog.text
 

@@ -20,15 +20,16 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from flywheel.core import kafka_auth, replica_keys
-from flywheel.core.paths import REPO_ROOT
-from flywheel.core.procs import stop_pid, wait_until
+from contracts import replica_keys
+from infra import kafka_auth
+from infra.paths import REPO_ROOT
+from infra.procs import stop_pid, wait_until
 from serving import gateway_process
 from tests.helpers import GATEWAY_ADMIN, STORE_TOKEN, get, post, store_server
-from weight_sync.agent import Agent, AgentConfig
+from weight_sync.agent.loop import Agent, AgentConfig
 from weight_sync.manifest import generate_key
 from weight_sync.publish import PublishConfig, activate, publish
-from weight_sync.store import Store
+from weight_sync.store.server import Store
 
 pytestmark = pytest.mark.timeout(900)
 PROMPT = 'def add_three(x):\n    """Return x plus 3."""\n'
@@ -81,7 +82,7 @@ def completion_events(bootstrap: str, ids: set[str], timeout_s: float = 60.0) ->
 
     from kafka import KafkaConsumer
 
-    from flywheel.core import events as ev
+    from contracts import events as ev
 
     consumer = KafkaConsumer(
         ev.TOPIC_COMPLETIONS,
@@ -201,8 +202,8 @@ def test_a_patch_the_engine_refuses_is_reloaded_from_disk(weights, second_replic
     without stopping; the agent counts it and reloads the version from disk."""
     from safetensors.numpy import save_file as save_np
 
-    from flywheel.core import weight_patch
-    from weight_sync import inplace
+    from weight_patch import format as weight_patch
+    from weight_sync.agent import inplace
 
     real = inplace.build_patch
 
@@ -315,7 +316,7 @@ def test_bad_versions_are_rejected_and_the_replica_keeps_serving(
         _corrupt(weights["root"] / "store", 1, number, how, weights["cfg"])
     agent = _agent(weights, second_replica, f"bad-{how}", tmp_path / "agent", switch_mode="no_pause")
     before, version = _greedy(second_replica.url), _version(second_replica.url)
-    with caplog.at_level("ERROR", logger="weight_sync.agent"):
+    with caplog.at_level("ERROR", logger="weight_sync.agent.loop"):
         assert asyncio.run(agent.apply(number)) is None
     assert agent.metrics.rejected.labels(reason)._value.get() == 1
     # The clear log line DESIGN asks for: which version, why, and that the replica keeps serving.
@@ -485,7 +486,7 @@ def test_killed_agent_restarts_on_its_last_good_version(weights, second_replica,
 
 
 def test_a_failed_load_never_leaves_the_replica_paused_or_draining(weights, second_replica, test_model, tmp_path):
-    from weight_sync.switch import GatewayLink, SwitchError, switch
+    from weight_sync.agent.switch import GatewayLink, SwitchError, switch
 
     version = _version(second_replica.url)
     with pytest.raises(SwitchError):
@@ -533,8 +534,8 @@ def test_a_transient_apply_failure_is_retried_and_its_offset_not_committed(weigh
     (once this ended the agent) and is retried until the broker is back."""
     from kafka import KafkaConsumer, TopicPartition
 
-    from flywheel import kafka_broker
-    from flywheel.core.events import TOPIC_WEIGHTS
+    from contracts.events import TOPIC_WEIGHTS
+    from flywheel.kafka import broker as kafka_broker
     from tests.helpers import TcpProxy
 
     broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=tmp_path / "kafka"))
@@ -567,7 +568,7 @@ def test_a_transient_apply_failure_is_retried_and_its_offset_not_committed(weigh
             c.close()
 
     try:
-        from flywheel.core.kafka_admin import ensure_topics
+        from infra.kafka_admin import ensure_topics
 
         ensure_topics(broker.bootstrap)
         thread.start()
@@ -596,10 +597,10 @@ def test_the_agent_acts_only_on_signed_fresh_records(weights, second_replica, tm
     plain garbage on the weights topic is counted and skipped, and the agent keeps following real ones."""
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
-    from flywheel import kafka_broker
-    from flywheel.core import control
-    from flywheel.core.events import TOPIC_WEIGHTS
-    from flywheel.core.kafka_admin import ensure_topics
+    from contracts import control
+    from contracts.events import TOPIC_WEIGHTS
+    from flywheel.kafka import broker as kafka_broker
+    from infra.kafka_admin import ensure_topics
     from weight_sync.manifest import load_private
 
     broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=tmp_path / "kafka"))
@@ -675,9 +676,9 @@ def test_a_rollback_after_the_counter_file_is_lost_reaches_every_agent(weights, 
     """The store's sequence counter is lost (a restore, a move to a new host) after a version announcement the
     agents have passed: the SRE's rollback still gets a number above it, and the agent applies it instead of
     dropping it as a replay."""
-    from flywheel import kafka_broker
     from flywheel.cli import main as flywheel
-    from flywheel.core.kafka_admin import ensure_topics
+    from flywheel.kafka import broker as kafka_broker
+    from infra.kafka_admin import ensure_topics
     from tests.helpers import STORE_TOKEN
 
     broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=tmp_path / "kafka"))

@@ -1,4 +1,4 @@
-"""The admin token split by capability (serving.admin_tokens): each part opens only its own doors. Before,
+"""The admin token split by capability (admin_api.tokens): each part opens only its own doors. Before,
 one token opened every admin endpoint, so each weight agent (one per replica) could also rewrite tenants'
 training policies or make them forgotten."""
 
@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
-from serving import admin_tokens
-from serving.admin_tokens import AdminTokens, needed
+from admin_api import tokens as admin_tokens
+from admin_api.tokens import AdminTokens, needed
 from tests.fake_engine import gateway_over_fakes
 
 PARTS = {"status": "part-status", "weights": "part-weights", "tenants": "part-tenants"}

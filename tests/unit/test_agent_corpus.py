@@ -8,9 +8,10 @@ import re
 
 import pytest
 
-from online_rl import agent_episodes as A, bootstrap as B, tasks as T
-from serving import tool_calls as tc
-from serving.openai_api import Limits, parse_chat, render_chat
+from online_rl.model import bootstrap as B
+from online_rl.tasks import agent_episodes as A, synthetic as T
+from serving.protocol import tool_calls as tc
+from serving.protocol.openai import Limits, parse_chat, render_chat
 
 CFG = T.CorpusConfig(seed=0, documents=8000)
 # a call and its result (the tool lines sit before the newest result: tool_format.render_chat)
@@ -99,9 +100,9 @@ def test_client_style_turns_are_what_each_api_renders():
     """Turns through a client's shell, inside a client's context (system prompt, environment, reminders): the
     prompt is byte for byte what the gateway renders for the same conversation on the chat, Responses and
     Messages APIs."""
-    from flywheel.agent_session import to_anthropic
-    from online_rl import agent_clients as C
-    from serving import messages_api, responses_api
+    from flywheel.demo.agent_session import to_anthropic
+    from online_rl.tasks import agent_clients as C
+    from serving.protocol import messages as messages_api, responses as responses_api
 
     rng = random.Random(3)
     tasks_ = T.tasks("train")

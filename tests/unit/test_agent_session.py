@@ -4,8 +4,8 @@ against a real gateway run in tests/integration (load test, demo parts)."""
 import json
 import random
 
-from flywheel.agent_session import PATHS, Repository, run_session
-from online_rl import tasks
+from flywheel.demo.agent_session import PATHS, Repository, run_session
+from online_rl.tasks import synthetic as tasks
 
 TASK = tasks.tasks("heldout")[0]
 
@@ -80,7 +80,7 @@ def test_the_repository_answers_every_call():
 
 
 def test_a_user_who_reacts_records_the_truth_of_every_turn():
-    from flywheel.agent_session import UserModel
+    from flywheel.demo.agent_session import UserModel
 
     rng = random.Random(0)
     path = random.Random(0).choice(PATHS)
@@ -98,7 +98,7 @@ def test_a_user_who_reacts_records_the_truth_of_every_turn():
     res = run_session(chat, TASK, rng, judge, user=always)
     assert res.reactions == ["correct", "correct"] and res.turns == 5
     assert res.truth == {f"cmpl-{i}": False for i in range(5)} and res.writes == ["cmpl-1"]
-    from flywheel.agent_session import CORRECTIONS
+    from flywheel.demo.agent_session import CORRECTIONS
 
     assert seen[4][-1]["role"] == "user" and seen[4][-1]["content"] in CORRECTIONS  # the correction was sent
     walks = UserModel(abandon=1.0)
@@ -108,7 +108,7 @@ def test_a_user_who_reacts_records_the_truth_of_every_turn():
 
 
 def test_the_messages_transport_speaks_the_messages_api():
-    from flywheel.agent_session import from_anthropic, messages_transport, to_anthropic
+    from flywheel.demo.agent_session import from_anthropic, messages_transport, to_anthropic
 
     convo = [
         {"role": "user", "content": "Fix app.py."},
@@ -147,7 +147,7 @@ def test_the_messages_transport_speaks_the_messages_api():
 
 
 def test_signal_quality_scores_against_the_truth():
-    from flywheel.signal_quality import SessionTruth, score
+    from flywheel.demo.signal_quality import SessionTruth, score
 
     sessions = [
         SessionTruth(["msg_a", "msg_b", "msg_c"], {"msg_a": False, "msg_b": False, "msg_c": False}, ["msg_b"]),

@@ -15,10 +15,10 @@ import pytest
 from aiohttp import web
 
 from tests.helpers import STORE_TOKEN, serving_app
-from weight_sync.agent import Agent, AgentConfig, Rejected
+from weight_sync.agent.loop import Agent, AgentConfig, Rejected
 from weight_sync.manifest import generate_key
 from weight_sync.publish import PublishConfig, publish
-from weight_sync.store import Store
+from weight_sync.store.server import Store
 
 
 def _store_behind(store: Store, broken: set[str]) -> web.Application:

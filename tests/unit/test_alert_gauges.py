@@ -8,9 +8,9 @@ import dataclasses
 import time
 from types import SimpleNamespace
 
-from online_rl.trainer_metrics import TrainerMetrics
+from online_rl.trainer.metrics import TrainerMetrics
 from serving.canary_split import CanarySplit
-from weight_sync.agent import Agent, AgentMetrics
+from weight_sync.agent.loop import Agent, AgentMetrics
 
 
 def agent(name: str, version: int) -> Agent:

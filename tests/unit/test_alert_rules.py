@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flywheel.alert_rules import (
+from flywheel.observe.alert_rules import (
     ALERTS_FILE,
     RUNBOOKS_DIR,
     TESTS_FILE,

@@ -3,8 +3,8 @@
 import json
 import time
 
+from admin_api.tokens import AdminTokens
 from serving import auth
-from serving.admin_tokens import AdminTokens
 
 
 def test_keys_file_holds_only_hashes(tmp_path):
@@ -47,7 +47,7 @@ def test_completion_ids_expire():
 def test_admin_token_and_bearer():
     assert auth.bearer("Bearer abc") == "abc" and auth.bearer("bearer  abc ") == "abc"
     assert auth.bearer("Basic abc") is None and auth.bearer(None) is None and auth.bearer("Bearer ") is None
-    tokens = AdminTokens(all="t")  # what the admin API compares with (serving.admin_tokens)
+    tokens = AdminTokens(all="t")  # what the admin API compares with (admin_api.tokens)
     assert tokens.grants("t", "weights") and not tokens.grants("u", "weights")
     assert not AdminTokens().grants("t", "status") and not tokens.grants(None, "status")
 

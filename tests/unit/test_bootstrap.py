@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from online_rl import bootstrap as B
+from online_rl.model import bootstrap as B
 
 pytestmark = pytest.mark.timeout(300)
 

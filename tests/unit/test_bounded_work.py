@@ -15,9 +15,9 @@ import urllib.request
 
 import pytest
 
-from serving import messages_api as ma, responses_api as ra, tool_calls as tc
-from serving.openai_api import Limits, parse_chat
-from serving.schema import ApiError, parse_json_body
+from serving.protocol import messages as ma, responses as ra, tool_calls as tc
+from serving.protocol.openai import Limits, parse_chat
+from serving.protocol.schema import ApiError, parse_json_body
 from tests.fake_engine import gateway_over_fakes
 
 L = Limits()
@@ -156,7 +156,7 @@ def test_a_slow_check_runs_off_the_loop_and_ends_at_its_deadline_as_an_invalid_c
 
 
 def test_a_large_schema_is_checked_off_the_loop_within_its_own_deadline():
-    from serving import tool_schema as ts
+    from serving.protocol import tool_schema as ts
 
     big = {"type": "object", "properties": {f"p{i}": {"type": "string", "minLength": i} for i in range(3000)}}
     body = {"model": "m", "messages": USER, "tools": [tool(big)]}
@@ -184,7 +184,7 @@ def test_a_large_schema_is_checked_off_the_loop_within_its_own_deadline():
 
 
 def test_a_session_keeps_what_the_model_wrote_by_digest():
-    from serving.implicit_signals import ImplicitSignals, Signal
+    from serving.signals.implicit import ImplicitSignals, Signal
 
     sig = ImplicitSignals()
     path = "/" + "a" * 1_000_000

@@ -1,6 +1,6 @@
 """The broker's formatting arguments."""
 
-from flywheel.kafka_broker import new_cluster_id
+from flywheel.kafka.broker import new_cluster_id
 
 
 def test_cluster_ids_never_read_as_options():
@@ -14,8 +14,8 @@ def test_a_probe_of_a_broker_not_listening_yet_answers_within_its_timeout():
     the next probe, half a second later, sees the broker."""
     import time
 
-    from flywheel.core.procs import free_port
-    from flywheel.kafka_broker import metadata_ok
+    from flywheel.kafka.broker import metadata_ok
+    from infra.procs import free_port
 
     t0 = time.monotonic()
     assert metadata_ok(f"127.0.0.1:{free_port()}", 1.0) is False

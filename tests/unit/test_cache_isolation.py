@@ -1,4 +1,4 @@
-"""Tenants never see each other through the prefix cache (serving.cache_scope): the router never favours a
+"""Tenants never see each other through the prefix cache (serving.tenants.cache_scope): the router never favours a
 replica because another tenant's prefix is there, and every request reaches the replica with its tenant's
 cache_salt. The same against real SGLang (cached_tokens, time to first token) is in
 tests/integration/test_cache_isolation_live.py."""
@@ -10,10 +10,10 @@ import random
 
 import pytest
 
-from serving.cache_scope import CacheScopes
 from serving.config import RoutingConfig
-from serving.router import Lease, ReplicaPool
 from serving.routing import RouteRequest
+from serving.routing.pool import Lease, ReplicaPool
+from serving.tenants.cache_scope import CacheScopes
 
 pytestmark = pytest.mark.timeout(120)
 SCOPES = CacheScopes(b"fleet-secret")

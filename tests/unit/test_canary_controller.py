@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import urllib.error
 
-from weight_sync.canary import CanaryConfig, CanaryController
+from weight_sync.canary.controller import CanaryConfig, CanaryController
 from weight_sync.manifest import generate_key
 from weight_sync.publish import PublishConfig
 
@@ -111,7 +111,7 @@ def test_a_gateway_failing_mid_trial_is_waited_for(tmp_path):
 
 def test_a_trial_the_gateway_broke_starts_again_and_the_split_ends(tmp_path, monkeypatch):
     """The PUT of the split refused: the controller lives on, ends any split, and trials the version again."""
-    monkeypatch.setattr("weight_sync.canary.RETRY_TRIAL_S", 0.01)
+    monkeypatch.setattr("weight_sync.canary.controller.RETRY_TRIAL_S", 0.01)
     gateway = Gateway(fail_put=1)
     records = [[{"type": "version", "version": 2, "canary": True, "seq": 1}]]
     ctl, announced = controller(tmp_path, gateway, records)
@@ -127,14 +127,14 @@ def test_a_retried_trial_keeps_its_stable_version_and_a_hopeless_one_is_rolled_b
     """The canary replica already serves the candidate when its trial is retried: stable stays the version
     the first attempt compared against (a tie of one replica each once made the candidate its own stable).
     A trial the gateway breaks every time is rolled back after MAX_TRIAL_ATTEMPTS, never retried forever."""
-    monkeypatch.setattr("weight_sync.canary.RETRY_TRIAL_S", 0.01)
+    monkeypatch.setattr("weight_sync.canary.controller.RETRY_TRIAL_S", 0.01)
     gateway = Gateway(fail_put=10**6)
     records = [[{"type": "version", "version": 9, "canary": True, "seq": 1}]]
     ctl, announced = controller(tmp_path, gateway, records)
     gateway.calls.clear()
 
     run_until_decided(ctl, gateway)
-    from weight_sync.canary import MAX_TRIAL_ATTEMPTS
+    from weight_sync.canary.controller import MAX_TRIAL_ATTEMPTS
 
     assert announced == [("canary", 9)] * MAX_TRIAL_ATTEMPTS + [("rollback", 9)]
     assert ctl.decisions[-1]["stable"] == 1  # r0's version, though r1 served v9 from the first attempt on

@@ -5,7 +5,7 @@ import random
 import pytest
 
 from serving.canary_split import CanarySplit
-from weight_sync.canary import CanaryConfig, judge
+from weight_sync.canary.controller import CanaryConfig, judge
 from weight_sync.publish import PublishConfig
 
 CFG = CanaryConfig(
@@ -166,7 +166,7 @@ def test_simulated_trials_reach_the_right_decision():
 
 
 def test_first_feedback_per_choice_only():
-    from serving.first_feedback import FirstFeedback
+    from serving.signals.first_feedback import FirstFeedback
 
     seen = FirstFeedback(capacity=3)
     assert seen.first("a", 0) and not seen.first("a", 0) and seen.first("a", 1)

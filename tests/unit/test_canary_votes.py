@@ -11,7 +11,7 @@ import hashlib
 import pytest
 
 from tests.fake_engine import gateway_over_fakes
-from weight_sync.canary import CanaryConfig, judge
+from weight_sync.canary.controller import CanaryConfig, judge
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -70,7 +70,7 @@ async def _run(test_model, tmp_path, scenario):
 
 
 def test_capped_votes():
-    from weight_sync.canary_votes import capped_votes
+    from weight_sync.canary.votes import capped_votes
 
     assert capped_votes([[100, 0]], 0.5) == (0.0, 0.0)  # alone: nothing
     assert capped_votes([[100, 0], [0, 10]], 0.5) == pytest.approx((10.0, 10.0))

@@ -11,7 +11,7 @@ from typing import Literal
 
 import pytest
 
-from flywheel.core.config import add_flags, build, check_modes, nested, option
+from infra.config import add_flags, build, check_modes, nested, option
 
 
 class Color(enum.Enum):
@@ -79,7 +79,7 @@ def test_help_names_default_and_environment():
 def test_the_trainer_command_and_its_config_agree(monkeypatch):
     """`flywheel train` with no flags makes the default TrainerConfig (no default copied into the parser)."""
     from flywheel.cli import build_parser
-    from flywheel.core.config import build as build_cfg
+    from infra.config import build as build_cfg
     from online_rl.config import RolloutConfig, TrainerConfig
 
     for name in (
@@ -104,7 +104,7 @@ def test_the_replica_command_and_its_config_agree(monkeypatch):
     the torch threads that the replica's environment then carries."""
     from flywheel.cli import build_parser
     from serving.cli import replica_config
-    from serving.replica import ReplicaConfig, _env
+    from serving.replica.process import ReplicaConfig, _env
 
     monkeypatch.delenv("FLYWHEEL_REPLICA_THREADS", raising=False)
     args = build_parser().parse_args(["replica", "start", "--model", "m"])

@@ -12,12 +12,12 @@ import torch
 from prometheus_client import CollectorRegistry
 from safetensors.torch import load_file, save_file
 
-from flywheel.core import events as ev
-from online_rl.tenants import TenantGate
+from contracts import events as ev
+from online_rl.data.tenants import TenantGate
 from serving import auth
 from weight_sync.manifest import generate_key
 from weight_sync.publish import PublishConfig, activate, announce, publish
-from weight_sync.store import Store
+from weight_sync.store.server import Store
 
 
 def _ckpt(path, seed, base=None):
@@ -67,8 +67,8 @@ def test_a_torn_ledger_tail_is_cut_and_neither_publish_nor_the_trainers_start_fa
     from prometheus_client import Counter
 
     from online_rl.config import PublisherConfig
-    from online_rl.failures import Failures
-    from online_rl.publisher import Publisher
+    from online_rl.trainer.failures import Failures
+    from online_rl.trainer.publisher import Publisher
 
     cfg, s, tmp = store
     kept = activate(cfg, 1, "pinned", kind="pin")

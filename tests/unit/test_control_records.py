@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from flywheel.core import control
+from contracts import control
 from weight_sync.manifest import generate_key, load_private
 
 

@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from flywheel.core.paths import REPO_ROOT
+from infra.paths import REPO_ROOT
 
 
 def test_apply_patches_sglang_allocator_and_provides_vllm_stub_and_forks_children(test_model):
@@ -45,7 +45,7 @@ def test_apply_patches_sglang_allocator_and_provides_vllm_stub_and_forks_childre
         capture_output=True,
         text=True,
         cwd=REPO_ROOT,
-        # One OpenMP thread, as a replica given its threads runs (serving.replica: OMP_NUM_THREADS).
+        # One OpenMP thread, as a replica given its threads runs (serving.replica.process: OMP_NUM_THREADS).
         env={"PYTHONPATH": str(REPO_ROOT), "CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
         timeout=120,
     )

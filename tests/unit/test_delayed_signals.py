@@ -6,11 +6,11 @@ import warnings
 import numpy as np
 import pytest
 
-from flywheel.core import events as ev
+from contracts import events as ev
 from online_rl.config import JoinConfig, RewardTable
-from online_rl.samples import Sample
-from online_rl.stream import Joiner
-from online_rl.tasks import hint_line
+from online_rl.data.join import Joiner
+from online_rl.data.samples import Sample
+from online_rl.tasks.synthetic import hint_line
 from tests.unit.test_stream_join import completion, feedback
 
 

@@ -1,7 +1,7 @@
 """Continue's development data at `/v1/devdata`: events built as Continue sends them, checked against the zod
 schemas of Continue's own npm package (@continuedev/config-yaml, pinned), fed to a gateway in this process
 over scripted stand-in replicas; the ones that judge a completion of the caller's become its feedback events
-(joined by the texts they carry: serving.served_index), the rest are counted by the documented rule, never a
+(joined by the texts they carry: serving.signals.served_index), the rest are counted by the documented rule, never a
 5xx."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from flywheel.core import events as ev
+from contracts import events as ev
 from tests.fake_engine import gateway_over_fakes
 from tests.helpers import CLIENTS, node_modules
 from tests.unit.test_tenant_admin import spooled

@@ -1,6 +1,6 @@
 """What the gateway reads from a replica's meta_info: the version is the one that made the tokens."""
 
-from serving import engine
+from serving.replica import engine
 
 
 def fill(meta: dict) -> engine.EngineResult:

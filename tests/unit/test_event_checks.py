@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from flywheel.core import control, events as ev
+from contracts import control, events as ev
 from tests import hostile_records
 from weight_sync.manifest import generate_key, load_private
 

@@ -8,9 +8,9 @@ import zlib
 import msgpack
 import pytest
 
-from serving import event_forget as fg, event_shipper as sh
-from serving.event_log import EventLog, EventLogConfig
-from serving.event_spool import HEADER, Spool, _redacted
+from serving.event_log import forget as fg, shipper as sh
+from serving.event_log.pipeline import EventLog, EventLogConfig
+from serving.event_log.spool import HEADER, Spool, _redacted
 from tests.spool_helpers import raw_records, segment_bytes, wait_for
 
 
@@ -197,7 +197,7 @@ def test_a_record_torn_by_a_crash_while_it_was_redacted_is_skipped_and_the_rest_
 
 
 def test_the_forgotten_file_is_never_half_written(tmp_path, monkeypatch):
-    from flywheel.core import files
+    from infra import files
 
     fg.save(tmp_path, 3, {"a": 1.0})
     real = files.os.replace

@@ -1,4 +1,4 @@
-"""serving.event_spool_writer: batches appended through one open descriptor, durable, and a failed attempt cut
+"""serving.event_log.spool_writer: batches appended through one open descriptor, durable, and a failed attempt cut
 back to the head before the retry; segments allocated ahead and cut back to the head when closed or recovered."""
 
 import errno
@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from serving import event_spool_writer as sw
-from serving.event_spool import Spool
+from serving.event_log import spool_writer as sw
+from serving.event_log.spool import Spool
 
 
 def _frames(*values):

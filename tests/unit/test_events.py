@@ -4,7 +4,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from flywheel.core import events as ev
+from contracts import events as ev
 
 
 def _completion():

@@ -1,4 +1,4 @@
-"""The trainer's streamed export (online_rl/export.py): safetensors bytes any reader takes, the tied head
+"""The trainer's streamed export (online_rl/trainer/export.py): safetensors bytes any reader takes, the tied head
 left out, and a failed write raised only after every tensor was gathered."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from online_rl.export import save_streaming
-from online_rl.model import ModelConfig, MoECoder, load_pretrained, save_pretrained
+from online_rl.model.transformer import ModelConfig, MoECoder, load_pretrained, save_pretrained
+from online_rl.trainer.export import save_streaming
 
 TINY = dict(
     vocab_size=97,

@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from flywheel.core import procs
+from infra import procs
 
 
 def test_ports_handed_out_are_distinct_and_free(monkeypatch):

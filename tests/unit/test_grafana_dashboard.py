@@ -1,7 +1,7 @@
 """deploy/grafana/flywheel.json: importable as is, every query parses, every metric it reads is exported.
 
 Parsing is promtool's (`check rules` over one recording rule per query); evaluating the queries against a
-live Prometheus is the integration test's part (it uses flywheel.dashboard's expressions and
+live Prometheus is the integration test's part (it uses flywheel.observe.dashboard's expressions and
 promql_for_query as these tests do).
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from flywheel.dashboard import DASHBOARD_FILE, expressions, load_dashboard, panels, promql_for_query
+from flywheel.observe.dashboard import DASHBOARD_FILE, expressions, load_dashboard, panels, promql_for_query
 
 REPO = DASHBOARD_FILE.parent.parent.parent
 DS = {"type": "prometheus", "uid": "${datasource}"}

@@ -1,4 +1,4 @@
-"""Verdicts read from agent sessions whose clients send no feedback (serving.implicit_signals): the detector
+"""Verdicts read from agent sessions whose clients send no feedback (serving.signals.implicit): the detector
 on conversations as clients send them, the gateway logging them as feedback events on the turns they judge
 (a Messages API session over scripted stand-in replicas: Claude Code's Bash), and the trainer's join giving
 each its own reward."""
@@ -11,10 +11,10 @@ import json
 import numpy as np
 import pytest
 
-from flywheel.core import events as ev
+from contracts import events as ev
 from online_rl.config import RewardTable
-from online_rl.stream import Joiner
-from serving.implicit_signals import ImplicitSignals
+from online_rl.data.join import Joiner
+from serving.signals.implicit import ImplicitSignals
 from tests.fake_engine import gateway_over_fakes
 from tests.unit.test_tenant_admin import spooled
 

@@ -3,14 +3,19 @@ imported), function-level imports included, so that no cycle between packages ca
 
 The layers, bottom to top (a package may import only the ones below it, and itself):
 
-    kernels, flywheel.core    import nothing of ours: kernels are numerics, the core is the contracts
-                              (events, control records, the tool-call text format) and the local
-                              infrastructure every package shares (paths, processes, the admin client,
-                              topic creation, progress bars)
-    weight_sync, serving      the core and kernels; neither imports the other
+    contracts, kernels        import nothing of ours: the contracts are what crosses processes as bytes (events,
+                              control records, the tool-call text format, a replica's credentials), kernels are
+                              numerics
+    infra                     the local infrastructure every process shares: paths, processes, files,
+                              configuration, progress bars, Maven, and Kafka administration, logins and dead
+                              letters (which know the topics of the contracts)
+    admin_api, weight_patch   the two protocols with both ends in one package: the gateway's admin API
+                              (routes, capabilities, tokens, the client) and the in-place weight patch (writer
+                              and the SGLang loader)
+    weight_sync, serving      everything below; neither imports the other
     online_rl                 may import serving and weight_sync (it launches replicas, publishes weights)
     flywheel (top layer)      the command line, the demo and its simulated population, chaos, the local
-                              fleet, the development broker launcher
+                              fleet, the development broker launcher, test hosts, observability
     loadtests                 the locust users and scenarios, run against a local fleet or a deployed one
 
 Production code is every package but loadtests (and tests and benchmarks, which may import anything):
@@ -18,8 +23,6 @@ none of it imports loadtests, tests or benchmarks. The one way up is the command
 subcommands: flywheel.cli imports each package's `cli` module by name (COMMAND_MODULES, through importlib,
 when the parser is built), loadtests.cli among them, so that `flywheel loadtest` exists. That list is
 read here too, and `loadtests.cli` is the only name in it that is allowed to point up.
-
-flywheel/__init__.py imports nothing either: importing flywheel.core runs it first.
 """
 
 from __future__ import annotations
@@ -27,17 +30,22 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]  # not flywheel.core.paths: this test imports nothing of ours
+REPO_ROOT = Path(__file__).resolve().parents[2]  # not infra.paths: this test imports nothing of ours
 
+_BOTTOM = {"contracts", "kernels", "infra"}
+_PROTOCOLS = {"admin_api", "weight_patch"}
 # layer -> the layers it may import (besides itself)
 ALLOWED: dict[str, set[str]] = {
+    "contracts": set(),
     "kernels": set(),
-    "flywheel.core": set(),
-    "weight_sync": {"flywheel.core", "kernels"},
-    "serving": {"flywheel.core", "kernels"},
-    "online_rl": {"flywheel.core", "kernels", "weight_sync", "serving"},
-    "flywheel": {"flywheel.core", "kernels", "weight_sync", "serving", "online_rl"},
-    "loadtests": {"flywheel.core", "kernels", "weight_sync", "serving", "online_rl", "flywheel"},
+    "infra": {"contracts"},
+    "admin_api": {"contracts", "infra"},
+    "weight_patch": {"contracts", "infra", "kernels"},
+    "weight_sync": _BOTTOM | _PROTOCOLS,
+    "serving": _BOTTOM | _PROTOCOLS,
+    "online_rl": _BOTTOM | _PROTOCOLS | {"weight_sync", "serving"},
+    "flywheel": _BOTTOM | _PROTOCOLS | {"weight_sync", "serving", "online_rl"},
+    "loadtests": _BOTTOM | _PROTOCOLS | {"weight_sync", "serving", "online_rl", "flywheel"},
 }
 FREE = {"tests", "benchmarks"}  # may import anything; nothing above may import them
 PRODUCTION = set(ALLOWED) - {"loadtests"}
@@ -45,12 +53,8 @@ UPWARD_REGISTRATIONS = {("flywheel.cli", "loadtests.cli")}  # (importer, importe
 
 
 def layer_of(module: str) -> str | None:
-    parts = module.split(".")
-    if parts[0] == "flywheel" and len(parts) > 1 and parts[1] == "core":
-        return "flywheel.core"
-    if parts[0] in ALLOWED or parts[0] in FREE:
-        return parts[0]
-    return None  # the standard library or a third-party package
+    top = module.split(".")[0]
+    return top if top in ALLOWED or top in FREE else None  # None: the standard library or a third party
 
 
 def module_name(path: Path) -> str:
@@ -124,7 +128,6 @@ def test_every_package_of_the_repository_has_a_layer():
     assert packages <= set(ALLOWED) | FREE, (
         f"a new package needs its place in ALLOWED: {packages - set(ALLOWED) - FREE}"
     )
-    assert (REPO_ROOT / "flywheel" / "core" / "__init__.py").exists()
 
 
 def test_the_layers_form_no_cycle():
@@ -154,8 +157,9 @@ def test_named_rules():
     seen = {(src, dst) for _, src, _, dst in edges()}
     assert ("serving", "online_rl") not in seen
     assert ("weight_sync", "online_rl") not in seen
-    assert not {dst for src, dst in seen if src == "kernels"}, "kernels import nothing of ours"
-    assert not {dst for src, dst in seen if src == "flywheel.core"}, "the core imports none of the packages"
+    for bottom in ("contracts", "kernels"):
+        assert not {dst for src, dst in seen if src == bottom}, f"{bottom} import nothing of ours"
+    assert {dst for src, dst in seen if src == "infra"} <= {"contracts"}, "infra imports only the contracts"
     static = {
         (src, dst)
         for f, src, target, dst in edges()
@@ -166,9 +170,13 @@ def test_named_rules():
         assert not {dst for s, dst in seen if s == src} & FREE, f"{src} imports tests or benchmarks"
 
 
-def test_flywheel_init_imports_nothing():
-    assert imports_of(REPO_ROOT / "flywheel" / "__init__.py") == set()
-    assert imports_of(REPO_ROOT / "flywheel" / "core" / "__init__.py") == set()
+def test_package_inits_are_maps():
+    """A package's __init__ is its map (a docstring) and imports nothing of ours: importing one module of a
+    package runs no other."""
+    inits = [p for p in source_files() if p.name == "__init__.py" and layer_of(module_name(p)) in ALLOWED]
+    assert len(inits) > 20
+    bad = {str(p.relative_to(REPO_ROOT)): sorted(m for m in imports_of(p) if layer_of(m)) for p in inits}
+    assert not {k: v for k, v in bad.items() if v}
 
 
 def test_the_one_upward_registration_is_the_loadtest_command():
@@ -179,17 +187,17 @@ def test_the_one_upward_registration_is_the_loadtest_command():
 def test_the_scanner_sees_every_kind_of_import():
     """The rules are only as good as the scan: function-level, relative and importlib imports count."""
     source = (
-        "import importlib\n\n\ndef f():\n    from online_rl import trainer\n    import weight_sync.agent\n"
+        "import importlib\n\n\ndef f():\n    from online_rl import trainer\n    import weight_sync.agent.loop\n"
         "    from . import gateway\n    from .cpu_compat import launch\n"
         "    importlib.import_module('loadtests.cli')\n"
     )
     found = imports_in(source, "serving.probe")
     assert {
         "online_rl.trainer",
-        "weight_sync.agent",
+        "weight_sync.agent.loop",
         "serving.gateway",
         "serving.cpu_compat.launch",
         "loadtests.cli",
     } <= found
-    assert "flywheel.core.events" in imports_in("from ..core import events\n", "flywheel.core.probe")
-    assert "flywheel.core.events" in imports_in("from . import events\n", "flywheel.core", is_package=True)
+    assert "contracts.events" in imports_in("from ..contracts import events\n", "serving.probe")
+    assert "contracts.events" in imports_in("from . import events\n", "contracts", is_package=True)

@@ -1,4 +1,4 @@
-"""The engine-side in-place loader (serving.inplace_loader) on small models whose `load_weights` lays tensors
+"""The engine-side in-place loader (weight_patch.loader) on small models whose `load_weights` lays tensors
 out the ways SGLang's do: fused along a dimension, stacked per expert, into a non-contiguous slice, by
 item assignment; and one that transposes, which a sparse patch must refuse. (The real engine: the in-place
 tests of tests/integration/test_weight_sync.py.)"""
@@ -10,8 +10,7 @@ import pytest
 import torch
 from safetensors.numpy import save_file
 
-from flywheel.core import weight_patch as wp
-from serving import inplace_loader
+from weight_patch import format as wp, loader as inplace_loader
 
 
 class Toy(torch.nn.Module):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kernels import batch_invariant as bi, reference as ref
-from online_rl.model import ModelConfig, MoECoder
+from online_rl.model.transformer import ModelConfig, MoECoder
 
 SIZES = (1, 3, 17, 64)
 

@@ -1,4 +1,4 @@
-"""The prepared GPU script (online_rl.gpu_check, its Triton section in kernels.gpu_check): it refuses clearly
+"""The prepared GPU script (online_rl.gpu_check.check, its Triton section in kernels.gpu_check): it refuses clearly
 without CUDA; its CPU dry run really runs the FSDP2 step (gloo, tiny preset) and reports the GPU-only
 sections as skipped; the section runner records errors and overruns instead of raising; the parts of the
 batch-invariance and codec sections that have a CPU path are checked on it."""
@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import torch
 
-from online_rl import gpu_check, gpu_check_codec
-from online_rl.gpu_check_bi import batch_invariance
-from online_rl.gpu_check_run import Budget, run_section
-from online_rl.model import ModelConfig
+from online_rl.gpu_check import check as gpu_check, codec as gpu_check_codec
+from online_rl.gpu_check.batch_invariant import batch_invariance
+from online_rl.gpu_check.sections import Budget, run_section
+from online_rl.model.transformer import ModelConfig
 from weight_sync import codec
 
 cpu_only = pytest.mark.skipif(torch.cuda.is_available(), reason="what the script does without CUDA")

@@ -5,10 +5,10 @@ import warnings
 
 import pytest
 
-from flywheel import demo_report
-from flywheel.population import HiddenTests, HouseStyle, Interaction
+from flywheel.demo import report as demo_report
+from flywheel.demo.population import HiddenTests, HouseStyle, Interaction
 from loadtests.runner import parse_duration
-from online_rl import tasks
+from online_rl.tasks import synthetic as tasks
 
 TASK = next(t for t in tasks.tasks("heldout") if t.family == "add")
 
@@ -90,7 +90,7 @@ def test_summary_per_version_and_verdict():
 def test_users_react_with_the_same_draws_whatever_they_send():
     import random
 
-    from flywheel.population import PopulationConfig, react
+    from flywheel.demo.population import PopulationConfig, react
 
     task = tasks.tasks("heldout")[3]
     wrong = task.wrong_bodies()[1]

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from online_rl.config import LossConfig
-from online_rl.loss import make_batch, policy_loss
-from online_rl.model import MoECoder, token_logprobs
-from online_rl.samples import Sample
+from online_rl.data.samples import Sample
+from online_rl.model.transformer import MoECoder, token_logprobs
+from online_rl.trainer.loss import make_batch, policy_loss
 from tests.tiny_models import TINY_MOE
 
 TINY = TINY_MOE

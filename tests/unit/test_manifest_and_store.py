@@ -18,7 +18,7 @@ from weight_sync.manifest import (
     verify,
 )
 from weight_sync.publish import PublishConfig, activate, publish
-from weight_sync.store import Store
+from weight_sync.store.server import Store
 
 
 def _entry(name="w", dtype="BF16", shape=(4, 3)):
@@ -176,7 +176,7 @@ def test_a_publish_is_durable_before_it_is_visible(tmp_path, monkeypatch):
 
 def test_agent_follows_versions_rollbacks_and_pins(test_model, tmp_path):
     """The agent's reading of the weights topic (no servers: its decision alone)."""
-    from weight_sync.agent import Agent, AgentConfig
+    from weight_sync.agent.loop import Agent, AgentConfig
 
     generate_key(tmp_path / "s.pem", tmp_path / "s.pub")
     agent = Agent(
@@ -208,7 +208,7 @@ def test_agent_follows_versions_rollbacks_and_pins(test_model, tmp_path):
 
 def _rebuild(store: Store, version: int) -> dict[str, np.ndarray]:
     """A version's tensors from the store alone, through its base chain (what an agent does)."""
-    from weight_sync.store import chunk_name
+    from weight_sync.store.server import chunk_name
 
     m = store.manifest(version)
     base = _rebuild(store, m.base_version) if m.kind == "delta" else {}

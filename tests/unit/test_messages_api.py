@@ -14,7 +14,7 @@ from anthropic import AsyncAnthropic
 from anthropic.types import Message, RawMessageStreamEvent
 from pydantic import TypeAdapter
 
-from flywheel.core import events as ev
+from contracts import events as ev
 from tests.fake_engine import gateway_over_fakes, run_with_sdk
 from tests.helpers import sse
 from tests.unit.test_tenant_admin import spooled

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from online_rl.model import MoECoder, load_pretrained, save_pretrained, token_logprobs
+from online_rl.model.transformer import MoECoder, load_pretrained, save_pretrained, token_logprobs
 from tests.tiny_models import TINY_MOE
 
 TINY = TINY_MOE

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from online_rl.config import LossConfig, OptimConfig
-from online_rl.loss import advantages
-from online_rl.model import ModelConfig, MoECoder, load_pretrained, save_pretrained, token_logprobs
-from online_rl.samples import Sample
-from online_rl.update import make_optimizer, update
+from online_rl.data.samples import Sample
+from online_rl.model.transformer import ModelConfig, MoECoder, load_pretrained, save_pretrained, token_logprobs
+from online_rl.trainer.loss import advantages
+from online_rl.trainer.update import make_optimizer, update
 
 SMALL = dict(vocab_size=301, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
 

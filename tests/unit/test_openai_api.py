@@ -2,8 +2,8 @@
 
 import pytest
 
-from serving.openai_api import Limits, parse_chat, parse_completion, render_chat
-from serving.schema import ApiError, parse_json_body
+from serving.protocol.openai import Limits, parse_chat, parse_completion, render_chat
+from serving.protocol.schema import ApiError, parse_json_body
 
 L = Limits()
 
@@ -125,7 +125,7 @@ def test_body_parsing(raw, code):
 
 
 def test_usage_says_cached_tokens_only_when_the_replica_did():
-    from serving.openai_api import usage
+    from serving.protocol.openai import usage
 
     assert usage(10, 3, None) == {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13}
     assert usage(10, 3, 8)["prompt_tokens_details"] == {"cached_tokens": 8}

@@ -11,9 +11,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from flywheel.core import weight_patch
 from tests.helpers import serving_app
-from weight_sync.switch import InPlace, LoadRefused, _load, switch
+from weight_patch import format as weight_patch
+from weight_sync.agent.switch import InPlace, LoadRefused, _load, switch
 
 UNFLUSHED = (
     "Weights were updated, but the cache was not flushed because requests are still running or waiting; "
@@ -23,7 +23,7 @@ UNFLUSHED = (
 
 class PatchEngine:
     """SGLang's weight-update endpoints as they answer for a patch whose loader ran (its outcome in the result
-    file, as flywheel.core.weight_patch's loader writes it): `loader_ok` and whether a request kept the cache."""
+    file, as weight_patch.format's loader writes it): `loader_ok` and whether a request kept the cache."""
 
     def __init__(self, loader_ok: bool, unflushed: bool, written: int = 0):
         self.loader_ok, self.unflushed, self.written = loader_ok, unflushed, written

@@ -1,4 +1,4 @@
-"""flywheel.prometheus: the generated configuration, and a real Prometheus scraping real /metrics endpoints
+"""flywheel.observe.prometheus: the generated configuration, and a real Prometheus scraping real /metrics endpoints
 (prometheus_client's own HTTP servers), with a rule that fires, stopped by PID."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-from flywheel.core.procs import free_port, pid_alive
-from flywheel.prometheus import JOBS, Prometheus, PrometheusConfig, binary_path, scrape_config, target_groups
+from flywheel.observe.prometheus import JOBS, Prometheus, PrometheusConfig, binary_path, scrape_config, target_groups
+from infra.procs import free_port, pid_alive
 
 pytestmark = pytest.mark.timeout(120)
 needs_prometheus = pytest.mark.skipif(binary_path() is None, reason="prometheus not installed (scripts/setup.sh)")
@@ -106,7 +106,7 @@ def test_observe_scrapes_the_replicas_the_gateway_names_and_stops(tmp_path, caps
     import json
     import threading
 
-    from flywheel.observe import ObserveConfig, run
+    from flywheel.observe.command import ObserveConfig, run
 
     port = free_port()
 

@@ -1,4 +1,4 @@
-"""An agent's relay cache (weight_sync.relay.RelayCache): what a peer asking for a piece still arriving sees."""
+"""An agent's relay cache (weight_sync.agent.relay.RelayCache): what a peer asking for a piece still arriving sees."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from weight_sync.relay import RelayCache, RelayConfig
+from weight_sync.agent.relay import RelayCache, RelayConfig
 
 
 def _receive_in_thread(cache: RelayCache, piece: str, data: bytes | None, after_s: float) -> threading.Thread:

@@ -1,12 +1,12 @@
-"""The store's tracker (weight_sync.tracker): who an agent is sent to for a piece, and what it forgets."""
+"""The store's tracker (weight_sync.store.tracker): who an agent is sent to for a piece, and what it forgets."""
 
 from __future__ import annotations
 
 import pytest
 
-from weight_sync.store import valid_piece
-from weight_sync.store_relay import peer_url
-from weight_sync.tracker import Tracker, TrackerConfig
+from weight_sync.store.relay import peer_url
+from weight_sync.store.server import valid_piece
+from weight_sync.store.tracker import Tracker, TrackerConfig
 
 A, B, C, D, E, F, G = (f"http://198.18.0.{i}:8200" for i in range(1, 8))
 

@@ -1,4 +1,4 @@
-"""serving.replica_launch: a replica's keys reach SGLang's arguments inside the process, never its command
+"""serving.replica.launch: a replica's keys reach SGLang's arguments inside the process, never its command
 line or its children's environment, and never leave in an info endpoint's answer."""
 
 from __future__ import annotations
@@ -9,17 +9,17 @@ import os
 import subprocess
 import sys
 
-from flywheel.core import replica_keys
-from flywheel.core.paths import REPO_ROOT
-from serving.replica_launch import RedactKeys
+from contracts import replica_keys
+from infra.paths import REPO_ROOT
+from serving.replica.launch import RedactKeys
 
 
 def _launch(tmp_path, probe: str, keys: dict) -> object:
-    """Run serving.replica_launch on a probe module (in tmp_path) instead of SGLang: what the probe printed."""
+    """Run serving.replica.launch on a probe module (in tmp_path) instead of SGLang: what the probe printed."""
     (tmp_path / "probe_launch.py").write_text(probe)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(tmp_path)]), **keys}
     out = subprocess.run(
-        [sys.executable, "-m", "serving.replica_launch", "probe_launch", "--port", "1"],
+        [sys.executable, "-m", "serving.replica.launch", "probe_launch", "--port", "1"],
         env=env,
         capture_output=True,
         text=True,

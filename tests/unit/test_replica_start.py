@@ -1,4 +1,4 @@
-"""serving.replica.start around its launch: the port it picks is held from launch until the replica listens, and
+"""serving.replica.process.start around its launch: the port it picks is held from launch until the replica listens, and
 no step that fails leaves a held port, a temp dir or an unrecorded process behind. The launched command is a
 `sleep` in place of SGLang (what start does around it is under test here; tests/integration/test_replica.py
 starts the real one)."""
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from flywheel.core import procs
-from serving import replica as rep
+from infra import procs
+from serving.replica import process as rep
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -16,7 +16,7 @@ from openai import AsyncOpenAI
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from flywheel.core import events as ev
+from contracts import events as ev
 from serving import auth
 from tests.fake_engine import run_with_sdk
 from tests.helpers import sse

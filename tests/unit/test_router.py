@@ -2,7 +2,7 @@
 
 import pytest
 
-from serving.router import Lease, NoReplica, ReplicaPool, ReplicaState
+from serving.routing.pool import Lease, NoReplica, ReplicaPool, ReplicaState
 
 
 def _pool(n=3):
@@ -44,7 +44,7 @@ def test_rollout_load_is_counted_apart_from_user_load():
 
 
 def test_a_drain_whose_lease_lapses_takes_users_again():
-    from serving.router import ReplicaPool, ReplicaState
+    from serving.routing.pool import ReplicaPool, ReplicaState
 
     pool = ReplicaPool(["http://a", "http://b"])
     a, b = pool.replicas["r0"], pool.replicas["r1"]

@@ -5,8 +5,8 @@ import random
 import pytest
 
 from serving.config import RoutingConfig
-from serving.router import Lease, ReplicaPool
 from serving.routing import RouteRequest, make_policy
+from serving.routing.pool import Lease, ReplicaPool
 from serving.routing.prefix_index import PrefixIndex, block_names
 
 B = 16

@@ -9,12 +9,13 @@ import re
 
 import pytest
 
+from admin_api import tokens as admin_tokens
+from contracts import replica_keys
 from flywheel.cli import build_parser, main
-from flywheel.core import kafka_auth, replica_keys
-from flywheel.kafka_broker import Broker
-from flywheel.kafka_security import Security
-from serving import admin_tokens
-from serving.replica import ReplicaConfig
+from flywheel.kafka.broker import Broker
+from flywheel.kafka.security import Security
+from infra import kafka_auth
+from serving.replica.process import ReplicaConfig
 
 # A flag whose name says it carries a secret's value (paths to key files, e.g. --key or --public-key, are fine).
 SECRET_FLAG = re.compile(r"(admin|api|auth|access|bearer)-?token|^--token$|password|api-key|secret-key|^--keys$")
@@ -92,7 +93,7 @@ def test_the_fleet_gives_an_agent_its_admin_token_in_its_environment(tmp_path, m
     monkeypatch.setenv("FLYWHEEL_STORE_TOKEN", "a-stale-shells-store-token")
     pid = fleet._spawn_agent("r0", "http://127.0.0.1:9")
     try:
-        token = fleet.admin_parts["weights"]  # the admin API's weights part only (serving.admin_tokens)
+        token = fleet.admin_parts["weights"]  # the admin API's weights part only (admin_api.tokens)
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             argv = f.read()
         assert b"weights\0agent" in argv and token.encode() not in argv  # the agent's argv, without the token
@@ -100,7 +101,7 @@ def test_the_fleet_gives_an_agent_its_admin_token_in_its_environment(tmp_path, m
             environ = f.read().split(b"\0")
         assert f"FLYWHEEL_ADMIN_TOKEN={token}".encode() in environ
         assert not any(fleet.cfg.admin_token.encode() in e for e in environ)  # not the operator's, all of it
-        # Its replica's two keys (flywheel.core.replica_keys), not another replica's admin key, not the shell's
+        # Its replica's two keys (contracts.replica_keys), not another replica's admin key, not the shell's
         assert f"{replica_keys.ADMIN_ENV}=r0-admin".encode() in environ
         assert f"{replica_keys.INFERENCE_ENV}=fleet-inference".encode() in environ
         assert not any(b"r1-admin" in e or b"a-stale-shells-replica-key" in e for e in environ)

@@ -1,4 +1,4 @@
-"""serving.secret_scrub on a corpus: every secret shape found, every look-alike clean, the budget bounded.
+"""serving.event_log.secret_scrub on a corpus: every secret shape found, every look-alike clean, the budget bounded.
 
 The secrets are fakes, put together at run time from pieces (`_j`), so that this file holds no string that a
 secret scanner (GitHub's push protection, detect-secrets itself) would take for a live credential.
@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from serving.secret_scrub import ScanLimit, Scrubber, ScrubConfig, is_placeholder
+from serving.event_log.secret_scrub import ScanLimit, Scrubber, ScrubConfig, is_placeholder
 
 
 def _j(*parts: str) -> str:
@@ -232,7 +232,7 @@ def test_placeholders():
 
 def test_speed(scrubber):
     """Realistic prompts (this repository's own code, 2 KB each) at hundreds per second on one core."""
-    from flywheel.core.paths import REPO_ROOT
+    from infra.paths import REPO_ROOT
 
     texts = []
     for path in sorted((REPO_ROOT / "serving").glob("*.py"))[:20]:
@@ -249,8 +249,8 @@ def test_speed(scrubber):
 def test_the_shipper_withholds_on_a_finding_and_fails_closed_on_an_error(monkeypatch):
     import msgpack
 
-    from flywheel.core import events as ev
-    from serving.event_scan import Scrub
+    from contracts import events as ev
+    from serving.event_log.scan import Scrub
 
     fb = ev.FeedbackEvent(completion_id="c", choice_index=0, tenant="t", kind="comment", text="fine words")
     raw = fb.encode()
@@ -273,8 +273,8 @@ def test_the_shipper_withholds_on_a_finding_and_fails_closed_on_an_error(monkeyp
 
 
 def test_the_shipper_flattens_the_texts_to_scan_and_fails_closed_on_a_shape_it_does_not_know():
-    from flywheel.core import events as ev
-    from serving.event_scan import Scrub, scan_texts
+    from contracts import events as ev
+    from serving.event_log.scan import Scrub, scan_texts
 
     joined = "def f():\n    return 1\n" * 40  # a prompt, its output and suffix joined: a few KB of lines
     assert scan_texts([joined, ["\n\n", "stop"], None]) == [joined, "\n\n", "stop"]
@@ -291,8 +291,8 @@ def test_the_shipper_flattens_the_texts_to_scan_and_fails_closed_on_a_shape_it_d
 def test_a_record_spooled_without_meta_is_withheld_if_it_is_a_completion_or_a_feedback():
     import numpy as np
 
-    from flywheel.core import events as ev
-    from serving.event_scan import Scrub
+    from contracts import events as ev
+    from serving.event_log.scan import Scrub
 
     c = ev.CompletionEvent(
         completion_id="c1",
@@ -322,7 +322,7 @@ def test_a_record_spooled_without_meta_is_withheld_if_it_is_a_completion_or_a_fe
 def test_a_normal_prompt_is_far_inside_the_budget_and_a_slow_one_is_cut_short():
     """The default budget (20 ms + 2 ms per KiB) is a few times what real code takes (~1 ms per KiB, measured
     here with nothing cached) and bounds what a prompt built to be slow costs the single-threaded shipper."""
-    from flywheel.core.paths import REPO_ROOT
+    from infra.paths import REPO_ROOT
 
     cfg = ScrubConfig(cache_lines=0)
     assert cfg.budget_s + cfg.budget_s_per_kb * 2 <= 0.05  # tens of ms for a 2 KB prompt, not half a second
@@ -356,8 +356,8 @@ def test_a_keyword_secret_in_a_long_line_is_found_in_the_keyword_windows():
 
 
 def test_the_clean_lines_are_forgotten_when_the_forget_watcher_reloads(tmp_path):
-    from serving import event_forget as fg
-    from serving.event_scan import Scrub
+    from serving.event_log import forget as fg
+    from serving.event_log.scan import Scrub
 
     scrub = Scrub(True)
     scrub.scrubber.find(["def alice_private_helper():\n    return 42\n"])

@@ -1,8 +1,8 @@
 """Agent sessions: a turn is linked to the completion that produced the previous one, by the tool call it
 answers or by the conversation so far; the session id is the client's, else the first turn's."""
 
-from serving.openai_api import Limits, parse_chat
-from serving.sessions import Sessions
+from serving.protocol.openai import Limits, parse_chat
+from serving.signals.sessions import Sessions
 
 TOOLS = [{"type": "function", "function": {"name": "run_tests", "parameters": {"type": "object", "properties": {}}}}]
 

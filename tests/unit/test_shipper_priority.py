@@ -2,7 +2,7 @@
 
 import psutil
 
-from serving.event_log import EventLog, EventLogConfig
+from serving.event_log.pipeline import EventLog, EventLogConfig
 from tests.spool_helpers import wait_for
 
 

@@ -2,10 +2,10 @@
 acknowledged, and past the backlog limit events go out withheld without a scan. Against a real broker:
 tests/integration/test_scrub_shipper.py."""
 
-from flywheel.core import events as ev
-from serving import event_shipper as sh
-from serving.event_log import EventLog, EventLogConfig
-from serving.event_spool import Spool
+from contracts import events as ev
+from serving.event_log import shipper as sh
+from serving.event_log.pipeline import EventLog, EventLogConfig
+from serving.event_log.spool import Spool
 from tests.spool_helpers import raw_records, segment_bytes, wait_for
 
 
@@ -30,7 +30,7 @@ class _FakeProducer:
 
 
 def _ship(monkeypatch, log: EventLog, **cfg) -> list[tuple[str, str, bytes]]:
-    """Run the shipper (serving.event_shipper.run) here, over what `log` (closed: STOP set) spooled, into a fake
+    """Run the shipper (serving.event_log.shipper.run) here, over what `log` (closed: STOP set) spooled, into a fake
     producer; returns what it sent."""
     import signal
 
@@ -117,7 +117,7 @@ def test_what_the_shipper_withholds_is_redacted_in_the_spool_once_acknowledged(t
 
 
 def test_over_the_backlog_limit_events_are_withheld_without_a_scan(tmp_path, monkeypatch):
-    from serving import secret_scrub
+    from serving.event_log import secret_scrub
 
     def one(tmp, scan_backlog_bytes, **cfg):
         log = EventLog(EventLogConfig(spool_dir=tmp)).start()

@@ -1,4 +1,4 @@
-"""`flywheel status` (flywheel.status, flywheel.status_cli) against real HTTP servers on loopback: a gateway's
+"""`flywheel status` (flywheel.status.gather, flywheel.status.screen) against real HTTP servers on loopback: a gateway's
 admin API (the real admin-token middleware, replica and canary views from serving's own classes) and its
 /metrics (a prometheus_client registry with the gateway's series), the trainer's real metrics registry, the
 real weight store app over a store directory, and a Prometheus HTTP API answering recorded shapes. Then the
@@ -20,10 +20,10 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from rich.console import Console
 
-from flywheel.core.procs import free_port
-from flywheel.status import StatusConfig, failed, fold_activations, gather
-from flywheel.status_cli import render, run
-from flywheel.status_sources import quantile
+from flywheel.status.gather import StatusConfig, failed, fold_activations, gather
+from flywheel.status.screen import render, run
+from flywheel.status.sources import quantile
+from infra.procs import free_port
 
 pytestmark = pytest.mark.timeout(120)
 TOKEN = "admin-secret"
@@ -65,8 +65,8 @@ def gateway_app(token: str = TOKEN, per_scrape: int = 10, metrics_text: str | No
     from serving.auth import admin_middleware
     from serving.canary_split import CanarySplit
     from serving.metrics import LATENCY_BUCKETS
-    from serving.router import ReplicaHandle, ReplicaState
-    from serving.schema import ApiError
+    from serving.protocol.schema import ApiError
+    from serving.routing.pool import ReplicaHandle, ReplicaState
     from serving.version_stats import VersionStats
 
     reps = [
@@ -127,8 +127,8 @@ def gateway_app(token: str = TOKEN, per_scrape: int = 10, metrics_text: str | No
 
 
 def trainer_app(last_publish: float | None = None, interval: float | None = None) -> web.Application:
-    from online_rl.stream import JoinStats
-    from online_rl.trainer_metrics import TrainerMetrics
+    from online_rl.data.join import JoinStats
+    from online_rl.trainer.metrics import TrainerMetrics
 
     m = TrainerMetrics(lambda: JoinStats())
     m.step.set(412)
@@ -150,7 +150,7 @@ def trainer_app(last_publish: float | None = None, interval: float | None = None
 
 def store_app(tmp_path) -> web.Application:
     """The real store's HTTP face over versions 4..7; v6 promoted after a trial, v7 in trial now."""
-    from weight_sync.store import Store
+    from weight_sync.store.server import Store
 
     store = Store(tmp_path / "store")
     for v in (4, 5, 6, 7):

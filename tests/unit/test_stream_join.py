@@ -2,11 +2,11 @@
 
 import pytest
 
-from flywheel.core import events as ev
+from contracts import events as ev
 from online_rl.config import JoinConfig, LengthPenalty, LossConfig, RewardTable
-from online_rl.loss import advantages
-from online_rl.samples import Sample
-from online_rl.stream import Joiner
+from online_rl.data.join import Joiner
+from online_rl.data.samples import Sample
+from online_rl.trainer.loss import advantages
 from tests.helpers import completion_event as completion
 
 

@@ -11,9 +11,9 @@ import contextlib
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from flywheel.core.procs import free_port
+from infra.procs import free_port
 from tests.fake_engine import FakeReplica
-from weight_sync.switch import GatewayLink, switch
+from weight_sync.agent.switch import GatewayLink, switch
 
 ADMIN = "admin-secret"
 
@@ -164,7 +164,7 @@ def test_a_cancelled_switch_leaves_no_gateway_draining(test_model, tmp_path):
 def test_a_drain_taken_first_is_kept_while_the_next_gateway_waits_for_stragglers(test_model, tmp_path, monkeypatch):
     """Gateways are drained one after another (in URL order, the same for every agent); a drain already
     granted is renewed while a later gateway waits for its requests on the replica to finish."""
-    import weight_sync.gateway_drains as drains
+    import weight_sync.agent.gateway_drains as drains
 
     monkeypatch.setattr(drains, "DRAIN_LEASE_S", 1.0)  # lapses within the straggler's 3 s unless renewed
 

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from online_rl import sandbox, tasks
+from online_rl.sandbox import judge as sandbox
+from online_rl.tasks import synthetic as tasks
 
 
 def test_splits_are_disjoint_and_stable():

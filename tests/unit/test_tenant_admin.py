@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from flywheel.core import events as ev
+from contracts import events as ev
 from serving import auth
-from serving.event_spool import Spool
+from serving.event_log.spool import Spool
 from tests.fake_engine import gateway_over_fakes
 
 pytestmark = pytest.mark.timeout(120)
@@ -186,7 +186,7 @@ def test_a_keys_file_no_gateway_can_load_refuses_a_change(test_model, tmp_path):
 def test_a_secret_the_model_finishes_is_scanned_whole(test_model, tmp_path):
     """The user types the start of a key, the model completes it: neither text holds it alone, and the
     shipper is given prompt + output + suffix as one text (and the stop strings)."""
-    from serving.secret_scrub import Scrubber
+    from serving.event_log.secret_scrub import Scrubber
 
     head, tail = 'aws_access_key_id = "AKIAQ3EG', 'RDFJ7XM2KZ4P"\n'
 

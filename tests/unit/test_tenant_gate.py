@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-from flywheel.core import events as ev
-from online_rl import provenance
-from online_rl.checkpoints import Checkpoints
+from contracts import events as ev
 from online_rl.config import JoinConfig
-from online_rl.provenance import COUNTS
-from online_rl.samples import Sample
-from online_rl.stream import Joiner
-from online_rl.tenants import REASONS, TenantGate
+from online_rl.data import provenance
+from online_rl.data.join import Joiner
+from online_rl.data.provenance import COUNTS
+from online_rl.data.samples import Sample
+from online_rl.data.tenants import REASONS, TenantGate
+from online_rl.trainer.checkpoints import Checkpoints
 
 
 def completion(cid, ts, tenant="a", session="", withheld="", parent=""):
@@ -61,7 +61,7 @@ def tenant(tid, ts=0.0, **kw):
 
 
 class Holder:
-    """What a trainer holds of tenants' data (online_rl.tenants.TenantGate's holder)."""
+    """What a trainer holds of tenants' data (online_rl.data.tenants.TenantGate's holder)."""
 
     def __init__(self, cfg=None):
         self.gate = TenantGate(holder=self, clock=lambda: 1000.0)
@@ -70,7 +70,7 @@ class Holder:
         self.commented: list[tuple[Sample, int]] = []
         self.ledger: list[dict] = []
 
-    def drop_samples(self, gone, reason):  # as online_rl.trainer.Trainer.drop_samples
+    def drop_samples(self, gone, reason):  # as online_rl.trainer.loop.Trainer.drop_samples
         samples = [s for s in self.buffer if gone(s)]
         self.buffer = [s for s in self.buffer if not gone(s)]
         self.ledger += [{"key": s.key, "tenant": s.tenant, "dropped": reason} for s in samples]
@@ -164,7 +164,7 @@ def test_a_forget_drops_what_the_trainer_holds_and_a_late_deny_the_rest():
     h.gate.record(tenant("a", name="acme", retention_days=30.0))  # no purge: nothing for the checkpoints to lose
     assert not h.gate.purged
     h.gate.record(tenant("a", name="acme", forgotten_before=12.0, ts=50.0).encode())
-    assert h.gate.purged  # the next checkpoint stands alone (online_rl.trainer.Trainer.save)
+    assert h.gate.purged  # the next checkpoint stands alone (online_rl.trainer.loop.Trainer.save)
     assert [s.key for s in h.buffer] == ["b1:0"] and not h.joiner.pending.get("a2:0")
     assert [c[0].key for c in h.commented] == ["b1:0"]
     assert h.ledger == [{"key": "a1:0", "tenant": "a", "dropped": "forgotten"}]
@@ -351,10 +351,10 @@ def test_a_provenance_failure_after_the_commit_never_fails_the_publish(tmp_path,
     from prometheus_client import CollectorRegistry, Counter
 
     import weight_sync.publish as wp
-    from online_rl import publisher as pub
     from online_rl.config import PublisherConfig
-    from online_rl.failures import Failures
-    from weight_sync.store import Store
+    from online_rl.trainer import publisher as pub
+    from online_rl.trainer.failures import Failures
+    from weight_sync.store.server import Store
 
     def fake_publish(checkpoint, cfg, announce_now=True, **_):
         latest = Store(cfg.store).latest()

@@ -165,7 +165,7 @@ def test_concurrency_is_given_back_when_a_client_walks_away_or_a_stream_breaks(t
 def test_bucket_refills_at_its_rate_and_says_when():
     from serving.auth import Tenant
     from serving.config import TenantLimitsConfig
-    from serving.tenant_limits import TenantLimits
+    from serving.tenants.limits import TenantLimits
 
     class Keys:
         limits: dict = {}

@@ -1,7 +1,7 @@
 """No tenant fills a training batch: a tenant flooding the stream with judged completions gets at most its share
 of each batch, the other tenants' samples go in first, and its excess waits, then is dropped and counted. The
-events go through the real join (online_rl.stream.Joiner) and the trainer's own batch assembly
-(online_rl.trainer.Trainer._take_batch, on the parts of a trainer it reads: no model is loaded)."""
+events go through the real join (online_rl.data.join.Joiner) and the trainer's own batch assembly
+(online_rl.trainer.loop.Trainer._take_batch, on the parts of a trainer it reads: no model is loaded)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from types import SimpleNamespace
 
 from prometheus_client import CollectorRegistry, Counter
 
-from flywheel.core import events as ev
+from contracts import events as ev
 from online_rl.config import TrainerConfig
-from online_rl.stream import Joiner
-from online_rl.tenants import TenantGate
-from online_rl.trainer import Trainer
+from online_rl.data.join import Joiner
+from online_rl.data.tenants import TenantGate
+from online_rl.trainer.loop import Trainer
 from tests.helpers import completion_event
 
 

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from serving import tool_calls as tc
-from serving.openai_api import Limits, parse_chat
-from serving.schema import ApiError
+from serving.protocol import tool_calls as tc
+from serving.protocol.openai import Limits, parse_chat
+from serving.protocol.schema import ApiError
 
 L = Limits()
 READ = {

@@ -1,5 +1,5 @@
-"""Tool schemas' checks off the event loop (serving.tool_schema): the threads of schema reads and of call checks
-apart, a queued job's deadline from its start, and scopes the fan-out count could not follow refused."""
+"""Tool schemas' checks off the event loop (serving.protocol.tool_schema): the threads of schema reads and of call
+checks apart, a queued job's deadline from its start, and scopes the fan-out count could not follow refused."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from serving.openai_api import Limits, parse_chat
-from serving.schema import ApiError
+from serving.protocol.openai import Limits, parse_chat
+from serving.protocol.schema import ApiError
 
 USER = [{"role": "user", "content": "fix the bug"}]
 
@@ -23,7 +23,7 @@ def test_schema_reads_never_hold_up_call_checks_and_a_queued_job_is_not_late():
     (their own threads), and a read that waited in the queue longer than its deadline still gets its whole
     deadline once started (waiting is latency, not a 400)."""
 
-    from serving import tool_schema as ts
+    from serving.protocol import tool_schema as ts
 
     async def main():
         slow = [ts.off_loop(lambda: time.sleep(1.5) or "read", 2.0, lambda: "late", kind="read") for _ in range(3)]

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from online_rl.config import LossConfig, OptimConfig
-from online_rl.model import MoECoder, token_logprobs
-from online_rl.samples import DISTILL, Sample
-from online_rl.update import make_optimizer, update
+from online_rl.data.samples import DISTILL, Sample
+from online_rl.model.transformer import MoECoder, token_logprobs
+from online_rl.trainer.update import make_optimizer, update
 from tests.tiny_models import TINY_MOE
 
 
@@ -145,8 +145,8 @@ def test_without_a_hint_or_a_coefficient_the_distillation_step_is_not_taken():
 
 
 def test_each_steps_gradient_norm_is_exported_and_a_step_not_taken_leaves_no_series():
-    from online_rl.stream import JoinStats
-    from online_rl.trainer_metrics import TrainerMetrics
+    from online_rl.data.join import JoinStats
+    from online_rl.trainer.metrics import TrainerMetrics
 
     metrics = TrainerMetrics(JoinStats)
     norm = lambda step: metrics.registry.get_sample_value("flywheel_trainer_grad_norm", {"step": step})  # noqa: E731

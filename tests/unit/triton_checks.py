@@ -72,11 +72,11 @@ def test_delta_kernels_bit_exact(view):
 
 
 def test_the_gpu_checks_codec_section_on_the_interpreter(monkeypatch):
-    """online_rl.gpu_check's codec section, its kernels interpreted on CPU tensors (small, its timings
+    """online_rl.gpu_check.check's codec section, its kernels interpreted on CPU tensors (small, its timings
     meaningless): the codec's Triton path gives the numpy path's frames and decodes bit for bit."""
     from kernels import delta
-    from online_rl import gpu_check_codec
-    from online_rl.gpu_check_run import Budget
+    from online_rl.gpu_check import codec as gpu_check_codec
+    from online_rl.gpu_check.sections import Budget
 
     monkeypatch.setattr(delta, "backend", lambda: "triton")
     monkeypatch.setattr(delta, "MIN_GPU_BYTES", 4096)

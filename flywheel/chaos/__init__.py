@@ -1,0 +1,9 @@
+"""`flywheel chaos`: the whole loop under faults, and the audit afterwards that nothing was lost, trained twice or left
+running.
+
+- `audit`: Audits after a fault drill (the chaos run, the fleet drill): what reached Kafka (every record of a topic
+  from the start, duplicates by event_id dropped, as the trainer drops them) and what the trainer trained (its
+  checkpoints' ledgers).
+- `run`: `flywheel chaos`: the whole loop under faults, and a check that nothing was lost, trained twice, left stuck
+  or left running.
+"""

@@ -1,0 +1,592 @@
+"""`flywheel chaos`: the whole loop under faults, and a check that nothing was lost, trained twice, left
+stuck or left running.
+
+A local fleet (broker, weight store, SGLang replicas, gateway, one agent per replica) and the trainer
+(publishing every `publish_interval_s`) run under continuous simulated IDE traffic with feedback. At
+seeded random moments one fault is injected and, where a process died, restarted the way an operator or
+a supervisor would (same ports, same data):
+
+    kill -9 of   gateway, shipper (the gateway restarts it), replica, agent, store, broker, trainer
+    disk full    on the event spool, the weight store and the trainer's checkpoints (each lives on a
+                 small tmpfs mounted for the run; a ballast file fills it for a while)
+    outages      the store down across a version switch; the broker down for 30 s
+
+At the end, after a settle period: completion and feedback events the users were answered for vs the
+ones in Kafka (by completion id; duplicates dropped by event_id; gateway kills included, since an answer
+waits for the event to be on disk), samples trained twice (trainer ledger), replicas not
+on the newest version or not active, processes left over, user requests that failed outside the
+windows of a gateway kill, and the time each fault took to recover from.
+
+Why one file: faults, restarts and the final checks share the fleet's processes, ports and mount
+points (the Chaos object); apart, each would take all of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+KINDS = (
+    "gateway",
+    "shipper",
+    "replica",
+    "agent",
+    "store",
+    "broker",
+    "trainer",
+    "disk_spool",
+    "disk_store",
+    "disk_checkpoint",
+    "store_down_switch",
+    "broker_down",
+)
+
+
+@dataclass
+class ChaosConfig:
+    duration_s: float = 600.0  # faults are injected within this much time
+    seed: int = 0
+    out_dir: Path = Path("chaos_out")
+    preset: str = "test"  # the model (online_rl.model.bootstrap preset)
+    users: int = 3
+    publish_interval_s: float = 60.0
+    gap_s: tuple[float, float] = (15.0, 30.0)  # between the end of one fault's recovery and the next fault
+    kinds: tuple[str, ...] = KINDS
+    settle_s: float = 120.0  # after the last fault: time for the fleet to reach the newest version
+    disk_mb: int = 256  # each tmpfs (spool, store, checkpoints)
+    full_s: float = 15.0  # how long a disk stays full
+    outage_s: float = 30.0  # broker down / store down
+
+
+@dataclass
+class Fault:
+    kind: str
+    at: float  # time.time() of the injection
+    recovered_s: float | None = None
+    note: str = ""
+
+
+MOUNT_SOURCE = "flywheel-chaos"  # the source name of the tmpfs mounts a run makes (how a later run knows them)
+
+
+def _mount_tmpfs(path: Path, mb: int) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mb}m", MOUNT_SOURCE, str(path)], check=True)
+
+
+def _umount(path: Path) -> None:
+    subprocess.run(["umount", "-l", str(path)], check=False, capture_output=True)
+
+
+def _mounts_under(root: Path) -> list[Path]:
+    """Our small filesystems at or below `root` (a run killed with SIGKILL leaves them mounted); found by
+    their source name, so nothing else mounted there is ever touched."""
+    out = []
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            source, point, fstype = line.split()[:3]
+            point = Path(point.replace("\\040", " "))
+            if source == MOUNT_SOURCE and fstype == "tmpfs" and (point == root or root in point.parents):
+                out.append(point)
+    return sorted(out, key=lambda p: len(p.parts), reverse=True)
+
+
+def _fill(path: Path) -> Path:
+    """Fill the filesystem under `path` with a ballast file (to ENOSPC); returns it."""
+    ballast = path / ".ballast"
+    # Unbuffered: a buffered file keeps what a full disk refused and raises ENOSPC again when it is closed, which
+    # left the ballast in place (the fault never lifted) when the spool had just freed a few pages.
+    with open(ballast, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * (1 << 20))
+        except OSError:
+            pass
+    return ballast
+
+
+def _get(url: str, timeout: float = 5.0, headers: dict[str, str] | None = None):
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as r:
+        return json.loads(r.read() or b"null")
+
+
+def _killpg(pid: int, timeout: float = 30.0) -> None:
+    """kill -9 a server's process group and wait until every member is gone (and the leader reaped), so
+    that what restarts it finds its port free and its pid file stale."""
+    from infra.procs import pid_alive
+
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+        members = subprocess.run(["pgrep", "-g", str(pid)], capture_output=True, text=True).stdout.split()
+        if not pid_alive(pid) and not [m for m in members if pid_alive(int(m))]:
+            return
+        time.sleep(0.1)
+
+
+class Chaos:
+    def __init__(self, cfg: ChaosConfig, say=print):
+        self.cfg = cfg
+        self.say = say
+        self.out = Path(cfg.out_dir).resolve()
+        self.rng = random.Random(cfg.seed)
+        self.faults: list[Fault] = []
+        self.gateway_kills: list[tuple[float, float]] = []  # (killed, back) windows, time.time()
+        self.mounts: list[Path] = []
+        self.started_pids: set[int] = set()
+        self.fleet = None
+        self.trainer = None
+        self.pop = None
+
+    # ------------------------------------------------------------------ setup
+    def _trainer_cmd(self) -> list[str]:
+        f = self.fleet
+        return [
+            sys.executable,
+            "-m",
+            "flywheel",
+            "train",
+            "--model",
+            str(self.model),
+            "--work-dir",
+            str(self.out / "trainer"),
+            "--kafka",
+            f.broker.bootstrap,
+            "--publish-interval",
+            str(self.cfg.publish_interval_s),
+            "--store",
+            str(f.store_root),
+            "--key",
+            str(f.signing_key),
+            "--store-url",
+            f.store_url,
+            "--lr",
+            "1e-4",
+            "--threads",
+            "1",
+            "--min-batch",
+            "4",
+        ]
+
+    def _start_trainer(self) -> None:
+        from infra.paths import REPO_ROOT
+        from infra.procs import spawn
+
+        (self.out / "logs").mkdir(parents=True, exist_ok=True)
+        with open(self.out / "logs" / "trainer.log", "ab") as log:
+            self.trainer = spawn(
+                self._trainer_cmd(),
+                cwd=REPO_ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=dict(os.environ, PYTHONPATH=str(REPO_ROOT), **self.fleet.kafka_env("trainer")),
+            )
+        self.started_pids.add(self.trainer.pid)
+
+    def setup(self) -> None:
+        from flywheel.demo.population import HouseStyle, Population, PopulationConfig
+        from flywheel.local_fleet import LocalFleet, LocalFleetConfig
+        from online_rl.model.bootstrap import bootstrap
+
+        if os.geteuid() != 0:
+            raise RuntimeError("flywheel chaos mounts small filesystems for its disk-full faults: run it as root")
+        self.model = bootstrap(self.cfg.preset, seed=0, progress=False)
+        for stale in _mounts_under(self.out):  # left by an earlier run into this directory that was killed
+            self.say(f"chaos: unmounting {stale}, left by an earlier run")
+            _umount(stale)
+        self.out.mkdir(parents=True, exist_ok=True)
+        for sub in ("gateway/spool", "weights/store", "trainer/checkpoints"):
+            _mount_tmpfs(self.out / sub, self.cfg.disk_mb)
+            self.mounts.append(self.out / sub)
+        self.fleet = LocalFleet(
+            LocalFleetConfig(model=self.model, out_dir=self.out, replicas=2, tenants=4), say=self.say
+        )
+        self.fleet.start()
+        self.started_pids |= {
+            self.fleet.broker.pid,
+            self.fleet.gateway.pid,
+            self.fleet.store_pid,
+            *self.fleet.agent_pids.values(),
+            *(r.pid for r in self.fleet.replicas),
+        }
+        self._start_trainer()
+        self.pop = Population(
+            PopulationConfig(users=self.cfg.users, seed=self.cfg.seed),
+            self.fleet.gateway.url,
+            list(self.fleet.keys.values()),
+            preference=HouseStyle(),
+        ).start()
+
+    # ------------------------------------------------------------------ faults
+    def _wait(self, what: str, check, timeout: float = 180.0) -> float:
+        t = time.monotonic()
+        while time.monotonic() - t < timeout:
+            try:
+                if check():
+                    return time.monotonic() - t
+            except Exception:  # noqa: BLE001 - not back yet
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"{what} did not recover within {timeout:.0f} s")
+
+    def _gateway_ok(self) -> bool:
+        return bool(_get(f"{self.fleet.gateway.url}/health").get("status") == "ok")
+
+    def _replicas_ok(self) -> bool:
+        reps = self.fleet.admin("GET", "/admin/replicas")["replicas"]
+        return all(r["healthy"] and r["state"] == "active" for r in reps)
+
+    def _latest_checkpoint(self) -> str | None:
+        try:
+            return (self.out / "trainer" / "checkpoints" / "LATEST").read_text()
+        except OSError:
+            return None
+
+    def _restart_gateway(self) -> None:
+        from serving import gateway_process
+
+        old = self.fleet.gateway
+        port = int(old.url.rsplit(":", 1)[1])
+        self.fleet.gateway = gateway_process.start(
+            [r.url for r in self.fleet.replicas],
+            self.model,
+            self.out / "gateway",
+            kafka=self.fleet.broker.bootstrap,
+            keys=self.fleet.keys,
+            admin_token=self.fleet.cfg.admin_token,
+            port=port,
+            env=self.fleet.gateway_env(),
+        )
+        self.started_pids.add(self.fleet.gateway.pid)
+
+    def inject(self, kind: str) -> Fault:
+        import psutil
+
+        from flywheel.kafka import broker as kafka_broker
+        from serving.replica.process import ReplicaConfig, start as start_replica
+
+        f, fleet = Fault(kind, time.time()), self.fleet
+        self.say(f"chaos: {kind}")
+        t0 = time.monotonic()
+        if kind == "gateway":
+            _killpg(fleet.gateway.pid)
+            self._restart_gateway()
+            self.gateway_kills.append((f.at - 1.0, time.time() + 1.0))
+            self._wait("gateway", self._gateway_ok)
+        elif kind == "shipper":
+            before = _get(f"{fleet.gateway.url}/health")["event_log"]["shipper_restarts"]
+            kids = [
+                p
+                for p in psutil.Process(fleet.gateway.pid).children(recursive=True)
+                if "spawn" in " ".join(p.cmdline())
+            ]
+            for p in kids:
+                p.kill()
+            f.note = f"{len(kids)} killed"
+            self._wait(
+                "shipper",
+                lambda: (
+                    _get(f"{fleet.gateway.url}/health")["event_log"]["shipper_restarts"] > before and self._gateway_ok()
+                ),
+            )
+        elif kind == "replica":
+            i = self.rng.randrange(len(fleet.replicas))
+            rep = fleet.replicas[i]
+            _killpg(rep.pid)
+            cfg = ReplicaConfig(
+                model_path=self.model,
+                log_dir=self.out / "logs",
+                threads=1,
+                port=rep.port,
+                max_total_tokens=fleet.cfg.max_total_tokens,
+            )
+            new = start_replica(fleet.keyed(cfg, f"r{i}"))
+            fleet.replicas[i] = new
+            self.started_pids.add(new.pid)
+            self._wait("replica", lambda: self._replicas_ok() and len(set(fleet.served_versions().values())) == 1)
+        elif kind == "agent":
+            name = self.rng.choice(sorted(fleet.agent_pids))
+            _killpg(fleet.agent_pids[name])
+            i = int(name[1:])
+            fleet.agent_pids[name] = fleet._spawn_agent(name, fleet.replicas[i].url)
+            self.started_pids.add(fleet.agent_pids[name])
+            self._wait("agent", self._replicas_ok)
+        elif kind in ("store", "store_down_switch"):
+            if kind == "store_down_switch":  # down right as the trainer announces a version
+                from weight_sync.store.server import Store
+
+                before = Store(fleet.store_root).latest()
+                self._wait(
+                    "a new version",
+                    lambda: Store(fleet.store_root).latest() != before,
+                    timeout=self.cfg.publish_interval_s * 3,
+                )
+            _killpg(fleet.store_pid)
+            if kind == "store_down_switch":
+                time.sleep(self.cfg.outage_s)
+            port = int(fleet.store_url.rsplit(":", 1)[1])
+            fleet.store_url = fleet._spawn_store(port)
+            self.started_pids.add(fleet.store_pid)
+            auth = {"Authorization": f"Bearer {fleet.store_token}"}  # the fleet read credential (weight_sync)
+            self._wait("store", lambda: _get(f"{fleet.store_url}/versions", headers=auth) is not None)
+        elif kind in ("broker", "broker_down"):
+            if kind == "broker":
+                _killpg(fleet.broker.pid)
+            else:
+                fleet.broker.stop()
+                time.sleep(self.cfg.outage_s)
+            fleet.broker = kafka_broker.start(kafka_broker.BrokerConfig(data_dir=self.out / "kafka"))
+            self.started_pids.add(fleet.broker.pid)
+            self._wait("broker", lambda: _get(f"{fleet.gateway.url}/health")["kafka_up"])
+        elif kind == "trainer":
+            _killpg(self.trainer.pid)
+            self.trainer.wait()
+            latest = self._latest_checkpoint()
+            self._start_trainer()
+            # Back when it has resumed and committed a checkpoint of its own (it trains on the users' feedback).
+            self._wait(
+                "trainer", lambda: self.trainer.poll() is None and self._latest_checkpoint() != latest, timeout=240
+            )
+        elif kind.startswith("disk_"):
+            where = {
+                "disk_spool": "gateway/spool",
+                "disk_store": "weights/store",
+                "disk_checkpoint": "trainer/checkpoints",
+            }[kind]
+            ballast = _fill(self.out / where)
+            time.sleep(self.cfg.full_s)
+            ballast.unlink()
+            self._wait(kind, lambda: self._gateway_ok() and self.trainer.poll() is None)
+        else:
+            raise ValueError(f"unknown fault kind {kind!r}")
+        f.recovered_s = round(time.monotonic() - t0, 1)
+        self.faults.append(f)
+        return f
+
+    def run_faults(self) -> None:
+        end = time.monotonic() + self.cfg.duration_s
+        order = list(self.cfg.kinds)
+        self.rng.shuffle(order)
+        i = 0
+        while time.monotonic() < end:
+            time.sleep(self.rng.uniform(*self.cfg.gap_s))
+            if time.monotonic() >= end:
+                break
+            kind = order[i % len(order)]
+            i += 1
+            try:
+                self.inject(kind)
+            except Exception as e:  # noqa: BLE001 - a fault the system did not recover from is a finding
+                self.faults.append(Fault(kind, time.time(), None, f"not recovered: {e}"))
+                self.say(f"chaos: {kind} NOT RECOVERED: {e}")
+
+    # ------------------------------------------------------------------ checks
+    def check(self) -> dict:
+        from contracts import events as ev
+        from flywheel.chaos.audit import read_topic, trained_keys
+        from weight_sync.store.server import Store
+
+        fleet = self.fleet
+        self.pop.stop()
+        records = self.pop.snapshot()
+        t = time.monotonic()
+        latest = Store(fleet.store_root).latest()
+        try:
+            self._wait(
+                "the fleet on the newest version",
+                lambda: (
+                    set(fleet.served_versions().values()) == {Store(fleet.store_root).latest()} and self._replicas_ok()
+                ),
+                timeout=self.cfg.settle_s,
+            )
+            on_version_s = round(time.monotonic() - t, 1)
+        except TimeoutError:
+            on_version_s = None
+        self._wait(
+            "the event spool drained",
+            lambda: _get(f"{fleet.gateway.url}/health")["spool_pending_bytes"] == 0,
+            timeout=120,
+        )
+        served = [r for r in records if r.outcome != "failed" and r.completion_id]
+        completions = read_topic(fleet.broker.bootstrap, ev.TOPIC_COMPLETIONS).per_completion
+        feedback = read_topic(fleet.broker.bootstrap, ev.TOPIC_FEEDBACK).per_completion
+        lost_c = [r.completion_id for r in served if r.completion_id not in completions]
+        judged = [r for r in served if r.outcome in ("accept", "reject")]
+        lost_f = [r.completion_id for r in judged if r.completion_id not in feedback]
+
+        def in_gateway_kill(r) -> bool:
+            return any(a <= r.started + r.latency_s and r.started <= b for a, b in self.gateway_kills)
+
+        failed = [r for r in records if r.outcome == "failed"]
+        failed_outside = [r for r in failed if not in_gateway_kill(r)]
+        ledger = trained_keys(self.out / "trainer")
+        twice = len(ledger) - len(set(ledger))
+        stuck = [
+            r["id"]
+            for r in fleet.admin("GET", "/admin/replicas")["replicas"]
+            if r["state"] != "active" or not r["healthy"]
+        ]
+        return {
+            "faults_injected": len(self.faults),
+            "fault_kinds": len({f.kind for f in self.faults}),
+            "faults_not_recovered": sum(f.recovered_s is None for f in self.faults),
+            "requests": len(records),
+            "completion_events": len(served),
+            "feedback_events": len(judged),
+            # Answered means on disk (the gateway waits for the spool's fsync): none may be lost, gateway
+            # kills included.
+            "events_lost": len(lost_c) + len(lost_f),
+            "events_lost_ids": (lost_c + lost_f)[:20],
+            "samples_trained": len(ledger),
+            "samples_double_trained": twice,
+            "stuck_replicas": len(stuck),
+            "fleet_version": latest,
+            "fleet_on_newest_s": on_version_s,
+            "user_failed_outside_gateway_kill": len(failed_outside),
+            "user_failed_in_gateway_kill": len(failed) - len(failed_outside),
+            "max_recovery_s": max((f.recovered_s or 0.0 for f in self.faults), default=0.0),
+            "faults": [asdict(f) for f in self.faults],
+        }
+
+    # ------------------------------------------------------------------ teardown
+    def teardown(self) -> int:
+        """Stop everything; returns how many processes this run started are still alive after."""
+        import psutil
+
+        from infra.procs import stop_pid
+
+        if self.pop is not None:
+            self.pop.stop()
+        if self.trainer is not None:
+            stop_pid(self.trainer.pid)
+        if self.fleet is not None:
+            self.fleet.stop()
+        marker = str(self.out)
+        # This process and whatever runs it (a `timeout` or a shell whose command line names the out dir).
+        ours = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+
+        def still_running() -> list[int]:
+            left = []
+            for p in psutil.process_iter(["cmdline"]):
+                try:
+                    mine = (
+                        p.pid in self.started_pids
+                        or os.getpgid(p.pid) in self.started_pids
+                        or marker in " ".join(p.info["cmdline"] or [])
+                    )
+                    if mine and p.pid not in ours and p.status() != psutil.STATUS_ZOMBIE:
+                        left.append(p.pid)
+                except (psutil.Error, ProcessLookupError):
+                    pass
+            return left
+
+        # A server stopped by SIGTERM takes a few seconds to go (a broker flushing, SGLang's children):
+        # an orphan is one still there after 30 s.
+        deadline = time.monotonic() + 30
+        while (left := still_running()) and time.monotonic() < deadline:
+            time.sleep(0.5)
+
+        def described(pid: int) -> str:
+            try:
+                return f"{pid} {' '.join(psutil.Process(pid).cmdline())[:200]}"
+            except psutil.Error:
+                return f"{pid} (gone)"
+
+        if left:
+            self.say("chaos: still running after teardown: " + "; ".join(map(described, left)))
+        for m in self.mounts:
+            _umount(m)
+        return len(left)
+
+
+def table(result: dict) -> str:
+    lines = [f"{'fault':20s} {'at':>8s} {'recovered s':>12s}  note"]
+    t0 = min((f["at"] for f in result["faults"]), default=0.0)
+    for f in result["faults"]:
+        rec = "-" if f["recovered_s"] is None else f"{f['recovered_s']:.1f}"
+        lines.append(f"{f['kind']:20s} {f['at'] - t0:8.1f} {rec:>12s}  {f['note']}")
+    lines.append("")
+    for k in (
+        "faults_injected",
+        "fault_kinds",
+        "events_lost",
+        "samples_double_trained",
+        "stuck_replicas",
+        "orphans",
+        "user_failed_outside_gateway_kill",
+        "user_failed_in_gateway_kill",
+        "max_recovery_s",
+        "fleet_on_newest_s",
+        "requests",
+        "completion_events",
+        "feedback_events",
+    ):
+        lines.append(f"{k:34s} {result.get(k)}")
+    return "\n".join(lines)
+
+
+def run(cfg: ChaosConfig, say=print) -> dict:
+    chaos = Chaos(cfg, say)
+    result: dict = {}
+    try:
+        chaos.setup()
+        chaos.run_faults()
+        result = chaos.check()
+    finally:
+        result["orphans"] = chaos.teardown()
+    (chaos.out / "chaos.json").write_text(json.dumps(result, indent=2))
+    say(table(result))
+    return result
+
+
+def _main(args) -> int:
+    def _term(*_):  # SIGTERM (a supervisor, a CI timeout) tears down like Ctrl-C: stop the fleet, unmount
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the teardown short
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _term)
+    cfg = ChaosConfig(
+        duration_s=args.duration,
+        seed=args.seed,
+        out_dir=args.out,
+        kinds=tuple(args.kinds.split(",")) if args.kinds else KINDS,
+    )
+    r = run(cfg)
+    bad = (
+        r.get("events_lost"),
+        r.get("samples_double_trained"),
+        r.get("stuck_replicas"),
+        r.get("orphans"),
+        r.get("user_failed_outside_gateway_kill"),
+        r.get("faults_not_recovered"),
+    )
+    return 0 if all(x == 0 for x in bad) and r.get("fleet_on_newest_s") is not None else 1
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "chaos",
+        help="the loop under seeded faults (kills, disk full, outages), then a check "
+        "that nothing was lost, trained twice, stuck or left running (root)",
+    )
+    p.add_argument("--duration", type=float, default=ChaosConfig.duration_s, help="seconds of fault injection")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", type=Path, default=ChaosConfig.out_dir)
+    p.add_argument("--kinds", default="", help=f"comma-separated subset of {','.join(KINDS)}")
+    p.set_defaults(func=_main)

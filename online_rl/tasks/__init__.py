@@ -1,0 +1,8 @@
+"""Coding tasks: the synthetic families judged by hidden tests, the agent episodes built from them, and how the agent
+clients people run look to the model.
+
+- `agent_clients`: How the agent clients people run look to the model, for the bootstrap corpus: their tools, their
+  shell's answers and the context they send around a user's request.
+- `agent_episodes`: Agent episodes for the bootstrap corpus: the tiny model learns a small tool language.
+- `synthetic`: Synthetic coding tasks: small Python functions described by a docstring, judged by hidden tests.
+"""

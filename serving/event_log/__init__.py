@@ -1,0 +1,20 @@
+"""The event log off the request path: the gateway submits each event to an on-disk spool (sink, spool, spool_writer),
+a child process ships the spool to Kafka (shipper) after scanning its text for secrets (scan, secret_scrub), and a
+tenant's records can be forgotten before they leave (forget).
+
+- `forget`: The spool's side of forgetting a tenant (`flywheel tenants forget`): which records are forgotten, the
+  file that says so, and the redaction of what is still on disk.
+- `pipeline`: Lossless event logging off the request path: an on-disk spool in front of an idempotent Kafka
+  producer.
+- `scan`: What the shipper (serving.event_log.shipper) does to an event's content before it leaves the gateway: the
+  secret scan of the texts its meta carries (serving.event_log.secret_scrub), the withheld value that replaces an
+  event with a finding, a failed scan or none at all (failing closed), and the backlog past which it withholds
+  without scanning.
+- `secret_scrub`: Secrets in event texts, found before an event leaves the gateway (the shipper calls this:
+  serving.event_log.shipper).
+- `shipper`: The shipper: a child process that delivers the spool to Kafka, so kafka-python never holds the
+  gateway's GIL.
+- `sink`: The gateway's side of the event log: submit an event, and wait (boundedly) until it is on disk.
+- `spool`: The on-disk event spool: numbered segment files of CRC-framed msgpack records, and a delivery cursor.
+- `spool_writer`: Appending to the spool's head segment: one open descriptor, one write and one fdatasync per batch.
+"""

@@ -1,0 +1,383 @@
+"""Lossless event logging off the request path: an on-disk spool in front of an idempotent Kafka producer.
+
+    request handler --submit()--> bounded queue --writer thread--> spool segments (group-committed fsync)
+                                                                        |
+                             shipper process (serving.event_log.shipper) <--'  reads from its cursor
+                                   '-> KafkaProducer (idempotent, acks=all, zstd); cursor moves on ack
+
+The request path only does a non-blocking queue put; a caller that needs to know when its event is on disk
+(the gateway answers a client only then, so a crash never loses what a client was told) passes `on_durable`,
+called from the writer thread after the fsync that covers it. A write that fails (disk full, I/O error) is
+cut back to the last durable record and retried after a backoff: the queue, then submit(), takes the
+pressure and /health says so. A shipper that dies is started again from the cursor it had reached. Every
+event is written to the spool before it is sent, so a dead or slow broker fills the disk (up to
+`max_spool_bytes`, with an alarm), never the heap; when the broker returns the backlog goes out in the order
+it was written. A batch that fails is sent again from the cursor, so Kafka may hold an event twice;
+consumers drop duplicates by event_id.
+An event may carry `meta` (tenant, ts, texts to scan), kept in the spool and never sent: the shipper withholds
+the content of an event whose texts hold a secret (serving.event_log.secret_scrub), and skips and redacts the records
+of a
+tenant forgotten through `forget` (serving.event_log.forget).
+kafka-python runs in its own process: in a thread, its pure-Python work held the GIL often enough to add
+milliseconds to the gateway's p50 (measured in benchmarks.gateway).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from serving.event_log import forget as fg, shipper as sh
+from serving.event_log.spool import Spool
+from serving.event_log.spool_writer import SegmentWriter
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EventLogConfig:
+    spool_dir: Path
+    bootstrap: str | None = None  # None: spool only (nothing is shipped until a broker is configured)
+    max_spool_bytes: int = 1 << 30  # undelivered bytes on disk before new events are refused (alarm)
+    segment_bytes: int = 16 << 20
+    fsync_interval_s: float = 0.05  # idle: how long the writer waits for a first event before checking its state
+    queue_max: int = 20_000  # events waiting for the writer thread
+    send_batch: int = 2000
+    ship_interval_s: float = 0.5  # the shipper sends at most this often unless a full batch is waiting
+    shipper_nice: int = 10  # the shipper process's nice value: below serving on shared cores (0: as the gateway)
+    send_timeout_s: float = 3.0  # a batch not acknowledged by then counts as a failed delivery
+    retry_backoff_s: float = 1.0
+    cursor_save_interval_s: float = 0.5
+    stop_timeout_s: float = 10.0  # on close, how long the shipper keeps trying to deliver the backlog
+    max_event_bytes: int = 1_000_000  # larger events go to the dead-letter topic as a stub, whole to disk
+    scrub: bool = (
+        True  # withhold the content of events whose meta "scan" texts hold a secret (serving.event_log.secret_scrub)
+    )
+    # Undelivered bytes past which the shipper withholds events without scanning them (failing closed), so that
+    # a scanner falling behind never fills the spool (which would drop events whole); capped at 3/4 of
+    # max_spool_bytes. Near that limit only: a broker outage that leaves more than this behind withholds the
+    # oldest part of it, unscanned, when the broker returns (counted in flywheel_event_unscanned_total).
+    scan_backlog_bytes: int = 768 << 20
+
+
+@dataclass
+class Stats:
+    submitted: int = 0
+    spooled: int = 0  # written to the spool (every event passes through it)
+    produced: int = 0  # acknowledged by the broker
+    replayed: int = 0  # acknowledged after having waited through a broker outage
+    dropped_queue_full: int = 0
+    dropped_spool_full: int = 0
+    send_failures: int = 0
+    deadlettered: int = 0  # too large for the broker: a stub on the dead-letter topic, the event on disk
+    write_failures: int = 0  # spool writes that failed and were retried
+    shipper_restarts: int = 0
+    broker_up: bool = False
+    pending_bytes: int = 0  # written but not yet acknowledged
+    scrubbed: int = 0  # delivered withheld: a secret in their texts, a scan that failed, or not scanned
+    unscanned: int = 0  # of scrubbed: withheld without a scan (a backlog over scan_backlog_bytes, no meta)
+    forgotten: int = 0  # never delivered: records of a forgotten tenant (skipped, redacted on disk or on write)
+
+
+class EventLog:
+    def __init__(self, cfg: EventLogConfig):
+        self.cfg = cfg
+        self.spool = Spool(cfg.spool_dir)
+        self._q: queue.Queue = queue.Queue(maxsize=cfg.queue_max)
+        self._stop = threading.Event()
+        ctx = multiprocessing.get_context("spawn")
+        self._shared = ctx.Array("q", sh.SLOTS)  # int64 slots, see serving.event_log.shipper
+        cursor = self.spool.load_cursor()
+        head = self.spool.recover_head(cursor)
+        self._head = head
+        self._segments = SegmentWriter(self.spool, head, cfg.segment_bytes)
+        self._written_bytes = self.spool.bytes_between(cursor, head)  # a backlog from a previous run
+        s = self._shared
+        s[sh.CUR_SEG], s[sh.CUR_OFF] = cursor
+        s[sh.HEAD_SEG], s[sh.HEAD_OFF] = head
+        s[sh.OUTAGE] = 1 if self._written_bytes else 0  # delivering an old backlog counts as replay
+        # Forgotten tenants: the writer redacts their records as it writes them (under this lock, so that
+        # forget() sees every record written before it in the spool, and none after it unredacted).
+        self._forget_lock = threading.Lock()
+        self._redact_lock = threading.Lock()
+        self._forget_gen, self._forgotten = fg.load(self.spool.dir)
+        self._forgotten_match = fg.matcher(self._forgotten)
+        self._forgotten_on_write = 0
+        s[sh.FORGET_REQ] = self._forget_gen
+        s[sh.FORGET_GEN] = fg.load_done(self.spool.dir)
+        self._submitted = self._spooled = self._dropped_queue = self._dropped_spool = 0
+        self._write_failures = self._shipper_restarts = 0
+        self.writer_error: str | None = None  # the last write error, while writes fail
+        self._ctx = ctx
+        # Called (writer thread) once after a batch whose events had on_durable callbacks: lets a caller
+        # wake its event loop once per fsync rather than once per event.
+        self.after_sync = None
+        self._writer = threading.Thread(target=self._write_loop, name="event-spool-writer", daemon=True)
+        self._shipper = self._new_shipper() if cfg.bootstrap else None
+        self._shipper_checked = 0.0
+        self._alarm_logged = 0.0
+
+    # ------------------------------------------------------------------ request path
+    def submit(self, topic: str, key: str, value: bytes, on_durable=None, meta: dict | None = None) -> bool:
+        """Queue an event; never blocks. False if it had to be dropped (queue or spool full). `on_durable()`
+        is called (from the writer thread) once the event is fsynced to the spool. `meta`: {"tenant", "ts",
+        "scan": [texts]} (any may be absent), kept in the spool for the shipper, never sent."""
+        self._submitted += 1
+        if self.spool_full:
+            self._dropped_spool += 1
+            self._alarm()
+            return False
+        try:
+            self._q.put_nowait((topic, key, value, meta, on_durable))
+            return True
+        except queue.Full:
+            self._dropped_queue += 1
+            self._alarm()
+            return False
+
+    @property
+    def pending_bytes(self) -> int:
+        return max(0, self._written_bytes - self._shared[sh.ACKED_BYTES])
+
+    @property
+    def spool_full(self) -> bool:
+        return self.pending_bytes > self.cfg.max_spool_bytes
+
+    @property
+    def stats(self) -> Stats:
+        s = self._shared
+        return Stats(
+            submitted=self._submitted,
+            spooled=self._spooled,
+            produced=s[sh.PRODUCED],
+            replayed=s[sh.REPLAYED],
+            dropped_queue_full=self._dropped_queue,
+            dropped_spool_full=self._dropped_spool,
+            send_failures=s[sh.FAILURES],
+            deadlettered=s[sh.DEADLETTERED],
+            write_failures=self._write_failures,
+            shipper_restarts=self._shipper_restarts,
+            broker_up=bool(s[sh.BROKER_UP]),
+            pending_bytes=self.pending_bytes,
+            scrubbed=s[sh.SCRUBBED],
+            unscanned=s[sh.UNSCANNED],
+            forgotten=s[sh.FORGOTTEN] + self._forgotten_on_write,
+        )
+
+    def health(self) -> dict:
+        """Liveness of the writer thread and the shipper process, for the gateway's /health."""
+        writer = (
+            ("failing" if self.writer_error else "ok")
+            if self._writer.is_alive()
+            else ("stopped" if self._stop.is_set() else "dead")
+        )
+        shipper = (
+            "off"
+            if self._shipper is None
+            else ("ok" if self._shipper.is_alive() else ("stopped" if self._shared[sh.STOP] else "dead"))
+        )
+        return {
+            "writer": writer,
+            "writer_error": self.writer_error,
+            "shipper": shipper,
+            "shipper_restarts": self._shipper_restarts,
+            "ok": writer == "ok" and shipper in ("ok", "off"),
+        }
+
+    def _alarm(self) -> None:
+        now = time.monotonic()
+        if now - self._alarm_logged > 60:
+            self._alarm_logged = now
+            log.error(
+                "event log over its limits: %d bytes undelivered in %s (limit %d), queue %d/%d; "
+                "new events are being dropped",
+                self.pending_bytes,
+                self.spool.dir,
+                self.cfg.max_spool_bytes,
+                self._q.qsize(),
+                self.cfg.queue_max,
+            )
+
+    # ------------------------------------------------------------------ forgetting a tenant
+    def forget(self, tenants: dict[str, float], timeout: float = 10.0) -> None:
+        """Forget every record of these tenants (id -> forgotten_before, a Unix time) whose event ts is at or
+        before that time: none still in the spool reaches Kafka after this returns, and their bytes are gone
+        from the spool's segments. Merged into forgotten.json (values only grow); returns once the shipper has
+        loaded it and redacted the spool (or, with no shipper running, once that is done here). Raises
+        TimeoutError if the shipper has not after `timeout` s (it will: the file is on disk; call again to wait),
+        OSError if the file cannot be written (nothing changed)."""
+        with self._forget_lock:
+            merged, grew = fg.merge(self._forgotten, tenants)
+            if grew:
+                fg.save(self.spool.dir, self._forget_gen + 1, merged)
+                self._forget_gen += 1
+                self._forgotten, self._forgotten_match = merged, fg.matcher(merged)
+                self._shared[sh.FORGET_REQ] = self._forget_gen
+            gen = self._forget_gen
+        if self._shared[sh.FORGET_GEN] >= gen:
+            return
+        if self._shipper is None or self._shipper.pid is None:  # no reader: redact here
+            with self._redact_lock:
+                if self._shared[sh.FORGET_GEN] < gen:
+                    with self._shared.get_lock():
+                        head, cursor = (self._shared[sh.HEAD_SEG], self._shared[sh.HEAD_OFF]), self._cursor()
+                    ahead = fg.redact(self.spool, self._forgotten, head, cursor)
+                    fg.save_done(self.spool.dir, gen)
+                    with self._shared.get_lock():
+                        self._shared[sh.FORGOTTEN] += ahead
+                        self._shared[sh.FORGET_GEN] = max(self._shared[sh.FORGET_GEN], gen)
+            return
+        deadline = time.monotonic() + timeout
+        while self._shared[sh.FORGET_GEN] < gen:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the event shipper has not applied forgotten tenants (generation {gen}) yet")
+            time.sleep(0.01)
+
+    def _cursor(self) -> tuple[int, int]:
+        return self._shared[sh.CUR_SEG], self._shared[sh.CUR_OFF]
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> "EventLog":
+        if self._shipper is None and self._shared[sh.FORGET_GEN] < self._forget_gen:
+            self.forget({})  # a redaction cut short by a crash, finished here (no shipper to do it)
+        self._writer.start()
+        if self._shipper is not None:
+            self._shipper.start()
+        return self
+
+    def close(self, timeout: float | None = None) -> None:
+        """Write out everything queued; the shipper delivers what it can within its stop timeout."""
+        self._stop.set()
+        if self._writer.is_alive():
+            self._writer.join(timeout=timeout or 10.0)
+        self._shared[sh.STOP] = 1
+        if self._shipper is not None and self._shipper.is_alive():
+            self._shipper.join(timeout=(timeout or self.cfg.stop_timeout_s) + 5)
+            if self._shipper.is_alive():
+                self._shipper.kill()
+
+    def drain(self, timeout: float) -> bool:
+        """Wait until every submitted event is acknowledged by the broker (tests, shutdown)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            # Spooled (not merely taken off the queue by the writer) and acknowledged.
+            written = self._spooled + self._dropped_queue + self._dropped_spool >= self._submitted
+            if written and self.pending_bytes == 0:
+                return True
+            time.sleep(0.05)
+        return False
+
+    # ------------------------------------------------------------------ writer thread
+    def _new_shipper(self):
+        return self._ctx.Process(target=sh.main, args=(self.cfg, self._shared), name="event-shipper", daemon=True)
+
+    def _watch_shipper(self) -> None:
+        """A shipper that died (killed, crashed) is started again; it resumes from the shared cursor."""
+        now = time.monotonic()
+        if self._shipper is None or now - self._shipper_checked < 1.0 or self._shared[sh.STOP]:
+            return
+        self._shipper_checked = now
+        if self._shipper.pid is not None and not self._shipper.is_alive():
+            log.error("event shipper exited (code %s); starting it again from the cursor", self._shipper.exitcode)
+            shipper = self._new_shipper()
+            shipper.start()  # if this raises, the dead one stays and the next check tries again
+            self._shipper = shipper
+            self._shipper_restarts += 1
+
+    def _write_loop(self) -> None:
+        try:
+            self._write_batches()
+        finally:
+            self._segments.close()
+
+    def _write_batches(self) -> None:
+        batch: list = []
+        stopping_since = None
+        while True:
+            try:
+                self._watch_shipper()
+            except Exception as e:  # cannot start a process now (EMFILE, ENOMEM): the writer goes on
+                log.error("could not restart the event shipper: %s", e)
+            if not batch:
+                batch = self._group_commit_batch()
+                if not batch:
+                    if self._stop.is_set() and self._q.empty():
+                        return
+                    continue
+            try:
+                self._append(batch)
+            except Exception as e:  # disk full, I/O error: keep the batch, cut back, try again
+                self._write_failures += 1
+                if self.writer_error is None:
+                    log.error(
+                        "event spool write failed (%s: %s); retrying, events wait in the queue", type(e).__name__, e
+                    )
+                self.writer_error = f"{type(e).__name__}: {e}"
+                if self._stop.is_set():
+                    stopping_since = stopping_since or time.monotonic()
+                    if time.monotonic() - stopping_since > self.cfg.stop_timeout_s:
+                        log.error(
+                            "closing with %d events unwritten (%s)", len(batch) + self._q.qsize(), self.writer_error
+                        )
+                        return
+                time.sleep(self.cfg.retry_backoff_s)
+                continue
+            self._spooled += len(batch)
+            called = False
+            for *_, on_durable in batch:
+                if on_durable is not None:
+                    called = True
+                    try:
+                        on_durable()
+                    except Exception:  # noqa: BLE001 - a caller's callback never stops the writer
+                        log.exception("on_durable callback failed")
+            if called and self.after_sync is not None:
+                try:
+                    self.after_sync()
+                except Exception:  # noqa: BLE001
+                    log.exception("after_sync callback failed")
+            batch = []
+            if self.writer_error is not None:
+                log.info("event spool writable again")
+                self.writer_error = None
+
+    def _append(self, batch: list) -> None:
+        """Write a batch after the head and make it durable, then visible. On any error the head stays where it
+        was (what the attempt left past it is cut off before the retry: serving.event_log.spool_writer)."""
+        with self._forget_lock:
+            self._append_locked(batch)
+
+    def _append_locked(self, batch: list) -> None:
+        match = self._forgotten_match
+        records, redacted = [], 0
+        for topic, key, value, meta, _ in batch:
+            if match is not None and meta is not None and match(meta):  # forgotten before it was written
+                records.append(Spool.frame(topic, key, None, {"redacted": True}))
+                redacted += 1
+            else:
+                records.append(Spool.frame(topic, key, value, meta))
+        head = self._segments.write(records)  # durable, or raises with the head where it was
+        self._written_bytes += sum(map(len, records))
+        self._forgotten_on_write += redacted
+        self._head = head
+        with self._shared.get_lock():  # visible to the shipper only once durable
+            self._shared[sh.HEAD_SEG], self._shared[sh.HEAD_OFF] = head
+
+    def _group_commit_batch(self) -> list:
+        """The first event and everything queued behind it: one fsync for all of them. No waiting for more:
+        callers wait on the fsync, and under load the next batch gathers while this one syncs."""
+        try:
+            batch = [self._q.get(timeout=self.cfg.fsync_interval_s)]
+        except queue.Empty:
+            return []
+        while len(batch) < 4096:
+            try:
+                batch.append(self._q.get_nowait())
+            except queue.Empty:
+                break
+        return batch

@@ -1,0 +1,63 @@
+"""The gateway's side of the event log: submit an event, and wait (boundedly) until it is on disk.
+
+A response waits until its completion or feedback event is on disk, so a gateway that crashes never loses
+an event its client was answered for; past `durable_wait_s` (disk full, failing) the response goes out
+anyway, counted: serving does not stop for the spool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+
+from serving.event_log.pipeline import EventLog
+
+
+class EventSink:
+    def __init__(self, events: EventLog, answered_before_durable, enabled: bool = True, durable_wait_s: float = 2.0):
+        self.events, self.enabled, self.durable_wait_s = events, enabled, durable_wait_s
+        self._late = answered_before_durable  # a prometheus counter labelled by topic
+        self._durable: collections.deque = collections.deque()  # futures on disk, for the loop to resolve
+
+    def start(self) -> None:
+        if self.enabled:
+            loop = asyncio.get_running_loop()
+            self.events.after_sync = lambda: self._wake(loop)
+            self.events.start()
+
+    async def close(self, timeout_s: float = 10.0) -> None:
+        if self.enabled:
+            await asyncio.get_running_loop().run_in_executor(None, self.events.close, timeout_s)
+
+    def submit(self, topic: str, key: str, value: bytes, meta: dict | None = None) -> asyncio.Future | None:
+        """Queue an event for the log; the future resolves once it is on disk (None: off, or dropped and
+        counted there). The writer thread only appends the future to a deque; after each fsync it wakes the
+        loop once (`after_sync`), which resolves all of them: one wake-up per batch, not per event. `meta`
+        (tenant, ts, texts to scan for secrets) stays in the spool: see EventLog.submit."""
+        if not self.enabled:
+            return None
+        fut = asyncio.get_running_loop().create_future()
+        durable = lambda: self._durable.append(fut)  # noqa: E731
+        return fut if self.events.submit(topic, key, value, on_durable=durable, meta=meta) else None
+
+    def _wake(self, loop: asyncio.AbstractEventLoop) -> None:  # the writer thread
+        try:
+            loop.call_soon_threadsafe(self._resolve)
+        except RuntimeError:  # the loop has closed (shutdown)
+            pass
+
+    def _resolve(self) -> None:
+        while self._durable:
+            fut = self._durable.popleft()
+            if not fut.done():
+                fut.set_result(True)
+
+    async def wait(self, futures: list, topic: str) -> None:
+        futures = [f for f in futures if f is not None]
+        if not futures:
+            return
+        # A spool that is failing (disk full) would make every answer wait the whole bound: do not wait.
+        timeout = 0 if self.events.writer_error else self.durable_wait_s
+        _, late = await asyncio.wait(futures, timeout=timeout)
+        if late:
+            self._late.labels(topic).inc(len(late))

@@ -1,0 +1,249 @@
+"""In-place apply: a delta handed to the replica as only what changed, then persisted locally.
+
+    1. patch    the chunks of the tensors the manifest says changed are fetched (from a store server, in
+                one request: its pack) and checked against their digests (the manifest is signed); they
+                go into a patch file (weight_patch.format) as the positions of the changed elements
+                and their XOR with the base while few changed (the base is not read: a 2% change touches
+                most of its cache lines), else as the whole new tensor. Unchanged tensors are neither
+                fetched nor read: the work follows what changed, not the model's size.
+    2. switch   the replica applies the patch through its custom loader (weight_sync.agent.switch, same modes,
+                same version label and prefix-cache flush as a reload from disk).
+    3. persist  the version's checkpoint directory, which restarts and rollbacks load from disk, is the
+                base's files copied and the patch written into the copy, every patched tensor checked
+                against its digest: after the switch, off its path. A mismatch (a damaged local base):
+                the agent drops that copy, and its retry rebuilds the version from the store and reloads it.
+A switch so costs what changed, not what the model weighs; the full reload stays for full snapshots, for a
+delta against another base than the one served, and as the fallback when the engine refuses a patch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import shutil
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from kernels import delta as delta_kernels
+from weight_patch import format as wp
+from weight_sync import codec
+from weight_sync.agent.fetch import PackUnsupported, StoreClient
+from weight_sync.checkpoint import CheckpointReader, weight_files
+from weight_sync.manifest import Manifest
+
+
+class DigestMismatch(ValueError):
+    """A rebuilt tensor is not the one the manifest signed (a wrong or damaged base)."""
+
+
+@dataclass
+class Patch:
+    path: Path
+    files: dict[str, bytes] = field(default_factory=dict)  # the version's side files (config, tokenizer)
+    digests: dict[str, str] = field(default_factory=dict)  # every tensor -> digest of the version's bytes
+    tensors: int = 0  # tensors in the patch
+    sparse_elems: int = 0  # elements sent as position + value
+    full_elems: int = 0  # elements of tensors sent whole
+    bytes: int = 0
+
+
+def supported(manifest: Manifest) -> bool:
+    """Whether every tensor's dtype has a patch form (weight_patch.format.BIT_DTYPES)."""
+    return all(t.dtype in wp.BIT_DTYPES for t in manifest.tensors)
+
+
+def _tensor_changes(chunks, numel: int, dtype: str, idx_dtype: type) -> tuple[np.ndarray, np.ndarray]:
+    """The positions (idx_dtype) of every element a tensor's delta chunks change and their XOR with the base,
+    decoded straight into arrays as long as the manifest says they change."""
+    view = codec.bit_view(dtype)
+    total = sum(meta.changed for meta, _ in chunks)
+    idx, xor, at = np.empty(total, idx_dtype), np.empty(total, view), 0
+    for meta, frame in chunks:  # frames come from the store client, which checked their digests
+        if meta.offset < 0 or meta.elems < 0 or meta.offset + meta.elems > numel:
+            raise ValueError(f"chunk at element {meta.offset} (+{meta.elems}) is outside a tensor of {numel}")
+        codec.changes_into(frame, meta, view, idx[at : at + meta.changed], xor[at : at + meta.changed])
+        at += meta.changed
+    return idx, xor
+
+
+def _with_changes(base_bits: np.ndarray, idx: np.ndarray, xor: np.ndarray) -> np.ndarray:
+    bits = base_bits.copy()
+    delta_kernels.xor_scatter(bits, idx, xor)
+    return bits
+
+
+async def build_patch(client, manifest: Manifest, base_dir: Path, pool: Executor, out: Path) -> Patch:
+    """Fetch what changed in `manifest` (a delta against `base_dir`) and write it as a patch file, in time and
+    memory that follow what changed: each chunk's digest is checked (the manifest that lists them is
+    signed); the base is read only for a tensor that travels whole, and for the few base bits a sparse one
+    carries (weight_patch.WAS). The rebuilt tensors' own digests are checked by `persist`, which writes
+    them whole. Raises ValueError (a corrupt chunk) or FetchError."""
+    patch = Patch(Path(out), digests={t.name: t.digest for t in manifest.tensors})
+    changed = manifest.changed_tensors()
+    arrived, feeder = _fetch_changed(client, manifest, changed)
+    try:
+        return await _build(manifest, changed, arrived, base_dir, pool, patch, client)
+    finally:
+        feeder.cancel()
+        for f in arrived:
+            f.cancel()
+        await asyncio.gather(feeder, *arrived, return_exceptions=True)
+
+
+def _fetch_changed(client, manifest: Manifest, changed: list[int]) -> tuple[list[asyncio.Future], asyncio.Task]:
+    """Start fetching every chunk of the changed tensors: one future per tensor (its frames, in order), done
+    as soon as its last chunk is here, so the work on a tensor overlaps the downloads of the next. From a
+    store server without a relay, all of them come in one response (the store's pack: one request instead
+    of hundreds); else chunk by chunk, as many at once as the client allows."""
+    loop = asyncio.get_running_loop()
+    arrived = {t: loop.create_future() for t in changed}
+    frames = {t: [None] * len(manifest.tensors[t].chunks) for t in changed}
+    left = {t: len(frames[t]) for t in changed}
+
+    def got(t: int, c: int, data: bytes) -> None:
+        frames[t][c] = data
+        left[t] -= 1
+        if left[t] == 0 and not arrived[t].done():
+            arrived[t].set_result(frames[t])
+
+    async def chunk_by_chunk(t: int) -> None:
+        entry = manifest.tensors[t]
+        try:
+            data = await asyncio.gather(
+                *(client.chunk(manifest.version, t, c, m.size, m.digest) for c, m in enumerate(entry.chunks))
+            )
+            if not arrived[t].done():
+                arrived[t].set_result(list(data))
+        except BaseException as e:
+            if not arrived[t].done():
+                arrived[t].set_exception(e)
+            raise
+
+    async def feed() -> None:
+        try:
+            if isinstance(client, StoreClient) and client.relay is None:
+                try:
+                    return await client.pack(manifest.version, manifest.pack(), got)
+                except PackUnsupported:
+                    pass
+            try:  # the first failure cancels the other tensors' downloads
+                async with asyncio.TaskGroup() as group:
+                    for t in changed:
+                        group.create_task(chunk_by_chunk(t))
+            except ExceptionGroup as e:
+                raise e.exceptions[0] from None
+        except BaseException as e:
+            for f in arrived.values():
+                if not f.done():
+                    f.set_exception(e) if isinstance(e, Exception) else f.cancel()
+            raise
+
+    return [arrived[t] for t in changed], asyncio.ensure_future(feed())
+
+
+async def _build(manifest, changed, fetches, base_dir, pool, patch: Patch, client) -> Patch:
+    loop = asyncio.get_running_loop()
+    arrays: dict[str, np.ndarray] = {}
+    specs: dict[str, tuple[str, list[int]]] = {}
+    with CheckpointReader(base_dir) as base:
+
+        async def one(ti: int, fetch) -> None:
+            entry = manifest.tensors[ti]
+            frames = await fetch
+            base_bits = base.bits(entry.name)
+            if base_bits.size != entry.numel:
+                raise ValueError(f"{entry.name}: {base_bits.size} elements in the base, {entry.numel} in the manifest")
+            chunks = list(zip(entry.chunks, frames))
+            idx_dtype = np.int32 if entry.numel < 2**31 else np.int64
+            idx, xor = await loop.run_in_executor(pool, _tensor_changes, chunks, entry.numel, entry.dtype, idx_dtype)
+            specs[entry.name] = (entry.dtype, list(entry.shape))
+            signed = np.dtype(wp.BIT_DTYPES[entry.dtype])
+            if wp.travels_sparse(idx.size, entry.numel):
+                arrays[entry.name + wp.IDX] = idx
+                arrays[entry.name + wp.XOR] = xor.view(signed)
+                arrays[entry.name + wp.WAS] = base_bits[idx[: wp.WAS_SAMPLE]].view(signed)
+                patch.sparse_elems += idx.size
+            else:
+                bits = await loop.run_in_executor(pool, _with_changes, base_bits, idx, xor)
+                arrays[entry.name] = bits.view(signed).reshape(entry.shape)
+                patch.full_elems += entry.numel
+
+        # Tensors in parallel, as many as the pool has threads (zstd and numpy release the GIL); the first
+        # failure cancels the rest before the base is closed.
+        try:
+            async with asyncio.TaskGroup() as group:
+                for ti, f in zip(changed, fetches, strict=True):
+                    group.create_task(one(ti, f))
+        except ExceptionGroup as e:  # the first failure is the one to report (FetchError, ValueError)
+            raise e.exceptions[0] from None
+        for name, want in manifest.files.items():
+            patch.files[name] = await client.file(manifest.version, name, want)
+    patch.path.parent.mkdir(parents=True, exist_ok=True)
+    await loop.run_in_executor(None, save_file, arrays, str(patch.path), wp.encode_meta(specs))
+    patch.tensors, patch.bytes = len(specs), patch.path.stat().st_size
+    return patch
+
+
+def warmup_patch(base_dir: Path, out: Path) -> Path:
+    """A patch that names every tensor of the checkpoint at `base_dir` and changes none (Agent.warm_inplace)."""
+    arrays, specs = {}, {}
+    with CheckpointReader(base_dir) as base:
+        for name, (dtype, shape) in base.specs().items():
+            if dtype in wp.BIT_DTYPES:
+                signed = wp.BIT_DTYPES[dtype]
+                specs[name] = (dtype, list(shape))
+                arrays[name + wp.IDX] = np.empty(0, np.int32 if math.prod(shape) < 2**31 else np.int64)
+                arrays[name + wp.XOR], arrays[name + wp.WAS] = np.empty(0, signed), np.empty(0, signed)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    save_file(arrays, str(out), wp.encode_meta(specs))
+    return out
+
+
+def persist(base_dir: Path, patch: Patch, staging: Path) -> None:
+    """Write the version's checkpoint into `staging`: the base's weight files with the patch applied, and the
+    version's side files; then check every tensor, patched or not, against the manifest's digest (a damaged
+    base must not live on in the versions built on it). Every file is fsynced; the caller renames `staging`
+    into place. Raises DigestMismatch, or ValueError/KeyError for a base that does not fit the manifest."""
+    from safetensors import safe_open  # numpy's view of the patch (the module imports safetensors.numpy)
+
+    staging.mkdir(parents=True)
+    where: dict[str, tuple[Path, int, str, int]] = {}
+    for src in weight_files(base_dir):
+        shutil.copyfile(src, staging / src.name)
+    with CheckpointReader(staging) as r:
+        for name, (dst, dtype, shape, start) in r.layout().items():
+            where[name] = (dst, start, dtype, math.prod(shape))
+    if set(where) != set(patch.digests):
+        raise ValueError(
+            f"the base holds other tensors than the manifest ({sorted(set(where) ^ set(patch.digests))[:3]})"
+        )
+    with safe_open(str(patch.path), framework="numpy") as f:
+        specs, keys = wp.decode_meta(f.metadata()), set(f.keys())
+        for name, (dtype, _) in specs.items():
+            dst, offset, have_dtype, numel = where[name]
+            if have_dtype != dtype:
+                raise ValueError(f"{name}: the base holds {have_dtype}, the patch {dtype}")
+            mm = np.memmap(dst, dtype=wp.BIT_DTYPES[dtype], mode="r+", offset=offset, shape=(numel,))
+            if name in keys:
+                mm[:] = f.get_tensor(name).reshape(-1)
+            else:
+                x = f.get_tensor(name + wp.XOR).view(codec.bit_view(dtype))
+                delta_kernels.xor_scatter(np.asarray(mm).view(x.dtype), f.get_tensor(name + wp.IDX), x)
+            mm.flush()
+            del mm
+    for name, (dst, offset, dtype, numel) in where.items():
+        itemsize = np.dtype(codec.bit_view(dtype)).itemsize
+        mm = np.memmap(dst, dtype=np.uint8, mode="r", offset=offset, shape=(numel * itemsize,))
+        if codec.digest(mm) != patch.digests[name]:
+            raise DigestMismatch(f"tensor {name} rebuilds to other bytes than the manifest's (a damaged base?)")
+        del mm
+    for name, data in patch.files.items():
+        (staging / name).write_bytes(data)
+    for p in staging.iterdir():
+        with open(p, "rb") as fh:
+            os.fsync(fh.fileno())

@@ -1,0 +1,13 @@
+"""The version store: the directory of published versions and its HTTP face (server), its ledgers, the store on S3, its
+metrics, and the peer relay's tracker and redirects.
+
+- `ledger`: The store's append-only ledgers (activations.jsonl, announcements.jsonl): one JSON record a line.
+- `metrics`: The weight store's per-version sizes on its /metrics: each delta's bytes on the wire and the raw bytes
+  it stands for (their ratio is the compression the DESIGN's delta sync is judged by).
+- `relay`: The store server's side of the peer relay: answer a piece request with its bytes or a redirect to a peer
+  (weight_sync.store.tracker decides), count every byte the store sends, and show both (/metrics, /stats).
+- `s3`: The weight store on S3: the publisher's side (upload a version, list, retention) and the connection both
+  sides share.
+- `server`: The version store: a directory of published versions, and its HTTP face.
+- `tracker`: Who holds which piece of which version: the store's answer to "where should this agent fetch from?".
+"""

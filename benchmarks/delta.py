@@ -96,7 +96,7 @@ def trainer_versions(tmp: Path) -> dict:
 
     from online_rl.model.bootstrap import bootstrap
     from online_rl.model.transformer import load_pretrained, save_pretrained
-    from online_rl.tasks import synthetic as tasks
+    from online_rl.tasks import corpus as TC
     from weight_sync.manifest import generate_key
     from weight_sync.publish import PublishConfig, publish
 
@@ -104,7 +104,7 @@ def trainer_versions(tmp: Path) -> dict:
     tok = Tokenizer.from_file(str(src / "tokenizer.json"))
     model = load_pretrained(src, torch.float32)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.0)
-    docs = tasks.corpus(tasks.CorpusConfig(seed=1, documents=400))
+    docs = TC.corpus(TC.CorpusConfig(seed=1, documents=400))
     ids = torch.tensor([i for e in tok.encode_batch(docs) for i in e.ids][: 16 * 129]).view(16, 129)
     generate_key(tmp / "k.pem", tmp / "k.pub")
     cfg = PublishConfig(store=tmp / "store", private_key=tmp / "k.pem")

@@ -4,5 +4,7 @@ clients people run look to the model.
 - `agent_clients`: How the agent clients people run look to the model, for the bootstrap corpus: their tools, their
   shell's answers and the context they send around a user's request.
 - `agent_episodes`: Agent episodes for the bootstrap corpus: the tiny model learns a small tool language.
+- `corpus`: The bootstrap corpus: documents made from the train split's tasks (online_rl.tasks.synthetic), each
+  ending in EOS, deterministic for a seed.
 - `synthetic`: Synthetic coding tasks: small Python functions described by a docstring, judged by hidden tests.
 """

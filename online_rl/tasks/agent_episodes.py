@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from contracts import tool_format as tf
 from online_rl.tasks import agent_clients as C
-from online_rl.tasks.synthetic import EOS, Task
+from online_rl.tasks.synthetic import EOS, Task, _call
 
 PATH = {"type": "string"}
 # No descriptions: the names say it, and a description line costs 5-6 tokens in every turn's prompt.
@@ -105,8 +105,6 @@ def run_tests(task: Task, body: str) -> str:
 
 @functools.lru_cache(maxsize=4096)
 def _failures(task: Task, body: str) -> int:
-    from online_rl.tasks.synthetic import _call
-
     ns: dict = {}
     exec(task.prompt + body, ns)  # noqa: S102 - the task's own reference or wrong-body templates, not model output
     got = [_call(ns[task.name], x) for x in task.test_inputs()]

@@ -7,15 +7,10 @@ The same generator feeds two disjoint sets, split by a seeded hash of the combin
   bugs: the wrong operator, an off-by-one constant), so the base model samples correct code only
   part of the time and RL has room to improve it;
 - held-out tasks (`split="heldout"`) for sandbox rollouts and evaluation, never seen in the corpus.
-A share of the corpus documents are turns of agent episodes built from the train tasks (read the file,
-write a body, run the tests, answer: online_rl.tasks.agent_episodes), and a share are hinted: a comment line
-`# hint: ...` (what a user says about a body that failed, `hint_for`) before the reference body, so that the
-model learns to follow a hint (the teacher of text-feedback distillation, online_rl.trainer.loss).
+`hint_for` says what a user says about a body that failed (the corpus, online_rl.tasks.corpus, puts such hints
+before reference bodies, so that the model learns to follow one).
 Correctness is judged by running the code on inputs and comparing with the reference body's outputs,
 never by matching the reference text.
-
-Why one file: the families, the split and the corpus are what the bootstrap's cache key hashes (with
-online_rl.model.bootstrap): one more file would be one more to hash, and they change together.
 """
 
 from __future__ import annotations
@@ -359,33 +354,6 @@ def tasks(split: str, seed: int = 0, heldout_share: float = 0.2) -> list[Task]:
     return [Task(f, k, a) for f, k, a in all_combinations() if sp.is_heldout(f, k, a) == want]
 
 
-@dataclass
-class CorpusConfig:
-    seed: int = 0
-    documents: int = 20_000
-    correct_share: float = 0.5  # the rest get one of the family's plausible wrong bodies
-    test_doc_share: float = 0.15  # documents that are a test function instead
-    fim_share: float = 0.1  # documents in fill-in-the-middle form
-    heldout_share: float = 0.2
-    # Documents that are one assistant turn of a tool-using episode (agent_episodes). Such a document is
-    # ~4x as long as a code one (~150 vs ~37 tokens), so 10% of documents are ~30% of the tokens.
-    agent_share: float = 0.1
-    # Of the agent turns that call a tool, a deliberately imperfect call (broken JSON, a missing required
-    # argument, an unknown tool): the base model then makes malformed calls sometimes, as it writes wrong
-    # code part of the time, and RL has something to fix. The model under-samples this rare branch: with
-    # 0.1 the demo model's temperature-1 calls were 4.2% invalid (0% greedy); 0.2 aims at about 10%.
-    malformed_call_share: float = 0.2
-    # Documents whose body follows a hint (hint_for on one of the task's wrong bodies): the model learns to
-    # use a user's hint, which text-feedback distillation's teacher relies on (online_rl.trainer.loss).
-    hint_share: float = 0.1
-    # Of the agent turns: through a client's shell (Codex's exec_command, Claude Code's Bash, variants) rather
-    # than Flywheel's three tools; of those, inside a client's context (a system prompt of up to context_chars
-    # characters, an environment block, reminders) that the model must read past (online_rl.tasks.agent_clients).
-    client_share: float = 0.5
-    context_share: float = 0.7
-    context_chars: int = 8000
-
-
 FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE, EOS = "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|endoftext|>"
 SPECIAL_TOKENS = [EOS, FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE]
 
@@ -393,40 +361,3 @@ SPECIAL_TOKENS = [EOS, FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE]
 def fim_prompt(prefix: str, suffix: str) -> str:
     """Prefix-suffix-middle order, as Qwen/StarCoder-style coders are trained."""
     return f"{FIM_PREFIX}{prefix}{FIM_SUFFIX}{suffix}{FIM_MIDDLE}"
-
-
-def corpus(cfg: CorpusConfig) -> list[str]:
-    """The bootstrap corpus: documents (each ending in EOS), deterministic for a seed."""
-    rng = random.Random(cfg.seed)
-    train = tasks("train", cfg.seed, cfg.heldout_share)
-    docs = []
-    for _ in range(cfg.documents):
-        t = rng.choice(train)
-        t = Task(t.family, t.k, t.arg, rng.randrange(len(t.spec.docs)))
-        if cfg.agent_share and rng.random() < cfg.agent_share:
-            from online_rl.tasks import agent_episodes
-
-            turn = agent_episodes.sample_turn(
-                t,
-                rng,
-                cfg.correct_share,
-                cfg.malformed_call_share,
-                cfg.client_share,
-                cfg.context_share,
-                cfg.context_chars,
-            )
-            docs.append(turn.document)
-            continue
-        if cfg.hint_share and rng.random() < cfg.hint_share:
-            docs.append(t.prompt + hint_line(hint_for(t, rng.choice(t.wrong_bodies()))) + t.reference + EOS)
-            continue
-        body = t.reference if rng.random() < cfg.correct_share else rng.choice(t.wrong_bodies())
-        r = rng.random()
-        if r < cfg.test_doc_share:
-            docs.append(t.test_source() + EOS)
-        elif r < cfg.test_doc_share + cfg.fim_share:
-            suffix = "\n\n" + t.test_source() if rng.random() < 0.5 else ""
-            docs.append(fim_prompt(t.prompt, suffix) + body + EOS)
-        else:
-            docs.append(t.prompt + body + EOS)
-    return docs

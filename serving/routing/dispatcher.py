@@ -29,7 +29,7 @@ from serving.event_log.sink import EventSink
 from serving.protocol.openai import GenerationSpec, finish_reason
 from serving.protocol.schema import ApiError
 from serving.replica import engine
-from serving.routing import RouteRequest
+from serving.routing.policy import RouteRequest
 from serving.routing.pool import Lease, NoReplica, ReplicaHandle, ReplicaPool, ReplicaState
 from serving.tenants.cache_scope import CacheScopes
 

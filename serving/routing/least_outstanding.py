@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Callable
 
 if TYPE_CHECKING:
     from serving.config import RoutingConfig
-    from serving.routing import RouteRequest
+    from serving.routing.policy import RouteRequest
     from serving.routing.pool import ReplicaHandle
 
 

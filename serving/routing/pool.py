@@ -24,8 +24,8 @@ import aiohttp
 
 from contracts.events import parse_version
 from serving.config import PoolConfig, RoutingConfig
-from serving.routing import RouteRequest, RoutingPolicy, make_policy
 from serving.routing.least_outstanding import LeastOutstanding
+from serving.routing.policy import RouteRequest, RoutingPolicy, make_policy
 
 log = logging.getLogger(__name__)
 

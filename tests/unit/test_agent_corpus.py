@@ -8,12 +8,12 @@ import re
 
 import pytest
 
-from online_rl.model import bootstrap as B
-from online_rl.tasks import agent_episodes as A, synthetic as T
+from online_rl.model import bootstrap as B, bpe, midtrain
+from online_rl.tasks import agent_episodes as A, corpus as TC, synthetic as T
 from serving.protocol import tool_calls as tc
 from serving.protocol.openai import Limits, parse_chat, render_chat
 
-CFG = T.CorpusConfig(seed=0, documents=8000)
+CFG = TC.CorpusConfig(seed=0, documents=8000)
 # a call and its result (the tool lines sit before the newest result: tool_format.render_chat)
 _HISTORY = re.compile(
     r"<tool_call>\n(.*?)\n</tool_call>\n(?:# tools: [^\n]*\n)*<tool_response>\n(.*?)\n</tool_response>\n", re.S
@@ -22,7 +22,7 @@ _HISTORY = re.compile(
 
 @pytest.fixture(scope="module")
 def docs():
-    return T.corpus(CFG)
+    return TC.corpus(CFG)
 
 
 def _split(doc: str) -> tuple[str, str]:
@@ -168,7 +168,7 @@ def test_an_episode_reads_writes_tests_and_answers_honestly():
 
 def test_malformed_calls_appear_at_the_configured_share():
     # Flywheel's tools only (a client's shell is malformed at the same share; judging needs each turn's tools)
-    mine = T.corpus(T.CorpusConfig(seed=0, documents=8000, client_share=0.0, context_share=0.0))
+    mine = TC.corpus(TC.CorpusConfig(seed=0, documents=8000, client_share=0.0, context_share=0.0))
     calls = [_split(d)[1] for d in mine if A.TOOL_LINES[0] in d and _split(d)[1].startswith("<tool_call>")]
     outcomes = [A.call_outcome(c) for c in calls]
     bad = len(outcomes) - outcomes.count("valid")
@@ -176,7 +176,7 @@ def test_malformed_calls_appear_at_the_configured_share():
     assert {"malformed", "unknown_tool"} <= set(outcomes)
     spec = _spec()
     assert [tc.parse(c, spec).outcome for c in calls] == outcomes  # the gateway counts them the same
-    none = T.corpus(T.CorpusConfig(seed=0, documents=1000, malformed_call_share=0.0))
+    none = TC.corpus(TC.CorpusConfig(seed=0, documents=1000, malformed_call_share=0.0))
     assert all(A.call_outcome(_split(d)[1]) in ("valid", "none") for d in none if A.TOOL_LINES[0] in d)
 
 
@@ -208,9 +208,9 @@ def test_online_rl_judges_calls_like_the_gateway(text):
 
 def test_agent_turns_tokenize_at_the_turn_boundary(tmp_path):
     cfg = B.preset("test")
-    docs = T.corpus(cfg.corpus)
-    tok = B.train_tokenizer(docs, cfg.vocab_size)
-    for marker in B.TOOL_MARKERS:  # one token each, and plain text to the decoder
+    docs = TC.corpus(cfg.corpus)
+    tok = bpe.train_tokenizer(docs, cfg.vocab_size)
+    for marker in bpe.TOOL_MARKERS:  # one token each, and plain text to the decoder
         assert len(tok.encode(marker, add_special_tokens=False).ids) == 1
         assert tok.decode(tok.encode(marker).ids, skip_special_tokens=True) == marker
     rng, longest = random.Random(0), 0
@@ -225,7 +225,7 @@ def test_agent_turns_tokenize_at_the_turn_boundary(tmp_path):
             longest = max(longest, len(whole))
     assert longest > 100  # (a turn past the training window is trained whole: the test below)
     plain = [d for d in docs if "# system:" not in d]  # a client's system prompt is read, never a target (below)
-    ids, learn = B.packed_stream(tok, plain)
+    ids, learn = midtrain.packed_stream(tok, plain)
     held_out = [i for i, keep in enumerate(learn) if not keep]
     assert held_out and len(ids) == len(learn)
     assert {tok.id_to_token(ids[i]) for i in held_out} == {"Ċ"}  # only the newline after a call in history
@@ -235,11 +235,11 @@ def test_agent_turns_tokenize_at_the_turn_boundary(tmp_path):
 
 def test_a_clients_system_prompt_is_read_not_learnt_and_long_turns_stay_whole():
     cfg = B.preset("test")
-    docs = T.corpus(cfg.corpus)
-    tok = B.train_tokenizer(docs, cfg.vocab_size)
+    docs = TC.corpus(cfg.corpus)
+    tok = bpe.train_tokenizer(docs, cfg.vocab_size)
     longer = [d for d in docs if len(tok.encode(d, add_special_tokens=False).ids) >= cfg.train.seq_len]
     short = [d for d in docs[:200] if d not in set(longer)]
-    ids, learn, long = B.packed_stream(tok, longer + short, cfg.train.seq_len)
+    ids, learn, long = midtrain.packed_stream(tok, longer + short, cfg.train.seq_len)
     assert len(long) == len(longer) > 100  # kept whole, out of the stream's windows
     for doc, (seq, mask) in zip(longer, long):
         enc = tok.encode(doc, add_special_tokens=False)

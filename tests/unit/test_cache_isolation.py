@@ -11,7 +11,7 @@ import random
 import pytest
 
 from serving.config import RoutingConfig
-from serving.routing import RouteRequest
+from serving.routing.policy import RouteRequest
 from serving.routing.pool import Lease, ReplicaPool
 from serving.tenants.cache_scope import CacheScopes
 

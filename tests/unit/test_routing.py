@@ -5,7 +5,7 @@ import random
 import pytest
 
 from serving.config import RoutingConfig
-from serving.routing import RouteRequest, make_policy
+from serving.routing.policy import RouteRequest, make_policy
 from serving.routing.pool import Lease, ReplicaPool
 from serving.routing.prefix_index import PrefixIndex, block_names
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from online_rl.sandbox import judge as sandbox
-from online_rl.tasks import synthetic as tasks
+from online_rl.tasks import corpus as TC, synthetic as tasks
 
 
 def test_splits_are_disjoint_and_stable():
@@ -19,9 +19,9 @@ def test_splits_are_disjoint_and_stable():
 
 
 def test_corpus_is_deterministic_and_never_contains_heldout_functions():
-    cfg = tasks.CorpusConfig(seed=3, documents=2000)
-    docs = tasks.corpus(cfg)
-    assert docs == tasks.corpus(cfg)
+    cfg = TC.CorpusConfig(seed=3, documents=2000)
+    docs = TC.corpus(cfg)
+    assert docs == TC.corpus(cfg)
     held_names = {(t.name, t.arg) for t in tasks.tasks("heldout", seed=3)}
     for d in docs:
         assert d.endswith(tasks.EOS)
@@ -35,7 +35,7 @@ def test_hints_say_why_a_body_failed_and_the_corpus_follows_them_with_the_right_
     assert tasks.hint_for(t, "    return xs[:3]\n") == "use xs[-3:]"  # anything else: what to return
     assert tasks.hint_for(t, "    pass\n") == "use xs[-3:]" == tasks.hint_for(t, t.reference)
     assert tasks.hint_line("use 3, not 4") == "    # hint: use 3, not 4\n"
-    docs = tasks.corpus(tasks.CorpusConfig(seed=0, documents=3000))
+    docs = TC.corpus(TC.CorpusConfig(seed=0, documents=3000))
     hinted = [d for d in docs if tasks.HINT_PREFIX in d]
     assert 0.05 < len(hinted) / len(docs) < 0.15  # hint_share 0.1
     by_signature = {f"def {t.name}({t.arg}):": t for t in tasks.tasks("train")}

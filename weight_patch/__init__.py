@@ -7,4 +7,6 @@ that applies it inside the replica.
   (weight_patch.format) to the served model in place, element by element where few changed: their XOR with the base,
   applied only where the model holds the base bits the patch names (so never to another version, never twice), with
   a fused loop on a CPU (kernels.delta.xor_scatter), tensors side by side.
+- `writer`: Writing a weight patch (weight_patch.format): the file a weights agent lays down for the SGLang loader
+  next to it (weight_patch.loader) to apply.
 """

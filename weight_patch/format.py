@@ -1,6 +1,6 @@
 """In-place weight patches: what a weights agent hands the SGLang engine next to it, instead of a whole
 checkpoint to re-read. The one module that says what a patch file holds; the agent writes it
-(weight_sync.agent.inplace), the engine's loader applies it (weight_patch.loader).
+(weight_patch.writer, called by weight_sync.agent.inplace), the engine's loader applies it (weight_patch.loader).
 
 A patch is one safetensors file on the replica's host. For each tensor that changed, by its checkpoint
 (Hugging Face) name, either

@@ -1,7 +1,8 @@
 """The engine-side in-place loader (weight_patch.loader) on small models whose `load_weights` lays tensors
 out the ways SGLang's do: fused along a dimension, stacked per expert, into a non-contiguous slice, by
 item assignment; and one that transposes, which a sparse patch must refuse. (The real engine: the in-place
-tests of tests/integration/test_weight_sync.py.)"""
+tests of tests/integration/test_weight_sync.py.) Every patch here is written by the agent's writer
+(weight_patch.writer) and applied by the engine's loader: both ends of the format, round trip."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 from safetensors.numpy import save_file
 
-from weight_patch import format as wp, loader as inplace_loader
+from weight_patch import format as wp, loader as inplace_loader, writer as patch_writer
 
 
 class Toy(torch.nn.Module):
@@ -45,19 +46,17 @@ def _bits(t: torch.Tensor) -> np.ndarray:
 
 
 def _patch(path, sparse: dict, full: dict | None = None, shapes: dict | None = None) -> str:
-    """sparse: name -> (base tensor, new bf16 tensor, positions changed); full: name -> new bf16 tensor."""
-    arrays, specs = {}, {}
+    """sparse: name -> (base tensor, new bf16 tensor, positions changed); full: name -> new bf16 tensor;
+    shapes: name -> (dtype, shape) the patch says instead (BF16 and the tensor's own). Written by the writer."""
+    writer = patch_writer.PatchWriter()
     for name, (base, new, idx) in sparse.items():
-        was = _bits(base).reshape(-1)[idx]
-        arrays[name + wp.IDX] = np.asarray(idx, np.int32)
-        arrays[name + wp.XOR] = _bits(new).reshape(-1)[idx] ^ was
-        arrays[name + wp.WAS] = was[: wp.WAS_SAMPLE]
-        specs[name] = ("BF16", list(new.shape))
+        dtype, shape = (shapes or {}).get(name, ("BF16", list(new.shape)))
+        idx = np.asarray(idx, patch_writer.index_dtype(new.numel()))
+        base_bits = _bits(base).reshape(-1)
+        writer.sparse(name, dtype, shape, idx, _bits(new).reshape(-1)[idx] ^ base_bits[idx], base_bits)
     for name, new in (full or {}).items():
-        arrays[name] = _bits(new)
-        specs[name] = ("BF16", list(new.shape))
-    specs.update(shapes or {})
-    save_file(arrays, str(path), wp.encode_meta(specs))
+        writer.whole(name, "BF16", list(new.shape), _bits(new))
+    assert writer.write(path) == path.stat().st_size and len(writer) == len(sparse) + len(full or {})
     return str(path)
 
 
@@ -206,12 +205,8 @@ def test_a_warm_up_patch_places_every_tensor_and_changes_nothing(tmp_path):
     model = Toy()
     before = [p.detach().clone() for p in model.parameters()]
     names = {"q": [3, 4], "k": [3, 4], "e0": [3, 4], "e1": [3, 4], "c": [3, 4]}
-    arrays = {}
-    for n in names:
-        arrays[n + wp.IDX] = np.empty(0, np.int32)
-        arrays[n + wp.XOR], arrays[n + wp.WAS] = np.empty(0, np.int16), np.empty(0, np.int16)
-    path = str(tmp_path / "warm.safetensors")
-    save_file(arrays, path, wp.encode_meta({n: ("BF16", s) for n, s in names.items()}))
+    specs = {n: ("BF16", s) for n, s in names.items()} | {"scale": ("I64", [1])}  # no patch form: left out
+    path = str(patch_writer.warmup(specs, tmp_path / "warm" / "warm.safetensors"))
     result = _run(model, path)
     assert result["ok"] and result["probed"] == len(names) and result["elements"] == 0, result
     for a, b in zip(model.parameters(), before, strict=True):
@@ -236,3 +231,35 @@ def test_places_belong_to_their_model_and_go_with_it(tmp_path):
     del first, model
     gc.collect()
     assert len(inplace_loader._places) == held - 1 and second in inplace_loader._places
+
+
+class Wide(torch.nn.Module):
+    """One tensor of 4096 elements, loaded as is: room for more changes than a patch carries base bits of."""
+
+    def __init__(self, dtype=torch.float32):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.w = torch.nn.Parameter(torch.randn(64, 64, generator=g).to(torch.bfloat16).to(dtype))
+
+    def load_weights(self, named):
+        for _, w in named:
+            self.w.data.copy_(w)
+
+
+def test_the_writers_patch_round_trips_through_the_loader_past_the_base_sample(tmp_path):
+    """The writer's sparse entry (more changes than WAS_SAMPLE: it carries the base bits of the first few),
+    then a whole one, applied by the loader: the model ends up holding each new tensor bit for bit, and the
+    sparse patch applies once."""
+    model = Wide()
+    base = model.w.data.clone()
+    positions = list(range(0, 4096, 41))  # 100 changes, under SPARSE_MAX_SHARE of 4096
+    assert len(positions) > wp.WAS_SAMPLE and wp.travels_sparse(len(positions), base.numel())
+    new = _new(base, positions, 7)
+    path = _patch(tmp_path / "sparse.safetensors", {"w": (base, new, positions)})
+    result = _run(model, path)
+    assert result["ok"] and result["elements"] == len(positions), result
+    assert torch.equal(model.w.data, new.float())
+    assert not _run(model, path)["ok"] and torch.equal(model.w.data, new.float())
+    whole = _new(new, list(range(4096)), 8)
+    assert _run(model, _patch(tmp_path / "whole.safetensors", {}, {"w": whole}))["ok"]
+    assert torch.equal(model.w.data, whole.float())

@@ -2,10 +2,10 @@
 
     1. patch    the chunks of the tensors the manifest says changed are fetched (from a store server, in
                 one request: its pack) and checked against their digests (the manifest is signed); they
-                go into a patch file (weight_patch.format) as the positions of the changed elements
-                and their XOR with the base while few changed (the base is not read: a 2% change touches
-                most of its cache lines), else as the whole new tensor. Unchanged tensors are neither
-                fetched nor read: the work follows what changed, not the model's size.
+                go into a patch file (weight_patch.format, written by weight_patch.writer) as the positions
+                of the changed elements and their XOR with the base while few changed (the base is not read:
+                a 2% change touches most of its cache lines), else as the whole new tensor. Unchanged tensors
+                are neither fetched nor read: the work follows what changed, not the model's size.
     2. switch   the replica applies the patch through its custom loader (weight_sync.agent.switch, same modes,
                 same version label and prefix-cache flush as a reload from disk).
     3. persist  the version's checkpoint directory, which restarts and rollbacks load from disk, is the
@@ -27,10 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from safetensors.numpy import save_file
 
 from kernels import delta as delta_kernels
-from weight_patch import format as wp
+from weight_patch import format as wp, writer as patch_writer
 from weight_sync import codec
 from weight_sync.agent.fetch import PackUnsupported, StoreClient
 from weight_sync.checkpoint import CheckpointReader, weight_files
@@ -148,8 +147,7 @@ def _fetch_changed(client, manifest: Manifest, changed: list[int]) -> tuple[list
 
 async def _build(manifest, changed, fetches, base_dir, pool, patch: Patch, client) -> Patch:
     loop = asyncio.get_running_loop()
-    arrays: dict[str, np.ndarray] = {}
-    specs: dict[str, tuple[str, list[int]]] = {}
+    writer = patch_writer.PatchWriter()
     with CheckpointReader(base_dir) as base:
 
         async def one(ti: int, fetch) -> None:
@@ -159,18 +157,14 @@ async def _build(manifest, changed, fetches, base_dir, pool, patch: Patch, clien
             if base_bits.size != entry.numel:
                 raise ValueError(f"{entry.name}: {base_bits.size} elements in the base, {entry.numel} in the manifest")
             chunks = list(zip(entry.chunks, frames))
-            idx_dtype = np.int32 if entry.numel < 2**31 else np.int64
+            idx_dtype = patch_writer.index_dtype(entry.numel)
             idx, xor = await loop.run_in_executor(pool, _tensor_changes, chunks, entry.numel, entry.dtype, idx_dtype)
-            specs[entry.name] = (entry.dtype, list(entry.shape))
-            signed = np.dtype(wp.BIT_DTYPES[entry.dtype])
             if wp.travels_sparse(idx.size, entry.numel):
-                arrays[entry.name + wp.IDX] = idx
-                arrays[entry.name + wp.XOR] = xor.view(signed)
-                arrays[entry.name + wp.WAS] = base_bits[idx[: wp.WAS_SAMPLE]].view(signed)
+                writer.sparse(entry.name, entry.dtype, entry.shape, idx, xor, base_bits)
                 patch.sparse_elems += idx.size
             else:
                 bits = await loop.run_in_executor(pool, _with_changes, base_bits, idx, xor)
-                arrays[entry.name] = bits.view(signed).reshape(entry.shape)
+                writer.whole(entry.name, entry.dtype, entry.shape, bits)
                 patch.full_elems += entry.numel
 
         # Tensors in parallel, as many as the pool has threads (zstd and numpy release the GIL); the first
@@ -183,25 +177,16 @@ async def _build(manifest, changed, fetches, base_dir, pool, patch: Patch, clien
             raise e.exceptions[0] from None
         for name, want in manifest.files.items():
             patch.files[name] = await client.file(manifest.version, name, want)
-    patch.path.parent.mkdir(parents=True, exist_ok=True)
-    await loop.run_in_executor(None, save_file, arrays, str(patch.path), wp.encode_meta(specs))
-    patch.tensors, patch.bytes = len(specs), patch.path.stat().st_size
+    patch.bytes = await loop.run_in_executor(None, writer.write, patch.path)
+    patch.tensors = len(writer)
     return patch
 
 
 def warmup_patch(base_dir: Path, out: Path) -> Path:
     """A patch that names every tensor of the checkpoint at `base_dir` and changes none (Agent.warm_inplace)."""
-    arrays, specs = {}, {}
     with CheckpointReader(base_dir) as base:
-        for name, (dtype, shape) in base.specs().items():
-            if dtype in wp.BIT_DTYPES:
-                signed = wp.BIT_DTYPES[dtype]
-                specs[name] = (dtype, list(shape))
-                arrays[name + wp.IDX] = np.empty(0, np.int32 if math.prod(shape) < 2**31 else np.int64)
-                arrays[name + wp.XOR], arrays[name + wp.WAS] = np.empty(0, signed), np.empty(0, signed)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    save_file(arrays, str(out), wp.encode_meta(specs))
-    return out
+        specs = base.specs()
+    return patch_writer.warmup(specs, out)
 
 
 def persist(base_dir: Path, patch: Patch, staging: Path) -> None:

@@ -1,7 +1,10 @@
-"""The event log off the request path: the gateway submits each event to an on-disk spool (sink, spool, spool_writer),
-a child process ships the spool to Kafka (shipper) after scanning its text for secrets (scan, secret_scrub), and a
-tenant's records can be forgotten before they leave (forget).
+"""The event log off the request path: the gateway builds each completion's event (completion) and submits every
+event to an on-disk spool (sink, spool, spool_writer), a child process ships the spool to Kafka (shipper) after
+scanning its text for secrets (scan, secret_scrub), and a tenant's records can be forgotten before they leave (forget).
 
+- `completion`: The completion event (contracts.events.CompletionEvent) built from what the gateway knows once a
+  choice is served: the request, the replica's result, who asked, and where it was routed; with the meta the spool
+  keeps beside it (the tenant, the time, the texts the shipper scans for secrets).
 - `forget`: The spool's side of forgetting a tenant (`flywheel tenants forget`): which records are forgotten, the
   file that says so, and the redaction of what is still on disk.
 - `pipeline`: Lossless event logging off the request path: an on-disk spool in front of an idempotent Kafka

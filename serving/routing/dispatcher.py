@@ -25,8 +25,9 @@ import numpy as np
 from contracts import events as ev
 from serving.auth import Tenant
 from serving.canary_split import CanarySplit
+from serving.event_log import completion
 from serving.event_log.sink import EventSink
-from serving.protocol.openai import GenerationSpec, finish_reason
+from serving.protocol.openai import GenerationSpec
 from serving.protocol.schema import ApiError
 from serving.replica import engine
 from serving.routing.policy import RouteRequest
@@ -216,40 +217,20 @@ class Dispatcher:
             self.on_served(tenant, spec, cid, i, res.text)
         if not self.sink.enabled:
             return None
-        spans = res.weight_versions or []
-        switch = next((s.get("start") for s in spans[1:]), None) if len(spans) > 1 else None
-        deny = self.train_policy(tenant) == "deny"  # served and counted; nothing the code wrote or saw is logged
-        sampling = spec.sampling()
-        event = ev.CompletionEvent(
+        event, meta = completion.completion_record(
+            spec,
+            res,
             completion_id=cid,
             choice_index=i,
             tenant=tenant.id,
-            model_version=res.weight_version,
-            prompt_ids=np.zeros(0, np.int32) if deny else np.asarray(prompt_ids, np.int32),
-            output_ids=np.zeros(0, np.int32) if deny else np.asarray(res.output_ids, np.int32),
-            logprobs=np.zeros(0, np.float32) if deny else np.asarray(res.logprobs, np.float32),
-            routed_experts=np.zeros((0, self.cfg.layers, self.cfg.top_k), np.uint8) if deny else self.experts(res),
-            sampling={k: v for k, v in sampling.items() if not isinstance(v, (str, list))} if deny else sampling,
-            finish_reason=finish_reason(res.finish),
-            latency={**timing, "queue_ms": res.queue_ms},
-            cached_tokens=res.cached_tokens,
-            weight_versions=spans,
-            switch_index=switch,
-            source=source,
+            prompt_ids=prompt_ids,
             replica=replica_id,
+            timing=timing,
+            source=source,
             arm=arm,
-            session_id=spec.session.logged_id
-            if spec.session is not None
-            else "",  # scanned: serving.signals.session_ids
-            parent_id=spec.session.parent_id if spec.session is not None else "",
-            api=spec.api,
-            withheld="policy" if deny else "",
+            withheld=self.train_policy(tenant) == "deny",  # served and counted; nothing the code wrote or saw is logged
+            experts_shape=(self.cfg.layers, self.cfg.top_k),
         )
-        # The shipper scans these for secrets (serving.event_log.secret_scrub), off this thread, before Kafka sees them:
-        # prompt, output and suffix as one text (a key the user began and the model finished spans the seams),
-        # and the stop strings. Rollouts are the trainer's own tasks, never trained from the log: not scanned.
-        scan = None if deny or source != "user" else [spec.prompt + res.text + (spec.suffix or ""), *spec.stop]
-        meta = {"tenant": tenant.id, "ts": event.ts, "scan": scan}
         return self.sink.submit(ev.TOPIC_COMPLETIONS, cid, event.encode(), meta=meta)
 
     def experts(self, res: engine.EngineResult) -> np.ndarray:

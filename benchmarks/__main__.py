@@ -1,7 +1,8 @@
-"""Run every benchmarks/*.py module, save each JSON result, and refresh the README's results table.
+"""Run every benchmarks/*.py module, save each JSON result, and refresh the manual's results table.
 
 Each benchmark runs in its own process (`python -m benchmarks.NAME`), prints one JSON object as the
-last line of its output, and that object is written to benchmarks/results/NAME.json.
+last line of its output, and that object is written to benchmarks/results/NAME.json; the table between
+the markers of docs/benchmarks.md is rewritten from them all.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-README = HERE.parent / "README.md"
+PAGE = HERE.parent / "docs" / "benchmarks.md"
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 
 
@@ -59,14 +60,14 @@ def table() -> str:
     return "\n".join(lines)
 
 
-def refresh_readme() -> None:
-    if not README.exists():
+def refresh_page() -> None:
+    if not PAGE.exists():
         return
-    text = README.read_text()
+    text = PAGE.read_text()
     if START in text and END in text:
         head, rest = text.split(START, 1)
         _, tail = rest.split(END, 1)
-        README.write_text(f"{head}{START}\n{table()}\n{END}{tail}")
+        PAGE.write_text(f"{head}{START}\n{table()}\n{END}{tail}")
 
 
 def main() -> int:
@@ -81,7 +82,7 @@ def main() -> int:
         except Exception as e:  # keep going: one broken benchmark should not hide the others
             print(f"benchmark {name}: {e}", file=sys.stderr)
             failed.append(name)
-    refresh_readme()
+    refresh_page()
     return 1 if failed else 0
 
 

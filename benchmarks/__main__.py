@@ -1,7 +1,9 @@
-"""Run every benchmarks/*.py module, save each JSON result, and refresh the README's results table.
+"""Run every benchmarks/*.py module and save each JSON result.
 
 Each benchmark runs in its own process (`python -m benchmarks.NAME`), prints one JSON object as the
-last line of its output, and that object is written to benchmarks/results/NAME.json.
+last line of its output, and that object is written to benchmarks/results/NAME.json. The manual's
+Benchmarks page (docs/benchmarks.md) and its other tables of figures are rendered from these files when
+the site is built (docs/hooks/figures.py), so a run changes them at the next `make docs`.
 """
 
 from __future__ import annotations
@@ -15,8 +17,6 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
-README = HERE.parent / "README.md"
-START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 
 
 def modules() -> list[str]:
@@ -37,38 +37,6 @@ def run_one(name: str) -> dict:
     return result
 
 
-def _flatten(d: dict, prefix: str = "") -> list[tuple[str, object]]:
-    rows = []
-    for k, v in d.items():
-        if isinstance(v, dict):
-            rows += _flatten(v, f"{prefix}{k}.")
-        elif not isinstance(v, list):
-            rows.append((f"{prefix}{k}", v))
-    return rows
-
-
-def table() -> str:
-    lines = ["| benchmark | metric | value |", "|---|---|---|"]
-    for f in sorted(RESULTS.glob("*.json")):
-        r = json.loads(f.read_text())
-        for k, v in _flatten(r):
-            if k != "benchmark":
-                cell = str(v).replace("\n", "\\n").replace("|", "\\|")  # one table row per value
-                cell = f"`{cell}`" if "<" in cell else cell  # a model's answer, not HTML
-                lines.append(f"| {f.stem} | {k} | {cell} |")
-    return "\n".join(lines)
-
-
-def refresh_readme() -> None:
-    if not README.exists():
-        return
-    text = README.read_text()
-    if START in text and END in text:
-        head, rest = text.split(START, 1)
-        _, tail = rest.split(END, 1)
-        README.write_text(f"{head}{START}\n{table()}\n{END}{tail}")
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks")
     ap.add_argument("names", nargs="*", help=f"subset of {modules()}")
@@ -81,7 +49,6 @@ def main() -> int:
         except Exception as e:  # keep going: one broken benchmark should not hide the others
             print(f"benchmark {name}: {e}", file=sys.stderr)
             failed.append(name)
-    refresh_readme()
     return 1 if failed else 0
 
 

@@ -18,7 +18,9 @@ import hmac
 import os
 from dataclasses import dataclass
 
-CAPABILITIES = ("status", "weights", "tenants")
+from admin_api import routes
+
+CAPABILITIES = (routes.STATUS, routes.WEIGHTS, routes.TENANTS)
 ENV = {
     "all": "FLYWHEEL_ADMIN_TOKEN",
     "status": "FLYWHEEL_ADMIN_TOKEN_STATUS",
@@ -34,8 +36,12 @@ def _digest(token: str) -> bytes:
 
 
 def needed(method: str, path: str) -> str:
-    """The capability a request on the admin API needs (path as the admin app sees it, /admin/...)."""
-    tail = path.removeprefix("/admin")
+    """The capability a request on the admin API needs (path as the admin app sees it, /admin/...): the one its
+    route declares (admin_api.routes); for a path no route declares (answered 404), the rule they all follow."""
+    route = routes.declared(method, path)
+    if route is not None:
+        return route.capability
+    tail = path.removeprefix(routes.PREFIX)
     if tail == "/tenants" or tail.startswith("/tenants/"):
         return "tenants"
     return "status" if method in ("GET", "HEAD") else "weights"

@@ -39,6 +39,8 @@ def _post(url: str, body: dict, token: str) -> tuple[int, dict]:
 
 
 def main() -> dict:
+    from admin_api.client import AdminClient
+    from admin_api.types import RolloutRequest
     from online_rl.model.bootstrap import bootstrap
     from online_rl.offpeak import OffPeakConfig, OffPeakScheduler
     from online_rl.tasks import synthetic as tasks
@@ -87,13 +89,13 @@ def main() -> dict:
 
         def roll():
             rng = random.Random(99)
+            admin = AdminClient(gw.url, ADMIN, timeout=120)
             while not stop.is_set():
-                status, body = _post(
-                    f"{gw.url}/admin/rollouts",
-                    {"prompt": rng.choice(prompts), "n": 4, "max_tokens": 40, "replicas": "borrowed"},
-                    ADMIN,
-                )
-                if status != 200:
+                try:
+                    body = admin.rollouts(
+                        RolloutRequest(prompt=rng.choice(prompts), n=4, max_tokens=40, replicas="borrowed")
+                    )
+                except urllib.error.HTTPError:
                     time.sleep(0.2)
                     continue
                 now = time.monotonic()

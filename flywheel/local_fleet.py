@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from admin_api import tokens as admin_tokens
+from admin_api.client import AdminClient
 from contracts import replica_keys
 from infra import kafka_auth
 from infra.config import check_modes
@@ -217,13 +218,13 @@ class LocalFleet:
         parts = {admin_tokens.ENV[cap]: token for cap, token in self.admin_parts.items()}
         return {**replica_keys.env(self.replica_key), **parts, **self.kafka_env("gateway"), **more}
 
-    def admin(self, method: str, path: str) -> dict:
-        from admin_api.client import admin_call
-
-        return admin_call(self.gateway.url, self.cfg.admin_token, method, path)
+    @property
+    def admin(self) -> AdminClient:
+        """The gateway's admin API, with the operator's token."""
+        return AdminClient(self.gateway.url, self.cfg.admin_token)
 
     def served_versions(self) -> dict[str, int | None]:
-        return self.admin("GET", "/admin/weights")["replicas"]
+        return self.admin.weights()["replicas"]
 
     def wait_fleet_on(self, version: int, timeout_s: float = 180.0) -> float:
         """Block until every replica serves `version`; returns the seconds it took."""

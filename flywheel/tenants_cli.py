@@ -11,10 +11,15 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from urllib.parse import quote
+from typing import TypeVar
 
+from admin_api.client import AdminClient
+from admin_api.types import ForgetRequest
 from infra.config import env
+
+T = TypeVar("T")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -48,15 +53,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     pv.set_defaults(func=_provenance)
 
 
-def _call(args, method: str, path: str, body: dict | None = None) -> dict:
+def _call(args, ask: Callable[[AdminClient], T]) -> T:
+    """One call on the gateway's admin API, its refusal a clear error."""
     import urllib.error
-
-    from admin_api.client import admin_call
 
     if not args.admin_token:
         raise ValueError("the admin token is needed: set FLYWHEEL_ADMIN_TOKEN (it never goes on a command line)")
     try:  # longer than the gateway's own wait for its spool, so its 503 is what we show
-        return admin_call(args.gateway, args.admin_token, method, path, body, timeout=60)
+        return ask(AdminClient(args.gateway, args.admin_token, timeout=60))
     except urllib.error.HTTPError as e:
         raw = e.read()
         try:
@@ -86,7 +90,7 @@ def _print(args, answer: dict, tenants: list[dict]) -> None:
 
 
 def _list(args) -> int:
-    answer = _call(args, "GET", "/admin/tenants")
+    answer = _call(args, lambda admin: admin.tenants())
     _print(args, answer, answer["tenants"])
     return 0
 
@@ -95,15 +99,13 @@ def _policy(args) -> int:
     body = {k: v for k, v in (("train", args.train), ("retention_days", args.retention_days)) if v is not None}
     if not body:
         raise ValueError("give --train and/or --retention-days")
-    answer = _call(args, "PUT", f"/admin/tenants/{quote(args.name, safe='')}", body)
+    answer = _call(args, lambda admin: admin.set_policy(args.name, body))
     _print(args, answer, [answer])
     return 0
 
 
 def _forget(args) -> int:
-    answer = _call(
-        args, "POST", f"/admin/tenants/{quote(args.name, safe='')}/forget", {"train": "deny"} if args.deny else {}
-    )
+    answer = _call(args, lambda admin: admin.forget(args.name, ForgetRequest(train="deny") if args.deny else {}))
     _print(args, answer, [answer])
     if not args.json:
         print(
@@ -123,7 +125,7 @@ def _ids(args) -> list[str]:
         if ids:
             return ids
     if args.admin_token:
-        return _call(args, "GET", f"/admin/tenants/{quote(args.name, safe='')}")["ids"]
+        return _call(args, lambda admin: admin.tenant(args.name))["ids"]
     raise ValueError(f"no tenant {args.name!r} in {keys_file} (or give --gateway, with FLYWHEEL_ADMIN_TOKEN set)")
 
 

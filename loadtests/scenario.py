@@ -24,7 +24,7 @@ import time
 import gevent
 from locust import events
 
-from admin_api.client import admin_call
+from admin_api.client import AdminClient
 from loadtests import ide_users
 
 errors = ide_users.errors  # judged with the requests by ide_users' quitting listener
@@ -59,7 +59,7 @@ def shell(cmd: str, timeout: float = 120) -> None:
 
 
 def served() -> dict[str, int | None]:
-    return admin_call(env("FLYWHEEL_GATEWAY_URL"), env("FLYWHEEL_ADMIN_TOKEN"), "GET", "/admin/weights")["replicas"]
+    return AdminClient(env("FLYWHEEL_GATEWAY_URL"), env("FLYWHEEL_ADMIN_TOKEN")).weights()["replicas"]
 
 
 def wait_fleet_on(version: int, timeout_s: float = 240) -> None:

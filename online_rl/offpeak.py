@@ -22,7 +22,8 @@ import time
 import urllib.error
 from dataclasses import dataclass, field
 
-from admin_api.client import admin_call
+from admin_api.client import AdminClient
+from admin_api.types import LoadAnswer
 from infra.config import option
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ class Decision:
 class OffPeakScheduler:
     def __init__(self, cfg: OffPeakConfig):
         self.cfg = cfg
+        self.admin = AdminClient(cfg.gateway_url, cfg.admin_token)  # the gateway's admin API
         self.smoothed: float | None = None
         self.low_since: float | None = None
         self.last_action = -math.inf
@@ -63,11 +65,8 @@ class OffPeakScheduler:
         self._stop = threading.Event()
 
     # ------------------------------------------------------------------ gateway
-    def _call(self, method: str, path: str) -> dict:
-        return admin_call(self.cfg.gateway_url, self.cfg.admin_token, method, path)
-
-    def load(self) -> dict:
-        return self._call("GET", "/admin/load")
+    def load(self) -> LoadAnswer:
+        return self.admin.load()
 
     # ------------------------------------------------------------------ policy
     def decide(self, snapshot: dict, now: float) -> Decision | None:
@@ -103,7 +102,7 @@ class OffPeakScheduler:
 
     def act(self, d: Decision) -> bool:
         try:
-            self._call("POST", f"/admin/replicas/{d.replica}/{d.action}")
+            self.admin.replica_action(d.replica, d.action)
         except urllib.error.HTTPError as e:
             log.warning("gateway refused to %s %s: %s", d.action, d.replica, e.read()[:200])
             return False

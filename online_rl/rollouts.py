@@ -4,13 +4,13 @@ their hidden tests in the sandbox; each task's samples form one group (group-rel
 from __future__ import annotations
 
 import base64
-import json
 import random
 import urllib.error
-import urllib.request
 
 import numpy as np
 
+from admin_api.client import AdminClient
+from admin_api.types import RolloutAnswer, RolloutRequest
 from online_rl.config import RolloutConfig
 from online_rl.data.samples import Sample
 from online_rl.sandbox import judge as sandbox
@@ -36,25 +36,17 @@ class RolloutSource:
         self.aborted = 0  # samples stopped by a replica's return; their task is redone
         self.retry: list = []
 
-    def _generate(self, prompt: str) -> dict | None:
-        body = json.dumps(
-            {
-                "prompt": prompt,
-                "n": self.cfg.group_size,
-                "max_tokens": self.cfg.max_tokens,
-                "min_tokens": self.cfg.min_tokens,
-                "temperature": self.cfg.temperature,
-                "replicas": self.cfg.replicas,
-            }
-        ).encode()
-        req = urllib.request.Request(
-            f"{self.cfg.gateway_url}/admin/rollouts",
-            data=body,
-            headers={"Authorization": f"Bearer {self.cfg.admin_token}", "Content-Type": "application/json"},
+    def _generate(self, prompt: str) -> RolloutAnswer | None:
+        body = RolloutRequest(
+            prompt=prompt,
+            n=self.cfg.group_size,
+            max_tokens=self.cfg.max_tokens,
+            min_tokens=self.cfg.min_tokens,
+            temperature=self.cfg.temperature,
+            replicas=self.cfg.replicas,
         )
         try:
-            with urllib.request.urlopen(req, timeout=300) as r:
-                return json.loads(r.read())
+            return AdminClient(self.cfg.gateway_url, self.cfg.admin_token).rollouts(body, timeout=300)
         except urllib.error.HTTPError as e:
             if e.code == 503 and self.cfg.replicas == "borrowed":
                 return None  # nothing lent right now

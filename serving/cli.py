@@ -201,23 +201,18 @@ def _keys_policy(args) -> int:
 def _fleet(args) -> int:
     import urllib.error
 
-    from admin_api.client import admin_call
+    from admin_api.client import AdminClient
 
     if not args.admin_token:
         raise ValueError("the admin token is needed: set FLYWHEEL_ADMIN_TOKEN (it never goes on a command line)")
+    admin = AdminClient(args.gateway, args.admin_token)
     if args.fleet_cmd != "status":
         try:
-            print(
-                json.dumps(
-                    admin_call(
-                        args.gateway, args.admin_token, "POST", f"/admin/replicas/{args.replica}/{args.fleet_cmd}"
-                    )
-                )
-            )
+            print(json.dumps(admin.replica_action(args.replica, args.fleet_cmd)))
         except urllib.error.HTTPError as e:
             raise RuntimeError(json.loads(e.read())["error"]["message"]) from None
         return 0
-    load = admin_call(args.gateway, args.admin_token, "GET", "/admin/load")
+    load = admin.load()
     print(
         f"{'replica':8} {'state':9} {'healthy':7} {'users':>5} {'rollouts':>8} {'queue':>5} {'req/s':>6} version  url"
     )

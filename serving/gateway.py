@@ -21,6 +21,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from admin_api import routes as admin_routes
 from contracts import replica_keys
 from serving.api.admin import AdminApi
 from serving.api.completions import CompletionsApi
@@ -106,7 +107,7 @@ class Gateway:
         apis = (CompletionsApi(self), self.feedback, ResponsesApi(self), MessagesApi(self))
         v1.add_routes([route for api in apis for route in api.routes()])
         app.add_subapp("/v1", v1)
-        app.add_subapp("/admin", AdminApi(self).app())
+        app.add_subapp(admin_routes.PREFIX, AdminApi(self).app())
         app.on_startup.append(self._startup)
         app.on_cleanup.append(self._cleanup)
         return app

@@ -281,18 +281,13 @@ def _canary(args) -> int:
 
 
 def _list(args) -> int:
-    import urllib.request
-
+    from admin_api.client import AdminClient
     from weight_sync.store.server import Store
 
     store = Store(_store(args))
-    serving = {}
+    serving: dict = {}
     if args.gateway and args.admin_token:
-        req = urllib.request.Request(
-            f"{args.gateway}/admin/weights", headers={"Authorization": f"Bearer {args.admin_token}"}
-        )
-        with urllib.request.urlopen(req, timeout=10) as r:
-            serving = json.loads(r.read())["replicas"]
+        serving = AdminClient(args.gateway, args.admin_token).weights()["replicas"]
     print(f"{'version':>7} {'kind':5} {'base':>4} {'raw MB':>8} {'sent MB':>8} {'ratio':>7}  replicas")
     for v in store.versions():
         m = store.manifest(v)

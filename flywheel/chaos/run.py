@@ -249,7 +249,7 @@ class Chaos:
         return bool(_get(f"{self.fleet.gateway.url}/health").get("status") == "ok")
 
     def _replicas_ok(self) -> bool:
-        reps = self.fleet.admin("GET", "/admin/replicas")["replicas"]
+        reps = self.fleet.admin.replicas()["replicas"]
         return all(r["healthy"] and r["state"] == "active" for r in reps)
 
     def _latest_checkpoint(self) -> str | None:
@@ -437,11 +437,7 @@ class Chaos:
         failed_outside = [r for r in failed if not in_gateway_kill(r)]
         ledger = trained_keys(self.out / "trainer")
         twice = len(ledger) - len(set(ledger))
-        stuck = [
-            r["id"]
-            for r in fleet.admin("GET", "/admin/replicas")["replicas"]
-            if r["state"] != "active" or not r["healthy"]
-        ]
+        stuck = [r["id"] for r in fleet.admin.replicas()["replicas"] if r["state"] != "active" or not r["healthy"]]
         return {
             "faults_injected": len(self.faults),
             "fault_kinds": len({f.kind for f in self.faults}),

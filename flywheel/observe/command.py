@@ -52,13 +52,15 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def targets(cfg: ObserveConfig) -> dict[str, list[tuple[str, dict]]]:
-    from admin_api.client import admin_call
+    from admin_api import routes
+    from admin_api.client import AdminClient
 
     try:
-        replicas = admin_call(cfg.gateway, cfg.admin_token, "GET", "/admin/replicas")["replicas"]
-        replicas = [(hostport(r["url"]), r["id"]) for r in replicas]
+        answer = AdminClient(cfg.gateway, cfg.admin_token).replicas()
+        replicas = [(hostport(r["url"]), r["id"]) for r in answer["replicas"]]
     except (OSError, ValueError, KeyError, TypeError) as e:  # down, a wrong token, not a gateway
-        raise RuntimeError(f"cannot read the replicas from the gateway at {cfg.gateway}/admin/replicas: {e}") from None
+        where = f"{cfg.gateway}{routes.LIST_REPLICAS.path}"
+        raise RuntimeError(f"cannot read the replicas from the gateway at {where}: {e}") from None
     agents = [pair.split("=", 1) for pair in cfg.agents.split(",") if pair]
     if any(len(a) != 2 for a in agents):
         raise ValueError(f"--agents takes name=host:port,...; got {cfg.agents!r}")

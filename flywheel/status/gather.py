@@ -23,6 +23,7 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from admin_api import routes
 from flywheel.status.sources import Unexpected, admin_get, get_json, one, quantile, scrape, total, user_route
 from infra.config import option
 
@@ -74,19 +75,21 @@ def _not_given(what: str, flag: str, env: str) -> dict:
 def gather_replicas(cfg: StatusConfig) -> dict:
     if not cfg.admin_token:
         return {"error": "no admin token: set FLYWHEEL_ADMIN_TOKEN (it never goes on a command line)"}
-    data = admin_get(cfg.gateway, cfg.admin_token, "/admin/replicas", cfg.timeout_s)
+    path = routes.LIST_REPLICAS.path
+    data = admin_get(cfg.gateway, cfg.admin_token, path, cfg.timeout_s)
     reps = data.get("replicas")
     if not isinstance(reps, list) or not all(isinstance(r, dict) and "id" in r for r in reps):
-        raise Unexpected(f"the gateway admin API at {cfg.gateway}: /admin/replicas has no list of replicas")
+        raise Unexpected(f"the gateway admin API at {cfg.gateway}: {path} has no list of replicas")
     return {"replicas": reps, "routing": (data.get("routing") or {}).get("policy")}
 
 
 def gather_canary(cfg: StatusConfig) -> dict:
     if not cfg.admin_token:
         return {"error": "no admin token: set FLYWHEEL_ADMIN_TOKEN (it never goes on a command line)"}
-    data = admin_get(cfg.gateway, cfg.admin_token, "/admin/canary", cfg.timeout_s)
+    path = routes.GET_CANARY.path
+    data = admin_get(cfg.gateway, cfg.admin_token, path, cfg.timeout_s)
     if "canary" not in data or not isinstance(data["canary"], (dict, type(None))):
-        raise Unexpected(f"the gateway admin API at {cfg.gateway}: /admin/canary has no 'canary' field")
+        raise Unexpected(f"the gateway admin API at {cfg.gateway}: {path} has no 'canary' field")
     return {"trial": data["canary"]}
 
 

@@ -63,11 +63,12 @@ def get_json(url: str, timeout_s: float, what: str, headers: dict[str, str] | No
 
 
 def admin_get(gateway: str, token: str, path: str, timeout_s: float) -> dict:
-    from admin_api.client import admin_call
+    """GET one of the admin API's routes (a path of admin_api.routes)."""
+    from admin_api.client import AdminClient
 
     url = gateway.rstrip("/") + path
     try:
-        data = admin_call(gateway, token, "GET", path, timeout=timeout_s)
+        data = AdminClient(gateway, token, timeout=timeout_s).call("GET", path)
     except Exception as e:
         raise Unexpected(explain(e, "the gateway admin API", url, timeout_s)) from None
     if not isinstance(data, dict):

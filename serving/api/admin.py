@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from admin_api import routes
 from admin_api.tokens import AdminTokens
 from contracts import events as ev
 from serving.api.respond import json_response
-from serving.api.tenants import TenantsApi
+from serving.api.tenants import Handler, TenantsApi
 from serving.auth import Tenant, admin_middleware
 from serving.canary_split import CanarySplit
 from serving.protocol.openai import finish_reason, parse_completion
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # undrain: what an agent ends its drain with (a no-op when an operator has drained or borrowed it since).
-ACTIONS = ("drain", "undrain", "activate", "borrow", "return")
+ACTIONS = routes.REPLICA_ACTIONS
 NO_BODY = Schema({})  # undrain, activate, borrow, return: an empty object (or nothing)
 DRAIN_BODY = Schema(
     {"lease_s": Field(number(0, 3600, "'lease_s' must be a number of seconds in (0, 3600]", open_lo=True))}
@@ -58,25 +59,31 @@ CANARY_BODY = Schema(
 )
 
 
+def route_def(route: routes.Route, handler: Handler) -> web.RouteDef:
+    """A declared route (admin_api.routes) as the admin sub-app registers it (a GET answers HEAD too)."""
+    if route.method == "GET":
+        return web.get(route.local, handler)
+    return web.route(route.method, route.local, handler)
+
+
 class AdminApi:
     def __init__(self, gw: Gateway):
         self.gw = gw
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[admin_middleware(AdminTokens.from_env(self.gw.cfg.admin_token or ""))])
-        app.add_routes(
-            [
-                web.get("/replicas", self.replicas),
-                web.post("/replicas/{replica}/{action}", self.replica_action),
-                web.get("/weights", self.weights),
-                web.post("/rollouts", self.rollouts),
-                web.get("/load", self.load),
-                web.get("/canary", self.canary),
-                web.put("/canary", self.canary_start),
-                web.delete("/canary", self.canary_end),
-                *TenantsApi(self.gw).routes(),
-            ]
-        )
+        handlers = {
+            routes.LIST_REPLICAS: self.replicas,
+            routes.REPLICA_ACTION: self.replica_action,
+            routes.GET_WEIGHTS: self.weights,
+            routes.ROLLOUTS: self.rollouts,
+            routes.GET_LOAD: self.load,
+            routes.GET_CANARY: self.canary,
+            routes.START_CANARY: self.canary_start,
+            routes.END_CANARY: self.canary_end,
+            **TenantsApi(self.gw).handlers(),
+        }
+        app.add_routes([route_def(route, handler) for route, handler in handlers.items()])
         return app
 
     async def replicas(self, request: web.Request) -> web.Response:

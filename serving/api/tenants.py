@@ -15,10 +15,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from admin_api import routes
 from serving.api.respond import json_response
 from serving.auth import set_policy
 from serving.protocol.schema import ApiError, Field, Schema, number, one_of
@@ -33,19 +35,20 @@ POLICY_BODY = Schema(
     }
 )
 FORGET_BODY = Schema({"train": Field(one_of("deny"))})
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class TenantsApi:
     def __init__(self, gw: Gateway):
         self.gw = gw
 
-    def routes(self) -> list[web.RouteDef]:
-        return [
-            web.get("/tenants", self.list),
-            web.get("/tenants/{name}", self.get),
-            web.put("/tenants/{name}", self.put),
-            web.post("/tenants/{name}/forget", self.forget),
-        ]
+    def handlers(self) -> dict[routes.Route, Handler]:
+        return {
+            routes.LIST_TENANTS: self.list,
+            routes.GET_TENANT: self.get,
+            routes.SET_POLICY: self.put,
+            routes.FORGET: self.forget,
+        }
 
     def _view(self, name: str, tenants: dict | None = None) -> dict:
         ids = (self.gw.keys.tenants() if tenants is None else tenants).get(name)

@@ -31,6 +31,7 @@ from dataclasses import dataclass, fields, replace
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter
 
+from admin_api import routes as admin_routes
 from serving.api.respond import json_response
 from serving.auth import TENANT, KeyStore, Tenant
 from serving.config import TenantLimitsConfig
@@ -63,7 +64,7 @@ class TenantLimits:
         self.limited = Counter(
             "flywheel_gateway_limited",
             "Requests refused with 429 by a per-tenant limit, by limit (key_rate, tenant_rate, key_concurrency, "
-            "tenant_concurrency); by tenant on the admin API (GET /admin/tenants: limited)",
+            f"tenant_concurrency); by tenant on the admin API (GET {admin_routes.LIST_TENANTS.path}: limited)",
             ["limit"],
             registry=registry,
         )

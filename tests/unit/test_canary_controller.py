@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import urllib.error
 
+from admin_api.client import AdminClient
 from weight_sync.canary.controller import CanaryConfig, CanaryController
 from weight_sync.manifest import generate_key
 from weight_sync.publish import PublishConfig
@@ -17,14 +18,15 @@ def arm(n: int, p: float) -> dict:
     return {"requests": n, "errors": 0, "accepts": a, "rejects": n - a, "feedback": n, "acceptance": p, "p99_ms": 90.0}
 
 
-class Gateway:
+class Gateway(AdminClient):
     """The admin API as the controller calls it: two replicas, r1 loads what a canary record names; GET
     /admin/canary fails `failures` times first (a gateway restarting), then reports a clearly better canary."""
 
     def __init__(self, failures: int = 0, fail_put: int = 0):
+        super().__init__("http://unused", "t")
         self.failures, self.fail_put, self.canary_version, self.split, self.calls = failures, fail_put, None, None, []
 
-    def __call__(self, method: str, path: str, body: dict | None = None) -> dict:
+    def call(self, method: str, path: str, body: dict | None = None, timeout: float | None = None) -> dict:
         self.calls.append((method, path))
         if path == "/admin/weights":
             return {"replicas": {"r0": 1, "r1": self.canary_version or 1}}
@@ -64,7 +66,7 @@ def controller(tmp_path, gateway: Gateway, records: list[list[dict]]) -> tuple[C
         ctl._mine.add(rec["seq"])
         return rec
 
-    ctl._call, ctl._announce = gateway, announce
+    ctl.admin, ctl._announce = gateway, announce
     ctl._records = lambda: records.pop(0) if records else []
     return ctl, announced
 

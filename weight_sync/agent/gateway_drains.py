@@ -1,6 +1,6 @@
 """The drains a switch holds on the gateways that route to its replica (weight_sync.agent.switch): asked of each
 gateway in one order, renewed while the replica loads (a lease: an agent that dies mid-switch never leaves
-its replica draining), ended after; and the admin HTTP call they and the switch make.
+its replica draining), ended after (through admin_api.client); and the JSON POST the switch makes to its replica.
 
 A gateway that cannot be reached is passed over; one that refuses (the replica is its last active one)
 makes the switch one in place; one where an operator holds the replica (drained or borrowed) is left so.
@@ -14,6 +14,9 @@ import time
 from dataclasses import dataclass
 
 import aiohttp
+
+from admin_api.client import AsyncAdminClient
+from admin_api.types import DrainBody
 
 log = logging.getLogger(__name__)
 
@@ -48,17 +51,17 @@ async def post_json(session, url, body=None, headers=None, timeout=300.0) -> tup
 HELD = "held"  # _drain: an operator holds the replica on that gateway (drained or borrowed): users are not routed there
 
 
+def _admin(session, gw: GatewayLink) -> AsyncAdminClient:
+    return AsyncAdminClient(session, gw.url, gw.admin_token, timeout=ADMIN_TIMEOUT_S)
+
+
 async def _ask_drain(session, gw: GatewayLink) -> tuple[int, dict]:
     """Drain the replica on the gateway under this agent's lease (granting it, or renewing it)."""
-    url = f"{gw.url}/admin/replicas/{gw.replica_id}/drain"
-    headers = {"Authorization": f"Bearer {gw.admin_token}"}
-    return await post_json(session, url, {"lease_s": DRAIN_LEASE_S}, headers=headers, timeout=ADMIN_TIMEOUT_S)
+    return await _admin(session, gw).replica_action(gw.replica_id, "drain", DrainBody(lease_s=DRAIN_LEASE_S))
 
 
 async def _replicas(session, gw: GatewayLink) -> list[dict]:
-    headers = {"Authorization": f"Bearer {gw.admin_token}"}
-    async with session.get(f"{gw.url}/admin/replicas", headers=headers, timeout=_admin_timeout()) as r:
-        return (await r.json(content_type=None))["replicas"]
+    return list((await _admin(session, gw).replicas())[1]["replicas"])
 
 
 async def _drain(session, gw: GatewayLink, deadline: float) -> bool | str:
@@ -116,17 +119,12 @@ async def _undrain_quietly(session, gw: GatewayLink) -> None:
 async def _undrain(session, gw: GatewayLink) -> None:
     """End this agent's drain: users come back, unless an operator drained or borrowed the replica meanwhile.
     A gateway from before `undrain` (404 not_found) is re-activated, as agents did then."""
-    headers = {"Authorization": f"Bearer {gw.admin_token}"}
-    url = f"{gw.url}/admin/replicas/{gw.replica_id}"
-    status, out = await post_json(session, f"{url}/undrain", headers=headers, timeout=ADMIN_TIMEOUT_S)
+    admin = _admin(session, gw)
+    status, out = await admin.replica_action(gw.replica_id, "undrain")
     if status == 404 and (out.get("error") or {}).get("code") == "not_found":
-        status, out = await post_json(session, f"{url}/activate", headers=headers, timeout=ADMIN_TIMEOUT_S)
+        status, out = await admin.replica_action(gw.replica_id, "activate")
     if status != 200:
         raise SwitchError(f"gateway refused to re-activate {gw.replica_id} ({status}): {out}")
-
-
-def _admin_timeout() -> aiohttp.ClientTimeout:
-    return aiohttp.ClientTimeout(total=ADMIN_TIMEOUT_S)
 
 
 def _unreachable(e: BaseException) -> bool:

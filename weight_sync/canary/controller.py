@@ -39,7 +39,8 @@ from statistics import NormalDist
 
 from prometheus_client import CollectorRegistry
 
-from admin_api.client import admin_call
+from admin_api.client import AdminClient
+from admin_api.types import CanaryTrial
 from contracts import control
 from contracts.events import TOPIC_WEIGHTS
 from infra import kafka_auth
@@ -170,6 +171,7 @@ def judge(canary: dict, stable: dict, cfg: CanaryConfig) -> Verdict:
 class CanaryController:
     def __init__(self, cfg: CanaryConfig):
         self.cfg = cfg
+        self.admin = AdminClient(cfg.gateway_url, cfg.admin_token)  # the gateway's admin API
         self.decisions: list[dict] = []
         self._mine: set[int] = set()  # seq of the records this controller wrote
         self._public = load_private(cfg.publish.private_key).public_key()
@@ -185,11 +187,8 @@ class CanaryController:
         self._stable_of: dict[int, int] = {}  # candidate -> the stable version its trial compares against
 
     # ------------------------------------------------------------------ gateway
-    def _call(self, method: str, path: str, body: dict | None = None) -> dict:
-        return admin_call(self.cfg.gateway_url, self.cfg.admin_token, method, path, body)
-
     def served(self) -> dict[str, int | None]:
-        return self._call("GET", "/admin/weights")["replicas"]
+        return self.admin.weights()["replicas"]
 
     def _announce(self, kind: str, version: int, reason: str, **extra) -> dict:
         record = activate(self.cfg.publish, version, reason, kind, **extra)
@@ -240,7 +239,7 @@ class CanaryController:
             return self._decided(loaded)
         if not loaded:
             return self._end(version, stable, Verdict("rollback", "the canary replicas did not load the version"))
-        self._call("PUT", "/admin/canary", {"version": version, "replicas": replicas, "share": self.cfg.traffic_share})
+        self.admin.start_canary(CanaryTrial(version=version, replicas=replicas, share=self.cfg.traffic_share))
         t0 = time.monotonic()
         while not self._stop.is_set():
             override = self._override(version)
@@ -249,7 +248,7 @@ class CanaryController:
                 log.info("v%d: %s by override (%s)", version, override["type"], override.get("reason"))
                 return self._decided(override)
             try:
-                arms = (self._call("GET", "/admin/canary")["canary"] or {}).get("arms")
+                arms = (self.admin.canary()["canary"] or {}).get("arms")
             except (OSError, ValueError, KeyError, TypeError) as e:  # the gateway away a moment: judge later
                 log.warning("v%d: no canary figures from the gateway (%s); asking again", version, e)
                 arms = None
@@ -287,7 +286,7 @@ class CanaryController:
 
     def _end_split(self) -> None:
         try:
-            self._call("DELETE", "/admin/canary")
+            self.admin.end_canary()
         except (OSError, ValueError) as e:  # urllib's errors are OSErrors; a body that is not JSON
             log.warning("could not end the gateway's canary split: %s", e)
 

@@ -1,6 +1,6 @@
 """Canary judgement: feedback and time needed to decide, by true acceptance difference.
 
-weight_sync.canary.controller.judge (default CanaryConfig: min 100 feedback per arm, margin 5 points, 95% one-sided)
+weight_sync.canary.judge.judge (default CanaryConfig: min 100 feedback per arm, margin 5 points, 95% one-sided)
 on simulated feedback: each arm's events are Bernoulli at its true acceptance (stable 50%), the canary arm
 gets `traffic_share` of the users, and the judge is consulted every 10 events, as the controller polls. 200
 trials per difference. Time converts events with the feedback rate the demo measured (12.5 feedback events
@@ -16,7 +16,8 @@ import random
 
 import numpy as np
 
-from weight_sync.canary.controller import CanaryConfig, judge
+from weight_sync.canary.controller import CanaryConfig
+from weight_sync.canary.judge import judge
 from weight_sync.publish import PublishConfig
 
 FEEDBACK_PER_S = 12.5

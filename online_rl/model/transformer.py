@@ -23,6 +23,10 @@ A dense model routes nothing: `Output.experts` is (B, T, 0, 0), aux_loss 0, repl
 
 Shapes: B batch, T tokens, D hidden, H query heads, G kv heads, Dh head dim, E experts, K top-k,
 L layers, V vocab.
+
+Why one file: the modules, the forward and the Hugging Face layout it loads and saves name the same
+parameters, read side by side; and its code is hashed into the base model's cache key
+(online_rl.model.bootstrap.MODEL_CODE), which a split would change.
 """
 
 from __future__ import annotations

@@ -14,6 +14,10 @@ what is never trained on, what a forget drops) and online_rl.data.provenance (wh
 Rank 0 does all I/O; with --nproc N the other ranks follow its commands (online_rl.trainer.ranks): each update
 (online_rl.trainer.update) and, with --shard fsdp (online_rl.trainer.sharding), each sharded save and each gather of the
 weights to publish.
+
+Why one file: the Trainer is the loop, and its parts (ingest, batch, update, save, publish) each read and
+move the same state (buffer, step, version, ledger, offsets) that one checkpoint holds; the work is in the
+modules named above.
 """
 
 from __future__ import annotations

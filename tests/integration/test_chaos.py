@@ -44,12 +44,12 @@ def test_an_interrupted_chaos_run_leaves_no_mount_and_no_process(tmp_path):
     import sys
     import time
 
-    from flywheel.chaos.run import _mount_tmpfs, _mounts_under
+    from flywheel.chaos.faults import mount_tmpfs, mounts_under
     from infra.paths import REPO_ROOT
     from infra.procs import pid_alive
 
     out = tmp_path / "chaos"
-    _mount_tmpfs(out / "gateway" / "spool", 1)  # as a run killed with SIGKILL leaves it
+    mount_tmpfs(out / "gateway" / "spool", 1)  # as a run killed with SIGKILL leaves it
     proc = subprocess.Popen(
         [sys.executable, "-m", "flywheel", "chaos", "--duration", "5", "--out", str(out)],
         cwd=REPO_ROOT,
@@ -61,9 +61,9 @@ def test_an_interrupted_chaos_run_leaves_no_mount_and_no_process(tmp_path):
     )
     try:
         deadline = time.monotonic() + 120
-        while len(_mounts_under(out)) < 3 and time.monotonic() < deadline:  # the stale one went, three are new
+        while len(mounts_under(out)) < 3 and time.monotonic() < deadline:  # the stale one went, three are new
             time.sleep(0.1)
-        assert len(_mounts_under(out)) == 3
+        assert len(mounts_under(out)) == 3
         time.sleep(3)  # the fleet is starting
         proc.send_signal(signal.SIGTERM)
         log = proc.communicate(timeout=120)[0]
@@ -71,9 +71,9 @@ def test_an_interrupted_chaos_run_leaves_no_mount_and_no_process(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        for m in _mounts_under(out):
+        for m in mounts_under(out):
             subprocess.run(["umount", "-l", str(m)], check=False)
     assert "left by an earlier run" in log, log[-2000:]
-    assert not _mounts_under(out), log[-2000:]
+    assert not mounts_under(out), log[-2000:]
     members = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True).stdout.split()
     assert not [p for p in members if pid_alive(int(p))], log[-2000:]

@@ -1,7 +1,11 @@
 """Tenants' privacy in the trainer against a real broker and the test model: `flywheel tenants forget` mid-run
 (what the trainer held of the tenant is dropped, before and after a restart, and never trained on again;
 the provenance of published versions says which saw the tenant), a `train: deny` policy that comes after the
-tenant's events, and withheld events that never become samples."""
+tenant's events, and withheld events that never become samples.
+
+Why one file: the tests share one broker of the module's own (its trainers read every topic from the beginning)
+and the test model's sampled completions, and each follows one tenant through the same trainer's ingest, save and
+publish."""
 
 from __future__ import annotations
 

@@ -5,7 +5,8 @@ import random
 import pytest
 
 from serving.canary_split import CanarySplit
-from weight_sync.canary.controller import CanaryConfig, judge
+from weight_sync.canary.controller import CanaryConfig
+from weight_sync.canary.judge import judge
 from weight_sync.publish import PublishConfig
 
 CFG = CanaryConfig(

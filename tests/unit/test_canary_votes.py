@@ -11,7 +11,8 @@ import hashlib
 import pytest
 
 from tests.fake_engine import gateway_over_fakes
-from weight_sync.canary.controller import CanaryConfig, judge
+from weight_sync.canary.controller import CanaryConfig
+from weight_sync.canary.judge import judge
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -1,4 +1,4 @@
-"""How many of an arm's acceptance votes count in a canary trial (weight_sync.canary.controller.judge): no tenant's
+"""How many of an arm's acceptance votes count in a canary trial (weight_sync.canary.judge.judge): no tenant's
 votes count for more than a share of the arm's, so no tenant decides a trial alone.
 """
 

@@ -300,7 +300,7 @@ def run(cfg, shared) -> None:
                 if producer is None:
                     producer = _producer(cfg)
                 if not topics_checked and any(t == TOPIC_TENANTS for t, _, _ in records):
-                    # Compacted and kept forever, not what auto-creation would make of it (flywheel.core). Best
+                    # Compacted and kept forever, not what auto-creation would make of it (infra.kafka_admin). Best
                     # effort: a gateway whose Kafka user may not create topics still delivers.
                     topics_checked = True
                     try:

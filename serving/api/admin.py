@@ -29,7 +29,7 @@ from serving.routing.pool import HeldByOperator, LastActive, ReplicaState
 
 if TYPE_CHECKING:
     from serving.metrics import ToolCallStats
-    from serving.protocol.openai import Limits
+    from serving.protocol.limits import Limits
     from serving.protocol.prompts import Prompter
     from serving.routing.dispatcher import Dispatcher
     from serving.routing.pool import ReplicaPool

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from serving.auth import CompletionIds
     from serving.event_log.sink import EventSink
     from serving.metrics import GatewayMetrics
-    from serving.protocol.openai import Limits
+    from serving.protocol.limits import Limits
     from serving.protocol.prompts import Prompter
     from serving.routing.dispatcher import Dispatcher
     from serving.signals.implicit import ImplicitSignals, Signal

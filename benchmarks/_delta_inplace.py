@@ -71,7 +71,7 @@ def _same(a: list, b: list) -> bool:
 
 
 def inplace_vs_reload(tmp: Path) -> dict:
-    from benchmarks.delta import STORE_TOKEN, _serve_store
+    from benchmarks._store_server import STORE_TOKEN, serve_store
     from online_rl.model.random_checkpoint import random_checkpoint
     from serving.replica.process import ReplicaConfig, start
     from weight_sync.agent.loop import Agent, AgentConfig
@@ -96,7 +96,7 @@ def inplace_vs_reload(tmp: Path) -> dict:
     try:
         base = _greedy(replica.url)
         for key, (store, delta_bytes) in stores.items():
-            proc, url = _serve_store(store)
+            proc, url = serve_store(store)
             procs.append(proc)
 
             def agent(name: str, inplace: bool, url=url) -> Agent:

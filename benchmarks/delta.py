@@ -21,8 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 import tracemalloc
@@ -34,9 +32,9 @@ import numpy as np
 import torch
 import zstandard
 
-from infra.paths import REPO_ROOT
-from infra.procs import free_port, stop_pid, wait_until
-from weight_sync import codec, fleet_credential
+from benchmarks._store_server import STORE_TOKEN, serve_store
+from infra.procs import stop_pid
+from weight_sync import codec
 
 THREADS = 2
 
@@ -132,36 +130,6 @@ def trainer_versions(tmp: Path) -> dict:
     }
 
 
-# The fleet read credential of the stores these benchmarks serve (weight_sync.fleet_credential).
-STORE_TOKEN = fleet_credential.new()
-
-
-def _serve_store(store: Path) -> tuple[subprocess.Popen, str]:
-    """`flywheel weights serve` on a free port, wanting STORE_TOKEN."""
-    import os
-
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "flywheel", "weights", "serve", "--store", str(store), "--port", str(port)],
-        cwd=REPO_ROOT,
-        env={**os.environ, fleet_credential.ENV: STORE_TOKEN},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-
-    def up():
-        import urllib.request
-
-        req = urllib.request.Request(f"{url}/versions", headers=fleet_credential.headers(STORE_TOKEN))
-        with urllib.request.urlopen(req, timeout=2):
-            return True
-
-    wait_until(up, 30, what="store server")
-    return proc, url
-
-
 def apply_memory(tmp: Path) -> dict:
     """Peak Python-heap growth (tracemalloc, numpy included) while the agent rebuilds a 2% delta."""
     from safetensors.torch import save_file
@@ -188,7 +156,7 @@ def apply_memory(tmp: Path) -> dict:
     cfg = PublishConfig(store=tmp / "store", private_key=tmp / "k.pem")
     publish(v0, cfg)
     publish(v1, cfg)
-    proc, url = _serve_store(tmp / "store")
+    proc, url = serve_store(tmp / "store")
     try:
         agent = Agent(
             AgentConfig(

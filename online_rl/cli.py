@@ -110,6 +110,7 @@ def _train(args) -> int:
     from online_rl.config import PublisherConfig, RolloutConfig, TrainerConfig
     from online_rl.model.bootstrap import bootstrap
     from online_rl.offpeak import OffPeakConfig
+    from online_rl.trainer.loop import Trainer
     from online_rl.trainer.ranks import run_distributed
 
     rollouts = build(RolloutConfig, args, replicas="borrowed" if args.offpeak else "any")
@@ -129,5 +130,5 @@ def _train(args) -> int:
         rollouts=rollouts,
         offpeak=offpeak,
     )
-    run_distributed(cfg, args.nproc)
+    run_distributed(cfg, args.nproc, Trainer)
     return 0

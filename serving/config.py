@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Literal
 
 from infra.config import nested, option
-from serving.protocol.openai import Limits
+from serving.protocol.limits import Limits
 
 
 @dataclass

@@ -29,6 +29,8 @@ from serving.api.feedback import FeedbackApi
 from serving.api.messages import MessagesApi, anthropic_errors
 from serving.api.respond import error_response, json_response
 from serving.api.responses import ResponsesApi
+from serving.api.tenants import TenantsApi
+from serving.api.turn import TurnParts
 from serving.auth import CompletionIds, KeyStore, load_or_create_secret, tenant_middleware
 from serving.config import GatewayConfig
 from serving.event_log.pipeline import EventLog, EventLogConfig
@@ -38,7 +40,8 @@ from serving.protocol.prompts import Prompter
 from serving.protocol.schema import ApiError
 from serving.response_store import ResponseStore
 from serving.routing.dispatcher import DispatchConfig, Dispatcher
-from serving.routing.pool import ReplicaPool, ReplicaState
+from serving.routing.pool import ReplicaPool
+from serving.routing.replica import ReplicaState
 from serving.signals.first_feedback import FirstFeedback
 from serving.signals.implicit import ImplicitSignals
 from serving.signals.served_index import ServedIndex
@@ -90,10 +93,37 @@ class Gateway:
         self.dispatcher.on_served = lambda tenant, spec, cid, i, text: self.served.record(
             tenant.id, spec.prompt, spec.suffix, text, cid, i
         )
-        self.policies = TenantPolicies(self)
+        self.policies = TenantPolicies(
+            self.keys, self.responses, self.events, self.sink, cfg.log_events, cfg.durable_wait_s
+        )
         self.implicit = ImplicitSignals(cfg.abandon_after_s)
-        self.feedback = FeedbackApi(self)
         self.session_ids = SessionIds(self.ids.secret, cfg.scrub_secrets and cfg.log_events, self.metrics.registry)
+        self.feedback = FeedbackApi(
+            cfg.limits.max_n,
+            ids=self.ids,
+            sessions=self.sessions,
+            session_ids=self.session_ids,
+            served=self.served,
+            dispatcher=self.dispatcher,
+            sink=self.sink,
+            metrics=self.metrics,
+            first_feedback=self.first_feedback,
+            first_session_feedback=self.first_session_feedback,
+        )
+        # What a turn uses, whichever API runs it (chat, Responses, Messages): serving.api.turn
+        self.turns = TurnParts(
+            cfg.limits,
+            cfg.model_name,
+            self.prompter,
+            self.ids,
+            self.dispatcher,
+            self.sink,
+            self.metrics,
+            self.sessions,
+            self.session_ids,
+            self.implicit,
+            self.feedback.signal,
+        )
         self.tenant_limits = TenantLimits(cfg.tenant_limits, self.keys, self.metrics.registry)
         self._sweeper: asyncio.Task | None = None
         self.session: aiohttp.ClientSession | None = None
@@ -104,10 +134,25 @@ class Gateway:
         app.add_routes([web.get("/health", self.health), web.get("/metrics", self.prometheus)])
         limited = [tenant_middleware(self.keys), self.tenant_limits.middleware]  # the tenant known, then its limits
         v1 = web.Application(middlewares=[anthropic_errors, *limited])
-        apis = (CompletionsApi(self), self.feedback, ResponsesApi(self), MessagesApi(self))
+        apis = (
+            CompletionsApi(self.turns),
+            self.feedback,
+            ResponsesApi(self.turns, self.responses),
+            MessagesApi(self.turns),
+        )
         v1.add_routes([route for api in apis for route in api.routes()])
         app.add_subapp("/v1", v1)
-        app.add_subapp(admin_routes.PREFIX, AdminApi(self).app())
+        tenants = TenantsApi(self.keys, self.policies, self.tenant_limits, self.cfg.keys_file)
+        admin = AdminApi(
+            self.cfg.admin_token,
+            self.pool,
+            self.dispatcher,
+            self.prompter,
+            self.cfg.limits,
+            self.metrics.tools,
+            tenants,
+        )
+        app.add_subapp(admin_routes.PREFIX, admin.app())
         app.on_startup.append(self._startup)
         app.on_cleanup.append(self._cleanup)
         return app

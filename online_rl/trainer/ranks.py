@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import torch
 import torch.distributed as dist
@@ -25,9 +25,22 @@ from online_rl.trainer.update import update, world
 
 if TYPE_CHECKING:
     from online_rl.config import TrainerConfig
-    from online_rl.trainer.loop import Trainer
+    from online_rl.model.transformer import MoECoder
 
 log = logging.getLogger(__name__)
+
+
+class Ranked(Protocol):
+    """What the ranks use of the trainer (online_rl.trainer.loop.Trainer, which the command line hands to
+    run_distributed): rank 0 runs it; the others keep their model and optimizer in step with rank 0's."""
+
+    model: MoECoder
+    ref: MoECoder | None
+    opt: torch.optim.Optimizer
+    cfg: TrainerConfig
+    step: int
+
+    def run(self) -> None: ...
 
 
 # The other ranks wait for their next command for as long as rank 0 has nothing to train (no traffic, the
@@ -84,7 +97,7 @@ def load_shards(model: torch.nn.Module, opt: torch.optim.Optimizer, directory: P
 
 
 # ---------------------------------------------------------------------- the other ranks
-def worker_loop(trainer: Trainer) -> None:
+def worker_loop(trainer: Ranked) -> None:
     """Ranks > 0: take part in what rank 0 starts, until it says stop."""
     from online_rl.trainer.export import gather_for_export
 
@@ -107,9 +120,7 @@ def worker_loop(trainer: Trainer) -> None:
             raise ValueError(f"unknown command {cmd[0]!r} from rank 0")
 
 
-def _rank_main(rank: int, size: int, port: int, cfg: TrainerConfig) -> None:
-    from online_rl.trainer.loop import Trainer
-
+def _rank_main(rank: int, size: int, port: int, cfg: TrainerConfig, make: Callable[[TrainerConfig], Ranked]) -> None:
     backend = "nccl" if cfg.device == "cuda" else "gloo"
     if cfg.device == "cuda":
         torch.cuda.set_device(rank)
@@ -118,7 +129,7 @@ def _rank_main(rank: int, size: int, port: int, cfg: TrainerConfig) -> None:
     logging.getLogger("kafka").setLevel(logging.WARNING)
     global _group
     try:
-        trainer = Trainer(cfg)
+        trainer = make(cfg)
         if rank == 0:
             trainer.run()
         else:
@@ -128,15 +139,15 @@ def _rank_main(rank: int, size: int, port: int, cfg: TrainerConfig) -> None:
         dist.destroy_process_group()
 
 
-def run_distributed(cfg: TrainerConfig, nproc: int) -> None:
-    """`flywheel train --nproc N`: N ranks on this machine (FSDP needs a process group, even of one)."""
+def run_distributed(cfg: TrainerConfig, nproc: int, make: Callable[[TrainerConfig], Ranked]) -> None:
+    """`flywheel train --nproc N`: N ranks on this machine (FSDP needs a process group, even of one), each
+    with the trainer `make` builds (the Trainer class: pickled by name into each rank)."""
     from infra.procs import free_port
-    from online_rl.trainer.loop import Trainer
 
     if nproc <= 1 and cfg.sharding.shard == "dp":
-        Trainer(cfg).run()
+        make(cfg).run()
         return
-    spawn(_rank_main, (max(1, nproc), free_port(), cfg), max(1, nproc))
+    spawn(_rank_main, (max(1, nproc), free_port(), cfg, make), max(1, nproc))
 
 
 # glibc raises its mmap threshold after each large free (up to 32 MiB), after which tensor-sized blocks come

@@ -1,4 +1,5 @@
-"""The gateway's HTTP surface as aiohttp sub-applications over the shared gateway state:
+"""The gateway's HTTP surface as aiohttp sub-applications, each given the parts of the gateway's state it uses
+(serving.gateway composes them; the APIs that run turns share turn.TurnParts):
 
     /v1     completions.py (OpenAI completions, chat, models) and feedback.py (feedback, Tabby's events),
             behind the tenant-key middleware (serving.auth)

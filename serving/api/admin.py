@@ -29,7 +29,11 @@ from serving.replica import engine
 from serving.routing.pool import HeldByOperator, LastActive, ReplicaState
 
 if TYPE_CHECKING:
-    from serving.gateway import Gateway
+    from serving.metrics import ToolCallStats
+    from serving.protocol.limits import Limits
+    from serving.protocol.prompts import Prompter
+    from serving.routing.dispatcher import Dispatcher
+    from serving.routing.pool import ReplicaPool
 
 log = logging.getLogger(__name__)
 
@@ -67,11 +71,21 @@ def route_def(route: routes.Route, handler: Handler) -> web.RouteDef:
 
 
 class AdminApi:
-    def __init__(self, gw: Gateway):
-        self.gw = gw
+    def __init__(
+        self,
+        admin_token: str | None,
+        pool: ReplicaPool,
+        dispatcher: Dispatcher,
+        prompter: Prompter,
+        limits: Limits,
+        tools: ToolCallStats,
+        tenants: TenantsApi,
+    ):
+        self.admin_token, self.pool, self.dispatcher, self.prompter = admin_token, pool, dispatcher, prompter
+        self.limits, self.tools, self.tenants = limits, tools, tenants
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[admin_middleware(AdminTokens.from_env(self.gw.cfg.admin_token or ""))])
+        app = web.Application(middlewares=[admin_middleware(AdminTokens.from_env(self.admin_token or ""))])
         handlers = {
             routes.LIST_REPLICAS: self.replicas,
             routes.REPLICA_ACTION: self.replica_action,
@@ -81,17 +95,17 @@ class AdminApi:
             routes.GET_CANARY: self.canary,
             routes.START_CANARY: self.canary_start,
             routes.END_CANARY: self.canary_end,
-            **TenantsApi(self.gw).handlers(),
+            **self.tenants.handlers(),
         }
         app.add_routes([route_def(route, handler) for route, handler in handlers.items()])
         return app
 
     async def replicas(self, request: web.Request) -> web.Response:
-        pool = self.gw.pool
+        pool = self.pool
         return json_response({"replicas": [r.view() for r in pool.replicas.values()], "routing": pool.policy.view()})
 
     async def replica_action(self, request: web.Request) -> web.Response:
-        pool = self.gw.pool
+        pool = self.pool
         rid, action = request.match_info["replica"], request.match_info["action"]
         if rid not in pool.replicas:
             raise ApiError(404, f"no replica {rid!r}", code="replica_not_found")
@@ -107,7 +121,7 @@ class AdminApi:
                 replica = pool.end_lease(rid)
             else:  # activate / return: users come back at once; rollouts in flight stop for the trainer to redo
                 replica = pool.activate(rid)
-                await self.gw.dispatcher.abort_rollouts(replica)
+                await self.dispatcher.abort_rollouts(replica)
         except LastActive as e:
             raise ApiError(409, str(e), code="last_active") from None
         except HeldByOperator as e:
@@ -122,7 +136,7 @@ class AdminApi:
 
     async def load(self, request: web.Request) -> web.Response:
         """User load per replica and for the fleet: what the off-peak scheduler decides on."""
-        reps = list(self.gw.pool.replicas.values())
+        reps = list(self.pool.replicas.values())
         active = [r for r in reps if r.state == ReplicaState.ACTIVE and r.healthy]
         in_flight = sum(r.outstanding for r in reps)
         queue = sum(r.queue_depth for r in active)
@@ -146,25 +160,24 @@ class AdminApi:
         """Trainer-side generation: n samples of one prompt, with token ids, behaviour logprobs, routed
         experts and version, on replicas lent to rollouts. Logged as source=rollout, never as user traffic.
         The body is a completions body (its schema) plus `replicas`: any | borrowed."""
-        gw = self.gw
         body = parse_json_body(await request.read())
         where = value(body, "replicas", Field(one_of("any", "borrowed"), "any"))
         body.pop("replicas", None)
-        spec = parse_completion({"model": "rollout", **{k: v for k, v in body.items() if k != "model"}}, gw.cfg.limits)
+        spec = parse_completion({"model": "rollout", **{k: v for k, v in body.items() if k != "model"}}, self.limits)
         if spec.stream:
             raise ApiError(400, "rollouts do not stream", param="stream")
-        prompt_ids = await gw.prompter.prompt_ids(spec)
-        sampling = gw.prompter.sampling(spec)
+        prompt_ids = await self.prompter.prompt_ids(spec)
+        sampling = self.prompter.sampling(spec)
         rid = f"rollout-{time.time_ns():x}"
         bodies = [engine.payload(prompt_ids, sampling, 0, False, f"{rid}-{i}") for i in range(spec.n)]
         results = await asyncio.gather(
-            *(gw.dispatcher.run_choice(b, False, rollout=True, borrowed_only=where == "borrowed") for b in bodies)
+            *(self.dispatcher.run_choice(b, False, rollout=True, borrowed_only=where == "borrowed") for b in bodies)
         )
         trainer = Tenant(id="trainer", name="trainer")
         choices = []
         for i, (res, replica_id, timing) in enumerate(results):
-            gw.dispatcher.log_completion(trainer, spec, rid, i, prompt_ids, res, replica_id, timing, source="rollout")
-            experts = gw.dispatcher.experts(res)
+            self.dispatcher.log_completion(trainer, spec, rid, i, prompt_ids, res, replica_id, timing, source="rollout")
+            experts = self.dispatcher.experts(res)
             choices.append(
                 {
                     "index": i,
@@ -183,31 +196,31 @@ class AdminApi:
         return json_response({"id": rid, "prompt_ids": prompt_ids, "choices": choices})
 
     async def canary(self, request: web.Request) -> web.Response:
-        c = self.gw.dispatcher.canary
+        c = self.dispatcher.canary
         return json_response({"canary": None if c is None else c.view()})
 
     async def canary_start(self, request: web.Request) -> web.Response:
         """Start a trial: {"version", "replicas": [ids], "share"}: that share of users goes to those replicas."""
         b = CANARY_BODY.parse(await request.read())
-        reps, pool = b["replicas"], self.gw.pool
+        reps, pool = b["replicas"], self.pool
         unknown = [r for r in reps if r not in pool.replicas]
         if unknown:
             raise ApiError(400, f"unknown replicas {unknown}", param="replicas")
         if len(set(reps)) >= len(pool.replicas):
             raise ApiError(400, "a canary must leave at least one stable replica", param="replicas")
         c = CanarySplit(version=b["version"], replicas=frozenset(reps), share=b["share"])
-        self.gw.dispatcher.canary = c
+        self.dispatcher.canary = c
         log.info("canary trial of v%s on %s for %.0f%% of users", c.version, ",".join(reps), 100 * c.share)
         return json_response({"canary": c.view()})
 
     async def canary_end(self, request: web.Request) -> web.Response:
-        ended, self.gw.dispatcher.canary = self.gw.dispatcher.canary, None
+        ended, self.dispatcher.canary = self.dispatcher.canary, None
         return json_response({"canary": None if ended is None else ended.view()})
 
     async def weights(self, request: web.Request) -> web.Response:
         return json_response(
             {
-                "replicas": {r.id: r.weight_version for r in self.gw.pool.replicas.values()},
-                "tool_calls": self.gw.metrics.tools.view(),
+                "replicas": {r.id: r.weight_version for r in self.pool.replicas.values()},
+                "tool_calls": self.tools.view(),
             }
         )

@@ -36,12 +36,12 @@ from serving.protocol.schema import parse_json_body
 from serving.replica import engine
 
 if TYPE_CHECKING:
-    from serving.gateway import Gateway
+    from serving.api.turn import TurnParts
 
 
 class CompletionsApi:
-    def __init__(self, gw: Gateway):
-        self.gw = gw
+    def __init__(self, parts: TurnParts):
+        self.parts = parts
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -51,50 +51,52 @@ class CompletionsApi:
         ]
 
     def body(self, raw: bytes) -> dict:
-        return parse_json_body(raw, self.gw.cfg.limits.max_json_depth)
+        return parse_json_body(raw, self.parts.limits.max_json_depth)
 
     async def models(self, request: web.Request) -> web.Response:
         return json_response(
             {
                 "object": "list",
-                "data": [{"id": self.gw.cfg.model_name, "object": "model", "created": 0, "owned_by": "flywheel"}],
+                "data": [{"id": self.parts.model_name, "object": "model", "created": 0, "owned_by": "flywheel"}],
             }
         )
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        spec = parse_completion(self.body(await request.read()), self.gw.cfg.limits)
+        spec = parse_completion(self.body(await request.read()), self.parts.limits)
         return await self.generate(request, request[TENANT], spec)
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         tenant: Tenant = request[TENANT]
-        body, limits = self.body(await request.read()), self.gw.cfg.limits
+        body, limits = self.body(await request.read()), self.parts.limits
         spec = await tool_schema.read_off_loop(body, lambda: parse_chat(body, limits), limits.tool_schema_timeout_s)
-        spec.session_hint = turn.session_hint(self.gw, tenant, request.headers.get(SESSION_HEADER) or spec.session_hint)
+        spec.session_hint = turn.session_hint(
+            self.parts, tenant, request.headers.get(SESSION_HEADER) or spec.session_hint
+        )
         return await self.generate(request, tenant, spec)
 
     async def generate(self, request: web.Request, tenant: Tenant, spec: GenerationSpec) -> web.StreamResponse:
-        gw = self.gw
-        prompt_ids = await gw.prompter.prompt_ids(spec)
-        cid = gw.ids.issue(tenant)
+        parts = self.parts
+        prompt_ids = await parts.prompter.prompt_ids(spec)
+        cid = parts.ids.issue(tenant)
         created = int(time.time())
         if spec.kind == "chat":
-            turn.link_session(gw, tenant, spec, cid)
-        sampling = gw.prompter.sampling(spec)
+            turn.link_session(parts, tenant, spec, cid)
+        sampling = parts.prompter.sampling(spec)
         top_n = spec.logprobs or 0
         bodies = [engine.payload(prompt_ids, sampling, top_n, spec.stream, f"{cid}-{i}") for i in range(spec.n)]
         if spec.stream:
-            return await stream_choices(self, request, tenant, spec, cid, prompt_ids, bodies, created)
+            return await stream_choices(parts, request, tenant, spec, cid, prompt_ids, bodies, created)
         t0 = time.monotonic()
-        results = await asyncio.gather(*(gw.dispatcher.run_choice(b, False, tenant=tenant.id) for b in bodies))
+        results = await asyncio.gather(*(parts.dispatcher.run_choice(b, False, tenant=tenant.id) for b in bodies))
         choices = []
         durable = []
         for i, (res, replica_id, timing) in enumerate(results):
-            durable.append(gw.dispatcher.log_completion(tenant, spec, cid, i, prompt_ids, res, replica_id, timing))
+            durable.append(parts.dispatcher.log_completion(tenant, spec, cid, i, prompt_ids, res, replica_id, timing))
             choices.append(await self.choice(spec, i, res, tenant, cid, replica_id))
             if spec.session is not None:
                 m = choices[-1]["message"]
-                self.remember(tenant, spec, cid, i, m["content"], m.get("tool_calls", []))
-        await gw.sink.wait(durable, ev.TOPIC_COMPLETIONS)
+                turn.remember_choice(parts, tenant, spec, cid, i, m["content"], m.get("tool_calls", []))
+        await parts.sink.wait(durable, ev.TOPIC_COMPLETIONS)
         version = results[0][0].weight_version
         completion_tokens = sum(len(r.output_ids) for r, _, _ in results)
         body = {
@@ -110,21 +112,14 @@ class CompletionsApi:
         headers = {VERSION_HEADER: "" if version is None else str(version)}
         if spec.session is not None:
             body["session_id"] = headers[SESSION_HEADER] = spec.session.session_id
-        gw.metrics.e2e.labels(request.path).observe(time.monotonic() - t0)
+        parts.metrics.e2e.labels(request.path).observe(time.monotonic() - t0)
         return json_response(body, headers=headers)
-
-    def remember(
-        self, tenant: Tenant, spec: GenerationSpec, cid: str, i: int, content: str | None, calls: list[dict]
-    ) -> None:
-        turn.remember(self.gw, tenant, spec, cid, i, content, calls)
-        if spec.n == 1:  # the answer the session continues from (of n > 1, the client's pick is unknown)
-            turn.answered(self.gw, tenant, spec, cid, i, calls)
 
     def logprobs(self, spec: GenerationSpec, res: engine.EngineResult) -> dict | None:
         if spec.logprobs is None:
             return None
-        tok = self.gw.prompter.tok
-        tokens = self.gw.prompter.token_strings(res.output_ids)
+        tok = self.parts.prompter.tok
+        tokens = self.parts.prompter.token_strings(res.output_ids)
         tops = None
         if spec.logprobs and res.top_logprobs:
             tops = [
@@ -144,13 +139,10 @@ class CompletionsApi:
         message = {"role": "assistant", "content": res.text}
         if spec.tools is not None and spec.tools.active:
             parsed = await tc.parse_off_loop(spec.prefill + res.text + tc.trimmed_close(res.finish), spec.tools)
-            self.count_tools(parsed, spec, tenant, cid, i, res, replica_id)
+            turn.count_tools(self.parts, parsed, spec, tenant, cid, i, res, replica_id)
             message["content"] = parsed.content
             if parsed.calls:
                 message["tool_calls"], fr = parsed.calls, "tool_calls"
             elif parsed.outcome != "none" and fr != "length":
                 fr = "stop"  # a call the model got wrong comes back as its text (a cut-off one says length)
         return {"index": i, "message": message, "logprobs": self.logprobs(spec, res), "finish_reason": fr}
-
-    def count_tools(self, parsed: tc.Parsed, spec, tenant: Tenant, cid: str, i: int, res, replica_id: str) -> None:
-        turn.count_tools(self.gw, parsed, spec, tenant, cid, i, res, replica_id)

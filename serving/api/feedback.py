@@ -32,7 +32,14 @@ from serving.signals import devdata
 from serving.signals.sessions import MAX_SESSION_ID
 
 if TYPE_CHECKING:
-    from serving.gateway import Gateway
+    from serving.auth import CompletionIds
+    from serving.event_log.sink import EventSink
+    from serving.metrics import GatewayMetrics
+    from serving.routing.dispatcher import Dispatcher
+    from serving.signals.first_feedback import FirstFeedback
+    from serving.signals.served_index import ServedIndex
+    from serving.signals.session_ids import SessionIds
+    from serving.signals.sessions import Sessions
 
 
 def _one_target(b: Body) -> None:
@@ -144,10 +151,25 @@ def tabby_schema(max_n: int) -> Schema:
 
 
 class FeedbackApi:
-    def __init__(self, gw: Gateway):
-        self.gw = gw
-        self.feedback_body = feedback_schema(gw.cfg.limits.max_n)
-        self.tabby_body = tabby_schema(gw.cfg.limits.max_n)
+    def __init__(
+        self,
+        max_n: int,
+        *,
+        ids: CompletionIds,
+        sessions: Sessions,
+        session_ids: SessionIds,
+        served: ServedIndex,
+        dispatcher: Dispatcher,
+        sink: EventSink,
+        metrics: GatewayMetrics,
+        first_feedback: FirstFeedback,
+        first_session_feedback: FirstFeedback,
+    ):
+        self.ids, self.sessions, self.session_ids, self.served = ids, sessions, session_ids, served
+        self.dispatcher, self.sink, self.metrics = dispatcher, sink, metrics
+        self.first_feedback, self.first_session_feedback = first_feedback, first_session_feedback
+        self.feedback_body = feedback_schema(max_n)
+        self.tabby_body = tabby_schema(max_n)
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -161,7 +183,7 @@ class FeedbackApi:
         becomes its feedback; anything else is counted and answered 200 (Continue never resends)."""
         tenant: Tenant = request[TENANT]
         e = devdata.read(parse_json_body(await request.read()))
-        m = self.gw.metrics.devdata
+        m = self.metrics.devdata
         if not e.known:
             m.labels("other", "unknown").inc()
             return json_response({"status": "ignored", "outcome": "unknown", "name": e.name[:64]})
@@ -169,10 +191,10 @@ class FeedbackApi:
             m.labels(e.name, "no_signal").inc()
             return json_response({"status": "ok", "outcome": "no_signal"})
         if e.name == "toolUsage":
-            ref = self.gw.sessions.call_turn(tenant.id, e.data["toolCallId"])
+            ref = self.sessions.call_turn(tenant.id, e.data["toolCallId"])
         else:
             d = e.data
-            ref = self.gw.served.find(tenant.id, d.get("completion") or "", d.get("prompt"), d.get("suffix"))
+            ref = self.served.find(tenant.id, d.get("completion") or "", d.get("prompt"), d.get("suffix"))
         if ref is None:
             m.labels(e.name, "unmatched").inc()
             return json_response({"status": "ok", "outcome": "unmatched"})
@@ -193,19 +215,19 @@ class FeedbackApi:
             sid = b["session_id"]
             ours = sid.startswith("cmpl-")
             if ours:  # one we derived (a signed completion id): checked like one
-                self.gw.ids.check(tenant, sid, param="session_id")
+                self.ids.check(tenant, sid, param="session_id")
             fb = ev.FeedbackEvent(
                 completion_id="",
                 choice_index=0,
                 tenant=tenant.id,
                 kind=b["kind"],
                 elapsed_ms=b["elapsed_ms"],
-                session_id=self.gw.session_ids.logged(tenant.id, sid, ours),  # a secret in it never leaves
+                session_id=self.session_ids.logged(tenant.id, sid, ours),  # a secret in it never leaves
                 score=b["score"],
             )
             await self.log(fb, tenant)
             return json_response({"status": "ok", "session_id": sid})
-        cid = self.gw.ids.check(tenant, b["completion_id"])
+        cid = self.ids.check(tenant, b["completion_id"])
         await self.log(
             ev.FeedbackEvent(
                 completion_id=cid,
@@ -227,9 +249,9 @@ class FeedbackApi:
         """Tabby's /v1/events: view | select | dismiss; `?select_kind=line` makes a select partial."""
         tenant: Tenant = request[TENANT]
         b = self.tabby_body.parse(await request.read())
-        cid = self.gw.ids.check(tenant, b["completion_id"])
+        cid = self.ids.check(tenant, b["completion_id"])
         if b["type"] == "view":  # shown, not yet judged: the trainer's window decides what silence means
-            self.gw.metrics.feedback.labels("view").inc()
+            self.metrics.feedback.labels("view").inc()
             return json_response({"status": "ok"})
         partial = b["type"] == "select" and request.query.get("select_kind") == "line"
         kind = {"dismiss": "reject", "select": "partial" if partial else "accept"}.get(b["type"], b["type"])
@@ -254,7 +276,6 @@ class FeedbackApi:
         """A verdict the gateway read from an agent session (serving.signals.implicit.Signal): a feedback event
         of kind implicit on the completion it judges, counted by signal and version, and on its canary arm.
         Not waited for: it is the gateway's reading, not a client's word it has answered for."""
-        gw = self.gw
         fb = ev.FeedbackEvent(
             completion_id=s.completion_id,
             choice_index=s.choice,
@@ -263,18 +284,18 @@ class FeedbackApi:
             signal=s.name,
             origin="implicit",
         )
-        gw.metrics.implicit.labels(s.name).inc()
-        gw.metrics.versions.judged(s.completion_id, f"implicit_{s.name}")
-        if gw.dispatcher.canary is not None:
-            gw.dispatcher.canary.signal(s.completion_id, s.name)
-        gw.sink.submit(
+        self.metrics.implicit.labels(s.name).inc()
+        self.metrics.versions.judged(s.completion_id, f"implicit_{s.name}")
+        if self.dispatcher.canary is not None:
+            self.dispatcher.canary.signal(s.completion_id, s.name)
+        self.sink.submit(
             ev.TOPIC_FEEDBACK, s.completion_id, fb.encode(), meta={"tenant": tenant_id, "ts": fb.ts, "scan": None}
         )
 
     async def log(self, fb: ev.FeedbackEvent, tenant: Tenant) -> None:
-        gw, m = self.gw, self.gw.metrics
+        m = self.metrics
         scan = None
-        deny = gw.dispatcher.train_policy(tenant) == "deny"  # its policy now, as for completions
+        deny = self.dispatcher.train_policy(tenant) == "deny"  # its policy now, as for completions
         if fb.text is not None and deny:  # a comment is the tenant's words: not logged
             fb.text, fb.withheld = None, "policy"
         elif fb.text is not None:
@@ -282,20 +303,20 @@ class FeedbackApi:
         if fb.session_id:  # a session's outcome: one per session; the canary votes on completions only
             # Its own memory: client-named session ids cost nothing to make up, and must not push the
             # completions' entries (one canary vote each) out of theirs.
-            first = gw.first_session_feedback.first(f"{fb.tenant}/{fb.session_id}", -1)
+            first = self.first_session_feedback.first(f"{fb.tenant}/{fb.session_id}", -1)
             (m.session_feedback if first else m.feedback_repeated).labels(fb.kind).inc()
         elif fb.kind in ev.DELAYED_KINDS:  # one of each per choice counts; never a canary vote
-            first = gw.first_feedback.first(f"{fb.kind}/{fb.completion_id}", fb.choice_index)
+            first = self.first_feedback.first(f"{fb.kind}/{fb.completion_id}", fb.choice_index)
             (m.feedback if first else m.feedback_repeated).labels(fb.kind).inc()
-        elif gw.first_feedback.first(fb.completion_id, fb.choice_index):
+        elif self.first_feedback.first(fb.completion_id, fb.choice_index):
             m.feedback.labels(fb.kind).inc()
             m.versions.judged(fb.completion_id, fb.kind)
             # The canary takes one vote per completion, whatever its n: a tenant cannot multiply its say.
-            canary = gw.dispatcher.canary
-            if canary is not None and gw.first_feedback.first(fb.completion_id, -1):
+            canary = self.dispatcher.canary
+            if canary is not None and self.first_feedback.first(fb.completion_id, -1):
                 canary.feedback(fb.completion_id, fb.kind, tenant.name)
         else:  # logged all the same (the trainer's Joiner also takes only the first), counted apart
             m.feedback_repeated.labels(fb.kind).inc()
         key = fb.session_id or fb.completion_id
         meta = {"tenant": fb.tenant, "ts": fb.ts, "scan": scan}
-        await gw.sink.wait([gw.sink.submit(ev.TOPIC_FEEDBACK, key, fb.encode(), meta=meta)], ev.TOPIC_FEEDBACK)
+        await self.sink.wait([self.sink.submit(ev.TOPIC_FEEDBACK, key, fb.encode(), meta=meta)], ev.TOPIC_FEEDBACK)

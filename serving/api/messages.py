@@ -28,7 +28,7 @@ from serving.protocol.schema import ApiError, parse_json_body
 from serving.routing.dispatcher import ClientGone
 
 if TYPE_CHECKING:
-    from serving.gateway import Gateway
+    from serving.api.turn import TurnParts
 
 PATH = "/v1/messages"
 log = logging.getLogger(__name__)
@@ -62,51 +62,51 @@ def check_version(request: web.Request) -> None:
 
 
 class MessagesApi:
-    def __init__(self, gw: Gateway):
-        self.gw = gw
+    def __init__(self, parts: TurnParts):
+        self.parts = parts
 
     def routes(self) -> list[web.RouteDef]:
         return [web.post("/messages", self.create), web.post("/messages/count_tokens", self.count_tokens)]
 
     async def count_tokens(self, request: web.Request) -> web.Response:
         check_version(request)
-        limits = self.gw.cfg.limits
+        limits = self.parts.limits
         body = parse_json_body(await request.read(), limits.max_json_depth)
         req = await tool_schema.read_off_loop(
             body, lambda: ma.read_request(body, limits, counting=True), limits.tool_schema_timeout_s
         )
-        count_ignored(self.gw, "messages", req.ignored)
-        spec = ma.to_spec(req, self.gw.cfg.limits, self.gw.cfg.model_name)
+        count_ignored(self.parts.metrics, "messages", req.ignored)
+        spec = ma.to_spec(req, self.parts.limits, self.parts.model_name)
         spec.max_tokens = 1  # counted as a request would be, refused as one would be when it does not fit
-        return json_response({"input_tokens": len(await self.gw.prompter.prompt_ids(spec))})
+        return json_response({"input_tokens": len(await self.parts.prompter.prompt_ids(spec))})
 
     async def create(self, request: web.Request) -> web.StreamResponse:
-        gw, tenant = self.gw, request[TENANT]
+        parts, tenant = self.parts, request[TENANT]
         check_version(request)
-        body, limits = parse_json_body(await request.read(), gw.cfg.limits.max_json_depth), gw.cfg.limits
+        body, limits = parse_json_body(await request.read(), parts.limits.max_json_depth), parts.limits
         req = await tool_schema.read_off_loop(body, lambda: ma.read_request(body, limits), limits.tool_schema_timeout_s)
-        count_ignored(gw, "messages", req.ignored)
-        spec = ma.to_spec(req, gw.cfg.limits, gw.cfg.model_name)
-        spec.session_hint = turns.session_hint(gw, tenant, request.headers.get(SESSION_HEADER))
-        cid = gw.ids.issue(tenant)
+        count_ignored(parts.metrics, "messages", req.ignored)
+        spec = ma.to_spec(req, parts.limits, parts.model_name)
+        spec.session_hint = turns.session_hint(parts, tenant, request.headers.get(SESSION_HEADER))
+        cid = parts.ids.issue(tenant)
         mid = "msg_" + cid
         if spec.stream:
             return await self._stream(request, tenant, spec, cid, mid)
-        turn = await turns.run_turn(gw, PATH, tenant, spec, cid, id_prefix="toolu_")
+        turn = await turns.run_turn(parts, PATH, tenant, spec, cid, id_prefix="toolu_")
         headers = {VERSION_HEADER: "" if turn.version is None else str(turn.version)}
         if spec.session is not None:
             headers[SESSION_HEADER] = spec.session.session_id
         return json_response(ma.message_body(mid, spec, turn), headers=headers)
 
     async def _stream(self, request, tenant, spec, cid, mid) -> web.StreamResponse:
-        gw = self.gw
+        parts = self.parts
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         state = {"text_open": False, "index": 0}
 
         async def send(kind: str, **fields) -> None:
             try:
                 await send_event(
-                    request, resp, kind, {"type": kind, **fields}, gw.dispatcher.pool_version, spec.session
+                    request, resp, kind, {"type": kind, **fields}, parts.dispatcher.pool_version, spec.session
                 )
             except ConnectionResetError:
                 raise ClientGone() from None
@@ -133,7 +133,7 @@ class MessagesApi:
                 await send("content_block_delta", index=state["index"], delta={"type": "text_delta", "text": delta})
 
         try:
-            turn = await turns.run_turn(gw, PATH, tenant, spec, cid, on_text, id_prefix="toolu_")
+            turn = await turns.run_turn(parts, PATH, tenant, spec, cid, on_text, id_prefix="toolu_")
             if state["text_open"]:
                 await send("content_block_stop", index=state["index"])
                 state["index"] += 1
@@ -152,12 +152,12 @@ class MessagesApi:
             await send("message_stop")
             await resp.write_eof()
         except ClientGone:
-            gw.metrics.cancels.labels(PATH).inc()
+            parts.metrics.cancels.labels(PATH).inc()
         except ApiError as e:
             if not resp.prepared:
                 raise  # nothing sent yet: a normal error response
             try:
                 await send("error", error=ma.error_body(e.status, e.message)["error"])
             except ClientGone:
-                gw.metrics.cancels.labels(PATH).inc()
+                parts.metrics.cancels.labels(PATH).inc()
         return resp

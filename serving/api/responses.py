@@ -26,7 +26,9 @@ from serving.protocol.schema import ApiError, parse_json_body
 from serving.routing.dispatcher import ClientGone
 
 if TYPE_CHECKING:
-    from serving.gateway import Gateway
+    from serving.api.turn import TurnParts
+    from serving.metrics import GatewayMetrics
+    from serving.response_store import ResponseStore
 
 PATH = "/v1/responses"
 _FIELD = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
@@ -35,18 +37,18 @@ _FIELD = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 MAX_FIELD_LABELS = 32  # per API: a client making up names costs "other", never a series each
 
 
-def count_ignored(gw: Gateway, api: str, names: list[str]) -> None:
+def count_ignored(metrics: GatewayMetrics, api: str, names: list[str]) -> None:
     """Fields ignored, by name: the first MAX_FIELD_LABELS plausible names each; any other name as 'other'."""
-    seen = gw.metrics.ignored_names.setdefault(api, set())
+    seen = metrics.ignored_names.setdefault(api, set())
     for name in names:
         if name not in seen and _FIELD.match(name) and len(seen) < MAX_FIELD_LABELS:
             seen.add(name)
-        gw.metrics.ignored_fields.labels(api, name if name in seen else "other").inc()
+        metrics.ignored_fields.labels(api, name if name in seen else "other").inc()
 
 
 class ResponsesApi:
-    def __init__(self, gw: Gateway):
-        self.gw = gw
+    def __init__(self, parts: TurnParts, responses: ResponseStore):
+        self.parts, self.responses = parts, responses
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -57,7 +59,7 @@ class ResponsesApi:
         ]
 
     async def _record(self, tenant: Tenant, rid: str, param: str = "response_id") -> dict:
-        rec = await self.gw.responses.run(self.gw.responses.get, tenant.id, rid) if len(rid) <= 256 else None
+        rec = await self.responses.run(self.responses.get, tenant.id, rid) if len(rid) <= 256 else None
         if rec is None:
             raise ApiError(404, f"Response with id {rid[:80]!r} not found.", param=param, code="response_not_found")
         return rec
@@ -69,7 +71,7 @@ class ResponsesApi:
 
     async def delete(self, request: web.Request) -> web.Response:
         rid, tenant = request.match_info["id"], request[TENANT]
-        if not await self.gw.responses.run(self.gw.responses.delete, tenant.id, rid[:256]):
+        if not await self.responses.run(self.responses.delete, tenant.id, rid[:256]):
             raise ApiError(404, f"Response with id {rid[:80]!r} not found.", param="response_id", code="not_found")
         return json_response({"id": rid, "object": "response", "deleted": True})
 
@@ -101,21 +103,21 @@ class ResponsesApi:
         )
 
     async def create(self, request: web.Request) -> web.StreamResponse:
-        gw, tenant = self.gw, request[TENANT]
-        body, limits = parse_json_body(await request.read(), gw.cfg.limits.max_json_depth), gw.cfg.limits
+        parts, tenant = self.parts, request[TENANT]
+        body, limits = parse_json_body(await request.read(), parts.limits.max_json_depth), parts.limits
         req = await tool_schema.read_off_loop(body, lambda: ra.read_request(body, limits), limits.tool_schema_timeout_s)
         ra.check_sampling(req.body)
-        count_ignored(gw, "responses", req.ignored)
+        count_ignored(parts.metrics, "responses", req.ignored)
         previous: list[dict] = []
         if req.previous_id:
             previous = (await self._record(tenant, req.previous_id, "previous_response_id"))["conversation"]
-        spec = ra.to_spec(req, previous, gw.cfg.limits, gw.cfg.model_name)
-        spec.session_hint = turns.session_hint(gw, tenant, request.headers.get(SESSION_HEADER) or spec.session_hint)
-        cid = gw.ids.issue(tenant)
+        spec = ra.to_spec(req, previous, parts.limits, parts.model_name)
+        spec.session_hint = turns.session_hint(parts, tenant, request.headers.get(SESSION_HEADER) or spec.session_hint)
+        cid = parts.ids.issue(tenant)
         rid = "resp_" + cid
         if spec.stream:
             return await self._stream(request, tenant, req, spec, cid, rid, previous)
-        turn = await turns.run_turn(gw, PATH, tenant, spec, cid)
+        turn = await turns.run_turn(parts, PATH, tenant, spec, cid)
         body = ra.response_body(rid, req, spec, "completed", ra.output_items(turn, req.custom), turn)
         await self._store(tenant, rid, req, previous, turn, body)
         headers = {VERSION_HEADER: "" if turn.version is None else str(turn.version)}
@@ -131,10 +133,10 @@ class ResponsesApi:
             "conversation": previous + req.messages + [ra.as_message(turn)],
             "items": req.items,
         }
-        await self.gw.responses.run(self.gw.responses.put, tenant.id, rid, record)
+        await self.responses.run(self.responses.put, tenant.id, rid, record)
 
     async def _stream(self, request, tenant, req, spec, cid, rid, previous) -> web.StreamResponse:
-        gw = self.gw
+        parts = self.parts
         resp = web.StreamResponse(
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", VERSION_HEADER: ""}
         )
@@ -145,7 +147,7 @@ class ResponsesApi:
             payload = {"type": kind, "sequence_number": seq[0], **fields}
             seq[0] += 1
             try:
-                await send_event(request, resp, kind, payload, gw.dispatcher.pool_version, spec.session)
+                await send_event(request, resp, kind, payload, parts.dispatcher.pool_version, spec.session)
             except ConnectionResetError:
                 raise ClientGone() from None
 
@@ -173,7 +175,7 @@ class ResponsesApi:
                 await send("response.output_text.delta", **ids, delta=delta, logprobs=[])
 
         try:
-            turn = await turns.run_turn(gw, PATH, tenant, spec, cid, on_text)
+            turn = await turns.run_turn(parts, PATH, tenant, spec, cid, on_text)
             items = ra.output_items(turn, req.custom)
             if items and items[0]["type"] == "message":
                 if state["msg"] is None:
@@ -193,7 +195,7 @@ class ResponsesApi:
             await send("response.incomplete" if body["status"] == "incomplete" else "response.completed", response=body)
             await resp.write_eof()
         except ClientGone:
-            gw.metrics.cancels.labels(PATH).inc()
+            parts.metrics.cancels.labels(PATH).inc()
             return resp
         except ApiError as e:
             if not resp.prepared:
@@ -204,7 +206,7 @@ class ResponsesApi:
                 failed["error"] = {"code": e.code or "server_error", "message": e.message}
                 await send("response.failed", response=failed)
             except ClientGone:
-                gw.metrics.cancels.labels(PATH).inc()
+                parts.metrics.cancels.labels(PATH).inc()
             return resp
         return resp
 

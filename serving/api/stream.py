@@ -15,6 +15,7 @@ import orjson
 from aiohttp import web
 
 from contracts import events as ev
+from serving.api import turn
 from serving.api.respond import SESSION_HEADER, VERSION_HEADER, fingerprint
 from serving.auth import Tenant
 from serving.protocol import tool_calls as tc
@@ -24,11 +25,11 @@ from serving.replica import engine
 from serving.routing.dispatcher import ClientGone
 
 if TYPE_CHECKING:
-    from serving.api.completions import CompletionsApi
+    from serving.api.turn import TurnParts
 
 
 async def stream_choices(
-    api: CompletionsApi,
+    parts: TurnParts,
     request: web.Request,
     tenant: Tenant,
     spec: GenerationSpec,
@@ -37,12 +38,11 @@ async def stream_choices(
     bodies: list[dict],
     created: int,
 ) -> web.StreamResponse:
-    gw = api.gw
     resp = web.StreamResponse(
         headers={
             "Content-Type": "text/event-stream",
             "Cache-Control": "no-cache",
-            VERSION_HEADER: gw.dispatcher.pool_version(),
+            VERSION_HEADER: parts.dispatcher.pool_version(),
             **({SESSION_HEADER: spec.session.session_id} if spec.session else {}),
         }
     )
@@ -101,9 +101,9 @@ async def stream_choices(
         async def on_chunk(delta: str, res: engine.EngineResult) -> None:
             now = time.monotonic()
             if first[0]:
-                gw.metrics.ttft.labels(request.path).observe(now - t0)
+                parts.metrics.ttft.labels(request.path).observe(now - t0)
             elif last_chunk[0] is not None:
-                gw.metrics.itl.labels(request.path).observe(now - last_chunk[0])
+                parts.metrics.itl.labels(request.path).observe(now - last_chunk[0])
             last_chunk[0] = now
             if split is not None:
                 delta = split.feed(delta)
@@ -111,23 +111,23 @@ async def stream_choices(
                 await send(chunk(i, delta, None, res, first[0]))
             first[0] = False
 
-        res, replica_id, timing = await gw.dispatcher.run_choice(body, True, on_chunk, tenant=tenant.id)
+        res, replica_id, timing = await parts.dispatcher.run_choice(body, True, on_chunk, tenant=tenant.id)
         fr = finish_reason(res.finish)
         if split is not None:
             tail = split.feed(tc.trimmed_close(res.finish))
             rest, parsed = await split.finish_off_loop()
             rest = tail + rest
-            api.count_tools(parsed, spec, tenant, cid, i, res, replica_id)
+            turn.count_tools(parts, parsed, spec, tenant, cid, i, res, replica_id)
             if rest:
                 await send(chunk(i, rest, None, res))
             await send_calls(i, res, parsed.calls)
             fr = "tool_calls" if parsed.calls else ("stop" if parsed.outcome != "none" and fr != "length" else fr)
             if spec.session is not None:
-                api.remember(tenant, spec, cid, i, parsed.content, parsed.calls)
+                turn.remember_choice(parts, tenant, spec, cid, i, parsed.content, parsed.calls)
         elif spec.session is not None:
-            api.remember(tenant, spec, cid, i, res.text, [])
+            turn.remember_choice(parts, tenant, spec, cid, i, res.text, [])
         await send(chunk(i, "", fr, res))
-        durable.append(gw.dispatcher.log_completion(tenant, spec, cid, i, prompt_ids, res, replica_id, timing))
+        durable.append(parts.dispatcher.log_completion(tenant, spec, cid, i, prompt_ids, res, replica_id, timing))
         return res
 
     tasks = [asyncio.ensure_future(run(i, b)) for i, b in enumerate(bodies)]
@@ -138,7 +138,7 @@ async def stream_choices(
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-        await gw.sink.wait(durable, ev.TOPIC_COMPLETIONS)  # before [DONE]: the client's sign it is whole
+        await parts.sink.wait(durable, ev.TOPIC_COMPLETIONS)  # before [DONE]: the client's sign it is whole
         if spec.include_usage:
             completion_tokens = sum(len(r.output_ids) for r in results)
             counts = usage(len(prompt_ids), completion_tokens, results[0].cached_tokens)
@@ -148,7 +148,7 @@ async def stream_choices(
         await send(b"data: [DONE]\n\n")
         await resp.write_eof()
     except ClientGone:
-        gw.metrics.cancels.labels(request.path).inc()
+        parts.metrics.cancels.labels(request.path).inc()
         return resp
     except ApiError as e:
         if not started[0]:
@@ -157,7 +157,7 @@ async def stream_choices(
             await send(e.body())
             await send(b"data: [DONE]\n\n")
         except ClientGone:
-            gw.metrics.cancels.labels(request.path).inc()
+            parts.metrics.cancels.labels(request.path).inc()
         return resp
-    gw.metrics.e2e.labels(request.path).observe(time.monotonic() - t0)
+    parts.metrics.e2e.labels(request.path).observe(time.monotonic() - t0)
     return resp

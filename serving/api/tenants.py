@@ -26,7 +26,11 @@ from serving.auth import set_policy
 from serving.protocol.schema import ApiError, Field, Schema, number, one_of
 
 if TYPE_CHECKING:
-    from serving.gateway import Gateway
+    from pathlib import Path
+
+    from serving.auth import KeyStore
+    from serving.tenants.limits import TenantLimits
+    from serving.tenants.policy import TenantPolicies
 
 POLICY_BODY = Schema(
     {
@@ -39,8 +43,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class TenantsApi:
-    def __init__(self, gw: Gateway):
-        self.gw = gw
+    def __init__(self, keys: KeyStore, policies: TenantPolicies, limits: TenantLimits, keys_file: Path | None):
+        self.keys, self.policies, self.limits, self.keys_file = keys, policies, limits, keys_file
 
     def handlers(self) -> dict[routes.Route, Handler]:
         return {
@@ -51,11 +55,11 @@ class TenantsApi:
         }
 
     def _view(self, name: str, tenants: dict | None = None) -> dict:
-        ids = (self.gw.keys.tenants() if tenants is None else tenants).get(name)
+        ids = (self.keys.tenants() if tenants is None else tenants).get(name)
         if ids is None:
             raise ApiError(404, f"no tenant {name!r} in the key store", code="tenant_not_found")
-        limited = self.gw.tenant_limits.refused.get(name, {})
-        return {"name": name, "ids": ids, "policy": self.gw.keys.policy(name).view(), "limited": dict(limited)}
+        limited = self.limits.refused.get(name, {})
+        return {"name": name, "ids": ids, "policy": self.keys.policy(name).view(), "limited": dict(limited)}
 
     async def _set(self, name: str, **changes) -> None:
         """Write the change (off the loop: the keys file's lock may be held by the CLI or another gateway),
@@ -70,10 +74,10 @@ class TenantsApi:
         await self._sync(name)
 
     async def _sync(self, name: str) -> None:
-        await self.gw.policies.sync()
-        if self.gw.keys.load_error:  # broken between our write and the reload: nothing was applied
-            raise ApiError(409, self.gw.keys.load_error, code="keys_file_invalid")
-        if name in self.gw.policies.retry:
+        await self.policies.sync()
+        if self.keys.load_error:  # broken between our write and the reload: nothing was applied
+            raise ApiError(409, self.keys.load_error, code="keys_file_invalid")
+        if name in self.policies.retry:
             raise ApiError(
                 503,
                 f"{name}'s policy is saved but not yet in effect on this gateway (its spool is slow or full); "
@@ -83,17 +87,17 @@ class TenantsApi:
             )
 
     def _keys_file(self):
-        if self.gw.cfg.keys_file is None:
+        if self.keys_file is None:
             raise ApiError(409, "this gateway has no keys file: policies live there (--keys-file)", code="no_keys_file")
-        return self.gw.cfg.keys_file
+        return self.keys_file
 
     async def list(self, request: web.Request) -> web.Response:
-        await self.gw.policies.sync()
-        tenants = self.gw.keys.tenants()
+        await self.policies.sync()
+        tenants = self.keys.tenants()
         return json_response({"tenants": [self._view(n, tenants) for n in tenants]})
 
     async def get(self, request: web.Request) -> web.Response:
-        await self.gw.policies.sync()
+        await self.policies.sync()
         return json_response(self._view(request.match_info["name"]))
 
     async def put(self, request: web.Request) -> web.Response:

@@ -25,9 +25,34 @@ from serving.replica import engine
 from serving.signals.sessions import MAX_SESSION_ID
 
 if TYPE_CHECKING:
-    from serving.gateway import Gateway
+    from serving.auth import CompletionIds
+    from serving.event_log.sink import EventSink
+    from serving.metrics import GatewayMetrics
+    from serving.protocol.limits import Limits
+    from serving.protocol.prompts import Prompter
+    from serving.routing.dispatcher import Dispatcher
+    from serving.signals.implicit import ImplicitSignals, Signal
+    from serving.signals.session_ids import SessionIds
+    from serving.signals.sessions import Sessions
 
 OnText = Callable[[str, bool], Awaitable[None]]  # (content delta, first chunk of the answer)
+
+
+@dataclass
+class TurnParts:
+    """What a turn uses of the gateway's state (serving.gateway builds one for the APIs that run turns)."""
+
+    limits: Limits
+    model_name: str
+    prompter: Prompter
+    ids: CompletionIds
+    dispatcher: Dispatcher
+    sink: EventSink
+    metrics: GatewayMetrics
+    sessions: Sessions
+    session_ids: SessionIds
+    implicit: ImplicitSignals
+    signal: Callable[[str, Signal], None]  # a verdict read from a session, logged as feedback (FeedbackApi.signal)
 
 
 @dataclass
@@ -49,7 +74,9 @@ class Turn:
         return self.res.weight_version
 
 
-def remember(gw: Gateway, tenant: Tenant, spec: GenerationSpec, cid: str, i: int, content, calls: list[dict]) -> None:
+def remember(
+    parts: TurnParts, tenant: Tenant, spec: GenerationSpec, cid: str, i: int, content, calls: list[dict]
+) -> None:
     """An answer, as the client will send it back next turn (serving.signals.sessions). calls: OpenAI tool_calls."""
     answer = {
         "role": "assistant",
@@ -58,11 +85,21 @@ def remember(gw: Gateway, tenant: Tenant, spec: GenerationSpec, cid: str, i: int
             {"id": c["id"], "name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in calls
         ],
     }
-    gw.sessions.record(tenant.id, spec.messages, answer, f"{cid}:{i}", spec.session.session_id)
+    parts.sessions.record(tenant.id, spec.messages, answer, f"{cid}:{i}", spec.session.session_id)
+
+
+def remember_choice(
+    parts: TurnParts, tenant: Tenant, spec: GenerationSpec, cid: str, i: int, content: str | None, calls: list[dict]
+) -> None:
+    """Choice i of a completion's n, remembered for its session (calls: OpenAI tool_calls); the answer the
+    session continues from only when n is 1 (of n > 1, the client's pick is unknown)."""
+    remember(parts, tenant, spec, cid, i, content, calls)
+    if spec.n == 1:
+        answered(parts, tenant, spec, cid, i, calls)
 
 
 def count_tools(
-    gw: Gateway,
+    parts: TurnParts,
     parsed: tc.Parsed,
     spec: GenerationSpec,
     tenant: Tenant,
@@ -77,13 +114,13 @@ def count_tools(
         return
     repeated = 0
     if parsed.calls and spec.session is not None:
-        repeated = gw.sessions.repeated_calls(tenant.id, spec.session.session_id, parsed.calls, cid, i)
-    gw.metrics.tools.count(res.weight_version, parsed.outcome, max(1, len(parsed.calls)), repeated)
-    if gw.dispatcher.canary is not None:
-        gw.dispatcher.canary.tool_answer(replica_id, parsed.outcome in tc.MALFORMED, repeated > 0)
+        repeated = parts.sessions.repeated_calls(tenant.id, spec.session.session_id, parsed.calls, cid, i)
+    parts.metrics.tools.count(res.weight_version, parsed.outcome, max(1, len(parsed.calls)), repeated)
+    if parts.dispatcher.canary is not None:
+        parts.dispatcher.canary.tool_answer(replica_id, parsed.outcome in tc.MALFORMED, repeated > 0)
 
 
-def session_hint(gw: Gateway, tenant: Tenant, given: str | None) -> str | None:
+def session_hint(parts: TurnParts, tenant: Tenant, given: str | None) -> str | None:
     """A session id the client named (X-Session-Id, metadata.session_id, ...), checked: printable ASCII, and
     one of our derived ids (`cmpl-...`) only if it was issued to this key."""
     if given is None:
@@ -93,7 +130,7 @@ def session_hint(gw: Gateway, tenant: Tenant, given: str | None) -> str | None:
         raise ApiError(400, what, param="session_id", code="invalid_value")
     if given.startswith("cmpl-"):  # our ids' shape: only one we issued to this key
         try:
-            gw.ids.check(tenant, given)
+            parts.ids.check(tenant, given)
         except ApiError:
             raise ApiError(
                 400,
@@ -105,24 +142,24 @@ def session_hint(gw: Gateway, tenant: Tenant, given: str | None) -> str | None:
     return given
 
 
-def link_session(gw: Gateway, tenant: Tenant, spec: GenerationSpec, cid: str) -> None:
+def link_session(parts: TurnParts, tenant: Tenant, spec: GenerationSpec, cid: str) -> None:
     """The turn's session and previous turn, and the verdicts on that turn the client's request carries
     (serving.signals.implicit), logged as feedback."""
-    spec.session = link = gw.sessions.link(tenant.id, spec.messages, spec.session_hint, cid)
-    link.logged_id = gw.session_ids.logged(tenant.id, link.session_id, gw.ids.owner(link.session_id) == tenant.id)
-    for signal in gw.implicit.observe(tenant.id, link.session_id, link.parent_id, spec.messages):
-        gw.feedback.signal(tenant.id, signal)
+    spec.session = link = parts.sessions.link(tenant.id, spec.messages, spec.session_hint, cid)
+    link.logged_id = parts.session_ids.logged(tenant.id, link.session_id, parts.ids.owner(link.session_id) == tenant.id)
+    for signal in parts.implicit.observe(tenant.id, link.session_id, link.parent_id, spec.messages):
+        parts.signal(tenant.id, signal)
 
 
-def answered(gw: Gateway, tenant: Tenant, spec: GenerationSpec, cid: str, i: int, calls: list[dict]) -> None:
+def answered(parts: TurnParts, tenant: Tenant, spec: GenerationSpec, cid: str, i: int, calls: list[dict]) -> None:
     """The turn's answer, for the session's later verdicts; calls: OpenAI tool_calls."""
     flat = [{"id": c["id"], "name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in calls]
-    for signal in gw.implicit.answered(tenant.id, spec.session.session_id, f"{cid}:{i}", flat):
-        gw.feedback.signal(tenant.id, signal)
+    for signal in parts.implicit.answered(tenant.id, spec.session.session_id, f"{cid}:{i}", flat):
+        parts.signal(tenant.id, signal)
 
 
 async def run_turn(
-    gw: Gateway,
+    parts: TurnParts,
     path: str,
     tenant: Tenant,
     spec: GenerationSpec,
@@ -130,13 +167,13 @@ async def run_turn(
     on_text: OnText | None = None,
     id_prefix: str = "call_",
 ) -> Turn:
-    """One choice of a conversation under the completion id `cid` (gw.ids.issue: the API names its answer
+    """One choice of a conversation under the completion id `cid` (parts.ids.issue: the API names its answer
     after it before the first token): streamed when `on_text` is given (content deltas, a call held back
     until the answer is whole). Returns once its completion event is on disk (or the durable wait is over)."""
-    prompt_ids = await gw.prompter.prompt_ids(spec)
-    link_session(gw, tenant, spec, cid)
+    prompt_ids = await parts.prompter.prompt_ids(spec)
+    link_session(parts, tenant, spec, cid)
     stream = on_text is not None
-    body = engine.payload(prompt_ids, gw.prompter.sampling(spec), 0, stream, f"{cid}-0")
+    body = engine.payload(prompt_ids, parts.prompter.sampling(spec), 0, stream, f"{cid}-0")
     active = spec.tools is not None and spec.tools.active
     split = tc.StreamSplitter(spec.tools, spec.prefill, id_prefix) if active and stream else None
     t0, first, last = time.monotonic(), [True], [None]
@@ -144,9 +181,9 @@ async def run_turn(
     async def on_chunk(delta: str, res: engine.EngineResult) -> None:
         now = time.monotonic()
         if first[0]:
-            gw.metrics.ttft.labels(path).observe(now - t0)
+            parts.metrics.ttft.labels(path).observe(now - t0)
         elif last[0] is not None:
-            gw.metrics.itl.labels(path).observe(now - last[0])
+            parts.metrics.itl.labels(path).observe(now - last[0])
         last[0] = now
         if split is not None:
             delta = split.feed(delta)
@@ -154,7 +191,7 @@ async def run_turn(
             await on_text(delta, first[0])
         first[0] = False
 
-    res, replica_id, timing = await gw.dispatcher.run_choice(body, stream, on_chunk if stream else None, tenant.id)
+    res, replica_id, timing = await parts.dispatcher.run_choice(body, stream, on_chunk if stream else None, tenant.id)
     fr = finish_reason(res.finish)
     if split is not None:
         tail = split.feed(tc.trimmed_close(res.finish))
@@ -165,16 +202,16 @@ async def run_turn(
         parsed = await tc.parse_off_loop(spec.prefill + res.text + tc.trimmed_close(res.finish), spec.tools, id_prefix)
     else:
         parsed = tc.Parsed(content=res.text)
-    count_tools(gw, parsed, spec, tenant, cid, 0, res, replica_id)
+    count_tools(parts, parsed, spec, tenant, cid, 0, res, replica_id)
     if parsed.calls:
         fr = "tool_calls"
     elif parsed.outcome != "none" and fr != "length":
         fr = "stop"  # a call the model got wrong comes back as its text (a cut-off one says length)
-    remember(gw, tenant, spec, cid, 0, parsed.content, parsed.calls)
-    answered(gw, tenant, spec, cid, 0, parsed.calls)
-    durable = gw.dispatcher.log_completion(tenant, spec, cid, 0, prompt_ids, res, replica_id, timing)
-    await gw.sink.wait([durable], ev.TOPIC_COMPLETIONS)
-    gw.metrics.e2e.labels(path).observe(time.monotonic() - t0)
+    remember(parts, tenant, spec, cid, 0, parsed.content, parsed.calls)
+    answered(parts, tenant, spec, cid, 0, parsed.calls)
+    durable = parts.dispatcher.log_completion(tenant, spec, cid, 0, prompt_ids, res, replica_id, timing)
+    await parts.sink.wait([durable], ev.TOPIC_COMPLETIONS)
+    parts.metrics.e2e.labels(path).observe(time.monotonic() - t0)
     calls = [
         {"id": c["id"], "name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in parsed.calls
     ]

@@ -1,6 +1,7 @@
 """The public APIs' request validation and response shapes: OpenAI's completions and chat, the Responses and Messages
 APIs, their function tools and client schemas, and the prompt a replica runs.
 
+- `limits`: What one request may ask of the gateway (Limits): each bound a clear 400 naming it.
 - `messages`: Anthropic's Messages API (`POST /v1/messages`, what Claude Code speaks): the request read into the
   gateway's conversation (serving.protocol.openai's checked messages), and the message and its stream events written
   back, with errors in that API's own shape.

@@ -31,7 +31,8 @@ from anthropic.types.message_count_tokens_params import MessageCountTokensParams
 from anthropic.types.message_create_params import MessageCreateParamsBase
 
 from serving.protocol import tool_calls as tc
-from serving.protocol.openai import GenerationSpec, Limits, render_chat
+from serving.protocol.limits import Limits
+from serving.protocol.openai import GenerationSpec, render_chat
 from serving.protocol.schema import ApiError, at_most
 from serving.protocol.typed_bodies import check
 

@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 from contracts import tool_format as tf
-from serving.protocol.openai import GenerationSpec, Limits
+from serving.protocol.limits import Limits
+from serving.protocol.openai import GenerationSpec
 from serving.protocol.schema import ApiError
 
 FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE, EOS = "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|endoftext|>"

@@ -34,7 +34,8 @@ from openai.types.responses.response_output_message_param import ResponseOutputM
 from openai.types.responses.tool_param import CustomToolParam, FunctionToolParam
 
 from serving.protocol import tool_calls as tc
-from serving.protocol.openai import GenerationSpec, Limits, render_chat
+from serving.protocol.limits import Limits
+from serving.protocol.openai import GenerationSpec, render_chat
 from serving.protocol.schema import ApiError, at_most
 from serving.protocol.typed_bodies import check
 

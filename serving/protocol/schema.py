@@ -73,7 +73,7 @@ def parse_json_body(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> dict:
 
 def at_most(count: int, limit: int, what: str, name: str, param: str | None = None) -> None:
     """A bounded count, checked before the work it bounds: over `limit`, a 400 naming the limit (`name`, the
-    serving.protocol.openai.Limits field that sets it)."""
+    serving.protocol.limits.Limits field that sets it)."""
     if count > limit:
         raise ApiError(
             400, f"{what}: {count}, more than the limit of {limit} ({name})", param=param, code="out_of_range"

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from contracts import tool_format as tf
 from contracts.tool_format import CALL_OPEN
 from serving.protocol import tool_schema as ts
-from serving.protocol.openai import Limits
+from serving.protocol.limits import Limits
 from serving.protocol.schema import ApiError, nesting
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")

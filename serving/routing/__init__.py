@@ -9,11 +9,12 @@ a policy chooses among them and hears back about what happened:
     on_load_update(replica)                    after each health check of it, or its failure
     view()                                     what it decided and holds (GET /admin/replicas, /metrics)
 
-A policy is one module here with one class, named in make_policy and in RoutingConfig.policy's choices.
+A policy is one module here with one class, named in pool.make_policy and in RoutingConfig.policy's choices.
 
-- `policy`: the interface above, and make_policy.
+- `policy`: the interface above.
+- `replica`: one replica as routing sees it (ReplicaHandle, ReplicaState); imports nothing of routing.
 - `least_outstanding`, `cache_aware`: the policies (`prefix_index`: the cache-aware policy's view of one replica's
   prefix cache).
-- `pool`: the replica pool (ReplicaPool, ReplicaHandle): states, health, and the candidates a policy chooses among.
+- `pool`: the replica pool (ReplicaPool, make_policy): states, health, and the candidates a policy chooses among.
 - `dispatcher`: one choice of a request run on the fleet: pick, lease, retry on another replica.
 """

@@ -29,7 +29,7 @@ from serving.routing.prefix_index import PrefixIndex, block_names
 if TYPE_CHECKING:
     from serving.config import RoutingConfig
     from serving.routing.policy import RouteRequest
-    from serving.routing.pool import ReplicaHandle
+    from serving.routing.replica import ReplicaHandle
 
 MAX_TENANTS = 100_000  # tenant -> last replica, least recently seen out
 

@@ -31,7 +31,8 @@ from serving.protocol.openai import GenerationSpec
 from serving.protocol.schema import ApiError
 from serving.replica import engine
 from serving.routing.policy import RouteRequest
-from serving.routing.pool import Lease, NoReplica, ReplicaHandle, ReplicaPool, ReplicaState
+from serving.routing.pool import Lease, NoReplica, ReplicaPool
+from serving.routing.replica import ReplicaHandle, ReplicaState
 from serving.tenants.cache_scope import CacheScopes
 
 log = logging.getLogger(__name__)

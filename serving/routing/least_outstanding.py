@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Callable
 if TYPE_CHECKING:
     from serving.config import RoutingConfig
     from serving.routing.policy import RouteRequest
-    from serving.routing.pool import ReplicaHandle
+    from serving.routing.replica import ReplicaHandle
 
 
 def outstanding(r: ReplicaHandle) -> int:

@@ -1,5 +1,5 @@
-"""The routing policy's interface: what a policy may look at (RouteRequest), what it answers (RoutingPolicy),
-and the policy a configuration names (make_policy)."""
+"""The routing policy's interface: what a policy may look at (RouteRequest) and what it answers (RoutingPolicy).
+The policy a configuration names is made by the pool (serving.routing.pool.make_policy)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, Sequence
 
 if TYPE_CHECKING:
-    from serving.config import RoutingConfig
-    from serving.routing.pool import ReplicaHandle
+    from serving.routing.replica import ReplicaHandle
 
 
 @dataclass
@@ -33,13 +32,3 @@ class RoutingPolicy(Protocol):
     def on_load_update(self, replica: ReplicaHandle) -> None: ...
 
     def view(self) -> dict: ...
-
-
-def make_policy(cfg: RoutingConfig) -> RoutingPolicy:
-    from serving.routing.cache_aware import CacheAware
-    from serving.routing.least_outstanding import LeastOutstanding
-
-    policies = {"least_outstanding": LeastOutstanding, "cache_aware": CacheAware}
-    if cfg.policy not in policies:
-        raise ValueError(f"unknown routing policy {cfg.policy!r}; one of {sorted(policies)}")
-    return policies[cfg.policy](cfg)

@@ -15,82 +15,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from dataclasses import dataclass, field
-from enum import Enum
 
 import aiohttp
 
 from contracts.events import parse_version
 from serving.config import PoolConfig, RoutingConfig
+from serving.routing.cache_aware import CacheAware
 from serving.routing.least_outstanding import LeastOutstanding
-from serving.routing.policy import RouteRequest, RoutingPolicy, make_policy
+from serving.routing.policy import RouteRequest, RoutingPolicy
+from serving.routing.replica import ReplicaHandle, ReplicaState
 
 log = logging.getLogger(__name__)
-
-
-class ReplicaState(str, Enum):
-    ACTIVE = "active"
-    DRAINING = "draining"
-    BORROWED = "borrowed"
-
-
-@dataclass
-class ReplicaHandle:
-    id: str
-    url: str
-    state: ReplicaState = ReplicaState.ACTIVE
-    healthy: bool = False  # until the first health check answers
-    outstanding: int = 0  # user requests in flight (a choice of n counts once each)
-    rollout_outstanding: int = 0
-    weight_version: int | None = None
-    last_error: str | None = None
-    last_check: float = 0.0
-    served: int = 0
-    failures: int = 0
-    borrow_pending: bool = False  # draining on the way to borrowed
-    drain_lease_until: float | None = None  # a drain an agent holds (renewed while it switches); None: an SRE's
-    queue_depth: int = 0  # SGLang's waiting requests (its /metrics), as of the last health check
-    running: int = 0  # SGLang's running requests, same source
-    kv_capacity_tokens: int | None = None  # SGLang's KV pool (sglang:max_total_num_tokens), same source
-    rollout_tasks: dict = field(default_factory=dict)  # rid -> the task running that rollout here (to abort on return)
-    _rate: float = 0.0  # user requests/s, exponentially decayed
-    _rate_t: float = field(default_factory=time.monotonic)
-
-    RATE_TAU_S = 10.0
-
-    def count_request(self) -> None:
-        now = time.monotonic()
-        self._rate = self._rate * math.exp(-(now - self._rate_t) / self.RATE_TAU_S) + 1.0 / self.RATE_TAU_S
-        self._rate_t = now
-
-    @property
-    def rate(self) -> float:
-        """User requests per second over roughly the last RATE_TAU_S seconds."""
-        return self._rate * math.exp(-(time.monotonic() - self._rate_t) / self.RATE_TAU_S)
-
-    def view(self) -> dict:
-        return {
-            "id": self.id,
-            "url": self.url,
-            "state": self.state.value,
-            "healthy": self.healthy,
-            "outstanding": self.outstanding,
-            "rollout_outstanding": self.rollout_outstanding,
-            "weight_version": self.weight_version,
-            "served": self.served,
-            "failures": self.failures,
-            "last_error": self.last_error,
-            "request_rate": round(self.rate, 3),
-            "queue_depth": self.queue_depth,
-            "running": self.running,
-            "kv_capacity_tokens": self.kv_capacity_tokens,
-            "borrow_pending": self.borrow_pending,
-            "drain_lease_s": None
-            if self.drain_lease_until is None
-            else round(max(0.0, self.drain_lease_until - time.monotonic()), 1),
-        }
 
 
 def sglang_gauges(text: str) -> dict[str, float]:
@@ -105,6 +42,14 @@ def sglang_gauges(text: str) -> dict[str, float]:
         except ValueError:
             continue
     return out
+
+
+def make_policy(cfg: RoutingConfig) -> RoutingPolicy:
+    """The policy a configuration names (RoutingConfig.policy)."""
+    policies = {"least_outstanding": LeastOutstanding, "cache_aware": CacheAware}
+    if cfg.policy not in policies:
+        raise ValueError(f"unknown routing policy {cfg.policy!r}; one of {sorted(policies)}")
+    return policies[cfg.policy](cfg)
 
 
 class NoReplica(Exception):

@@ -21,14 +21,32 @@ from contracts import events as ev
 from serving.auth import Policy
 
 if TYPE_CHECKING:
-    from serving.gateway import Gateway
+    from serving.auth import KeyStore
+    from serving.event_log.pipeline import EventLog
+    from serving.event_log.sink import EventSink
+    from serving.response_store import ResponseStore
 
 log = logging.getLogger(__name__)
 
 
 class TenantPolicies:
-    def __init__(self, gw: Gateway, poll_s: float = 1.0, sweep_s: float = 600.0):
-        self.gw, self.poll_s, self.sweep_s = gw, poll_s, sweep_s
+    def __init__(
+        self,
+        keys: KeyStore,
+        responses: ResponseStore,
+        events: EventLog,
+        sink: EventSink,
+        log_events: bool,
+        durable_wait_s: float,
+        poll_s: float = 1.0,
+        sweep_s: float = 600.0,
+    ):
+        """keys: the source; responses: the stored answers a policy keeps or forgets; events and sink: this
+        gateway's spool (log_events False: nothing is logged, so nothing to redact or announce);
+        durable_wait_s: how long a record may take to reach the disk (at least 5 s)."""
+        self.keys, self.responses, self.events, self.sink = keys, responses, events, sink
+        self.log_events, self.durable_wait_s = log_events, durable_wait_s
+        self.poll_s, self.sweep_s = poll_s, sweep_s
         self.applied: dict[str, Policy] = {}  # name -> the policy this gateway has put into effect
         self.applied_ids: dict[str, list[str]] = {}  # name -> its key ids when it was applied (a new key: again)
         self.retry: dict[str, Policy] = {}  # name -> a policy not yet in effect (a slow or full spool): tried again
@@ -36,7 +54,7 @@ class TenantPolicies:
         self._task: asyncio.Task | None = None
 
     async def start(self) -> None:
-        await self._apply(dict(self.gw.keys.policies), announce_all=True)
+        await self._apply(dict(self.keys.policies), announce_all=True)
         self._task = asyncio.get_running_loop().create_task(self._poll())
 
     async def stop(self) -> None:
@@ -48,7 +66,7 @@ class TenantPolicies:
         """Read the keys file now and apply what changed (and what failed to apply before); returns once it
         is in effect (the spool redacted, the records on disk for Kafka)."""
         async with self._lock:
-            changed = {**self.retry, **(self.gw.keys.reload_if_changed(min_interval_s=0) or {})}
+            changed = {**self.retry, **(self.keys.reload_if_changed(min_interval_s=0) or {})}
             self.retry = {}
             if changed:
                 await self._apply(changed)
@@ -64,12 +82,12 @@ class TenantPolicies:
             if time.monotonic() - swept > self.sweep_s:  # stored responses past their retention
                 swept = time.monotonic()
                 try:
-                    await self.gw.responses.run(self.gw.responses.expire)
+                    await self.responses.run(self.responses.expire)
                 except Exception:  # noqa: BLE001 - a locked or full store must not end the polling
                     log.exception("expiring stored responses failed; retrying")
 
     async def _apply(self, changed: dict[str, Policy], announce_all: bool = False) -> None:
-        tenants = self.gw.keys.tenants()
+        tenants = self.keys.tenants()
         for name, policy in changed.items():
             ids = tenants.get(name, [])
             if policy == self.applied.get(name) and ids == self.applied_ids.get(name) and not announce_all:
@@ -88,19 +106,18 @@ class TenantPolicies:
         """Put one tenant's policy into effect: forget in the spool first, then its records durably on the
         spool for the tenants topic. False when either could not be done now."""
         before = self.applied.get(name, Policy())
-        gw = self.gw
         for i in ids:  # stored Responses answers: kept as long as the tenant lets us, forgotten with the rest
-            gw.responses.retention[i] = policy.retention_days
+            self.responses.retention[i] = policy.retention_days
         if policy.forgotten_before is not None:
-            gone = await gw.responses.run(gw.responses.forget, ids, policy.forgotten_before)
+            gone = await self.responses.run(self.responses.forget, ids, policy.forgotten_before)
             if gone:
                 log.info("tenant %s: %d stored responses forgotten", name, gone)
-        if not gw.cfg.log_events:  # nothing is logged, so nothing to redact or announce
+        if not self.log_events:  # nothing is logged, so nothing to redact or announce
             return True
         if policy.forgotten_before is not None and policy.forgotten_before != before.forgotten_before:
             forgotten = {i: policy.forgotten_before for i in ids}
             try:
-                await asyncio.get_running_loop().run_in_executor(None, gw.events.forget, forgotten)
+                await asyncio.get_running_loop().run_in_executor(None, self.events.forget, forgotten)
             except (OSError, TimeoutError) as e:  # its record waits: the spool must be clean of it first
                 log.error("forgetting tenant %s in the spool failed (%s); retrying", name, e)
                 return False
@@ -118,12 +135,12 @@ class TenantPolicies:
             )
             for i in ids
         ]
-        futures = [gw.sink.submit(ev.TOPIC_TENANTS, r.key, r.encode()) for r in records]
+        futures = [self.sink.submit(ev.TOPIC_TENANTS, r.key, r.encode()) for r in records]
         if any(f is None for f in futures):  # the spool refused it (full): the trainer would never hear of it
             log.error("tenant %s's policy record could not be spooled (the spool is full); retrying", name)
             return False
         if futures:
-            _, late = await asyncio.wait(futures, timeout=max(gw.cfg.durable_wait_s, 5.0))
+            _, late = await asyncio.wait(futures, timeout=max(self.durable_wait_s, 5.0))
             if late:  # written later all the same; sending it again costs a duplicate the topic compacts away
                 log.error("tenant %s's policy record is not on disk yet; retrying", name)
                 return False

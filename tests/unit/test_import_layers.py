@@ -1,5 +1,6 @@
 """Which package may import which: read statically from every file's `import` statements (ast, nothing is
-imported), function-level imports included, so that no cycle between packages can come back.
+imported: tests/import_graph.py), function-level imports included, so that no cycle between packages can come back
+(and none between modules: tests/unit/test_import_cycles.py).
 
 The layers, bottom to top (a package may import only the ones below it, and itself):
 
@@ -30,7 +31,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]  # not infra.paths: this test imports nothing of ours
+from tests.import_graph import REPO_ROOT, imports_in, imports_of, module_name, python_files
 
 _BOTTOM = {"contracts", "kernels", "infra"}
 _PROTOCOLS = {"admin_api", "weight_patch"}
@@ -57,41 +58,6 @@ def layer_of(module: str) -> str | None:
     return top if top in ALLOWED or top in FREE else None  # None: the standard library or a third party
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(REPO_ROOT).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-def imports_of(path: Path) -> set[str]:
-    return imports_in(path.read_text(), module_name(path), path.name == "__init__.py")
-
-
-def imports_in(source: str, module: str, is_package: bool = False) -> set[str]:
-    """Every module a file imports: `import a.b`, `from a import b` (as a.b: b may be a module), relative
-    imports resolved, and importlib.import_module / __import__ of a literal name."""
-    tree = ast.parse(source)
-    package = module.split(".") if is_package else module.split(".")[:-1]
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package[: len(package) - node.level + 1]
-                base = ".".join(anchor + ([base] if base else []))
-            found.add(base)
-            found.update(f"{base}.{a.name}" for a in node.names if a.name != "*")
-        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
-            fn = node.func
-            name = fn.attr if isinstance(fn, ast.Attribute) else fn.id if isinstance(fn, ast.Name) else ""
-            if name in ("import_module", "__import__") and isinstance(node.args[0].value, str):
-                found.add(node.args[0].value)
-    return {m for m in found if m}
-
-
 def command_modules() -> set[str]:
     """The names in flywheel.cli's COMMAND_MODULES (imported by name when the parser is built)."""
     tree = ast.parse((REPO_ROOT / "flywheel" / "cli.py").read_text())
@@ -102,11 +68,7 @@ def command_modules() -> set[str]:
 
 
 def source_files() -> list[Path]:
-    files = []
-    for top in sorted(set(ALLOWED) | FREE):
-        root = REPO_ROOT.joinpath(*top.split("."))
-        files += [p for p in root.rglob("*.py") if "__pycache__" not in p.parts]
-    return sorted(set(files))
+    return python_files(set(ALLOWED) | FREE)
 
 
 def edges() -> list[tuple[str, str, str, str]]:

@@ -5,8 +5,8 @@ import random
 import pytest
 
 from serving.config import RoutingConfig
-from serving.routing.policy import RouteRequest, make_policy
-from serving.routing.pool import Lease, ReplicaPool
+from serving.routing.policy import RouteRequest
+from serving.routing.pool import Lease, ReplicaPool, make_policy
 from serving.routing.prefix_index import PrefixIndex, block_names
 
 B = 16

@@ -4,6 +4,8 @@ while the gateways drain it.
 
 - `fetch`: Download a version's pieces from a store server: parallel, resumable, checked against their digests, each
   request with the fleet read credential (weight_sync.fleet_credential).
+- `fetch_errors`: What fetching a version's pieces can fail with, whichever client fetches them (fetch over HTTP,
+  s3_fetch from a bucket).
 - `gateway_drains`: The drains a switch holds on the gateways that route to its replica (weight_sync.agent.switch):
   asked of each gateway in one order, renewed while the replica loads (a lease: an agent that dies mid-switch never
   leaves its replica draining), ended after; and the admin HTTP call they and the switch make.

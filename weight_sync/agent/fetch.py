@@ -22,6 +22,7 @@ from urllib.parse import urlencode, urljoin
 import aiohttp
 
 from weight_sync import codec, fleet_credential
+from weight_sync.agent.fetch_errors import FetchError, NotInStore, PackUnsupported
 from weight_sync.agent.peer_rate import PeerBound, PeerFailed as _PeerFailed, from_peer
 from weight_sync.agent.relay import RelayCache
 from weight_sync.codec import ChunkMeta
@@ -33,18 +34,6 @@ if TYPE_CHECKING:
 
 _REDIRECTS = (301, 302, 303, 307, 308)
 MAX_PIECE = 1 << 30  # a manifest, signature or side file from a peer: more than this is a lie
-
-
-class FetchError(Exception):
-    """A piece could not be downloaded intact (after retries)."""
-
-
-class NotInStore(FetchError):
-    """The store has no such piece (HTTP 404, a missing object); any other failure (a 5xx) is transient."""
-
-
-class PackUnsupported(FetchError):
-    """The store serves no /versions/N/changed (a store server older than it): fetch chunk by chunk."""
 
 
 @dataclass

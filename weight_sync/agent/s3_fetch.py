@@ -16,7 +16,7 @@ import obstore
 from obstore.exceptions import BaseError as ObstoreError
 
 from weight_sync import codec
-from weight_sync.agent.fetch import FetchError, NotInStore
+from weight_sync.agent.fetch_errors import FetchError, NotInStore
 from weight_sync.store.s3 import MANIFEST, SIGNATURE, S3Options, endpoint_of, explain, numbered_prefixes, open_bucket
 from weight_sync.store.server import chunk_name
 

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from admin_api import routes
 from infra.procs import free_port
 
 TOKEN = "admin-secret"
@@ -54,7 +55,7 @@ def gateway_app(token: str = TOKEN, per_scrape: int = 10, metrics_text: str | No
     from serving.canary_split import CanarySplit
     from serving.metrics import LATENCY_BUCKETS
     from serving.protocol.schema import ApiError
-    from serving.routing.pool import ReplicaHandle, ReplicaState
+    from serving.routing.replica import ReplicaHandle, ReplicaState
     from serving.version_stats import VersionStats
 
     reps = [
@@ -107,10 +108,10 @@ def gateway_app(token: str = TOKEN, per_scrape: int = 10, metrics_text: str | No
             return error_response(e)
 
     admin = web.Application(middlewares=[admin_middleware(token)])
-    admin.add_routes([web.get("/replicas", replicas), web.get("/canary", canary)])
+    admin.add_routes([web.get(routes.LIST_REPLICAS.local, replicas), web.get(routes.GET_CANARY.local, canary)])
     app = web.Application(middlewares=[errors])
     app.add_routes([web.get("/metrics", metrics)])
-    app.add_subapp("/admin", admin)
+    app.add_subapp(routes.PREFIX, admin)
     return app
 
 

@@ -33,13 +33,15 @@ def option(
     env: str | None = None,
     cli: bool = True,
     default_factory: Any = _NO_DEFAULT,
+    repr: bool = True,
 ) -> Any:
     """A config field that is also a CLI flag (`--name-with-dashes`, or `flag`), optionally set from `env`.
-    cli=False: from the environment only (a secret: a flag would show it to every `ps` on the machine)."""
+    cli=False: from the environment only (a secret: a flag would show it to every `ps` on the machine).
+    Without a default (nor an `env`), the flag is required. repr=False: never printed with its config."""
     meta = {"help": help, "flag": flag, "env": env, "cli": cli}
     if default_factory is not _NO_DEFAULT:
-        return dataclasses.field(default_factory=default_factory, metadata=meta)
-    return dataclasses.field(default=default, metadata=meta)
+        return dataclasses.field(default_factory=default_factory, metadata=meta, repr=repr)
+    return dataclasses.field(default=default, metadata=meta, repr=repr)
 
 
 def nested(factory, *, prefix: str = "") -> Any:
@@ -147,8 +149,10 @@ def add_flags(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()) 
         if dest in skip or not f.metadata["cli"]:
             continue
         default, meta = _default(f), f.metadata
+        required = f.default is _NO_DEFAULT and f.default_factory is _NO_DEFAULT and not meta["env"]
         shown = default.value if isinstance(default, enum.Enum) else default
-        text = meta["help"] + (f" [env {meta['env']}]" if meta["env"] else "") + f" (default: {shown})"
+        text = meta["help"] + (f" [env {meta['env']}]" if meta["env"] else "")
+        text += "" if required else f" (default: {shown})"
         if _base(tp) is bool:
             parser.add_argument(
                 flag, dest=dest, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=text
@@ -159,6 +163,7 @@ def add_flags(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()) 
             dest=dest,
             type=_converter(tp),
             choices=choices_of(tp) and [_converter(tp)(c) for c in choices_of(tp)],
+            required=required,
             default=argparse.SUPPRESS,  # absent from the namespace unless given: the config's default stands
             help=text,
         )

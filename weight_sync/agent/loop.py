@@ -23,7 +23,6 @@ import os
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -32,20 +31,18 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from contracts import control
 from contracts.events import TOPIC_WEIGHTS
 from infra import kafka_auth
-from infra.config import check_modes
 from infra.dead_letter import DeadLetters
 from kernels import delta as delta_kernels
-from weight_sync import codec, fleet_credential
+from weight_sync import codec
 from weight_sync.agent import inplace
+from weight_sync.agent.config import AgentConfig
 from weight_sync.agent.fetch import FetchError, NotInStore, PeerLink, StoreClient, open_store
-from weight_sync.agent.peer_rate import PeerBound
-from weight_sync.agent.relay import RelayCache, RelayConfig, RelayServer
+from weight_sync.agent.relay import RelayCache, RelayServer
 from weight_sync.agent.switch import (
     GatewayLink,
     InPlace,
     LoadRefused,
     SwitchError,
-    SwitchMode,
     served_version,
     switch,
     takes_patches,
@@ -61,61 +58,6 @@ class Rejected(Exception):
     def __init__(self, reason: str, detail: str):
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
-
-
-@dataclass
-class AgentConfig:
-    name: str
-    replica_url: str
-    store_url: str
-    public_key: Path
-    work_dir: Path
-    initial_model: Path  # the checkpoint the replica was started with
-    initial_version: int = 0
-    kafka_bootstrap: str | None = None
-    gateway_url: str | None = None  # one gateway, or several comma-separated: the replica is drained on each
-    admin_token: str | None = None
-    gateway_replica_id: str | None = None
-    switch_mode: SwitchMode = "drain"
-    retry_base_s: float = 1.0  # a transient failure (store or replica unreachable) is retried after this,
-    retry_max_s: float = 30.0  # doubling up to this; the offset is committed only once it succeeds
-    keep_local: int = 3
-    parallel_downloads: int = 4
-    threads: int = 2
-    inplace: bool = True  # a delta against the served version is applied in place (weight_sync.agent.inplace)
-    metrics_port: int = 0  # 0: no /metrics server
-    metrics_host: str = "127.0.0.1"
-    # The peer relay (weight_sync.agent.relay): other agents fetch the pieces this one verified from here, so the
-    # store sends each version about once. 0: no relay (every piece from the store, as before relays).
-    relay_port: int = 0
-    relay_host: str = "127.0.0.1"
-    relay_url: str | None = None  # what peers are told (default http://relay_host:relay_port)
-    relay_wait_s: float = 4.0  # a peer asking for a piece still arriving here waits this long
-    # The fleet read credential (weight_sync.fleet_credential; $FLYWHEEL_STORE_TOKEN): the store server and
-    # every relay want it, this agent's relay asks it of its peers. An s3:// store signs with AWS_* instead.
-    store_token: str | None = field(default=None, repr=False)
-    # A peer slower than this is dropped within seconds and the store serves instead (weight_sync.agent.peer_rate).
-    peer_bound: PeerBound = field(default_factory=PeerBound)
-
-    def __post_init__(self):
-        check_modes(self)
-        if self.relay_port:
-            self.relay_config()  # checks port, host and URL now, not at the first apply
-            fleet_credential.checked(self.store_token, "a relay")  # never one that anyone could read from
-            if self.relay_wait_s >= self.peer_bound.first_byte_s:  # an honest relay, still waiting, taken for slow
-                raise ValueError("relay_wait_s must be below the peers' first-byte deadline (peer_bound.first_byte_s)")
-
-    def relay_config(self) -> RelayConfig | None:
-        if not self.relay_port:
-            return None
-        return RelayConfig(
-            Path(self.work_dir) / "relay",
-            self.relay_port,
-            self.relay_host,
-            self.relay_url,
-            self.relay_wait_s,
-            token=self.store_token,
-        )
 
 
 class AgentMetrics:

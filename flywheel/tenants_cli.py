@@ -9,7 +9,6 @@ which are the ones to roll back or retrain from after a deletion (weights are ne
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import time
 from dataclasses import dataclass
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import quote
 
-from infra.config import add_flags, build, option
+from infra.config import add_flags, option, resolve
 
 
 @dataclass
@@ -56,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
             p.add_argument("name", help=positional or None)
         for cls in (*own, GatewayArgs):
             add_flags(p, cls)
-        p.set_defaults(func=lambda args: func(_options(args, *own, GatewayArgs)))
+        p.set_defaults(func=lambda args: func(resolve(args, *own, GatewayArgs)))
 
     command("list", _list, (), "every tenant, its key ids and policy")
     command("policy", _policy, (PolicyArgs,), "set a tenant's training policy and retention", "")
@@ -69,13 +68,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         "the published versions trained on a tenant's samples",
         "tenant name (its key ids are read from --keys-file, else the gateway)",
     )
-
-
-def _options(args: argparse.Namespace, *classes) -> argparse.Namespace:
-    """The positionals, and every option resolved: the flag given, else its environment variable, else its default."""
-    built = [build(c, args) for c in classes]
-    resolved = {f.name: getattr(cfg, f.name) for cfg in built for f in dataclasses.fields(cfg)}
-    return argparse.Namespace(**{**vars(args), **resolved})
 
 
 def _call(args, method: str, path: str, body: dict | None = None) -> dict:

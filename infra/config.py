@@ -5,6 +5,7 @@ environment variable that may set it. From that declaration alone:
 
     add_flags(parser, TrainerConfig)      one CLI flag per option, nested configs included
     build(TrainerConfig, args, **fixed)   the config from the flags given, else the environment, else defaults
+    resolve(args, *classes)               the same, merged into the command's namespace (beside its positionals)
     check_modes(cfg)                      in __post_init__: every Enum / Literal field holds one of its values
 
 so a default, a help text or a choice is written once, beside the field, and never copied into a parser.
@@ -158,6 +159,12 @@ def add_flags(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()) 
                 flag, dest=dest, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=text
             )
             continue
+        if typing.get_origin(_base(tp)) is list:  # a repeated flag: one item each time it is given
+            (item,) = typing.get_args(_base(tp))
+            parser.add_argument(
+                flag, dest=dest, action="append", type=_converter(item), default=argparse.SUPPRESS, help=text
+            )
+            continue
         parser.add_argument(
             flag,
             dest=dest,
@@ -186,3 +193,11 @@ def build(cls, args: argparse.Namespace, prefix: str = "", **fixed):
             elif f.metadata["env"] and env(f.metadata["env"]) is not None:
                 values[f.name] = _converter(hints[f.name])(env(f.metadata["env"]))
     return cls(**values)
+
+
+def resolve(args: argparse.Namespace, *classes) -> argparse.Namespace:
+    """`args` with every option of `classes` resolved as build() does (the flag given, else its environment
+    variable, else its default): for a command whose handlers read one namespace of positionals and options."""
+    built = [build(cls, args) for cls in classes]
+    options = {f.name: getattr(cfg, f.name) for cfg in built for f in dataclasses.fields(cfg)}
+    return argparse.Namespace(**{**vars(args), **options})

@@ -50,6 +50,7 @@ class Agent:
         self.metrics = AgentMetrics()
         self.pool = ThreadPoolExecutor(cfg.threads)
         self.local = LocalCopies(cfg, self.public, self.metrics, self.pool)
+        self.state = self.local.state  # the one dict: decided here, saved there (state.json)
         self.metrics.version.set(self.state["version"])
         self.metrics.target.set(self.state["version"])  # until the topic says otherwise
         self.metrics.announced.set(self.state.get("latest_seen", self.state["version"]))
@@ -70,10 +71,6 @@ class Agent:
         self.relay_server: RelayServer | None = None
 
     # ------------------------------------------------------------------ local copies (weight_sync.agent.local)
-    @property
-    def state(self) -> dict:
-        return self.local.state
-
     @property
     def work(self) -> Path:
         return self.local.work

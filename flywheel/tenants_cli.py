@@ -12,12 +12,40 @@ import argparse
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from admin_api.client import AdminClient
 from admin_api.types import ForgetRequest
-from infra.config import env
+from infra.config import add_flags, option, resolve
+
+
+@dataclass
+class GatewayArgs:
+    gateway: str = option("http://127.0.0.1:8000", env="FLYWHEEL_GATEWAY_URL", help="the gateway's URL")
+    admin_token: str | None = option(
+        None, env="FLYWHEEL_ADMIN_TOKEN", cli=False, repr=False, help="the gateway's admin token"
+    )  # environment only (DESIGN: Trust)
+    json: bool = option(False, help="print the gateway's answer as JSON")
+
+
+@dataclass
+class PolicyArgs:
+    train: Literal["allow", "deny"] | None = option(None, help="deny: served and counted, never logged or trained")
+    retention_days: float | None = option(None, help="its events older than this are not trained on (0: none)")
+
+
+@dataclass
+class ForgetArgs:
+    deny: bool = option(False, help="also stop logging and training on what comes next")
+
+
+@dataclass
+class ProvenanceArgs:
+    trainer_dir: Path = option(help="the trainer's --work-dir")
+    keys_file: Path | None = option(None, help="the gateway's keys (None: $FLYWHEEL_HOME/gateway/keys.json)")
+
 
 T = TypeVar("T")
 
@@ -26,31 +54,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     t = sub.add_parser("tenants", help="tenants' privacy: training opt-out, retention, deletion, provenance")
     tsub = t.add_subparsers(dest="tenants_cmd", required=True)
 
-    def gateway_flags(p):
-        p.add_argument("--gateway", default=(env("FLYWHEEL_GATEWAY_URL") or "http://127.0.0.1:8000"))
-        p.set_defaults(admin_token=env("FLYWHEEL_ADMIN_TOKEN"))  # environment only (DESIGN: Trust)
-        p.add_argument("--json", action="store_true", help="print the gateway's answer as JSON")
+    def command(name: str, func, own, help: str, positional: str | None = None):
+        p = tsub.add_parser(name, help=help)
+        if positional is not None:
+            p.add_argument("name", help=positional or None)
+        for cls in (*own, GatewayArgs):
+            add_flags(p, cls)
+        p.set_defaults(func=lambda args: func(resolve(args, *own, GatewayArgs)))
 
-    ls = tsub.add_parser("list", help="every tenant, its key ids and policy")
-    gateway_flags(ls)
-    ls.set_defaults(func=_list)
-    po = tsub.add_parser("policy", help="set a tenant's training policy and retention")
-    po.add_argument("name")
-    po.add_argument("--train", choices=("allow", "deny"), help="deny: served and counted, never logged or trained")
-    po.add_argument("--retention-days", type=float, help="its events older than this are not trained on (0: none)")
-    gateway_flags(po)
-    po.set_defaults(func=_policy)
-    fo = tsub.add_parser("forget", help="delete a tenant's events up to now from every buffer that holds them")
-    fo.add_argument("name")
-    fo.add_argument("--deny", action="store_true", help="also stop logging and training on what comes next")
-    gateway_flags(fo)
-    fo.set_defaults(func=_forget)
-    pv = tsub.add_parser("provenance", help="the published versions trained on a tenant's samples")
-    pv.add_argument("name", help="tenant name (its key ids are read from --keys-file, else the gateway)")
-    pv.add_argument("--trainer-dir", type=Path, required=True, help="the trainer's --work-dir")
-    pv.add_argument("--keys-file", type=Path, default=None, help="default $FLYWHEEL_HOME/gateway/keys.json")
-    gateway_flags(pv)
-    pv.set_defaults(func=_provenance)
+    command("list", _list, (), "every tenant, its key ids and policy")
+    command("policy", _policy, (PolicyArgs,), "set a tenant's training policy and retention", "")
+    forget = "delete a tenant's events up to now from every buffer that holds them"
+    command("forget", _forget, (ForgetArgs,), forget, "")
+    command(
+        "provenance",
+        _provenance,
+        (ProvenanceArgs,),
+        "the published versions trained on a tenant's samples",
+        "tenant name (its key ids are read from --keys-file, else the gateway)",
+    )
 
 
 def _call(args, ask: Callable[[AdminClient], T]) -> T:

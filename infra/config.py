@@ -5,6 +5,7 @@ environment variable that may set it. From that declaration alone:
 
     add_flags(parser, TrainerConfig)      one CLI flag per option, nested configs included
     build(TrainerConfig, args, **fixed)   the config from the flags given, else the environment, else defaults
+    resolve(args, *classes)               the same, merged into the command's namespace (beside its positionals)
     check_modes(cfg)                      in __post_init__: every Enum / Literal field holds one of its values
 
 so a default, a help text or a choice is written once, beside the field, and never copied into a parser.
@@ -33,13 +34,15 @@ def option(
     env: str | None = None,
     cli: bool = True,
     default_factory: Any = _NO_DEFAULT,
+    repr: bool = True,
 ) -> Any:
     """A config field that is also a CLI flag (`--name-with-dashes`, or `flag`), optionally set from `env`.
-    cli=False: from the environment only (a secret: a flag would show it to every `ps` on the machine)."""
+    cli=False: from the environment only (a secret: a flag would show it to every `ps` on the machine).
+    Without a default (nor an `env`), the flag is required. repr=False: never printed with its config."""
     meta = {"help": help, "flag": flag, "env": env, "cli": cli}
     if default_factory is not _NO_DEFAULT:
-        return dataclasses.field(default_factory=default_factory, metadata=meta)
-    return dataclasses.field(default=default, metadata=meta)
+        return dataclasses.field(default_factory=default_factory, metadata=meta, repr=repr)
+    return dataclasses.field(default=default, metadata=meta, repr=repr)
 
 
 def nested(factory, *, prefix: str = "") -> Any:
@@ -147,11 +150,19 @@ def add_flags(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()) 
         if dest in skip or not f.metadata["cli"]:
             continue
         default, meta = _default(f), f.metadata
+        required = f.default is _NO_DEFAULT and f.default_factory is _NO_DEFAULT and not meta["env"]
         shown = default.value if isinstance(default, enum.Enum) else default
-        text = meta["help"] + (f" [env {meta['env']}]" if meta["env"] else "") + f" (default: {shown})"
+        text = meta["help"] + (f" [env {meta['env']}]" if meta["env"] else "")
+        text += "" if required else f" (default: {shown})"
         if _base(tp) is bool:
             parser.add_argument(
                 flag, dest=dest, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=text
+            )
+            continue
+        if typing.get_origin(_base(tp)) is list:  # a repeated flag: one item each time it is given
+            (item,) = typing.get_args(_base(tp))
+            parser.add_argument(
+                flag, dest=dest, action="append", type=_converter(item), default=argparse.SUPPRESS, help=text
             )
             continue
         parser.add_argument(
@@ -159,6 +170,7 @@ def add_flags(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()) 
             dest=dest,
             type=_converter(tp),
             choices=choices_of(tp) and [_converter(tp)(c) for c in choices_of(tp)],
+            required=required,
             default=argparse.SUPPRESS,  # absent from the namespace unless given: the config's default stands
             help=text,
         )
@@ -181,3 +193,11 @@ def build(cls, args: argparse.Namespace, prefix: str = "", **fixed):
             elif f.metadata["env"] and env(f.metadata["env"]) is not None:
                 values[f.name] = _converter(hints[f.name])(env(f.metadata["env"]))
     return cls(**values)
+
+
+def resolve(args: argparse.Namespace, *classes) -> argparse.Namespace:
+    """`args` with every option of `classes` resolved as build() does (the flag given, else its environment
+    variable, else its default): for a command whose handlers read one namespace of positionals and options."""
+    built = [build(cls, args) for cls in classes]
+    options = {f.name: getattr(cfg, f.name) for cfg in built for f in dataclasses.fields(cfg)}
+    return argparse.Namespace(**{**vars(args), **options})

@@ -18,7 +18,9 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
+from infra.config import option
 from infra.paths import REPO_ROOT
 
 SCENARIOS = {
@@ -32,18 +34,24 @@ LOCUSTFILES = Path(__file__).parent / "locustfiles"
 
 @dataclass
 class LoadTestConfig:
+    """`flywheel loadtest`'s options (infra.config: one flag per option; secrets from the environment only)."""
+
     scenario: str
-    users: int = 8
-    duration_s: float = 90.0
-    spawn_rate: float = 4.0
-    out_dir: Path = Path("loadtest_out")
-    p99_multiple: float = 2.0
-    gateway: str | None = None  # None: start a local fleet
-    keys: str | None = None
-    admin_token: str | None = None
-    preset: str = "demo"
-    replicas: int = 2
-    observe: bool = True  # a local fleet: Prometheus scrapes it; the alerts that fired go in result.json
+    users: int = option(8, help="locust users")
+    duration_s: float = 90.0  # the flag: --duration, with its unit (loadtests.cli)
+    spawn_rate: float = option(4.0, help="users started per second")
+    out_dir: Path = option(Path("loadtest_out"), flag="out", help="where the results go")
+    p99_multiple: float = option(2.0, help="allowed p99 after the first action, as a multiple of the p99 before it")
+    gateway: str | None = option(
+        None, env="FLYWHEEL_GATEWAY_URL", help="a deployed gateway (None: start a local fleet)"
+    )
+    keys: str | None = option(None, env="FLYWHEEL_LOADTEST_KEYS", cli=False, help="the users' API keys")
+    admin_token: str | None = option(None, env="FLYWHEEL_ADMIN_TOKEN", cli=False, help="the gateway's admin token")
+    preset: Literal["test", "demo"] = option("demo", help="model of the local fleet")
+    replicas: int = option(2, help="replicas of the local fleet")
+    observe: bool = option(
+        True, help="a local fleet: Prometheus scrapes it, and the alerts that fired go in result.json"
+    )
 
 
 def parse_duration(text: str) -> float:

@@ -4,58 +4,74 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
+
+from infra.config import add_flags, option, resolve
+
+
+@dataclass
+class BootstrapArgs:
+    preset: Literal["test", "agent", "demo"] = option("test", help="the model's size and training (presets.py)")
+    seed: int = option(0, help="the seed it is built from (the cache key with the preset)")
+    out: Path | None = option(None, help="copy the checkpoint here (None: print the cache dir)")
+    force: bool = option(False, help="rebuild even when cached")
+    quiet: bool = option(False, help="no progress bars")
+
+
+@dataclass
+class NumericsArgs:
+    replica: str | None = option(None, help="replica URL (None: start one on the model)")
+    model: Path | None = option(None, help="checkpoint dir (None: the bootstrap preset)")
+    preset: Literal["test", "demo"] = option("demo", help="the bootstrap preset, without --model")
+    prompts: int = option(16, help="prompts compared")
+    max_tokens: int = option(24, help="tokens generated per prompt")
+    json: bool = option(False, help="print only the JSON report")
+
+
+@dataclass
+class TrainPlotArgs:
+    work_dir: Path | None = option(None, help="the trainer's work dir (None: $FLYWHEEL_HOME/trainer)")
+    out: Path | None = option(None, help="the image (None: <work-dir>/reward_by_version.png)")
+
+
+@dataclass
+class TrainArgs:
+    model: Path | None = option(None, help="starting checkpoint (None: the bootstrap preset)")
+    preset: Literal["test", "demo"] = option("demo", help="the bootstrap preset, without --model")
+    work_dir: Path | None = option(None, help="the trainer's work dir (None: $FLYWHEEL_HOME/trainer)")
+    nproc: int = option(1, help="ranks (gloo on CPU, NCCL with --device cuda; --shard: how the model spreads)")
+    offpeak: bool = option(
+        False,
+        help="borrow replicas for rollouts while user load is low (rollouts then run on borrowed replicas only)",
+    )
+
+
+def _command(p: argparse.ArgumentParser, func, args_cls) -> None:
+    add_flags(p, args_cls)
+    p.set_defaults(func=lambda args: func(resolve(args, args_cls)))
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("model", help="the base model: build it here from a seed")
     msub = p.add_subparsers(dest="model_cmd", required=True)
     b = msub.add_parser("bootstrap", help="train tokenizer + tiny Qwen3-MoE on the synthetic code corpus (cached)")
-    b.add_argument("--preset", default="test", choices=["test", "agent", "demo"])
-    b.add_argument("--seed", type=int, default=0)
-    b.add_argument("--out", type=Path, default=None, help="copy the checkpoint here (default: print the cache dir)")
-    b.add_argument("--force", action="store_true", help="rebuild even when cached")
-    b.add_argument("--quiet", action="store_true", help="no progress bars")
-    b.set_defaults(func=_bootstrap)
+    _command(b, _bootstrap, BootstrapArgs)
 
     n = sub.add_parser("numerics", help="trainer vs served logprobs of the same tokens, router replay on and off")
-    n.add_argument("--replica", default=None, help="replica URL (default: start one on the model)")
-    n.add_argument("--model", type=Path, default=None, help="checkpoint dir (default: the bootstrap preset)")
-    n.add_argument("--preset", default="demo", choices=["test", "demo"])
-    n.add_argument("--prompts", type=int, default=16)
-    n.add_argument("--max-tokens", type=int, default=24)
-    n.add_argument("--json", action="store_true", help="print only the JSON report")
-    n.set_defaults(func=_numerics)
+    _command(n, _numerics, NumericsArgs)
 
     g = sub.add_parser("train-plot", help="draw a trainer's reward and acceptance by version (reward_by_version.png)")
-    g.add_argument(
-        "--work-dir", type=Path, default=None, help="the trainer's work dir (default $FLYWHEEL_HOME/trainer)"
-    )
-    g.add_argument("--out", type=Path, default=None, help="default <work-dir>/reward_by_version.png")
-    g.set_defaults(func=_train_plot)
+    _command(g, _train_plot, TrainPlotArgs)
 
-    from infra.config import add_flags
     from online_rl.config import TrainerConfig
     from online_rl.offpeak import OffPeakConfig
 
     t = sub.add_parser("train", help="the online RL trainer daemon (Kafka stream + sandbox rollouts)")
-    t.add_argument("--model", type=Path, default=None, help="starting checkpoint (default: the bootstrap preset)")
-    t.add_argument("--preset", default="demo", choices=["test", "demo"])
-    t.add_argument("--work-dir", type=Path, default=None, help="default $FLYWHEEL_HOME/trainer")
-    t.add_argument(
-        "--nproc",
-        type=int,
-        default=1,
-        help="ranks (gloo on CPU, NCCL with --device cuda; --shard: how the model spreads)",
-    )
-    t.add_argument(
-        "--offpeak",
-        action="store_true",
-        help="borrow replicas for rollouts while user load is low (rollouts then run on borrowed replicas only)",
-    )
+    _command(t, _train, TrainArgs)
     add_flags(t, TrainerConfig)  # every other flag: declared once, on the config's fields (online_rl.config)
     add_flags(t, OffPeakConfig)
-    t.set_defaults(func=_train)
 
 
 def _bootstrap(args) -> int:

@@ -4,43 +4,80 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-from infra.config import env
+from infra.config import add_flags, build, option, resolve
+
+
+@dataclass
+class StopArgs:
+    port: int | None = option(None, help="the replica's port")
+    all: bool = option(False, help="every replica started from this machine")
+
+
+@dataclass
+class ServeArgs:
+    """Where `flywheel serve` finds its replicas, model and state (the rest: serving.config.GatewayConfig)."""
+
+    replicas: list[str] = option(
+        default_factory=list,
+        flag="replica",
+        help="replica base URL (repeat); default: every replica started on this machine",
+    )
+    model: Path | None = option(None, help="model dir (tokenizer); None: the replicas' model")
+    state_dir: Path | None = option(None, help="event spool and id secret (None: $FLYWHEEL_HOME/gateway)")
+    keys_file: Path | None = option(None, help="hashed API keys (see `flywheel keys add`; None: <state-dir>/keys.json)")
+
+
+@dataclass
+class FleetArgs:
+    gateway: str = option("http://127.0.0.1:8000", env="FLYWHEEL_GATEWAY_URL", help="the gateway's URL")
+    admin_token: str | None = option(
+        None, env="FLYWHEEL_ADMIN_TOKEN", cli=False, repr=False, help="the gateway's admin token"
+    )  # environment only (DESIGN: Trust)
+
+
+@dataclass
+class KeysFile:
+    keys_file: Path | None = option(None, help="the gateway's keys (None: $FLYWHEEL_HOME/gateway/keys.json)")
+
+
+@dataclass
+class TenantName:
+    name: str = option(help="the tenant")
+
+
+@dataclass
+class PolicyArgs:
+    train: Literal["allow", "deny"] | None = option(None, help="deny: served and counted, never logged or trained")
+    retention_days: float | None = option(None, help="its events older than this are not trained on (0: none)")
+
+
+def _command(p: argparse.ArgumentParser, func, *classes) -> None:
+    """p's flags from `classes`; func called with them resolved (infra.config.resolve)."""
+    for cls in classes:
+        add_flags(p, cls)
+    p.set_defaults(func=lambda args: func(resolve(args, *classes)))
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from infra.config import add_flags
     from serving.config import GatewayConfig
     from serving.replica.process import ReplicaConfig
 
     p = sub.add_parser("replica", help="SGLang serving replicas (CPU flags and compat layer on a CPU machine)")
     rsub = p.add_subparsers(dest="replica_cmd", required=True)
     s = rsub.add_parser("start", help="launch a replica in the background and wait until it generates")
-    s.add_argument("--model", type=Path, required=True, help="checkpoint dir (Hugging Face layout)")
     add_flags(s, ReplicaConfig)  # declared once, on the config's fields (serving.replica.process)
     s.set_defaults(func=_start)
     t = rsub.add_parser("stop", help="stop a replica by port (or all with --all)")
-    t.add_argument("--port", type=int)
-    t.add_argument("--all", action="store_true")
-    t.set_defaults(func=_stop)
+    _command(t, _stop, StopArgs)
     st = rsub.add_parser("status", help="replicas started from this machine")
     st.set_defaults(func=_status)
 
     g = sub.add_parser("serve", help="run the OpenAI-compatible gateway in front of SGLang replicas")
-    g.add_argument(
-        "--replica",
-        action="append",
-        default=[],
-        dest="replicas",
-        metavar="URL",
-        help="replica base URL (repeat); default: every replica started on this machine",
-    )
-    g.add_argument("--model", type=Path, default=None, help="model dir (tokenizer); default: the replicas' model")
-    g.add_argument(
-        "--state-dir", type=Path, default=None, help="event spool and id secret (default $FLYWHEEL_HOME/gateway)"
-    )
-    g.add_argument("--keys-file", type=Path, default=None, help="hashed API keys (see `flywheel keys add`)")
+    add_flags(g, ServeArgs)
     add_flags(g, GatewayConfig)  # the rest: declared once, on the config's fields (serving.config)
     g.set_defaults(func=_serve)
 
@@ -56,35 +93,25 @@ def register(sub: argparse._SubParsersAction) -> None:
         q = fsub.add_parser(name, help=doc)
         if name != "status":
             q.add_argument("replica", help="replica id, e.g. r0")
-        q.add_argument("--gateway", default=(env("FLYWHEEL_GATEWAY_URL") or "http://127.0.0.1:8000"))
-        q.set_defaults(admin_token=env("FLYWHEEL_ADMIN_TOKEN"))  # environment only (DESIGN: Trust)
-        q.set_defaults(func=_fleet)
+        _command(q, _fleet, FleetArgs)
 
     k = sub.add_parser("keys", help="API keys of the gateway (stored hashed)")
     ksub = k.add_subparsers(dest="keys_cmd", required=True)
     ka = ksub.add_parser("add", help="create a key for a tenant; prints it once")
-    ka.add_argument("--name", required=True)
-    ka.add_argument("--keys-file", type=Path, default=None, help="default $FLYWHEEL_HOME/gateway/keys.json")
-    ka.set_defaults(func=_keys_add)
+    _command(ka, _keys_add, TenantName, KeysFile)
     kl = ksub.add_parser("list", help="tenants, their key ids and privacy policies")
-    kl.add_argument("--keys-file", type=Path, default=None, help="default $FLYWHEEL_HOME/gateway/keys.json")
-    kl.set_defaults(func=_keys_list)
+    _command(kl, _keys_list, KeysFile)
     kp = ksub.add_parser(
         "policy", help="a tenant's training policy and retention (running gateways apply it within a second)"
     )
-    kp.add_argument("--name", required=True)
-    kp.add_argument("--train", choices=("allow", "deny"), help="deny: served and counted, never logged or trained")
-    kp.add_argument("--retention-days", type=float, help="its events older than this are not trained on (0: none)")
-    kp.add_argument("--keys-file", type=Path, default=None, help="default $FLYWHEEL_HOME/gateway/keys.json")
-    kp.set_defaults(func=_keys_policy)
+    _command(kp, _keys_policy, TenantName, PolicyArgs, KeysFile)
 
 
 def replica_config(args: argparse.Namespace):
     """`flywheel replica start`'s flags (else FLYWHEEL_REPLICA_THREADS for --threads, else the defaults)."""
-    from infra.config import build
     from serving.replica.process import ReplicaConfig
 
-    return build(ReplicaConfig, args, model_path=args.model)
+    return build(ReplicaConfig, args)
 
 
 def _start(args) -> int:
@@ -132,14 +159,14 @@ def _status(args) -> int:
 
 
 def _serve(args) -> int:
-    from infra.config import build
     from infra.paths import flywheel_home
     from serving.config import GatewayConfig
     from serving.gateway import run
     from serving.replica.process import running
 
-    replicas = args.replicas
-    model = args.model
+    where = build(ServeArgs, args)
+    replicas = where.replicas
+    model = where.model
     if not replicas:
         local = running()
         replicas = [r.url for r in local]
@@ -148,8 +175,8 @@ def _serve(args) -> int:
         raise ValueError("no replica: pass --replica URL or start one with `flywheel replica start`")
     if model is None:
         raise ValueError("pass --model DIR (the served checkpoint, for its tokenizer)")
-    state = args.state_dir or flywheel_home() / "gateway"
-    keys_file = args.keys_file or state / "keys.json"
+    state = where.state_dir or flywheel_home() / "gateway"
+    keys_file = where.keys_file or state / "keys.json"
     cfg = build(GatewayConfig, args, replicas=replicas, model_dir=model, state_dir=state, keys_file=keys_file)
     run(cfg)
     return 0

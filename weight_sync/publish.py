@@ -15,35 +15,58 @@ from typing import TYPE_CHECKING
 from contracts import control
 from contracts.events import TOPIC_WEIGHTS
 from infra import kafka_auth
+from infra.config import option
+from infra.paths import flywheel_home
 from infra.progress import bar
 from weight_sync import codec
 from weight_sync.checkpoint import SIDE_FILES, CheckpointReader, config_digest, weight_files
 from weight_sync.manifest import Manifest, TensorEntry, announcement, key_id, load_private, sign
+from weight_sync.store.s3 import S3Options  # at run time: the config's types are read for its flags
 from weight_sync.store.server import Store, chunk_name
 
 if TYPE_CHECKING:
-    from weight_sync.store.s3 import Bucket, S3Options
+    from weight_sync.store.s3 import Bucket
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class PublishConfig:
-    store: Path
-    private_key: Path
-    full_every: int = 10  # every K-th version is a full snapshot, so no chain grows without bound
+    """Where versions go and how they are cut; the options of `flywheel weights publish` and of the commands
+    that announce on the weights topic (infra.config: one flag per option)."""
+
+    store: Path | None = option(None, help="the store directory (None: $FLYWHEEL_HOME/weights/store)")
+    private_key: Path | None = option(
+        None, flag="key", help="the signing key (None: $FLYWHEEL_HOME/weights/keys/signing.pem)"
+    )
+    full_every: int = option(10, help="every K-th version is a full snapshot, so no chain grows without bound")
     chunk_elems: int = codec.DEFAULT_CHUNK_ELEMS
     level: int = codec.DEFAULT_LEVEL
     threads: int = 2
     keep: int = 10  # versions kept in the store (plus what their chains need)
-    kafka_bootstrap: str | None = None
-    store_url: str | None = None  # where agents fetch from (the announcement's manifest location)
+    kafka_bootstrap: str | None = option(
+        None, flag="kafka", env="FLYWHEEL_KAFKA_BOOTSTRAP", help="bootstrap servers for announcements"
+    )
+    store_url: str | None = option(
+        None, env="FLYWHEEL_STORE_URL", help="where agents fetch from (the announcement's manifest location)"
+    )
     # A bucket agents fetch from instead (s3://BUCKET/PREFIX; weight_sync/store/s3.py): each version is
     # uploaded there too, manifest last, and announced at its s3:// location. None: the directory store only.
-    s3_url: str | None = None
+    s3_url: str | None = option(
+        None,
+        env="FLYWHEEL_S3_URL",
+        help="also upload to this bucket, s3://BUCKET/PREFIX, and announce it there (endpoint and credentials: "
+        "AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION)",
+    )
     s3_options: S3Options | None = None  # endpoint, credentials; None: the AWS_* environment variables
     canary: bool = False  # announce new versions as canary candidates: agents wait for the canary controller
     progress: bool = False
+
+    def __post_init__(self):
+        if self.store is None:
+            self.store = flywheel_home() / "weights" / "store"
+        if self.private_key is None:
+            self.private_key = flywheel_home() / "weights" / "keys" / "signing.pem"
 
 
 @dataclass

@@ -26,13 +26,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from flywheel.chaos.faults import KINDS, Fault, Faults, get_json, mount_tmpfs, mounts_under, umount
+from infra.config import add_flags, build, option
 
 
 @dataclass
 class ChaosConfig:
-    duration_s: float = 600.0  # faults are injected within this much time
-    seed: int = 0
-    out_dir: Path = Path("chaos_out")
+    duration_s: float = option(600.0, flag="duration", help="seconds of fault injection")
+    seed: int = option(0, help="the faults' draw: the same seed, the same faults at the same times")
+    out_dir: Path = option(Path("chaos_out"), flag="out", help="where the fleet runs and chaos.json goes")
     preset: str = "test"  # the model (online_rl.model.bootstrap preset)
     users: int = 3
     publish_interval_s: float = 60.0
@@ -312,18 +313,19 @@ def run(cfg: ChaosConfig, say=print) -> dict:
     return result
 
 
+@dataclass
+class ChaosArgs:
+    kinds: str = option("", help=f"comma-separated subset of {','.join(KINDS)} (empty: all)")
+
+
 def _main(args) -> int:
     def _term(*_):  # SIGTERM (a supervisor, a CI timeout) tears down like Ctrl-C: stop the fleet, unmount
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the teardown short
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, _term)
-    cfg = ChaosConfig(
-        duration_s=args.duration,
-        seed=args.seed,
-        out_dir=args.out,
-        kinds=tuple(args.kinds.split(",")) if args.kinds else KINDS,
-    )
+    kinds = build(ChaosArgs, args).kinds
+    cfg = build(ChaosConfig, args, kinds=tuple(kinds.split(",")) if kinds else KINDS)
     r = run(cfg)
     bad = (
         r.get("events_lost"),
@@ -342,8 +344,6 @@ def register(sub) -> None:
         help="the loop under seeded faults (kills, disk full, outages), then a check "
         "that nothing was lost, trained twice, stuck or left running (root)",
     )
-    p.add_argument("--duration", type=float, default=ChaosConfig.duration_s, help="seconds of fault injection")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", type=Path, default=ChaosConfig.out_dir)
-    p.add_argument("--kinds", default="", help=f"comma-separated subset of {','.join(KINDS)}")
+    add_flags(p, ChaosConfig)
+    add_flags(p, ChaosArgs)
     p.set_defaults(func=_main)

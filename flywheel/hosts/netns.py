@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infra.config import option
 from infra.procs import identity, in_netns, read_state, same_process, spawn, write_state
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ STATE_DIR = Path("/run/flywheel/hosts")  # machine-wide, like the namespaces (an
 class HostsConfig:
     n: int = 3
     prefix: str = "fw"  # names: namespaces <prefix><k>h<i>, bridge <prefix><k>br, veths <prefix><k>v<i>
-    rate_mbit: float | None = None  # shape every host's link with tbf (None: as fast as the bridge goes)
+    rate_mbit: float | None = option(None, help="shape each host's link (tbf; None: as fast as the bridge goes)")
     state_dir: Path = STATE_DIR
 
     def __post_init__(self):

@@ -19,11 +19,12 @@ import shutil
 import subprocess
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from flywheel.kafka.security import Security, apply_acls, create_security, format_args, load_security, server_properties
 from infra import kafka_auth
+from infra.config import option
 from infra.kafka_admin import quiet_kafka
 from infra.maven import resolve_jars
 from infra.paths import flywheel_home
@@ -55,15 +56,15 @@ def pinned_version() -> str:
 
 @dataclass
 class BrokerConfig:
-    data_dir: Path = field(default_factory=lambda: flywheel_home() / "kafka-data")
-    port: int = 0  # 0: pick a free port
+    data_dir: Path = option(default_factory=lambda: flywheel_home() / "kafka-data", help="the broker's data directory")
+    port: int = option(0, help="client port (0: a free one)")
     controller_port: int = 0
-    heap: str = "512m"
+    heap: str = option("512m", help="the broker JVM's heap (-Xmx)")
     num_partitions: int = 4
     start_timeout_s: float = 120.0
     # One node of a cluster (flywheel.kafka.cluster): its address, id, the quorum's voters
     # ("1@host:port,2@host:port,..."), the replication of internal topics, and the namespace it runs in.
-    host: str = "127.0.0.1"
+    host: str = option("127.0.0.1", help="address to listen on and advertise")
     node_id: int = 1
     voters: str | None = None  # None: a standalone controller (formatted with --standalone)
     cluster_id: str | None = None  # shared by a cluster's nodes (a standalone node draws its own)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from flywheel.kafka.broker import BrokerConfig
+    from infra.config import add_flags
+
     p = sub.add_parser("kafka", help="run a local Kafka 4 broker (KRaft, broker+controller)")
     ksub = p.add_subparsers(dest="kafka_cmd", required=True)
     for name, fn, doc in [
@@ -17,22 +19,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         ("status", _status, "is the broker of a data dir running and answering"),
     ]:
         q = ksub.add_parser(name, help=doc)
-        if name != "fetch":
-            q.add_argument("--data-dir", type=Path, default=None, help="default $FLYWHEEL_HOME/kafka-data")
-        if name == "start":
-            q.add_argument("--port", type=int, default=0, help="client port (default: a free one)")
-            q.add_argument("--host", default="127.0.0.1", help="address to listen on and advertise")
-            q.add_argument("--heap", default="512m")
+        if name != "fetch":  # stop and status: only the data dir says which broker
+            add_flags(q, BrokerConfig, skip=() if name == "start" else ("port", "host", "heap"))
         q.set_defaults(func=fn)
 
 
 def _cfg(args):
     from flywheel.kafka.broker import BrokerConfig
+    from infra.config import build
 
-    cfg = BrokerConfig()
-    if getattr(args, "data_dir", None):
-        cfg.data_dir = args.data_dir
-    return cfg
+    return build(BrokerConfig, args)
 
 
 def _fetch(args) -> int:
@@ -50,7 +46,6 @@ def _start(args) -> int:
     from infra.kafka_admin import ensure_topics
 
     cfg = _cfg(args)
-    cfg.port, cfg.heap, cfg.host = args.port, args.heap, args.host
     t0 = time.monotonic()
     b = start(cfg, die_with_parent=False)  # the command returns; the broker stays
     try:

@@ -15,18 +15,23 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from dataclasses import dataclass
 
 from flywheel.status.gather import PARTS, StatusConfig, failed, gather
 from flywheel.status.panels import DRAW
+from infra.config import add_flags, build, option
+
+
+@dataclass
+class ScreenArgs:
+    json: bool = option(False, help="print the gathered data as JSON instead of the screen")
+    watch: float | None = option(None, help="redraw every WATCH seconds until Ctrl-C")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from infra.config import add_flags
-
     p = sub.add_parser("status", help="the SRE's one screen: replicas, traffic, lag, trainer, versions, alerts")
     add_flags(p, StatusConfig)
-    p.add_argument("--json", action="store_true", help="print the gathered data as JSON instead of the screen")
-    p.add_argument("--watch", type=float, default=None, metavar="SECONDS", help="redraw every SECONDS until Ctrl-C")
+    add_flags(p, ScreenArgs)
     p.set_defaults(func=_run)
 
 
@@ -99,6 +104,5 @@ def run(cfg: StatusConfig, as_json: bool = False, watch: float | None = None, co
 
 
 def _run(args) -> int:
-    from infra.config import build
-
-    return run(build(StatusConfig, args), as_json=args.json, watch=args.watch)
+    screen = build(ScreenArgs, args)
+    return run(build(StatusConfig, args), as_json=screen.json, watch=screen.watch)

@@ -29,10 +29,12 @@ import platform
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from infra.config import add_flags, build, option
 from online_rl.gpu_check.sections import SKIPPED_NO_CUDA, run_section, skipped
 
 BUDGETS_S = {"fsdp_step": 150, "triton_kernels": 90, "delta_codec": 60, "batch_invariance": 60}
@@ -138,14 +140,20 @@ def _give_up(report: dict, path: Path, t0: float, log) -> None:
         os._exit(3)
 
 
+@dataclass
+class CheckArgs:
+    cpu_smoke: bool = option(False, help="dry run on the CPU: the FSDP2 step only (gloo, tiny)")
+    sections: str = option(",".join(SECTIONS), help=f"comma-separated, of {', '.join(SECTIONS)}")
+
+
 def cli(argv: list[str] | None = None) -> int:
     default = Path(os.environ["OUT"]) / "gpu_check.json" if os.environ.get("OUT") else Path("gpu_check.json")
     p = argparse.ArgumentParser(prog="python -m online_rl.gpu_check.check", description=__doc__.split("\n")[0])
     p.add_argument("report", nargs="?", type=Path, default=default)
-    p.add_argument("--cpu-smoke", action="store_true", help="dry run on the CPU: the FSDP2 step only (gloo, tiny)")
-    p.add_argument("--sections", default=",".join(SECTIONS), help=f"comma-separated, of {', '.join(SECTIONS)}")
+    add_flags(p, CheckArgs)
     args = p.parse_args(argv)
-    return main(args.report, args.cpu_smoke, tuple(s for s in args.sections.split(",") if s))
+    what = build(CheckArgs, args)
+    return main(args.report, what.cpu_smoke, tuple(s for s in what.sections.split(",") if s))
 
 
 if __name__ == "__main__":

@@ -56,7 +56,7 @@ CPU_FLAGS = [
 class ReplicaConfig:
     """One replica's launch settings; the options are also `flywheel replica start`'s flags (serving.cli)."""
 
-    model_path: Path
+    model_path: Path = option(flag="model", help="checkpoint dir (Hugging Face layout)")
     port: int = option(0, help="port to listen on; 0: a free one")
     host: str = option("127.0.0.1", help="address to listen on")
     netns: str | None = None  # a test host's network namespace to run in (then give the port)

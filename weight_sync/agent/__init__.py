@@ -2,6 +2,7 @@
 pieces (from the store, S3 or a peer's relay), rebuilding it, and switching the replica (whole reload or in place)
 while the gateways drain it.
 
+- `config`: The agent's configuration, the one source of `flywheel weights agent`'s options (infra.config).
 - `fetch`: Download a version's pieces from a store server: parallel, resumable, checked against their digests, each
   request with the fleet read credential (weight_sync.fleet_credential).
 - `fetch_errors`: What fetching a version's pieces can fail with, whichever client fetches them (fetch over HTTP,
@@ -10,7 +11,12 @@ while the gateways drain it.
   asked of each gateway in one order, renewed while the replica loads (a lease: an agent that dies mid-switch never
   leaves its replica draining), ended after; and the admin HTTP call they and the switch make.
 - `inplace`: In-place apply: a delta handed to the replica as only what changed, then persisted locally.
-- `loop`: The serving-side agent, one per replica: follow the `weights` topic, rebuild each version, hot-switch.
+- `inplace_switch`: The agent's in-place switch: when a version can go to the replica as only what changed over the
+  version it serves, the switch that hands it over, and the warm-up of that path.
+- `local`: The versions an agent keeps on disk (rebuilt from base and delta, verified, pruned) and its state file,
+  apart from the loop that decides which to serve.
+- `loop`: The serving-side agent, one per replica: follow the `weights` topic, decide, switch, report.
+- `metrics`: The agent's Prometheus metrics (flywheel_agent_*), every labelled series exported from the start at 0.
 - `peer_rate`: How slow a peer may be: a floor under every transfer from another agent's relay.
 - `relay`: An agent's relay: other agents fetch from it the pieces of a version this agent already verified.
 - `s3_fetch`: The agent's client of a weight store on S3: the StoreClient interface (weight_sync/agent/fetch.py)

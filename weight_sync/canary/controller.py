@@ -18,7 +18,7 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
 
@@ -27,6 +27,7 @@ from admin_api.types import CanaryTrial
 from contracts import control
 from contracts.events import TOPIC_WEIGHTS
 from infra import kafka_auth
+from infra.config import option
 from infra.dead_letter import DeadLetters
 from weight_sync.canary.judge import Verdict, judge
 from weight_sync.manifest import load_private
@@ -40,21 +41,21 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class CanaryConfig:
-    gateway_url: str
-    admin_token: str
-    publish: PublishConfig  # store, signing key and Kafka bootstrap of the announcements
-    replica_share: float = 0.5  # replicas given the candidate: at least one, never all (unless only one)
-    traffic_share: float = 0.5  # users routed to the canary arm
-    min_feedback: int = 100  # per arm, before acceptance is judged
+    gateway_url: str | None = option(None, flag="gateway", env="FLYWHEEL_GATEWAY_URL", help="the gateway's URL")
+    admin_token: str | None = option(None, env="FLYWHEEL_ADMIN_TOKEN", cli=False, help="the admin credential")
+    publish: PublishConfig = field(default_factory=PublishConfig)  # store, signing key, Kafka of the announcements
+    replica_share: float = option(0.5, help="replicas given the candidate: at least one, never all (unless only one)")
+    traffic_share: float = option(0.5, help="users routed to the canary arm")
+    min_feedback: int = option(100, help="feedback events per arm before judging")
     min_requests: int = 50  # per arm, before latency and errors are judged
-    margin: float = 0.05  # acceptance may be this much lower than stable's and still promote
-    confidence: float = 0.95  # one-sided
-    p99_ratio: float = 1.5
+    margin: float = option(0.05, help="acceptance drop still promoted (below stable's, one-sided)")
+    confidence: float = option(0.95, help="one-sided confidence of every judgement")
+    p99_ratio: float = option(1.5, help="the canary's p99 latency over stable's that rolls back")
     error_margin: float = 0.01
-    tool_min_answers: int = 100  # tool-call answers per arm, before the malformed-call rate is judged
-    tool_margin: float = 0.05  # the canary's malformed-call rate may exceed stable's by this much (with confidence)
-    max_tenant_share: float = 0.5  # of an arm's counted votes, the most one tenant's count for (1: no cap)
-    max_trial_s: float = 900.0
+    tool_min_answers: int = option(100, help="tool-call answers per arm before the malformed-call rate is judged")
+    tool_margin: float = option(0.05, help="malformed-call rate above stable's that rolls back (with confidence)")
+    max_tenant_share: float = option(0.5, help="of an arm's votes, the most one tenant's count for (1: no cap)")
+    max_trial_s: float = option(900.0, flag="max-trial", help="seconds before an undecided trial rolls back")
     poll_s: float = 2.0
     switch_timeout_s: float = 240.0
 

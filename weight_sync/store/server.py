@@ -30,10 +30,12 @@ import os
 import re
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
 
+from infra.config import nested, option
 from infra.files import fsync_path, write_durably
 from weight_sync import fleet_credential
 from weight_sync.manifest import Manifest
@@ -46,6 +48,18 @@ _CHUNK = re.compile(r"^\d{1,6}\.\d{1,6}$")
 _FILE = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
 _RANGE = re.compile(r"bytes=(\d{1,15})-")
 ANNOUNCEMENTS = "announcements.jsonl"
+
+
+@dataclass
+class ServerConfig:
+    """`flywheel weights serve`'s options (infra.config: one flag per option)."""
+
+    host: str = option("127.0.0.1", help="address to listen on")
+    port: int = option(8100, help="port to listen on")
+    token: str | None = option(
+        None, env=fleet_credential.ENV, cli=False, repr=False, help="the fleet read credential every request must show"
+    )  # environment only (DESIGN: Trust)
+    tracker: TrackerConfig = nested(TrackerConfig)
 
 
 def chunk_name(tensor_index: int, chunk_index: int) -> str:

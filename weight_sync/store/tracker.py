@@ -18,10 +18,16 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from infra.config import option
+
 
 @dataclass
 class TrackerConfig:
-    fanout: int = 2  # children per holder per piece; 0 turns redirects off (the store serves everything)
+    fanout: int = option(
+        2,
+        flag="relay-fanout",
+        help="peers each agent's relay is sent per piece (a tree of this degree); 0: serve everything here",
+    )
     max_pieces: int = 100_000  # (version, piece) entries remembered; the oldest are forgotten first
     max_holders: int = 64  # holders remembered per piece; later ones are still served, just not offered
 

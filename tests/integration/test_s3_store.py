@@ -27,9 +27,10 @@ from safetensors.torch import load_file, save_file
 
 from infra.paths import REPO_ROOT
 from infra.procs import free_port, pid_alive
-from weight_sync.agent.fetch import FetchError, open_store
+from weight_sync.agent.fetch import FetchError
 from weight_sync.agent.loop import Agent, AgentConfig
 from weight_sync.agent.s3_fetch import S3StoreClient
+from weight_sync.agent.stores import open_store
 from weight_sync.manifest import Manifest, generate_key
 from weight_sync.publish import PublishConfig, publish
 from weight_sync.store import s3 as s3_store

@@ -141,6 +141,24 @@ def test_package_inits_are_maps():
     assert not {k: v for k, v in bad.items() if v}
 
 
+def test_every_module_is_on_its_package_map():
+    """Each module and subpackage is named (`name` or `name/`) in its package's __init__ docstring: the map of a
+    package is true, so a reader starts there."""
+    unnamed = []
+    for init in source_files():
+        if init.name != "__init__.py" or layer_of(module_name(init)) not in ALLOWED or "stubs" in init.parts:
+            continue
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        here = init.parent
+        parts = [p.stem for p in here.glob("*.py") if p.name not in ("__init__.py", "__main__.py")]
+        parts += [p.name for p in here.iterdir() if (p / "__init__.py").exists()]
+        dotted = module_name(init)
+        unnamed += [
+            f"{dotted}.{m}" for m in sorted(parts) if not any(x in doc for x in (f"`{m}`", f"`{m}/`", f"{dotted}.{m}"))
+        ]
+    assert not unnamed, "name these in their package's __init__ docstring: " + ", ".join(unnamed)
+
+
 def test_the_one_upward_registration_is_the_loadtest_command():
     assert {m for m in command_modules() if layer_of(m) == "loadtests"} == {"loadtests.cli"}
     assert {(imp, m) for imp, m in UPWARD_REGISTRATIONS} <= {("flywheel.cli", m) for m in command_modules()}

@@ -22,4 +22,7 @@ while the gateways drain it.
 - `s3_fetch`: The agent's client of a weight store on S3: the StoreClient interface (weight_sync/agent/fetch.py)
   over obstore.
 - `switch`: Hot-switch one SGLang replica to a checkpoint directory, without failing or cutting short a request.
+- `rejected`: A version the agent will not serve, and why (the reason is a label of its metrics and its alert).
+- `stores`: The client for a store URL: a store server's over HTTP (weight_sync.agent.fetch) or an S3 bucket's
+  (weight_sync.agent.s3_fetch), one interface.
 """

@@ -16,7 +16,7 @@ import contextlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 from urllib.parse import urlencode, urljoin
 
 import aiohttp
@@ -28,9 +28,6 @@ from weight_sync.agent.relay import RelayCache
 from weight_sync.codec import ChunkMeta
 from weight_sync.store.relay import PEER_HEADER, peer_url
 from weight_sync.store.server import chunk_name
-
-if TYPE_CHECKING:
-    from weight_sync.agent.s3_fetch import S3StoreClient
 
 _REDIRECTS = (301, 302, 303, 307, 308)
 MAX_PIECE = 1 << 30  # a manifest, signature or side file from a peer: more than this is a lie
@@ -392,16 +389,3 @@ class StoreClient:
                     group.create_task(alone(t, c, meta))
         except ExceptionGroup as e:
             raise e.exceptions[0] from None
-
-
-def open_store(
-    url: str, session: aiohttp.ClientSession, download_dir: Path, parallel: int = 4, token: str | None = None
-) -> StoreClient | S3StoreClient:
-    """The client for a store URL: an S3 bucket (s3://BUCKET/PREFIX, weight_sync/agent/s3_fetch.py; endpoint and
-    credentials from the AWS_* variables, every request signed) or a store server over HTTP (with the fleet
-    read credential `token`)."""
-    if url.startswith("s3://"):
-        from weight_sync.agent.s3_fetch import S3StoreClient  # obstore only where a bucket is used
-
-        return S3StoreClient(url, download_dir, parallel)
-    return StoreClient(url, session, download_dir, parallel, token=token)

@@ -7,32 +7,50 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import aiohttp
 
 from weight_sync.agent import inplace
 from weight_sync.agent.fetch import FetchError, StoreClient
-from weight_sync.agent.local import Rejected
+from weight_sync.agent.rejected import Rejected
 from weight_sync.agent.switch import InPlace, LoadRefused, served_version, switch, takes_patches
 
 if TYPE_CHECKING:
-    from weight_sync.agent.loop import Agent
+    from concurrent.futures import Executor
+
+    from weight_sync.agent.config import AgentConfig
+    from weight_sync.agent.local import LocalCopies
+    from weight_sync.agent.metrics import AgentMetrics
+    from weight_sync.agent.switch import GatewayLink
 
 log = logging.getLogger(__name__)
 
 
-async def apply(agent: Agent, client: StoreClient, session, version: int, t0: float) -> dict | None:
+@dataclass
+class InPlaceParts:
+    """What the in-place switch uses of its agent (weight_sync.agent.loop builds one)."""
+
+    cfg: AgentConfig
+    metrics: AgentMetrics
+    local: LocalCopies
+    pool: Executor
+    gateways: Callable[[], list[GatewayLink]]
+
+
+async def apply(agent: InPlaceParts, client: StoreClient, session, version: int, t0: float) -> dict | None:
     """Switch by handing the replica only what changed (weight_sync.agent.inplace), when `version` is a delta
     against the version the replica serves. None: not possible here, or it failed in a way a reload
     from disk repairs (the engine refused the patch, the local base is damaged): the caller reloads."""
-    if not agent.cfg.inplace or agent.local_dir(version).exists():
+    if not agent.cfg.inplace or agent.local.path(version).exists():
         return None
-    manifest = await agent.manifest(client, version)
-    base_dir = agent.local_dir(manifest.base_version or 0)
+    manifest = await agent.local.manifest(client, version)
+    base_dir = agent.local.path(manifest.base_version or 0)
     if (
         manifest.kind != "delta"
-        or manifest.base_version != agent.state["version"]
+        or manifest.base_version != agent.local.state["version"]
         or not base_dir.exists()
         or not inplace.supported(manifest)
         # what the replica serves, not what this agent last did: one restarted by its supervisor serves
@@ -41,7 +59,7 @@ async def apply(agent: Agent, client: StoreClient, session, version: int, t0: fl
         or not await takes_patches(session, agent.cfg.replica_url)
     ):
         return None
-    out, t_patch = agent.work / "patches" / f"v{version}.safetensors", time.monotonic()
+    out, t_patch = agent.local.work / "patches" / f"v{version}.safetensors", time.monotonic()
     try:
         patch = await inplace.build_patch(client, manifest, base_dir, agent.pool, out)
     except FetchError as e:
@@ -90,18 +108,18 @@ async def apply(agent: Agent, client: StoreClient, session, version: int, t0: fl
     }
 
 
-async def warm(agent: Agent) -> dict | None:
+async def warm(agent: InPlaceParts) -> dict | None:
     """Warm the replica's in-place path so that its first patch costs what later ones do: a patch that
     changes nothing but names every tensor (weight_sync.agent.inplace.warmup_patch), handed over in the agent's
     switch mode (drained or paused like a switch: SGLang holds requests while its loader runs), which
     keeps the label and the prefix cache. At agent start, and after the agent puts a restarted replica
     back on its version. Best effort: a failure is logged, and the first switch pays for it (or falls
     back to a reload). Returns the loader's outcome (or the error), None when there is no in-place path."""
-    version = agent.state["version"]
-    base = agent.local_dir(version)
+    version = agent.local.state["version"]
+    base = agent.local.path(version)
     if not agent.cfg.inplace or not base.exists():
         return None
-    out = agent.work / "patches" / "warmup.safetensors"
+    out = agent.local.work / "patches" / "warmup.safetensors"
     t = time.monotonic()
     try:
         async with aiohttp.ClientSession() as session:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from weight_sync import codec
 from weight_sync.agent import inplace
 from weight_sync.agent.fetch import FetchError, NotInStore, StoreClient
+from weight_sync.agent.rejected import PERMANENT, Rejected
 from weight_sync.checkpoint import CheckpointReader, CheckpointWriter, config_digest
 from weight_sync.manifest import Manifest, ManifestError, verify
 from weight_sync.store.server import version_number
@@ -35,15 +36,6 @@ if TYPE_CHECKING:
     from weight_sync.agent.relay import RelayCache
 
 log = logging.getLogger(__name__)
-
-# What the store or the replica says about the version itself: trying again gives the same answer.
-PERMANENT = ("bad_manifest", "digest_mismatch", "corrupt_chunk", "chain_too_long", "unknown_version")
-
-
-class Rejected(Exception):
-    def __init__(self, reason: str, detail: str):
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
 
 
 class LocalCopies:

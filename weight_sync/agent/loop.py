@@ -33,10 +33,12 @@ from infra import kafka_auth
 from kernels import delta as delta_kernels
 from weight_sync.agent import inplace_switch
 from weight_sync.agent.config import AgentConfig
-from weight_sync.agent.fetch import PeerLink, StoreClient, open_store
-from weight_sync.agent.local import PERMANENT, LocalCopies, Rejected
+from weight_sync.agent.fetch import PeerLink, StoreClient
+from weight_sync.agent.local import LocalCopies
 from weight_sync.agent.metrics import AgentMetrics
+from weight_sync.agent.rejected import PERMANENT, Rejected
 from weight_sync.agent.relay import RelayCache, RelayServer
+from weight_sync.agent.stores import open_store
 from weight_sync.agent.switch import GatewayLink, SwitchError, served_version, switch
 from weight_sync.manifest import Manifest, load_public
 
@@ -51,6 +53,7 @@ class Agent:
         self.pool = ThreadPoolExecutor(cfg.threads)
         self.local = LocalCopies(cfg, self.public, self.metrics, self.pool)
         self.state = self.local.state  # the one dict: decided here, saved there (state.json)
+        self.inplace_parts = inplace_switch.InPlaceParts(cfg, self.metrics, self.local, self.pool, self.gateways)
         self.metrics.version.set(self.state["version"])
         self.metrics.target.set(self.state["version"])  # until the topic says otherwise
         self.metrics.announced.set(self.state.get("latest_seen", self.state["version"]))
@@ -130,7 +133,7 @@ class Agent:
 
     # ------------------------------------------------------------------ apply
     # What the store or the replica says about the version itself: trying again gives the same answer.
-    PERMANENT = PERMANENT  # weight_sync.agent.local
+    PERMANENT = PERMANENT  # weight_sync.agent.rejected
 
     async def apply(self, version: int) -> dict | None:
         """Rebuild and switch to `version`. Returns the switch report, or None if it was rejected or failed
@@ -140,7 +143,7 @@ class Agent:
         try:
             async with aiohttp.ClientSession() as session:
                 client = self.store_client(session)
-                report = await inplace_switch.apply(self, client, session, version, t0)
+                report = await inplace_switch.apply(self.inplace_parts, client, session, version, t0)
                 if report is None:
                     path = await self.materialize(client, version)
             if report is None:
@@ -198,7 +201,7 @@ class Agent:
 
     async def warm_inplace(self) -> dict | None:
         """Warm the replica's in-place path (weight_sync.agent.inplace_switch.warm)."""
-        return await inplace_switch.warm(self)
+        return await inplace_switch.warm(self.inplace_parts)
 
     WARM_TRIES = 3  # a warm-up that keeps failing is given up (the first switch then pays, or reloads)
 

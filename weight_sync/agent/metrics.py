@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from contracts import control
 from contracts.events import TOPIC_WEIGHTS
 from infra.dead_letter import DeadLetters
-from weight_sync.agent.local import PERMANENT
+from weight_sync.agent.rejected import PERMANENT
 
 
 class AgentMetrics:

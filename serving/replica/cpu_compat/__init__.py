@@ -12,6 +12,9 @@ CUDA needs), so each re-imports SGLang and torch, ~12 s of CPU apiece. With no C
 from the launcher instead, when it runs no other thread, and inherit its imports: a replica of the test
 model ready in 19 s instead of 30 s on an idle machine, 18 s of CPU instead of 40 s, its answers,
 logprobs, routed experts and /metrics names the same (measured, 2026-12-03).
+
+- `launch`: `python -m serving.replica.cpu_compat.launch <sglang.launch_server args>`: SGLang with the CPU layer
+  applied.
 """
 
 from __future__ import annotations

@@ -1,0 +1,203 @@
+"""Which package may import which: read statically from every file's `import` statements (ast, nothing is
+imported), function-level imports included, so that no cycle between packages can come back.
+
+The layers, bottom to top (a package may import only the ones below it, and itself):
+
+    contracts, kernels        import nothing of ours: the contracts are what crosses processes as bytes (events,
+                              control records, the tool-call text format, a replica's credentials), kernels are
+                              numerics
+    infra                     the local infrastructure every process shares: paths, processes, files,
+                              configuration, progress bars, Maven, and Kafka administration, logins and dead
+                              letters (which know the topics of the contracts)
+    admin_api, weight_patch   the two protocols with both ends in one package: the gateway's admin API
+                              (routes, capabilities, tokens, the client) and the in-place weight patch (writer
+                              and the SGLang loader)
+    weight_sync, serving      everything below; neither imports the other
+    online_rl                 may import serving and weight_sync (it launches replicas, publishes weights)
+    flywheel (top layer)      the command line, the demo and its simulated population, chaos, the local
+                              fleet, the development broker launcher, test hosts, observability
+    loadtests                 the locust users and scenarios, run against a local fleet or a deployed one
+
+Production code is every package but loadtests (and tests and benchmarks, which may import anything):
+none of it imports loadtests, tests or benchmarks. The one way up is the command line's registration of
+subcommands: flywheel.cli imports each package's `cli` module by name (COMMAND_MODULES, through importlib,
+when the parser is built), loadtests.cli among them, so that `flywheel loadtest` exists. That list is
+read here too, and `loadtests.cli` is the only name in it that is allowed to point up.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[3]  # not infra.paths: this test imports nothing of ours
+
+_BOTTOM = {"contracts", "kernels", "infra"}
+_PROTOCOLS = {"admin_api", "weight_patch"}
+# layer -> the layers it may import (besides itself)
+ALLOWED: dict[str, set[str]] = {
+    "contracts": set(),
+    "kernels": set(),
+    "infra": {"contracts"},
+    "admin_api": {"contracts", "infra"},
+    "weight_patch": {"contracts", "infra", "kernels"},
+    "weight_sync": _BOTTOM | _PROTOCOLS,
+    "serving": _BOTTOM | _PROTOCOLS,
+    "online_rl": _BOTTOM | _PROTOCOLS | {"weight_sync", "serving"},
+    "flywheel": _BOTTOM | _PROTOCOLS | {"weight_sync", "serving", "online_rl"},
+    "loadtests": _BOTTOM | _PROTOCOLS | {"weight_sync", "serving", "online_rl", "flywheel"},
+}
+FREE = {"tests", "benchmarks"}  # may import anything; nothing above may import them
+PRODUCTION = set(ALLOWED) - {"loadtests"}
+UPWARD_REGISTRATIONS = {("flywheel.cli", "loadtests.cli")}  # (importer, imported): see the docstring
+
+
+def layer_of(module: str) -> str | None:
+    top = module.split(".")[0]
+    return top if top in ALLOWED or top in FREE else None  # None: the standard library or a third party
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO_ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    return imports_in(path.read_text(), module_name(path), path.name == "__init__.py")
+
+
+def imports_in(source: str, module: str, is_package: bool = False) -> set[str]:
+    """Every module a file imports: `import a.b`, `from a import b` (as a.b: b may be a module), relative
+    imports resolved, and importlib.import_module / __import__ of a literal name."""
+    tree = ast.parse(source)
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package[: len(package) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names if a.name != "*")
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant):
+            fn = node.func
+            name = fn.attr if isinstance(fn, ast.Attribute) else fn.id if isinstance(fn, ast.Name) else ""
+            if name in ("import_module", "__import__") and isinstance(node.args[0].value, str):
+                found.add(node.args[0].value)
+    return {m for m in found if m}
+
+
+def command_modules() -> set[str]:
+    """The names in flywheel.cli's COMMAND_MODULES (imported by name when the parser is built)."""
+    tree = ast.parse((REPO_ROOT / "flywheel" / "cli.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "COMMAND_MODULES" for t in node.targets):
+            return {ast.literal_eval(e) for e in node.value.elts}
+    raise AssertionError("flywheel/cli.py has no COMMAND_MODULES list")
+
+
+def source_files() -> list[Path]:
+    files = []
+    for top in sorted(set(ALLOWED) | FREE):
+        root = REPO_ROOT.joinpath(*top.split("."))
+        files += [p for p in root.rglob("*.py") if "__pycache__" not in p.parts]
+    return sorted(set(files))
+
+
+def edges() -> list[tuple[str, str, str, str]]:
+    """(file, its layer, imported module, that module's layer) for every import of ours across layers."""
+    out = []
+    for path in source_files():
+        name = module_name(path)
+        src = layer_of(name)
+        targets = imports_of(path) | (command_modules() if name == "flywheel.cli" else set())
+        for target in sorted(targets):
+            dst = layer_of(target)
+            if dst is not None and dst != src:
+                out.append((str(path.relative_to(REPO_ROOT)), src, target, dst))
+    return out
+
+
+def test_every_package_of_the_repository_has_a_layer():
+    packages = {p.parent.name for p in REPO_ROOT.glob("*/__init__.py")}
+    assert packages <= set(ALLOWED) | FREE, (
+        f"a new package needs its place in ALLOWED: {packages - set(ALLOWED) - FREE}"
+    )
+
+
+def test_the_layers_form_no_cycle():
+    done: set[str] = set()
+    left = dict(ALLOWED)
+    while left:
+        ready = [k for k, deps in left.items() if deps <= done]
+        assert ready, f"ALLOWED has a cycle among {sorted(left)}"
+        for k in ready:
+            done.add(k)
+            del left[k]
+
+
+def test_imports_follow_the_layers():
+    bad = [
+        f"{f} ({src}) imports {target} ({dst})"
+        for f, src, target, dst in edges()
+        if src in ALLOWED
+        and dst not in ALLOWED[src]
+        and (module_name(REPO_ROOT / f), target) not in UPWARD_REGISTRATIONS
+    ]
+    assert not bad, "imports against the layers:\n" + "\n".join(bad)
+
+
+def test_named_rules():
+    """The rules of issue #16, one by one (ALLOWED implies them; these say them in words)."""
+    seen = {(src, dst) for _, src, _, dst in edges()}
+    assert ("serving", "online_rl") not in seen
+    assert ("weight_sync", "online_rl") not in seen
+    for bottom in ("contracts", "kernels"):
+        assert not {dst for src, dst in seen if src == bottom}, f"{bottom} import nothing of ours"
+    assert {dst for src, dst in seen if src == "infra"} <= {"contracts"}, "infra imports only the contracts"
+    static = {
+        (src, dst)
+        for f, src, target, dst in edges()
+        if (module_name(REPO_ROOT / f), target) not in UPWARD_REGISTRATIONS
+    }
+    for src in PRODUCTION:
+        assert (src, "loadtests") not in static, f"{src} imports loadtests"
+        assert not {dst for s, dst in seen if s == src} & FREE, f"{src} imports tests or benchmarks"
+
+
+def test_package_inits_are_maps():
+    """A package's __init__ is its map (a docstring) and imports nothing of ours: importing one module of a
+    package runs no other."""
+    inits = [p for p in source_files() if p.name == "__init__.py" and layer_of(module_name(p)) in ALLOWED]
+    assert len(inits) > 20
+    bad = {str(p.relative_to(REPO_ROOT)): sorted(m for m in imports_of(p) if layer_of(m)) for p in inits}
+    assert not {k: v for k, v in bad.items() if v}
+
+
+def test_the_one_upward_registration_is_the_loadtest_command():
+    assert {m for m in command_modules() if layer_of(m) == "loadtests"} == {"loadtests.cli"}
+    assert {(imp, m) for imp, m in UPWARD_REGISTRATIONS} <= {("flywheel.cli", m) for m in command_modules()}
+
+
+def test_the_scanner_sees_every_kind_of_import():
+    """The rules are only as good as the scan: function-level, relative and importlib imports count."""
+    source = (
+        "import importlib\n\n\ndef f():\n    from online_rl import trainer\n    import weight_sync.agent.loop\n"
+        "    from . import gateway\n    from .cpu_compat import launch\n"
+        "    importlib.import_module('loadtests.cli')\n"
+    )
+    found = imports_in(source, "serving.probe")
+    assert {
+        "online_rl.trainer",
+        "weight_sync.agent.loop",
+        "serving.gateway",
+        "serving.cpu_compat.launch",
+        "loadtests.cli",
+    } <= found
+    assert "contracts.events" in imports_in("from ..contracts import events\n", "serving.probe")
+    assert "contracts.events" in imports_in("from . import events\n", "contracts", is_package=True)

@@ -17,6 +17,9 @@ from tests.helpers import GATEWAY_ADMIN, events_until, post
 pytestmark = pytest.mark.timeout(600)
 
 
+# Alone (tests/README.md): under pytest-xdist (2 workers, each file on one) it found 3.1e-3 where a serial run
+# finds under 1e-5, the cause not pinned down (the load beside it, or what the session replica served before).
+@pytest.mark.serial
 def test_router_replay_matches_served_logprobs(replica, test_model):
     report = measure(replica.url, test_model, prompts=8, max_tokens=16)
     assert report["tokens"] > 20

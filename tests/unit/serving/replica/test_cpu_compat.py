@@ -14,7 +14,7 @@ def test_apply_patches_sglang_allocator_and_provides_vllm_stub_and_forks_childre
     first parallel region, measured); a fork with threads running is logged. A live replica's children,
     forked and spawned: tests/integration/infra/test_no_orphans.py."""
     code = (
-        "from serving import cpu_compat; cpu_compat.apply()\n"
+        "from serving.replica import cpu_compat; cpu_compat.apply()\n"
         "from sglang.srt.mem_cache.pool_host.common import ALLOC_MEMORY_FUNCS\n"
         "import torch\n"
         "assert ALLOC_MEMORY_FUNCS['cpu'] is cpu_compat.plain_alloc\n"

@@ -31,8 +31,14 @@ models: setup
 	$(PY) -m flywheel model bootstrap --preset test
 	$(PY) -m flywheel model bootstrap --preset agent
 
+# Two phases (tests/README.md): what is safe beside another test on TEST_WORKERS pytest-xdist workers, then the
+# tests marked `serial` alone. Both run; the target fails if either failed. A phase that PYTEST_ARGS leaves without
+# a test exits 5, which is fine unless both do.
+TEST_WORKERS ?= 2
 test: lint models
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not serial" $(PYTEST_ARGS); parallel=$$?; \
+	$(PY) -m pytest -m serial $(PYTEST_ARGS); serial=$$?; \
+	case "$$parallel $$serial" in "0 0"|"0 5"|"5 0") ;; *) exit 1;; esac
 
 DEMO_ARGS ?=
 demo: setup

@@ -6,7 +6,7 @@ gets `traffic_share` of the users, and the judge is consulted every 10 events, a
 trials per difference. Time converts events with the feedback rate the demo measured (12.5 feedback events
 per second: 6 simulated users on this 2-core machine); a real fleet's rate scales it. Users who saw the
 canary during a trial are `traffic_share` of those active, by construction of the split (tested in
-tests/unit/test_canary_policy.py); the requests they sent to it are reported. Prints one JSON object.
+tests/unit/weight_sync/canary/test_canary_policy.py); the requests they sent to it are reported. Prints one JSON object.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ released (big tensors are cut into one slice per torch thread); autograd wraps e
     exp(x)  x = n ln2 + r, |r| <= ln2 / 2 (Cody-Waite: ln2 in two parts, so n ln2 is exact to ~2^-40),
             exp(r) by its degree-7 Taylor polynomial (error < r^8 / 8! ~ 5e-9 relative), times 2^n built
             from the exponent bits. Below -87.3 (where float32 goes subnormal) it is 0, -inf included;
-            above 88.7 it is inf. Within 2 ulp of float64's (tests/unit/test_kernels_cpu_math.py).
+            above 88.7 it is inf. Within 2 ulp of float64's (tests/unit/kernels/test_kernels_cpu_math.py).
     log(x)  x = m 2^e with m in [sqrt(1/2), sqrt(2)), log(m) = 2 atanh(s), s = (m - 1) / (m + 1), by its
             series to s^11 (|s| < 0.172: error < 1e-10), plus e ln2. 0 -> -inf, inf -> inf, < 0 -> nan.
 """

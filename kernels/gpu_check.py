@@ -3,7 +3,7 @@ FSDP2 step, the delta codec's GPU path and the batch-invariant forward): correct
 against the numpy / float64 references on the device, batch invariance on the device, and timings against
 the ceilings measured in the same run (device-to-device copy bandwidth; cuBLAS fp32 matmul without TF32).
 
-The entry point lives in online_rl because kernels import nothing of ours (tests/unit/test_import_layers.py);
+The entry point lives in online_rl because kernels import nothing of ours (tests/unit/repo/test_import_layers.py);
 this module is kernels-only. Needs CUDA and compiled Triton (not TRITON_INTERPRET).
 """
 

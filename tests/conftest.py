@@ -3,6 +3,11 @@ replica.
 
 Each server is started here, on 127.0.0.1 and free ports, and stopped here by PID. Set
 FLYWHEEL_KAFKA_BOOTSTRAP to use an external broker instead of starting one.
+
+Where tests live and how `make test` runs them in parallel: tests/README.md. Under pytest-xdist each worker is a
+process with session fixtures of its own; `--dist loadfile` keeps each file's tests on one worker, and here every
+file that uses the session's replicas (`replica`, `second_replica`, `gateway`) goes to one worker, so that they
+are started once and those files run in the order they would alone (pytest_xdist_make_scheduler below).
 """
 
 from __future__ import annotations
@@ -20,8 +25,72 @@ os.environ.setdefault(replica_keys.INFERENCE_ENV, replica_keys.new_key("inferenc
 os.environ.setdefault(replica_keys.ADMIN_ENV, replica_keys.new_key("admin"))
 
 
+SESSION_REPLICA_FIXTURES = {"launched_replicas", "replica", "second_replica", "gateway"}
+
+
+def on_session_replicas(root: Path) -> set[str]:
+    """The integration test files (paths as in node ids) with a test or fixture that takes one of the session's
+    replica fixtures, read with ast: the xdist controller schedules by node id and collects nothing itself."""
+    import ast
+
+    found = set()
+    for path in sorted((root / "tests" / "integration").rglob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if SESSION_REPLICA_FIXTURES & {a.arg for a in node.args.args + node.args.kwonlyargs}:
+                    found.add(path.relative_to(root).as_posix())
+                    break
+    return found
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "serial: not safe beside another test (it measures wall or CPU time against limits, or fingerprints "
+        "directories other tests write); `make test` runs these alone after the parallel run",
+    )
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile`, with every file on the session's replicas as one unit: they go to one worker (each
+    worker is a process with session fixtures of its own, so the replicas start once) and run there in their
+    serial order (a test that switches the replicas' weights puts them back for the tests after it). Every other
+    file is a unit of its own, as loadfile makes it."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    together = on_session_replicas(config.rootpath)
+
+    class LoadFileSessionReplicasTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "session-replicas" if path in together else path
+
+    return LoadFileSessionReplicasTogether(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    # The order of the run: by kind, then by file name, whatever package folder a file sits in (a stable sort:
+    # a file's own order kept). The tests were in two flat folders before; moving a file between folders must not
+    # change what the session's servers have seen before each test (a replica's weights, its prefix cache).
+    items.sort(key=lambda item: (item.path.parent.relative_to(config.rootpath).parts[:2], item.path.name))
+    # What the scheduler read from the source must be what the fixtures say (a replica fixture reached through
+    # a fixture of a conftest would be missed there).
+    uses = {
+        item.path.relative_to(config.rootpath).as_posix()
+        for item in items
+        if SESSION_REPLICA_FIXTURES & set(getattr(item, "fixturenames", ()))
+    }
+    if missed := uses - on_session_replicas(config.rootpath):
+        raise pytest.UsageError(f"tests/conftest.py: on_session_replicas misses {sorted(missed)}")
+
+
 def pytest_sessionfinish(session, exitstatus):
-    # A run that executes no test must fail (e.g. everything deselected or skipped).
+    # A run that executes no test must fail (e.g. everything deselected or skipped). Under xdist the
+    # controller judges the whole run; a worker may well have been sent nothing.
+    if hasattr(session.config, "workerinput"):
+        return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     passed = len(reporter.stats.get("passed", [])) if reporter else 0
     if exitstatus == 0 and passed == 0:

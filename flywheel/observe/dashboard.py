@@ -4,8 +4,8 @@ The dashboard imports as is through Grafana's UI: its `__inputs` ask for the Pro
 becomes the `datasource` variable every panel queries (provisioned, the variable is picked on the page
 instead). `expressions` lists every query of every panel, rows' nested panels included; `promql_for_query`
 replaces Grafana's interval variables so a query can be sent to Prometheus' /api/v1/query
-(tests/unit/test_grafana_dashboard.py parses them all with promtool; the integration test runs them against
-the live Prometheus).
+(tests/unit/flywheel/observe/test_grafana_dashboard.py parses them all with promtool; the integration test runs
+them against the live Prometheus).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ Refuses to run without CUDA (exit 2). --cpu-smoke runs the FSDP2 step on the CPU
 reports the GPU-only sections as skipped: a dry run of the script, not a measurement. Exit 0 when every
 section that ran passed, 1 otherwise, 3 when the watchdog stopped a run stuck past WATCHDOG_S (the report
 is rewritten after every section, so what finished is kept). The entry point is here, not in kernels,
-because kernels import nothing of ours (tests/unit/test_import_layers.py).
+because kernels import nothing of ours (tests/unit/repo/test_import_layers.py).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ The pinned SGLang (0.5.23) answers GET /server_info to any inference-key holder 
 the admin key among them (`resolved_dict()` and `launch_command`, which it redacts only for watermark
 secrets): the gateway's key would read back the key that switches weights. So the keys are redacted
 from every GET answer, by a middleware added where SGLang adds its own key check (measured:
-tests/integration/test_replica_keys.py fails without it).
+tests/integration/serving/replica/test_replica_keys.py fails without it).
 """
 
 import os

@@ -1,6 +1,6 @@
 """The gateway's admin API, one home for both ends: its routes, the capability each needs and the tokens that carry it,
 the bodies that cross, and the one client every caller uses (the trainer, the weight agents, the canary, flywheel
-status and tenants). No other module spells an admin path (tests/unit/test_admin_api_home.py).
+status and tenants). No other module spells an admin path (tests/unit/admin_api/test_admin_api_home.py).
 
 - `routes`: Every route (method, path template, capability): the gateway registers its handlers from them
   (serving.api.admin, serving.api.tenants) and its middleware asks them what a request needs; clients build URLs

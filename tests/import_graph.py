@@ -2,8 +2,8 @@
 `import` and `from ... import` (at the top, under TYPE_CHECKING, inside a function), relative imports resolved,
 and importlib.import_module / __import__ of a literal name.
 
-    tests/unit/test_import_layers.py   which package may import which
-    tests/unit/test_import_cycles.py   no module imports itself back, through any number of others
+    tests/unit/repo/test_import_layers.py   which package may import which
+    tests/unit/repo/test_import_cycles.py   no module imports itself back, through any number of others
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""A fake fleet for `flywheel status` tests (tests/unit/test_status.py) on loopback HTTP: a gateway's admin API
+"""A fake fleet for `flywheel status` tests (tests/unit/flywheel/status/test_status.py) on loopback HTTP: a
+gateway's admin API
 (the real admin-token middleware, replica and canary views from serving's own classes) and its /metrics (a
 prometheus_client registry with the gateway's series), the trainer's real metrics registry, the real weight store
 app over a store directory, and a Prometheus HTTP API answering recorded shapes; each served in a thread of its

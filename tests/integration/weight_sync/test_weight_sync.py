@@ -1,5 +1,6 @@
 """Weight sync against real replicas: publish, verify, rebuild, patch in place, hot-switch under load, reject bad
-versions. (The agent under failures and untrusted records: tests/integration/test_weight_sync_faults.py; the store
+versions. (The agent under failures and untrusted records: tests/integration/weight_sync/test_weight_sync_faults.py;
+the store
 and the helpers both share: tests/weight_sync_setup.py.)
 """
 

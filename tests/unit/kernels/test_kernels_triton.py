@@ -15,7 +15,7 @@ def test_triton_kernels_under_the_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(here / "triton_checks.py")],
-        cwd=here.parent.parent,
+        cwd=here.parents[2],  # the repository root
         env=env,
         capture_output=True,
         text=True,

@@ -13,10 +13,20 @@ from importlib.metadata import packages_distributions
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-OURS = {"flywheel", "serving", "online_rl", "weight_sync", "kernels", "loadtests", "benchmarks", "tests"}
-PRODUCTION = ["flywheel", "serving", "online_rl", "weight_sync", "kernels"]
-ELSEWHERE = ["loadtests", "benchmarks", "tests"]
-# Imported by name but not a distribution of its own: the stub serving/cpu_compat puts on SGLang's path.
+PRODUCTION = [
+    "contracts",
+    "infra",
+    "admin_api",
+    "weight_patch",
+    "kernels",
+    "serving",
+    "weight_sync",
+    "online_rl",
+    "flywheel",
+]
+OURS = {*PRODUCTION, "loadtests", "benchmarks", "tests", "docs"}
+ELSEWHERE = ["loadtests", "benchmarks", "tests", "docs"]
+# Imported by name but not a distribution of its own: the stub serving/replica/cpu_compat puts on SGLang's path.
 NOT_DISTRIBUTIONS = {"vllm"}
 
 

@@ -1,6 +1,6 @@
 """Which package may import which: read statically from every file's `import` statements (ast, nothing is
 imported: tests/import_graph.py), function-level imports included, so that no cycle between packages can come back
-(and none between modules: tests/unit/test_import_cycles.py).
+(and none between modules: tests/unit/repo/test_import_cycles.py).
 
 The layers, bottom to top (a package may import only the ones below it, and itself):
 

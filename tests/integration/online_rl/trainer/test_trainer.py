@@ -1,7 +1,7 @@
 """The trainer against a real broker (one of this module's own): it learns a preference from feedback events,
 survives kill -9 without training a sample twice or skipping one, hands each version to weight_sync, and joins
 windows and duplicates as they come from the broker. (The update and the checkpoints on their own:
-tests/integration/test_trainer_update.py.)
+tests/integration/online_rl/trainer/test_trainer_update.py.)
 """
 
 from __future__ import annotations

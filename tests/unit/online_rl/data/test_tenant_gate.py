@@ -1,6 +1,6 @@
 """Tenants' privacy in the trainer without a broker: what the gate refuses, what a forget or a deny drops from
 the Joiner and the trainer's samples, its checkpoint state, and a save after a purge. (The provenance files of
-published versions: tests/unit/test_provenance.py.)"""
+published versions: tests/unit/online_rl/data/test_provenance.py.)"""
 
 from __future__ import annotations
 

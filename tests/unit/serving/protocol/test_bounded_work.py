@@ -4,7 +4,7 @@ hostile request never holds the event loop that every tenant, /health and /admin
 
 Each attack is what an outsider can send; over a bound it is a clear 400 naming the limit, or, for the
 model's own calls, an invalid call returned as text. (Through a gateway, the event loop never held:
-tests/unit/test_bounded_work_gateway.py.)"""
+tests/unit/serving/protocol/test_bounded_work_gateway.py.)"""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The provenance of published versions (online_rl.data.provenance): which tenants' samples each version saw, per
 version and cumulative, distilled samples apart, damaged or missing records unknown for every tenant, a publish not
 yet confirmed reconciled into its version, and a failure to record never failing the publish. (What the tenant gate
-refuses and drops: tests/unit/test_tenant_gate.py.)"""
+refuses and drops: tests/unit/online_rl/data/test_tenant_gate.py.)"""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Bounded work through a gateway (over fake engines, tests.fake_engine): a call the model wrote whose check runs
 long never holds the event loop that every tenant, /health and /admin share, and bodies built to overflow recursion
-are 400s, never 500s. (The bounds themselves, request by request: tests/unit/test_bounded_work.py.)"""
+are 400s, never 500s. (The bounds themselves, request by request: tests/unit/serving/protocol/test_bounded_work.py.)"""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from serving.protocol import tool_calls as tc
 from serving.protocol.openai import Limits
 from tests.fake_engine import gateway_over_fakes
-from tests.unit.test_bounded_work import SLOW, SLOW_CALL, USER, tool
+from tests.unit.serving.protocol.test_bounded_work import SLOW, SLOW_CALL, USER, tool
 
 
 def _probe(url: str, stop: threading.Event, seen: list) -> None:

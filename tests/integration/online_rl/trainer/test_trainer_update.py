@@ -1,7 +1,7 @@
 """The trainer's update and checkpoints on their own (no broker): 2 data-parallel ranks make the 1-rank update,
 stale samples are dropped, a failing pass or distillation costs only what it must, batch-invariant logprobs, and
 checkpoints that round-trip as plain state, commit durably and refuse what they cannot trust. (Against a broker:
-tests/integration/test_trainer.py.)
+tests/integration/online_rl/trainer/test_trainer.py.)
 """
 
 from __future__ import annotations

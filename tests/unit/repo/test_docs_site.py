@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 DOCS = REPO_ROOT / "docs"
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 

@@ -1,7 +1,8 @@
 """The weight agent living through failures and records it must not trust: a killed agent restarts on its last
 good version, a failed load never leaves the replica paused or draining, a transient apply failure is retried with
 its offset not committed, only signed fresh records are acted on, and a rollback reaches every agent after the
-counter file is lost. (Publish, verify, rebuild, hot-switch and bad versions: tests/integration/test_weight_sync.py.)
+counter file is lost. (Publish, verify, rebuild, hot-switch and bad versions:
+tests/integration/weight_sync/test_weight_sync.py.)
 """
 
 from __future__ import annotations

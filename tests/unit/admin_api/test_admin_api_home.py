@@ -21,7 +21,7 @@ from admin_api.client import AdminClient, AsyncAdminClient
 from admin_api.tokens import needed
 from tests.fake_engine import gateway_over_fakes
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 SCANNED = (
     "contracts",
     "kernels",

@@ -14,6 +14,22 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]  # not infra.paths: the scan imports nothing of ours
 
+# The repository's own packages, bottom layer first (tests/unit/repo/test_import_layers.py says who imports whom):
+# what ships (PRODUCTION; loadtests ships too, but nothing of production imports it) and what only runs it.
+PRODUCTION = (
+    "contracts",
+    "kernels",
+    "infra",
+    "admin_api",
+    "weight_patch",
+    "serving",
+    "weight_sync",
+    "online_rl",
+    "flywheel",
+)
+SHIPPED = (*PRODUCTION, "loadtests")
+ALL_PACKAGES = (*SHIPPED, "benchmarks", "tests")
+
 
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(REPO_ROOT).with_suffix("").parts)

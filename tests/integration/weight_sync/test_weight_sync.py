@@ -396,6 +396,5 @@ def test_hot_switch_under_load_through_the_gateway(
         assert [v for _, v, _ in results][-6:] == [1] * 6
     finally:
         gw.stop()
-        # Switch back to v0 for whoever uses these replicas next (the session's tests that read its numerics
-        # among them), also when this test failed.
+        # Back to v0 for the tests that use these replicas next (numerics among them), also after a failure.
         asyncio.run(_agent(weights, replica, "reset", tmp_path / "reset", switch_mode="no_pause").apply(0))

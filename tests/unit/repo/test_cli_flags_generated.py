@@ -14,19 +14,9 @@ import pytest
 
 from infra.config import add_flags, build, option
 from infra.paths import REPO_ROOT
+from tests.import_graph import SHIPPED
 
-PRODUCTION = (
-    "infra",
-    "contracts",
-    "admin_api",
-    "weight_patch",
-    "flywheel",
-    "serving",
-    "online_rl",
-    "weight_sync",
-    "kernels",
-    "loadtests",
-)
+PRODUCTION = SHIPPED  # loadtests is a command too
 # Where flags are made from the options: the one place add_argument takes a flag.
 GENERATOR = "infra/config.py"
 # `flywheel -v/--verbose`: the one global flag, with a short alias (generated flags have none).

@@ -12,18 +12,9 @@ import tomllib
 from importlib.metadata import packages_distributions
 from pathlib import Path
 
+from tests.import_graph import PRODUCTION
+
 REPO_ROOT = Path(__file__).resolve().parents[3]
-PRODUCTION = [
-    "contracts",
-    "infra",
-    "admin_api",
-    "weight_patch",
-    "kernels",
-    "serving",
-    "weight_sync",
-    "online_rl",
-    "flywheel",
-]
 OURS = {*PRODUCTION, "loadtests", "benchmarks", "tests", "docs"}
 ELSEWHERE = ["loadtests", "benchmarks", "tests", "docs"]
 # Imported by name but not a distribution of its own: the stub serving/replica/cpu_compat puts on SGLang's path.

@@ -37,7 +37,7 @@ class LocalFleetConfig:
     model: Path
     out_dir: Path
     replicas: int = 2
-    threads: int = 1  # per replica: replicas sharing the cores must split them (README, weight sync)
+    threads: int = 1  # per replica: replicas sharing the cores must split them (docs/weight-sync.md)
     max_total_tokens: int = 65536  # the KV pool of each replica: a 32k-token agent prompt fits beside others
     switch_mode: SwitchMode = "drain"
     tenants: int = 8  # API keys made for simulated users: tenant-0 .. tenant-{n-1}

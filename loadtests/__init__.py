@@ -2,7 +2,7 @@
 The simulated population of the closed-loop demo, whose hidden preference and agent sessions the users
 here share, lives in the layer below (flywheel.demo.population, flywheel.demo.agent_session).
 
-- `cli`: `flywheel loadtest SCENARIO`: locust scenarios for SREs (see loadtests/runner.py and README).
+- `cli`: `flywheel loadtest SCENARIO`: locust scenarios for SREs (see loadtests/runner.py and docs/loadtests.md).
 - `fleet_drill`: The fleet over test hosts under simulated IDE traffic, through HAProxy, with the faults a multi-
   host fleet must ride through (`python -m benchmarks.fleet`; a short run in the suite).
 - `ide_prefix`: IDE traffic whose prompts share long prefixes: users editing files of thousands of tokens.

@@ -1,4 +1,4 @@
-"""`flywheel loadtest SCENARIO`: locust scenarios for SREs (see loadtests/runner.py and README)."""
+"""`flywheel loadtest SCENARIO`: locust scenarios for SREs (see loadtests/runner.py and docs/loadtests.md)."""
 
 from __future__ import annotations
 

@@ -141,7 +141,8 @@ class LossConfig:
     clip_low: float = 0.2  # PPO trust region against the behaviour policy: a token with A < 0 whose ratio
     clip_high: float = 0.28  # fell under 1 - clip_low (A > 0: rose over 1 + clip_high) gets no more gradient
     kl_coef: float = option(0.05, flag="kl", help="beta: weight of the k2 KL penalty to the starting model")
-    # gamma. Measured (benchmarks.learning, seeds 0 and 1; README): at 1.0 the distillation's gradient swamped the
+    # gamma. Measured (benchmarks.learning, seeds 0 and 1; docs/trainer.md): at 1.0 the distillation's gradient swamped
+    # the
     # policy gradient (seed 1: an update's norm median 7.8 against 2.1 without comments) and AdamW followed it: the
     # tasks nobody had commented on learned slower, and text fell behind persist (mean evaluation 0.769 and 0.783
     # against 0.811 and 0.802). At 0.03 it kept pace (0.811, 0.817); no value was ahead by more than the noise.
@@ -151,7 +152,8 @@ class LossConfig:
     )
     # The distillation in an optimizer step of its own, after the policy gradient's: its own gradient clip, so
     # that neither term swamps the other (in one loss, gamma trades them against each other; AdamW's state is
-    # shared). Measured (benchmarks.learning --distill-step, README): worth about one more policy-gradient pass.
+    # shared). Measured (benchmarks.learning --distill-step, docs/trainer.md): worth about one more policy-gradient
+    # pass.
     distill_step: bool = option(
         False, help="the distillation KL in an optimizer step of its own, after the policy gradient's"
     )
@@ -191,7 +193,8 @@ class OptimConfig:
     micro_batch: int = 16  # sequences per forward, to bound activation memory
     # PPO's epochs: each pass one optimizer step on the same batch; the loss's trust region against the behaviour
     # policy (clip_low/clip_high) stops a token's gradient once a pass has moved it far enough. Measured
-    # (benchmarks.learning, README): 2 passes reached 90% with 0.57-0.72x the judged requests of 1, every variant.
+    # (benchmarks.learning, docs/trainer.md): 2 passes reached 90% with 0.57-0.72x the judged requests of 1, every
+    # variant.
     # 1 here all the same: the live demo was not measured with 2, and its trainer shares two cores with serving.
     epochs: int = option(1, help="passes over each batch, one optimizer step each (PPO epochs)")
 

@@ -62,7 +62,7 @@ class DemoConfig:
 def register(sub: argparse._SubParsersAction) -> None:
     from infra.config import add_flags, build
 
-    p = sub.add_parser("demo", help="run the whole loop on this machine (see README)")
+    p = sub.add_parser("demo", help="run the whole loop on this machine (see docs/getting-started.md)")
     add_flags(p, DemoConfig)
     p.set_defaults(func=lambda a: run(build(DemoConfig, a)))
 

@@ -12,7 +12,8 @@ tests, answer) through that client's shell:
     <tool_call> {"name": "exec_command", "arguments": {"cmd": "python3 test_app.py"}} </tool_call>
 
 The toolsets are the clients' own shapes (names, argument names and types, in their order; measured from
-Codex 0.171.0 and Claude Code 2.1.332, README) with descriptions of our own wording, 42% each, plus variants
+Codex 0.171.0 and Claude Code 2.1.332, docs/agent-clients.md) with descriptions of our own wording, 42% each, plus
+variants
 (other shell names and argument names, distractor tools in any order; 16%) so that the model reads which
 tool is the shell from the list it is given (measured: at 30% variants the agent model named a shell the
 client did not offer in most of its calls; the tools now come right before its turn too). The prose is real

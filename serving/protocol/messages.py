@@ -44,7 +44,7 @@ VERSION = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 SAMPLING = {"temperature", "top_p", "top_k"}
 KNOWN = set(MessageCreateParamsBase.__annotations__) | {"stream"} | SAMPLING
 COUNT_KNOWN = set(MessageCountTokensParams.__annotations__)
-# Accepted and not checked, as they mean nothing here (README): the model does not think, caching is
+# Accepted and not checked, as they mean nothing here (docs/agent-clients.md): the model does not think, caching is
 # automatic and per tenant, there is no service tier, container, region or speed to pick. Checking them
 # against the pinned SDK's types only refuses what newer clients send (Claude Code 2.1.332's `thinking`).
 IGNORED = {

@@ -202,7 +202,7 @@ def _lengths(spec: GenerationSpec) -> GenerationSpec:
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 # OpenAI chat fields (the official SDK's CompletionCreateParams, openai 2.8) that mean nothing to this
-# server: accepted and ignored (README lists them).
+# server: accepted and ignored (docs/gateway.md lists them).
 IGNORED_CHAT = {
     "store",
     "metadata",

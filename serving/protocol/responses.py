@@ -40,7 +40,8 @@ from serving.protocol.schema import ApiError, at_most
 from serving.protocol.typed_bodies import check
 
 KNOWN = set(rcp.ResponseCreateParamsBase.__annotations__) | {"stream"}
-# Accepted and not checked, as they mean nothing here (README): caching is automatic and per tenant, there is
+# Accepted and not checked, as they mean nothing here (docs/agent-clients.md): caching is automatic and per tenant,
+# there is
 # no service tier, reasoning or hosted tool to configure, the answer has no logprobs to include, and the
 # text's verbosity is the model's own. Checking them against the pinned SDK's types would only refuse
 # values newer clients send (Claude Code's thinking modes did exactly that on the Messages API).

@@ -2,7 +2,8 @@
 
 Continue (the open-source IDE assistant) POSTs one JSON body per event to any destination named in the
 `data:` section of its config.yaml: `{"name", "data", "schema", "level", "profileId"}` with `Authorization:
-Bearer <apiKey>` (checked from the npm package @continuedev/config-yaml 1.42.0 and its DataLogger, README).
+Bearer <apiKey>` (checked from the npm package @continuedev/config-yaml 1.42.0 and its DataLogger,
+docs/agent-clients.md).
 The event carries the prompt Continue sent and the completion it showed, not our completion id; the join is
 by those texts (serving.signals.served_index), within the key's own completions.
 
@@ -14,7 +15,7 @@ by those texts (serving.signals.served_index), within the key's own completions.
     toolUsage       0.2       accepted false: reject (the user      the tool call's id (ours)
                               refused the call it made)
 
-The rule for the rest (documented in the README): other kinds Continue sends (chatInteraction,
+The rule for the rest (documented in docs/agent-clients.md): other kinds Continue sends (chatInteraction,
 editInteraction, tokensGenerated, nextEditWithHistory, quickEdit) judge nothing and are counted
 (`no_signal`), as is an event whose judgment is absent (an autocomplete shown, not yet decided) or whose
 texts were not sent (level noCode). A kind this server does not know is counted (`unknown`) and dropped.

@@ -33,6 +33,11 @@ import time
 import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flywheel.demo.population import Population
+    from flywheel.local_fleet import LocalFleet
 
 KINDS = (
     "gateway",
@@ -89,11 +94,11 @@ def _umount(path: Path) -> None:
 def _mounts_under(root: Path) -> list[Path]:
     """Our small filesystems at or below `root` (a run killed with SIGKILL leaves them mounted); found by
     their source name, so nothing else mounted there is ever touched."""
-    out = []
+    out: list[Path] = []
     with open("/proc/self/mounts") as f:
         for line in f:
-            source, point, fstype = line.split()[:3]
-            point = Path(point.replace("\\040", " "))
+            source, mount, fstype = line.split()[:3]
+            point = Path(mount.replace("\\040", " "))
             if source == MOUNT_SOURCE and fstype == "tmpfs" and (point == root or root in point.parents):
                 out.append(point)
     return sorted(out, key=lambda p: len(p.parts), reverse=True)
@@ -149,9 +154,14 @@ class Chaos:
         self.gateway_kills: list[tuple[float, float]] = []  # (killed, back) windows, time.time()
         self.mounts: list[Path] = []
         self.started_pids: set[int] = set()
-        self.fleet = None
-        self.trainer = None
-        self.pop = None
+        self._fleet: LocalFleet | None = None  # set by setup()
+        self.trainer: subprocess.Popen | None = None
+        self.pop: Population | None = None
+
+    @property
+    def fleet(self) -> LocalFleet:
+        assert self._fleet is not None, "Chaos.setup() starts the fleet"
+        return self._fleet
 
     # ------------------------------------------------------------------ setup
     def _trainer_cmd(self) -> list[str]:
@@ -214,7 +224,7 @@ class Chaos:
         for sub in ("gateway/spool", "weights/store", "trainer/checkpoints"):
             _mount_tmpfs(self.out / sub, self.cfg.disk_mb)
             self.mounts.append(self.out / sub)
-        self.fleet = LocalFleet(
+        self._fleet = LocalFleet(
             LocalFleetConfig(model=self.model, out_dir=self.out, replicas=2, tenants=4), say=self.say
         )
         self.fleet.start()
@@ -475,8 +485,8 @@ class Chaos:
             self.pop.stop()
         if self.trainer is not None:
             stop_pid(self.trainer.pid)
-        if self.fleet is not None:
-            self.fleet.stop()
+        if self._fleet is not None:
+            self._fleet.stop()
         marker = str(self.out)
         # This process and whatever runs it (a `timeout` or a shell whose command line names the out dir).
         ours = {os.getpid(), *(p.pid for p in psutil.Process().parents())}

@@ -159,13 +159,15 @@ class Trainer:
                 f"{self.checkpoints.latest()} was written with --shard {'dp' if 'model' in state else 'fsdp'}: "
                 f"resume it with that (or start a new --work-dir)"
             )
+        latest = self.checkpoints.latest()
+        assert latest is not None, "load() found it"
         if self.fsdp:  # every rank its own shards (DCP reshards when the number of ranks changed)
-            load_shards(self.model, self.opt, self.checkpoints.latest() / SHARDS)
+            load_shards(self.model, self.opt, latest / SHARDS)
         else:
             self.model.load_state_dict(state["model"])
             self.opt.load_state_dict(state["optimizer"])
         self.joiner.load_state(state["joiner"])
-        self.privacy.load_state(state.get("privacy"), older=self.checkpoints.others(self.checkpoints.latest()))
+        self.privacy.load_state(state.get("privacy"), older=self.checkpoints.others(latest))
         self.buffer = [Sample.from_state(d) for d in state["buffer"]]
         self.commented = [(Sample.from_state(d["sample"]), d["left"]) for d in state.get("commented", [])]
         if "distill_rng" in state:  # the draws go on where they were, as in a run never stopped
@@ -315,7 +317,7 @@ class Trainer:
         self._ledger(s, "invalid")
 
     def _take_batch(self) -> list[Sample]:
-        fresh, batch = [], []
+        fresh, batch = list[Sample](), list[Sample]()
         for s in self.buffer:
             if (why := self.privacy.refuse_sample(s)) is not None:  # its tenant's policy now (counted there)
                 self._ledger(s, why)
@@ -380,7 +382,7 @@ class Trainer:
             if self.world > 1:
                 self._ranks_broken = True
                 raise  # the other ranks are inside the update's collectives: skipping alone would hang them
-            self.failures.failed("update", e.__cause__ if isinstance(e, PartialUpdate) else e, retry=False)
+            self.failures.failed("update", (e.__cause__ or e) if isinstance(e, PartialUpdate) else e, retry=False)
             if not isinstance(e, PartialUpdate):
                 self.opt.zero_grad(set_to_none=True)
                 for s in samples:

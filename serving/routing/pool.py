@@ -17,6 +17,7 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -140,7 +141,7 @@ class ReplicaPool:
 
     def pick(
         self,
-        exclude: set[str] = frozenset(),
+        exclude: AbstractSet[str] = frozenset(),
         rollout: bool = False,
         prefer: frozenset[str] | None = None,
         req: RouteRequest | None = None,

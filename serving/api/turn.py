@@ -154,7 +154,9 @@ async def run_turn(
             await on_text(delta, first[0])
         first[0] = False
 
-    res, replica_id, timing = await gw.dispatcher.run_choice(body, stream, on_chunk if stream else None, tenant.id)
+    res, replica_id, timing = await gw.dispatcher.run_choice(
+        body, stream, on_chunk if stream else None, tenant=tenant.id
+    )
     fr = finish_reason(res.finish)
     if split is not None:
         tail = split.feed(tc.trimmed_close(res.finish))

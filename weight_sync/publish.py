@@ -94,11 +94,11 @@ def _send_control(cfg: PublishConfig, store: Store, record: dict, timeout_s: flo
     keep, record it in the store first (a decision retention must honour even if the send then fails)."""
     key = load_private(cfg.private_key)
     floor = None
-    if cfg.kafka_bootstrap:
+    if bootstrap := cfg.kafka_bootstrap:
         from weight_sync.topic_floor import highest_seq
 
         def floor() -> int:
-            return highest_seq(cfg.kafka_bootstrap, key.public_key(), timeout_s)
+            return highest_seq(bootstrap, key.public_key(), timeout_s)
 
     with store.sequence(floor) as seq:
         record = control.validate({**record, "seq": seq, "ts": time.time()})

@@ -27,11 +27,12 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import obstore
 from obstore.exceptions import BaseError as ObstoreError
@@ -155,7 +156,7 @@ def explain(e: BaseException, url: str, endpoint: str | None) -> S3StoreError:
     return S3StoreError(f"{where}: {_first_line(e)}")
 
 
-def numbered_prefixes(listing: dict) -> set[int]:
+def numbered_prefixes(listing: Mapping[str, Any]) -> set[int]:
     """Version numbers under versions/ in a list_with_delimiter answer (some S3 servers list a directory
     as an object too, so both halves are read)."""
     out = set()

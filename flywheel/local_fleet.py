@@ -308,6 +308,7 @@ class LocalFleet:
         # has its own ports: the one after the relay's is free there (this namespace cannot probe it).
         metrics = self.agent_metrics.get(name) or f"{relay_host}:{relay_port + 1 if netns else free_port(relay_host)}"
         self.agent_metrics[name] = metrics
+        assert self.store_url is not None, "start() spawns the store first"
         proc = self._python(
             [
                 "weights",

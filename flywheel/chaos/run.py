@@ -193,6 +193,9 @@ class Chaos:
             "4",
         ]
 
+    def _trainer_alive(self) -> bool:
+        return self.trainer is not None and self.trainer.poll() is None
+
     def _start_trainer(self) -> None:
         from infra.paths import REPO_ROOT
         from infra.procs import spawn
@@ -228,6 +231,7 @@ class Chaos:
             LocalFleetConfig(model=self.model, out_dir=self.out, replicas=2, tenants=4), say=self.say
         )
         self.fleet.start()
+        assert self.fleet.store_pid is not None, "start() spawned the store"
         self.started_pids |= {
             self.fleet.broker.pid,
             self.fleet.gateway.pid,
@@ -347,6 +351,7 @@ class Chaos:
                     lambda: Store(fleet.store_root).latest() != before,
                     timeout=self.cfg.publish_interval_s * 3,
                 )
+            assert fleet.store_pid is not None and fleet.store_url is not None, "the fleet's store runs"
             _killpg(fleet.store_pid)
             if kind == "store_down_switch":
                 time.sleep(self.cfg.outage_s)
@@ -365,14 +370,13 @@ class Chaos:
             self.started_pids.add(fleet.broker.pid)
             self._wait("broker", lambda: _get(f"{fleet.gateway.url}/health")["kafka_up"])
         elif kind == "trainer":
+            assert self.trainer is not None, "setup() started it"
             _killpg(self.trainer.pid)
             self.trainer.wait()
             latest = self._latest_checkpoint()
             self._start_trainer()
             # Back when it has resumed and committed a checkpoint of its own (it trains on the users' feedback).
-            self._wait(
-                "trainer", lambda: self.trainer.poll() is None and self._latest_checkpoint() != latest, timeout=240
-            )
+            self._wait("trainer", lambda: self._trainer_alive() and self._latest_checkpoint() != latest, timeout=240)
         elif kind.startswith("disk_"):
             where = {
                 "disk_spool": "gateway/spool",
@@ -382,7 +386,7 @@ class Chaos:
             ballast = _fill(self.out / where)
             time.sleep(self.cfg.full_s)
             ballast.unlink()
-            self._wait(kind, lambda: self._gateway_ok() and self.trainer.poll() is None)
+            self._wait(kind, lambda: self._gateway_ok() and self._trainer_alive())
         else:
             raise ValueError(f"unknown fault kind {kind!r}")
         f.recovered_s = round(time.monotonic() - t0, 1)
@@ -412,9 +416,10 @@ class Chaos:
         from flywheel.chaos.audit import read_topic, trained_keys
         from weight_sync.store.server import Store
 
-        fleet = self.fleet
-        self.pop.stop()
-        records = self.pop.snapshot()
+        fleet, pop = self.fleet, self.pop
+        assert pop is not None, "setup() started the users"
+        pop.stop()
+        records = pop.snapshot()
         t = time.monotonic()
         latest = Store(fleet.store_root).latest()
         try:

@@ -312,7 +312,7 @@ class Agent:
         manifest = await self.manifest(client, version)
         base_dir = None
         if manifest.kind == "delta":
-            base_dir = await self.materialize(client, manifest.base_version, depth + 1)
+            base_dir = await self.materialize(client, manifest.base, depth + 1)
         t = time.monotonic()
         staging = self.work / f".build-{version}"
         shutil.rmtree(staging, ignore_errors=True)
@@ -342,10 +342,10 @@ class Agent:
                         self.pool,
                     )
                 if codec.digest(bits) != entry.digest:
-                    if base_bits is not None and await self._base_damaged(client, manifest.base_version, entry.name):
+                    if base_bits is not None and await self._base_damaged(client, manifest.base, entry.name):
                         # This agent's own copy of the base went bad (a disk error): the version is fine. The
                         # copy goes; the retry rebuilds the base from the store (before: rejected for good).
-                        self._drop_local(manifest.base_version)
+                        self._drop_local(manifest.base)
                         raise Rejected(
                             "damaged_base",
                             f"the local copy of v{manifest.base_version} differs from its manifest at "
@@ -440,7 +440,7 @@ class Agent:
             self.metrics.phase.labels("patch").observe(patch_ms / 1000)
             t = time.monotonic()
             try:
-                load = InPlace(str(patch.path.resolve()), manifest.base_version)
+                load = InPlace(str(patch.path.resolve()), manifest.base)
                 report = await switch(
                     self.cfg.replica_url,
                     None,
@@ -467,7 +467,7 @@ class Agent:
                 # The local base is damaged, so what the replica now serves may be too: that copy goes, and
                 # the caller rebuilds the version from the store and reloads it whole, now.
                 shutil.rmtree(staging, ignore_errors=True)
-                self._drop_local(manifest.base_version)
+                self._drop_local(manifest.base)
                 self.metrics.inplace_fallbacks.labels("damaged_base").inc()
                 log.error("v%d applied in place over a damaged base (%s): reloading it from the store", version, e)
                 return None
@@ -514,10 +514,11 @@ class Agent:
         that fetches from peers and fills this agent's relay (never advertise a relay that does not listen:
         peers sent there would only fall back)."""
         if self.cfg.store_url.startswith("s3://"):  # a bucket: no tracker, so no relay
-            return open_store(self.cfg.store_url, session, self.work / "downloads", self.cfg.parallel_downloads)
+            # S3StoreClient: StoreClient's interface, duck-typed
+            return open_store(self.cfg.store_url, session, self.work / "downloads", self.cfg.parallel_downloads)  # type: ignore[return-value]
         link = None
-        if self.relay_cache is not None and self.relay_server is not None:
-            link = PeerLink(self.cfg.relay_config().advertised, self.relay_cache, self.public, self.cfg.peer_bound)
+        if self.relay_cache is not None and self.relay_server is not None and (relay := self.cfg.relay_config()):
+            link = PeerLink(relay.advertised, self.relay_cache, self.public, self.cfg.peer_bound)
         return StoreClient(
             self.cfg.store_url,
             session,
@@ -531,15 +532,16 @@ class Agent:
 
     def start_relay(self) -> None:
         """Serve this agent's verified pieces to its peers (no-op without relay_port)."""
-        if self.relay_cache is None or self.relay_server is not None:
+        relay = self.cfg.relay_config()
+        if self.relay_cache is None or self.relay_server is not None or relay is None:
             return
 
         def count(result: str, nbytes: int) -> None:
             self.metrics.relay_requests.labels(result).inc()
             self.metrics.relay_sent.inc(nbytes)
 
-        self.relay_server = RelayServer(self.cfg.relay_config(), self.relay_cache, count).start()
-        log.info("agent %s relays verified pieces at %s", self.cfg.name, self.cfg.relay_config().advertised)
+        self.relay_server = RelayServer(relay, self.relay_cache, count).start()
+        log.info("agent %s relays verified pieces at %s", self.cfg.name, relay.advertised)
 
     def stop_relay(self) -> None:
         if self.relay_server is not None:
@@ -680,6 +682,7 @@ class Agent:
                 log.error("ignoring a weights record without a version: %s", r)
                 continue
             if kind == "version":
+                assert isinstance(v, int)  # (checked above: only an unpin has none)
                 self.state["latest_seen"] = max(self.state.get("latest_seen", 0), v)
                 if not r.get("canary"):  # a canary waits for its trial, and is released only when promoted
                     self._released(v)
@@ -693,6 +696,7 @@ class Agent:
                     target = r["stable"]
             elif kind in ("activate", "promote"):
                 if kind == "promote":
+                    assert isinstance(v, int)  # (checked above: only an unpin has none)
                     self._released(v)
                 if self.state.get("pinned") is None:
                     target = v

@@ -36,6 +36,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from statistics import NormalDist
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -109,7 +110,10 @@ FIGURES = (
 def judge(canary: dict, stable: dict, cfg: CanaryConfig) -> Verdict:
     """The decision on the two arms' figures (GET /admin/canary "arms" entries)."""
     canary, stable = capped(canary, cfg.max_tenant_share), capped(stable, cfg.max_tenant_share)
-    figures = {"canary": {k: canary.get(k) for k in FIGURES}, "stable": {k: stable.get(k) for k in FIGURES}}
+    figures: dict[str, object] = {
+        "canary": {k: canary.get(k) for k in FIGURES},
+        "stable": {k: stable.get(k) for k in FIGURES},
+    }
     if canary["requests"] >= cfg.min_requests and stable["requests"] >= cfg.min_requests:
         err_c = canary["errors"] / max(1, canary["requests"] + canary["errors"])
         err_s = stable["errors"] / max(1, stable["requests"] + stable["errors"])
@@ -179,7 +183,7 @@ class CanaryController:
         self.dead_letters = DeadLetters(self.registry, "flywheel_canary", "canary", cfg.publish.kafka_bootstrap)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._consumer = None
+        self._consumer: Any = None  # a KafkaConsumer while running (kafka-python has no types)
         self._pending: list[dict] = []  # records read while a trial looked for overrides, for the main loop
         self._attempts: dict[int, int] = {}  # candidate -> trials the gateway (or the topic) broke
         self._stable_of: dict[int, int] = {}  # candidate -> the stable version its trial compares against
@@ -307,7 +311,7 @@ class CanaryController:
     def _records(self) -> list[dict]:
         from kafka.errors import KafkaError
 
-        out = []
+        out: list[dict] = []
         try:
             batch = self._consumer.poll(timeout_ms=200)
         except KafkaError as e:  # the broker away: nothing read this time, the caller polls again
@@ -382,7 +386,7 @@ class CanaryController:
                         decided.add(rec.get("version"))
                 for i, rec in enumerate(records):
                     v = rec.get("version")
-                    if rec.get("type") == "version" and rec.get("canary") and v not in decided:
+                    if rec.get("type") == "version" and rec.get("canary") and isinstance(v, int) and v not in decided:
                         log.info("v%d: canary trial starts", v)
                         try:
                             self.trial(v)

@@ -8,7 +8,7 @@ import os
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -55,7 +55,7 @@ class PublishResult:
     published_bytes: int
     changed_share: float
     seconds: float
-    announcement: dict | None = None  # the weights-topic record (sent unless publish(announce=False))
+    announcement: dict = field(default_factory=dict)  # the weights-topic record (sent unless announce_now=False)
 
     @property
     def ratio(self) -> float:

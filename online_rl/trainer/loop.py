@@ -159,15 +159,13 @@ class Trainer:
                 f"{self.checkpoints.latest()} was written with --shard {'dp' if 'model' in state else 'fsdp'}: "
                 f"resume it with that (or start a new --work-dir)"
             )
-        latest = self.checkpoints.latest()
-        assert latest is not None, "load() found it"
         if self.fsdp:  # every rank its own shards (DCP reshards when the number of ranks changed)
-            load_shards(self.model, self.opt, latest / SHARDS)
+            load_shards(self.model, self.opt, self.checkpoints.latest() / SHARDS)  # type: ignore[operator]  # load() found it
         else:
             self.model.load_state_dict(state["model"])
             self.opt.load_state_dict(state["optimizer"])
         self.joiner.load_state(state["joiner"])
-        self.privacy.load_state(state.get("privacy"), older=self.checkpoints.others(latest))
+        self.privacy.load_state(state.get("privacy"), older=self.checkpoints.others(self.checkpoints.latest()))  # type: ignore[arg-type]
         self.buffer = [Sample.from_state(d) for d in state["buffer"]]
         self.commented = [(Sample.from_state(d["sample"]), d["left"]) for d in state.get("commented", [])]
         if "distill_rng" in state:  # the draws go on where they were, as in a run never stopped

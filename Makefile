@@ -17,12 +17,14 @@ setup:
 # its successor, reads the same mkdocs.yml). Silenced here; the build's own warnings still show, and fail it.
 export NO_MKDOCS_2_WARNING := 1
 
-# ruff's configuration is in pyproject.toml; `ruff format .` (from the venv) rewrites what --check rejects.
+# ruff's and mypy's configurations are in pyproject.toml; `ruff format .` (from the venv) rewrites what --check
+# rejects. mypy's cache (a warm run: seconds) lives with the venv, outside the checkout.
 # The manual is built too, strict (mkdocs.yml: a broken link or anchor, or a page not in the nav, fails), into a
 # directory thrown away after (not --quiet: it hides the warnings that --strict counts, and passes).
 lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
+	$(PY) -m mypy --cache-dir $(FLYWHEEL_HOME)/mypy_cache
 	@out=$$(mktemp -d) && $(PY) -m mkdocs build --strict --site-dir "$$out"; rc=$$?; rm -rf "$$out"; exit $$rc
 
 # The models the suite runs on, found in the cache or built before it starts: a cold build takes minutes (the

@@ -19,6 +19,7 @@ import base64
 import json
 import math
 import time
+from typing import TypeGuard
 
 SCHEMA = "flywheel.control/1"
 MAX_RECORD_BYTES = 64 << 10  # a control record is a few hundred bytes; anything far larger is refused unread
@@ -51,7 +52,7 @@ class ControlError(ValueError):
         self.reason = reason  # one of REASONS
 
 
-def _is_int(v) -> bool:
+def _is_int(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 

@@ -58,7 +58,7 @@ def response_text(content: str) -> str:
     return f"{RESPONSE_OPEN}\n{content}\n{RESPONSE_CLOSE}"
 
 
-def render_chat(messages: list[dict], tool_lines: list[str] = ()) -> str:
+def render_chat(messages: list[dict], tool_lines: list[str] = ()) -> str:  # type: ignore[assignment]  # model code
     """The prompt for a conversation: per message `# role: text` lines (one per line of its text), its
     calls, or a tool result, with the tool lines just before what is new since the assistant last spoke (the
     request, or the results of its calls), then the ANSWER line. Messages are

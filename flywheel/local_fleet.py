@@ -20,6 +20,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Self
 
 from admin_api import tokens as admin_tokens
 from admin_api.client import AdminClient
@@ -66,10 +67,12 @@ class LocalFleet:
         # The fleet read credential (weight_sync.fleet_credential): the store server and every agent (which
         # fetches, and whose relay checks its peers with it) hold it; nobody else reads versions.
         self.store_token = fleet_credential.new()
-        self.broker = None
+        # Once started: a flywheel.kafka.broker.Broker and a serving.gateway_process.GatewayProcess (HostFleet: a
+        # Kafka cluster and the balancer), None before; Any, as each kind of fleet has its own.
+        self.broker: Any = None
         self._operator = contextlib.ExitStack()  # this process's Kafka login while the broker runs
         self.replicas: list = []
-        self.gateway = None
+        self.gateway: Any = None
         self.store_pid: int | None = None
         self.store_url: str | None = None
         self.agent_pids: dict[str, int] = {}
@@ -80,7 +83,7 @@ class LocalFleet:
         self.public_key = self.out / "weights" / "keys" / "signing.pub"
 
     # ------------------------------------------------------------------ lifecycle
-    def __enter__(self) -> "LocalFleet":
+    def __enter__(self) -> Self:
         try:
             self.start()
         except BaseException:
@@ -306,6 +309,7 @@ class LocalFleet:
         # has its own ports: the one after the relay's is free there (this namespace cannot probe it).
         metrics = self.agent_metrics.get(name) or f"{relay_host}:{relay_port + 1 if netns else free_port(relay_host)}"
         self.agent_metrics[name] = metrics
+        assert self.store_url is not None, "start() spawns the store first"
         proc = self._python(
             [
                 "weights",

@@ -169,7 +169,7 @@ def add_flags(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()) 
             flag,
             dest=dest,
             type=_converter(tp),
-            choices=choices_of(tp) and [_converter(tp)(c) for c in choices_of(tp)],
+            choices=[_converter(tp)(c) for c in choices] if (choices := choices_of(tp)) else None,
             required=required,
             default=argparse.SUPPRESS,  # absent from the namespace unless given: the config's default stands
             help=text,

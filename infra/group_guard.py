@@ -43,7 +43,12 @@ def end_group(pgid: int) -> None:
 
 def main() -> None:
     pgid = int(sys.argv[1])
-    signal.signal(signal.SIGTERM, lambda *_: (end_group(pgid), sys.exit(0)))
+
+    def on_term(*_: object) -> None:
+        end_group(pgid)
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C in the terminal is the parent's to handle
     while group_alive(pgid):
         time.sleep(POLL_S)

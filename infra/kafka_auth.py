@@ -86,7 +86,7 @@ def client_config() -> dict:
     password = os.environ.get(PASSWORD_ENV)
     if not password:
         raise ValueError(f"${USER_ENV} is {user!r} but ${PASSWORD_ENV} is empty")
-    cfg = {
+    cfg: dict[str, object] = {
         "security_protocol": "SASL_PLAINTEXT",
         "sasl_mechanism": MECHANISM,
         "sasl_plain_username": user,

@@ -28,7 +28,7 @@ def spawn(cmd: list[str], die_with_parent: bool = True, **kw) -> subprocess.Pope
     if not (die_with_parent and setpriv):
         return subprocess.Popen(cmd, start_new_session=True, **kw)
     proc = subprocess.Popen([setpriv, "--pdeathsig", "TERM", "--", *cmd], start_new_session=True, **kw)
-    proc.guard = subprocess.Popen(
+    proc.guard = subprocess.Popen(  # type: ignore[attr-defined]  # rides on the Popen it guards (tests read it)
         [
             setpriv,
             "--pdeathsig",

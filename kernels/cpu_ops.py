@@ -248,7 +248,7 @@ def _sparse_patch(body, k, base, out):  # pragma: no cover - compiled
     n = out.size
     m = min(k, BATCH)
     gaps, xs, where = np.empty(m, np.uint32), np.empty(m, out.dtype), np.empty(m, np.uint64)
-    copied, pos = 0, -1
+    copied, pos = np.int64(0), np.int64(-1)
     for j0 in range(0, k, BATCH):
         m = min(BATCH, k - j0)
         _sparse_batch(body, k, j0, gaps[:m], xs[:m])
@@ -281,7 +281,7 @@ def sparse_patch(body: np.ndarray, k: int, base: np.ndarray | None, out: np.ndar
 @njit(cache=True, nogil=True)
 def _sparse_xor(body, k, itemsize, n, offset, idx_out, xor_out):  # pragma: no cover - compiled
     # body: a sparse payload (see the module's docstring) of a chunk of n elements.
-    pos = -1
+    pos = np.int64(-1)
     for j in range(k):
         gap = np.int64(body[j]) | (np.int64(body[k + j]) << 8)
         gap |= (np.int64(body[2 * k + j]) << 16) | (np.int64(body[3 * k + j]) << 24)

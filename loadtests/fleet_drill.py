@@ -64,7 +64,8 @@ def _call(url: str, key: str | None = None, body: dict | None = None, timeout: f
 def lb_added_ms(fleet: HostFleet, n: int) -> dict:
     """p50 of GET /health straight to g0 and through the balancer, one after the other, n of each (new
     connections both ways, as an IDE's first request makes)."""
-    direct, through = [], []
+    direct: list[float] = []
+    through: list[float] = []
     for _ in range(n):
         for url, out in ((fleet.gateways[0].url, direct), (fleet.gateway.url, through)):
             t = time.perf_counter()

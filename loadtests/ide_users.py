@@ -105,7 +105,7 @@ class AutocompleteUser(IdeUser):
         ) as r:
             cid, text, ok, version = _read(r, stream, t0, self.environment, "TTFT /v1/completions")
             requests_log.append((started, name, r.request_meta["response_time"], ok, version))
-        if ok:
+        if ok and cid is not None:
             self._feedback(cid, text, t)
 
 
@@ -133,7 +133,7 @@ class ChatUser(IdeUser):
         ) as r:
             cid, text, ok, version = _read(r, True, t0, self.environment, "TTFT /v1/chat/completions")
             requests_log.append((started, "/v1/chat/completions", r.request_meta["response_time"], ok, version))
-        if ok:
+        if ok and cid is not None:
             self._feedback(cid, text, t)
 
 
@@ -190,16 +190,18 @@ class AgentUser(IdeUser):
         issued.append({"session": res.session_id, "ids": res.completion_ids, "feedback": res.outcome})
 
 
-def _read(r, stream: bool, t0: float, env, ttft_name: str) -> tuple[str | None, str, bool, str]:
+def _read(r, stream: bool, t0: float, env, ttft_name: str) -> tuple[str | None, str, bool, int | None]:
     """Consume a (streamed) completion; records TTFT; marks the request failed on any error. Returns the
     completion id, its text, whether it succeeded, and the weight version that served it."""
     if r.status_code != 200:
         r.failure(f"{r.status_code}: {(r.text or '')[:200]}")
-        return None, "", False, ""
+        return None, "", False, None
     if not stream:
         doc = r.json()
         return doc["id"], doc["choices"][0].get("text", ""), True, parse_version(doc.get("model_version"))
-    cid, parts, first, done, buf, version = None, [], None, False, "", None
+    cid: str | None = None
+    version: int | None = None
+    parts, first, done, buf = [], None, False, ""
     try:
         for chunk in r.iter_content(chunk_size=4096):
             buf += chunk if isinstance(chunk, str) else chunk.decode()

@@ -6,6 +6,7 @@ import json
 import time
 import urllib.request
 import uuid
+from collections.abc import Set as AbstractSet
 
 from infra import kafka_auth
 
@@ -24,8 +25,8 @@ def all_delivered(
     completion_ids: set[str],
     since: float,
     timeout_s: float = 180.0,
-    turn_ids: set[str] = frozenset(),
-    session_ids: set[str] = frozenset(),
+    turn_ids: AbstractSet[str] = frozenset(),
+    session_ids: AbstractSet[str] = frozenset(),
 ) -> dict:
     """Wait for the gateway's spool to drain, then read both topics from `since` (unix time) on. Expected:
     a completion event for every completion id and agent turn, a feedback event for every completion id
@@ -39,7 +40,7 @@ def all_delivered(
     while time.monotonic() < deadline and _spool_pending(gateway) > 0:
         time.sleep(0.5)
     drained_s = round(timeout_s - (deadline - time.monotonic()), 1)
-    seen = {ev.TOPIC_COMPLETIONS: set(), ev.TOPIC_FEEDBACK: set()}
+    seen: dict[str, set[str]] = {ev.TOPIC_COMPLETIONS: set(), ev.TOPIC_FEEDBACK: set()}
     with quiet_kafka():
         consumer = KafkaConsumer(
             bootstrap_servers=bootstrap,
@@ -61,6 +62,8 @@ def all_delivered(
                 for tp, recs in consumer.poll(timeout_ms=500).items():
                     for r in recs:
                         e = ev.decode(r.value)
+                        if isinstance(e, ev.TenantRecord):  # not on the event topics
+                            continue
                         session = isinstance(e, ev.FeedbackEvent) and e.session_id
                         seen[tp.topic].add(f"session:{e.session_id}" if session else e.completion_id)
         finally:

@@ -46,7 +46,7 @@ def measure(
     tok = Tokenizer.from_file(str(Path(model_dir) / "tokenizer.json"))
     model = load_pretrained(model_dir, torch.float32).eval()
     L, K = model.cfg.num_hidden_layers, model.cfg.num_experts_per_tok
-    diffs = {"replay": [], "no_replay": []}
+    diffs: dict[str, list[torch.Tensor]] = {"replay": [], "no_replay": []}
     disagree = {"replay": [0, 0], "no_replay": [0, 0]}
     for i, task in enumerate(tasks.tasks("heldout", seed)[:prompts]):
         ids = tok.encode(task.prompt).ids
@@ -66,7 +66,11 @@ def measure(
             same = (res.experts.sort(-1).values == served.sort(-1).values).all(-1)  # (1, T, L)
             disagree[mode][0] += int((~same).sum())
             disagree[mode][1] += same.numel()
-    report = {"prompts": prompts, "tokens": int(sum(d.numel() for d in diffs["replay"])), "temperature": temperature}
+    report: dict[str, object] = {
+        "prompts": prompts,
+        "tokens": int(sum(d.numel() for d in diffs["replay"])),
+        "temperature": temperature,
+    }
     for mode in ("replay", "no_replay"):
         d = torch.cat(diffs[mode])
         report[mode] = {

@@ -112,7 +112,7 @@ class KeyStore:
         self._by_hash = {h: Tenant(id=h[:16], name=name, train=self.policy(name).train) for h, name in hashed.items()}
         self._source: tuple[Path | None, str | None] = (None, None)
         self.load_error: str | None = None  # the keys file's last reload failed: why (its changes wait)
-        self._stamp = None
+        self._stamp: bytes | None = None
         self._checked = 0.0
 
     @classmethod
@@ -272,8 +272,8 @@ def tenant_middleware(keys: KeyStore):
     async def tenant(request: web.Request, handler):
         if request.match_info.http_exception is None:
             key = bearer(request.headers.get("Authorization")) or request.headers.get("X-Api-Key")
-            request[TENANT] = keys.lookup(key)
-            if request[TENANT] is None:
+            found = keys.lookup(key)
+            if found is None:
                 raise ApiError(
                     401,
                     "Incorrect API key provided"
@@ -282,6 +282,7 @@ def tenant_middleware(keys: KeyStore):
                     "authentication_error",
                     code="invalid_api_key",
                 )
+            request[TENANT] = found
         return await handler(request)
 
     return tenant

@@ -8,6 +8,7 @@ import sys
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from infra.paths import REPO_ROOT
 from infra.procs import free_port, in_netns, spawn, stop_pid, tail, wait_until
@@ -39,7 +40,7 @@ def start(
     keys: dict[str, str] | None = None,
     admin_token: str | None = None,
     port: int = 0,
-    extra_args: list[str] = (),
+    extra_args: Sequence[str] = (),
     timeout_s: float = 60.0,
     host: str = "127.0.0.1",
     netns: str | None = None,

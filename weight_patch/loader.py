@@ -66,7 +66,7 @@ class _Probe(torch.Tensor):
 
 
 def _owners(model) -> dict[int, str]:
-    out = {}
+    out: dict[int, str] = {}
     for name, t in [*model.named_parameters(), *model.named_buffers()]:
         out.setdefault(t.untyped_storage().data_ptr(), name)
     return out
@@ -210,7 +210,7 @@ def _extent(view: torch.Tensor) -> tuple[int, int, int]:
     size = view.element_size()
     last = sum((n - 1) * st for n, st in zip(view.shape, view.stride())) if view.numel() else -1
     start = view.storage_offset() * size
-    return view.untyped_storage().data_ptr(), start, start + (last + 1) * size
+    return view.untyped_storage().data_ptr(), int(start), int(start + (last + 1) * size)
 
 
 def _disjoint(plan: list) -> None:
@@ -260,7 +260,7 @@ def _apply(model, path: str, done: dict) -> dict:
     t1, written = time.perf_counter(), 0
     # Tensors side by side (the CPU loop releases the GIL; the scheduler does nothing else meanwhile).
     with ThreadPoolExecutor(_threads()) as pool:
-        for n in pool.map(lambda p: _write(*p[1:], done), plan):
+        for n in pool.map(lambda p: _write(p[1], p[2], p[3], done), plan):
             written += n
     return {
         "elements": written,

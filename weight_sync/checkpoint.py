@@ -122,7 +122,7 @@ class CheckpointWriter:
         if bits.nbytes != size:
             raise ValueError(f"{name}: {bits.nbytes} bytes, slot holds {size}")
         self._f.seek(self._data_start + offset)
-        self._f.write(memoryview(np.ascontiguousarray(bits)).cast("B"))
+        self._f.write(memoryview(np.ascontiguousarray(bits)).cast("B"))  # type: ignore[arg-type]  # a buffer
         self._written.add(name)
 
     def abort(self) -> None:

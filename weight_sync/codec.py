@@ -119,11 +119,11 @@ def encode_chunk(new: np.ndarray, base: np.ndarray | None, level: int = DEFAULT_
     planes, positions, changed = scan_chunk(new, base)
     cctx = _compressor(level)
     if positions is None:  # a full snapshot, or more changed than the sparse form pays for
-        return cctx.compress(planes), "planes", changed
+        return cctx.compress(planes), "planes", changed  # type: ignore[arg-type]  # an ndarray is a buffer
     payload = _scratch().take("payload", _SPARSE_HEADER.size + (4 + new.itemsize) * changed, np.uint8)
-    _SPARSE_HEADER.pack_into(payload, 0, changed)
+    _SPARSE_HEADER.pack_into(payload, 0, changed)  # type: ignore[arg-type]  # an ndarray is a buffer
     delta_kernels.sparse_payload(positions, planes, new.size, payload[_SPARSE_HEADER.size :])
-    return cctx.compress(payload), "sparse", changed
+    return cctx.compress(payload), "sparse", changed  # type: ignore[arg-type]  # an ndarray is a buffer
 
 
 def _sparse_body(raw: bytes, view: type, n: int) -> tuple[np.ndarray, int]:
@@ -212,7 +212,7 @@ def decode_tensor(
     chunks: list[tuple[ChunkMeta, bytes]], view: type, numel: int, base: np.ndarray | None, pool: Executor | None = None
 ) -> np.ndarray:
     """Rebuild a tensor's flat bits; every chunk's digest is checked before it is used."""
-    out = np.empty(numel, dtype=view)
+    out: np.ndarray = np.empty(numel, dtype=view)
     covered = 0
 
     def one(item):

@@ -89,6 +89,13 @@ class Manifest:
             "tensors": [t.to_json() for t in self.tensors],
         }
 
+    @property
+    def base(self) -> int:
+        """A delta's base version (a delta without one is refused when read)."""
+        if self.base_version is None:
+            raise ManifestError(f"v{self.version} is a full snapshot: it has no base")
+        return self.base_version
+
     def changed_tensors(self) -> list[int]:
         """Indices of the tensors this version changes (a delta chunk with a changed element)."""
         return [i for i, t in enumerate(self.tensors) if any(c.changed for c in t.chunks)]

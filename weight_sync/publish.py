@@ -8,7 +8,7 @@ import os
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -78,7 +78,7 @@ class PublishResult:
     published_bytes: int
     changed_share: float
     seconds: float
-    announcement: dict | None = None  # the weights-topic record (sent unless publish(announce=False))
+    announcement: dict = field(default_factory=dict)  # the weights-topic record (sent unless announce_now=False)
 
     @property
     def ratio(self) -> float:
@@ -117,11 +117,11 @@ def _send_control(cfg: PublishConfig, store: Store, record: dict, timeout_s: flo
     keep, record it in the store first (a decision retention must honour even if the send then fails)."""
     key = load_private(cfg.private_key)
     floor = None
-    if cfg.kafka_bootstrap:
+    if bootstrap := cfg.kafka_bootstrap:
         from weight_sync.topic_floor import highest_seq
 
         def floor() -> int:
-            return highest_seq(cfg.kafka_bootstrap, key.public_key(), timeout_s)
+            return highest_seq(bootstrap, key.public_key(), timeout_s)
 
     with store.sequence(floor) as seq:
         record = control.validate({**record, "seq": seq, "ts": time.time()})

@@ -33,6 +33,8 @@ def read_topic(bootstrap: str, topic: str, timeout_s: float = 120.0) -> TopicAud
             e = ev.decode(r.value)
         except ev.SchemaError:
             continue
+        if isinstance(e, ev.TenantRecord):  # not on the event topics
+            continue
         if e.event_id in seen:
             audit.repeated += 1
             continue

@@ -24,6 +24,11 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flywheel.demo.population import Population
+    from flywheel.local_fleet import LocalFleet
 
 from flywheel.chaos.faults import KINDS, Fault, Faults, get_json, mount_tmpfs, mounts_under, umount
 from infra.config import add_flags, build, option
@@ -57,9 +62,14 @@ class Chaos(Faults):
         self.gateway_kills: list[tuple[float, float]] = []  # (killed, back) windows, time.time()
         self.mounts: list[Path] = []
         self.started_pids: set[int] = set()
-        self.fleet = None
-        self.trainer = None
-        self.pop = None
+        self._fleet: LocalFleet | None = None  # set by setup()
+        self.trainer: subprocess.Popen | None = None
+        self.pop: Population | None = None
+
+    @property
+    def fleet(self) -> LocalFleet:
+        assert self._fleet is not None, "Chaos.setup() starts the fleet"
+        return self._fleet
 
     # ------------------------------------------------------------------ setup
     def _trainer_cmd(self) -> list[str]:
@@ -90,6 +100,9 @@ class Chaos(Faults):
             "--min-batch",
             "4",
         ]
+
+    def _trainer_alive(self) -> bool:
+        return self.trainer is not None and self.trainer.poll() is None
 
     def _start_trainer(self) -> None:
         from infra.paths import REPO_ROOT
@@ -122,10 +135,11 @@ class Chaos(Faults):
         for sub in ("gateway/spool", "weights/store", "trainer/checkpoints"):
             mount_tmpfs(self.out / sub, self.cfg.disk_mb)
             self.mounts.append(self.out / sub)
-        self.fleet = LocalFleet(
+        self._fleet = LocalFleet(
             LocalFleetConfig(model=self.model, out_dir=self.out, replicas=2, tenants=4), say=self.say
         )
         self.fleet.start()
+        assert self.fleet.store_pid is not None, "start() spawned the store"
         self.started_pids |= {
             self.fleet.broker.pid,
             self.fleet.gateway.pid,
@@ -164,9 +178,10 @@ class Chaos(Faults):
         from flywheel.chaos.audit import read_topic, trained_keys
         from weight_sync.store.server import Store
 
-        fleet = self.fleet
-        self.pop.stop()
-        records = self.pop.snapshot()
+        fleet, pop = self.fleet, self.pop
+        assert pop is not None, "setup() started the users"
+        pop.stop()
+        records = pop.snapshot()
         t = time.monotonic()
         latest = Store(fleet.store_root).latest()
         try:
@@ -233,8 +248,8 @@ class Chaos(Faults):
             self.pop.stop()
         if self.trainer is not None:
             stop_pid(self.trainer.pid)
-        if self.fleet is not None:
-            self.fleet.stop()
+        if self._fleet is not None:
+            self._fleet.stop()
         marker = str(self.out)
         # This process and whatever runs it (a `timeout` or a shell whose command line names the out dir).
         ours = {os.getpid(), *(p.pid for p in psutil.Process().parents())}

@@ -90,11 +90,13 @@ class Repository:
             return "error: arguments are not JSON"
         path = args.get("path") if isinstance(args, dict) else None
         if name == "read_file":
-            return self.files.get(path, f"error: no such file: {path}")
+            return self.files.get(path, f"error: no such file: {path}") if isinstance(path, str) else "error: no path"
         if name == "write_file":
             content = args.get("content")
             if not isinstance(content, str):
                 return "error: content must be a string"
+            if not isinstance(path, str):
+                return "error: no path"
             self.files[path] = content
             return "ok"
         if name == "run_tests":

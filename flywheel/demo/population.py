@@ -294,9 +294,9 @@ class Population:
         if self.cfg.agent_api == "messages":  # as Claude Code: the Messages API, no feedback, a user who reacts
             import anthropic
 
-            client = anthropic.Anthropic(base_url=self.url, api_key=key, max_retries=0, timeout=120)
+            messages_client = anthropic.Anthropic(base_url=self.url, api_key=key, max_retries=0, timeout=120)
             chat = messages_transport(
-                lambda **body: client.messages.create(**body).model_dump(),
+                lambda **body: messages_client.messages.create(**body).model_dump(),
                 self.cfg.temperature,
                 self.cfg.agent_max_tokens,
             )

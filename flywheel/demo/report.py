@@ -13,7 +13,9 @@ ratio.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -38,7 +40,7 @@ FIELDS = (
 
 
 def summarize(
-    records: list, switches: list[dict], manifests: dict[int, object], signals: list[tuple[str, str]] = ()
+    records: list, switches: list[dict], manifests: dict[int, Any], signals: Sequence[tuple[str, str]] = ()
 ) -> list[dict]:
     """records: flywheel.demo.population.Interaction; switches: agents' switches.jsonl rows; manifests by version;
     signals: (signal, completion id) of the implicit feedback the gateway read from agent sessions."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 import secrets
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from flywheel.local_fleet import LocalFleet, LocalFleetConfig
 from infra import kafka_auth
@@ -55,7 +56,7 @@ class HostFleet(LocalFleet):
 
     def __init__(self, cfg: HostFleetConfig, say=print):
         super().__init__(cfg, say)
-        self.test_hosts = None
+        self.test_hosts: Any = None  # a TestHosts once started
         self.gateways: list = []
 
     @property

@@ -35,7 +35,7 @@ from infra.config import option
 from infra.procs import identity, in_netns, read_state, same_process, spawn, write_state
 
 log = logging.getLogger(__name__)
-NETWORK = ipaddress.ip_network("198.18.0.0/15")
+NETWORK = ipaddress.IPv4Network("198.18.0.0/15")
 SUBNETS = 512  # /24s in the /15
 STATE_DIR = Path("/run/flywheel/hosts")  # machine-wide, like the namespaces (and gone at reboot, as they are)
 

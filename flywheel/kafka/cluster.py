@@ -67,8 +67,8 @@ class Cluster:
 
     def restart(self, i: int) -> kb.Broker:
         """Node i again, same data and ports: it rejoins the quorum and catches its replicas up."""
-        self.brokers[i] = kb.start(self.nodes[i])
-        return self.brokers[i]
+        self.brokers[i] = broker = kb.start(self.nodes[i])
+        return broker
 
     def stop(self) -> bool:
         """Every node at once: stopped one after another, the last one left has no quorum to approve its
@@ -153,12 +153,12 @@ def start(hosts: list[Host], cfg: ClusterConfig) -> Cluster:
             cfg.start_timeout_s,
             interval=1.0,
             what=f"Kafka cluster of {len(nodes)} on {cluster.bootstrap}",
-            alive=lambda: all(pid_alive(b.pid) for b in cluster.brokers),
+            alive=lambda: all(b is not None and pid_alive(b.pid) for b in cluster.brokers),
         )
         if security:
             kb.apply_acls(cluster.bootstrap, security)
     except (TimeoutError, RuntimeError) as e:
-        logs = "\n".join(f"--- node {i + 1} ---\n{tail(b.log_file)}" for i, b in enumerate(cluster.brokers))
+        logs = "\n".join(f"--- node {i + 1} ---\n{tail(b.log_file)}" for i, b in enumerate(cluster.brokers) if b)
         cluster.stop()
         raise RuntimeError(f"{e}\n{logs}") from None
     except BaseException:

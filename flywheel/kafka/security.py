@@ -48,7 +48,7 @@ class Security:
 
     def client_config(self, role: str) -> dict:
         """kafka-python's keyword arguments for `role` (as infra.kafka_auth.client_config builds them)."""
-        cfg = {
+        cfg: dict[str, object] = {
             "security_protocol": "SASL_SSL" if self.tls else "SASL_PLAINTEXT",
             "sasl_mechanism": kafka_auth.MECHANISM,
             "sasl_plain_username": role,
@@ -133,6 +133,8 @@ def _issue(directory: Path, host: str) -> bytes:
 
     ca = x509.load_pem_x509_certificate((directory / "ca.pem").read_bytes())
     ca_key = serialization.load_pem_private_key((directory / "ca.key").read_bytes(), None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey), "the CA's key is the EC key _new_ca made"
+    name: x509.GeneralName
     try:
         name = x509.IPAddress(ipaddress.ip_address(host))
     except ValueError:

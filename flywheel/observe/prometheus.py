@@ -19,6 +19,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -138,11 +139,11 @@ class Prometheus:
             "--log.level=warn",
         ]
         with open(self.log, "ab") as log:
-            self.proc = spawn(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self.proc = proc = spawn(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         self.url = f"http://127.0.0.1:{port}"
         try:
             wait_until(
-                self._ready, 60, interval=0.3, what=f"prometheus on {self.url}", alive=lambda: self.proc.poll() is None
+                self._ready, 60, interval=0.3, what=f"prometheus on {self.url}", alive=lambda: proc.poll() is None
             )
         except (RuntimeError, TimeoutError) as e:
             raise RuntimeError(f"{e}; its log {self.log}:\n{tail(self.log)}") from None
@@ -161,7 +162,7 @@ class Prometheus:
             return False
 
     # ------------------------------------------------------------------ the HTTP API
-    def api(self, path: str, **params) -> dict | list:
+    def api(self, path: str, **params) -> Any:  # the response's "data": JSON, its shape by endpoint
         query = urllib.parse.urlencode(params)
         try:
             with urllib.request.urlopen(f"{self.url}/api/v1/{path}?{query}", timeout=30) as r:

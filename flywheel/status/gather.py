@@ -72,11 +72,16 @@ def _not_given(what: str, flag: str, env: str) -> dict:
     return {"error": f"no {what} given ({flag} or {env})", "not_given": True}
 
 
+def _given(source: str | None) -> str:
+    assert source, "gather() asks a part only of a source that was given"
+    return source
+
+
 def gather_replicas(cfg: StatusConfig) -> dict:
     if not cfg.admin_token:
         return {"error": "no admin token: set FLYWHEEL_ADMIN_TOKEN (it never goes on a command line)"}
     path = routes.LIST_REPLICAS.path
-    data = admin_get(cfg.gateway, cfg.admin_token, path, cfg.timeout_s)
+    data = admin_get(_given(cfg.gateway), cfg.admin_token, path, cfg.timeout_s)
     reps = data.get("replicas")
     if not isinstance(reps, list) or not all(isinstance(r, dict) and "id" in r for r in reps):
         raise Unexpected(f"the gateway admin API at {cfg.gateway}: {path} has no list of replicas")
@@ -87,7 +92,7 @@ def gather_canary(cfg: StatusConfig) -> dict:
     if not cfg.admin_token:
         return {"error": "no admin token: set FLYWHEEL_ADMIN_TOKEN (it never goes on a command line)"}
     path = routes.GET_CANARY.path
-    data = admin_get(cfg.gateway, cfg.admin_token, path, cfg.timeout_s)
+    data = admin_get(_given(cfg.gateway), cfg.admin_token, path, cfg.timeout_s)
     if "canary" not in data or not isinstance(data["canary"], (dict, type(None))):
         raise Unexpected(f"the gateway admin API at {cfg.gateway}: {path} has no 'canary' field")
     return {"trial": data["canary"]}
@@ -129,12 +134,12 @@ def _promql(base: str, query: str, timeout_s: float) -> float | None:
 
 
 def gather_gateway(cfg: StatusConfig) -> dict:
-    url = cfg.gateway.rstrip("/") + "/metrics"
+    url = _given(cfg.gateway).rstrip("/") + "/metrics"
     t0 = time.monotonic()
     m = scrape(url, cfg.timeout_s, "the gateway's metrics")
     if "flywheel_gateway_requests_total" not in m and "flywheel_replica_healthy" not in m:
         raise Unexpected(f"the gateway's metrics at {url}: no flywheel_gateway_* series (is this a gateway?)")
-    out = {
+    out: dict[str, object] = {
         "kafka_up": one(m, "flywheel_kafka_up"),
         "spool_pending_bytes": one(m, "flywheel_event_spool_pending_bytes"),
         "spool_alarm": one(m, "flywheel_event_spool_alarm"),
@@ -192,12 +197,12 @@ def gather_gateway(cfg: StatusConfig) -> dict:
 
 
 def gather_trainer(cfg: StatusConfig) -> dict:
-    url = cfg.trainer.rstrip("/")
+    url = _given(cfg.trainer).rstrip("/")
     url = url if url.endswith("/metrics") else url + "/metrics"
     m = scrape(url, cfg.timeout_s, "the trainer's metrics")
     if "flywheel_trainer_step" not in m:
         raise Unexpected(f"the trainer's metrics at {url}: no flywheel_trainer_step (is this the trainer?)")
-    by_version = {}
+    by_version: dict[str, dict] = {}
     for name, key in (("flywheel_trainer_reward_mean", "reward_mean"), ("flywheel_trainer_acceptance", "acceptance")):
         for labels, v in m.get(name, []):
             by_version.setdefault(labels.get("version", "?"), {})[key] = v
@@ -221,7 +226,7 @@ def fold_activations(activations: list[dict]) -> dict:
     """The store's decisions in sequence order: each version's canary outcome, the stable and pinned ones."""
     canary: dict[int, str] = {}
     stable = pinned = None
-    for r in sorted(activations, key=lambda a: a.get("seq") if isinstance(a.get("seq"), int) else 0):
+    for r in sorted(activations, key=lambda a: seq if isinstance(seq := a.get("seq"), int) else 0):
         kind, v = r.get("type"), r.get("version")
         if kind == "canary" and isinstance(v, int):
             canary[v] = "trial started"  # no outcome recorded (yet): "in trial" once the gateway runs it
@@ -241,7 +246,7 @@ def fold_activations(activations: list[dict]) -> dict:
 
 
 def gather_versions(cfg: StatusConfig) -> dict:
-    url = cfg.store_url.rstrip("/") + "/versions"
+    url = _given(cfg.store_url).rstrip("/") + "/versions"
     from weight_sync import fleet_credential
 
     data = get_json(url, cfg.timeout_s, "the weight store", fleet_credential.headers(cfg.store_token))
@@ -262,7 +267,7 @@ def gather_versions(cfg: StatusConfig) -> dict:
 
 
 def gather_alerts(cfg: StatusConfig) -> dict:
-    url = cfg.prometheus.rstrip("/") + "/api/v1/alerts"
+    url = _given(cfg.prometheus).rstrip("/") + "/api/v1/alerts"
     data = get_json(url, cfg.timeout_s, "Prometheus")
     alerts = (data.get("data") or {}).get("alerts") if data.get("status") == "success" else None
     if not isinstance(alerts, list):
@@ -286,7 +291,7 @@ def gather_alerts(cfg: StatusConfig) -> dict:
 def gather_kafka(cfg: StatusConfig) -> dict:
     from flywheel.status.kafka_lag import consumer_lag
 
-    return consumer_lag(cfg.kafka, cfg.trainer_group, cfg.agent_group_prefix, cfg.timeout_s)
+    return consumer_lag(_given(cfg.kafka), cfg.trainer_group, cfg.agent_group_prefix, cfg.timeout_s)
 
 
 # ----------------------------------------------------------------------------- all of it
@@ -348,5 +353,5 @@ def gather(cfg: StatusConfig) -> dict:
 
 def failed(data: dict) -> list[str]:
     """Parts that were asked for and could not be read."""
-    parts = {p: data.get(p) if isinstance(data.get(p), dict) else {"error": "missing"} for p in PARTS}
+    parts = {p: part if isinstance(part := data.get(p), dict) else {"error": "missing"} for p in PARTS}
     return [p for p, part in parts.items() if "error" in part and not part.get("not_given")]

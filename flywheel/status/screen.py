@@ -37,13 +37,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def render(data: dict):
     """The screen: a rich renderable. Never raises: a part it cannot draw is one line saying so."""
-    from rich.console import Group
+    from rich.console import Group, RenderableType
     from rich.rule import Rule
     from rich.text import Text
 
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(data.get("at") or time.time()))
-    items = [Rule(f"flywheel status · {when}", align="left")]
-    where = data.get("sources") if isinstance(data.get("sources"), dict) else {}
+    items: list[RenderableType] = [Rule(f"flywheel status · {when}", align="left")]
+    where = sources if isinstance(sources := data.get("sources"), dict) else {}
     if any(where.values()):
         items.append(Text("  ".join(f"{k} {v}" for k, v in where.items() if v), style="dim"))
     for name in ("replicas", "gateway", "kafka", "trainer", "versions", "canary", "alerts"):

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, cast
 
 import numpy as np
 
@@ -259,10 +259,10 @@ class Joiner:
         else:  # a comment alone never makes a sample (_expired)
             raise ValueError(f"{c.completion_id}: a sample needs a judgment or a persisted check")
         if persisted is not None:
-            reward = self.rewards.combined(reward, persisted.still_present, persisted.edit_distance, total)
+            reward = self.rewards.combined(reward, bool(persisted.still_present), persisted.edit_distance, total)
         hint = None
         if comment is not None and self.encode is not None and (self.hint_fits is None or self.hint_fits(c.prompt_ids)):
-            ids = self.encode(hint_line(comment.text))
+            ids = self.encode(hint_line(comment.text or ""))  # never None: a withheld comment is dropped before
             hint = np.asarray(ids, dtype=np.int64) if len(ids) <= self.cfg.max_hint_tokens else None
         key = self._key(c.completion_id, c.choice_index)
         self.judged[key] = self.now
@@ -415,23 +415,24 @@ class Joiner:
 
     def load_state(self, state: dict) -> None:
         self.__post_init__()
+        # each list holds the kind of event save_state wrote there
         for raw in state["pending"]:
-            c = ev.decode(raw)
+            c = cast(ev.CompletionEvent, ev.decode(raw))
             self.pending[self._key(c.completion_id, c.choice_index)] = c
         for raw in state["orphans"]:
-            f = ev.decode(raw)
+            f = cast(ev.FeedbackEvent, ev.decode(raw))
             self.orphans.setdefault(self._key(f.completion_id, f.choice_index), []).append(f)
         for raw, signals, since in state.get("held", []):  # checkpoints before delayed signals have none
-            c = ev.decode(raw)
-            fs = [ev.decode(r) for r in signals]
+            c = cast(ev.CompletionEvent, ev.decode(raw))
+            fs = [cast(ev.FeedbackEvent, ev.decode(r)) for r in signals]
             self.held[self._key(c.completion_id, c.choice_index)] = [c, {f.kind: f for f in fs}, since]
         for raw in state.get("turns", []):  # checkpoints written before sessions have none
-            c = ev.decode(raw)
+            c = cast(ev.CompletionEvent, ev.decode(raw))
             key = self._key(c.completion_id, c.choice_index)
             self.turns[key] = c
             self.sessions.setdefault((c.tenant, c.session_id), []).append(key)
         for raw, joined in state.get("closed", []):
-            f = ev.decode(raw)
+            f = cast(ev.FeedbackEvent, ev.decode(raw))
             self.closed[(f.tenant, f.session_id)] = [f, joined]
         self.judged = OrderedDict((k, ts) for k, ts in state["judged"])
         self._seen_order = deque(state["seen"])

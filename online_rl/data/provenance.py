@@ -121,7 +121,7 @@ def write_pending(
 ) -> None:
     """Before a publish commits: the step and totals of the version it makes, the first past `after` (the
     newest version the store held then)."""
-    pending = {"step": int(step), "after": -1 if after is None else int(after)}
+    pending: dict[str, object] = {"step": int(step), "after": -1 if after is None else int(after)}
     pending |= {"tenants_total": dict(totals), "distilled_total": dict(distilled)}
     _write_json(Path(trainer_dir) / DIR / PENDING, pending)
 
@@ -154,7 +154,8 @@ def reconcile(
     A directory with neither records nor pending.json has published nothing: the store's versions are not
     its own (a new work directory), and none is recorded. Returns the (version, step) recorded, step None
     where unknown."""
-    records, pending, done = read_all(trainer_dir), read_pending(trainer_dir), []
+    records, pending = read_all(trainer_dir), read_pending(trainer_dir)
+    done: list[tuple[int, int | None]] = []
     if records:
         newest = records[-1]["version"]
     elif pending is not None:
@@ -214,7 +215,7 @@ def versions_for(trainer_dir: Path, tenant_ids: set[str]) -> list[dict]:
     for v in range(min(known, default=0), max(known, default=-1) + 1):
         step, when = markers.get(v, (None, None))
         r = records.get(v)
-        if v == ahead and step in (None, pending["step"]):
+        if v == ahead and pending is not None and step in (None, pending["step"]):
             counts = _grown(_newest_known(every), pending["tenants_total"], pending["distilled_total"])
             entry = _entry({"version": v, "step": pending["step"], "published": when} | counts, tenant_ids)
             if entry and step is None:  # no marker of it: the commit may not have happened

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -40,7 +41,7 @@ class StreamReader:
         self.dead_letters = DeadLetters(registry, "flywheel_trainer", "trainer", bootstrap, TOPICS)
         self.current = None  # the record events() gave out last (where a record the caller refuses came from)
         self.offsets: dict[str, int] = {}  # "topic:partition" -> next offset to read (the checkpoint's)
-        self._consumer = None
+        self._consumer: Any = None  # a KafkaConsumer once connected (kafka-python has no types)
         self._policies_end: dict = {}  # tenants partition -> its end at connect, while the others wait for it
 
     def _connect(self):
@@ -48,6 +49,7 @@ class StreamReader:
 
         from infra.kafka_admin import RECONNECT_BACKOFF_MAX_MS, ensure_topics
 
+        assert self.bootstrap, "fetch() connects only with a broker"
         ensure_topics(self.bootstrap, topics=TOPICS)  # weights too: a rollback announced later must reach us
         c = KafkaConsumer(
             bootstrap_servers=self.bootstrap,
@@ -109,7 +111,7 @@ class StreamReader:
                 yield tp.topic, r.value
                 self.offsets[f"{tp.topic}:{tp.partition}"] = r.offset + 1
 
-    def events(self, batch: dict) -> Iterator[tuple[str, object]]:
+    def events(self, batch: dict) -> Iterator[tuple[str, Any]]:  # Any: bytes or an event, by topic
         """As read(), with completions and feedback (contracts.events.CompletionEvent, FeedbackEvent) and
         tenants' policies (TenantRecord) decoded; weights records stay bytes (the trainer verifies them with its key).
         A record that does not decode as its topic's kind is refused, never given out."""

@@ -33,7 +33,8 @@ def take(
     cap = max(1, math.floor(share * batch_size))
     taken: dict[str, int] = {}
     capped: set[str] = set()
-    batch, waiting = [], []
+    batch: list = []
+    waiting: list = []
     for s in fresh:
         who = tenant_of(s.tenant) if s.source == "user" else None
         if len(batch) >= batch_size:

@@ -112,6 +112,7 @@ class TenantGate:
     def refuse(self, event) -> str | None:
         """Why a completion or feedback event must never be held or trained on (counted), or None."""
         w = getattr(event, "withheld", "")
+        why: str | None
         if w and (isinstance(event, ev.CompletionEvent) or w == "policy" or event.kind == "comment"):
             why = "withheld"
         else:
@@ -146,7 +147,7 @@ class TenantGate:
         """Apply a tenant record (encoded, or a TenantRecord) read from the tenants topic, and purge what the
         trainer holds of a tenant that is now denied, or forgotten further. A bad record is counted, skipped."""
         try:
-            r = value if isinstance(value, ev.TenantRecord) else ev.decode(value)
+            r: object = value if isinstance(value, ev.TenantRecord) else ev.decode(value)
         except ev.SchemaError as e:
             r = e
         if not isinstance(r, ev.TenantRecord):

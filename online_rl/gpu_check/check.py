@@ -68,17 +68,17 @@ def section_fn(name: str, cpu_smoke: bool, log):
         device = torch.device("cpu") if cpu_smoke else torch.device("cuda", 0)
         return lambda budget: m.fsdp_step(budget, device, preset, log)
     if name == "triton_kernels":
-        from kernels import gpu_check as m
+        from kernels import gpu_check
 
-        return lambda budget: m.triton_kernels(log)
+        return lambda budget: gpu_check.triton_kernels(log)
     if name == "delta_codec":
-        from online_rl.gpu_check import codec as m
+        from online_rl.gpu_check import codec
 
-        return lambda budget: m.codec_gpu_path(budget, log)
+        return lambda budget: codec.codec_gpu_path(budget, log)
     if name == "batch_invariance":
-        from online_rl.gpu_check import batch_invariant as m
+        from online_rl.gpu_check import batch_invariant
 
-        return lambda budget: m.batch_invariance(budget, torch.device("cuda", 0), log=log)
+        return lambda budget: batch_invariant.batch_invariance(budget, torch.device("cuda", 0), log=log)
     raise ValueError(f"unknown section {name!r}; the sections are {', '.join(SECTIONS)}")
 
 

@@ -89,6 +89,7 @@ def codec_gpu_path(budget: Budget, log=print, n: int = 32 << 20, dev: torch.devi
         log(f"  {name}: {calls[0]} GPU calls, frames equal {checks[f'{name}_frames_equal_numpy']}")
 
     new, base, _ = cases["bf16_50pct"]
+    assert base is not None
     noise = deltas(n, 0.0, seed=3)[0]  # random bits: an XOR with every byte value, 0x80 and over included
     x_np = np.bitwise_xor(new, noise)
     planes_np = np.ascontiguousarray(x_np.view(np.uint8).reshape(-1, 2).T).reshape(-1)  # byte k of all, k = 0, 1

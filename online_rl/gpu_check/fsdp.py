@@ -107,7 +107,8 @@ def _train(budget: Budget, device: torch.device, preset: Preset, log) -> dict:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
 
-    losses, step_s = [], []
+    losses: list[float] = []
+    step_s: list[float] = []
     for step in range(preset.warmup + preset.steps):
         if step > preset.warmup and budget.left() < 3 * step_s[-1]:
             log(f"  stopping after {step} steps: {budget.left():.0f} s of the budget left")

@@ -194,5 +194,5 @@ def _rope(d: dict) -> tuple[float, dict | None]:
         default = d.get("max_position_embeddings") if k == "original_max_position_embeddings" else None
         if params.get(k, default) is None:
             raise ValueError(f"{d.get('model_type')} config: llama3 rope without {k}")
-        scaling[k] = params.get(k, default)
+        scaling[k] = params.get(k, default)  # type: ignore[assignment]  # model code
     return theta, scaling

@@ -66,7 +66,7 @@ class BootstrapConfig:
             num_experts=4,
             num_experts_per_tok=2,
             moe_intermediate_size=64,
-            **LONG_CONTEXT,
+            **LONG_CONTEXT,  # type: ignore[arg-type]  # model code
         )
     )
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -98,7 +98,7 @@ PRESETS: dict[str, BootstrapConfig] = {
             num_experts=8,
             num_experts_per_tok=2,
             moe_intermediate_size=128,
-            **LONG_CONTEXT,
+            **LONG_CONTEXT,  # type: ignore[arg-type]  # model code
         ),
         train=TrainConfig(steps=2000, lr=2e-3, warmup_steps=100),
         eval=EvalConfig(tasks=32, samples=2, agent_tasks=8, agent_samples=2, client_tasks=8, client_samples=2),
@@ -117,7 +117,7 @@ PRESETS: dict[str, BootstrapConfig] = {
             num_experts=8,
             num_experts_per_tok=2,
             moe_intermediate_size=128,
-            **LONG_CONTEXT,
+            **LONG_CONTEXT,  # type: ignore[arg-type]  # model code
         ),
         train=TrainConfig(steps=2400, batch_size=8, seq_len=256, lr=2e-3, warmup_steps=100),
         eval=EvalConfig(tasks=176, samples=8, agent_tasks=48, agent_samples=4),

@@ -76,4 +76,4 @@ def random_checkpoint(shape: str = "large", seed: int = 0) -> Path:
 
 
 if __name__ == "__main__":
-    print(random_checkpoint(*(sys.argv[1:2] or ["large"])))
+    print(random_checkpoint(sys.argv[1] if len(sys.argv) > 1 else "large"))

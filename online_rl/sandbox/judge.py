@@ -26,6 +26,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import Counter
 
@@ -126,6 +127,7 @@ def _canonical(output) -> str | None:
 
 def _exchange(proc: subprocess.Popen, job: bytes, deadline: float, cap: int) -> tuple[bytes, bytes, str | None]:
     """Feed the job, read stdout up to `cap` and stderr up to STDERR_CAP until EOF, the cap or the deadline."""
+    assert proc.stdin and proc.stdout and proc.stderr, "started with three pipes"
     sel = selectors.DefaultSelector()
     os.set_blocking(proc.stdin.fileno(), False)
     sel.register(proc.stdin, selectors.EVENT_WRITE)
@@ -140,6 +142,7 @@ def _exchange(proc: subprocess.Popen, job: bytes, deadline: float, cap: int) -> 
                 break
             for key, _ in sel.select(left):
                 f = key.fileobj
+                assert not isinstance(f, int), "registered as file objects"
                 if f is proc.stdin:
                     try:
                         view = view[os.write(f.fileno(), view[:65536]) :]
@@ -273,9 +276,14 @@ def _judge(cand: Candidate, cfg: SandboxConfig, uid: int | None, bare: bool) -> 
     }
     work = tempfile.mkdtemp(prefix="sbx-bare-") if bare else None
     job["work_dir"] = work or WORK_DIR
-    info_r, info_w = os.pipe() if not bare else (None, None)
-    argv = bare_command() if bare else bwrap_command(cfg.limits(), info_fd=info_w)
-    kw = {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
+    info_r: int | None = None
+    info_w: int | None = None
+    if bare:
+        argv = bare_command()
+    else:
+        info_r, info_w = os.pipe()
+        argv = bwrap_command(cfg.limits(), info_fd=info_w)
+    kw: dict[str, Any] = {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
     start = time.monotonic()
     try:
         proc = subprocess.Popen(
@@ -285,7 +293,7 @@ def _judge(cand: Candidate, cfg: SandboxConfig, uid: int | None, bare: bool) -> 
             stderr=subprocess.PIPE,
             env={},
             close_fds=True,
-            pass_fds=() if bare else (info_w,),
+            pass_fds=() if info_w is None else (info_w,),
             start_new_session=True,
             cwd="/",
             **kw,

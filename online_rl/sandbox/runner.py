@@ -195,8 +195,8 @@ def main():
         if hasattr(m, name)
     ]
 
-    result = {}
-    ns = {"__name__": "candidate", "__builtins__": builtins}
+    result: dict[str, object] = {}
+    ns: dict = {"__name__": "candidate", "__builtins__": builtins}
     try:
         exec(compile(job["code"], "<candidate>", "exec"), ns)
         fn = ns[job["fn"]]

@@ -314,7 +314,7 @@ def client_context(rng: random.Random, style: str, max_chars: int) -> Context:
     cwd = "/" + "/".join(rng.choice(("tmp", "home", "work", "src", "repo", "proj")) for _ in range(rng.randint(1, 3)))
     if style == "codex":
         if system and rng.random() < 0.5:
-            system += (f"<permissions instructions>\n{prose(rng, 300)}\n</permissions instructions>",)
+            system += (f"<permissions instructions>\n{prose(rng, 300)}\n</permissions instructions>",)  # type: ignore[assignment]  # model code
         return Context(system, before=environment(rng, cwd, "codex") if rng.random() < 0.8 else "")
     reminder = (
         f"<system-reminder>\n{prose(rng, rng.randint(80, 500))}\n</system-reminder>" if rng.random() < 0.6 else ""

@@ -56,7 +56,7 @@ TOOLS = (
         "parameters": {"type": "object", "properties": {"path": PATH}, "required": ["path"]},
     },
 )
-TOOL_LINES = [tf.tool_line(t["name"], t["description"], t["parameters"]) for t in TOOLS]
+TOOL_LINES = [tf.tool_line(t["name"], t["description"], t["parameters"]) for t in TOOLS]  # type: ignore[arg-type]  # model code
 PATHS = ("app.py", "main.py", "util.py", "lib.py", "core.py", "calc.py")
 # Through a client's shell, many more names: six are few enough to memorise, and the model must read the
 # file's name from the request (a client's workspace can hold any)
@@ -136,7 +136,7 @@ def episode(
         ]
         results = [task.prompt, "ok", summary]
     else:
-        tools = shell.tools
+        tools = shell.tools  # type: ignore[assignment]  # model code
         calls = [
             shell.call(f"cat {path}"),
             shell.call(C.heredoc(path, task.prompt + body)),
@@ -147,7 +147,7 @@ def episode(
             C.shell_output(shell, "", 0, rng),
             C.shell_output(shell, summary + "\n", int(failed > 0), rng),
         ]
-    lines = [tf.tool_line(t["name"], t["description"], t["parameters"]) for t in tools]
+    lines = [tf.tool_line(t["name"], t["description"], t["parameters"]) for t in tools]  # type: ignore[arg-type]  # model code
     messages: list[dict] = context.messages(ask.format(p=path, t=C.test_file(path)))
     chars = sum(len(m["content"]) for m in messages[:-1]) + (len(context.before) if context.reminder else 0)
     turns = []
@@ -170,9 +170,9 @@ def malformed(turn: Turn, args: dict, rng: random.Random) -> Turn:
         text = turn.target.replace("}}\n" + tf.CALL_CLOSE, "}\n" + tf.CALL_CLOSE)
     elif kind == "missing_argument":
         drop = "content" if turn.call == "write_file" else next(iter(args))
-        text = tf.call_text(turn.call, {k: v for k, v in args.items() if k != drop})
+        text = tf.call_text(turn.call, {k: v for k, v in args.items() if k != drop})  # type: ignore[arg-type]  # model code
     else:
-        text = tf.call_text(rng.choice(UNKNOWN_NAMES.get(turn.call, ("run", "execute"))), args)
+        text = tf.call_text(rng.choice(UNKNOWN_NAMES.get(turn.call, ("run", "execute"))), args)  # type: ignore[arg-type]  # model code
     return Turn(turn.prompt, text, turn.call, kind, turn.tools, turn.context_chars)
 
 
@@ -210,7 +210,7 @@ def sample_turn(
 
 def system_spans(doc: str) -> list[tuple[int, int]]:
     """(start, end) offsets of a document's `# system:` lines: a client's prose, read past, never a target."""
-    out, at = [], 0
+    out, at = [], 0  # type: ignore[var-annotated]  # model code
     for line in doc.splitlines(keepends=True):
         if line.startswith("# system:"):
             if out and out[-1][1] == at:

@@ -266,12 +266,12 @@ class Task:
         kind = self.spec.kind
         if kind == "int":
             base = [0, 1, self.k, self.k + 1, -3, 17]
-            return base + [rng.randint(-50, 100) for _ in range(4)]
+            return base + [rng.randint(-50, 100) for _ in range(4)]  # type: ignore[return-value]  # model code
         if kind == "list":
-            base = [[1, 2, 3], [self.k, self.k, 1], [9, 0, self.k + 1, 4, self.k, 12, 5, 7, 3, 8]]
+            base = [[1, 2, 3], [self.k, self.k, 1], [9, 0, self.k + 1, 4, self.k, 12, 5, 7, 3, 8]]  # type: ignore[list-item]  # model code
             return base + [[rng.randint(-5, 15) for _ in range(rng.randint(1, 12))] for _ in range(4)]
         words = ["hello", "ab", "flywheel", "x", "Python3", "coding model"]
-        return words + ["".join(rng.choice("abcdefgh") for _ in range(rng.randint(1, 12))) for _ in range(3)]
+        return words + ["".join(rng.choice("abcdefgh") for _ in range(rng.randint(1, 12))) for _ in range(3)]  # type: ignore[return-value]  # model code
 
     def expected_outputs(self) -> list[object]:
         """The reference body's outputs on test_inputs (computed in-process: it is our own code)."""
@@ -306,8 +306,8 @@ def hint_for(task: Task, completion: str) -> str:
     anything else -> "use <the expression it should return>" (e.g. "use x + 3")."""
     want = _return_expr(task.reference)
     got = _return_expr(completion)
-    if got is not None and got != want and _NUMBER.sub("#", got) == _NUMBER.sub("#", want):
-        wrong = [g for g, w in zip(_NUMBER.findall(got), _NUMBER.findall(want)) if g != w]
+    if got is not None and got != want and _NUMBER.sub("#", got) == _NUMBER.sub("#", want):  # type: ignore[arg-type]  # model code
+        wrong = [g for g, w in zip(_NUMBER.findall(got), _NUMBER.findall(want)) if g != w]  # type: ignore[arg-type]  # model code
         if wrong:
             return f"use {task.k}, not {wrong[0]}"
     return f"use {want}"

@@ -23,7 +23,8 @@ DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
 
 
 def _header(entries: dict[str, tuple[tuple[int, ...], torch.dtype]], dtype: torch.dtype) -> bytes:
-    head, offset = {"__metadata__": {"format": "pt"}}, 0
+    head: dict[str, dict] = {"__metadata__": {"format": "pt"}}
+    offset = 0
     size = torch.tensor([], dtype=dtype).element_size()
     for name, (shape, _) in entries.items():
         n = size
@@ -57,7 +58,7 @@ def save_streaming(
     for _, t in full_tensors(model, names=entries):  # every rank computed the same `entries`
         if f is not None and error is None:
             try:
-                f.write(memoryview(t.to("cpu", dtype).contiguous().view(torch.uint8).numpy()))
+                f.write(memoryview(t.to("cpu", dtype).contiguous().view(torch.uint8).numpy()))  # type: ignore[arg-type]  # an ndarray is a buffer
             except Exception as e:  # recorded, raised after the last gather
                 error = e
         del t  # the next tensor is gathered with this one gone

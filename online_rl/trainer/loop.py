@@ -164,12 +164,12 @@ class Trainer:
                 f"resume it with that (or start a new --work-dir)"
             )
         if self.fsdp:  # every rank its own shards (DCP reshards when the number of ranks changed)
-            load_shards(self.model, self.opt, self.checkpoints.latest() / SHARDS)
+            load_shards(self.model, self.opt, self.checkpoints.latest() / SHARDS)  # type: ignore[operator]  # load() found it
         else:
             self.model.load_state_dict(state["model"])
             self.opt.load_state_dict(state["optimizer"])
         self.joiner.load_state(state["joiner"])
-        self.privacy.load_state(state.get("privacy"), older=self.checkpoints.others(self.checkpoints.latest()))
+        self.privacy.load_state(state.get("privacy"), older=self.checkpoints.others(self.checkpoints.latest()))  # type: ignore[arg-type]
         self.buffer = [Sample.from_state(d) for d in state["buffer"]]
         self.commented = [(Sample.from_state(d["sample"]), d["left"]) for d in state.get("commented", [])]
         if "distill_rng" in state:  # the draws go on where they were, as in a run never stopped
@@ -319,7 +319,7 @@ class Trainer:
         self._ledger(s, "invalid")
 
     def _take_batch(self) -> list[Sample]:
-        fresh, batch = [], []
+        fresh, batch = list[Sample](), list[Sample]()
         for s in self.buffer:
             if (why := self.privacy.refuse_sample(s)) is not None:  # its tenant's policy now (counted there)
                 self._ledger(s, why)
@@ -384,7 +384,7 @@ class Trainer:
             if self.world > 1:
                 self._ranks_broken = True
                 raise  # the other ranks are inside the update's collectives: skipping alone would hang them
-            self.failures.failed("update", e.__cause__ if isinstance(e, PartialUpdate) else e, retry=False)
+            self.failures.failed("update", (e.__cause__ or e) if isinstance(e, PartialUpdate) else e, retry=False)
             if not isinstance(e, PartialUpdate):
                 self.opt.zero_grad(set_to_none=True)
                 for s in samples:

@@ -65,8 +65,8 @@ class Batch:
         if device.type == "cpu":
             return self
         move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
-        return Batch(
-            *(move(t) for t in (self.inputs, self.targets, self.mask, self.behaviour, self.replay, self.advantages)),
+        return Batch(  # type: ignore[call-arg]  # the fields in order: mypy cannot count a generator's items
+            *(move(t) for t in (self.inputs, self.targets, self.mask, self.behaviour, self.replay, self.advantages)),  # type: ignore[arg-type]
             self.n_tokens,
             *(move(t) for t in (self.teacher_inputs, self.teacher_pos, self.distill_mask)),
         )
@@ -190,6 +190,7 @@ def policy_loss(
         kl_tok = diff.sum().detach() / max(1, batch.n_tokens)  # reported: the k1 estimate of KL per token
     distill_kl = torch.zeros(())
     if batch.teacher_inputs is not None and cfg.distill_coef:
+        assert batch.teacher_pos is not None and batch.distill_mask is not None, "made with teacher_inputs"
         with torch.no_grad():
             t_logits = model(batch.teacher_inputs, None).logits  # its own routing: the hint has no served route
             V = t_logits.shape[-1]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -17,7 +18,7 @@ class JoinCounts(Collector):
     """flywheel_trainer_events_total{outcome}: the Joiner's own counts (online_rl.data.join.JoinStats), read at
     each scrape: they live in the checkpoint, so they continue across restarts."""
 
-    def __init__(self, stats: Callable[[], object]):
+    def __init__(self, stats: Callable[[], Any]):  # a dataclass (JoinStats)
         self.stats = stats
 
     def collect(self):
@@ -60,7 +61,7 @@ class PublishClock(Collector):
 
 
 class TrainerMetrics:
-    def __init__(self, join_stats: Callable[[], object], waiting: Callable[[], int] = lambda: 0, trainer=None):
+    def __init__(self, join_stats: Callable[[], Any], waiting: Callable[[], int] = lambda: 0, trainer=None):
         self.registry = r = CollectorRegistry()
         r.register(JoinCounts(join_stats))
         if trainer is not None:

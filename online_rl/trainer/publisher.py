@@ -54,14 +54,19 @@ class Publisher:
         if self.enabled:
             from weight_sync.store.server import Store
 
-            self._reconcile(Store(self.cfg.store))
+            self._reconcile(Store(self._store()))
+
+    def _store(self) -> Path:
+        assert self.cfg.store is not None, "enabled: it has a store"
+        return self.cfg.store
 
     def _config(self):
         from weight_sync.publish import PublishConfig
 
         return PublishConfig(
-            store=self.cfg.store,
-            private_key=self.cfg.key,
+            store=self._store(),
+            # None: publish() fails on it (as a failed publish); a test that fakes publish() sets none
+            private_key=self.cfg.key,  # type: ignore[arg-type]
             kafka_bootstrap=self.kafka,
             store_url=self.cfg.store_url,
             s3_url=self.cfg.s3_url,
@@ -106,7 +111,7 @@ class Publisher:
         shutil.rmtree(out, ignore_errors=True)
         # First: a sharded model's other ranks are gathering with this one until the last tensor.
         save_streaming(model, out, torch.bfloat16)
-        pcfg, store, work = self._config(), Store(self.cfg.store), self.dir.parent
+        pcfg, store, work = self._config(), Store(self._store()), self.dir.parent
         self._reconcile(store)  # versions an earlier publish committed without writing their records
         if store.latest() is None:
             # v0 = the starting model, the version the fleet serves first

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import torch
 import torch.distributed as dist
@@ -62,8 +62,9 @@ def command(cmd: tuple | None = None) -> tuple:
     """Rank 0 sends `cmd` to every rank; every rank returns it (one process: returned as is)."""
     rank, size = world()
     if size == 1:
+        assert cmd is not None, "rank 0 sends one"
         return cmd
-    box = [cmd if rank == 0 else None]
+    box: list[Any] = [cmd if rank == 0 else None]
     dist.broadcast_object_list(box, src=0, group=_command_group())
     return box[0]
 
@@ -91,7 +92,7 @@ def load_shards(model: torch.nn.Module, opt: torch.optim.Optimizer, directory: P
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     msd, osd = get_state_dict(model, opt)
-    state = {"model": msd, "optim": osd}
+    state: dict[str, Any] = {"model": msd, "optim": osd}
     dcp.load(state, storage_reader=dcp.FileSystemReader(str(directory)))
     set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
 

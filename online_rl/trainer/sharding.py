@@ -14,12 +14,16 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from online_rl.config import ShardConfig
+
+if TYPE_CHECKING:
+    from online_rl.model.transformer import MoECoder
 
 
 def sharded(model: torch.nn.Module) -> bool:
@@ -34,7 +38,7 @@ def compute_dtype(cfg: ShardConfig, device: torch.device) -> torch.dtype:
     return getattr(torch, cfg.param_dtype)
 
 
-def shard(model: torch.nn.Module, cfg: ShardConfig, device: torch.device | None = None) -> torch.nn.Module:
+def shard(model: MoECoder, cfg: ShardConfig, device: torch.device | None = None) -> MoECoder:
     """FSDP2 over the default process group: each decoder block its own unit, then the root. In place;
     returns the model. Gradients are summed across ranks, not averaged: the loss already divides by the
     global number of sequences, as the dp path's all-reduce sums."""
@@ -57,7 +61,7 @@ def shard(model: torch.nn.Module, cfg: ShardConfig, device: torch.device | None 
     return model
 
 
-def load_sharded(path: Path, cfg: ShardConfig, device: torch.device | None = None) -> torch.nn.Module:
+def load_sharded(path: Path, cfg: ShardConfig, device: torch.device | None = None) -> MoECoder:
     """A Hugging Face checkpoint straight into a sharded model: built on the meta device, sharded, then each
     rank copies its rows of each tensor as the checkpoint is read one tensor at a time. No rank ever holds
     the whole model (online_rl.model.transformer.load_pretrained would: a full fp32 copy, then its shard), so a rank's
@@ -89,7 +93,7 @@ def load_sharded(path: Path, cfg: ShardConfig, device: torch.device | None = Non
                         if name not in params:
                             unexpected.append(name)
                             continue
-                        local = params[name].to_local()
+                        local = params[name].to_local()  # type: ignore[attr-defined]  # shard() made it a DTensor
                         chunks = torch.chunk(full, world, dim=0)  # FSDP2's dim-0 split
                         rows = chunks[rank] if rank < len(chunks) else full[:0]
                         if tuple(full.shape) != tuple(params[name].shape) or rows.shape != local.shape:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,8 +35,9 @@ def share_batch(samples: list[Sample] | None, adv: np.ndarray | None) -> tuple[l
     """Rank 0's batch, on every rank."""
     rank, size = world()
     if size == 1:
+        assert samples is not None and adv is not None, "rank 0 holds the batch"
         return samples, adv
-    box = [(samples, adv) if rank == 0 else None]
+    box: list[Any] = [(samples, adv) if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
     return box[0]
 

@@ -136,7 +136,7 @@ class CompletionsApi:
         fr = finish_reason(res.finish)
         if spec.kind == "completion":
             return {"index": i, "text": res.text, "logprobs": self.logprobs(spec, res), "finish_reason": fr}
-        message = {"role": "assistant", "content": res.text}
+        message: dict[str, object] = {"role": "assistant", "content": res.text}
         if spec.tools is not None and spec.tools.active:
             parsed = await tc.parse_off_loop(spec.prefill + res.text + tc.trimmed_close(res.finish), spec.tools)
             turn.count_tools(self.parts, parsed, spec, tenant, cid, i, res, replica_id)

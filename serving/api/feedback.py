@@ -19,6 +19,7 @@ from serving.auth import TENANT, Tenant
 from serving.protocol.schema import (
     ApiError,
     Body,
+    Check,
     Field,
     Schema,
     boolean,
@@ -97,7 +98,7 @@ def _delayed_fields_fit_kind(b: Body) -> None:
     _delayed_fields_fit(b, "kind")
 
 
-def comment_text() -> object:
+def comment_text() -> Check:
     def check(v, name):
         why = ev.comment_problem(v)
         if why is not None:

@@ -14,7 +14,7 @@ max_output_tokens) once the completion event is on disk. An error after the star
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -141,7 +141,7 @@ class ResponsesApi:
             headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", VERSION_HEADER: ""}
         )
         seq = [0]
-        state = {"msg": None, "text": ""}
+        state: dict[str, Any] = {"msg": None, "text": ""}
 
         async def send(kind: str, **fields) -> None:
             payload = {"type": kind, "sequence_number": seq[0], **fields}

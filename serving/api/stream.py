@@ -48,7 +48,7 @@ async def stream_choices(
     )
     obj = "text_completion" if spec.kind == "completion" else "chat.completion.chunk"
     t0 = time.monotonic()
-    last_chunk = [None]
+    last_chunk: list[float | None] = [None]
     write_lock = asyncio.Lock()
     started = [False]
     durable: list = []

@@ -22,7 +22,7 @@ from serving.protocol import tool_calls as tc
 from serving.protocol.openai import GenerationSpec, finish_reason
 from serving.protocol.schema import ApiError
 from serving.replica import engine
-from serving.signals.sessions import MAX_SESSION_ID
+from serving.signals.sessions import MAX_SESSION_ID, Link
 
 if TYPE_CHECKING:
     from serving.auth import CompletionIds
@@ -85,7 +85,7 @@ def remember(
             {"id": c["id"], "name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in calls
         ],
     }
-    parts.sessions.record(tenant.id, spec.messages, answer, f"{cid}:{i}", spec.session.session_id)
+    parts.sessions.record(tenant.id, _messages(spec), answer, f"{cid}:{i}", _link(spec).session_id)
 
 
 def remember_choice(
@@ -142,19 +142,29 @@ def session_hint(parts: TurnParts, tenant: Tenant, given: str | None) -> str | N
     return given
 
 
+def _messages(spec: GenerationSpec) -> list[dict]:
+    assert spec.messages is not None, "a conversation's spec holds its messages"
+    return spec.messages
+
+
+def _link(spec: GenerationSpec) -> Link:
+    assert spec.session is not None, "link_session() linked it"
+    return spec.session
+
+
 def link_session(parts: TurnParts, tenant: Tenant, spec: GenerationSpec, cid: str) -> None:
     """The turn's session and previous turn, and the verdicts on that turn the client's request carries
     (serving.signals.implicit), logged as feedback."""
-    spec.session = link = parts.sessions.link(tenant.id, spec.messages, spec.session_hint, cid)
+    spec.session = link = parts.sessions.link(tenant.id, _messages(spec), spec.session_hint, cid)
     link.logged_id = parts.session_ids.logged(tenant.id, link.session_id, parts.ids.owner(link.session_id) == tenant.id)
-    for signal in parts.implicit.observe(tenant.id, link.session_id, link.parent_id, spec.messages):
+    for signal in parts.implicit.observe(tenant.id, link.session_id, link.parent_id, _messages(spec)):
         parts.signal(tenant.id, signal)
 
 
 def answered(parts: TurnParts, tenant: Tenant, spec: GenerationSpec, cid: str, i: int, calls: list[dict]) -> None:
     """The turn's answer, for the session's later verdicts; calls: OpenAI tool_calls."""
     flat = [{"id": c["id"], "name": c["function"]["name"], "arguments": c["function"]["arguments"]} for c in calls]
-    for signal in parts.implicit.answered(tenant.id, spec.session.session_id, f"{cid}:{i}", flat):
+    for signal in parts.implicit.answered(tenant.id, _link(spec).session_id, f"{cid}:{i}", flat):
         parts.signal(tenant.id, signal)
 
 
@@ -176,7 +186,7 @@ async def run_turn(
     body = engine.payload(prompt_ids, parts.prompter.sampling(spec), 0, stream, f"{cid}-0")
     active = spec.tools is not None and spec.tools.active
     split = tc.StreamSplitter(spec.tools, spec.prefill, id_prefix) if active and stream else None
-    t0, first, last = time.monotonic(), [True], [None]
+    t0, first, last = time.monotonic(), [True], list[float | None]([None])
 
     async def on_chunk(delta: str, res: engine.EngineResult) -> None:
         now = time.monotonic()
@@ -187,16 +197,18 @@ async def run_turn(
         last[0] = now
         if split is not None:
             delta = split.feed(delta)
-        if delta or first[0]:
+        if (delta or first[0]) and on_text is not None:  # (it is: a stream)
             await on_text(delta, first[0])
         first[0] = False
 
-    res, replica_id, timing = await parts.dispatcher.run_choice(body, stream, on_chunk if stream else None, tenant.id)
+    res, replica_id, timing = await parts.dispatcher.run_choice(
+        body, stream, on_chunk if stream else None, tenant=tenant.id
+    )
     fr = finish_reason(res.finish)
     if split is not None:
         tail = split.feed(tc.trimmed_close(res.finish))
         rest, parsed = await split.finish_off_loop()
-        if tail + rest:
+        if tail + rest and on_text is not None:  # (it is: a stream)
             await on_text(tail + rest, False)
     elif active:
         parsed = await tc.parse_off_loop(spec.prefill + res.text + tc.trimmed_close(res.finish), spec.tools, id_prefix)

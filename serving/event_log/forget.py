@@ -76,7 +76,7 @@ def matcher(forgotten: dict[str, float]) -> Callable[[dict], bool] | None:
         return None
 
     def match(meta: dict) -> bool:
-        before = forgotten.get(meta.get("tenant"))
+        before = forgotten.get(meta.get("tenant", ""))
         if before is None:
             return False
         ts = meta.get("ts")

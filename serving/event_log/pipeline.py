@@ -29,6 +29,7 @@ import multiprocessing
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,7 +117,7 @@ class EventLog:
         self._ctx = ctx
         # Called (writer thread) once after a batch whose events had on_durable callbacks: lets a caller
         # wake its event loop once per fsync rather than once per event.
-        self.after_sync = None
+        self.after_sync: Callable[[], None] | None = None
         self._writer = threading.Thread(target=self._write_loop, name="event-spool-writer", daemon=True)
         self._shipper = self._new_shipper() if cfg.bootstrap else None
         self._shipper_checked = 0.0

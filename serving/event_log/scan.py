@@ -31,7 +31,7 @@ class Scrub:
     """The secret scan of a record's texts, and the withheld value it yields; never raises."""
 
     def __init__(self, enabled: bool):
-        self.enabled, self.scrubber, self._logged = enabled, None, set()
+        self.enabled, self.scrubber, self._logged = enabled, None, set[str]()
         if enabled:
             try:
                 self.scrubber = Scrubber()

@@ -49,6 +49,7 @@ import inspect
 import re
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 FILENAME = "event"  # no extension: a file of unknown type to the library (keyword values must be quoted)
 
@@ -98,9 +99,11 @@ class Scrubber:
         from detect_secrets.plugins.keyword import DENYLIST, KeywordDetector
 
         limits = {"Base64HighEntropyString": cfg.base64_limit, "HexHighEntropyString": cfg.hex_limit}
+        # Any: detect_secrets types its plugin classes with a TypeVar bound to nothing (Never to a checker)
+        classes: list[Any] = sorted(get_mapping_from_secret_type_to_class().values(), key=lambda c: c.__name__)
         self._plugins = [
             cls(limit=limits[cls.__name__]) if cls.__name__ in limits else cls()
-            for cls in sorted(get_mapping_from_secret_type_to_class().values(), key=lambda c: c.__name__)
+            for cls in classes
             if cls.__name__ not in cfg.disabled_plugins
         ]
         # The library's default filters on a finding (detect_secrets.settings.Settings.clear), with the

@@ -122,7 +122,9 @@ class Spool:
         """`read`, each record with its position: ([(position, record)], position after them, framed bytes,
         the positions of the damaged records passed over)."""
         seg, off = start
-        records, damaged, nbytes = [], [], 0
+        records: list = []
+        damaged: list = []
+        nbytes = 0
         while len(records) < limit and (seg, off) < head:
             path = self.path(seg)
             if path.exists():
@@ -266,8 +268,8 @@ def _redacted(topic: str, key: str, n: int) -> bytes:
                 if len(payload) == n:
                     return HEADER.pack(n, zlib.crc32(payload)) + payload
     if n < 36:  # too short for a meta map
-        for k in range(32):  # fixstr: one byte of header per string up to 31 characters
-            payload = msgpack.packb(("", " " * k, None), use_bin_type=True)
+        for m in range(32):  # fixstr: one byte of header per string up to 31 characters
+            payload = msgpack.packb(("", " " * m, None), use_bin_type=True)
             if len(payload) == n:
                 return HEADER.pack(n, zlib.crc32(payload)) + payload
     raise ValueError(f"no redacted record of {n} bytes")

@@ -47,7 +47,7 @@ class SegmentWriter:
         seg, off = self.head
         try:
             fd = self._open(seg, off)
-            start, chunk = off, []
+            start, chunk = off, list[bytes]()
             for record in records:
                 if off >= self.segment_bytes:  # rotate: seal this segment, go on in the next
                     _pwrite_all(fd, b"".join(chunk), start)

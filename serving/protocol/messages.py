@@ -230,7 +230,7 @@ def _conversation(body: dict) -> list[dict]:
 
 def read_request(body: dict, limits: Limits | None = None, counting: bool = False) -> MessagesRequest:
     limits = limits or Limits()
-    msgs = body.get("messages") if isinstance(body.get("messages"), list) else []
+    msgs = given if isinstance(given := body.get("messages"), list) else []
     at_most(len(msgs), limits.max_messages, "messages", "max_messages", "messages")  # before any is read
     blocks = [m.get("content") for m in msgs if isinstance(m, dict)] + [body.get("system")]
     n = sum(len(b) for b in blocks if isinstance(b, list))
@@ -320,8 +320,8 @@ def usage(turn_or_prompt, output_tokens: int | None = None) -> dict:
     if isinstance(turn_or_prompt, int):
         prompt, cached, out = turn_or_prompt, 0, output_tokens or 0
     else:
-        prompt, cached, out = turn_or_prompt.prompt_tokens, turn_or_prompt.res.cached_tokens or 0, output_tokens
-        out = turn_or_prompt.completion_tokens if out is None else out
+        prompt, cached = turn_or_prompt.prompt_tokens, turn_or_prompt.res.cached_tokens or 0
+        out = turn_or_prompt.completion_tokens if output_tokens is None else output_tokens
     return {
         "input_tokens": prompt - cached,
         "output_tokens": out,

@@ -10,10 +10,15 @@ together, so a field's parsing and its echo in the answer are read side by side.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from serving.protocol.limits import Limits
 from serving.protocol.schema import ApiError, Field, at_most, boolean, integer, number, refuse_unknown, string, value
+
+if TYPE_CHECKING:
+    from serving.signals.sessions import Link
 
 
 @dataclass
@@ -38,11 +43,11 @@ class GenerationSpec:
     frequency_penalty: float = 0.0
     suffix: str | None = None
     user: str | None = None
-    tools: object = None  # serving.protocol.tool_calls.ToolSpec when the request has tools
+    tools: Any = None  # serving.protocol.tool_calls.ToolSpec when the request has tools (it imports this module)
     prefill: str = ""  # text the answer starts with (part of the prompt: a forced tool call's opening)
     messages: list | None = None  # chat: the checked messages (role, content, calls, tool_call_id)
     session_hint: str | None = None  # chat: a session id the client gave (metadata.session_id, X-Session-Id)
-    session: object = None  # serving.signals.sessions.Link, set by the gateway
+    session: Link | None = None  # set by the gateway
     api: str = ""  # the API it came in: completions | chat | responses | messages (logged with the event)
     # Responses and Messages: max_tokens is a ceiling the server may lower (to its limit, to what the context
     # leaves after the prompt), as those APIs' own servers do; the chat and completions APIs refuse instead.
@@ -101,7 +106,7 @@ def _stop(body: dict, limits: Limits) -> list[str]:
     return v
 
 
-def _unsupported(body: dict, names: dict[str, object]) -> None:
+def _unsupported(body: dict, names: Mapping[str, object]) -> None:
     """Fields clients may send with a neutral value; any other value is refused, not silently ignored."""
     for name, neutral in names.items():
         if name in body and body[name] not in (None, neutral):
@@ -412,7 +417,7 @@ def parse_chat(body: dict, limits: Limits) -> GenerationSpec:
 
 def finish_reason(sglang_finish: dict | None) -> str:
     kind = (sglang_finish or {}).get("type")
-    return {"length": "length", "stop": "stop"}.get(kind, "stop")
+    return "length" if kind == "length" else "stop"
 
 
 def completion_logprobs(tokens: list[str], logprobs: list[float], tops: list[dict] | None, offset0: int) -> dict:
@@ -434,7 +439,7 @@ def chat_logprobs(tokens: list[str], logprobs: list[float], tops: list[dict] | N
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> dict:
     """OpenAI's usage object; `prompt_tokens_details.cached_tokens` when the replica said how many prompt
     tokens its prefix cache held (of the first choice: the choices of one request share the prompt)."""
-    out = {
+    out: dict[str, object] = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,

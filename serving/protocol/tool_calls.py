@@ -32,6 +32,7 @@ import json
 import re
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from contracts import tool_format as tf
 from contracts.tool_format import CALL_OPEN
@@ -49,7 +50,7 @@ class Tool:
     name: str
     description: str
     parameters: dict
-    validator: object  # tool_schema.Validator: the parameters schema, no fetching, bounded patterns, deadline
+    validator: Any  # tool_schema.Validator (untyped): the parameters schema, no fetching, bounded patterns, deadline
 
 
 @dataclass

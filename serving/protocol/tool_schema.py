@@ -121,7 +121,7 @@ def check_schema(params: dict, where: str, limits, nodes_left: int) -> int:
     )
     with _accepted_lock:
         known = _accepted.get(key) if key else None
-        if known is not None and known <= nodes_left:
+        if key and known is not None and known <= nodes_left:
             _accepted.move_to_end(key)
             return known
     nodes = _check(params, where, limits, nodes_left)
@@ -260,8 +260,8 @@ def expansion(root, resolver, depth: int, cap: int) -> int:
             elif k == "dependentSchemas" and isinstance(v, dict):
                 total += sum(g(x, d) for x in v.values())
         if d > 0:  # one child value: the heaviest subschema its key or index could take, of each kind
-            props = s.get("properties") if isinstance(s.get("properties"), dict) else {}
-            items = s.get("prefixItems") if isinstance(s.get("prefixItems"), list) else []
+            props = p if isinstance(p := s.get("properties"), dict) else {}
+            items = i if isinstance(i := s.get("prefixItems"), list) else []
             total += max([g(x, d - 1) for x in props.values()] + [g(s.get("additionalProperties"), d - 1)])
             total += max([g(x, d - 1) for x in items] + [g(s.get("items"), d - 1)])
             total += sum(g(s.get(k), d - 1) for k in _CHILD if k not in ("additionalProperties", "items"))

@@ -51,7 +51,7 @@ def _materialize(v, loc: tuple = ()):
     if isinstance(v, (list, tuple)):
         return [_materialize(x, loc + (i,)) for i, x in enumerate(v)]
     if isinstance(v, Iterator):  # pydantic's ValidatorIterator: validates each item as it is read
-        out = []
+        out: list = []
         while True:
             try:
                 x = next(v)

@@ -227,7 +227,7 @@ def start(cfg: ReplicaConfig, die_with_parent: bool = True, wait: bool = True) -
     # port-0 picks and plain binds; a bind with SO_REUSEADDR (Kafka's, uvicorn's) still shares it.
     hold = None if cfg.port else reserve_port(cfg.host)
     try:
-        port = cfg.port or hold.getsockname()[1]
+        port = cfg.port if hold is None else hold.getsockname()[1]
         log_dir = Path(cfg.log_dir) if cfg.log_dir else flywheel_home() / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         log_file = log_dir / f"replica-{port}.log"

@@ -130,7 +130,7 @@ class Dispatcher:
             if attempt:
                 self.metrics.retries.inc()
             t0 = time.monotonic()
-            timing = {"ttft_ms": None}
+            timing: dict[str, float | None] = {"ttft_ms": None}
             try:
                 with Lease(replica, rollout=rollout):
                     run = self._generate(replica, body, stream, on_chunk, t0, timing)
@@ -159,6 +159,7 @@ class Dispatcher:
         raise ApiError(503, f"no replica could serve the request ({last})", "server_error", code="no_replica")
 
     async def _generate(self, replica: ReplicaHandle, body, stream, on_chunk, t0, timing) -> engine.EngineResult:
+        assert self.session is not None, "start() opened it"
         args = (self.session, replica.url, body, self.cfg.layers, self.cfg.top_k, self.cfg.request_timeout_s)
         if not stream:
             return await engine.generate(*args)
@@ -180,7 +181,8 @@ class Dispatcher:
         try:
             return await task
         except asyncio.CancelledError:
-            if task.cancelled() and asyncio.current_task().cancelling() == 0:  # stopped here, not by our caller
+            me = asyncio.current_task()
+            if task.cancelled() and me is not None and me.cancelling() == 0:  # stopped here, not by our caller
                 return engine.EngineResult(finish={"type": "abort", "message": "the replica went back to users"})
             raise
         finally:

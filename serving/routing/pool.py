@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -85,7 +86,7 @@ class ReplicaPool:
 
     def pick(
         self,
-        exclude: set[str] = frozenset(),
+        exclude: AbstractSet[str] = frozenset(),
         rollout: bool = False,
         prefer: frozenset[str] | None = None,
         req: RouteRequest | None = None,

@@ -78,7 +78,8 @@ MAX_TEXT = 8192  # characters of a user's message read (its head and tail): matc
 class _Session:
     last: str = ""  # "cid:choice" of the latest answer
     edit: str = ""  # of the latest answer that edited a file
-    calls: dict = field(default_factory=dict)  # call id -> (name, {path, command}) of the latest answer
+    # call id -> (name, {path, command}) of the latest answer
+    calls: dict[str, tuple[str, dict]] = field(default_factory=dict)
     awaiting: bool = False  # the latest answer called tools: their results are due
     seen: float = field(default_factory=time.monotonic)
     known: dict = field(default_factory=dict)  # path digest -> digest of its content as last read or written

@@ -140,7 +140,7 @@ class TenantPolicies:
             log.error("tenant %s's policy record could not be spooled (the spool is full); retrying", name)
             return False
         if futures:
-            _, late = await asyncio.wait(futures, timeout=max(self.durable_wait_s, 5.0))
+            _, late = await asyncio.wait([f for f in futures if f is not None], timeout=max(self.durable_wait_s, 5.0))
             if late:  # written later all the same; sending it again costs a duplicate the topic compacts away
                 log.error("tenant %s's policy record is not on disk yet; retrying", name)
                 return False

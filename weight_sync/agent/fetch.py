@@ -193,7 +193,7 @@ class StoreClient:
     async def _from_peer(self, location: str, peer: str, write: Callable[[bytes], object], limit: int) -> None:
         """Stream a piece from a peer into write(); anything wrong is _PeerFailed (the caller goes direct):
         a peer slower than the bound (weight_sync.agent.peer_rate) is "slow", within seconds."""
-        async for block in from_peer(self.session, location, peer, self.relay.bound, self.auth, limit):
+        async for block in from_peer(self.session, location, peer, self.relay.bound, self.auth, limit):  # type: ignore[union-attr]  # only with a relay
             write(block)
             self._got("peer", len(block))
 
@@ -202,6 +202,7 @@ class StoreClient:
         r, to_peer = await self._store_get(version, piece, failed)
         if r is not None:
             return await self._body(r, f"/versions/{version}/{piece}"), None
+        assert to_peer is not None, "no answer from the store: sent to a peer"
         peer, location = to_peer
         buf = bytearray()
         await self._from_peer(location, peer, buf.extend, MAX_PIECE)
@@ -227,7 +228,7 @@ class StoreClient:
             # Signed, and for this version: another version's signed manifest, replayed by a peer as this
             # one's, would otherwise pass and get this version rejected for good.
             try:
-                return verify(body, sig, self.relay.public_key).version == version
+                return verify(body, sig, self.relay.public_key).version == version  # type: ignore[union-attr, arg-type]  # only with a relay
             except ManifestError:
                 return False
 
@@ -252,8 +253,8 @@ class StoreClient:
                 self._fell_back("corrupt")
                 body, sig, _ = await both(bad)
             if signed(body, sig):
-                self.relay.cache.put(version, "manifest.json", body)
-                self.relay.cache.put(version, "manifest.sig", sig)
+                self.relay.cache.put(version, "manifest.json", body)  # type: ignore[union-attr]  # only with a relay
+                self.relay.cache.put(version, "manifest.sig", sig)  # type: ignore[union-attr]
         return body, sig
 
     # ------------------------------------------------------------------ chunks
@@ -277,6 +278,7 @@ class StoreClient:
                         f.write(block)
                         self._got("store", len(block))
             return None
+        assert to_peer is not None, "no answer from the store: sent to a peer"
         peer, location = to_peer
         with open(part, "wb") as f:  # a peer sends the whole piece
             await self._from_peer(location, peer, f.write, size)

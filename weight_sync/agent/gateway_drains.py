@@ -191,9 +191,9 @@ class Drains:
         self.held, self.passed_over = [], []
         results = await asyncio.gather(*(_undrain(self.session, gw) for gw in held), return_exceptions=True)
         await asyncio.gather(*(_undrain_quietly(self.session, gw) for gw in passed))
-        for gw, r in zip(held, results, strict=True):
-            if isinstance(r, BaseException) and (quiet or _unreachable(r)):
-                log.warning("gateway %s: %s not re-activated (%s)", gw.url, gw.replica_id, type(r).__name__)
+        for gw, res in zip(held, results, strict=True):
+            if isinstance(res, BaseException) and (quiet or _unreachable(res)):
+                log.warning("gateway %s: %s not re-activated (%s)", gw.url, gw.replica_id, type(res).__name__)
         fatal = [r for r in results if isinstance(r, BaseException) and not (quiet or _unreachable(r))]
         if fatal:
             raise fatal[0]

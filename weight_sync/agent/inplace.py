@@ -101,7 +101,7 @@ def _fetch_changed(client, manifest: Manifest, changed: list[int]) -> tuple[list
     of hundreds); else chunk by chunk, as many at once as the client allows."""
     loop = asyncio.get_running_loop()
     arrived = {t: loop.create_future() for t in changed}
-    frames = {t: [None] * len(manifest.tensors[t].chunks) for t in changed}
+    frames: dict[int, list[bytes | None]] = {t: [None] * len(manifest.tensors[t].chunks) for t in changed}
     left = {t: len(frames[t]) for t in changed}
 
     def got(t: int, c: int, data: bytes) -> None:

@@ -99,10 +99,11 @@ class Agent:
         that fetches from peers and fills this agent's relay (never advertise a relay that does not listen:
         peers sent there would only fall back)."""
         if self.cfg.store_url.startswith("s3://"):  # a bucket: no tracker, so no relay
-            return open_store(self.cfg.store_url, session, self.work / "downloads", self.cfg.parallel_downloads)
+            # S3StoreClient: StoreClient's interface, duck-typed
+            return open_store(self.cfg.store_url, session, self.work / "downloads", self.cfg.parallel_downloads)  # type: ignore[return-value]
         link = None
-        if self.relay_cache is not None and self.relay_server is not None:
-            link = PeerLink(self.cfg.relay_config().advertised, self.relay_cache, self.public, self.cfg.peer_bound)
+        if self.relay_cache is not None and self.relay_server is not None and (relay := self.cfg.relay_config()):
+            link = PeerLink(relay.advertised, self.relay_cache, self.public, self.cfg.peer_bound)
         return StoreClient(
             self.cfg.store_url,
             session,
@@ -116,15 +117,16 @@ class Agent:
 
     def start_relay(self) -> None:
         """Serve this agent's verified pieces to its peers (no-op without relay_port)."""
-        if self.relay_cache is None or self.relay_server is not None:
+        relay = self.cfg.relay_config()
+        if self.relay_cache is None or self.relay_server is not None or relay is None:
             return
 
         def count(result: str, nbytes: int) -> None:
             self.metrics.relay_requests.labels(result).inc()
             self.metrics.relay_sent.inc(nbytes)
 
-        self.relay_server = RelayServer(self.cfg.relay_config(), self.relay_cache, count).start()
-        log.info("agent %s relays verified pieces at %s", self.cfg.name, self.cfg.relay_config().advertised)
+        self.relay_server = RelayServer(relay, self.relay_cache, count).start()
+        log.info("agent %s relays verified pieces at %s", self.cfg.name, relay.advertised)
 
     def stop_relay(self) -> None:
         if self.relay_server is not None:
@@ -237,6 +239,7 @@ class Agent:
                 log.error("ignoring a weights record without a version: %s", r)
                 continue
             if kind == "version":
+                assert isinstance(v, int)  # (checked above: only an unpin has none)
                 self.state["latest_seen"] = max(self.state.get("latest_seen", 0), v)
                 if not r.get("canary"):  # a canary waits for its trial, and is released only when promoted
                     self._released(v)
@@ -250,6 +253,7 @@ class Agent:
                     target = r["stable"]
             elif kind in ("activate", "promote"):
                 if kind == "promote":
+                    assert isinstance(v, int)  # (checked above: only an unpin has none)
                     self._released(v)
                 if self.state.get("pinned") is None:
                     target = v

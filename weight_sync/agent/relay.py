@@ -34,6 +34,12 @@ from weight_sync.store.server import valid_piece, version_number
 _PIECE = web.RequestKey("flywheel_relay_piece", bool)  # set when the response carries a piece's bytes
 
 
+def _settle(fut: asyncio.Future) -> None:
+    """Wake the waiter of `fut` (in its own loop), unless it is done already."""
+    if not fut.done():
+        fut.set_result(None)
+
+
 @dataclass
 class RelayConfig:
     root: Path  # the cache: <work>/relay
@@ -91,7 +97,7 @@ class RelayCache:
                     waiters = []
             for loop, fut in waiters:  # the piece is here (put before this exit) or will not come
                 with contextlib.suppress(RuntimeError):  # that relay stopped meanwhile: nobody to wake
-                    loop.call_soon_threadsafe(lambda f=fut: f.done() or f.set_result(None))
+                    loop.call_soon_threadsafe(_settle, fut)
 
     async def arrival(self, version: int, piece: str, timeout_s: float) -> bool:
         """Wait (on the caller's event loop) until the piece stops arriving: True if it is here then, False
@@ -208,7 +214,7 @@ class RelayServer:
         return self
 
     def stop(self) -> None:
-        if self._thread is None or not self._thread.is_alive():
+        if self._thread is None or not self._thread.is_alive() or self._loop is None:
             return
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=15)

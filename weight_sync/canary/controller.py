@@ -19,6 +19,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 
@@ -73,7 +74,7 @@ class CanaryController:
         self.dead_letters = DeadLetters(self.registry, "flywheel_canary", "canary", cfg.publish.kafka_bootstrap)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._consumer = None
+        self._consumer: Any = None  # a KafkaConsumer while running (kafka-python has no types)
         self._pending: list[dict] = []  # records read while a trial looked for overrides, for the main loop
         self._attempts: dict[int, int] = {}  # candidate -> trials the gateway (or the topic) broke
         self._stable_of: dict[int, int] = {}  # candidate -> the stable version its trial compares against
@@ -198,7 +199,7 @@ class CanaryController:
     def _records(self) -> list[dict]:
         from kafka.errors import KafkaError
 
-        out = []
+        out: list[dict] = []
         try:
             batch = self._consumer.poll(timeout_ms=200)
         except KafkaError as e:  # the broker away: nothing read this time, the caller polls again
@@ -273,7 +274,7 @@ class CanaryController:
                         decided.add(rec.get("version"))
                 for i, rec in enumerate(records):
                     v = rec.get("version")
-                    if rec.get("type") == "version" and rec.get("canary") and v not in decided:
+                    if rec.get("type") == "version" and rec.get("canary") and isinstance(v, int) and v not in decided:
                         log.info("v%d: canary trial starts", v)
                         try:
                             self.trial(v)

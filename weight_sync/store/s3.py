@@ -27,15 +27,19 @@ from __future__ import annotations
 import logging
 import os
 import re
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import obstore
 from obstore.exceptions import BaseError as ObstoreError
 from obstore.store import S3Store
+
+if TYPE_CHECKING:  # obstore's option types live in its stubs only
+    from obstore.store import ClientConfig, RetryConfig, S3Config
 
 from weight_sync.store.server import version_number
 
@@ -95,7 +99,7 @@ def open_bucket(url: str, options: S3Options | None = None) -> S3Store:
     endpoint = endpoint_of(options)
     if endpoint is not None and not re.match(r"^https?://[^/\s]+/?$", endpoint):
         raise ValueError(f"bad S3 endpoint {endpoint!r}: expected http(s)://HOST[:PORT]")
-    config: dict = {
+    config: S3Config = {
         # Single-object DELETEs: S3Proxy (and some other S3-compatible stores) refuse the bulk DeleteObjects
         # call with the checksum header obstore sends; retention deletes a few hundred objects per version.
         "disable_bulk_delete": True,
@@ -107,13 +111,13 @@ def open_bucket(url: str, options: S3Options | None = None) -> S3Store:
         config["access_key_id"] = options.access_key_id
     if options.secret_access_key:
         config["secret_access_key"] = options.secret_access_key
-    client = {
+    client: ClientConfig = {
         "allow_http": bool(endpoint and endpoint.startswith("http://")),  # a private S3 on a trusted network
         "connect_timeout": timedelta(seconds=options.connect_timeout_s),
         "timeout": timedelta(seconds=options.timeout_s),
     }
     # obstore's default retries a request for up to 3 minutes: an unreachable endpoint must fail sooner.
-    retry = {
+    retry: RetryConfig = {
         "max_retries": options.retries,
         "retry_timeout": timedelta(seconds=options.timeout_s),
         "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=5), "base": 2},
@@ -152,7 +156,7 @@ def explain(e: BaseException, url: str, endpoint: str | None) -> S3StoreError:
     return S3StoreError(f"{where}: {_first_line(e)}")
 
 
-def numbered_prefixes(listing: dict) -> set[int]:
+def numbered_prefixes(listing: Mapping[str, Any]) -> set[int]:
     """Version numbers under versions/ in a list_with_delimiter answer (some S3 servers list a directory
     as an object too, so both halves are read)."""
     out = set()
@@ -202,7 +206,7 @@ class Bucket:
         return v[-1] if v else None
 
     def _keys_of(self, version: int) -> list[str]:
-        keys = []
+        keys: list[str] = []
         for batch in self._call(obstore.list, f"versions/{int(version)}/"):
             keys.extend(o["path"] for o in batch)
         return keys

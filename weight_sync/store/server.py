@@ -30,6 +30,7 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -139,7 +140,7 @@ class Store:
             v = m.base_version if m.kind == "delta" else None
         return out[::-1]
 
-    def retain(self, keep: int, protect: set[int] = frozenset()) -> list[int]:
+    def retain(self, keep: int, protect: AbstractSet[int] = frozenset()) -> list[int]:
         """Delete old versions: keep the newest `keep`, the protected ones, and everything their chains need."""
         versions = self.versions()
         wanted = set(versions[-keep:]) | (set(protect) & set(versions))
@@ -230,7 +231,7 @@ class Store:
         pinned version while a pin holds, the version last activated or promoted, the stable version a
         rollback returned to. Retention never deletes these, however old they are."""
         pinned, stable = None, set()
-        for r in sorted(self.activations(), key=lambda a: a.get("seq") if isinstance(a.get("seq"), int) else 0):
+        for r in sorted(self.activations(), key=lambda a: seq if isinstance(seq := a.get("seq"), int) else 0):
             kind, v = r.get("type"), r.get("version")
             if kind == "pin" and isinstance(v, int):
                 pinned = v

@@ -88,3 +88,23 @@ def test_the_gateway_salts_each_tenants_requests_and_routes_within_its_scope(tes
         return
     assert decisions == {"no_match": 2, "match": 2}
     assert len(set(salts)) == 2 and None not in salts  # two tenants, two salts, every request salted
+
+
+def test_messages_and_responses_are_salted_as_the_tenants_requests(test_model, tmp_path):
+    """/v1/messages and /v1/responses (serving.api.turn) run as the tenant's requests: salted, routed within its
+    scope. (The tenant's id once went positionally into run_choice's `rollout`: unsalted, routed as rollouts.)"""
+    from tests.fake_engine import gateway_over_fakes
+
+    async def scenario():
+        async with gateway_over_fakes(test_model, tmp_path / "gw", [1, 1]) as (client, fakes):
+            body = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": FILE}]}
+            headers = {"x-api-key": "key-u0", "anthropic-version": "2023-06-01"}
+            r = await client.post("/v1/messages", json=body, headers=headers)
+            assert r.status == 200, await r.text()
+            body = {"model": "m", "input": FILE, "max_output_tokens": 4}
+            r = await client.post("/v1/responses", json=body, headers={"Authorization": "Bearer key-u0"})
+            assert r.status == 200, await r.text()
+            return fakes
+
+    salts = [s for f in asyncio.run(scenario()) for s in f.salts]
+    assert len(salts) == 2 and None not in salts and len(set(salts)) == 1  # both requests: tenant u0's salt

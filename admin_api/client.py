@@ -48,11 +48,14 @@ def _body(method: str, body: dict | None) -> dict | None:
 class AdminClient:
     """One gateway's admin API, blocking (urllib)."""
 
-    def __init__(self, base_url: str, token: str, timeout: float = TIMEOUT_S):
-        self.base_url, self.token, self.timeout = base_url.rstrip("/"), token, timeout
+    def __init__(self, base_url: str | None, token: str | None, timeout: float = TIMEOUT_S):
+        # Either may be unset in a configuration that never calls the gateway: a call then says which is missing.
+        self.base_url, self.token, self.timeout = (base_url or "").rstrip("/"), token, timeout
 
     def call(self, method: str, path: str, body: dict | None = None, timeout: float | None = None) -> dict:
         """One call (path from admin_api.routes). Raises urllib.error.HTTPError on a 4xx/5xx."""
+        if not self.base_url or not self.token:
+            raise ValueError("the gateway's admin API needs its URL and an admin token (FLYWHEEL_ADMIN_TOKEN)")
         out = _body(method, body)
         req = urllib.request.Request(
             f"{self.base_url}{path}",

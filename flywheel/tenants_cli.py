@@ -11,13 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from admin_api.client import AdminClient
-from admin_api.types import ForgetRequest
+from admin_api.types import ForgetRequest, PolicyChange
 from infra.config import add_flags, option, resolve
 
 
@@ -94,7 +94,7 @@ def _call(args, ask: Callable[[AdminClient], T]) -> T:
         raise RuntimeError(f"cannot reach the gateway at {args.gateway}: {e.reason}") from None
 
 
-def _line(t: dict) -> str:
+def _line(t: Mapping[str, Any]) -> str:
     p = t["policy"]
     retention = "-" if p["retention_days"] is None else f"{p['retention_days']:g}d"
     forgotten = "-" if p["forgotten_before"] is None else f"{p['forgotten_before']:.0f}"
@@ -102,7 +102,7 @@ def _line(t: dict) -> str:
     return f"{t['name']:20} {p['train']:5} {retention:>9} {forgotten:>12} {limited:>7}  {','.join(t['ids'])}"
 
 
-def _print(args, answer: dict, tenants: list[dict]) -> None:
+def _print(args, answer: Mapping[str, Any], tenants: Sequence[Mapping[str, Any]]) -> None:
     if args.json:
         print(json.dumps(answer, indent=2))
         return
@@ -118,7 +118,11 @@ def _list(args) -> int:
 
 
 def _policy(args) -> int:
-    body = {k: v for k, v in (("train", args.train), ("retention_days", args.retention_days)) if v is not None}
+    body = PolicyChange()
+    if args.train is not None:
+        body["train"] = args.train
+    if args.retention_days is not None:
+        body["retention_days"] = args.retention_days
     if not body:
         raise ValueError("give --train and/or --retention-days")
     answer = _call(args, lambda admin: admin.set_policy(args.name, body))

@@ -20,7 +20,9 @@ import math
 import threading
 import time
 import urllib.error
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from admin_api.client import AdminClient
 from admin_api.types import LoadAnswer
@@ -69,7 +71,7 @@ class OffPeakScheduler:
         return self.admin.load()
 
     # ------------------------------------------------------------------ policy
-    def decide(self, snapshot: dict, now: float) -> Decision | None:
+    def decide(self, snapshot: Mapping[str, Any], now: float) -> Decision | None:
         """The action (at most one) this load snapshot calls for; `now` is time.monotonic()."""
         fleet, reps = snapshot["fleet"], snapshot["replicas"]
         load = fleet["load_per_active"]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import base64
 import random
 import urllib.error
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -85,7 +87,7 @@ class RolloutSource:
             pass_rates.append(rate)
         return out, pass_rates
 
-    def _group(self, task, resp: dict, step: int) -> tuple[list[Sample] | None, float]:
+    def _group(self, task, resp: Mapping[str, Any], step: int) -> tuple[list[Sample] | None, float]:
         """Judge one task's samples in the sandbox; None when the replica went back to users mid-rollout."""
         choices = [c for c in resp["choices"] if c["finish_reason"] != "abort"]
         if len(choices) < len(resp["choices"]):

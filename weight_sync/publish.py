@@ -35,10 +35,9 @@ class PublishConfig:
     """Where versions go and how they are cut; the options of `flywheel weights publish` and of the commands
     that announce on the weights topic (infra.config: one flag per option)."""
 
-    store: Path | None = option(None, help="the store directory (None: $FLYWHEEL_HOME/weights/store)")
-    private_key: Path | None = option(
-        None, flag="key", help="the signing key (None: $FLYWHEEL_HOME/weights/keys/signing.pem)"
-    )
+    # None given: filled in by __post_init__, so a built config always holds a Path
+    store: Path = option(None, help="the store directory (None: $FLYWHEEL_HOME/weights/store)")
+    private_key: Path = option(None, flag="key", help="the signing key (None: $FLYWHEEL_HOME/weights/keys/signing.pem)")
     full_every: int = option(10, help="every K-th version is a full snapshot, so no chain grows without bound")
     chunk_elems: int = codec.DEFAULT_CHUNK_ELEMS
     level: int = codec.DEFAULT_LEVEL

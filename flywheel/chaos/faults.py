@@ -63,11 +63,11 @@ def umount(path: Path) -> None:
 def mounts_under(root: Path) -> list[Path]:
     """Our small filesystems at or below `root` (a run killed with SIGKILL leaves them mounted); found by
     their source name, so nothing else mounted there is ever touched."""
-    out = []
+    out: list[Path] = []
     with open("/proc/self/mounts") as f:
         for line in f:
-            source, point, fstype = line.split()[:3]
-            point = Path(point.replace("\\040", " "))
+            source, mount, fstype = line.split()[:3]
+            point = Path(mount.replace("\\040", " "))
             if source == MOUNT_SOURCE and fstype == "tmpfs" and (point == root or root in point.parents):
                 out.append(point)
     return sorted(out, key=lambda p: len(p.parts), reverse=True)

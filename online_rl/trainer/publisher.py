@@ -65,7 +65,8 @@ class Publisher:
 
         return PublishConfig(
             store=self._store(),
-            # None: publish() fails on it (as a failed publish); a test that fakes publish() sets none
+            # None: the store's default key ($FLYWHEEL_HOME/weights/keys/signing.pem, filled in by PublishConfig);
+            # publish() fails, as a failed publish, where there is none
             private_key=self.cfg.key,  # type: ignore[arg-type]
             kafka_bootstrap=self.kafka,
             store_url=self.cfg.store_url,

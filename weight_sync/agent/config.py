@@ -21,10 +21,9 @@ class AgentConfig:
         help="the store server's URL, or a bucket: s3://BUCKET/PREFIX (endpoint and credentials from AWS_*)"
     )
     initial_model: Path = option(help="the checkpoint the replica started with")
-    public_key: Path | None = option(
-        None, help="the trainer's public key (None: $FLYWHEEL_HOME/weights/keys/signing.pub)"
-    )
-    work_dir: Path | None = option(None, help="the agent's directory (None: $FLYWHEEL_HOME/weights/agents/NAME)")
+    # None given: filled in by __post_init__, so a built config always holds a Path
+    public_key: Path = option(None, help="the trainer's public key (None: $FLYWHEEL_HOME/weights/keys/signing.pub)")
+    work_dir: Path = option(None, help="the agent's directory (None: $FLYWHEEL_HOME/weights/agents/NAME)")
     initial_version: int = 0
     kafka_bootstrap: str | None = option(
         None, flag="kafka", env="FLYWHEEL_KAFKA_BOOTSTRAP", help="bootstrap servers of the weights topic"

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from admin_api.client import AsyncAdminClient
-from admin_api.types import DrainBody
+from admin_api.types import DrainBody, ReplicaView
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ async def _ask_drain(session, gw: GatewayLink) -> tuple[int, dict]:
     return await _admin(session, gw).replica_action(gw.replica_id, "drain", DrainBody(lease_s=DRAIN_LEASE_S))
 
 
-async def _replicas(session, gw: GatewayLink) -> list[dict]:
+async def _replicas(session, gw: GatewayLink) -> list[ReplicaView]:
     return list((await _admin(session, gw).replicas())[1]["replicas"])
 
 
@@ -88,8 +88,8 @@ async def _drain(session, gw: GatewayLink, deadline: float) -> bool | str:
         raise SwitchError(f"gateway refused to drain {gw.replica_id} ({status}): {out}")
     renewed = time.monotonic()
     while time.monotonic() < deadline:
-        reps = {x["id"]: x for x in await _replicas(session, gw)}
-        if reps.get(gw.replica_id, {}).get("outstanding", 0) == 0:
+        mine = [x for x in await _replicas(session, gw) if x["id"] == gw.replica_id]
+        if not mine or mine[0].get("outstanding", 0) == 0:
             return True
         if time.monotonic() - renewed > DRAIN_LEASE_S / 3:  # a long wait for stragglers keeps the lease
             await _ask_drain(session, gw)

@@ -74,7 +74,7 @@ async def apply(agent: InPlaceParts, client: StoreClient, session, version: int,
         agent.metrics.phase.labels("patch").observe(patch_ms / 1000)
         t = time.monotonic()
         try:
-            load = InPlace(str(patch.path.resolve()), manifest.base_version)
+            load = InPlace(str(patch.path.resolve()), manifest.base)
             report = await switch(
                 agent.cfg.replica_url,
                 None,
@@ -91,7 +91,7 @@ async def apply(agent: InPlaceParts, client: StoreClient, session, version: int,
         agent.metrics.phase.labels("switch").observe(time.monotonic() - t)
         serving_ms = 1000 * (time.monotonic() - t0)
         t = time.monotonic()
-        if not await agent.local.persist_patch(version, manifest.base_version, patch):
+        if not await agent.local.persist_patch(version, manifest.base, patch):
             return None  # over a damaged base: the caller rebuilds the version from the store, reloads it
     finally:
         patch.path.unlink(missing_ok=True)

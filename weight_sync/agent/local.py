@@ -109,7 +109,7 @@ class LocalCopies:
         manifest = await self.manifest(client, version)
         base_dir = None
         if manifest.kind == "delta":
-            base_dir = await self.materialize(client, manifest.base_version, depth + 1)
+            base_dir = await self.materialize(client, manifest.base, depth + 1)
         t = time.monotonic()
         staging = self.work / f".build-{version}"
         shutil.rmtree(staging, ignore_errors=True)
@@ -139,10 +139,10 @@ class LocalCopies:
                         self.pool,
                     )
                 if codec.digest(bits) != entry.digest:
-                    if base_bits is not None and await self._base_damaged(client, manifest.base_version, entry.name):
+                    if base_bits is not None and await self._base_damaged(client, manifest.base, entry.name):
                         # This agent's own copy of the base went bad (a disk error): the version is fine. The
                         # copy goes; the retry rebuilds the base from the store (before: rejected for good).
-                        self.drop(manifest.base_version)
+                        self.drop(manifest.base)
                         raise Rejected(
                             "damaged_base",
                             f"the local copy of v{manifest.base_version} differs from its manifest at "

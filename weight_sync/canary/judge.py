@@ -78,7 +78,10 @@ FIGURES = (
 def judge(canary: dict, stable: dict, cfg: Thresholds) -> Verdict:
     """The decision on the two arms' figures (GET /admin/canary "arms" entries)."""
     canary, stable = capped(canary, cfg.max_tenant_share), capped(stable, cfg.max_tenant_share)
-    figures = {"canary": {k: canary.get(k) for k in FIGURES}, "stable": {k: stable.get(k) for k in FIGURES}}
+    figures: dict[str, object] = {
+        "canary": {k: canary.get(k) for k in FIGURES},
+        "stable": {k: stable.get(k) for k in FIGURES},
+    }
     if canary["requests"] >= cfg.min_requests and stable["requests"] >= cfg.min_requests:
         err_c = canary["errors"] / max(1, canary["requests"] + canary["errors"])
         err_s = stable["errors"] / max(1, stable["requests"] + stable["errors"])

@@ -34,12 +34,14 @@ def option(
     env: str | None = None,
     cli: bool = True,
     default_factory: Any = _NO_DEFAULT,
-    repr: bool = True,
+    repr: bool | None = None,
 ) -> Any:
     """A config field that is also a CLI flag (`--name-with-dashes`, or `flag`), optionally set from `env`.
-    cli=False: from the environment only (a secret: a flag would show it to every `ps` on the machine).
-    Without a default (nor an `env`), the flag is required. repr=False: never printed with its config."""
+    cli=False: from the environment only (a secret: a flag would show it to every `ps` on the machine), and so
+    never printed with its config either (repr defaults to cli). Without a default (nor an `env`), the flag is
+    required."""
     meta = {"help": help, "flag": flag, "env": env, "cli": cli}
+    repr = cli if repr is None else repr
     if default_factory is not _NO_DEFAULT:
         return dataclasses.field(default_factory=default_factory, metadata=meta, repr=repr)
     return dataclasses.field(default=default, metadata=meta, repr=repr)

@@ -1,4 +1,5 @@
-"""What the weight sync tests (tests/integration/test_weight_sync*.py) share: a store with v0 (the test model)
+"""What the weight sync tests (tests/integration/weight_sync/test_weight_sync*.py) share: a store with v0 (the test
+model)
 and three deltas behind its HTTP server, with the signing keys (`weights`, one per test module), an agent for a
 replica, and how a replica's answers and version are read and compared.
 """

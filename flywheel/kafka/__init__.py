@@ -7,5 +7,6 @@ jars, and its security material.
 - `cluster`: A Kafka 4 cluster over test hosts: one KRaft node (broker and controller) per host, a static quorum of
   voters, topics replicated three ways with min.insync.replicas=2, so one broker can die under load and nothing
   acknowledged is lost (producers ask for acks=all).
-- `security`: A broker's security material and settings (infra.kafka_auth says who may do what):.
+- `security`: A broker's security material and settings (infra.kafka_auth says who may do what): its CA, its
+credentials, its listeners.
 """

@@ -12,7 +12,7 @@ crash-safe checkpoints, how it lives with failures, its metrics, and the hand-of
   announcement on the weights topic.
 - `ranks`: The trainer's ranks (`flywheel train --nproc N`): rank 0 runs the loop and does all I/O; the others
   follow it, doing what rank 0 tells them in the order it tells them, so that every collective is entered by every
-  rank in the same order:.
+  rank in the same order.
 - `sharding`: How the trainer's model is spread over its ranks: `dp` keeps a whole copy (and optimizer state) on
   every rank and sums gradients with one all-reduce (online_rl.trainer.update); `fsdp` shards parameters, gradients
   and optimizer state over the ranks with torch's FSDP2 (`fully_shard`, one unit per decoder block, then the root

@@ -22,6 +22,6 @@ OpenAI and Tabby paths (/v1/feedback, /v1/events) are fixed by the clients.
 - `responses`: OpenAI's Responses API: `POST /v1/responses` (plain, or streamed as its typed events), and what
   `store` keeps: `GET /v1/responses/{id}`, `GET /v1/responses/{id}/input_items`, `DELETE /v1/responses/{id}`.
 - `stream`: A completion streamed as server-sent events, OpenAI's chunk shapes, n choices interleaved.
-- `tenants`: Tenants' privacy policies on the admin API (`/admin/tenants`, admin token):.
+- `tenants`: Tenants' privacy policies on the admin API (`/admin/tenants`, admin token).
 - `turn`: One turn of a conversation on the fleet, whichever API asked for it (chat, Responses, Messages).
 """

@@ -80,7 +80,7 @@ async def build_patch(client, manifest: Manifest, base_dir: Path, pool: Executor
     """Fetch what changed in `manifest` (a delta against `base_dir`) and write it as a patch file, in time and
     memory that follow what changed: each chunk's digest is checked (the manifest that lists them is
     signed); the base is read only for a tensor that travels whole, and for the few base bits a sparse one
-    carries (weight_patch.WAS). The rebuilt tensors' own digests are checked by `persist`, which writes
+    carries (weight_patch.format.WAS). The rebuilt tensors' own digests are checked by `persist`, which writes
     them whole. Raises ValueError (a corrupt chunk) or FetchError."""
     patch = Patch(Path(out), digests={t.name: t.digest for t in manifest.tensors})
     changed = manifest.changed_tensors()

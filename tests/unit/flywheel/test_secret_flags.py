@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from pathlib import Path
 
 import pytest
 
@@ -43,6 +44,34 @@ def test_no_subcommand_takes_a_secret_as_a_flag():
     assert len({p for p, _ in options}) > 30  # every subcommand was walked
     offending = [(p, f) for p, f in options if SECRET_FLAG.search(f)]
     assert not offending, offending
+
+
+def test_no_config_prints_its_environment_only_secrets():
+    """What only the environment may set (option(cli=False): tokens, keys) never shows in a config's repr, so a
+    config logged or printed in an error shows no secret."""
+    from flywheel.observe.command import ObserveConfig
+    from flywheel.status.gather import StatusConfig
+    from loadtests.runner import LoadTestConfig
+    from serving.config import GatewayConfig
+    from weight_sync.agent.config import AgentConfig
+    from weight_sync.canary.controller import CanaryConfig
+
+    secret = "s3cr3t-value"
+    configs = [
+        GatewayConfig(api_keys=secret, admin_token=secret),
+        AgentConfig(
+            name="r0",
+            store_url="http://127.0.0.1:1",
+            replica_url="http://127.0.0.1:2",
+            initial_model=Path("m"),
+            admin_token=secret,
+        ),
+        CanaryConfig(admin_token=secret),
+        StatusConfig(admin_token=secret, store_token=secret),
+        ObserveConfig(gateway="http://127.0.0.1:1", admin_token=secret),
+        LoadTestConfig(scenario="steady", admin_token=secret),
+    ]
+    assert [type(c).__name__ for c in configs if secret in repr(c)] == []
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,6 @@
 """Control-plane consistency without a broker (the same against Kafka and real agents:
-tests/integration/test_control_plane.py): sequence numbers never go back, also when the counter file is lost;
+tests/integration/weight_sync/test_weight_sync_faults.py): sequence numbers never go back, also when the counter file
+is lost;
 a torn last line of the activation ledger is recovered, never fatal to a publish or to the trainer's start; a
 tenant policy re-announced from a stale keys file cannot loosen a newer one."""
 

@@ -2,7 +2,7 @@
 process over scripted stand-in replicas: system prompts, text and tool_use / tool_result blocks, the stream's
 event sequence, `x-api-key` and `anthropic-version`, errors in Anthropic's shape, token counting, max_tokens
 as a ceiling, and the turns logged as the same completion events a chat completion makes. With real clients
-and a real replica: tests/integration/test_agent_apis.py."""
+and a real replica: tests/integration/serving/api/test_agent_clients.py."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ process over scripted stand-in replicas: function calls and their outputs, multi
 and by input items, instructions, what `store` keeps (per tenant, retention, forget), every body and stream
 event checked against the SDK's own models, bad input refused in OpenAI's shape, and the turns logged as
 the same completion events (session, parent, api) a chat completion makes. The same with real clients and a
-real replica: tests/integration/test_agent_apis.py."""
+real replica: tests/integration/serving/api/test_agent_clients.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The completion event as the gateway builds it (serving.event_log.completion) from a request, the replica's
 answer, who asked and where it went: what the event says, what the spool's meta asks the shipper to scan, and
 what a tenant that denies training keeps out of the log. (The whole path, gateway to spool: test_dispatcher and
-tests/integration/test_gateway.)"""
+tests/integration/serving/test_gateway.py)"""
 
 from __future__ import annotations
 

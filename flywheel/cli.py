@@ -1,7 +1,9 @@
 """`flywheel`: one command line; each package adds its own subcommands through a `register` function.
 
 A package's `cli` module exposes `register(subparsers)`; it must stay cheap to import (no torch,
-no sglang at import time) so that `flywheel --help` is instant.
+no sglang at import time) so that `flywheel --help` is instant. The modules are named in pyproject.toml's
+`flywheel.commands` entry points, not here: the command line imports no package by name, and a package above
+it (loadtests) registers its command as any other does.
 """
 
 from __future__ import annotations
@@ -10,28 +12,24 @@ import argparse
 import importlib
 import logging
 import sys
+from importlib.metadata import entry_points
 
-# Packages that contribute subcommands, in the order they appear in --help.
-COMMAND_MODULES = [
-    "flywheel.kafka.cli",
-    "flywheel.hosts.cli",
-    "online_rl.cli",
-    "serving.cli",
-    "weight_sync.cli",
-    "flywheel.demo.run",
-    "flywheel.observe.command",
-    "flywheel.chaos.run",
-    "loadtests.cli",
-    "flywheel.status.screen",
-    "flywheel.tenants_cli",
-]
+GROUP = "flywheel.commands"
+
+
+def command_modules() -> list[str]:
+    """The modules that register subcommands (pyproject.toml's entry points, as installed), in --help order."""
+    found = sorted(entry_points(group=GROUP), key=lambda ep: ep.name)
+    if not found:  # a checkout on the path, but not installed
+        raise SystemExit(f"flywheel: no {GROUP} entry points installed: run `make setup` (pip install -e .)")
+    return [ep.value for ep in found]
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flywheel", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    for name in command_modules():
         importlib.import_module(name).register(sub)
     return parser
 

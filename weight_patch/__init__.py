@@ -9,4 +9,6 @@ that applies it inside the replica.
   a fused loop on a CPU (kernels.delta.xor_scatter), tensors side by side.
 - `writer`: Writing a weight patch (weight_patch.format): the file a weights agent lays down for the SGLang loader
   next to it (weight_patch.loader) to apply.
+- `reader`: A patch read back with numpy, entry by entry: what the weight agent does to persist a version it handed
+  the replica in place (weight_sync.agent.inplace.persist).
 """

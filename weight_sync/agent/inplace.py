@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from kernels import delta as delta_kernels
-from weight_patch import format as wp, writer as patch_writer
+from weight_patch import format as wp, reader, writer as patch_writer
 from weight_sync import codec
 from weight_sync.agent.fetch import PackUnsupported, StoreClient
 from weight_sync.checkpoint import CheckpointReader, weight_files
@@ -194,8 +194,6 @@ def persist(base_dir: Path, patch: Patch, staging: Path) -> None:
     version's side files; then check every tensor, patched or not, against the manifest's digest (a damaged
     base must not live on in the versions built on it). Every file is fsynced; the caller renames `staging`
     into place. Raises DigestMismatch, or ValueError/KeyError for a base that does not fit the manifest."""
-    from safetensors import safe_open  # numpy's view of the patch (the module imports safetensors.numpy)
-
     staging.mkdir(parents=True)
     where: dict[str, tuple[Path, int, str, int]] = {}
     for src in weight_files(base_dir):
@@ -207,20 +205,19 @@ def persist(base_dir: Path, patch: Patch, staging: Path) -> None:
         raise ValueError(
             f"the base holds other tensors than the manifest ({sorted(set(where) ^ set(patch.digests))[:3]})"
         )
-    with safe_open(str(patch.path), framework="numpy") as f:
-        specs, keys = wp.decode_meta(f.metadata()), set(f.keys())
-        for name, (dtype, _) in specs.items():
-            dst, offset, have_dtype, numel = where[name]
-            if have_dtype != dtype:
-                raise ValueError(f"{name}: the base holds {have_dtype}, the patch {dtype}")
-            mm = np.memmap(dst, dtype=wp.BIT_DTYPES[dtype], mode="r+", offset=offset, shape=(numel,))
-            if name in keys:
-                mm[:] = f.get_tensor(name).reshape(-1)
-            else:
-                x = f.get_tensor(name + wp.XOR).view(codec.bit_view(dtype))
-                delta_kernels.xor_scatter(np.asarray(mm).view(x.dtype), f.get_tensor(name + wp.IDX), x)
-            mm.flush()
-            del mm
+    for e in reader.entries(patch.path):
+        dst, offset, have_dtype, numel = where[e.name]
+        if have_dtype != e.dtype:
+            raise ValueError(f"{e.name}: the base holds {have_dtype}, the patch {e.dtype}")
+        mm = np.memmap(dst, dtype=wp.BIT_DTYPES[e.dtype], mode="r+", offset=offset, shape=(numel,))
+        if e.whole is not None:
+            mm[:] = e.whole
+        else:
+            assert e.xor is not None and e.idx is not None  # a sparse entry carries both
+            x: np.ndarray = e.xor.view(codec.bit_view(e.dtype))
+            delta_kernels.xor_scatter(np.asarray(mm).view(x.dtype), e.idx, x)
+        mm.flush()
+        del mm
     for name, (dst, offset, dtype, numel) in where.items():
         itemsize = np.dtype(codec.bit_view(dtype)).itemsize
         mm = np.memmap(dst, dtype=np.uint8, mode="r", offset=offset, shape=(numel * itemsize,))

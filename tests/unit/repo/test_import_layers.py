@@ -20,10 +20,9 @@ The layers, bottom to top (a package may import only the ones below it, and itse
     loadtests                 the locust users and scenarios, run against a local fleet or a deployed one
 
 Production code is every package but loadtests (and tests and benchmarks, which may import anything):
-none of it imports loadtests, tests or benchmarks. The one way up is the command line's registration of
-subcommands: flywheel.cli imports each package's `cli` module by name (COMMAND_MODULES, through importlib,
-when the parser is built), loadtests.cli among them, so that `flywheel loadtest` exists. That list is
-read here too, and `loadtests.cli` is the only name in it that is allowed to point up.
+none of it imports loadtests, tests or benchmarks. The command line imports no package by name either: each
+package registers its subcommands through pyproject.toml's `flywheel.commands` entry points, loadtests (above
+it) as any other, so no import here points up and the rules have no exception.
 """
 
 from __future__ import annotations
@@ -50,21 +49,11 @@ ALLOWED: dict[str, set[str]] = {
 }
 FREE = {"tests", "benchmarks"}  # may import anything; nothing above may import them
 PRODUCTION = set(ALLOWED) - {"loadtests"}
-UPWARD_REGISTRATIONS = {("flywheel.cli", "loadtests.cli")}  # (importer, imported): see the docstring
 
 
 def layer_of(module: str) -> str | None:
     top = module.split(".")[0]
     return top if top in ALLOWED or top in FREE else None  # None: the standard library or a third party
-
-
-def command_modules() -> set[str]:
-    """The names in flywheel.cli's COMMAND_MODULES (imported by name when the parser is built)."""
-    tree = ast.parse((REPO_ROOT / "flywheel" / "cli.py").read_text())
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "COMMAND_MODULES" for t in node.targets):
-            return {ast.literal_eval(e) for e in node.value.elts}
-    raise AssertionError("flywheel/cli.py has no COMMAND_MODULES list")
 
 
 def source_files() -> list[Path]:
@@ -77,7 +66,7 @@ def edges() -> list[tuple[str, str, str, str]]:
     for path in source_files():
         name = module_name(path)
         src = layer_of(name)
-        targets = imports_of(path) | (command_modules() if name == "flywheel.cli" else set())
+        targets = imports_of(path)
         for target in sorted(targets):
             dst = layer_of(target)
             if dst is not None and dst != src:
@@ -107,9 +96,7 @@ def test_imports_follow_the_layers():
     bad = [
         f"{f} ({src}) imports {target} ({dst})"
         for f, src, target, dst in edges()
-        if src in ALLOWED
-        and dst not in ALLOWED[src]
-        and (module_name(REPO_ROOT / f), target) not in UPWARD_REGISTRATIONS
+        if src in ALLOWED and dst not in ALLOWED[src]
     ]
     assert not bad, "imports against the layers:\n" + "\n".join(bad)
 
@@ -122,13 +109,8 @@ def test_named_rules():
     for bottom in ("contracts", "kernels"):
         assert not {dst for src, dst in seen if src == bottom}, f"{bottom} import nothing of ours"
     assert {dst for src, dst in seen if src == "infra"} <= {"contracts"}, "infra imports only the contracts"
-    static = {
-        (src, dst)
-        for f, src, target, dst in edges()
-        if (module_name(REPO_ROOT / f), target) not in UPWARD_REGISTRATIONS
-    }
     for src in PRODUCTION:
-        assert (src, "loadtests") not in static, f"{src} imports loadtests"
+        assert (src, "loadtests") not in seen, f"{src} imports loadtests"
         assert not {dst for s, dst in seen if s == src} & FREE, f"{src} imports tests or benchmarks"
 
 
@@ -159,9 +141,19 @@ def test_every_module_is_on_its_package_map():
     assert not unnamed, "name these in their package's __init__ docstring: " + ", ".join(unnamed)
 
 
-def test_the_one_upward_registration_is_the_loadtest_command():
-    assert {m for m in command_modules() if layer_of(m) == "loadtests"} == {"loadtests.cli"}
-    assert {(imp, m) for imp, m in UPWARD_REGISTRATIONS} <= {("flywheel.cli", m) for m in command_modules()}
+def test_commands_are_registered_by_entry_points_that_are_installed():
+    """Each package's subcommands come from pyproject.toml's flywheel.commands entry points, each naming a module
+    of ours with `register`; the installed metadata says the same (a stale install would hide a command)."""
+    import importlib
+    import tomllib
+    from importlib.metadata import entry_points
+
+    declared = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["flywheel.commands"]
+    assert {"loadtests.cli", "online_rl.cli", "serving.cli", "weight_sync.cli"} <= set(declared.values())
+    for module in declared.values():
+        assert layer_of(module) in ALLOWED and callable(importlib.import_module(module).register), module
+    installed = {ep.name: ep.value for ep in entry_points(group="flywheel.commands")}
+    assert installed == declared, "pyproject.toml's commands differ from the installed ones: run `make setup`"
 
 
 def test_the_scanner_sees_every_kind_of_import():

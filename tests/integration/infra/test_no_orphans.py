@@ -21,7 +21,7 @@ pytestmark = pytest.mark.timeout(300)
 CHILD = """
 import json, sys, time
 from pathlib import Path
-from flywheel import kafka_broker
+from flywheel.kafka import broker as kafka_broker
 from serving import gateway_process
 from serving.replica.process import ReplicaConfig, start
 model, tmp, threads = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])

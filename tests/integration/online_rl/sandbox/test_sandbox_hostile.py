@@ -108,7 +108,7 @@ def test_harness_killed_mid_run_leaves_nothing(tmp_path):
     import sys
 
     script = (
-        "from tests import hostile_candidates as hc\nfrom online_rl import sandbox\n"
+        "from tests import hostile_candidates as hc\nfrom online_rl.sandbox import judge as sandbox\n"
         "c = hc.render(hc.Hostile('sleep', None, 0, 'import time\\ntime.sleep(1000)'))\n"
         "sandbox.run([c, c], sandbox.SandboxConfig(wall_seconds=120, cpu_seconds=60))\n"
     )

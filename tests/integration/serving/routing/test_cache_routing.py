@@ -125,6 +125,9 @@ def test_ide_traffic_through_both_policies(two_gateways, replica, second_replica
     assert body["routing"]["decisions"].get("match", 0) > 0
 
 
+# Serial: cProfile's clock is wall time, and the baseline's idle wait against the measured run's work came out
+# negative in total beside another worker (-13.6 ms a request, make test on a6d13d2).
+@pytest.mark.serial
 def test_the_gateway_profile_says_where_a_request_goes(replica, test_model, tmp_path):
     """The benchmark's profile of our added latency, small: per-request time by module family, the first
     requests' one-time work (lazy imports) subtracted by a gateway that served a tenth as many."""

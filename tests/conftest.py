@@ -91,7 +91,7 @@ def pytest_collection_modifyitems(config, items):
     # a file's own order kept). The tests were in two flat folders before; moving a file between folders must not
     # change what the session's servers have seen before each test (a replica's weights, its prefix cache).
     items.sort(key=lambda item: (item.path.parent.relative_to(config.rootpath).parts[:2], item.path.name))
-    if config.getvalue("dist") == "loadfile":
+    if hasattr(config, "workerinput"):  # a worker (xdist sets its own dist to "no"): its order is the schedule's
         # Longest first (what a worker takes next is the next unit in this order): the long files no longer
         # start last and keep one worker busy alone at the end. The files on the session's replicas are one unit
         # (their sum), and keep their order among themselves (a stable sort).

@@ -20,6 +20,9 @@ pytestmark = pytest.mark.timeout(600)
 PROMPT = 'def add_three(x):\n    """Return x plus 3."""\n'
 
 
+# Serial: it holds users' p99 at the rise against the steady one's (0.93 s against a 0.93 s bound beside another
+# worker, make test on fcc40c4).
+@pytest.mark.serial
 def test_borrow_in_the_trough_return_at_the_rise(replica, second_replica, test_model, tmp_path):
     gw = gateway_process.start(
         [replica.url, second_replica.url], test_model, tmp_path / "gw", keys=GATEWAY_KEYS, admin_token=GATEWAY_ADMIN

@@ -62,6 +62,7 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     together = on_session_replicas(config.rootpath)
+    config.option.loadscopereorder = False  # the units in the collection's order (longest first), not by test count
 
     class LoadFileSessionReplicasTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:

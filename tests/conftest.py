@@ -12,7 +12,6 @@ are started once and those files run in the order they would alone (pytest_xdist
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -62,7 +61,6 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     together = on_session_replicas(config.rootpath)
-    config.option.loadscopereorder = False  # the units in the collection's order (longest first), not by test count
 
     class LoadFileSessionReplicasTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
@@ -72,38 +70,11 @@ def pytest_xdist_make_scheduler(config, log):
     return LoadFileSessionReplicasTogether(config, log)
 
 
-DURATIONS = "test_durations.json"  # per file, seconds: the last whole run's, in $FLYWHEEL_HOME
-
-
-def known_durations(root: Path) -> dict[str, float]:
-    """Seconds per test file: this machine's last whole run, else the snapshot in tests/durations.json."""
-    from infra.paths import flywheel_home
-
-    for path in (flywheel_home() / DURATIONS, root / "tests" / "durations.json"):
-        try:
-            return {str(k): float(v) for k, v in json.loads(path.read_text()).items()}
-        except (OSError, ValueError, AttributeError):
-            continue
-    return {}
-
-
 def pytest_collection_modifyitems(config, items):
     # The order of the run: by kind, then by file name, whatever package folder a file sits in (a stable sort:
     # a file's own order kept). The tests were in two flat folders before; moving a file between folders must not
     # change what the session's servers have seen before each test (a replica's weights, its prefix cache).
     items.sort(key=lambda item: (item.path.parent.relative_to(config.rootpath).parts[:2], item.path.name))
-    if hasattr(config, "workerinput"):  # a worker (xdist sets its own dist to "no"): its order is the schedule's
-        # Longest first (what a worker takes next is the next unit in this order): the long files no longer
-        # start last and keep one worker busy alone at the end. The files on the session's replicas are one unit
-        # (their sum), and keep their order among themselves (a stable sort).
-        took, together = known_durations(config.rootpath), on_session_replicas(config.rootpath)
-        replicas_unit = sum(took.get(f, 0.0) for f in together)
-
-        def unit_seconds(item) -> float:
-            path = item.path.relative_to(config.rootpath).as_posix()
-            return replicas_unit if path in together else took.get(path, 0.0)
-
-        items.sort(key=lambda item: -unit_seconds(item))
     # What the scheduler read from the source must be what the fixtures say (a replica fixture reached through
     # a fixture of a conftest would be missed there).
     uses = {
@@ -115,26 +86,11 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(f"tests/conftest.py: on_session_replicas misses {sorted(missed)}")
 
 
-_took: dict[str, float] = {}
-
-
-def pytest_runtest_logreport(report):
-    # Seconds per file, setup and teardown included (the controller hears every worker's reports).
-    path = report.nodeid.split("::", 1)[0]
-    _took[path] = _took.get(path, 0.0) + report.duration
-
-
 def pytest_sessionfinish(session, exitstatus):
     # A run that executes no test must fail (e.g. everything deselected or skipped). Under xdist the
     # controller judges the whole run; a worker may well have been sent nothing.
     if hasattr(session.config, "workerinput"):
         return
-    if session.config.getvalue("dist") == "loadfile" and len(_took) > 100:  # a whole parallel run: the next one's order
-        from infra.files import write_durably
-        from infra.paths import flywheel_home
-
-        took = {k: round(v, 1) for k, v in {**known_durations(session.config.rootpath), **_took}.items()}
-        write_durably(flywheel_home() / DURATIONS, json.dumps(took, indent=1, sort_keys=True).encode())
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     passed = len(reporter.stats.get("passed", [])) if reporter else 0
     if exitstatus == 0 and passed == 0:

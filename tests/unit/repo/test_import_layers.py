@@ -30,7 +30,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from tests.import_graph import REPO_ROOT, imports_in, imports_of, module_name, python_files
+from tests.import_graph import PRODUCTION, REPO_ROOT, SHIPPED, imports_in, imports_of, module_name, python_files
 
 _BOTTOM = {"contracts", "kernels", "infra"}
 _PROTOCOLS = {"admin_api", "weight_patch"}
@@ -48,7 +48,6 @@ ALLOWED: dict[str, set[str]] = {
     "loadtests": _BOTTOM | _PROTOCOLS | {"weight_sync", "serving", "online_rl", "flywheel"},
 }
 FREE = {"tests", "benchmarks"}  # may import anything; nothing above may import them
-PRODUCTION = set(ALLOWED) - {"loadtests"}
 
 
 def layer_of(module: str) -> str | None:
@@ -79,6 +78,11 @@ def test_every_package_of_the_repository_has_a_layer():
     assert packages <= set(ALLOWED) | FREE, (
         f"a new package needs its place in ALLOWED: {packages - set(ALLOWED) - FREE}"
     )
+
+
+def test_the_package_lists_agree_with_the_layers():
+    """tests.import_graph's package lists (the size, flag and dependency checks read them) are these layers."""
+    assert set(SHIPPED) == set(ALLOWED) and set(PRODUCTION) == set(ALLOWED) - {"loadtests"}
 
 
 def test_the_layers_form_no_cycle():

@@ -38,7 +38,9 @@ class LoadTestConfig:
 
     scenario: str
     users: int = option(8, help="locust users")
-    duration_s: float = 90.0  # the flag: --duration, with its unit (loadtests.cli)
+    # The flag: --duration, with its unit (loadtests.cli). A scenario's run goes on past it while an action
+    # (a publish and its wait for the fleet) is still going.
+    duration_s: float = 90.0
     spawn_rate: float = option(4.0, help="users started per second")
     out_dir: Path = option(Path("loadtest_out"), flag="out", help="where the results go")
     p99_multiple: float = option(2.0, help="allowed p99 after the first action, as a multiple of the p99 before it")

@@ -117,25 +117,39 @@ def versions() -> list[str]:
 
 def install(steps: list[tuple[float, object]]) -> None:
     """Run `steps` [(fraction of the run time, callable)] once the test starts; later steps may rely on
-    state earlier ones return through the shared dict they are given."""
+    state earlier ones return through the shared dict they are given. The run lasts its run time, and longer
+    while an action is still going (each has its own timeout): locust's own limit would quit in the middle of
+    one, and the run would pass with a version published but never reached (CI, a loaded box: the third
+    switch still draining at the end)."""
+    held: dict = {}
+
+    @events.init.add_listener
+    def _hold_run_time(environment, **_kw) -> None:
+        opts = environment.parsed_options
+        if opts is not None and opts.run_time:  # taken before locust arms its timer on it (after init)
+            held["run_time"], opts.run_time = float(opts.run_time), None
 
     @events.test_start.add_listener
     def _start(environment, **_kw) -> None:
-        run_time = getattr(environment.parsed_options, "run_time", None) if environment.parsed_options else None
-        if not run_time:
+        if "run_time" not in held:
             errors.append("scenarios need a run time (-t / --duration)")
+            gevent.spawn(environment.runner.quit)
             return
-        gevent.spawn(_timeline, environment, steps, float(run_time))
+        gevent.spawn(_timeline, environment, steps, held["run_time"])
 
 
 def _timeline(environment, steps, run_time: float) -> None:
     t0 = time.monotonic()
     state: dict = {}
-    for fraction, action in steps:
-        gevent.sleep(max(0.0, t0 + fraction * run_time - time.monotonic()))
-        try:
-            action(state)
-        except Exception as e:
-            errors.append(f"{getattr(action, '__name__', action)}: {e}")
-            ide_users.mark("action failed", error=str(e)[:300])
-            return
+    try:
+        for fraction, action in steps:
+            gevent.sleep(max(0.0, t0 + fraction * run_time - time.monotonic()))
+            try:
+                action(state)
+            except Exception as e:
+                errors.append(f"{getattr(action, '__name__', action)}: {e}")
+                ide_users.mark("action failed", error=str(e)[:300])
+                return
+        gevent.sleep(max(0.0, t0 + run_time - time.monotonic()))
+    finally:
+        environment.runner.quit()

@@ -137,12 +137,86 @@ def long_context() -> str:
     return "\n".join(lines)
 
 
+def inplace_switch() -> str:
+    """The in-place switch against a reload from disk, at 2% and 30% of the elements changed: medians, the first
+    switch in brackets (records/delta_inplace_alone.json: benchmarks/_delta_inplace.py run alone)."""
+    r = _load("records/delta_inplace_alone.json")
+    lines = [
+        "| changed | delta | in place | reload from disk | ratio | same answers |",
+        "|---|---|---|---|---|---|",
+    ]
+    for key in sorted((k.rsplit("_", 1)[1] for k in r if k.startswith("inplace_switch_s_")), key=lambda k: int(k[:-3])):
+        rep = r[f"inplace_report_{key}"]
+        if rep["patch_full_elems"]:  # whole tensors sent: the patch is most of it
+            first = f"{_round(r[f'inplace_switch_first_s_{key}'], 2)} s, whole tensors"
+        else:
+            first = (
+                f"{_round(r[f'inplace_switch_first_s_{key}'], 2)} s: patch {_round(rep['patch_ms'] / 1000, 2)} s, "
+                f"engine {_round(rep['load_ms'] / 1000, 2)} s"
+            )
+        reload_first = _round(r[f"reload_report_{key}"]["serving_ms"] / 1000, 2)
+        lines.append(
+            f"| {key[:-3]}% | {_sig(r[f'inplace_delta_mb_{key}'], 3, 1)} MB "
+            f"| {_round(r[f'inplace_switch_s_{key}'], 2)} s ({first}) "
+            f"| {_round(r[f'reload_switch_s_{key}'], 2)} s ({reload_first} s) "
+            f"| {_round(r[f'inplace_vs_reload_{key}'], 2)} ({_round(r[f'inplace_vs_reload_first_{key}'], 2)}) "
+            f"| {'yes' if r[f'inplace_same_answers_{key}'] else 'no'} |"
+        )
+    return "\n".join(lines)
+
+
+def relay() -> str:
+    """Store egress and time until every agent has a version, with the peer relays and without (delta.json's
+    relay rounds: real replicas, and the synthetic 50 Mbit/s fleet), then the synthetic chain and star."""
+    r = _load("delta.json")
+    lines = [
+        "| agents | store egress, relays / none | time until all have it, relays / none |",
+        "|---|---|---|",
+    ]
+
+    def pair(relays: str, direct: str, fmt: Callable[[float], str]) -> str:
+        return fmt(r[relays]) + (f" / {fmt(r[direct])}" if direct in r else "")
+
+    for n in sorted(int(k.rsplit("_", 1)[1]) for k in r if k.startswith("synthetic_fleet_materialize_s_")):
+        egress = pair(
+            f"synthetic_store_egress_ratio_{n}", f"synthetic_direct_store_egress_ratio_{n}", lambda x: str(_round(x, 1))
+        )
+        replicas_egress = pair(f"store_egress_ratio_{n}", f"direct_store_egress_ratio_{n}", lambda x: str(_round(x, 1)))
+        if f"store_egress_ratio_{n}" in r and not egress.startswith(replicas_egress):  # the two kinds disagree
+            egress = f"replicas {replicas_egress}; synthetic {egress}"
+        times = []
+        if f"fleet_switch_s_{n}" in r:
+            times.append(
+                "replicas " + pair(f"fleet_switch_s_{n}", f"direct_fleet_switch_s_{n}", lambda x: f"{_round(x, 2)} s")
+            )
+        times.append(
+            "synthetic "
+            + pair(
+                f"synthetic_fleet_materialize_s_{n}",
+                f"synthetic_direct_fleet_materialize_s_{n}",
+                lambda x: f"{_round(x, 1)} s",
+            )
+        )
+        lines.append(f"| {n} | {egress} | {'; '.join(times)} |")
+    for shape, fanout in (("a chain", 1), ("a star", 5)):
+        for k in sorted(k for k in r if k.startswith(f"synthetic_fanout{fanout}_fleet_materialize_s_")):
+            n = k.rsplit("_", 1)[1]
+            lines.append(
+                f"| {n}, {shape} (`--relay-fanout {fanout}`) "
+                f"| {_round(r[f'synthetic_fanout{fanout}_store_egress_ratio_{n}'], 1)} "
+                f"| synthetic {_round(r[k], 1)} s |"
+            )
+    return "\n".join(lines)
+
+
 FIGURES: dict[str, Callable[[], str]] = {
     "bench": bench,
     "demo": demo,
     "implicit_signals": implicit_signals,
+    "inplace_switch": inplace_switch,
     "kafka_security": kafka_security,
     "long_context": long_context,
+    "relay": relay,
 }
 
 

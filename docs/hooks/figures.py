@@ -39,6 +39,17 @@ def _ratio(x: float) -> str:
     return f"{_round(x, 2)}x"
 
 
+def _pct(x: float) -> str:
+    """A share as a percentage to one decimal, halves up; a whole 100% as such."""
+    return "100%" if x == 1 else f"{(Decimal(repr(x)) * 100).quantize(Decimal('0.1'), rounding=ROUND_HALF_UP)}%"
+
+
+def _mean_59_459(curve: list) -> float:
+    """The mean of a learning curve's evaluations from 59 to 459 judged requests (as the records' means)."""
+    points = [acc for n, acc in curve if 59 <= n <= 459]
+    return sum(points) / len(points)
+
+
 # The table of every result (`make bench`).
 
 
@@ -209,12 +220,137 @@ def relay() -> str:
     return "\n".join(lines)
 
 
+def feedback_modes() -> str:
+    """The live demo per feedback mode, one run each (records/demo_feedback_modes.json): the kept share of the
+    first and last version, the first version kept by 90% of the judged (and the one before it when it missed by
+    less than a point), the judged requests before it, the trainer's updates by the last version, the signals."""
+    r = _load("records/demo_feedback_modes.json")
+    labels = {
+        "basic": "`basic`",
+        "persist": "`persist`",
+        "text": "`text`",
+        "text_unbounded": "`text`, sampling unbounded (before `--distill-contexts`)",
+    }
+    lines = [
+        "| live demo | kept share v0 -> v6 | first version kept >= 90% | judged requests before it "
+        "| updates by v6 | comments / persisted checks sent |",
+        "|---|---|---|---|---|---|",
+    ]
+    for key, label in labels.items():
+        run = r[key]
+        versions, verdict = run["versions"], run["verdict"]
+        reached = next(i for i, v in enumerate(versions) if v["kept"] >= 0.9)
+        first = f"v{versions[reached]['version']} ({_pct(versions[reached]['kept'])}"
+        if reached and versions[reached - 1]["kept"] >= 0.89:
+            first += f"; v{versions[reached - 1]['version']} {_pct(versions[reached - 1]['kept'])}"
+        sent = verdict["signals_sent"]
+        lines.append(
+            f"| {label} | {_pct(versions[0]['kept'])} -> {_pct(versions[-1]['kept'])} | {first}) "
+            f"| {verdict['requests_to_90']} | {run['updates_by_v6']} | {sent['comment']} / {sent['persisted']} |"
+        )
+    return "\n".join(lines)
+
+
+def learning() -> str:
+    """Judged requests until the evaluation reaches 90%, per feedback variant against accept/reject, when the
+    users' own kept share first does, and the final evaluation (learning.json)."""
+    r = _load("learning.json")
+    lines = [
+        "| learning from | judged requests to 90% (evaluation) | users' own kept share over 128 reaches 90% at "
+        "| final evaluation |",
+        "|---|---|---|---|",
+    ]
+    labels = {
+        "base": "accept/reject (`basic`)",
+        "persist": "+ persistence (`persist`)",
+        "text": "+ text feedback (`text`)",
+    }
+    for key, label in labels.items():
+        v = r["variants"][key]
+        requests = str(r[f"requests_to_90_{key}"])
+        if key != "base":
+            requests += f" ({_ratio(r[f'{key}_vs_base_requests_ratio'])})"
+        users = next(
+            (str(n) for n, kept in v["users_kept_curve"] if kept >= r["target"]),
+            f"not in {r['budget_judged_requests']}",
+        )
+        lines.append(f"| {label} | {requests} | {users} | {_round(r[f'final_acceptance_{key}'], 3)} |")
+    return "\n".join(lines)
+
+
+def _requests_mean(requests: int | None, mean: float, budget: int = 460) -> str:
+    return f"{requests if requests is not None else f'not in {budget}'} / {_round(mean, 3)}"
+
+
+def learning_passes() -> str:
+    """Requests to 90% / mean evaluation 59-459 by passes per update (seed 0): base from learning.json (two passes)
+    and records/learning_one_pass.json (one), the rest from records/learning_epochs_and_distill_step.json, and
+    one pass's persist and text (0.03) from records/learning_distill_coef_sweep.json."""
+    runs = _load("records/learning_epochs_and_distill_step.json")["landed_code_runs"]["runs"]
+    sweep = _load("records/learning_distill_coef_sweep.json")["runs"]
+    one_pass, two_pass = _load("records/learning_one_pass.json"), _load("learning.json")
+    cells: dict[tuple[int, str], str] = {}
+    for epochs, r in ((1, one_pass), (2, two_pass)):  # 768 requests; the mean over the same 59-459 evaluations
+        base = r["variants"]["base"]
+        cells[epochs, "base"] = _requests_mean(base["requests_to_target"], _mean_59_459(base["curve"]))
+    for s in sweep:
+        if s["seed"] == 0 and (s["variant"], s["distill_coef"]) in (("persist", None), ("text", 0.03)):
+            cells[1, s["variant"]] = _requests_mean(s["requests_to_90"], s["mean_evaluation_59_to_459"])
+    for x in runs:
+        if x["seed"] != 0:
+            continue
+        column = "text_step" if x["distill_step"] else x["variant"]
+        if column != "text" or x["distill_coef"] == 0.03:
+            cells.setdefault((x["epochs"], column), _requests_mean(x["requests_to_90"], x["mean_evaluation_59_459"]))
+    lines = [
+        "| passes | base | persist | text (gamma 0.03) "
+        "| text, distillation in its own step (`--distill-step`, gamma 1.0) |",
+        "|---|---|---|---|---|",
+    ]
+    for epochs in sorted({e for e, _ in cells}):
+        row = [cells.get((epochs, c), "") for c in ("base", "persist", "text", "text_step")]
+        lines.append(f"| {epochs} | {' | '.join(row)} |".replace("|  |", "| |"))
+    return "\n".join(lines)
+
+
+def distill_coef() -> str:
+    """Mean evaluation 59-459 / requests to 90% of text feedback by distillation coefficient, and of persist, on
+    two seeds (records/learning_distill_coef_sweep.json; the plain estimator's runs)."""
+    runs = [s for s in _load("records/learning_distill_coef_sweep.json")["runs"] if s["variant"] in ("text", "persist")]
+    coefs = sorted({s["distill_coef"] for s in runs if s["variant"] == "text"})
+    columns = [("text", c) for c in coefs] + [("persist", None)]
+    lines = [
+        "| gamma | "
+        + " | ".join("persist" if v == "persist" else ("0" if c == 0 else str(c)) for v, c in columns)
+        + " |",
+        "|" + "---|" * (len(columns) + 1),
+    ]
+    labels = {0: "seed 0: mean evaluation / requests to 90%", 1: "seed 1 (`--seed 1 --model-seed 0`)"}
+    for seed in sorted({s["seed"] for s in runs}):
+        by = {(s["variant"], s["distill_coef"]): s for s in runs if s["seed"] == seed}
+        row = []
+        for col in columns:
+            s = by.get(col)
+            row.append(
+                ""
+                if s is None
+                else f"{_round(s['mean_evaluation_59_to_459'], 3)} / "
+                + (str(s["requests_to_90"]) if s["requests_to_90"] is not None else "not in 460")
+            )
+        lines.append(f"| {labels.get(seed, f'seed {seed}')} | {' | '.join(row)} |".replace("|  |", "| |"))
+    return "\n".join(lines)
+
+
 FIGURES: dict[str, Callable[[], str]] = {
     "bench": bench,
     "demo": demo,
+    "distill_coef": distill_coef,
+    "feedback_modes": feedback_modes,
     "implicit_signals": implicit_signals,
     "inplace_switch": inplace_switch,
     "kafka_security": kafka_security,
+    "learning": learning,
+    "learning_passes": learning_passes,
     "long_context": long_context,
     "relay": relay,
 }

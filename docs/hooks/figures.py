@@ -341,6 +341,18 @@ def distill_coef() -> str:
     return "\n".join(lines)
 
 
+def prometheus_crosscheck() -> str:
+    """The demo's per-version table against PromQL, and the alerts seen, as the demo prints them
+    (records/demo_prometheus_crosscheck.json)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from flywheel.observe.command import crosscheck_table
+
+    r = _load("records/demo_prometheus_crosscheck.json")
+    alerts = ", ".join(f"{a['alert']} ({a['state']})" for a in r["alerts_seen"]) or "none"
+    return f"```\n{crosscheck_table(r['prometheus_crosscheck'])}\nalerts during the run: {alerts}\n```"
+
+
 FIGURES: dict[str, Callable[[], str]] = {
     "bench": bench,
     "demo": demo,
@@ -352,6 +364,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     "learning": learning,
     "learning_passes": learning_passes,
     "long_context": long_context,
+    "prometheus_crosscheck": prometheus_crosscheck,
     "relay": relay,
 }
 

@@ -6,6 +6,7 @@ benchmarks/results/ (docs/hooks/figures.py)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 from pathlib import Path
 
@@ -109,3 +110,39 @@ def test_links_out_of_the_docs_are_copied_into_the_site():
     assert links.outside_target("runbooks/ReplicaDown.md", "../../deploy/no-such-file.yml") is None
     assert links.outside_target("index.md", "gateway.md") is None  # a page: MkDocs resolves it
     assert links.table_code_pipes("| `a\\|b` | c\\|d |") == "| `a|b` | c\\|d |"
+
+
+def test_every_figure_is_a_whole_table_or_a_printed_block():
+    """Each figure renders as one Markdown table whose rows have the header's cells (an empty cell is kept, not
+    dropped), or as a fenced block as the command prints it."""
+    figures = hook("figures")
+    cell_sep = re.compile(r"(?<!\\)\|")
+    for name, render in figures.FIGURES.items():
+        text = render()
+        if text.startswith("```"):
+            assert text.endswith("```") and text.count("```") == 2, name
+            continue
+        rows = [line for line in text.splitlines() if line.startswith("|")]
+        assert rows and text.startswith(rows[0]), name
+        widths = {len(cell_sep.findall(row)) for row in rows}
+        assert len(widths) == 1, f"{name}: rows of different widths {widths}"
+        assert set(rows[1].strip("|").split("|")) == {"---"}, name
+
+
+def test_records_recovered_from_git_history_name_their_source_and_command():
+    """A figure once typed by hand whose run left no record gets one only from the file a commit landed: the
+    record says which file at which commit, and the command that wrote it."""
+    records = REPO_ROOT / "benchmarks" / "results" / "records"
+    recovered = [p for p in records.glob("*.json") if "source" in json.loads(p.read_text())]
+    assert {p.name for p in recovered} >= {"delta_inplace_alone.json", "learning_one_pass.json"}
+    for p in recovered:
+        rec = json.loads(p.read_text())
+        assert re.fullmatch(r"[0-9a-f]{7,40}", rec["commit"]), p.name
+        assert rec["commit"] in rec["source"] and rec["command"].startswith("python -m benchmarks"), p.name
+
+
+def test_figure_helpers_round_as_written():
+    figures = hook("figures")
+    assert [figures._pct(x) for x in (1, 0.5475, 0.54, 0.9577)] == ["100%", "54.8%", "54.0%", "95.8%"]
+    assert figures._ratio(0.715) == "0.72x" and str(figures._round(0.8935, 3)) == "0.894"
+    assert figures._mean_59_459([[0, 0.0], [59, 0.5], [459, 1.0], [460, 0.0]]) == 0.75

@@ -192,9 +192,9 @@ def relay() -> str:
         egress = pair(
             f"synthetic_store_egress_ratio_{n}", f"synthetic_direct_store_egress_ratio_{n}", lambda x: str(_round(x, 1))
         )
-        replicas_egress = pair(f"store_egress_ratio_{n}", f"direct_store_egress_ratio_{n}", lambda x: str(_round(x, 1)))
-        if f"store_egress_ratio_{n}" in r and not egress.startswith(replicas_egress):  # the two kinds disagree
-            egress = f"replicas {replicas_egress}; synthetic {egress}"
+        if f"store_egress_ratio_{n}" in r:  # the replicas' rounds, shown apart only where they disagree
+            replicas = pair(f"store_egress_ratio_{n}", f"direct_store_egress_ratio_{n}", lambda x: str(_round(x, 1)))
+            egress = egress if egress.startswith(replicas) else f"replicas {replicas}; synthetic {egress}"
         times = []
         if f"fleet_switch_s_{n}" in r:
             times.append(

@@ -77,6 +77,7 @@ class Gateway:
                 bootstrap=cfg.kafka_bootstrap,
                 max_spool_bytes=cfg.max_spool_bytes,
                 scrub=cfg.scrub_secrets,
+                sync_window_s=cfg.spool_sync_window_s,
             )
         )
         self.metrics = GatewayMetrics(self)

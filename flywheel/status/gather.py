@@ -143,6 +143,7 @@ def gather_gateway(cfg: StatusConfig) -> dict:
         "kafka_up": one(m, "flywheel_kafka_up"),
         "spool_pending_bytes": one(m, "flywheel_event_spool_pending_bytes"),
         "spool_alarm": one(m, "flywheel_event_spool_alarm"),
+        "spool_sync_window_s": one(m, "flywheel_event_spool_sync_window_seconds"),
         "events_dropped": total(m, "flywheel_events_total", lambda lb: lb.get("state", "").startswith("dropped")),
         "versions": _per_version(m),
     }

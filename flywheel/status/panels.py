@@ -140,6 +140,9 @@ def _gateway(data: dict):
         style="green" if kafka == 1 else "bold red",
     )
     lines.append(f",  spool {_bytes(part.get('spool_pending_bytes'))} pending")
+    window = part.get("spool_sync_window_s")
+    if window is not None:  # what a machine crash may lose of what was answered
+        lines.append(f", synced {'before answering' if window <= 0 else 'within ' + _ms(window)}")
     if part.get("spool_alarm"):
         lines.append("  SPOOL OVER ITS LIMIT", style="bold red")
     if part.get("events_dropped"):

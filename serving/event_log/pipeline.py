@@ -1,29 +1,34 @@
 """Lossless event logging off the request path: an on-disk spool in front of an idempotent Kafka producer.
 
-    request handler --submit()--> bounded queue --writer thread--> spool segments (group-committed fsync)
+    request handler --submit()--> bounded queue --writer thread--> spool segments (fdatasync within a window)
                                                                         |
                              shipper process (serving.event_log.shipper) <--'  reads from its cursor
                                    '-> KafkaProducer (idempotent, acks=all, zstd); cursor moves on ack
 
-The request path only does a non-blocking queue put; a caller that needs to know when its event is on disk
-(the gateway answers a client only then, so a crash never loses what a client was told) passes `on_durable`,
-called from the writer thread after the fsync that covers it. A write that fails (disk full, I/O error) is
-cut back to the last durable record and retried after a backoff: the queue, then submit(), takes the
-pressure and /health says so. A shipper that dies is started again from the cursor it had reached. Every
-event is written to the spool before it is sent, so a dead or slow broker fills the disk (up to
-`max_spool_bytes`, with an alarm), never the heap; when the broker returns the backlog goes out in the order
-it was written. A batch that fails is sent again from the cursor, so Kafka may hold an event twice;
+The request path only does a non-blocking queue put; a caller that needs to know when its event is safe (the
+gateway answers a client only then) passes `on_durable`, called from the writer thread once the event is in the
+spool file. How safe is the config's `sync_window_s`. By default (a window) an event written is safe from a crash
+of the process, since the kernel holds it, and the writer syncs it to disk within the window: a machine that loses
+power loses at most that window, as with Kafka (no forced flush), Vector's disk buffers and PostgreSQL's
+`synchronous_commit = off`; the answer does not wait for the disk. With 0 (strict) the callback comes only after
+the fdatasync that covers the event. The shipper may send what is not synced yet: Kafka holding an event that a
+machine crash took from the spool loses nothing (the spool reopens at its cursor at least).
+A write that fails (disk full, I/O error) is cut back to the last record written and retried after a backoff: the
+queue, then submit(), takes the pressure and /health says so. A shipper that dies is started again from the
+cursor it had reached. Every event is written to the spool before it is sent, so a dead or slow broker fills the
+disk (up to `max_spool_bytes`, with an alarm), never the heap; when the broker returns the backlog goes out in the
+order it was written. A batch that fails is sent again from the cursor, so Kafka may hold an event twice;
 consumers drop duplicates by event_id.
 An event may carry `meta` (tenant, ts, texts to scan), kept in the spool and never sent: the shipper withholds
-the content of an event whose texts hold a secret (serving.event_log.secret_scrub), and skips and redacts the records
-of a
-tenant forgotten through `forget` (serving.event_log.forget).
+the content of an event whose texts hold a secret (serving.event_log.secret_scrub), and skips and redacts the
+records of a tenant forgotten through `forget` (serving.event_log.forget).
 kafka-python runs in its own process: in a thread, its pure-Python work held the GIL often enough to add
 milliseconds to the gateway's p50 (measured in benchmarks.gateway).
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 import multiprocessing
 import queue
@@ -38,6 +43,8 @@ from serving.event_log.spool import Spool
 from serving.event_log.spool_writer import SegmentWriter
 
 log = logging.getLogger(__name__)
+# Upper bounds (s) of the sync lag histogram: how long answered events waited for their fdatasync.
+SYNC_LAG_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, float("inf"))
 
 
 @dataclass
@@ -47,6 +54,9 @@ class EventLogConfig:
     max_spool_bytes: int = 1 << 30  # undelivered bytes on disk before new events are refused (alarm)
     segment_bytes: int = 16 << 20
     fsync_interval_s: float = 0.05  # idle: how long the writer waits for a first event before checking its state
+    # Longest an event written to the spool waits for its fdatasync (the window a machine crash may lose; a killed
+    # process loses nothing). 0: strict, every answer waits for the sync that covers its event.
+    sync_window_s: float = 0.01
     queue_max: int = 20_000  # events waiting for the writer thread
     send_batch: int = 2000
     ship_interval_s: float = 0.5  # the shipper sends at most this often unless a full batch is waiting
@@ -83,6 +93,8 @@ class Stats:
     scrubbed: int = 0  # delivered withheld: a secret in their texts, a scan that failed, or not scanned
     unscanned: int = 0  # of scrubbed: withheld without a scan (a backlog over scan_backlog_bytes, no meta)
     forgotten: int = 0  # never delivered: records of a forgotten tenant (skipped, redacted on disk or on write)
+    syncs: int = 0  # fdatasyncs of the head segment
+    sync_lag_max_s: float = 0.0  # longest an answered event waited for its sync (window mode), since the start
 
 
 class EventLog:
@@ -114,6 +126,10 @@ class EventLog:
         self._submitted = self._spooled = self._dropped_queue = self._dropped_spool = 0
         self._write_failures = self._shipper_restarts = 0
         self.writer_error: str | None = None  # the last write error, while writes fail
+        self._unsynced_since: float | None = None  # when the oldest record not yet synced was written
+        self._syncs = 0
+        self.sync_lag_counts = [0] * len(SYNC_LAG_BUCKETS)  # per bucket (not cumulative), and their sum below
+        self.sync_lag_sum_s = self._sync_lag_max_s = 0.0
         self._ctx = ctx
         # Called (writer thread) once after a batch whose events had on_durable callbacks: lets a caller
         # wake its event loop once per fsync rather than once per event.
@@ -126,8 +142,9 @@ class EventLog:
     # ------------------------------------------------------------------ request path
     def submit(self, topic: str, key: str, value: bytes, on_durable=None, meta: dict | None = None) -> bool:
         """Queue an event; never blocks. False if it had to be dropped (queue or spool full). `on_durable()`
-        is called (from the writer thread) once the event is fsynced to the spool. `meta`: {"tenant", "ts",
-        "scan": [texts]} (any may be absent), kept in the spool for the shipper, never sent."""
+        is called (from the writer thread) once the event is written to the spool (strict: and fsynced).
+        `meta`: {"tenant", "ts", "scan": [texts]} (any may be absent), kept in the spool for the shipper, never
+        sent."""
         self._submitted += 1
         if self.spool_full:
             self._dropped_spool += 1
@@ -140,6 +157,10 @@ class EventLog:
             self._dropped_queue += 1
             self._alarm()
             return False
+
+    @property
+    def strict(self) -> bool:
+        return self.cfg.sync_window_s <= 0
 
     @property
     def pending_bytes(self) -> int:
@@ -168,6 +189,8 @@ class EventLog:
             scrubbed=s[sh.SCRUBBED],
             unscanned=s[sh.UNSCANNED],
             forgotten=s[sh.FORGOTTEN] + self._forgotten_on_write,
+            syncs=self._syncs,
+            sync_lag_max_s=self._sync_lag_max_s,
         )
 
     def health(self) -> dict:
@@ -187,6 +210,13 @@ class EventLog:
             "writer_error": self.writer_error,
             "shipper": shipper,
             "shipper_restarts": self._shipper_restarts,
+            # What a machine crash may lose: events written in the last sync_window_s (0: none, strict).
+            "durability": {
+                "mode": "strict" if self.strict else "window",
+                "sync_window_s": self.cfg.sync_window_s,
+                "sync_lag_max_s": round(self._sync_lag_max_s, 6),
+                "syncs": self._syncs,
+            },
             "ok": writer == "ok" and shipper in ("ok", "off"),
         }
 
@@ -294,6 +324,10 @@ class EventLog:
         try:
             self._write_batches()
         finally:
+            try:
+                self._sync(force=True)
+            except OSError as e:
+                log.error("event spool: the last sync failed on close (%s): %s", type(e).__name__, e)
             self._segments.close()
 
     def _write_batches(self) -> None:
@@ -305,14 +339,14 @@ class EventLog:
             except Exception as e:  # cannot start a process now (EMFILE, ENOMEM): the writer goes on
                 log.error("could not restart the event shipper: %s", e)
             if not batch:
-                batch = self._group_commit_batch()
-                if not batch:
-                    if self._stop.is_set() and self._q.empty():
-                        return
-                    continue
+                batch = self._group_commit_batch(self._wait_s())
             try:
-                self._append(batch)
-            except Exception as e:  # disk full, I/O error: keep the batch, cut back, try again
+                if batch:
+                    self._append(batch)  # written (strict: and synced), or raises with the head where it was
+                    self._written(batch)
+                    batch = []
+                self._sync()  # window: what was written, once due
+            except Exception as e:  # disk full, I/O error: an unwritten batch is kept, cut back, tried again
                 self._write_failures += 1
                 if self.writer_error is None:
                     log.error(
@@ -328,28 +362,59 @@ class EventLog:
                         return
                 time.sleep(self.cfg.retry_backoff_s)
                 continue
-            self._spooled += len(batch)
-            called = False
-            for *_, on_durable in batch:
-                if on_durable is not None:
-                    called = True
-                    try:
-                        on_durable()
-                    except Exception:  # noqa: BLE001 - a caller's callback never stops the writer
-                        log.exception("on_durable callback failed")
-            if called and self.after_sync is not None:
-                try:
-                    self.after_sync()
-                except Exception:  # noqa: BLE001
-                    log.exception("after_sync callback failed")
-            batch = []
             if self.writer_error is not None:
                 log.info("event spool writable again")
                 self.writer_error = None
+            if self._stop.is_set() and self._q.empty():
+                return  # the last sync is _write_loop's
+
+    def _written(self, batch: list) -> None:
+        self._spooled += len(batch)
+        called = False
+        for *_, on_durable in batch:
+            if on_durable is not None:
+                called = True
+                try:
+                    on_durable()
+                except Exception:  # noqa: BLE001 - a caller's callback never stops the writer
+                    log.exception("on_durable callback failed")
+        if called and self.after_sync is not None:
+            try:
+                self.after_sync()
+            except Exception:  # noqa: BLE001
+                log.exception("after_sync callback failed")
+
+    def _wait_s(self) -> float:
+        """How long the writer may wait for the next event: until the unsynced records' sync is due."""
+        if self._unsynced_since is None:
+            return self.cfg.fsync_interval_s
+        return max(0.0, min(self.cfg.fsync_interval_s, self._sync_due_at(self._unsynced_since) - time.monotonic()))
+
+    def _sync_due_at(self, since: float) -> float:
+        """Half the window after the oldest unsynced write: the other half is the margin for the sync itself
+        and for this thread's wake-up on busy cores (a sync begun at the window less the last sync's time
+        ended at 104 ms of a 100 ms window under a suite's load)."""
+        return since + self.cfg.sync_window_s / 2
+
+    def _sync(self, force: bool = False) -> None:
+        """Window mode: sync what was written once its oldest record is half the window old; at once if `force`.
+        The lag counted is that oldest record's, from its write to the end of its sync."""
+        since = self._unsynced_since
+        if since is None or (not force and time.monotonic() < self._sync_due_at(since)):
+            return
+        self._segments.sync()
+        done = time.monotonic()
+        self._unsynced_since = None
+        self._syncs += 1
+        lag = done - since
+        self._sync_lag_max_s = max(self._sync_lag_max_s, lag)
+        self.sync_lag_sum_s += lag
+        self.sync_lag_counts[bisect.bisect_left(SYNC_LAG_BUCKETS, lag)] += 1
 
     def _append(self, batch: list) -> None:
-        """Write a batch after the head and make it durable, then visible. On any error the head stays where it
-        was (what the attempt left past it is cut off before the retry: serving.event_log.spool_writer)."""
+        """Write a batch after the head (strict: and sync it), then make it visible to the shipper. On any error the
+        head stays where it was (what the attempt left past it is cut off before the retry:
+        serving.event_log.spool_writer)."""
         with self._forget_lock:
             self._append_locked(batch)
 
@@ -362,18 +427,23 @@ class EventLog:
                 redacted += 1
             else:
                 records.append(Spool.frame(topic, key, value, meta))
-        head = self._segments.write(records)  # durable, or raises with the head where it was
+        head = self._segments.write(records, sync=self.strict)  # or raises with the head where it was
+        if self.strict:
+            self._syncs += 1
+        elif self._unsynced_since is None:
+            self._unsynced_since = time.monotonic()
         self._written_bytes += sum(map(len, records))
         self._forgotten_on_write += redacted
         self._head = head
-        with self._shared.get_lock():  # visible to the shipper only once durable
+        with self._shared.get_lock():  # visible to the shipper once written
             self._shared[sh.HEAD_SEG], self._shared[sh.HEAD_OFF] = head
 
-    def _group_commit_batch(self) -> list:
-        """The first event and everything queued behind it: one fsync for all of them. No waiting for more:
-        callers wait on the fsync, and under load the next batch gathers while this one syncs."""
+    def _group_commit_batch(self, timeout: float) -> list:
+        """The first event (waiting up to `timeout`) and everything queued behind it: one write (strict: one
+        fsync) for all of them. No waiting for more: callers wait on the write, and under load the next batch
+        gathers while this one is written."""
         try:
-            batch = [self._q.get(timeout=self.cfg.fsync_interval_s)]
+            batch = [self._q.get(timeout=timeout)]
         except queue.Empty:
             return []
         while len(batch) < 4096:

@@ -1,8 +1,9 @@
-"""The gateway's side of the event log: submit an event, and wait (boundedly) until it is on disk.
+"""The gateway's side of the event log: submit an event, and wait (boundedly) until it is spooled.
 
-A response waits until its completion or feedback event is on disk, so a gateway that crashes never loses
-an event its client was answered for; past `durable_wait_s` (disk full, failing) the response goes out
-anyway, counted: serving does not stop for the spool.
+A response waits until its completion or feedback event is written to the spool, so a gateway that crashes never
+loses an event its client was answered for (a machine crash: at most the spool's sync window, or nothing in strict
+mode: serving.event_log.pipeline); past `durable_wait_s` (disk full, failing) the response goes out anyway,
+counted: serving does not stop for the spool.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ class EventSink:
             await asyncio.get_running_loop().run_in_executor(None, self.events.close, timeout_s)
 
     def submit(self, topic: str, key: str, value: bytes, meta: dict | None = None) -> asyncio.Future | None:
-        """Queue an event for the log; the future resolves once it is on disk (None: off, or dropped and
-        counted there). The writer thread only appends the future to a deque; after each fsync it wakes the
+        """Queue an event for the log; the future resolves once it is spooled (None: off, or dropped and
+        counted there). The writer thread only appends the future to a deque; after each write it wakes the
         loop once (`after_sync`), which resolves all of them: one wake-up per batch, not per event. `meta`
         (tenant, ts, texts to scan for secrets) stays in the spool: see EventLog.submit."""
         if not self.enabled:

@@ -1,4 +1,5 @@
-"""Appending to the spool's head segment: one open descriptor, one write and one fdatasync per batch.
+"""Appending to the spool's head segment: one open descriptor, one write per batch, and an fdatasync per batch
+(strict) or per sync window (serving.event_log.pipeline: the writer thread syncs what it wrote within the window).
 
 The writer thread calls this once per group commit, and the request path waits on it, so what it costs per
 batch is paid per event under a gateway's load (a few events per fsync at most). Opening, seeking, truncating
@@ -37,13 +38,15 @@ log = logging.getLogger(__name__)
 class SegmentWriter:
     def __init__(self, spool: Spool, head: Position, segment_bytes: int, preallocate: bool = True):
         self.spool, self.segment_bytes, self.preallocate = spool, segment_bytes, preallocate
-        self.head = head  # the end of the last durable record
+        self.head = head  # the end of the last record written (in the kernel's page cache at least)
+        self.synced = head  # the end of the last record on disk (fdatasync returned)
         self._fd: int | None = None
         self._fd_seg: int | None = None
 
-    def write(self, records: list[bytes]) -> Position:
-        """Append framed records after the head and make them durable; returns the new head. On any error the
-        head stays, and the exception is raised."""
+    def write(self, records: list[bytes], sync: bool = True) -> Position:
+        """Append framed records after the head, on disk before it returns if `sync` (else written: a killed
+        process loses nothing, a machine crash what was not synced); returns the new head. On any error the head
+        stays, and the exception is raised. A segment filled on the way is sealed and synced whatever `sync`."""
         seg, off = self.head
         try:
             fd = self._open(seg, off)
@@ -59,14 +62,26 @@ class SegmentWriter:
                 chunk.append(record)
                 off += len(record)
             _pwrite_all(fd, b"".join(chunk), start)
-            os.fdatasync(fd)
+            if sync:
+                os.fdatasync(fd)
         except BaseException:
             self.close()  # the next write opens the segment again and cuts it back to the head
             if seg != self.head[0]:  # it had begun the next segments: the head's must stay the last one
                 _remove([self.spool.path(s) for s in range(self.head[0] + 1, seg + 1)])
             raise
         self.head = (seg, off)
+        if sync:
+            self.synced = self.head
         return self.head
+
+    def sync(self) -> Position:
+        """Make everything written so far durable; returns the synced end. Only the head's segment can hold
+        unsynced bytes (a filled one is synced as it is sealed); after a failed write closed it, it is opened
+        again (cut back to the head, which keeps every record written)."""
+        if self.synced != self.head:
+            os.fdatasync(self._open(*self.head))
+            self.synced = self.head
+        return self.synced
 
     def close(self) -> None:
         """Closes the segment, cut back to the head when it is the head's (what was allocated ahead, or what a

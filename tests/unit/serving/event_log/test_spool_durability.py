@@ -1,0 +1,96 @@
+"""The spool's two durability modes (serving.event_log.pipeline): by default an event is answered for once written and
+synced within the window; strict, only after the fdatasync that covers it. Observed through the order of the
+writer's fdatasync calls and the callbacks, and the lag the writer measures."""
+
+import os
+import threading
+import time
+
+import pytest
+
+from serving.event_log import spool_writer
+from serving.event_log.pipeline import EventLog, EventLogConfig
+from tests.spool_helpers import wait_for
+
+
+@pytest.fixture
+def timeline(monkeypatch):
+    """What happened, in order: ("sync", t) for each fdatasync of a head segment, ("cb", t) per callback."""
+    seen: list[tuple[str, float]] = []
+    real = os.fdatasync
+
+    def fdatasync(fd):
+        real(fd)
+        seen.append(("sync", time.monotonic()))
+
+    monkeypatch.setattr(spool_writer.os, "fdatasync", fdatasync)
+    return seen
+
+
+def _one_event(log: EventLog, seen: list) -> None:
+    log.submit("completions", "k", b"v", on_durable=lambda: seen.append(("cb", time.monotonic())))
+    assert wait_for(lambda: log.stats.spooled == 1 and log.stats.syncs == 1)
+
+
+def test_strict_answers_after_the_sync(tmp_path, timeline):
+    log = EventLog(EventLogConfig(spool_dir=tmp_path, sync_window_s=0)).start()
+    try:
+        _one_event(log, timeline)
+        assert [what for what, _ in timeline] == ["sync", "cb"]
+        assert log.health()["durability"]["mode"] == "strict"
+    finally:
+        log.close(timeout=2)
+
+
+def test_a_window_answers_once_written_and_syncs_within_it(tmp_path, timeline):
+    log = EventLog(EventLogConfig(spool_dir=tmp_path, sync_window_s=0.2)).start()
+    try:
+        _one_event(log, timeline)
+        (_, cb), (_, synced) = timeline
+        assert [what for what, _ in timeline] == ["cb", "sync"]
+        # the sync waited for half the window, and came within it
+        assert 0.09 <= synced - cb <= 0.2, synced - cb
+        d = log.health()["durability"]
+        assert d["mode"] == "window" and d["sync_window_s"] == 0.2 and 0.1 <= d["sync_lag_max_s"] <= 0.2
+    finally:
+        log.close(timeout=2)
+
+
+def test_under_load_every_sync_comes_within_the_window(tmp_path):
+    """Four threads submitting for a second: events keep arriving (the writer never idles), and still no
+    written record waits past the window for its sync; syncs are far fewer than writes."""
+    window = 0.1
+    log = EventLog(EventLogConfig(spool_dir=tmp_path, sync_window_s=window)).start()
+    stop = time.monotonic() + 1.0
+    answered = []
+
+    def user(i: int) -> None:
+        n = 0
+        while time.monotonic() < stop:
+            log.submit("completions", f"u{i}", b"x" * 900, on_durable=lambda: answered.append(1))
+            n += 1
+            time.sleep(0.0005)
+
+    threads = [threading.Thread(target=user, args=(i,)) for i in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert wait_for(lambda: len(answered) == log.stats.submitted)
+    finally:
+        log.close(timeout=5)
+    s = log.stats
+    assert s.spooled == s.submitted > 1000
+    assert 5 <= s.syncs < s.submitted / 10, (s.syncs, s.submitted)
+    assert s.sync_lag_max_s <= window, s.sync_lag_max_s
+    assert sum(log.sync_lag_counts) == s.syncs
+
+
+def test_close_syncs_what_the_window_held(tmp_path, timeline):
+    log = EventLog(EventLogConfig(spool_dir=tmp_path, sync_window_s=60)).start()
+    log.submit("completions", "k", b"v")
+    assert wait_for(lambda: log.stats.spooled == 1)
+    assert timeline == []  # a minute's window: not synced yet
+    log.close(timeout=2)
+    assert [what for what, _ in timeline] == ["sync"] and log.stats.syncs == 1

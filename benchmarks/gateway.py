@@ -3,7 +3,9 @@ secret scrubbing on vs off, and vs a proxy that only forwards bytes (the floor o
 
 SGLang replicas (test-preset model), a real Kafka broker, and three gateway processes in front of the
 same replicas: one logging every event to Kafka (its shipper scanning each for secrets, the default), one
-logging without the scan (FLYWHEEL_SCRUB_SECRETS=0), one with `--no-events`. Latency: sequential requests,
+logging without the scan (FLYWHEEL_SCRUB_SECRETS=0), one with `--no-events`, and one logging in the spool's
+strict mode (`--spool-sync-window 0`: each answer waits for its fdatasync; the others sync within the default
+window, serving.event_log.pipeline). Latency: sequential requests,
 interleaved across the paths so that machine noise hits all of them alike, greedy with the same token
 budget (the same engine work). Throughput: concurrent load in paired rounds, each loading every gateway in
 turn (benchmarks._load_rounds): the logging on/off ratio is the median of the rounds' ratios, with its range,
@@ -56,6 +58,7 @@ CONCURRENCY = 16
 LOAD_ROUND_S = 8.0  # per gateway per round
 LOAD_SLICES = 4  # ... in turns of 2 s, interleaved: a burst of another tenant's work hits both sides of a pair
 LOAD_ROUNDS = 9  # each loads every gateway once, in turn (benchmarks._load_rounds)
+SPOOL_STRICT = ["--spool-sync-window", "0"]
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -162,6 +165,19 @@ def _produced(url: str) -> int:
     return 0
 
 
+def _durability(url: str) -> dict:
+    """The gateway's spool durability from /health: mode, window, the longest sync lag so far, syncs."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=10) as r:
+            body = r.read()
+    except urllib.error.HTTPError as e:  # 503: degraded, the same body
+        body = e.read()
+    return json.loads(body)["event_log"]["durability"]
+
+
 def _port_open(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
@@ -218,22 +234,31 @@ def main(argv: list[str] | None = None) -> dict:
             env={"FLYWHEEL_SCRUB_SECRETS": "0"},
         )
         started.append(noscrub)
+        strict = gateway_process.start(
+            urls_r, model, tmp / "gw-strict", kafka=broker.bootstrap, keys={"b": KEY}, extra_args=SPOOL_STRICT
+        )
+        started.append(strict)
 
         proxy_port = free_port()
         proxy = subprocess.Popen([sys.executable, "-m", "benchmarks._null_proxy", replica.url, str(proxy_port)])
         started.append(_Proc(proxy))
         wait_until(lambda: _port_open(proxy_port), 30, what="null proxy")
-        gateways = {"gateway_logging_on": on.url, "gateway_logging_off": off.url, "gateway_scrub_off": noscrub.url}
+        gateways = {
+            "gateway_logging_on": on.url,
+            "gateway_logging_off": off.url,
+            "gateway_scrub_off": noscrub.url,
+            "gateway_spool_strict": strict.url,
+        }
         # The shippers' CPU per event, scan or no scan: steadier than throughput on a noisy machine.
         shipper_at = {g.pid: (_shipper_cpu_s(g.pid), _produced(g.url)) for g in (on, noscrub)}
         lat = asyncio.run(_latency(replica.url, f"http://127.0.0.1:{proxy_port}", gateways, prompts, tok, stop_ids))
-        urls = {"on": on.url, "off": off.url, "noscrub": noscrub.url}
+        urls = {"on": on.url, "off": off.url, "noscrub": noscrub.url, "strict": strict.url}
         shared = {f"replica_{i}": (r.pid, "tree") for i, r in enumerate(replicas)}
         shared |= {"kafka": (broker.pid, "tree"), "client": (os.getpid(), "proc")}
         parts = {
             name: {"gateway_loop": (g.pid, "main"), "gateway_threads": (g.pid, "threads"), **shared}
             | ({"shipper": (g.pid, "mp_children")} if name != "off" else {})
-            for name, g in (("on", on), ("off", off), ("noscrub", noscrub))
+            for name, g in (("on", on), ("off", off), ("noscrub", noscrub), ("strict", strict))
         }
         for url in urls.values():  # warm-up: first connections, the replica's first batches
             asyncio.run(_load(url, prompts, 1.0))
@@ -253,8 +278,11 @@ def main(argv: list[str] | None = None) -> dict:
             cpu0, n0 = shipper_at[g.pid]
             shipper_ms[name] = round(1000 * (_shipper_cpu_s(g.pid) - cpu0) / max(1, _produced(g.url) - n0), 3)
         ratio = rounds.summary("on", "off")
+        ratio_strict = rounds.summary("strict", "off")
+        durability = {name: _durability(g.url) for name, g in (("window", on), ("strict", strict))}
         cpu = {k: rounds.cpu_ms_per_request(name) for k, name in (("logging_on", "on"), ("logging_off", "off"))}
         cpu["logging_on_scrub_off"] = rounds.cpu_ms_per_request("noscrub")
+        cpu["logging_on_strict"] = rounds.cpu_ms_per_request("strict")
         for parts_ms in cpu.values():  # the replicas together
             per = [parts_ms.pop(k) for k in [k for k in parts_ms if k.startswith("replica_")]]
             parts_ms["replica"] = round(sum(per), 3)
@@ -278,9 +306,22 @@ def main(argv: list[str] | None = None) -> dict:
             "throughput_ratio_logging_on_vs_off_min": ratio["min"],
             "throughput_ratio_logging_on_vs_off_max": ratio["max"],
             "throughput_ratio_rounds": LOAD_ROUNDS,
+            # The spool's strict mode (each answer waits for its fdatasync) against logging off, the same rounds.
+            "throughput_ratio_strict_vs_off_median": ratio_strict["median"],
+            "throughput_ratio_strict_vs_off_min": ratio_strict["min"],
+            "throughput_ratio_strict_vs_off_max": ratio_strict["max"],
+            "spool_sync_window_s": durability["window"]["sync_window_s"],
+            # The longest any answered event waited for its sync, over the whole run (latency and load).
+            "spool_sync_lag_max_ms": round(1000 * durability["window"]["sync_lag_max_s"], 2),
+            "spool_syncs": {k: d["syncs"] for k, d in durability.items()},
             "throughput_rounds_rps": {  # each round's requests/s, paired by position
                 k: [round(c / LOAD_ROUND_S, 1) for c in rounds.counts[name]]
-                for k, name in (("logging_on", "on"), ("logging_off", "off"), ("logging_on_scrub_off", "noscrub"))
+                for k, name in (
+                    ("logging_on", "on"),
+                    ("logging_off", "off"),
+                    ("logging_on_scrub_off", "noscrub"),
+                    ("logging_on_strict", "strict"),
+                )
             },
             "throughput_ratio_scrub_on_vs_off": round(counts["on"] / max(1, counts["noscrub"]), 3),
             "shipper_cpu_ms_per_event_scrub_on": shipper_ms["scrub_on"],
@@ -301,6 +342,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "logging_on": round(counts["on"] / seconds, 1),
                 "logging_off": round(counts["off"] / seconds, 1),
                 "logging_on_scrub_off": round(counts["noscrub"] / seconds, 1),
+                "logging_on_strict": round(counts["strict"] / seconds, 1),
             },
             "setup": {
                 "max_tokens": MAX_TOKENS,
@@ -324,6 +366,7 @@ def main(argv: list[str] | None = None) -> dict:
         result["targets_met"] = {
             "added_p50_le_1ms": result["added_p50_ms"] <= 1.0,
             "logging_costs_le_5pct": result["throughput_ratio_logging_on_vs_off_median"] >= 0.95,
+            "sync_lag_within_window": result["spool_sync_lag_max_ms"] <= 1000 * result["spool_sync_window_s"],
         }
         return result
     finally:

@@ -72,6 +72,9 @@ def test_deployed_fleet_steady_passes_and_a_failed_action_fails_the_run(gateway,
         gateway=gateway.url,
         keys="key-alice,key-bob",
         admin_token=GATEWAY_ADMIN,
+        # ~100 requests: a p99 is one or two of them, and the session's fleet is shared with the other worker's
+        # load (216 ms after against 88 ms before, once in a suite): the bound the short hot-switch run uses
+        p99_multiple=5.0,
     )
     assert run(LoadTestConfig(scenario="steady", **common)) == 0
     steady = json.loads((tmp_path / "steady" / "result.json").read_text())

@@ -175,7 +175,16 @@ def _durability(url: str) -> dict:
             body = r.read()
     except urllib.error.HTTPError as e:  # 503: degraded, the same body
         body = e.read()
-    return json.loads(body)["event_log"]["durability"]
+    durability = json.loads(body)["event_log"]["durability"]
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:  # the lag histogram, cumulative by bound
+        lines = r.read().decode().splitlines()
+    prefix = "flywheel_event_spool_sync_lag_seconds_bucket{le="
+    durability["sync_lag_buckets"] = {
+        line[len(prefix) + 1 : line.index('"}')]: int(float(line.rsplit(" ", 1)[1]))
+        for line in lines
+        if line.startswith(prefix)
+    }
+    return durability
 
 
 def _port_open(port: int) -> bool:
@@ -314,6 +323,7 @@ def main(argv: list[str] | None = None) -> dict:
             # The longest any answered event waited for its sync, over the whole run (latency and load).
             "spool_sync_lag_max_ms": round(1000 * durability["window"]["sync_lag_max_s"], 2),
             "spool_syncs": {k: d["syncs"] for k, d in durability.items()},
+            "spool_sync_lag_buckets": durability["window"]["sync_lag_buckets"],  # syncs with a lag <= each bound
             "throughput_rounds_rps": {  # each round's requests/s, paired by position
                 k: [round(c / LOAD_ROUND_S, 1) for c in rounds.counts[name]]
                 for k, name in (

@@ -179,7 +179,7 @@ def fetch_pypi(name: str, version: str | None = None) -> Source:
 
 
 def _sdist(folder: Path, name: str, version: str) -> Path:
-    stem = re.sub(r"[-_.]+", "[-_.]", re.escape(name))
+    stem = "[-_.]+".join(re.escape(part) for part in re.split(r"[-_.]+", name))
     for p in sorted(folder.iterdir()):
         if re.match(rf"(?i){stem}-{re.escape(version)}\.(tar\.gz|zip|tar\.bz2)$", p.name):
             return p

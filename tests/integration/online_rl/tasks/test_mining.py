@@ -1,0 +1,149 @@
+"""Mining a small repository made here, with known features, through the real bubblewrap sandbox.
+
+The repository has a function whose tests pin it (mined, and its task judged both ways: the reference passes, the
+deleted body and a wrong one fail), one whose only test passes without it, one whose only test is flaky (it counts
+its own runs in a file of the work dir and fails every other time), and one whose test file fails on the original code:
+each rejected with its reason. The command (`flywheel tasks mine`, through its main) writes the tasks with their
+provenance (the repository's commit) and the rejections with why.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import textwrap
+
+import pytest
+
+from online_rl.tasks.mining import cli, store
+from online_rl.tasks.mining.judge import judge
+
+pytestmark = pytest.mark.timeout(120)
+
+GEOMETRY = '''\
+"""Shapes."""
+
+
+def area(w, h):
+    """The area of a w by h rectangle; a negative side is an error."""
+    if w < 0 or h < 0:
+        raise ValueError("negative side")
+    result = w * h
+    return result
+
+
+def describe(w, h):
+    """A label for a rectangle."""
+    kind = "square" if w == h else "rectangle"
+    label = f"{kind} {w}x{h}"
+    return label.strip()
+
+
+def stamp(n):
+    """The numbers below n."""
+    out = []
+    for i in range(n):
+        out.append(i)
+    return out
+
+
+def total(xs):
+    """The sum of xs."""
+    s = 0
+    for x in xs:
+        s += x
+    return s
+'''
+
+TESTS = """\
+import os
+import unittest
+
+from shapes.geometry import area, describe, stamp
+
+
+class AreaTest(unittest.TestCase):
+    def test_area(self):
+        self.assertEqual(area(2, 3), 6)
+
+    def test_negative(self):
+        with self.assertRaises(ValueError):
+            area(-1, 2)
+
+
+def test_describe_exists():
+    assert callable(describe)  # names it, never checks what it returns
+
+
+def test_stamp_counted():
+    runs = int(open("runs").read()) if os.path.exists("runs") else 0
+    with open("runs", "w") as f:
+        f.write(str(runs + 1))
+    assert stamp(2) == [0, 1]
+    assert runs % 2 == 0  # fails every other run in the same process: flaky
+"""
+
+TOTAL_TESTS = """\
+from shapes.geometry import total
+
+
+def test_total_wrong():
+    assert total([1, 2]) == 4  # wrong on the original code
+"""
+
+
+@pytest.fixture(scope="module")
+def mined(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("repo")
+    (repo / "shapes").mkdir()
+    (repo / "shapes" / "__init__.py").write_text("")
+    (repo / "shapes" / "geometry.py").write_text(GEOMETRY)
+    (repo / "tests").mkdir()
+    (repo / "tests" / "test_geometry.py").write_text(TESTS)
+    (repo / "tests" / "test_total.py").write_text(TOTAL_TESTS)
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "shapes"], check=True)
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    out = repo.parent / "out"
+    assert cli.main(["tasks", "mine", str(repo), "--out", str(out), "--no-progress"]) == 0
+    folder = out / repo.name
+    summary = json.loads((folder / "summary.json").read_text())
+    rejected = {json.loads(line)["candidate"]: json.loads(line) for line in open(folder / "rejected.jsonl")}
+    return store.load([folder / "tasks.jsonl"]), rejected, summary, commit
+
+
+def test_the_feature_is_mined_with_its_tests_and_provenance(mined):
+    tasks, _, summary, commit = mined
+    (task,) = tasks
+    assert task.qualname == "area" and task.path == "shapes/geometry.py"
+    assert task.version == commit and task.source.startswith("repo")
+    assert set(task.test_ids) == {"test_geometry.AreaTest.test_area", "test_geometry.AreaTest.test_negative"}
+    assert task.test_path == "tests/test_geometry.py"
+    # The model sees the signature and docstring, not the body, not the tests.
+    assert task.prompt.endswith('    """The area of a w by h rectangle; a negative side is an error."""\n')
+    assert "w * h" not in task.prompt + task.suffix
+    assert "test_" not in task.prompt + task.suffix and "assert" not in task.prompt + task.suffix
+    assert summary["candidates"] == 4 and summary["valid"] == 1 and summary["sandbox_s_per_task"] > 0
+
+
+def test_each_rejection_says_why(mined):
+    _, rejected, summary, _ = mined
+    assert rejected["shapes/geometry.py::describe"]["reason"] == "passes_without_code"
+    assert rejected["shapes/geometry.py::stamp"]["reason"] == "flaky"
+    assert "test_stamp_counted" in rejected["shapes/geometry.py::stamp"]["detail"]
+    assert rejected["shapes/geometry.py::total"]["reason"] == "fails_with_code"
+    assert summary["rejected"] == {"passes_without_code": 1, "flaky": 1, "fails_with_code": 1}
+
+
+def test_the_task_is_judged_both_ways_in_the_sandbox(mined):
+    (task,), _, _, _ = mined
+    right = "    if min(w, h) < 0:\n        raise ValueError('no')\n    return h * w\n"
+    wrong = "    if w < 0 or h < 0:\n        raise ValueError('x')\n    return w + h\n"
+    deleted = task.indent + "raise NotImplementedError\n"
+    reference, other, bad, empty = judge([(task, None), (task, right), (task, wrong), (task, deleted)])
+    assert reference.ok and other.ok, (reference, other)
+    assert bad.passed == 1 and not bad.ok  # the negative-side test alone still passes
+    assert empty.reward == 0.0
+    assert textwrap.dedent(task.reference).startswith("if w < 0 or h < 0:")

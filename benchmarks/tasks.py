@@ -7,8 +7,15 @@ the reference body (must pass) and with the body deleted (must fail): `rollouts_
 rollout being one completion judged by its task's hidden tests (generation not included), and the two pass rates
 check the tasks once more. Prints one JSON object as the last line.
 
+Then the tiny test model (preset `test`, as built in $FLYWHEEL_HOME/models; skipped if it is not built) as a rollout
+policy on mined tasks (online_rl.tasks.mining.mixture: the prompt a rollout sends, the judge it uses): one greedy and
+ROLLOUT_SAMPLES temperature-1 completions per task, generated on the CPU in this process and judged in the sandbox:
+`tiny_model_pass_rate_*` (near zero is the expected figure: it learnt only the synthetic families) and
+`rollouts_per_s` (generation and judging; the off-peak rollouts generate on replicas instead).
+
 Environment: FLYWHEEL_MINE_CAP (candidates per PyPI source, default 120), FLYWHEEL_MINE_STDLIB_CAP (default 300),
-FLYWHEEL_MINE_WORKERS (sandbox runs at once, default 2), FLYWHEEL_MINE_SOURCES (comma-separated, default all).
+FLYWHEEL_MINE_WORKERS (sandbox runs at once, default 2), FLYWHEEL_MINE_SOURCES (comma-separated, default all),
+FLYWHEEL_MINE_REUSE=1 (read each source's summary.json and tasks.jsonl from the last run instead of mining again).
 """
 
 from __future__ import annotations
@@ -27,6 +34,65 @@ from online_rl.tasks.mining.verify import MiningConfig, mine
 
 SOURCES = ("stdlib", *sources.PINNED)
 JUDGE_SAMPLE = 60
+ROLLOUT_TASKS = 40
+ROLLOUT_SAMPLES = 4
+ROLLOUT_TOKENS = 64
+
+
+def tiny_model_rollouts(tasks: list, workers: int) -> dict:
+    """The tiny test model's pass rate on mined tasks, and rollouts (generated and judged) per second."""
+    import torch
+    from tokenizers import Tokenizer
+
+    from online_rl.model.bootstrap import cached_dir
+    from online_rl.model.presets import preset
+    from online_rl.model.tokenizer import tokenizer_tools
+    from online_rl.model.transformer import load_pretrained
+    from online_rl.tasks.mining.mixture import prompt_of
+
+    model_dir = cached_dir(preset("test"))
+    if not (model_dir / "model.safetensors").exists():
+        return {"tiny_model": f"not built ({model_dir}): build it with the test suite or `flywheel model build`"}
+    torch.set_num_threads(max(1, workers))
+    model = load_pretrained(model_dir).eval()
+    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    stop = tokenizer_tools(model_dir, model.cfg.eos_ids)[3]
+    sample = random.Random(1).sample(tasks, min(ROLLOUT_TASKS, len(tasks)))
+    gen = torch.Generator().manual_seed(0)
+    t0 = time.monotonic()
+    pairs = []
+    for task in sample:
+        ids = tok.encode(prompt_of(task)).ids
+        greedy = model.generate([ids], ROLLOUT_TOKENS, 0.0, stop)
+        sampled = model.generate([ids] * ROLLOUT_SAMPLES, ROLLOUT_TOKENS, 1.0, stop, generator=gen)
+        pairs += [(task, tok.decode(out)) for out in greedy + sampled]
+    gen_s = time.monotonic() - t0
+    verdicts = judge(pairs, suite.SuiteConfig(wall_seconds=30.0, cpu_seconds=30, workers=workers))
+    total_s = time.monotonic() - t0
+    per = 1 + ROLLOUT_SAMPLES
+    greedy_v = verdicts[::per]
+    sampled_v = [v for i, v in enumerate(verdicts) if i % per]
+    return {
+        "tiny_model": model_dir.name,
+        "tiny_model_tasks": len(sample),
+        "tiny_model_pass_rate_greedy": round(sum(v.ok for v in greedy_v) / len(greedy_v), 4),
+        "tiny_model_pass_rate_t1": round(sum(v.ok for v in sampled_v) / len(sampled_v), 4),
+        "tiny_model_mean_reward_t1": round(sum(v.reward for v in sampled_v) / len(sampled_v), 4),
+        "tiny_model_example": next((c for _, c in pairs if c.strip()), "")[:300],
+        "tiny_model_empty_share": round(sum(not c.strip() for _, c in pairs) / len(pairs), 4),
+        "rollouts_per_s": round(len(pairs) / total_s, 2),
+        "rollouts_note": f"{len(pairs)} completions ({ROLLOUT_TOKENS} tokens at most) generated on the CPU by the "
+        f"tiny model and judged in the sandbox ({workers} at once); generation {gen_s:.1f}s of {total_s:.1f}s",
+    }
+
+
+def _reused(name: str, out) -> tuple[dict, list]:
+    """A source's figures and tasks from the last run's files."""
+    from online_rl.tasks.mining import store
+
+    folder = out / name
+    summary = json.loads((folder / "summary.json").read_text())
+    return summary, store.load([folder / "tasks.jsonl"])
 
 
 def main() -> dict:
@@ -37,21 +103,26 @@ def main() -> dict:
     out = flywheel_home() / "tasks" / "mined"
     per_source, tasks, rejected = {}, [], {}
     sandbox_s = 0.0
+    reuse = os.environ.get("FLYWHEEL_MINE_REUSE") == "1"
     for name in names:
-        source = sources.resolve(name)
-        cfg = MiningConfig(
-            max_candidates=stdlib_cap if name == "stdlib" else cap,
-            max_per_test_file=4 if name == "stdlib" else 40,
-            workers=workers,
-        )
-        report = mine(source, cfg, progress=sys.stderr.isatty())
-        result = cli.write(report, cfg, out)
+        if reuse:
+            result, mined = _reused(name, out)
+        else:
+            source = sources.resolve(name)
+            cfg = MiningConfig(
+                max_candidates=stdlib_cap if name == "stdlib" else cap,
+                max_per_test_file=4 if name == "stdlib" else 40,
+                workers=workers,
+            )
+            report = mine(source, cfg, progress=sys.stderr.isatty())
+            result = cli.write(report, cfg, out)
+            mined = report.tasks
         print(json.dumps({k: v for k, v in result.items() if k != "config"}), file=sys.stderr, flush=True)
         per_source[name] = {k: result[k] for k in ("version", "origin", "found", "candidates", "valid", "rejected")}
         per_source[name]["sandbox_s_per_task"] = result["sandbox_s_per_task"]
-        tasks += report.tasks
-        sandbox_s += report.sandbox_s
-        for reason, n in report.counts().items():
+        tasks += mined
+        sandbox_s += result["sandbox_s"]
+        for reason, n in result["rejected"].items():
             rejected[reason] = rejected.get(reason, 0) + n
 
     sample = random.Random(0).sample(tasks, min(JUDGE_SAMPLE, len(tasks)))
@@ -69,8 +140,9 @@ def main() -> dict:
         "sandbox_s": round(sandbox_s, 1),
         "sandbox_s_per_task": round(sandbox_s / len(tasks), 3) if tasks else None,
         "sandbox_s_per_candidate": round(sandbox_s / candidates, 3) if candidates else None,
-        "rollouts_per_s": round(len(pairs) / judge_s, 2) if judge_s else None,
-        "rollouts_note": f"judging only (sandbox, {workers} at once): {len(pairs)} completions of {len(sample)} tasks",
+        "judged_per_s": round(len(pairs) / judge_s, 2) if judge_s else None,
+        "judged_note": f"judging only (sandbox, {workers} at once): {len(pairs)} completions of {len(sample)} tasks",
+        **tiny_model_rollouts(tasks, workers),
         "reference_pass_rate": round(sum(v.ok for v in ref) / len(ref), 3) if ref else None,
         "deleted_body_pass_rate": round(sum(v.ok for v in empty) / len(empty), 3) if empty else None,
         "workers": workers,

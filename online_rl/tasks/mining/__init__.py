@@ -8,5 +8,7 @@ with it fail without it, every time, in the sandbox (issue #50).
   with a reason (flaky, slow, passes without the code, ...).
 - `store`: Mined tasks as JSON lines, each with its provenance; the hidden tests stay out of what the model sees.
 - `judge`: Judge completions of mined tasks: the task's hidden tests run on the file with the completion in place.
+- `mixture`: Mined tasks as rollout environments, in a configured mixture with the synthetic families (the off-peak
+  rollouts draw from it: RolloutConfig.mined_tasks and mined_share).
 - `cli`: `flywheel tasks mine SOURCE`.
 """

@@ -15,7 +15,8 @@ import textwrap
 
 import pytest
 
-from online_rl.tasks.mining import cli, store
+from online_rl.tasks import synthetic
+from online_rl.tasks.mining import cli, mixture, store
 from online_rl.tasks.mining.judge import judge
 
 pytestmark = pytest.mark.timeout(120)
@@ -147,3 +148,28 @@ def test_the_task_is_judged_both_ways_in_the_sandbox(mined):
     assert bad.passed == 1 and not bad.ok  # the negative-side test alone still passes
     assert empty.reward == 0.0
     assert textwrap.dedent(task.reference).startswith("if w < 0 or h < 0:")
+
+
+def test_mined_tasks_join_the_rollout_mixture(mined, tmp_path):
+    (task,), _, _, _ = mined
+    tasks_file = tmp_path / "m" / "tasks.jsonl"
+    store.save([task], tasks_file)
+    held = synthetic.tasks("heldout")
+    drawn = mixture.Mixture(held, tmp_path, share=1.0).draw(3)
+    assert [t for t in drawn if isinstance(t, store.MinedTask)] == [task] and len(drawn) == 3  # never twice a step
+    none = mixture.Mixture(held, tmp_path, share=0.0)
+    assert not none.mined and all(isinstance(t, synthetic.Task) for t in none.draw(8))
+    half = [t for _ in range(50) for t in mixture.Mixture(held, tasks_file, share=0.5, seed=_).draw(2)]
+    assert 10 < sum(isinstance(t, store.MinedTask) for t in half) < 90
+    with pytest.raises(FileNotFoundError):
+        mixture.Mixture(held, tmp_path / "nothing", share=0.1)
+    # A rollout's prompt ends with the signature and docstring; its completions are judged by the hidden tests.
+    assert (
+        mixture.prompt_of(task, 60)
+        == 'def area(w, h):\n    """The area of a w by h rectangle; a negative side is an error."""\n'
+    )
+    assert mixture.prompt_of(task, 10_000) == task.prefix and mixture.prompt_of(held[0]) == held[0].prompt
+    assert mixture.prompt_of(task, 95).startswith("\n\ndef area")  # whole lines above, as many as fit
+    verdicts = mixture.judge(task, [task.reference, "    return 0\n"])
+    assert [v.reward for v in verdicts] == [1.0, 0.0]
+    assert [v.ok for v in mixture.judge(held[0], [held[0].reference, "    return None\n"])] == [True, False]

@@ -12,7 +12,9 @@ files that may judge it. Kinds:
   libpython3.11-testsuite, fetched with `apt-get download` and unpacked into the cache (not installed: its package
   depends on the newest python3.11 and installing it would upgrade the interpreter). Each top-level pure-Python
   module `X.py` is paired with `test/test_X.py`; the pair is copied into the source folder, where the test imports
-  the copy (the runner imports X afresh from the work dir) and `test.support` comes from the stdlib in the jail.
+  the copy (the runner imports X afresh from the work dir), with the single-file helpers the test imports from the
+  `test` package (test/audiotests.py, ...) in a `test` package of its own whose path goes on to the stdlib's
+  (test.support comes from the stdlib in the jail).
 """
 
 from __future__ import annotations
@@ -125,7 +127,15 @@ class Source:
 def ship(root: Path, code_rel: str, test_rel: str, ship_all: bool) -> dict[str, str]:
     """The files of `root` that travel into the jail: every small text file (a package), or just the pair."""
     if not ship_all:
-        return {rel: (root / rel).read_text(encoding="utf-8", errors="replace") for rel in (code_rel, test_rel)}
+        rels = [code_rel, test_rel] + [
+            f"test/{h}.py"
+            for h in _test_helpers((root / test_rel).read_text(errors="replace"))
+            if (root / "test").is_dir()
+        ]
+        rels += ["test/__init__.py"] if len(rels) > 2 else []
+        return {
+            rel: (root / rel).read_text(encoding="utf-8", errors="replace") for rel in rels if (root / rel).is_file()
+        }
     out = {}
     for p in sorted(root.rglob("*")):
         rel = p.relative_to(root)
@@ -136,6 +146,17 @@ def ship(root: Path, code_rel: str, test_rel: str, ship_all: bool) -> dict[str, 
         except (UnicodeDecodeError, OSError):
             continue
     return out
+
+
+_HELPER = re.compile(r"^\s*(?:from test import ([\w, ]+)|from test\.(\w+) import|import test\.(\w+))", re.M)
+
+
+def _test_helpers(text: str) -> list[str]:
+    """The stdlib test package's modules a test imports (`from test import audiotests`, `from test.x import y`)."""
+    found = []
+    for names, frm, imp in _HELPER.findall(text):
+        found += [n.strip() for n in names.split(",")] if names else [frm or imp]
+    return sorted({n for n in found if n and n != "support"})
 
 
 def _git_commit(root: Path) -> str | None:
@@ -229,10 +250,15 @@ def fetch_stdlib(stdlib: Path | None = None) -> Source:
         if mod.stem in STDLIB_SKIP or mod.stem.startswith("_") or not test.is_file():
             continue
         root.mkdir(parents=True, exist_ok=True)
-        for src, dst in ((mod, root / mod.name), (test, root / test.name)):
-            if not dst.exists():
+        helpers = [(test_dir / f"{h}.py", root / "test" / f"{h}.py") for h in _test_helpers(test.read_text())]
+        for src, dst in [(mod, root / mod.name), (test, root / test.name), *helpers]:
+            if src.is_file() and not dst.exists():
+                dst.parent.mkdir(exist_ok=True)
                 shutil.copyfile(src, dst)
         pairs[mod.name] = [test.name]
+    # The work dir's `test` package: the helpers a test imports from it, then the stdlib's own (test.support).
+    (root / "test").mkdir(parents=True, exist_ok=True)
+    (root / "test" / "__init__.py").write_text(f"__path__.append({str(stdlib / 'test')!r})\n")
     origin = f"debian:libpython{ver}-stdlib={stdlib_version} + {package}={test_version} ({deb.name})"
     return Source(
         "stdlib",

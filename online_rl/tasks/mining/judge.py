@@ -7,6 +7,7 @@ reward is the share of those tests that pass. A cache whose code file changed si
 
 from __future__ import annotations
 
+import functools
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,10 +33,16 @@ class MinedVerdict:
         return self.total > 0 and self.passed == self.total
 
 
+@functools.lru_cache(maxsize=32)
+def _shipped(root: Path, path: str, test_path: str, ship_all: bool) -> dict[str, str]:
+    """A source's files as they travel into the jail, read once for every completion judged against them."""
+    return ship(root, path, test_path, ship_all)
+
+
 def job_for(task: MinedTask, body: str | None) -> suite.SuiteJob:
     """The sandbox job that runs `task`'s tests on its file with `body` (None: the reference)."""
     root = Path(task.root)
-    files = ship(root, task.path, task.test_path, task.ship_all)
+    files = dict(_shipped(root, task.path, task.test_path, task.ship_all))
     original = task.prefix + task.reference + task.suffix
     if sha256(original) != task.code_sha256:
         raise ValueError(f"{task.task_id}: the task's code does not match what was mined")

@@ -7,7 +7,7 @@ import ast
 
 from online_rl.sandbox.suite import SuiteRun
 from online_rl.tasks.mining import candidates, store
-from online_rl.tasks.mining.sources import Source
+from online_rl.tasks.mining.sources import Source, _test_helpers, ship
 from online_rl.tasks.mining.verify import MiningConfig, _draw, _Plan, classify, confirm
 
 CODE = '''\
@@ -147,3 +147,18 @@ def test_a_folder_is_code_and_tests_with_its_modules(tmp_path):
     assert set(src.shipped("src/pkg/core.py", "tests/test_core.py")) == {
         "setup.py", "src/pkg/__init__.py", "src/pkg/core.py", "tests/test_core.py", "tests/test_other.py"
     }  # fmt: skip
+
+
+def test_a_stdlib_pair_travels_with_the_helpers_its_test_imports(tmp_path):
+    (tmp_path / "test").mkdir()
+    (tmp_path / "test" / "__init__.py").write_text("__path__.append('/usr/lib/python3.11/test')\n")
+    (tmp_path / "test" / "audiotests.py").write_text("")
+    (tmp_path / "wave.py").write_text("def f():\n    pass\n")
+    (tmp_path / "test_wave.py").write_text("from test import audiotests, support\nfrom test.support import os_helper\n")
+    (tmp_path / "test_plain.py").write_text("import unittest\n")
+    text = "from test import support, audiotests\nfrom test.mock_socket import x\nimport test.pydoc_mod\n"
+    assert _test_helpers(text) == ["audiotests", "mock_socket", "pydoc_mod"]
+    assert set(ship(tmp_path, "wave.py", "test_wave.py", False)) == {
+        "wave.py", "test_wave.py", "test/audiotests.py", "test/__init__.py"
+    }  # fmt: skip
+    assert set(ship(tmp_path, "wave.py", "test_plain.py", False)) == {"wave.py", "test_plain.py"}

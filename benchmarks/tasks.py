@@ -15,11 +15,13 @@ ROLLOUT_SAMPLES temperature-1 completions per task, generated on the CPU in this
 
 Environment: FLYWHEEL_MINE_CAP (candidates per PyPI source, default 120), FLYWHEEL_MINE_STDLIB_CAP (default 300),
 FLYWHEEL_MINE_WORKERS (sandbox runs at once, default 2), FLYWHEEL_MINE_SOURCES (comma-separated, default all),
-FLYWHEEL_MINE_REUSE=1 (read each source's summary.json and tasks.jsonl from the last run instead of mining again).
+FLYWHEEL_MINE_REUSE=1 (read each source's summary.json and tasks.jsonl from the last run instead of mining again;
+tasks mined before the empty-body check are run once with an empty body first, and the files rewritten).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -86,13 +88,30 @@ def tiny_model_rollouts(tasks: list, workers: int) -> dict:
     }
 
 
-def _reused(name: str, out) -> tuple[dict, list]:
-    """A source's figures and tasks from the last run's files."""
+def _reused(name: str, out, workers: int) -> tuple[dict, list]:
+    """A source's figures and tasks from the last run's files, its tasks run once more with an empty body
+    (verify.recheck: the check mining does since), and the files rewritten to match."""
     from online_rl.tasks.mining import store
+    from online_rl.tasks.mining.verify import recheck
 
     folder = out / name
     summary = json.loads((folder / "summary.json").read_text())
-    return summary, store.load([folder / "tasks.jsonl"])
+    tasks = store.load([folder / "tasks.jsonl"])
+    if summary.get("rechecked") or summary.get("empty_body_checked"):
+        return summary, tasks
+    kept, rejected, seconds = recheck(tasks, workers)
+    store.save(kept, folder / "tasks.jsonl")
+    with open(folder / "rejected.jsonl", "a") as f:
+        for r in rejected:
+            f.write(json.dumps(dataclasses.asdict(r)) + "\n")
+    for r in rejected:
+        summary["rejected"][r.reason] = summary["rejected"].get(r.reason, 0) + 1
+    summary["valid"] = len(kept)
+    summary["sandbox_s"] = round(summary["sandbox_s"] + seconds, 2)
+    summary["sandbox_s_per_task"] = round(summary["sandbox_s"] / len(kept), 3) if kept else None
+    summary["rechecked"] = {"tasks": len(tasks), "rejected": len(rejected), "sandbox_s": round(seconds, 2)}
+    (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary, kept
 
 
 def main() -> dict:
@@ -106,7 +125,7 @@ def main() -> dict:
     reuse = os.environ.get("FLYWHEEL_MINE_REUSE") == "1"
     for name in names:
         if reuse:
-            result, mined = _reused(name, out)
+            result, mined = _reused(name, out, workers)
         else:
             source = sources.resolve(name)
             cfg = MiningConfig(
@@ -118,7 +137,8 @@ def main() -> dict:
             result = cli.write(report, cfg, out)
             mined = report.tasks
         print(json.dumps({k: v for k, v in result.items() if k != "config"}), file=sys.stderr, flush=True)
-        per_source[name] = {k: result[k] for k in ("version", "origin", "found", "candidates", "valid", "rejected")}
+        keys = ("version", "origin", "found", "candidates", "valid", "rejected", "rechecked")
+        per_source[name] = {k: result[k] for k in keys if k in result}
         per_source[name]["sandbox_s_per_task"] = result["sandbox_s_per_task"]
         tasks += mined
         sandbox_s += result["sandbox_s"]

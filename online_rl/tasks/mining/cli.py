@@ -52,6 +52,7 @@ def summary(report) -> dict:
         "sandbox_s_per_candidate": round(report.sandbox_s / report.candidates, 3) if report.candidates else None,
         "sandbox_s_per_task": round(report.sandbox_s / len(report.tasks), 3) if report.tasks else None,
         "wall_s": report.wall_s,
+        "empty_body_checked": True,  # every task's tests also fail with an empty body (verify.hollow)
     }
 
 

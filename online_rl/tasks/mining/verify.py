@@ -4,12 +4,15 @@ For each test file drawn, one baseline run on the original code (MiningConfig.re
 which tests pass every time, which are flaky and how long each takes. Then, per candidate (online_rl.tasks.mining
 .candidates), one run of that file with the body deleted: the tests that passed every time and now fail are the
 candidate's. Those (at most max_tests, none slower than slow_test_s) are verified again, alone, in two fresh
-sandboxes: with the body they must pass in every repeat, without it fail in every repeat. What survives is a task
+sandboxes: with the body they must pass in every repeat, without it fail in every repeat; and once more with an
+empty body (`pass`: the function returns None), where they must fail too (a test that only checks that nothing
+raises would pass a completion that writes nothing). What survives is a task
 (online_rl.tasks.mining.store). Every candidate that is not one gets one reason (REASONS) and a line saying why.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections import Counter, defaultdict
@@ -128,6 +131,39 @@ def confirm(with_body: suite.SuiteRun, without: suite.SuiteRun):
     return None, kept, f"{len(kept)} tests pass with the body and fail without it, every time"
 
 
+def hollow(run: suite.SuiteRun, kept: list[str]):
+    """(reason or None, the tests kept, why) from the kept tests run with an empty body (`pass`)."""
+    if run.timed_out:
+        return "slow", [], "the kept tests ran past the time limit with an empty body"
+    left = [t for t in kept if run.outcomes.get(t) != ["pass"]]
+    if not left:
+        return "passes_without_code", [], "the kept tests pass with an empty body (the function returning None)"
+    return None, left, f"{len(left)} tests pass with the body and fail without it or with an empty one"
+
+
+def empty_body(prefix: str, indent: str, suffix: str) -> str:
+    return prefix + indent + "pass\n" + suffix
+
+
+def recheck(tasks: list[MinedTask], workers: int = 1) -> tuple[list[MinedTask], list[Rejection], float]:
+    """Stored tasks run once more with an empty body: (those that still hold, with the tests that fail there, the
+    rejected, sandbox seconds). For tasks mined before the empty-body check was part of mining."""
+    from online_rl.tasks.mining.judge import job_for
+
+    jobs = [job_for(t, t.indent + "pass\n") for t in tasks]
+    runs = suite.run(jobs, suite.SuiteConfig(wall_seconds=60.0, cpu_seconds=61, workers=workers))
+    kept, rejected = [], []
+    for task, run in zip(tasks, runs):
+        reason, tests, why = hollow(run, list(task.test_ids))
+        if reason:
+            rejected.append(Rejection(task.task_id.split("/", 1)[-1], reason, why))
+        else:
+            kept.append(
+                dataclasses.replace(task, test_ids=tuple(tests), sandbox_s=round(task.sandbox_s + run.wall_s, 3))
+            )
+    return kept, rejected, sum(r.wall_s for r in runs)
+
+
 class _Miner:
     def __init__(self, source: Source, cfg: MiningConfig):
         self.source, self.cfg = source, cfg
@@ -237,6 +273,11 @@ def mine(source: Source, cfg: MiningConfig | None = None, progress: bool = True)
             gone = miner.run(miner.job(d.path, p.test, d.deleted_source, select=kept, repeats=2))
             spent += [again.wall_s, gone.wall_s]
             reason, kept, why = confirm(again, gone)
+            if reason:
+                return Rejection(cand, reason, why), spent
+            empty = miner.run(miner.job(d.path, p.test, empty_body(d.prefix, d.indent, d.suffix), select=kept))
+            spent.append(empty.wall_s)
+            reason, kept, why = hollow(empty, kept)
             if reason:
                 return Rejection(cand, reason, why), spent
             job = miner.job(d.path, p.test, None)

@@ -1,7 +1,8 @@
 """Mining a small repository made here, with known features, through the real bubblewrap sandbox.
 
 The repository has a function whose tests pin it (mined, and its task judged both ways: the reference passes, the
-deleted body and a wrong one fail), one whose only test passes without it, one whose only test is flaky (it counts
+deleted body and a wrong one fail), one whose only test passes without it, one whose only test passes with an empty
+body (it checks only that nothing raises), one whose only test is flaky (it counts
 its own runs in a file of the work dir and fails every other time), and one whose test file fails on the original code:
 each rejected with its reason. The command (`flywheel tasks mine`, through its main) writes the tasks with their
 provenance (the repository's commit) and the rejections with why.
@@ -18,6 +19,7 @@ import pytest
 from online_rl.tasks import synthetic
 from online_rl.tasks.mining import cli, mixture, store
 from online_rl.tasks.mining.judge import judge
+from online_rl.tasks.mining.verify import recheck
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -48,6 +50,13 @@ def stamp(n):
     return out
 
 
+def log_event(name):
+    """Print that `name` happened."""
+    line = f"event {name}"
+    line = line.strip()
+    print(line)
+
+
 def total(xs):
     """The sum of xs."""
     s = 0
@@ -60,7 +69,7 @@ TESTS = """\
 import os
 import unittest
 
-from shapes.geometry import area, describe, stamp
+from shapes.geometry import area, describe, log_event, stamp
 
 
 class AreaTest(unittest.TestCase):
@@ -74,6 +83,10 @@ class AreaTest(unittest.TestCase):
 
 def test_describe_exists():
     assert callable(describe)  # names it, never checks what it returns
+
+
+def test_log_event():
+    log_event("x")  # only checks that it does not raise: an empty body passes it
 
 
 def test_stamp_counted():
@@ -126,7 +139,7 @@ def test_the_feature_is_mined_with_its_tests_and_provenance(mined):
     assert task.prompt.endswith('    """The area of a w by h rectangle; a negative side is an error."""\n')
     assert "w * h" not in task.prompt + task.suffix
     assert "test_" not in task.prompt + task.suffix and "assert" not in task.prompt + task.suffix
-    assert summary["candidates"] == 4 and summary["valid"] == 1 and summary["sandbox_s_per_task"] > 0
+    assert summary["candidates"] == 5 and summary["valid"] == 1 and summary["sandbox_s_per_task"] > 0
 
 
 def test_each_rejection_says_why(mined):
@@ -135,7 +148,9 @@ def test_each_rejection_says_why(mined):
     assert rejected["shapes/geometry.py::stamp"]["reason"] == "flaky"
     assert "test_stamp_counted" in rejected["shapes/geometry.py::stamp"]["detail"]
     assert rejected["shapes/geometry.py::total"]["reason"] == "fails_with_code"
-    assert summary["rejected"] == {"passes_without_code": 1, "flaky": 1, "fails_with_code": 1}
+    assert rejected["shapes/geometry.py::log_event"]["reason"] == "passes_without_code"
+    assert "empty body" in rejected["shapes/geometry.py::log_event"]["detail"]
+    assert summary["rejected"] == {"passes_without_code": 2, "flaky": 1, "fails_with_code": 1}
 
 
 def test_the_task_is_judged_both_ways_in_the_sandbox(mined):
@@ -147,6 +162,8 @@ def test_the_task_is_judged_both_ways_in_the_sandbox(mined):
     assert reference.ok and other.ok, (reference, other)
     assert bad.passed == 1 and not bad.ok  # the negative-side test alone still passes
     assert empty.reward == 0.0
+    kept, rejected, seconds = recheck([task])  # stored tasks re-run with an empty body: this one holds
+    assert [t.test_ids for t in kept] == [task.test_ids] and not rejected and seconds > 0
     assert textwrap.dedent(task.reference).startswith("if w < 0 or h < 0:")
 
 

@@ -16,7 +16,7 @@ ROLLOUT_SAMPLES temperature-1 completions per task, generated on the CPU in this
 Environment: FLYWHEEL_MINE_CAP (candidates per PyPI source, default 120), FLYWHEEL_MINE_STDLIB_CAP (default 300),
 FLYWHEEL_MINE_WORKERS (sandbox runs at once, default 2), FLYWHEEL_MINE_SOURCES (comma-separated, default all),
 FLYWHEEL_MINE_REUSE=1 (read each source's summary.json and tasks.jsonl from the last run instead of mining again;
-tasks mined before the empty-body check are run once with an empty body first, and the files rewritten).
+tasks verified by another suite runner than this checkout's are verified again first, and the files rewritten).
 """
 
 from __future__ import annotations
@@ -89,15 +89,15 @@ def tiny_model_rollouts(tasks: list, workers: int) -> dict:
 
 
 def _reused(name: str, out, workers: int) -> tuple[dict, list]:
-    """A source's figures and tasks from the last run's files, its tasks run once more with an empty body
-    (verify.recheck: the check mining does since), and the files rewritten to match."""
+    """A source's figures and tasks from the last run's files; tasks verified by another suite runner than this
+    checkout's are verified again (verify.recheck), and the files rewritten to match."""
     from online_rl.tasks.mining import store
-    from online_rl.tasks.mining.verify import recheck
+    from online_rl.tasks.mining.verify import recheck, runner_digest
 
     folder = out / name
     summary = json.loads((folder / "summary.json").read_text())
     tasks = store.load([folder / "tasks.jsonl"])
-    if summary.get("rechecked") or summary.get("empty_body_checked"):
+    if summary.get("runner") == runner_digest():
         return summary, tasks
     kept, rejected, seconds = recheck(tasks, workers)
     store.save(kept, folder / "tasks.jsonl")
@@ -109,7 +109,10 @@ def _reused(name: str, out, workers: int) -> tuple[dict, list]:
     summary["valid"] = len(kept)
     summary["sandbox_s"] = round(summary["sandbox_s"] + seconds, 2)
     summary["sandbox_s_per_task"] = round(summary["sandbox_s"] / len(kept), 3) if kept else None
-    summary["rechecked"] = {"tasks": len(tasks), "rejected": len(rejected), "sandbox_s": round(seconds, 2)}
+    rechecks = summary.get("rechecked", [])
+    rechecks = [rechecks] if isinstance(rechecks, dict) else rechecks
+    summary["rechecked"] = [*rechecks, {"tasks": len(tasks), "rejected": len(rejected), "sandbox_s": round(seconds, 2)}]
+    summary["runner"] = runner_digest()
     (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary, kept
 

@@ -22,9 +22,10 @@ import os
 import resource
 import sys
 import time
+import unittest  # before the work dir goes on sys.path: the runner's own unittest is the stdlib's, never a copy
 
 
-def _plain_tests(module, unittest):
+def _plain_tests(module):
     """pytest-style tests: module-level `test*` functions and `Test*` classes (not TestCase) that take no argument."""
 
     class Plain(unittest.FunctionTestCase):
@@ -77,10 +78,10 @@ def _plain_tests(module, unittest):
     return out
 
 
-def _flatten(suite, unittest):
+def _flatten(suite):
     for t in suite:
         if isinstance(t, unittest.TestSuite):
-            yield from _flatten(t, unittest)
+            yield from _flatten(t)
         else:
             yield t
 
@@ -120,11 +121,10 @@ def main():
     for name in job["fresh"]:
         for loaded in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
             del sys.modules[loaded]
-    import unittest
 
     def collect():
-        found = list(_flatten(unittest.defaultTestLoader.loadTestsFromModule(module), unittest))
-        found += _plain_tests(module, unittest)
+        found = list(_flatten(unittest.defaultTestLoader.loadTestsFromModule(module)))
+        found += _plain_tests(module)
         select = job.get("select")
         return found if select is None else [t for t in found if t.id() in set(select)]
 

@@ -40,6 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def summary(report) -> dict:
     """What a mining run reports: candidates, valid tasks, rejections by reason, sandbox seconds per task."""
+    from online_rl.tasks.mining import verify
+
     return {
         "source": report.source,
         "version": report.version,
@@ -52,7 +54,7 @@ def summary(report) -> dict:
         "sandbox_s_per_candidate": round(report.sandbox_s / report.candidates, 3) if report.candidates else None,
         "sandbox_s_per_task": round(report.sandbox_s / len(report.tasks), 3) if report.tasks else None,
         "wall_s": report.wall_s,
-        "empty_body_checked": True,  # every task's tests also fail with an empty body (verify.hollow)
+        "runner": verify.runner_digest(),  # the suite runner that verified the tasks
     }
 
 

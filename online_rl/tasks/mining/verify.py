@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from infra.config import option
 from infra.progress import bar
 from online_rl.sandbox import suite
-from online_rl.tasks.mining.candidates import Deletion, find
+from online_rl.tasks.mining.candidates import MARKER, Deletion, find
 from online_rl.tasks.mining.sources import Source
 from online_rl.tasks.mining.store import MinedTask, sha256
 
@@ -145,22 +145,32 @@ def empty_body(prefix: str, indent: str, suffix: str) -> str:
     return prefix + indent + "pass\n" + suffix
 
 
+def runner_digest() -> str:
+    """Which runner verified a task: tasks verified by another one are verified again (verify.recheck)."""
+    return sha256(suite.suite_runner_source())[:16]
+
+
 def recheck(tasks: list[MinedTask], workers: int = 1) -> tuple[list[MinedTask], list[Rejection], float]:
-    """Stored tasks run once more with an empty body: (those that still hold, with the tests that fail there, the
-    rejected, sandbox seconds). For tasks mined before the empty-body check was part of mining."""
+    """Stored tasks verified again as mining does, once each: the kept tests must pass with the reference and fail
+    with the body deleted and with an empty one. (those that hold, with the tests that still judge them, the
+    rejected, sandbox seconds). For tasks mined by an earlier runner or before a check was added."""
     from online_rl.tasks.mining.judge import job_for
 
-    jobs = [job_for(t, t.indent + "pass\n") for t in tasks]
+    jobs = []
+    for t in tasks:
+        jobs += [job_for(t, None), job_for(t, t.indent + MARKER + "\n"), job_for(t, t.indent + "pass\n")]
     runs = suite.run(jobs, suite.SuiteConfig(wall_seconds=60.0, cpu_seconds=61, workers=workers))
     kept, rejected = [], []
-    for task, run in zip(tasks, runs):
-        reason, tests, why = hollow(run, list(task.test_ids))
+    for i, task in enumerate(tasks):
+        ref, gone, empty = runs[3 * i : 3 * i + 3]
+        reason, tests, why = confirm(ref, gone)
+        if not reason:
+            reason, tests, why = hollow(empty, tests)
+        spent = ref.wall_s + gone.wall_s + empty.wall_s
         if reason:
             rejected.append(Rejection(task.task_id.split("/", 1)[-1], reason, why))
         else:
-            kept.append(
-                dataclasses.replace(task, test_ids=tuple(tests), sandbox_s=round(task.sandbox_s + run.wall_s, 3))
-            )
+            kept.append(dataclasses.replace(task, test_ids=tuple(tests), sandbox_s=round(task.sandbox_s + spent, 3)))
     return kept, rejected, sum(r.wall_s for r in runs)
 
 

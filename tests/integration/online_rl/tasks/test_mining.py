@@ -162,7 +162,7 @@ def test_the_task_is_judged_both_ways_in_the_sandbox(mined):
     assert reference.ok and other.ok, (reference, other)
     assert bad.passed == 1 and not bad.ok  # the negative-side test alone still passes
     assert empty.reward == 0.0
-    kept, rejected, seconds = recheck([task])  # stored tasks re-run with an empty body: this one holds
+    kept, rejected, seconds = recheck([task])  # stored tasks verified again: this one holds
     assert [t.test_ids for t in kept] == [task.test_ids] and not rejected and seconds > 0
     assert textwrap.dedent(task.reference).startswith("if w < 0 or h < 0:")
 

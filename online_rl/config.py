@@ -220,6 +220,11 @@ class RolloutConfig:
     # borrowed: only replicas the off-peak scheduler lent (none lent: no rollouts); `flywheel train --offpeak` sets it
     replicas: Literal["any", "borrowed"] = "any"
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    # Mined tasks (online_rl.tasks.mining, `flywheel tasks mine`) in the mixture: each task of a step is a mined one
+    # with probability mined_share, drawn from the tasks.jsonl files under mined_tasks.
+    mined_tasks: Path | None = option(None, help="a tasks.jsonl, or a folder of them, to draw mined rollout tasks from")
+    mined_share: float = option(0.0, help="share of rollout tasks drawn from the mined ones (0: synthetic only)")
+    mined_prompt_chars: int = 2000  # a mined task's prompt: the end of the file above the body, this long at most
 
     def __post_init__(self):
         check_modes(self)

@@ -1,5 +1,6 @@
 """Sandbox rollouts: held-out tasks sampled on serving replicas (the gateway's admin path), judged by
-their hidden tests in the sandbox; each task's samples form one group (group-relative advantages)."""
+their hidden tests in the sandbox; each task's samples form one group (group-relative advantages). With a mined
+share configured, that share of the tasks are mined from real code (online_rl.tasks.mining.mixture)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from admin_api.client import AdminClient
 from admin_api.types import RolloutAnswer, RolloutRequest
 from online_rl.config import RolloutConfig
 from online_rl.data.samples import Sample
-from online_rl.sandbox import judge as sandbox
 from online_rl.tasks import synthetic as tasks
+from online_rl.tasks.mining import mixture
 from online_rl.trainer.failures import Failures
 
 
@@ -33,6 +34,9 @@ class RolloutSource:
         self.cfg = cfg
         self.failures = failures or Failures(_local_counter())
         self.tasks = tasks.tasks("heldout", cfg.task_seed)
+        self.mixture = None
+        if cfg.mined_share > 0:  # none: the synthetic tasks drawn as they always were
+            self.mixture = mixture.Mixture(self.tasks, cfg.mined_tasks, cfg.mined_share, cfg.task_seed)
         self.rng = random.Random(cfg.task_seed)
         self.generated = 0
         self.aborted = 0  # samples stopped by a replica's return; their task is redone
@@ -61,11 +65,14 @@ class RolloutSource:
         if not self.cfg.tasks_per_step or not self.cfg.gateway_url or not self.failures.ready("rollout_http"):
             return [], []
         out, pass_rates = [], []
-        fresh = self.rng.sample(self.tasks, min(self.cfg.tasks_per_step, len(self.tasks)))
+        if self.mixture is not None:
+            fresh = self.mixture.draw(self.cfg.tasks_per_step)
+        else:
+            fresh = self.rng.sample(self.tasks, min(self.cfg.tasks_per_step, len(self.tasks)))
         todo, self.retry = (self.retry + fresh)[: self.cfg.tasks_per_step], []
         for i, task in enumerate(todo):
             try:
-                resp = self._generate(task.prompt)
+                resp = self._generate(mixture.prompt_of(task, self.cfg.mined_prompt_chars))
             except Exception as e:
                 if self.failures.failed("rollout_http", e):
                     self.retry += todo[i:]  # this task and the rest wait for the backoff
@@ -93,7 +100,7 @@ class RolloutSource:
         if len(choices) < len(resp["choices"]):
             self.aborted += len(resp["choices"]) - len(choices)
             return None, 0.0
-        verdicts = sandbox.run([sandbox.candidate_for(task, c["text"]) for c in choices], self.cfg.sandbox)
+        verdicts = mixture.judge(task, [c["text"] for c in choices], self.cfg.sandbox)
         prompt = np.asarray(resp["prompt_ids"], np.int32)
         out = []
         for c, v in zip(choices, verdicts):

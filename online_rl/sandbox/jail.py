@@ -139,8 +139,9 @@ class Limits:
     tmpfs_bytes: int
 
 
-def bwrap_command(limits: Limits, info_fd: int) -> list[str]:
-    """argv that runs the runner on stdin's job inside a fresh sandbox."""
+def bwrap_command(limits: Limits, info_fd: int, program: str | None = None) -> list[str]:
+    """argv that runs the runner (or `program`, the source of another stdlib-only runner such as
+    suite_runner's) on stdin's job inside a fresh sandbox."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise SandboxUnavailable(
@@ -190,7 +191,7 @@ def bwrap_command(limits: Limits, info_fd: int) -> list[str]:
         "-S",
         "-B",
         "-c",
-        runner_source(),
+        runner_source() if program is None else program,
     ]
 
 

@@ -4,6 +4,8 @@ clients people run look to the model.
 - `agent_clients`: How the agent clients people run look to the model, for the bootstrap corpus: their tools, their
   shell's answers and the context they send around a user's request.
 - `agent_episodes`: Agent episodes for the bootstrap corpus: the tiny model learns a small tool language.
+- `mining/`: Tasks mined from real code (issue #50): a function's body deleted from a repository with tests, judged
+  by the tests that fail without it, verified in the sandbox; `flywheel tasks mine`.
 - `corpus`: The bootstrap corpus: documents made from the train split's tasks (online_rl.tasks.synthetic), each
   ending in EOS, deterministic for a seed.
 - `synthetic`: Synthetic coding tasks: small Python functions described by a docstring, judged by hidden tests.

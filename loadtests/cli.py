@@ -11,7 +11,10 @@ from loadtests.runner import SCENARIOS, LoadTestConfig
 
 @dataclass
 class DurationArg:
-    duration: str = option(f"{LoadTestConfig.duration_s:g}s", help="run time: seconds, or 90s, 5m, 1h (a scenario runs on until its last action ends)")
+    duration: str = option(
+        f"{LoadTestConfig.duration_s:g}s",
+        help="run time: seconds, or 90s, 5m, 1h (a scenario runs on until its last action ends)",
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -7,7 +7,7 @@ from collections import OrderedDict
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from serving.event_log.pipeline import SYNC_LAG_BUCKETS
+from serving.event_log.sync_window import SYNC_LAG_BUCKETS
 from serving.protocol.tool_calls import MALFORMED, OUTCOMES as TOOL_OUTCOMES
 from serving.version_stats import VersionStats
 
@@ -324,21 +324,21 @@ class _LiveCollector:
             "1 while the spool writer thread writes",
             value=1.0 if health["writer"] == "ok" else 0.0,
         )
-        events_log = self.gw.events
+        window = self.gw.events.sync_window
         yield GaugeMetricFamily(
             "flywheel_event_spool_sync_window_seconds",
             "Longest a spooled event may wait for its fdatasync: what a machine crash may lose (0: strict)",
-            value=events_log.cfg.sync_window_s,
+            value=window.window_s,
         )
         lag = HistogramMetricFamily(
             "flywheel_event_spool_sync_lag_seconds",
             "Per sync: how long its oldest record, answered once written, waited for the fdatasync (window mode)",
         )
         cumulative, buckets = 0, []
-        for bound, n in zip(SYNC_LAG_BUCKETS, events_log.sync_lag_counts):
+        for bound, n in zip(SYNC_LAG_BUCKETS, window.lag_counts):
             cumulative += n
             buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
-        lag.add_metric([], buckets, sum_value=events_log.sync_lag_sum_s)
+        lag.add_metric([], buckets, sum_value=window.lag_sum_s)
         yield lag
 
 

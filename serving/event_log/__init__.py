@@ -1,6 +1,7 @@
 """The event log off the request path: the gateway builds each completion's event (completion) and submits every
-event to an on-disk spool (sink, spool, spool_writer), a child process ships the spool to Kafka (shipper) after
-scanning its text for secrets (scan, secret_scrub), and a tenant's records can be forgotten before they leave (forget).
+event to an on-disk spool (sink, spool, spool_writer, sync_window), a child process ships the spool to Kafka
+(shipper) after scanning its text for secrets (scan, secret_scrub), and a tenant's records can be forgotten before
+they leave (forget).
 
 - `completion`: The completion event (contracts.events.CompletionEvent) built from what the gateway knows once a
   choice is served: the request, the replica's result, who asked, and where it was routed; with the meta the spool
@@ -17,7 +18,10 @@ scanning its text for secrets (scan, secret_scrub), and a tenant's records can b
   serving.event_log.shipper).
 - `shipper`: The shipper: a child process that delivers the spool to Kafka, so kafka-python never holds the
   gateway's GIL.
-- `sink`: The gateway's side of the event log: submit an event, and wait (boundedly) until it is on disk.
+- `sink`: The gateway's side of the event log: submit an event, and wait (boundedly) until it is spooled.
 - `spool`: The on-disk event spool: numbered segment files of CRC-framed msgpack records, and a delivery cursor.
-- `spool_writer`: Appending to the spool's head segment: one open descriptor, one write and one fdatasync per batch.
+- `spool_writer`: Appending to the spool's head segment: one open descriptor, one write per batch, and an
+  fdatasync per batch (strict) or per sync window.
+- `sync_window`: The spool's durability window: when the writer thread syncs what it wrote, and how long records
+  waited.
 """

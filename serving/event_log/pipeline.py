@@ -6,13 +6,11 @@
                                    '-> KafkaProducer (idempotent, acks=all, zstd); cursor moves on ack
 
 The request path only does a non-blocking queue put; a caller that needs to know when its event is safe (the
-gateway answers a client only then) passes `on_durable`, called from the writer thread once the event is in the
-spool file. How safe is the config's `sync_window_s`. By default (a window) an event written is safe from a crash
-of the process, since the kernel holds it, and the writer syncs it to disk within the window: a machine that loses
-power loses at most that window, as with Kafka (no forced flush), Vector's disk buffers and PostgreSQL's
-`synchronous_commit = off`; the answer does not wait for the disk. With 0 (strict) the callback comes only after
-the fdatasync that covers the event. The shipper may send what is not synced yet: Kafka holding an event that a
-machine crash took from the spool loses nothing (the spool reopens at its cursor at least).
+gateway answers a client only then) passes `on_durable`, called from the writer thread once the event is written
+to the spool: safe from a crash of the process (the kernel holds it), synced to disk within `sync_window_s` (a
+machine crash loses at most that window, as with Kafka, Vector's disk buffers and PostgreSQL's
+`synchronous_commit = off`; serving.event_log.sync_window), or with 0 (strict) only after its fdatasync. The
+shipper may send what is not synced yet: Kafka holding an event a machine crash took from the spool loses nothing.
 A write that fails (disk full, I/O error) is cut back to the last record written and retried after a backoff: the
 queue, then submit(), takes the pressure and /health says so. A shipper that dies is started again from the
 cursor it had reached. Every event is written to the spool before it is sent, so a dead or slow broker fills the
@@ -28,7 +26,6 @@ milliseconds to the gateway's p50 (measured in benchmarks.gateway).
 
 from __future__ import annotations
 
-import bisect
 import logging
 import multiprocessing
 import queue
@@ -41,10 +38,9 @@ from pathlib import Path
 from serving.event_log import forget as fg, shipper as sh
 from serving.event_log.spool import Spool
 from serving.event_log.spool_writer import SegmentWriter
+from serving.event_log.sync_window import SyncWindow
 
 log = logging.getLogger(__name__)
-# Upper bounds (s) of the sync lag histogram: how long answered events waited for their fdatasync.
-SYNC_LAG_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, float("inf"))
 
 
 @dataclass
@@ -126,10 +122,7 @@ class EventLog:
         self._submitted = self._spooled = self._dropped_queue = self._dropped_spool = 0
         self._write_failures = self._shipper_restarts = 0
         self.writer_error: str | None = None  # the last write error, while writes fail
-        self._unsynced_since: float | None = None  # when the oldest record not yet synced was written
-        self._syncs = 0
-        self.sync_lag_counts = [0] * len(SYNC_LAG_BUCKETS)  # per bucket (not cumulative), and their sum below
-        self.sync_lag_sum_s = self._sync_lag_max_s = 0.0
+        self.sync_window = SyncWindow(cfg.sync_window_s)
         self._ctx = ctx
         # Called (writer thread) once after a batch whose events had on_durable callbacks: lets a caller
         # wake its event loop once per fsync rather than once per event.
@@ -159,10 +152,6 @@ class EventLog:
             return False
 
     @property
-    def strict(self) -> bool:
-        return self.cfg.sync_window_s <= 0
-
-    @property
     def pending_bytes(self) -> int:
         return max(0, self._written_bytes - self._shared[sh.ACKED_BYTES])
 
@@ -189,8 +178,8 @@ class EventLog:
             scrubbed=s[sh.SCRUBBED],
             unscanned=s[sh.UNSCANNED],
             forgotten=s[sh.FORGOTTEN] + self._forgotten_on_write,
-            syncs=self._syncs,
-            sync_lag_max_s=self._sync_lag_max_s,
+            syncs=self.sync_window.syncs,
+            sync_lag_max_s=self.sync_window.lag_max_s,
         )
 
     def health(self) -> dict:
@@ -211,12 +200,7 @@ class EventLog:
             "shipper": shipper,
             "shipper_restarts": self._shipper_restarts,
             # What a machine crash may lose: events written in the last sync_window_s (0: none, strict).
-            "durability": {
-                "mode": "strict" if self.strict else "window",
-                "sync_window_s": self.cfg.sync_window_s,
-                "sync_lag_max_s": round(self._sync_lag_max_s, 6),
-                "syncs": self._syncs,
-            },
+            "durability": self.sync_window.health(),
             "ok": writer == "ok" and shipper in ("ok", "off"),
         }
 
@@ -325,9 +309,9 @@ class EventLog:
             self._write_batches()
         finally:
             try:
-                self._sync(force=True)
+                self.sync_window.sync_if_due(self._segments, force=True)
             except OSError as e:
-                log.error("event spool: the last sync failed on close (%s): %s", type(e).__name__, e)
+                log.error("event spool: the last sync failed on close (%r)", e)
             self._segments.close()
 
     def _write_batches(self) -> None:
@@ -339,26 +323,22 @@ class EventLog:
             except Exception as e:  # cannot start a process now (EMFILE, ENOMEM): the writer goes on
                 log.error("could not restart the event shipper: %s", e)
             if not batch:
-                batch = self._group_commit_batch(self._wait_s())
+                batch = self._group_commit_batch(self.sync_window.wait_s(self.cfg.fsync_interval_s))
             try:
                 if batch:
                     self._append(batch)  # written (strict: and synced), or raises with the head where it was
                     self._written(batch)
                     batch = []
-                self._sync()  # window: what was written, once due
+                self.sync_window.sync_if_due(self._segments)  # window: what was written, once due
             except Exception as e:  # disk full, I/O error: an unwritten batch is kept, cut back, tried again
                 self._write_failures += 1
                 if self.writer_error is None:
-                    log.error(
-                        "event spool write failed (%s: %s); retrying, events wait in the queue", type(e).__name__, e
-                    )
+                    log.error("event spool write failed (%r); retrying, events wait in the queue", e)
                 self.writer_error = f"{type(e).__name__}: {e}"
                 if self._stop.is_set():
                     stopping_since = stopping_since or time.monotonic()
                     if time.monotonic() - stopping_since > self.cfg.stop_timeout_s:
-                        log.error(
-                            "closing with %d events unwritten (%s)", len(batch) + self._q.qsize(), self.writer_error
-                        )
+                        log.error("closing, %d events unwritten (%s)", len(batch) + self._q.qsize(), self.writer_error)
                         return
                 time.sleep(self.cfg.retry_backoff_s)
                 continue
@@ -384,59 +364,25 @@ class EventLog:
             except Exception:  # noqa: BLE001
                 log.exception("after_sync callback failed")
 
-    def _wait_s(self) -> float:
-        """How long the writer may wait for the next event: until the unsynced records' sync is due."""
-        if self._unsynced_since is None:
-            return self.cfg.fsync_interval_s
-        return max(0.0, min(self.cfg.fsync_interval_s, self._sync_due_at(self._unsynced_since) - time.monotonic()))
-
-    def _sync_due_at(self, since: float) -> float:
-        """Half the window after the oldest unsynced write: the other half is the margin for the sync itself
-        and for this thread's wake-up on busy cores (a sync begun at the window less the last sync's time
-        ended at 104 ms of a 100 ms window under a suite's load)."""
-        return since + self.cfg.sync_window_s / 2
-
-    def _sync(self, force: bool = False) -> None:
-        """Window mode: sync what was written once its oldest record is half the window old; at once if `force`.
-        The lag counted is that oldest record's, from its write to the end of its sync."""
-        since = self._unsynced_since
-        if since is None or (not force and time.monotonic() < self._sync_due_at(since)):
-            return
-        self._segments.sync()
-        done = time.monotonic()
-        self._unsynced_since = None
-        self._syncs += 1
-        lag = done - since
-        self._sync_lag_max_s = max(self._sync_lag_max_s, lag)
-        self.sync_lag_sum_s += lag
-        self.sync_lag_counts[bisect.bisect_left(SYNC_LAG_BUCKETS, lag)] += 1
-
     def _append(self, batch: list) -> None:
-        """Write a batch after the head (strict: and sync it), then make it visible to the shipper. On any error the
-        head stays where it was (what the attempt left past it is cut off before the retry:
-        serving.event_log.spool_writer)."""
-        with self._forget_lock:
-            self._append_locked(batch)
-
-    def _append_locked(self, batch: list) -> None:
-        match = self._forgotten_match
-        records, redacted = [], 0
-        for topic, key, value, meta, _ in batch:
-            if match is not None and meta is not None and match(meta):  # forgotten before it was written
-                records.append(Spool.frame(topic, key, None, {"redacted": True}))
-                redacted += 1
-            else:
-                records.append(Spool.frame(topic, key, value, meta))
-        head = self._segments.write(records, sync=self.strict)  # or raises with the head where it was
-        if self.strict:
-            self._syncs += 1
-        elif self._unsynced_since is None:
-            self._unsynced_since = time.monotonic()
-        self._written_bytes += sum(map(len, records))
-        self._forgotten_on_write += redacted
-        self._head = head
-        with self._shared.get_lock():  # visible to the shipper once written
-            self._shared[sh.HEAD_SEG], self._shared[sh.HEAD_OFF] = head
+        """Write a batch after the head (strict: and sync it), then show it to the shipper. On any error the head
+        stays where it was (what the attempt left past it is cut before the retry: serving.event_log.spool_writer)."""
+        with self._forget_lock:  # forget() sees every record written before it, none after it unredacted
+            match = self._forgotten_match
+            records, redacted = [], 0
+            for topic, key, value, meta, _ in batch:
+                if match is not None and meta is not None and match(meta):  # forgotten before it was written
+                    records.append(Spool.frame(topic, key, None, {"redacted": True}))
+                    redacted += 1
+                else:
+                    records.append(Spool.frame(topic, key, value, meta))
+            head = self._segments.write(records, sync=self.sync_window.strict)  # or raises, the head where it was
+            self.sync_window.wrote()
+            self._written_bytes += sum(map(len, records))
+            self._forgotten_on_write += redacted
+            self._head = head
+            with self._shared.get_lock():  # visible to the shipper once written
+                self._shared[sh.HEAD_SEG], self._shared[sh.HEAD_OFF] = head
 
     def _group_commit_batch(self, timeout: float) -> list:
         """The first event (waiting up to `timeout`) and everything queued behind it: one write (strict: one

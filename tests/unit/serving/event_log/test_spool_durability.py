@@ -57,11 +57,13 @@ def test_a_window_answers_once_written_and_syncs_within_it(tmp_path, timeline):
 
 
 def test_under_load_every_sync_comes_within_the_window(tmp_path):
-    """Four threads submitting for a second: events keep arriving (the writer never idles), and still no
-    written record waits past the window for its sync; syncs are far fewer than writes."""
-    window = 0.1
+    """Four threads submitting for two seconds: events keep arriving (the writer never idles), and still no
+    written record waits past the window for its sync; syncs are far fewer than writes. The window is wide for a
+    test: its half-window margin absorbs the writer's wake-ups on cores a whole suite shares (beside a benchmark's
+    fleet, 10 ms windows saw lags up to 68 ms: benchmarks.gateway's spool_sync_lag_buckets)."""
+    window = 0.4
     log = EventLog(EventLogConfig(spool_dir=tmp_path, sync_window_s=window)).start()
-    stop = time.monotonic() + 1.0
+    stop = time.monotonic() + 2.0
     answered = []
 
     def user(i: int) -> None:
@@ -84,7 +86,7 @@ def test_under_load_every_sync_comes_within_the_window(tmp_path):
     assert s.spooled == s.submitted > 1000
     assert 5 <= s.syncs < s.submitted / 10, (s.syncs, s.submitted)
     assert s.sync_lag_max_s <= window, s.sync_lag_max_s
-    assert sum(log.sync_lag_counts) == s.syncs
+    assert sum(log.sync_window.lag_counts) == s.syncs
 
 
 def test_close_syncs_what_the_window_held(tmp_path, timeline):

@@ -225,9 +225,21 @@ class RolloutConfig:
     mined_tasks: Path | None = option(None, help="a tasks.jsonl, or a folder of them, to draw mined rollout tasks from")
     mined_share: float = option(0.0, help="share of rollout tasks drawn from the mined ones (0: synthetic only)")
     mined_prompt_chars: int = 2000  # a mined task's prompt: the end of the file above the body, this long at most
+    # A mined task's tests run in the candidate's own interpreter (the repository's tests import its code), so a
+    # candidate can make them pass without doing the work (patch unittest, read the test file): its reward is not
+    # an honest evaluator's as a synthetic task's is (docs/sandbox.md). Training on them is asked for by name.
+    mined_rewards_forgeable_ok: bool = option(
+        False,
+        help="train on mined tasks although a candidate can forge their reward (their tests share its process)",
+    )
 
     def __post_init__(self):
         check_modes(self)
+        if self.mined_share > 0 and not self.mined_rewards_forgeable_ok:
+            raise ValueError(
+                "mined rollout tasks (--mined-share) are judged by tests that run in the candidate's own process, "
+                "which it can game; say --mined-rewards-forgeable-ok to train on them anyway (docs/sandbox.md)"
+            )
 
 
 @dataclass

@@ -85,22 +85,29 @@ class SuiteRun:
 
 
 def _parse(out: bytes, why: str | None, wall: float) -> SuiteRun:
-    tests: list[str] = []
+    """The runner's lines, strictly: anything else on the channel (a line that is not one of its messages, a second
+    list of tests) makes the run a `bad_output` error that no test passes, as the one-function judge treats a
+    result it did not expect. Only a last line cut by a kill (`why`) is left out."""
+    tests: list[str] | None = None
     repeats: list[dict[str, Any]] = []
     error = None
-    for line in out.splitlines():
+    lines = out.splitlines()
+    for n, line in enumerate(lines):
         try:
             msg = json.loads(line)
         except ValueError:
-            continue
-        if not isinstance(msg, dict):
-            continue
-        if isinstance(msg.get("tests"), list):
+            if why is not None and n == len(lines) - 1 and not out.endswith(b"\n"):
+                break
+            msg = None
+        if isinstance(msg, dict) and isinstance(msg.get("tests"), list) and tests is None and not repeats:
             tests = [str(t) for t in msg["tests"]]
-        elif isinstance(msg.get("outcomes"), dict):
+        elif isinstance(msg, dict) and isinstance(msg.get("outcomes"), dict) and tests is not None:
             repeats.append(msg["outcomes"])
-        elif isinstance(msg.get("error"), str):
+        elif isinstance(msg, dict) and isinstance(msg.get("error"), str) and error is None:
             error = msg["error"][:500]
+        else:
+            return SuiteRun([], {}, {}, "bad_output: the jail wrote a line its runner does not", False, round(wall, 3))
+    tests = tests or []
     outcomes: dict[str, list[str]] = {t: [] for t in tests}
     seconds: dict[str, float] = {t: 0.0 for t in tests}
     for rep in repeats:

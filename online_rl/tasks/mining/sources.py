@@ -4,10 +4,11 @@ A Source is a folder of code with its tests, its provenance (origin and version)
 files that may judge it. Kinds:
 - a local folder (`Source.local`): every `test_*.py` / `*_test.py` is a test file, every other .py file (but
   setup.py, conftest.py, docs) is code; the version is the git commit when it is a checkout, else a content hash.
-- a PyPI sdist (`fetch_pypi`): `pip download --no-binary :all: --no-deps NAME==VERSION` into
-  $FLYWHEEL_HOME/mining/sdists, unpacked beside it; then as a local folder. PINNED lists small pure-Python packages
-  whose sdists ship unittest or plain-function tests (checked: more-itertools, cachetools, simplejson, toolz,
-  boltons).
+- a PyPI sdist (`fetch_pypi`): the archive itself, found on the index's simple page and checked against its
+  sha256 (PINNED's, or the index's for a version not pinned), into $FLYWHEEL_HOME/mining/sdists, unpacked beside
+  it; then as a local folder. Not `pip download`: to read an sdist's metadata pip runs its build hooks (setup.py),
+  the package's code on this host, outside the jail. PINNED lists small pure-Python packages whose sdists ship
+  unittest or plain-function tests (checked: more-itertools, cachetools, simplejson, toolz, boltons).
 - the standard library (`fetch_stdlib`): the interpreter's own modules (Debian's libpython3.11-stdlib) and Debian's
   libpython3.11-testsuite, fetched with `apt-get download` and unpacked into the cache (not installed: its package
   depends on the newest python3.11 and installing it would upgrade the interpreter). Each top-level pure-Python
@@ -31,13 +32,14 @@ from pathlib import Path
 
 from infra.paths import flywheel_home
 
-PINNED = {
-    "more-itertools": "10.5.0",
-    "cachetools": "5.5.0",
-    "simplejson": "3.19.3",
-    "toolz": "1.0.0",
-    "boltons": "24.1.0",
+PINNED = {  # name -> (version, sha256 of its sdist)
+    "more-itertools": ("10.5.0", "5482bfef7849c25dc3c6dd53a6173ae4795da2a41a80faea6700d9f5846c5da6"),
+    "cachetools": ("5.5.0", "2cc24fb4cbe39633fb7badd9db9ca6295d766d9c2995f245725a46715d050f2a"),
+    "simplejson": ("3.19.3", "8e086896c36210ab6050f2f9f095a5f1e03c83fa0e7f296d6cba425411364680"),
+    "toolz": ("1.0.0", "2c86e3d9a04798ac556793bced838816296a2f085017664e4995cb40a1047a02"),
+    "boltons": ("24.1.0", "4a49b7d57ee055b83a458c8682a2a6f199d263a8aa517098bda9bab813554b87"),
 }
+INDEX = "https://pypi.org/simple"
 # Standard-library modules not mined: the interpreter or the test runner in the jail is made of them (re-importing
 # a broken copy breaks the runner, not the test), or they are C modules' Python faces.
 STDLIB_SKIP = frozenset(
@@ -175,7 +177,8 @@ def _tree_hash(root: Path, files: list[str]) -> str:
 
 def fetch_pypi(name: str, version: str | None = None) -> Source:
     """A PyPI package's source distribution (pinned by PINNED when no version is given), unpacked in the cache."""
-    version = version or PINNED.get(name)
+    pinned_version, pinned_sha = PINNED.get(name, (None, None))
+    version = version or pinned_version
     if version is None:
         raise ValueError(f"no version for {name}: give NAME==VERSION (pinned: {', '.join(PINNED)})")
     home = mining_home()
@@ -183,11 +186,7 @@ def fetch_pypi(name: str, version: str | None = None) -> Source:
     sdists = home / "sdists"
     if not unpacked.is_dir():
         sdists.mkdir(exist_ok=True)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps", "-q"]
-        got = subprocess.run([*cmd, f"{name}=={version}", "-d", str(sdists)], capture_output=True, text=True)
-        if got.returncode != 0:
-            raise RuntimeError(f"pip download {name}=={version} failed: {got.stderr.strip()[-500:]}")
-        archive = _sdist(sdists, name, version)
+        archive = _download_sdist(name, version, pinned_sha if version == pinned_version else None, sdists)
         tmp = unpacked.with_name(unpacked.name + ".part")
         shutil.rmtree(tmp, ignore_errors=True)
         _unpack(archive, tmp)
@@ -197,6 +196,31 @@ def fetch_pypi(name: str, version: str | None = None) -> Source:
     archive = _sdist(sdists, name, version)
     digest = hashlib.sha256(archive.read_bytes()).hexdigest()
     return Source.local(unpacked, name, version, f"pypi:{name}=={version} sdist sha256:{digest}")
+
+
+def _download_sdist(name: str, version: str, sha256: str | None, into: Path) -> Path:
+    """The sdist's archive from the index's simple page (PEP 503), its sha256 checked (the pinned one if given,
+    else the index's), written whole or not at all."""
+    import urllib.request
+
+    page_url = f"{INDEX}/{re.sub(r'[-_.]+', '-', name).lower()}/"
+    with urllib.request.urlopen(page_url, timeout=60) as r:
+        page = r.read().decode()
+    stem = "[-_.]+".join(re.escape(part) for part in re.split(r"[-_.]+", name))
+    archive = rf"{stem}-{re.escape(version)}\.(?:tar\.gz|zip)"
+    links = re.findall(rf'href="([^"]*/({archive})#sha256=([0-9a-f]{{64}}))"', page, re.I)
+    if not links:
+        raise RuntimeError(f"no sdist of {name}=={version} on {page_url}")
+    url, filename, listed = links[0]
+    want = sha256 or listed
+    with urllib.request.urlopen(url.split("#", 1)[0], timeout=300) as r:
+        data = r.read()
+    got = hashlib.sha256(data).hexdigest()
+    if got != want:
+        raise RuntimeError(f"{filename}: sha256 {got}, expected {want} ({'pinned' if sha256 else 'the index'})")
+    part = into / (filename + ".part")
+    part.write_bytes(data)
+    return part.rename(into / filename)
 
 
 def _sdist(folder: Path, name: str, version: str) -> Path:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -22,6 +23,10 @@ from typing import Literal
 
 from infra.config import option
 from infra.paths import REPO_ROOT
+
+# How long past its run time a scenario may still be acting (loadtests.scenario: each action has its own timeouts,
+# three publishes and their waits fit); then the run fails. This command's limit on locust is that and a margin.
+SCENARIO_OVERRUN_S = 900.0
 
 SCENARIOS = {
     "steady": "steady.py",
@@ -160,9 +165,16 @@ def run(cfg: LoadTestConfig) -> int:
         print(f"locust  {cfg.scenario}: {cfg.users} users for {cfg.duration_s:.0f}s against {host}", flush=True)
         t, t_start = time.monotonic(), time.time()
         with open(out / "locust.log", "wb") as log:
-            rc = subprocess.run(
-                cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=cfg.duration_s + 600
-            ).returncode
+            # Its own group: a limit reached kills locust and what its scenario started (a publish in flight).
+            proc = subprocess.Popen(
+                cmd, cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+            try:
+                rc = proc.wait(timeout=cfg.duration_s + SCENARIO_OVERRUN_S + 120)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                raise
         print(f"locust  finished in {time.monotonic() - t:.0f}s (exit {rc})")
         result_path = out / "result.json"
         if not result_path.exists():

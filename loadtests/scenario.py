@@ -26,6 +26,7 @@ from locust import events
 
 from admin_api.client import AdminClient
 from loadtests import ide_users
+from loadtests.runner import SCENARIO_OVERRUN_S
 
 errors = ide_users.errors  # judged with the requests by ide_users' quitting listener
 
@@ -118,10 +119,11 @@ def versions() -> list[str]:
 def install(steps: list[tuple[float, object]]) -> None:
     """Run `steps` [(fraction of the run time, callable)] once the test starts; later steps may rely on
     state earlier ones return through the shared dict they are given. The run lasts its run time, and longer
-    while an action is still going (each has its own timeout): locust's own limit would quit in the middle of
-    one, and the run would pass with a version published but never reached (CI, a loaded box: the third
-    switch still draining at the end)."""
+    while an action is still going (up to SCENARIO_OVERRUN_S): locust's own limit would quit in the middle of
+    one, and the run would pass with a version published but never reached (CI, a loaded box: the third switch
+    still draining at the end). A run stopped before the scenario ended (a signal, the overrun) fails."""
     held: dict = {}
+    progress = {"step": 0, "done": False}
 
     @events.init.add_listener
     def _hold_run_time(environment, **_kw) -> None:
@@ -135,21 +137,38 @@ def install(steps: list[tuple[float, object]]) -> None:
             errors.append("scenarios need a run time (-t / --duration)")
             gevent.spawn(environment.runner.quit)
             return
-        gevent.spawn(_timeline, environment, steps, held["run_time"])
+        gevent.spawn(_timeline, environment, steps, held["run_time"], progress)
+        gevent.spawn_later(held["run_time"] + SCENARIO_OVERRUN_S, _overdue, environment, progress, len(steps))
+
+    # Fired in reverse order of registration: before ide_users' listener judges the run (the locustfile imports
+    # ide_users first).
+    @events.quitting.add_listener
+    def _unfinished(environment, **_kw) -> None:
+        if "run_time" in held and not progress["done"] and not errors:
+            errors.append(f"the run stopped before its scenario ended (at step {progress['step'] + 1} of {len(steps)})")
 
 
-def _timeline(environment, steps, run_time: float) -> None:
+def _overdue(environment, progress: dict, n: int) -> None:
+    if not progress["done"]:
+        step = f"step {progress['step'] + 1} of {n}"
+        errors.append(f"the scenario was still acting {SCENARIO_OVERRUN_S:.0f}s past its run time ({step})")
+        environment.runner.quit()
+
+
+def _timeline(environment, steps, run_time: float, progress: dict) -> None:
     t0 = time.monotonic()
     state: dict = {}
-    try:
-        for fraction, action in steps:
-            gevent.sleep(max(0.0, t0 + fraction * run_time - time.monotonic()))
-            try:
-                action(state)
-            except Exception as e:
-                errors.append(f"{getattr(action, '__name__', action)}: {e}")
-                ide_users.mark("action failed", error=str(e)[:300])
-                return
+    for i, (fraction, action) in enumerate(steps):
+        progress["step"] = i
+        gevent.sleep(max(0.0, t0 + fraction * run_time - time.monotonic()))
+        try:
+            action(state)
+        except Exception as e:  # the run fails with it, now
+            errors.append(f"{getattr(action, '__name__', action)}: {e}")
+            ide_users.mark("action failed", error=str(e)[:300])
+            break
+    else:
+        progress["step"] = len(steps)
         gevent.sleep(max(0.0, t0 + run_time - time.monotonic()))
-    finally:
-        environment.runner.quit()
+    progress["done"] = True
+    environment.runner.quit()

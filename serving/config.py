@@ -116,9 +116,9 @@ class GatewayConfig:
     durable_wait_s: float = option(
         2.0, flag="durable-wait", help="seconds a response waits for its event to be spooled before it goes out anyway"
     )
-    # The spool's durability (serving.event_log.pipeline): a response waits for its event's write, and the writer
-    # syncs it to disk within this window; a killed gateway loses nothing, a machine crash at most the window.
-    # 0: strict, a response waits for the fdatasync too (~0.3 ms a request on this machine's disk).
+    # The spool's durability (serving.event_log.sync_window): a response waits for its event's write, and the writer
+    # aims to sync it to disk within this window; a killed gateway loses nothing, a machine crash what was not synced
+    # (the window, or more when the cores are saturated: counted). 0: strict, a response waits for the fdatasync too.
     spool_sync_window_s: float = option(
         0.01,
         flag="spool-sync-window",

@@ -7,8 +7,8 @@
 
 The request path only does a non-blocking queue put; a caller that needs to know when its event is safe (the
 gateway answers a client only then) passes `on_durable`, called from the writer thread once the event is written
-to the spool: safe from a crash of the process (the kernel holds it), synced to disk within `sync_window_s` (a
-machine crash loses at most that window, as with Kafka, Vector's disk buffers and PostgreSQL's
+to the spool: safe from a crash of the process (the kernel holds it), synced to disk aiming at `sync_window_s` (a
+machine crash loses what was not synced yet, as with Kafka, Vector's disk buffers and PostgreSQL's
 `synchronous_commit = off`; serving.event_log.sync_window), or with 0 (strict) only after its fdatasync. The
 shipper may send what is not synced yet: Kafka holding an event a machine crash took from the spool loses nothing.
 A write that fails (disk full, I/O error) is cut back to the last record written and retried after a backoff: the

@@ -52,11 +52,11 @@ def _outputs(task: tasks.Task, body: str) -> list:
     return [repr(tasks._call(ns[task.name], x)) for x in task.test_inputs()]
 
 
-def test_every_task_reference_passes_and_every_wrong_body_fails_in_process():
-    """The generator's promise, over every task of both splits, run here (our own code: no jail needed)."""
+def test_every_wrong_body_of_every_task_fails_in_process():
+    """The generator's promise, over every task of both splits, run here (our own code: no jail needed). The
+    reference is what the expected outputs are computed from: the jailed test below checks it passes."""
     for t in tasks.tasks("heldout") + tasks.tasks("train"):
         expected = [repr(y) for y in t.expected_outputs()]
-        assert _outputs(t, t.reference) == expected, t.task_id
         for w in t.wrong_bodies():
             assert _outputs(t, w) != expected, (t.task_id, w)
 

@@ -96,3 +96,37 @@ def test_close_syncs_what_the_window_held(tmp_path, timeline):
     assert timeline == []  # a minute's window: not synced yet
     log.close(timeout=2)
     assert [what for what, _ in timeline] == ["sync"] and log.stats.syncs == 1
+
+
+def test_a_failed_sync_is_counted_retried_and_writes_nothing_twice(tmp_path, monkeypatch):
+    """The batch was written before its sync failed: the retry syncs it, never writes it again; /health counts the
+    failure (what was written before it may not be on disk, whatever the retry says)."""
+    real, failed = os.fdatasync, []
+
+    def fdatasync(fd):
+        if not failed:
+            failed.append(fd)
+            raise OSError(5, "Input/output error")
+        real(fd)
+
+    monkeypatch.setattr(spool_writer.os, "fdatasync", fdatasync)
+    log = EventLog(EventLogConfig(spool_dir=tmp_path, sync_window_s=0.02, retry_backoff_s=0.05)).start()
+    try:
+        for i in range(5):
+            log.submit("completions", f"k{i}", b"v")
+        assert wait_for(lambda: log.stats.syncs >= 1 and log.health()["writer"] == "ok")
+        d = log.health()["durability"]
+        assert failed and d["sync_failures"] == 1 and log.stats.write_failures == 1
+    finally:
+        log.close(timeout=2)
+    records = [k for _, k, _, _ in _records(tmp_path)]
+    assert records == [f"k{i}" for i in range(5)]  # each once, in order
+
+
+def _records(spool_dir):
+    from serving.event_log.spool import Spool
+
+    spool = Spool(spool_dir)
+    cursor = spool.load_cursor()
+    records, _, _ = spool.read(cursor, spool.recover_head(cursor), 1000)
+    return records

@@ -40,6 +40,7 @@ PINNED = {  # name -> (version, sha256 of its sdist)
     "boltons": ("24.1.0", "4a49b7d57ee055b83a458c8682a2a6f199d263a8aa517098bda9bab813554b87"),
 }
 INDEX = "https://pypi.org/simple"
+PRIVATE_SUFFIXES = frozenset({".pem", ".key", ".p12", ".pfx", ".keystore", ".kdbx"})
 # Standard-library modules not mined: the interpreter or the test runner in the jail is made of them (re-importing
 # a broken copy breaks the runner, not the test), or they are C modules' Python faces.
 STDLIB_SKIP = frozenset(
@@ -143,6 +144,8 @@ def ship(root: Path, code_rel: str, test_rel: str, ship_all: bool) -> dict[str, 
         rel = p.relative_to(root)
         if not p.is_file() or set(rel.parts) & SKIP_DIRS or p.stat().st_size > SHIP_LIMIT:
             continue
+        if any(part.startswith(".") for part in rel.parts) or rel.suffix in PRIVATE_SUFFIXES:
+            continue  # a checkout's dotfiles (.env, .git, .netrc) and key files stay out of the jail
         try:
             out[str(rel)] = p.read_text(encoding="utf-8")
         except (UnicodeDecodeError, OSError):

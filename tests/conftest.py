@@ -32,6 +32,14 @@ os.environ.setdefault(replica_keys.ADMIN_ENV, replica_keys.new_key("admin"))
 
 
 SESSION_REPLICA_FIXTURES = {"launched_replicas", "replica", "second_replica", "gateway"}
+# Files that run fleets over test hosts, each with a three-node Kafka cluster: one worker runs them one after the
+# other. Beside each other they overloaded the two cores (the cluster test 35 s -> 154 s, and both failed: events
+# not read back in 120 s, a fleet's requests answered 502).
+MULTI_HOST_FILES = {
+    "tests/integration/flywheel/hosts/test_hosts.py",
+    "tests/integration/flywheel/kafka/test_kafka_cluster.py",
+    "tests/integration/loadtests/test_host_fleet.py",
+}
 
 
 def on_session_replicas(root: Path) -> set[str]:
@@ -60,18 +68,23 @@ def pytest_configure(config):
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadfile`, with every file on the session's replicas as one unit: they go to one worker (each
     worker is a process with session fixtures of its own, so the replicas start once) and run there in their
-    serial order (a test that switches the replicas' weights puts them back for the tests after it). Every other
-    file is a unit of its own, as loadfile makes it."""
+    serial order (a test that switches the replicas' weights puts them back for the tests after it). The
+    multi-host files are one unit too (MULTI_HOST_FILES). Every other file is a unit of its own, as loadfile makes
+    it."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
     together = on_session_replicas(config.rootpath)
+    if moved := sorted(p for p in MULTI_HOST_FILES if not (config.rootpath / p).is_file()):
+        raise pytest.UsageError(f"tests/conftest.py: MULTI_HOST_FILES names files that are not there: {moved}")
 
     class LoadFileSessionReplicasTogether(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
-            return "session-replicas" if path in together else path
+            if path in together:
+                return "session-replicas"
+            return "multi-host" if path in MULTI_HOST_FILES else path
 
     return LoadFileSessionReplicasTogether(config, log)
 

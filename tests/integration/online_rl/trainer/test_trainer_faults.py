@@ -16,10 +16,10 @@ import torch
 from contracts import events as ev
 from flywheel.kafka import broker as kafka_broker
 from infra.procs import wait_until
-from online_rl import rollouts as rollouts_mod
 from online_rl.config import OptimConfig, PublisherConfig, RolloutConfig, TrainerConfig
 from online_rl.data.simulate import events_for, heldout_split, produce, sample_completions
 from online_rl.model.transformer import load_pretrained
+from online_rl.sandbox import judge as sandbox_judge
 from online_rl.trainer.failures import RetryConfig
 from online_rl.trainer.loop import Trainer
 from tests.helpers import GATEWAY_ADMIN, TcpProxy
@@ -87,7 +87,7 @@ def test_trainer_survives_each_failure_mid_run(test_model, gateway, tmp_path, mo
         trainer = Trainer(cfg)
 
         # One rollout group cannot be judged (the sandbox call fails once); the real sandbox otherwise.
-        real_run, broken = rollouts_mod.sandbox.run, [True]
+        real_run, broken = sandbox_judge.run, [True]
 
         def run_once_broken(*a, **k):
             if broken[0]:
@@ -95,7 +95,7 @@ def test_trainer_survives_each_failure_mid_run(test_model, gateway, tmp_path, mo
                 raise RuntimeError("injected: this group's judging fails")
             return real_run(*a, **k)
 
-        monkeypatch.setattr(rollouts_mod.sandbox, "run", run_once_broken)
+        monkeypatch.setattr(sandbox_judge, "run", run_once_broken)
         errors = []
 
         def daemon():

@@ -260,29 +260,30 @@ def _verdict(cand: Candidate, cfg: SandboxConfig, out: bytes, code: int, why: st
     return Verdict(passed, total, None, tuple(sorted(kinds)))
 
 
-def _judge(cand: Candidate, cfg: SandboxConfig, uid: int | None, bare: bool) -> Verdict:
-    job = {
-        "code": cand.code,
-        "fn": cand.fn,
-        "inputs": json.dumps(cand.inputs),
-        "readable": [interpreter()[1]],
-        "limits": {
-            "cpu_seconds": cfg.cpu_seconds,
-            "memory_mb": cfg.memory_mb,
-            "file_bytes": cfg.file_bytes,
-            "open_files": cfg.open_files,
-            "processes": cfg.processes,
-        },
+def limits_for_runner(cfg: SandboxConfig) -> dict:
+    """The limits a runner sets on itself inside the jail (the jail sets its own too)."""
+    return {
+        "cpu_seconds": cfg.cpu_seconds,
+        "memory_mb": cfg.memory_mb,
+        "file_bytes": cfg.file_bytes,
+        "open_files": cfg.open_files,
+        "processes": cfg.processes,
     }
-    work = tempfile.mkdtemp(prefix="sbx-bare-") if bare else None
-    job["work_dir"] = work or WORK_DIR
+
+
+def exchange(
+    cfg: SandboxConfig, uid: int | None, payload: bytes, program: str | None = None, bare: bool = False
+) -> tuple[bytes, int, str | None]:
+    """Start a runner in a fresh jail (`program`: its source, else the one-function runner; `bare`: no jail, the
+    sandbox benchmark's baseline) as `uid`, write `payload` on its stdin and read its capped stdout until it ends or
+    the wall clock does; the whole PID namespace ends with it. (stdout, exit code, why it was stopped or None.)"""
     info_r: int | None = None
     info_w: int | None = None
     if bare:
         argv = bare_command()
     else:
         info_r, info_w = os.pipe()
-        argv = bwrap_command(cfg.limits(), info_fd=info_w)
+        argv = bwrap_command(cfg.limits(), info_fd=info_w, program=program)
     kw: dict[str, Any] = {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
     start = time.monotonic()
     try:
@@ -299,6 +300,8 @@ def _judge(cand: Candidate, cfg: SandboxConfig, uid: int | None, bare: bool) -> 
             **kw,
         )
     except OSError as e:
+        if info_r is not None:
+            os.close(info_r)
         raise SandboxUnavailable(f"cannot start {argv[0]} as uid {uid}: {e}") from e
     finally:
         if info_w is not None:
@@ -307,13 +310,29 @@ def _judge(cand: Candidate, cfg: SandboxConfig, uid: int | None, bare: bool) -> 
     try:
         if info_r is not None:
             pidfd = _sandbox_pidfd(info_r, start + cfg.wall_seconds)
-        out, err, why = _exchange(proc, json.dumps(job).encode(), start + cfg.wall_seconds, cfg.result_bytes)
+        out, err, why = _exchange(proc, payload, start + cfg.wall_seconds, cfg.result_bytes)
     finally:
         code = _end(proc, pidfd)
-        if work:
-            shutil.rmtree(work, ignore_errors=True)
     if err.startswith(b"bwrap:"):
         raise SandboxUnavailable(f"bwrap could not set up the sandbox: {err.decode(errors='replace').strip()}")
+    return out, code, why
+
+
+def _judge(cand: Candidate, cfg: SandboxConfig, uid: int | None, bare: bool) -> Verdict:
+    job = {
+        "code": cand.code,
+        "fn": cand.fn,
+        "inputs": json.dumps(cand.inputs),
+        "readable": [interpreter()[1]],
+        "limits": limits_for_runner(cfg),
+    }
+    work = tempfile.mkdtemp(prefix="sbx-bare-") if bare else None
+    job["work_dir"] = work or WORK_DIR
+    try:
+        out, code, why = exchange(cfg, uid, json.dumps(job).encode(), bare=bare)
+    finally:
+        if work:
+            shutil.rmtree(work, ignore_errors=True)
     return _verdict(cand, cfg, out, code, why)
 
 
@@ -322,7 +341,7 @@ _slots_busy: set[int] = set()
 
 
 @contextlib.contextmanager
-def _outer_uid(cfg: SandboxConfig):
+def outer_uid(cfg: SandboxConfig):
     """The uid bwrap runs as (when we are root): distinct for every sandbox running at once in this
     process, and apart from other processes' (by pid), so each has its own process limit."""
     if os.geteuid() != 0:
@@ -350,7 +369,7 @@ def check(cfg: SandboxConfig | None = None) -> None:
         if _checked.is_set():
             return
         probe = Candidate("def f(x):\n    return x + 1\n", "f", [1], ["2"])
-        with _outer_uid(cfg or SandboxConfig()) as uid:
+        with outer_uid(cfg or SandboxConfig()) as uid:
             v = _judge(probe, SandboxConfig(wall_seconds=30), uid, bare=False)
         if not v.ok:
             raise SandboxUnavailable(f"the sandbox does not judge a trivial candidate ({v.error})")
@@ -372,7 +391,7 @@ def run(candidates: list[Candidate], cfg: SandboxConfig | None = None, *, bare: 
     def one(c: Candidate) -> Verdict:
         if bare:
             return _judge(c, cfg, None, bare)
-        with _outer_uid(cfg) as uid:
+        with outer_uid(cfg) as uid:
             return _judge(c, cfg, uid, bare)
 
     if workers == 1:

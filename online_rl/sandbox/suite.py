@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import functools
 import json
-import os
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from online_rl.sandbox.jail import WORK_DIR, Limits, SandboxUnavailable, bwrap_command, interpreter
-from online_rl.sandbox.judge import _end, _exchange, _outer_uid, _sandbox_pidfd, check
+from online_rl.sandbox.jail import WORK_DIR, interpreter
+from online_rl.sandbox.judge import SandboxConfig, check, exchange, limits_for_runner, outer_uid
 
 SUITE_RUNNER = Path(__file__).with_name("suite_runner.py")
 
@@ -33,7 +31,9 @@ def suite_runner_source() -> str:
 
 
 @dataclass
-class SuiteConfig:
+class SuiteConfig(SandboxConfig):
+    """The one-function sandbox's settings (limits, workers, outer uids), sized for a repository's test module."""
+
     cpu_seconds: int = 60
     memory_mb: int = 2048  # address space
     wall_seconds: float = 60.0  # the whole run (every repeat), start-up included
@@ -43,17 +43,6 @@ class SuiteConfig:
     tmpfs_mb: int = 256  # the repository's files live in the work dir's tmpfs
     result_bytes: int = 4 << 20
     workers: int = 1  # jobs run at once
-    outer_uid_base: int = 3_000_000  # as judge.SandboxConfig: the same outer uid slots
-
-    def limits(self) -> Limits:
-        return Limits(
-            cpu_seconds=self.cpu_seconds,
-            memory_mb=self.memory_mb,
-            file_bytes=self.file_bytes,
-            open_files=self.open_files,
-            processes=self.processes,
-            tmpfs_bytes=self.tmpfs_mb << 20,
-        )
 
 
 @dataclass
@@ -134,44 +123,10 @@ def _run_one(job: SuiteJob, cfg: SuiteConfig, uid: int | None) -> SuiteRun:
         "repeats": job.repeats,
         "work_dir": WORK_DIR,
         "readable": [interpreter()[1]],
-        "limits": {
-            "cpu_seconds": cfg.cpu_seconds,
-            "memory_mb": cfg.memory_mb,
-            "file_bytes": cfg.file_bytes,
-            "open_files": cfg.open_files,
-            "processes": cfg.processes,
-        },
+        "limits": limits_for_runner(cfg),
     }
-    info_r, info_w = os.pipe()
-    argv = bwrap_command(cfg.limits(), info_fd=info_w, program=suite_runner_source())
-    kw: dict[str, Any] = {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
     start = time.monotonic()
-    try:
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env={},
-            close_fds=True,
-            pass_fds=(info_w,),
-            start_new_session=True,
-            cwd="/",
-            **kw,
-        )
-    except OSError as e:
-        os.close(info_r)
-        raise SandboxUnavailable(f"cannot start {argv[0]} as uid {uid}: {e}") from e
-    finally:
-        os.close(info_w)
-    pidfd = None
-    try:
-        pidfd = _sandbox_pidfd(info_r, start + cfg.wall_seconds)
-        out, err, why = _exchange(proc, json.dumps(payload).encode(), start + cfg.wall_seconds, cfg.result_bytes)
-    finally:
-        _end(proc, pidfd)
-    if err.startswith(b"bwrap:"):
-        raise SandboxUnavailable(f"bwrap could not set up the sandbox: {err.decode(errors='replace').strip()}")
+    out, _, why = exchange(cfg, uid, json.dumps(payload).encode(), program=suite_runner_source())
     return _parse(out, why, time.monotonic() - start)
 
 
@@ -183,7 +138,7 @@ def run(jobs: list[SuiteJob], cfg: SuiteConfig | None = None) -> list[SuiteRun]:
     check()
 
     def one(job: SuiteJob) -> SuiteRun:
-        with _outer_uid(cfg) as uid:  # type: ignore[arg-type]  # it reads only outer_uid_base
+        with outer_uid(cfg) as uid:
             return _run_one(job, cfg, uid)
 
     if cfg.workers <= 1 or len(jobs) == 1:

@@ -13,24 +13,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from online_rl.sandbox import suite
+from online_rl.sandbox.judge import Verdict
 from online_rl.tasks.mining.sources import ship
 from online_rl.tasks.mining.store import MinedTask, sha256
 
 
 @dataclass
-class MinedVerdict:
-    passed: int
-    total: int
-    error: str | None = None
+class MinedVerdict(Verdict):
+    """A one-function verdict's fields and reward, with the job's wall time (no hostile attempts are audited)."""
+
     wall_s: float = 0.0
-
-    @property
-    def reward(self) -> float:
-        return self.passed / self.total if self.total else 0.0
-
-    @property
-    def ok(self) -> bool:
-        return self.total > 0 and self.passed == self.total
 
 
 @functools.lru_cache(maxsize=32)
@@ -61,7 +53,7 @@ def judge(pairs: list[tuple[MinedTask, str | None]], cfg: suite.SuiteConfig | No
         (run,) = suite.run([job_for(task, body)], suite.SuiteConfig(**{**cfg.__dict__, "workers": 1}))
         passed = sum(1 for t in task.test_ids if run.outcomes.get(t) == ["pass"])
         error = run.error or ("wall time limit" if run.timed_out else None)
-        return MinedVerdict(passed, len(task.test_ids), error, run.wall_s)
+        return MinedVerdict(passed, len(task.test_ids), error, wall_s=run.wall_s)
 
     if cfg.workers <= 1 or len(pairs) <= 1:
         return [one(p) for p in pairs]

@@ -23,6 +23,7 @@ import psutil
 
 from infra.paths import REPO_ROOT, flywheel_home
 from online_rl.sandbox import judge as sandbox
+from online_rl.sandbox.process import UID_SPAN
 from online_rl.tasks import synthetic as tasks
 from tests import hostile_candidates as hc
 
@@ -63,7 +64,7 @@ def corpus() -> dict:
     orphans = sum(
         1
         for p in psutil.process_iter(["uids"])
-        if CFG.outer_uid_base <= p.info["uids"].real < CFG.outer_uid_base + sandbox.UID_SPAN and p.status() != "zombie"
+        if CFG.outer_uid_base <= p.info["uids"].real < CFG.outer_uid_base + UID_SPAN and p.status() != "zombie"
     )
     changed = (hc.fingerprint(flywheel_home()), hc.fingerprint(REPO_ROOT)) != before
     kinds = Counter(k for v in verdicts for k in v.contained)

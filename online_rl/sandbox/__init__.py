@@ -3,6 +3,8 @@ one candidate, and the runner that executes inside it; and a repository's test s
 
 - `jail`: The isolation around one candidate: a bubblewrap (`bwrap`) command line, and the checks that it works.
 - `judge`: Run model-written code against hidden tests, in a bubblewrap sandbox it cannot escape or game.
+- `process`: Starting a runner in a fresh jail and exchanging with it: its settings, the job in, the capped answer
+  out, the wall clock, the outer uid.
 - `runner`: The program that runs inside the sandbox: one candidate against its test inputs.
 - `suite`: Run a repository's tests in the sandbox (a copy of its files with one body replaced): outcomes per test
   and per repeat, for mining tasks from real code (online_rl.tasks.mining) and judging them.

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from online_rl.sandbox.jail import WORK_DIR, interpreter
-from online_rl.sandbox.judge import SandboxConfig, check, exchange, limits_for_runner, outer_uid
+from online_rl.sandbox.judge import check
+from online_rl.sandbox.process import SandboxConfig, exchange, limits_for_runner, outer_uid
 
 SUITE_RUNNER = Path(__file__).with_name("suite_runner.py")
 

@@ -28,7 +28,7 @@ CFG = sandbox.SandboxConfig(cpu_seconds=1, wall_seconds=3.0)
 
 def sandbox_processes(runner: int | None = None) -> list[psutil.Process]:
     """The sandbox processes that `runner` (a pid; this process by default) started: its block of outer uids
-    (online_rl.sandbox.judge.outer_uid), not another process's, which a test run beside this one may have."""
+    (online_rl.sandbox.process.outer_uid), not another process's, which a test run beside this one may have."""
     low = CFG.outer_uid_base + ((runner or os.getpid()) % 4096) * 64
     found = []
     for p in psutil.process_iter(["uids", "status"]):

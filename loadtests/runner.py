@@ -171,7 +171,7 @@ def run(cfg: LoadTestConfig) -> int:
             )
             try:
                 rc = proc.wait(timeout=cfg.duration_s + SCENARIO_OVERRUN_S + 120)
-            except subprocess.TimeoutExpired:
+            except BaseException:  # the limit, or Ctrl-C: its own session no longer hears the terminal's signal
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
                 raise

@@ -327,7 +327,7 @@ class _LiveCollector:
         window = self.gw.events.sync_window
         yield GaugeMetricFamily(
             "flywheel_event_spool_sync_window_seconds",
-            "Longest a spooled event may wait for its fdatasync: what a machine crash may lose (0: strict)",
+            "The target for how long a spooled event waits for its fdatasync (0: strict, synced before answering)",
             value=window.window_s,
         )
         lag = HistogramMetricFamily(

@@ -57,7 +57,20 @@ def on_session_replicas(root: Path) -> set[str]:
     return found
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--record-durations",
+        action="store_true",
+        help="rewrite tests/durations.json (each file's seconds, the order make test's workers get files in: "
+        "tests/schedule.py) from this run",
+    )
+
+
 def pytest_configure(config):
+    if config.getoption("record_durations"):
+        from tests.schedule import DurationRecorder
+
+        config.pluginmanager.register(DurationRecorder(), "flywheel-duration-recorder")
     config.addinivalue_line(
         "markers",
         "serial: not safe beside another test (it measures wall or CPU time against limits, or fingerprints "
@@ -70,10 +83,12 @@ def pytest_xdist_make_scheduler(config, log):
     worker is a process with session fixtures of its own, so the replicas start once) and run there in their
     serial order (a test that switches the replicas' weights puts them back for the tests after it). The
     multi-host files are one unit too (MULTI_HOST_FILES). Every other file is a unit of its own, as loadfile makes
-    it."""
+    it. Units are handed out longest first, by an earlier run's seconds (tests/schedule.py)."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadScopeScheduling
+
+    from tests import schedule
 
     together = on_session_replicas(config.rootpath)
     if moved := sorted(p for p in MULTI_HOST_FILES if not (config.rootpath / p).is_file()):
@@ -86,7 +101,25 @@ def pytest_xdist_make_scheduler(config, log):
                 return "session-replicas"
             return "multi-host" if path in MULTI_HOST_FILES else path
 
+        def _assign_work_unit(self, node) -> None:
+            # The queue is whole before the first unit is handed out (LoadScopeScheduling.schedule): order it once.
+            if not getattr(self, "_longest_first", False):
+                order = schedule.longest_first(self.workqueue, schedule.load())
+                self.workqueue = type(self.workqueue)((scope, self.workqueue[scope]) for scope in order)
+                self._longest_first = True
+            super()._assign_work_unit(node)
+
     return LoadFileSessionReplicasTogether(config, log)
+
+
+def pytest_ignore_collect(collection_path, config):
+    # make test's second phase (`-m serial`): a file that never says `mark.serial` has no serial test, and
+    # importing every test file is most of the ~14 s a collection of the whole suite takes (torch, hypothesis,
+    # the SDKs).
+    if config.getoption("markexpr") == "serial" and collection_path.suffix == ".py" and collection_path.is_file():
+        if collection_path.name.startswith("test_") and "mark.serial" not in collection_path.read_text():
+            return True
+    return None
 
 
 def pytest_collection_modifyitems(config, items):

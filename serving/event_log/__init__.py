@@ -1,7 +1,7 @@
 """The event log off the request path: the gateway builds each completion's event (completion) and submits every
 event to an on-disk spool (sink, spool, spool_writer, sync_window), a child process ships the spool to Kafka
-(shipper) after scanning its text for secrets (scan, secret_scrub, secret_prefilter, secret_patterns), and a tenant's records can be forgotten before
-they leave (forget).
+(shipper) after scanning its text for secrets (scan, secret_scrub, secret_prefilter, secret_patterns), and a
+tenant's records can be forgotten before they leave (forget).
 
 - `completion`: The completion event (contracts.events.CompletionEvent) built from what the gateway knows once a
   choice is served: the request, the replica's result, who asked, and where it was routed; with the meta the spool

@@ -5,8 +5,9 @@ Library: Hyperscan (Intel's multi-pattern regex engine, BSD-3-Clause) through it
 PyPI, a manylinux wheel with the library inside; pinned). Chosen over a Rust regex-set binding or RE2's `Set`
 because it runs every pattern in one pass over the bytes and reports where each match ends (a set only says
 which patterns matched somewhere), which is what is needed to send one line to the second pass, not the whole
-text; and because it compiles ~60 patterns, several with bounded repeats of 40-70 characters, into one
-automaton that scans code at gigabytes per second: the Python calls around it are the cost (~5 us a 2.5 KB event).
+text (a set asked line by line would cost a Python call per line, ~50 for a 2 KB prompt); and because it
+compiles the 52 patterns, several with bounded repeats of 40-70 characters, into one automaton that scans code
+at gigabytes per second: the Python calls around it are the cost (~5 us a 2.5 KB event).
 
 The patterns are the plugins' own regexes, widened to what Hyperscan takes (serving.event_log.secret_patterns):
 every line a plugin could flag holds a match of one of its patterns, and Hyperscan reports every end of every

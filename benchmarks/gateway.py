@@ -13,8 +13,10 @@ and each process's CPU per request (gateway loop and other threads, shipper, rep
 says where the difference goes, which on these shared cores is what throughput loses. The
 scanner's own throughput (serving.event_log.secret_scrub, in this process: benchmarks._scrub) is measured over
 events shaped like IDE traffic: 2 KB prompts of real code (this repository's), a suffix and an output, 1% holding
-a secret. `--quick`: fewer rounds (a check that it runs); `--scrub-only`: only the scanner. Prints one JSON object
-as the last line.
+a secret, none of their lines seen before, with its Hyperscan first pass (`scrub_distinct_events_per_s`) and
+without (`..._every_line`); and its `scrub_recall` and `scrub_false_positive_share` on a labelled corpus
+(tests.secret_corpus), both paths. `--quick`: fewer rounds (a check that it runs); `--scrub-only`: only the
+scanner. Prints one JSON object as the last line.
 
 The replicas are the fleet's shape (flywheel.local_fleet's defaults): two replicas of one torch thread each, their
 OpenMP workers waiting passively (serving.replica.process), which keeps the machine's two cores busy. `--replicas 1
@@ -339,7 +341,9 @@ def main(argv: list[str] | None = None) -> dict:
             **scrub,
             # The share of one core the scanner would take at this gateway's throughput were every prompt 2 KB
             # (the test model's prompts are ~70 characters: its context is 512 tokens).
-            "scrub_core_share_at_measured_rps_2kb": round(counts["on"] / seconds / scrub["scrub_events_per_s"], 3),
+            "scrub_core_share_at_measured_rps_2kb": round(
+                counts["on"] / seconds / scrub["scrub_distinct_events_per_s"], 3
+            ),
             # What explains the ratio on cores every process shares: each process's CPU per request served
             # (the gateway's event-loop thread, its other threads: the spool writer; its shipper; the replica,
             # the broker, the load generator; "other": the machine's busy time none of them account for).

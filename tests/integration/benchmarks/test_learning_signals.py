@@ -53,7 +53,7 @@ def test_delayed_signals_join_only_where_the_variant_uses_them(runs):
 def test_the_benchmark_prints_the_keys_it_promises(monkeypatch, test_model, capsys, tmp_path):
     monkeypatch.setattr(learning, "RESULTS", tmp_path)
     small = learning.LearningConfig(requests_per_round=16, window=16, eval_samples=1, eval_tasks=16, min_batch=8)
-    args = ["--preset", "test", "--budget", "32", "--distill-coef", "0.5", "--model-seed", "0"]
+    args = ["--preset", "test", "--budget", "16", "--distill-coef", "0.5", "--model-seed", "0"]
     out = learning.main(args, base=small)
     assert out["distill_coef"] == 0.5 and out["model_seed"] == 0  # the settings it ran with are in the result
     assert out["epochs"] == 2 and out["distill_step"] is False

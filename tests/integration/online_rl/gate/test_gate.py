@@ -1,0 +1,94 @@
+"""The eval gate on real versions of the test model, with the session's Kafka broker and the sandbox: a deliberately
+worse version (every weight scrambled) is blocked and stays in the store unannounced, the same weights published
+again pass and are announced; an SRE's `flywheel weights gate-override` announces the blocked one with a signed
+record of who and why; every decision is on the weights topic, signed, in order, with its figures; an unknown
+version and an override of a version the gate passed are clear errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from infra import kafka_auth
+from loadtests import versions
+from online_rl.gate.run import GateConfig, run_gate
+from online_rl.gate.suite import SuiteConfig
+from weight_sync.manifest import generate_key, load_private
+from weight_sync.publish import PublishConfig, publish
+from weight_sync.store.server import Store
+
+pytestmark = pytest.mark.timeout(600)
+
+SMALL = SuiteConfig(tasks=8, sessions=2, samples=4)  # 32 completions and 24 tool-call answers per version
+
+
+def _ours(bootstrap: str, public) -> list[dict]:
+    """The weights topic's records signed by our key, in topic order (other tests share the session broker)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    from contracts import control
+    from contracts.events import TOPIC_WEIGHTS
+
+    c = KafkaConsumer(
+        bootstrap_servers=bootstrap, **kafka_auth.client_config(), enable_auto_commit=False, consumer_timeout_ms=3000
+    )
+    tps = [TopicPartition(TOPIC_WEIGHTS, p) for p in sorted(c.partitions_for_topic(TOPIC_WEIGHTS) or [])]
+    c.assign(tps)
+    c.seek_to_beginning(*tps)
+    out = []
+    for r in c:
+        try:
+            out.append(control.decode(r.value, public))
+        except control.ControlError:
+            continue
+    c.close()
+    return out
+
+
+def test_worse_blocked_equal_passes_override_announces(test_model, kafka_bootstrap, kafka_security, tmp_path, capsys):
+    from flywheel.cli import main
+
+    generate_key(tmp_path / "k.pem", tmp_path / "k.pub")
+    pcfg = PublishConfig(store=tmp_path / "store", private_key=tmp_path / "k.pem", kafka_bootstrap=kafka_bootstrap)
+    cfg = GateConfig(publish=pcfg, suite=SMALL, work=tmp_path)
+    assert publish(test_model, pcfg).version == 0  # what the fleet serves
+    worse = publish(versions.broken(test_model, tmp_path / "broken", seed=9), pcfg, announce_now=False).version
+    same = publish(test_model, pcfg, announce_now=False).version
+
+    blocked = run_gate(cfg, worse, baseline=0)
+    assert blocked.verdict == "block", blocked.judgement.reason
+    figures = blocked.record["figures"]
+    assert figures["pass_at_1"]["regressed"] and figures["pass_at_1"]["n"] == [32, 32]
+    assert figures["valid_tool_call_rate"]["regressed"]
+    assert figures["seconds"]["total"] > 0 and figures["cpu_seconds"] > 0
+
+    passed = run_gate(cfg, same, baseline=0)
+    assert passed.verdict == "pass", passed.judgement.reason
+    assert all(passed.record["figures"][m]["diff"] == 0 for m in ("pass_at_1", "valid_tool_call_rate", "answer_tokens"))
+
+    store = Store(pcfg.store)
+    assert store.gate_blocked() == {worse} and worse in store.versions()
+    key = ["--store", str(pcfg.store), "--key", str(pcfg.private_key), "--kafka", kafka_bootstrap]
+    capsys.readouterr()
+    assert main(["weights", "gate-override", str(worse), "--reason", "eval flake: trial it", "--by", "sre-bob", *key]) == 0
+    override = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert override["verdict"] == "override" and override["by"] == "sre-bob" and store.gate_blocked() == set()
+
+    records = [(r["type"], r["version"], r.get("verdict")) for r in _ours(kafka_bootstrap, load_private(pcfg.private_key).public_key())]
+    assert records == [
+        ("version", 0, None),
+        ("gate", worse, "block"),
+        ("gate", same, "pass"),
+        ("version", same, None),
+        ("gate", worse, "override"),
+        ("version", worse, None),
+    ]
+
+    with pytest.raises(ValueError, match="not in the store"):
+        run_gate(cfg, 42, baseline=0)
+    with pytest.raises(ValueError, match="already has a gate verdict"):
+        run_gate(cfg, same, baseline=0)
+    capsys.readouterr()
+    assert main(["weights", "gate-override", str(same), "--reason", "why", *key]) == 1
+    assert f"v{same} is not blocked by the gate (gate verdict 'pass')" in capsys.readouterr().err

@@ -1,22 +1,38 @@
-"""`flywheel gate N`: judge version N (published with the gate on: in the store, not announced) against the
-version the fleet serves, on the held-out suite; announce it if it passes, record the block if not."""
+"""`flywheel gate [N]`: judge version N (published with the gate on: in the store, not announced) against the
+version the fleet serves, on the held-out suite; announce it if it passes, record the block if not. Without N, every
+version still waiting for a verdict, oldest first; with --follow, those the trainer publishes from then on too."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+import time
 from dataclasses import dataclass
 
 from infra.config import add_flags, build, option
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
 class GateArgs:
     baseline: int | None = option(
-        None, help="the version to compare against (None: the one most replicas serve, from --gateway; else the newest announced)"
+        None,
+        help="the version to compare against (None: the one most replicas serve, from --gateway; else the newest "
+        "announced)",
     )
-    gateway: str | None = option(None, env="FLYWHEEL_GATEWAY_URL", help="the gateway to ask which version the fleet serves")
-    admin_token: str | None = option(None, env="FLYWHEEL_ADMIN_TOKEN", cli=False, repr=False, help="the admin credential")
+    gateway: str | None = option(
+        None, env="FLYWHEEL_GATEWAY_URL", help="the gateway to ask which version the fleet serves"
+    )
+    admin_token: str | None = option(
+        None, env="FLYWHEEL_ADMIN_TOKEN", cli=False, repr=False, help="the admin credential"
+    )
+    canary: bool = option(
+        False, help="announce a version that passes as a canary candidate (as the trainer's --canary)"
+    )
+    follow: bool = option(False, help="keep judging the versions the trainer publishes (no N)")
+    poll_s: float = option(10.0, flag="poll", help="seconds between looks at the store, with --follow")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,9 +40,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     from weight_sync.publish import PublishConfig
 
     g = sub.add_parser(
-        "gate", help="the eval gate: judge a published, unannounced version on the held-out suite, then announce or block it"
+        "gate",
+        help="the eval gate: judge a published, unannounced version on the held-out suite, then announce or block it",
     )
-    g.add_argument("version", type=int)
+    g.add_argument("version", type=int, nargs="?", help="the version (none: every version waiting for a verdict)")
     add_flags(g, GateArgs)
     add_flags(g, GateConfig)
     add_flags(g, PublishConfig, skip=("full_every", "s3_url"))
@@ -40,7 +57,8 @@ def serving_version(args: GateArgs, store) -> int:
     if args.gateway and args.admin_token:
         from admin_api.client import AdminClient
 
-        served = [v for v in AdminClient(args.gateway, args.admin_token).weights()["replicas"].values() if v is not None]
+        replicas = AdminClient(args.gateway, args.admin_token).weights()["replicas"]
+        served = [v for v in replicas.values() if v is not None]
         if served:
             return max(set(served), key=lambda v: (served.count(v), v))
     announced = store.announced()
@@ -49,15 +67,31 @@ def serving_version(args: GateArgs, store) -> int:
     return announced
 
 
+def waiting(store) -> list[int]:
+    """Versions in the store, not announced, without a gate verdict: the gate's queue, oldest first."""
+    judged = store.gate_verdicts()
+    return [v for v in store.unannounced() if v not in judged]
+
+
 def _gate(args) -> int:
     from online_rl.gate.run import GateConfig, run_gate
     from weight_sync.publish import PublishConfig
     from weight_sync.store.server import Store
 
     what = build(GateArgs, args)
-    cfg = build(GateConfig, args, publish=build(PublishConfig, args, full_every=10, s3_url=None))
-    baseline = serving_version(what, Store(cfg.publish.store))
-    r = run_gate(cfg, args.version, baseline)
-    print(json.dumps({"version": r.version, "baseline": r.baseline, "verdict": r.verdict, "reason": r.judgement.reason,
-                      "seconds": round(r.seconds, 1), "cpu_seconds": round(r.cpu_seconds, 1), "seq": r.record["seq"]}))
-    return 0 if r.verdict == "pass" else 3
+    if what.follow and args.version is not None:
+        raise ValueError("--follow judges every new version: give no version with it")
+    publish = build(PublishConfig, args, full_every=10, s3_url=None, canary=what.canary)
+    cfg = build(GateConfig, args, publish=publish)
+    store = Store(cfg.publish.store)
+    blocked = 0
+    while True:
+        todo = [args.version] if args.version is not None else waiting(store)
+        for v in todo:
+            r = run_gate(cfg, v, serving_version(what, store))
+            blocked += r.verdict == "block"
+            summary = {"version": r.version, "baseline": r.baseline, "verdict": r.verdict, "seq": r.record["seq"]}
+            print(json.dumps(summary | {"seconds": round(r.seconds, 1), "reason": r.judgement.reason}), flush=True)
+        if not what.follow:
+            return 3 if blocked else 0  # 3: a version was blocked (a script may stop there)
+        time.sleep(what.poll_s)

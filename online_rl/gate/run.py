@@ -40,7 +40,9 @@ class GateConfig:
     session_margin: float = option(0.05, help="agent-session success drop (rate) that blocks")
     tool_margin: float = option(0.05, help="valid-tool-call rate drop that blocks")
     empty_margin: float = option(0.02, help="rise in empty or refused answers (rate) that blocks")
-    length_margin: float = option(0.5, help="answer length change, either way, as a share of the baseline's, that blocks")
+    length_margin: float = option(
+        0.5, help="answer length change, either way, as a share of the baseline's, that blocks"
+    )
     work: Path | None = option(None, help="where the two versions are rebuilt (None: a temporary directory)")
 
     def metrics(self) -> tuple[Metric, ...]:

@@ -48,7 +48,9 @@ def _mean_bound(c: list[float], b: list[float], confidence: float) -> tuple[floa
 def compare(metric: Metric, candidate: list, baseline: list, confidence: float) -> dict:
     """One metric's figures and whether it regressed (`regressed`); an arm with no outcomes is an error."""
     if not candidate or not baseline:
-        raise ValueError(f"{metric.name}: no outcomes to compare ({len(candidate)} candidate, {len(baseline)} baseline)")
+        raise ValueError(
+            f"{metric.name}: no outcomes to compare ({len(candidate)} candidate, {len(baseline)} baseline)"
+        )
     if metric.kind == "proportion":
         x_c, x_b = sum(map(bool, candidate)), sum(map(bool, baseline))
         diff, lo, hi = diff_bound(x_c, len(candidate), x_b, len(baseline), confidence)

@@ -40,7 +40,7 @@ class VersionSizes:
 
 class GateVerdicts:
     """The eval gate's verdicts (weight_sync.gate), from the store's activations at scrape time: which versions it
-    blocks now (1 until an SRE overrides), how many verdicts of each kind it has recorded, and what the newest
+    blocks now (1 until an SRE overrides or a newer version passes), how many verdicts of each kind it has recorded, and what the newest
     judged versions' evaluation cost."""
 
     def __init__(self, store, newest: int = 16):
@@ -49,7 +49,9 @@ class GateVerdicts:
 
     def collect(self):
         blocked = GaugeMetricFamily(
-            "flywheel_gate_blocked", "1 while the eval gate blocks this version (until an SRE overrides)", labels=["version"]
+            "flywheel_gate_blocked",
+            "1 while the eval gate blocks this version: no SRE has overridden it and no newer version has passed",
+            labels=["version"],
         )
         verdicts = CounterMetricFamily(
             "flywheel_gate_verdicts", "Eval-gate verdicts recorded in the store", labels=["verdict"]
@@ -70,9 +72,11 @@ class GateVerdicts:
                 last[a["version"]] = a
         for verdict, n in counts.items():
             verdicts.add_metric([verdict], n)
+        # A newer version through the gate supersedes an older block: the trainer has moved on, no page.
+        released = max((v for v, a in last.items() if a.get("verdict") in ("pass", "override")), default=-1)
         for v in sorted(last)[-self.newest :]:
             a = last[v]
-            blocked.add_metric([str(v)], 1 if a.get("verdict") == "block" else 0)
+            blocked.add_metric([str(v)], 1 if a.get("verdict") == "block" and v > released else 0)
             total = ((a.get("figures") or {}).get("seconds") or {}).get("total")
             if isinstance(total, (int, float)):
                 seconds.add_metric([str(v)], total)

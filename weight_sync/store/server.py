@@ -203,7 +203,8 @@ class Store:
         """Versions committed here whose announcement never reached the broker (the publisher died, or the
         broker was away, between the commit and the send): without one, no agent ever switches to them.
         Not those a later decision (an SRE's rollback, activate or pin) has passed over: announcing them
-        now would undo it; nor those the eval gate blocked (weight_sync.gate), until an SRE overrides it. A store from before the record (versions, no `announced` file; a new store writes
+        now would undo it; nor those the eval gate blocked (weight_sync.gate), until an SRE overrides it.
+        A store from before the record (versions, no `announced` file; a new store writes
         -1 with its first version): nothing (its newest is taken as announced)."""
         versions, done = self.versions(), self.announced()
         if done is None:
@@ -246,7 +247,9 @@ class Store:
 
     def gate_verdicts(self) -> dict[int, dict]:
         """Each version's last eval-gate record (verdict pass, block or override: weight_sync.gate)."""
-        return {a["version"]: a for a in self.activations() if a.get("type") == "gate" and isinstance(a.get("version"), int)}
+        return {
+            a["version"]: a for a in self.activations() if a.get("type") == "gate" and isinstance(a.get("version"), int)
+        }
 
     def gate_blocked(self) -> set[int]:
         """Versions the eval gate blocked and no SRE has overridden."""

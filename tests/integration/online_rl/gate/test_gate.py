@@ -71,11 +71,16 @@ def test_worse_blocked_equal_passes_override_announces(test_model, kafka_bootstr
     assert store.gate_blocked() == {worse} and worse in store.versions()
     key = ["--store", str(pcfg.store), "--key", str(pcfg.private_key), "--kafka", kafka_bootstrap]
     capsys.readouterr()
-    assert main(["weights", "gate-override", str(worse), "--reason", "eval flake: trial it", "--by", "sre-bob", *key]) == 0
+    assert (
+        main(["weights", "gate-override", str(worse), "--reason", "eval flake: trial it", "--by", "sre-bob", *key]) == 0
+    )
     override = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert override["verdict"] == "override" and override["by"] == "sre-bob" and store.gate_blocked() == set()
 
-    records = [(r["type"], r["version"], r.get("verdict")) for r in _ours(kafka_bootstrap, load_private(pcfg.private_key).public_key())]
+    records = [
+        (r["type"], r["version"], r.get("verdict"))
+        for r in _ours(kafka_bootstrap, load_private(pcfg.private_key).public_key())
+    ]
     assert records == [
         ("version", 0, None),
         ("gate", worse, "block"),

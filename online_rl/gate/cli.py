@@ -73,8 +73,15 @@ def waiting(store) -> list[int]:
     return [v for v in store.unannounced() if v not in judged]
 
 
+def released_unsent(store) -> list[int]:
+    """Versions passed (or overridden) whose announcement never reached the broker: sent again, not judged again."""
+    judged = store.gate_verdicts()
+    return [v for v in store.unannounced() if judged.get(v, {}).get("verdict") in ("pass", "override")]
+
+
 def _gate(args) -> int:
-    from online_rl.gate.run import GateConfig, run_gate
+    from online_rl.gate.run import GateConfig
+    from weight_sync import gate as wgate
     from weight_sync.publish import PublishConfig
     from weight_sync.store.server import Store
 
@@ -82,16 +89,37 @@ def _gate(args) -> int:
     if what.follow and args.version is not None:
         raise ValueError("--follow judges every new version: give no version with it")
     publish = build(PublishConfig, args, full_every=10, s3_url=None, canary=what.canary)
+    if what.follow and not publish.kafka_bootstrap:
+        raise ValueError("--follow announces on the weights topic: give --kafka (or FLYWHEEL_KAFKA_BOOTSTRAP)")
     cfg = build(GateConfig, args, publish=publish)
     store = Store(cfg.publish.store)
-    blocked = 0
-    while True:
+    if not what.follow:
         todo = [args.version] if args.version is not None else waiting(store)
-        for v in todo:
-            r = run_gate(cfg, v, serving_version(what, store))
-            blocked += r.verdict == "block"
-            summary = {"version": r.version, "baseline": r.baseline, "verdict": r.verdict, "seq": r.record["seq"]}
-            print(json.dumps(summary | {"seconds": round(r.seconds, 1), "reason": r.judgement.reason}), flush=True)
-        if not what.follow:
-            return 3 if blocked else 0  # 3: a version was blocked (a script may stop there)
+        results = [_one(cfg, v, serving_version(what, store)) for v in todo]
+        return 3 if "block" in results else 0  # 3: a version was blocked (a script may stop there)
+    while True:
+        for v in released_unsent(store):
+            _retried(lambda v=v: wgate.announce(cfg.publish, wgate.announcement_of(cfg.publish, v)), v)
+        for v in waiting(store):
+            _retried(lambda v=v: _one(cfg, v, serving_version(what, store)), v)
         time.sleep(what.poll_s)
+
+
+def _one(cfg, version: int, baseline: int) -> str:
+    from online_rl.gate.run import run_gate
+
+    r = run_gate(cfg, version, baseline)
+    summary = {"version": r.version, "baseline": r.baseline, "verdict": r.verdict, "seq": r.record["seq"]}
+    print(json.dumps(summary | {"seconds": round(r.seconds, 1), "reason": r.judgement.reason}), flush=True)
+    return r.verdict
+
+
+def _retried(step, version: int) -> None:
+    """One version's step in --follow: a failure (the broker or the gateway away) is logged and tried again at
+    the next look; the follower lives on."""
+    from kafka.errors import KafkaError
+
+    try:
+        step()
+    except (OSError, KafkaError, TimeoutError) as e:
+        log.error("gate: v%d not done (%s: %s); trying again in the next round", version, type(e).__name__, e)

@@ -2,7 +2,7 @@
 worse version (every weight scrambled) is blocked and stays in the store unannounced, the same weights published
 again pass and are announced; an SRE's `flywheel weights gate-override` announces the blocked one with a signed
 record of who and why; every decision is on the weights topic, signed, in order, with its figures; an unknown
-version and an override of a version the gate passed are clear errors."""
+version, a version judged twice and an override of a version the gate passed are clear errors."""
 
 from __future__ import annotations
 
@@ -19,8 +19,6 @@ from weight_sync.publish import PublishConfig, publish
 from weight_sync.store.server import Store
 
 pytestmark = pytest.mark.timeout(600)
-
-SMALL = SuiteConfig(tasks=8, sessions=2, samples=4)  # 32 completions and 24 tool-call answers per version
 
 
 def _ours(bootstrap: str, public) -> list[dict]:
@@ -51,25 +49,28 @@ def test_worse_blocked_equal_passes_override_announces(test_model, kafka_bootstr
 
     generate_key(tmp_path / "k.pem", tmp_path / "k.pub")
     pcfg = PublishConfig(store=tmp_path / "store", private_key=tmp_path / "k.pem", kafka_bootstrap=kafka_bootstrap)
-    cfg = GateConfig(publish=pcfg, suite=SMALL, work=tmp_path)
     assert publish(test_model, pcfg).version == 0  # what the fleet serves
     worse = publish(versions.broken(test_model, tmp_path / "broken", seed=9), pcfg, announce_now=False).version
     same = publish(test_model, pcfg, announce_now=False).version
 
-    blocked = run_gate(cfg, worse, baseline=0)
-    assert blocked.verdict == "block", blocked.judgement.reason
-    figures = blocked.record["figures"]
-    assert figures["pass_at_1"]["regressed"] and figures["pass_at_1"]["n"] == [32, 32]
-    assert figures["valid_tool_call_rate"]["regressed"]
-    assert figures["seconds"]["total"] > 0 and figures["cpu_seconds"] > 0
-
-    passed = run_gate(cfg, same, baseline=0)
-    assert passed.verdict == "pass", passed.judgement.reason
-    assert all(passed.record["figures"][m]["diff"] == 0 for m in ("pass_at_1", "valid_tool_call_rate", "answer_tokens"))
+    # `flywheel gate` with no version: every version waiting for a verdict, oldest first, against the announced v0
+    key = ["--store", str(pcfg.store), "--key", str(pcfg.private_key), "--kafka", kafka_bootstrap]
+    suite = ["--tasks", "8", "--sessions", "2", "--samples", "4", "--work", str(tmp_path)]
+    capsys.readouterr()
+    assert main(["gate", *suite, *key]) == 3  # a version was blocked
+    printed = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    assert [(p["version"], p["baseline"], p["verdict"]) for p in printed] == [(worse, 0, "block"), (same, 0, "pass")]
 
     store = Store(pcfg.store)
+    blocked, passed = store.gate_verdicts()[worse], store.gate_verdicts()[same]
+    figures = blocked["figures"]
+    assert figures["pass_at_1"]["regressed"] and figures["pass_at_1"]["n"] == [32, 32], blocked["reason"]
+    assert figures["valid_tool_call_rate"]["regressed"]
+    assert figures["seconds"]["total"] > 0 and figures["cpu_seconds"] > 0
+    same_figures = passed["figures"]
+    assert all(same_figures[m]["diff"] == 0 for m in ("pass_at_1", "valid_tool_call_rate", "answer_tokens"))
+
     assert store.gate_blocked() == {worse} and worse in store.versions()
-    key = ["--store", str(pcfg.store), "--key", str(pcfg.private_key), "--kafka", kafka_bootstrap]
     capsys.readouterr()
     assert (
         main(["weights", "gate-override", str(worse), "--reason", "eval flake: trial it", "--by", "sre-bob", *key]) == 0
@@ -90,6 +91,7 @@ def test_worse_blocked_equal_passes_override_announces(test_model, kafka_bootstr
         ("version", worse, None),
     ]
 
+    cfg = GateConfig(publish=pcfg, suite=SuiteConfig(tasks=8, sessions=2, samples=4), work=tmp_path)
     with pytest.raises(ValueError, match="not in the store"):
         run_gate(cfg, 42, baseline=0)
     with pytest.raises(ValueError, match="already has a gate verdict"):

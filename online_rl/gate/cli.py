@@ -9,8 +9,12 @@ import json
 import logging
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from infra.config import add_flags, build, option
+
+if TYPE_CHECKING:
+    from online_rl.gate.run import BaselineCache
 
 log = logging.getLogger(__name__)
 
@@ -93,22 +97,23 @@ def _gate(args) -> int:
         raise ValueError("--follow announces on the weights topic: give --kafka (or FLYWHEEL_KAFKA_BOOTSTRAP)")
     cfg = build(GateConfig, args, publish=publish)
     store = Store(cfg.publish.store)
+    cache: BaselineCache = {}  # the serving version's suite runs once for all the versions judged against it
     if not what.follow:
         todo = [args.version] if args.version is not None else waiting(store)
-        results = [_one(cfg, v, serving_version(what, store)) for v in todo]
+        results = [_one(cfg, v, serving_version(what, store), cache) for v in todo]
         return 3 if "block" in results else 0  # 3: a version was blocked (a script may stop there)
     while True:
         for v in released_unsent(store):
             _retried(lambda v=v: wgate.announce(cfg.publish, wgate.announcement_of(cfg.publish, v)), v)
         for v in waiting(store):
-            _retried(lambda v=v: _one(cfg, v, serving_version(what, store)), v)
+            _retried(lambda v=v: _one(cfg, v, serving_version(what, store), cache), v)
         time.sleep(what.poll_s)
 
 
-def _one(cfg, version: int, baseline: int) -> str:
+def _one(cfg, version: int, baseline: int, cache: BaselineCache) -> str:
     from online_rl.gate.run import run_gate
 
-    r = run_gate(cfg, version, baseline)
+    r = run_gate(cfg, version, baseline, cache)
     summary = {"version": r.version, "baseline": r.baseline, "verdict": r.verdict, "seq": r.record["seq"]}
     print(json.dumps(summary | {"seconds": round(r.seconds, 1), "reason": r.judgement.reason}), flush=True)
     return r.verdict

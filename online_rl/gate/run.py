@@ -6,7 +6,9 @@ store) and announce the version only if it passed.
     publish(..., announce_now=False) -> run_gate(version) -> pass:  gate record, then the version's announcement
                                                           -> block: gate record only (the version stays in the store)
 
-What a version's evaluation cost (wall and CPU seconds, rebuilding included) is in the record's figures.
+What a version's evaluation cost (wall and CPU seconds, rebuilding included) is in the record's figures. A gate that
+judges several versions against the same serving version (`flywheel gate --follow`, or its queue) runs the serving
+version's suite once (BaselineCache).
 """
 
 from __future__ import annotations
@@ -74,29 +76,41 @@ def _cpu_seconds() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime  # the sandbox's runners are children
 
 
-def evaluate(cfg: GateConfig, version: int, baseline: int) -> tuple[Judgement, dict]:
+# (baseline version, the suite's settings) -> its outcomes: a gate judging version after version against the same
+# serving version runs its suite once (a published version never changes, and the suite is seeded).
+BaselineCache = dict[tuple[int, str], dict[str, list]]
+
+
+def evaluate(
+    cfg: GateConfig, version: int, baseline: int, cache: BaselineCache | None = None
+) -> tuple[Judgement, dict]:
     """The judgement of `version` against `baseline` (both in the store) and the seconds each step took."""
     store = Store(cfg.publish.store)
     public = load_private(cfg.publish.private_key).public_key()
+    cache = {} if cache is None else cache
+    key = (baseline, repr(cfg.suite))
     work = Path(tempfile.mkdtemp(prefix="flywheel-gate-", dir=cfg.work))
-    seconds: dict[str, float] = {}
+    seconds = {"baseline": 0.0}  # 0: its outcomes from an earlier gate of this process
     try:
+        arms = {"candidate": version} | ({} if key in cache else {"baseline": baseline})
         t = time.monotonic()
-        candidate_dir = rebuild(store, version, work / f"v{version}", public)
-        baseline_dir = rebuild(store, baseline, work / f"v{baseline}", public)
+        dirs = {arm: rebuild(store, v, work / f"v{v}", public) for arm, v in arms.items()}
         seconds["rebuild"] = time.monotonic() - t
         outcomes = {}
-        for arm, path in (("candidate", candidate_dir), ("baseline", baseline_dir)):
+        for arm, path in dirs.items():
             t = time.monotonic()
             outcomes[arm] = S.run(path, cfg.suite)
             seconds[arm] = time.monotonic() - t
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return judge(cfg.metrics(), outcomes["candidate"], outcomes["baseline"], cfg.confidence), seconds
+    if "baseline" in outcomes:
+        cache[key] = outcomes["baseline"]
+    return judge(cfg.metrics(), outcomes["candidate"], cache[key], cfg.confidence), seconds
 
 
-def run_gate(cfg: GateConfig, version: int, baseline: int) -> GateResult:
-    """Judge `version` against `baseline`, record the verdict, and announce the version if it passed."""
+def run_gate(cfg: GateConfig, version: int, baseline: int, cache: BaselineCache | None = None) -> GateResult:
+    """Judge `version` against `baseline`, record the verdict, and announce the version if it passed. `cache`:
+    the baseline's outcomes kept from one call to the next (a gate that judges many versions)."""
     store = Store(cfg.publish.store)
     for v in (version, baseline):
         if v not in store.versions():
@@ -106,7 +120,7 @@ def run_gate(cfg: GateConfig, version: int, baseline: int) -> GateResult:
     if version in store.gate_verdicts():
         raise ValueError(f"v{version} already has a gate verdict ({store.gate_verdicts()[version]['verdict']})")
     t0, cpu0 = time.monotonic(), _cpu_seconds()
-    judgement, seconds = evaluate(cfg, version, baseline)
+    judgement, seconds = evaluate(cfg, version, baseline, cache)
     wall, cpu = time.monotonic() - t0, _cpu_seconds() - cpu0
     figures = {
         **judgement.figures,

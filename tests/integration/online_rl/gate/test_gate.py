@@ -68,6 +68,7 @@ def test_worse_blocked_equal_passes_override_announces(test_model, kafka_bootstr
     assert figures["valid_tool_call_rate"]["regressed"]
     assert figures["seconds"]["total"] > 0 and figures["cpu_seconds"] > 0
     same_figures = passed["figures"]
+    assert same_figures["seconds"]["baseline"] == 0  # v0's outcomes from the first gate: the same as a fresh run
     assert all(same_figures[m]["diff"] == 0 for m in ("pass_at_1", "valid_tool_call_rate", "answer_tokens"))
 
     assert store.gate_blocked() == {worse} and worse in store.versions()

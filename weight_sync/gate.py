@@ -13,22 +13,8 @@ from __future__ import annotations
 import dataclasses
 import getpass
 
-from weight_sync import codec
-from weight_sync.manifest import Manifest, announcement
-from weight_sync.publish import PublishConfig, activate, announce, location
+from weight_sync.publish import PublishConfig, activate, announce, stored_announcement
 from weight_sync.store.server import Store
-
-
-def announcement_of(cfg: PublishConfig, version: int) -> dict:
-    """The weights-topic announcement of a version already in the store (a canary candidate if cfg.canary)."""
-    store = Store(cfg.store)
-    if version not in store.versions():
-        raise ValueError(f"version {version} is not in the store (have {store.versions()})")
-    body = (store.version_dir(version) / "manifest.json").read_bytes()
-    record = announcement(Manifest.parse(body), location(cfg, store, version), codec.digest(body))
-    if cfg.canary:
-        record["canary"] = True
-    return record
 
 
 def decide(cfg: PublishConfig, version: int, verdict: str, reason: str, baseline: int, figures: dict) -> dict:
@@ -41,7 +27,7 @@ def decide(cfg: PublishConfig, version: int, verdict: str, reason: str, baseline
         cfg, version, reason, "gate", verdict=verdict, stable=baseline, figures=figures, canary=bool(cfg.canary)
     )
     if verdict == "pass":
-        announce(cfg, announcement_of(cfg, version))
+        announce(cfg, stored_announcement(cfg, version))
     return record
 
 
@@ -62,5 +48,5 @@ def override(cfg: PublishConfig, version: int, reason: str, by: str | None = Non
     record = activate(
         cfg, version, reason, "gate", verdict="override", by=who, stable=last.get("stable", version), canary=canary
     )
-    announce(cfg, announcement_of(dataclasses.replace(cfg, canary=canary), version))
+    announce(cfg, stored_announcement(dataclasses.replace(cfg, canary=canary), version))
     return record

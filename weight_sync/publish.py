@@ -162,18 +162,22 @@ def _bucket(cfg: PublishConfig) -> Bucket | None:
     return Bucket(cfg.s3_url, cfg.s3_options)
 
 
+def stored_announcement(cfg: PublishConfig, version: int) -> dict:
+    """The weights-topic announcement of a version already in the store (a canary candidate if cfg.canary)."""
+    store = Store(cfg.store)
+    if version not in store.versions():
+        raise ValueError(f"version {version} is not in the store (have {store.versions()})")
+    body = (store.version_dir(version) / "manifest.json").read_bytes()
+    record = announcement(Manifest.parse(body), location(cfg, store, version), codec.digest(body))
+    if cfg.canary:
+        record["canary"] = True
+    return record
+
+
 def unannounced(cfg: PublishConfig) -> list[dict]:
     """Announcements of the versions in the store that never reached the weights topic, oldest first: what
     a restarted publisher sends before anything new."""
-    store = Store(cfg.store)
-    out = []
-    for v in store.unannounced():
-        body = (store.version_dir(v) / "manifest.json").read_bytes()
-        record = announcement(Manifest.parse(body), location(cfg, store, v), codec.digest(body))
-        if cfg.canary:
-            record["canary"] = True
-        out.append(record)
-    return out
+    return [stored_announcement(cfg, v) for v in Store(cfg.store).unannounced()]
 
 
 HEAD_VERSION = "VERSION"  # in head/: the version head's weights are

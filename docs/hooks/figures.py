@@ -371,8 +371,10 @@ def guard() -> str:
     lines.append(
         f"Suite: {s['tasks']} held-out tasks and {s['sessions']} agent sessions, {s['samples']} samples each; "
         f"{r['confidence']:.0%} one-sided bounds. Worse version blocked: {r['worse_version_blocked']}; equal version "
-        f"passed: {r['equal_version_passed']}; median gate time per version {r['gate_seconds_per_version']} s "
-        f"({r['gate_cpu_seconds_per_version']} CPU s) on 2 shared cores."
+        f"passed: {r['equal_version_passed']}. One more version costs {r['gate_seconds_per_version']} s "
+        f"({r['gate_cpu_seconds_per_version']} CPU s; the median after the first, whose gate also ran the served "
+        f"version's suite: {r['gate_seconds_first_version']} s) on 2 cores shared with other work (load "
+        f"{r['load_average_1m'][0]} before, {r['load_average_1m'][1]} after)."
     )
     return "\n".join(lines)
 

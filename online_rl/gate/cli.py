@@ -85,8 +85,7 @@ def released_unsent(store) -> list[int]:
 
 def _gate(args) -> int:
     from online_rl.gate.run import GateConfig
-    from weight_sync import gate as wgate
-    from weight_sync.publish import PublishConfig
+    from weight_sync.publish import PublishConfig, announce, stored_announcement
     from weight_sync.store.server import Store
 
     what = build(GateArgs, args)
@@ -104,7 +103,7 @@ def _gate(args) -> int:
         return 3 if "block" in results else 0  # 3: a version was blocked (a script may stop there)
     while True:
         for v in released_unsent(store):
-            _retried(lambda v=v: wgate.announce(cfg.publish, wgate.announcement_of(cfg.publish, v)), v)
+            _retried(lambda v=v: announce(cfg.publish, stored_announcement(cfg.publish, v)), v)
         for v in waiting(store):
             _retried(lambda v=v: _one(cfg, v, serving_version(what, store), cache), v)
         time.sleep(what.poll_s)

@@ -40,8 +40,8 @@ class VersionSizes:
 
 class GateVerdicts:
     """The eval gate's verdicts (weight_sync.gate), from the store's activations at scrape time: which versions it
-    blocks now (1 until an SRE overrides or a newer version passes), how many verdicts of each kind it has recorded, and what the newest
-    judged versions' evaluation cost."""
+    blocks now (1 until an SRE overrides or a newer version passes), how many verdicts of each kind it has
+    recorded, and what the newest judged versions' evaluation cost."""
 
     def __init__(self, store, newest: int = 16):
         self.store = store

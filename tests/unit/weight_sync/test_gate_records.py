@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 from contracts import control
 from weight_sync import gate
 from weight_sync.manifest import ManifestError, generate_key, load_private
-from weight_sync.publish import PublishConfig, publish, unannounced
+from weight_sync.publish import PublishConfig, publish, stored_announcement, unannounced
 from weight_sync.store.metrics import GateVerdicts
 from weight_sync.store.rebuild import rebuild
 from weight_sync.store.server import Store
@@ -76,7 +76,7 @@ def test_an_override_records_who_and_why_then_announces(held):
     rec = gate.override(plain, 1, "known eval flake, trial it", by="sre-alice")
     assert rec["verdict"] == "override" and rec["by"] == "sre-alice" and rec["reason"] == "known eval flake, trial it"
     assert store.gate_blocked() == set()
-    assert gate.announcement_of(cfg, 1)["canary"] is True
+    assert stored_announcement(cfg, 1)["canary"] is True
     sent = [json.loads(line) for line in (cfg.store / "announcements.jsonl").read_text().splitlines()]
     assert sent[-1]["version"] == 1 and sent[-1]["seq"] == rec["seq"] + 1
 

@@ -7,14 +7,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import time
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from infra.config import add_flags, build, option
 
 if TYPE_CHECKING:
-    from online_rl.gate.run import BaselineCache
+    from online_rl.gate.run import BaselineCache, GateConfig
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def released_unsent(store) -> list[int]:
 
 def _gate(args) -> int:
     from online_rl.gate.run import GateConfig
-    from weight_sync.publish import PublishConfig, announce, stored_announcement
+    from weight_sync.publish import PublishConfig
     from weight_sync.store.server import Store
 
     what = build(GateArgs, args)
@@ -95,18 +95,32 @@ def _gate(args) -> int:
     if what.follow and not publish.kafka_bootstrap:
         raise ValueError("--follow announces on the weights topic: give --kafka (or FLYWHEEL_KAFKA_BOOTSTRAP)")
     cfg = build(GateConfig, args, publish=publish)
+    if what.follow:
+        follow(cfg, what, threading.Event())  # until Ctrl-C
+        return 0
     store = Store(cfg.publish.store)
     cache: BaselineCache = {}  # the serving version's suite runs once for all the versions judged against it
-    if not what.follow:
-        todo = [args.version] if args.version is not None else waiting(store)
-        results = [_one(cfg, v, serving_version(what, store), cache) for v in todo]
-        return 3 if "block" in results else 0  # 3: a version was blocked (a script may stop there)
-    while True:
+    todo = [args.version] if args.version is not None else waiting(store)
+    results = [_one(cfg, v, serving_version(what, store), cache) for v in todo]
+    return 3 if "block" in results else 0  # 3: a version was blocked (a script may stop there)
+
+
+def follow(cfg: GateConfig, what: GateArgs, stop: threading.Event) -> None:
+    """`flywheel gate --follow`: every `poll_s`, send what passed but never reached the broker, then judge what
+    waits, oldest first; until `stop` is set."""
+    from weight_sync.publish import announce, stored_announcement
+    from weight_sync.store.server import Store
+
+    store = Store(cfg.publish.store)
+    cache: BaselineCache = {}
+    while not stop.is_set():
         for v in released_unsent(store):
             _retried(lambda v=v: announce(cfg.publish, stored_announcement(cfg.publish, v)), v)
         for v in waiting(store):
+            if stop.is_set():
+                return
             _retried(lambda v=v: _one(cfg, v, serving_version(what, store), cache), v)
-        time.sleep(what.poll_s)
+        stop.wait(what.poll_s)
 
 
 def _one(cfg, version: int, baseline: int, cache: BaselineCache) -> str:

@@ -2,10 +2,12 @@
 worse version (every weight scrambled) is blocked and stays in the store unannounced, the same weights published
 again pass and are announced; an SRE's `flywheel weights gate-override` announces the blocked one with a signed
 record of who and why; every decision is on the weights topic, signed, in order, with its figures; an unknown
-version, a version judged twice and an override of a version the gate passed are clear errors."""
+version, a version judged twice and an override of a version the gate passed are clear errors. The follower
+(`flywheel gate --follow`) judges what a trainer publishing with --gate leaves, and announces what passes."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -100,3 +102,39 @@ def test_worse_blocked_equal_passes_override_announces(test_model, kafka_bootstr
     capsys.readouterr()
     assert main(["weights", "gate-override", str(same), "--reason", "why", *key]) == 1
     assert f"v{same} is not blocked by the gate (gate verdict 'pass')" in capsys.readouterr().err
+
+
+def test_the_follower_judges_what_waits_and_announces_what_passes(
+    test_model, kafka_bootstrap, kafka_security, tmp_path
+):
+    """`flywheel gate --follow` beside a trainer publishing with --gate: the version left unannounced is judged
+    against the announced one and, passing, announced as a canary candidate (--canary)."""
+    import threading
+
+    from infra.procs import wait_until
+    from online_rl.gate.cli import GateArgs, follow
+
+    generate_key(tmp_path / "k.pem", tmp_path / "k.pub")
+    pcfg = PublishConfig(store=tmp_path / "store", private_key=tmp_path / "k.pem", kafka_bootstrap=kafka_bootstrap)
+    publish(test_model, pcfg)
+    stop = threading.Event()
+    cfg = GateConfig(
+        publish=dataclasses.replace(pcfg, canary=True), suite=SuiteConfig(tasks=4, sessions=1, samples=2), work=tmp_path
+    )
+    follower = threading.Thread(target=follow, args=(cfg, GateArgs(poll_s=0.5), stop), daemon=True)
+    follower.start()
+    try:
+        v = publish(test_model, pcfg, announce_now=False).version  # what `flywheel train --gate` does
+        store = Store(pcfg.store)
+        wait_until(lambda: store.announced() == v, 120, interval=0.5, what=f"v{v} judged and announced")
+    finally:
+        stop.set()
+        follower.join(timeout=60)
+    assert not follower.is_alive()
+    assert store.gate_verdicts()[v]["verdict"] == "pass" and store.gate_verdicts()[v]["stable"] == 0
+    ours = _ours(kafka_bootstrap, load_private(pcfg.private_key).public_key())
+    assert [(r["type"], r["version"], r.get("verdict"), r.get("canary")) for r in ours] == [
+        ("version", 0, None, None),
+        ("gate", v, "pass", True),
+        ("version", v, None, True),
+    ]

@@ -1,5 +1,6 @@
 """Control records on the `weights` topic: what the fleet serves (version, canary, promote, rollback,
-activate, pin, unpin). The one module that says what they are.
+activate, pin, unpin), and the eval gate's verdict on a version before it is announced (gate: pass, block,
+or an SRE's override, with its figures). The one module that says what they are.
 
 The broker is not authenticated, so every record is signed by the trainer's ed25519 key (the key that
 signs manifests) and carries a sequence number that only grows (publishers take it from the store
@@ -23,7 +24,8 @@ from typing import TypeGuard
 
 SCHEMA = "flywheel.control/1"
 MAX_RECORD_BYTES = 64 << 10  # a control record is a few hundred bytes; anything far larger is refused unread
-KINDS = ("version", "canary", "promote", "rollback", "activate", "pin", "unpin")
+KINDS = ("version", "canary", "promote", "rollback", "activate", "pin", "unpin", "gate")
+VERDICTS = ("pass", "block", "override")  # a gate record's verdict
 
 # Optional fields by type (name -> accepted types); "version" is an int on every kind but unpin.
 _FIELDS = {
@@ -40,6 +42,8 @@ _FIELDS = {
     "figures": (dict,),
     "trial_s": (int, float),
     "ts": (int, float),
+    "verdict": (str,),
+    "by": (str,),
 }
 
 
@@ -71,6 +75,8 @@ def validate(record) -> dict:
     for name, types in _FIELDS.items():
         if name in record and not (isinstance(record[name], types) and (types != (int,) or _is_int(record[name]))):
             raise ControlError("invalid", f"{kind}: field {name!r} is not {'/'.join(t.__name__ for t in types)}")
+    if kind == "gate" and record.get("verdict") not in VERDICTS:
+        raise ControlError("invalid", f"gate: verdict {record.get('verdict')!r} is not one of {VERDICTS}")
     if "replicas" in record and not all(isinstance(r, str) for r in record["replicas"]):
         raise ControlError("invalid", "replicas are names")
     if any(isinstance(v, float) and not math.isfinite(v) for v in record.values()):  # JSON as Python writes it

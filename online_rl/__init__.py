@@ -7,6 +7,8 @@
 - `data/`: What the trainer learns from: Kafka's streams read (reader) and joined into rewarded samples (join,
   samples), distillation's samples, tenants' privacy and share of a batch, the provenance of each version, and
   simulated events for tests and benchmarks.
+- `gate/`: The eval gate (`flywheel gate N`): a published version judged on a held-out suite against the version
+  the fleet serves before any user sees it; a regression blocks it.
 - `gpu_check/`: The prepared GPU check (`python -m online_rl.gpu_check.check`): one run on a lent GPU, in sections
   each under its own time budget.
 - `model/`: The model: a compact Qwen3-MoE (transformer) with its Hugging Face config (config), the tokenizer view

@@ -66,7 +66,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     _command(g, _train_plot, TrainPlotArgs)
 
     from online_rl.config import TrainerConfig
+    from online_rl.gate.cli import register as register_gate
     from online_rl.offpeak import OffPeakConfig
+
+    register_gate(sub)
 
     t = sub.add_parser("train", help="the online RL trainer daemon (Kafka stream + sandbox rollouts)")
     _command(t, _train, TrainArgs)

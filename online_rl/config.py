@@ -257,6 +257,10 @@ class PublisherConfig:
     canary: bool = option(
         False, help="announce new versions as canary candidates (flywheel weights canary judges them)"
     )
+    gate: bool = option(
+        False,
+        help="leave new versions unannounced for the eval gate (`flywheel gate --follow` judges and announces them)",
+    )
     interval_s: float = option(3600.0, flag="publish-interval", help="seconds between published versions")
     announce_timeout_s: float = option(
         15.0, flag="announce-timeout", help="seconds one attempt to announce a version may take"

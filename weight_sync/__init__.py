@@ -8,11 +8,14 @@
   (votes).
 - `checkpoint`: Tensor-at-a-time access to safetensors checkpoints, as raw bit patterns (no framework, bounded
   memory).
-- `cli`: `flywheel weights ...`: keys, publish, list, rollback, pin/unpin, the store server, and the agent.
+- `cli`: `flywheel weights ...`: keys, publish, list, rollback, pin/unpin, the canary and the overrides of its trials
+  and of the eval gate, the store server, and the agent.
 - `codec`: Lossless per-tensor delta coding of weights: XOR with the base, then byte planes or a sparse form, then
   zstd.
 - `fleet_credential`: The fleet read credential: what the weight store's server and every agent's relay ask of each
   caller.
+- `gate`: The eval gate's side in weight_sync: a version held back from the weights topic until the gate
+  (online_rl.gate) has judged it; its signed verdict, the announcement of what passes, and an SRE's override.
 - `manifest`: The weights contract: a version's manifest, its ed25519 signature, and the checks a server applies.
 - `publish`: Publish a checkpoint as the next version: delta against the previous one (or a full snapshot every K),
   signed, atomically visible in the store, announced on the Kafka `weights` topic.

@@ -1,4 +1,5 @@
-"""`flywheel weights ...`: keys, publish, list, rollback, pin/unpin, the store server, and the agent."""
+"""`flywheel weights ...`: keys, publish, list, rollback, pin/unpin, the canary and the overrides of its trials and of
+the eval gate, the store server, and the agent."""
 
 from __future__ import annotations
 
@@ -42,6 +43,12 @@ class ListArgs:
 class RollbackArgs:
     to: int = option(help="the version every replica goes back to")
     reason: str = option("rollback by SRE", help="recorded with the activation")
+
+
+@dataclass
+class GateOverrideArgs:
+    reason: str = option(help="why the version goes out although the gate blocked it (recorded, signed)")
+    by: str | None = option(None, help="who overrides (None: this login's name)")
 
 
 # PublishConfig's options that only `weights publish` takes; the other commands take its store, key and Kafka.
@@ -102,6 +109,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     ab.add_argument("version", type=int)
     common(ab)
     ab.set_defaults(func=_abort)
+
+    go = w.add_parser(
+        "gate-override", help="announce version N although the eval gate blocked it (a signed record of who and why)"
+    )
+    go.add_argument("version", type=int)
+    add_flags(go, GateOverrideArgs)
+    common(go)
+    go.set_defaults(func=_gate_override)
 
     can = w.add_parser(
         "canary",
@@ -202,6 +217,14 @@ def _abort(args) -> int:
     return _activate(args, args.version, "rollback", "aborted by SRE override", stable=trials[-1]["stable"])
 
 
+def _gate_override(args) -> int:
+    from weight_sync.gate import override
+
+    what = build(GateOverrideArgs, args)
+    print(json.dumps(override(_cfg(args), args.version, what.reason, what.by)))
+    return 0
+
+
 def _canary(args) -> int:
     from weight_sync.canary.controller import CanaryConfig, CanaryController
 
@@ -233,7 +256,7 @@ def _list(args) -> int:
         )
     for a in store.activations():
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a.get("ts", 0)))
-        extra = "".join(f" {k}={a[k]}" for k in ("replicas", "stable", "trial_s") if k in a)
+        extra = "".join(f" {k}={a[k]}" for k in ("verdict", "by", "replicas", "stable", "trial_s") if k in a)
         print(f"#{a['seq']} {when} {a['type']:8} v{a['version']}{extra}: {a['reason']}")
     return 0
 

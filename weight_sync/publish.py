@@ -146,7 +146,7 @@ def announce(cfg: PublishConfig, record: dict, timeout_s: float = 30.0) -> dict:
     return sent
 
 
-def _location(cfg: PublishConfig, store: Store, version: int) -> str:
+def location(cfg: PublishConfig, store: Store, version: int) -> str:
     """Where the announcement says a version's manifest is: the bucket, the store server, or the directory."""
     base = cfg.s3_url or cfg.store_url
     if base:
@@ -162,18 +162,22 @@ def _bucket(cfg: PublishConfig) -> Bucket | None:
     return Bucket(cfg.s3_url, cfg.s3_options)
 
 
+def stored_announcement(cfg: PublishConfig, version: int) -> dict:
+    """The weights-topic announcement of a version already in the store (a canary candidate if cfg.canary)."""
+    store = Store(cfg.store)
+    if version not in store.versions():
+        raise ValueError(f"version {version} is not in the store (have {store.versions()})")
+    body = (store.version_dir(version) / "manifest.json").read_bytes()
+    record = announcement(Manifest.parse(body), location(cfg, store, version), codec.digest(body))
+    if cfg.canary:
+        record["canary"] = True
+    return record
+
+
 def unannounced(cfg: PublishConfig) -> list[dict]:
     """Announcements of the versions in the store that never reached the weights topic, oldest first: what
     a restarted publisher sends before anything new."""
-    store = Store(cfg.store)
-    out = []
-    for v in store.unannounced():
-        body = (store.version_dir(v) / "manifest.json").read_bytes()
-        record = announcement(Manifest.parse(body), _location(cfg, store, v), codec.digest(body))
-        if cfg.canary:
-            record["canary"] = True
-        out.append(record)
-    return out
+    return [stored_announcement(cfg, v) for v in Store(cfg.store).unannounced()]
 
 
 HEAD_VERSION = "VERSION"  # in head/: the version head's weights are
@@ -323,7 +327,7 @@ def publish(
         changed_share=changed / max(1, total),
         seconds=time.monotonic() - t0,
     )
-    result.announcement = announcement(manifest, _location(cfg, store, version), codec.digest(body))
+    result.announcement = announcement(manifest, location(cfg, store, version), codec.digest(body))
     if cfg.canary:
         result.announcement["canary"] = True
     if announce_now:
@@ -343,11 +347,11 @@ def publish(
 
 
 def activate(cfg: PublishConfig, version: int, reason: str, kind: str = "activate", **extra) -> dict:
-    """Announce that the fleet serves `version` from now on (rollback), pin/unpin it, or a canary trial's
-    start and end (kind canary | promote | rollback; weight_sync.canary.controller). Recorded in the store too, so
-    `flywheel weights list` shows every decision."""
+    """Announce that the fleet serves `version` from now on (rollback), pin/unpin it, a canary trial's
+    start and end (kind canary | promote | rollback; weight_sync.canary.controller), or the eval gate's verdict
+    (kind gate; weight_sync.gate). Recorded in the store too, so `flywheel weights list` shows every decision."""
     store = Store(cfg.store)
-    if kind in ("activate", "pin", "canary", "promote") and version not in store.versions():
+    if kind in ("activate", "pin", "canary", "promote", "gate") and version not in store.versions():
         raise ValueError(f"version {version} is not in the store (have {store.versions()})")
     return _send_control(
         cfg, store, {"schema": control.SCHEMA, "type": kind, "version": version, "reason": reason, **extra}, keep=True

@@ -358,6 +358,44 @@ def scrub() -> str:
     return "\n".join(lines)
 
 
+def guard() -> str:
+    """The eval gate on three candidates against the served test model (guard.json): verdict, each metric
+    candidate vs baseline (a regressed one in bold), and what the gate cost."""
+    r = _load("guard.json")
+    names = {
+        "pass_at_1": "pass@1",
+        "session_success": "session success",
+        "valid_tool_call_rate": "valid tool calls",
+        "empty_or_refusal": "empty or refused",
+        "answer_tokens": "answer tokens",
+    }
+    lines = [
+        "| candidate | verdict | " + " | ".join(names.values()) + " | gate s | CPU s |",
+        "|---|---|" + "---|" * len(names) + "---|---|",
+    ]
+    for name, run in r["runs"].items():
+        cells = []
+        for key in names:
+            f = run["metrics"][key]
+            cell = f"{_sig(f['candidate'], 3)} vs {_sig(f['baseline'], 3)}"
+            cells.append(f"**{cell}**" if f["regressed"] else cell)
+        lines.append(
+            f"| {name} | {run['verdict']} | {' | '.join(cells)} | {_round(run['seconds'], 0)} | "
+            f"{_round(run['cpu_seconds'], 0)} |"
+        )
+    s = r["suite"]
+    lines.append("")
+    lines.append(
+        f"Suite: {s['tasks']} held-out tasks and {s['sessions']} agent sessions, {s['samples']} samples each; "
+        f"{r['confidence']:.0%} one-sided bounds. Worse version blocked: {r['worse_version_blocked']}; equal version "
+        f"passed: {r['equal_version_passed']}. One more version costs {r['gate_seconds_per_version']} s "
+        f"({r['gate_cpu_seconds_per_version']} CPU s; the median after the first, whose gate also ran the served "
+        f"version's suite: {r['gate_seconds_first_version']} s) on 2 cores shared with other work (load "
+        f"{r['load_average_1m'][0]} before, {r['load_average_1m'][1]} after)."
+    )
+    return "\n".join(lines)
+
+
 def prometheus_crosscheck() -> str:
     """The demo's per-version table against PromQL, and the alerts seen, as the demo prints them
     (records/demo_prometheus_crosscheck.json)."""
@@ -375,6 +413,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     "demo": demo,
     "distill_coef": distill_coef,
     "feedback_modes": feedback_modes,
+    "guard": guard,
     "implicit_signals": implicit_signals,
     "inplace_switch": inplace_switch,
     "kafka_security": kafka_security,

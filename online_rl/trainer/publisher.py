@@ -1,5 +1,5 @@
 """The trainer's hand-off to weight_sync: the current weights as the next version in the store, then its
-announcement on the weights topic.
+announcement on the weights topic (with --gate, the eval gate's: online_rl.gate judges the version first).
 
 Publishing and announcing are apart: a version committed to the store but not announced (the broker
 away, or a kill between the two) stays pending and is announced, oldest first, before anything newer;
@@ -49,8 +49,9 @@ class Publisher:
         if self.enabled and kafka_bootstrap:
             from weight_sync.publish import unannounced
 
-            # A trainer killed between committing a version and announcing it: announce it now, first.
-            self.pending = unannounced(self._config())
+            # A trainer killed between committing a version and announcing it: announce it now, first. With the
+            # gate, only v0 (never gated): the gate announces the others once it has judged them.
+            self.pending = [r for r in unannounced(self._config()) if not cfg.gate or r["version"] == 0]
         if self.enabled:
             from weight_sync.store.server import Store
 
@@ -117,7 +118,7 @@ class Publisher:
         if store.latest() is None:
             # v0 = the starting model, the version the fleet serves first
             base = publish(self.base_model, pcfg, announce_now=False)
-            self.pending.append(base.announcement)
+            self.pending.append(base.announcement)  # v0 is the fleet's first version: never gated
             self._after_commit("provenance", lambda: provenance.write(work, base.version, 0, {}))
         for name in SIDE_FILES:
             if name != "config.json" and (self.base_model / name).exists():
@@ -127,7 +128,8 @@ class Publisher:
         provenance.write_pending(work, step, tenants or {}, distilled or {}, store.latest())
         result = publish(out, pcfg, announce_now=False)
         # In the store now: from here on nothing fails the publish (its retry would be a second version).
-        self.pending.append(result.announcement)
+        if not self.cfg.gate:  # else the eval gate judges it first, then announces it or records the block
+            self.pending.append(result.announcement)
         self.published_step = step
         self.last = time.monotonic()
 

@@ -263,6 +263,8 @@ class Agent:
             elif kind == "unpin":  # the newest released version: never a canary that was not promoted
                 self.state["pinned"] = None
                 target = self.state.get("released", self.state.get("latest_seen", self.state["version"]))
+            elif kind == "gate":  # the eval gate's verdict: nothing to load; a version it passes is announced after
+                pass
             else:
                 log.error("ignoring a weights record of unknown type %r", kind)
         self.metrics.pinned.set(1 if self.state.get("pinned") is not None else 0)

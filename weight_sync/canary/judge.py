@@ -51,7 +51,7 @@ class Verdict:
     figures: dict = field(default_factory=dict)
 
 
-def _diff_bound(x_c: int, n_c: int, x_s: int, n_s: int, confidence: float) -> tuple[float, float, float]:
+def diff_bound(x_c: int, n_c: int, x_s: int, n_s: int, confidence: float) -> tuple[float, float, float]:
     """(difference of the proportions canary - stable, lower and upper one-sided `confidence` bounds):
     normal approximation, unpooled standard error."""
     p_c, p_s = x_c / n_c, x_s / n_s
@@ -98,7 +98,7 @@ def judge(canary: dict, stable: dict, cfg: Thresholds) -> Verdict:
     t_c, t_s = canary.get("tool_answers") or 0, stable.get("tool_answers") or 0
     if t_c >= cfg.tool_min_answers and t_s >= cfg.tool_min_answers:
         m_c, m_s = canary["tool_malformed"] / t_c, stable["tool_malformed"] / t_s
-        diff, lo, _ = _diff_bound(canary["tool_malformed"], t_c, stable["tool_malformed"], t_s, cfg.confidence)
+        diff, lo, _ = diff_bound(canary["tool_malformed"], t_c, stable["tool_malformed"], t_s, cfg.confidence)
         figures.update(
             malformed_rate_canary=round(m_c, 4),
             malformed_rate_stable=round(m_s, 4),
@@ -120,7 +120,7 @@ def judge(canary: dict, stable: dict, cfg: Thresholds) -> Verdict:
             figures,
         )
     p_c, p_s = canary["accepts"] / n_c, stable["accepts"] / n_s
-    diff, lo, hi = _diff_bound(canary["accepts"], n_c, stable["accepts"], n_s, cfg.confidence)
+    diff, lo, hi = diff_bound(canary["accepts"], n_c, stable["accepts"], n_s, cfg.confidence)
     figures.update(acceptance_diff=round(diff, 4), diff_lower=round(lo, 4), diff_upper=round(hi, 4))
     if hi < -cfg.margin:
         return Verdict(

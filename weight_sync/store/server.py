@@ -41,7 +41,7 @@ from infra.files import fsync_path, write_durably
 from weight_sync import fleet_credential
 from weight_sync.manifest import Manifest
 from weight_sync.store import ledger
-from weight_sync.store.metrics import VersionSizes
+from weight_sync.store.metrics import GateVerdicts, VersionSizes
 from weight_sync.store.relay import StoreRelay
 from weight_sync.store.tracker import TrackerConfig
 
@@ -203,7 +203,8 @@ class Store:
         """Versions committed here whose announcement never reached the broker (the publisher died, or the
         broker was away, between the commit and the send): without one, no agent ever switches to them.
         Not those a later decision (an SRE's rollback, activate or pin) has passed over: announcing them
-        now would undo it. A store from before the record (versions, no `announced` file; a new store writes
+        now would undo it; nor those the eval gate blocked (weight_sync.gate), until an SRE overrides it.
+        A store from before the record (versions, no `announced` file; a new store writes
         -1 with its first version): nothing (its newest is taken as announced)."""
         versions, done = self.versions(), self.announced()
         if done is None:
@@ -214,7 +215,8 @@ class Store:
             (a.get("ts", 0.0) for a in self.activations() if a.get("type") in ("activate", "rollback", "pin", "unpin")),
             default=0.0,
         )
-        return [v for v in versions if v > done and self.version_dir(v).stat().st_mtime > decided]
+        held = self.gate_blocked()
+        return [v for v in versions if v > done and v not in held and self.version_dir(v).stat().st_mtime > decided]
 
     def record_activation(self, record: dict) -> None:
         """A decision (rollback, activate, pin, canary...), before it is sent; under the sequence lock."""
@@ -243,6 +245,16 @@ class Store:
                 stable = {r["stable"]}
         return stable | ({pinned} if pinned is not None else set())
 
+    def gate_verdicts(self) -> dict[int, dict]:
+        """Each version's last eval-gate record (verdict pass, block or override: weight_sync.gate)."""
+        return {
+            a["version"]: a for a in self.activations() if a.get("type") == "gate" and isinstance(a.get("version"), int)
+        }
+
+    def gate_blocked(self) -> set[int]:
+        """Versions the eval gate blocked and no SRE has overridden."""
+        return {v for v, a in self.gate_verdicts().items() if a.get("verdict") == "block"}
+
     def activations(self) -> list[dict]:
         """The decisions recorded, in order; a line that cannot be read (a torn append) is skipped, never fatal."""
         return ledger.read(self.root / "activations.jsonl")
@@ -258,6 +270,7 @@ class Store:
         relay = StoreRelay(self.versions, tracker)
         guard = fleet_credential.middleware(token, "the weight store", relay.refuse)
         relay.registry.register(VersionSizes(self))  # flywheel_store_version_bytes{version,form,kind}
+        relay.registry.register(GateVerdicts(self))  # flywheel_gate_blocked{version}, _verdicts_total, _seconds
 
         def version_of(request) -> tuple[int, Path]:
             v = version_number(request.match_info["version"])

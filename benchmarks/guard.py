@@ -1,0 +1,91 @@
+"""Guards before users: the eval gate (online_rl.gate) on real versions of the test model.
+
+The fleet serves the test preset's base model (v0). Three candidates are published with the gate on (in the store,
+not announced) and each is judged against v0 by `run_gate`, the code `flywheel gate` runs: the same weights
+published again (equal: must pass), a copy with Gaussian noise of 0.3 times each tensor's std (degraded: the canary
+benchmark's "worse by degree"; its verdict is reported, not required), and every weight scrambled
+(loadtests.versions.broken: must be blocked). The suite runs in this process on the held-out tasks (16 tasks and 4
+agent sessions, 4 temperature-1 samples each: 64 completions and 48 tool-call answers per version); no broker, so the
+signed gate records go to the store's ledger only (the integration test, tests/integration/online_rl/gate, checks
+them on Kafka). Every figure comes from these runs. As `flywheel gate` does, the served version's suite runs once,
+with the first candidate (gate_seconds_first_version: both suites); gate_seconds_per_version is the median wall time
+of the later gates (rebuilding the candidate from the store, its suite, the verdict, the record), the steady cost of
+one more version; on 2 cores shared with other work (the load average before and after is reported). Prints one
+JSON object last.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import tempfile
+from pathlib import Path
+
+SUITE = {"tasks": 16, "sessions": 4, "samples": 4}
+
+
+def main() -> dict:
+    from loadtests import versions
+    from online_rl.gate.run import GateConfig, run_gate
+    from online_rl.gate.suite import SuiteConfig
+    from online_rl.model.bootstrap import bootstrap
+    from weight_sync.manifest import generate_key
+    from weight_sync.publish import PublishConfig, publish
+    from weight_sync.store.server import Store
+
+    model = bootstrap("test", 0, progress=False)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-guard-"))
+    try:
+        generate_key(tmp / "k.pem", tmp / "k.pub")
+        pcfg = PublishConfig(store=tmp / "store", private_key=tmp / "k.pem")
+        cfg = GateConfig(publish=pcfg, suite=SuiteConfig(**SUITE), work=tmp)
+        publish(model, pcfg)
+        candidates = {
+            "equal": model,
+            "degraded": versions.noisy(model, tmp / "degraded", seed=1, scale=0.3),
+            "worse": versions.broken(model, tmp / "worse", seed=9),
+        }
+        runs = {}
+        cache: dict = {}  # as `flywheel gate --follow` keeps it: v0's suite runs once, with the first candidate
+        load_before = os.getloadavg()[0]
+        for name, ckpt in candidates.items():
+            v = publish(ckpt, pcfg, announce_now=False).version
+            r = run_gate(cfg, v, baseline=0, cache=cache)
+            runs[name] = {
+                "version": v,
+                "verdict": r.verdict,
+                "reason": r.judgement.reason,
+                "seconds": round(r.seconds, 1),
+                "cpu_seconds": round(r.cpu_seconds, 1),
+                "steps_s": r.record["figures"]["seconds"],
+                "metrics": r.judgement.figures,
+            }
+        load_after = os.getloadavg()[0]
+        store = Store(pcfg.store)
+        later = [r["seconds"] for name, r in runs.items() if name != "equal"]  # the serving version's suite cached
+        return {
+            "model": "test preset (seed 0)",
+            "suite": SUITE,
+            "confidence": cfg.confidence,
+            "margins": {m.name: m.margin for m in cfg.metrics()},
+            "worse_version_blocked": runs["worse"]["verdict"] == "block"
+            and store.gate_blocked() >= {runs["worse"]["version"]},
+            "equal_version_passed": runs["equal"]["verdict"] == "pass",
+            "degraded_version_verdict": runs["degraded"]["verdict"],
+            "gate_seconds_per_version": round(statistics.median(later), 1),
+            "gate_cpu_seconds_per_version": round(
+                statistics.median(r["cpu_seconds"] for n, r in runs.items() if n != "equal"), 1
+            ),
+            "gate_seconds_first_version": runs["equal"]["seconds"],  # both versions' suites
+            "load_average_1m": [round(load_before, 1), round(load_after, 1)],  # the machine's, before and after
+            "blocked_unannounced": sorted(store.gate_blocked()),
+            "runs": runs,
+        }
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    print(json.dumps(main()))

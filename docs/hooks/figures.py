@@ -89,6 +89,28 @@ def demo() -> str:
     return f"```\n{table(rows)}\n```"
 
 
+def delta_kernels() -> str:
+    """The delta codec's passes against a one-thread memcpy of the same bytes (kernels.json: medians of its runs,
+    the scan's ratio in every run, the CPU and the machine's load average at the run's start and end)."""
+    r = _load("kernels.json")
+    lines = [
+        "| pass | GB/s | vs memcpy |",
+        "|---|---|---|",
+        f"| memcpy (np.copyto, one thread) | {_round(r['memcpy_gbps'], 2)} | 1x |",
+        f"| scan (encoder: XOR byte planes, count, positions) | {_round(r['scan_gbps'], 2)} "
+        f"| {_ratio(r['scan_vs_memcpy_median'])} |",
+        f"| dense scatter (decoder) | {_round(r['scatter_gbps'], 2)} | {_ratio(r['scatter_vs_memcpy'])} |",
+        f"| sparse scatter (decoder) | {_round(r['sparse_scatter_gbps'], 2)} | {_ratio(r['sparse_scatter_vs_memcpy'])} |",
+        f"| numpy's passes (XOR, planes, count) | {_round(r['xor_split_gbps'], 2)} | {_ratio(r['xor_split_vs_memcpy'])} |",
+        "",
+        f"Medians of {r['delta_runs']} runs (the scan's ratio in each: "
+        f"{', '.join(str(_round(x, 2)) for x in r['scan_vs_memcpy_runs'])}), compiled for `{r['cpu']}`, "
+        f"the machine's load average {r['load_avg_1min'][0]} at the start and {r['load_avg_1min'][1]} at the end "
+        f"(2 cores shared).",
+    ]
+    return "\n".join(lines)
+
+
 def implicit_signals() -> str:
     """Precision and recall of each implicit signal against the simulated users' truth (implicit_signals.json)."""
     r = _load("implicit_signals.json")
@@ -355,6 +377,7 @@ def prometheus_crosscheck() -> str:
 
 FIGURES: dict[str, Callable[[], str]] = {
     "bench": bench,
+    "delta_kernels": delta_kernels,
     "demo": demo,
     "distill_coef": distill_coef,
     "feedback_modes": feedback_modes,

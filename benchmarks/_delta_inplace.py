@@ -11,7 +11,7 @@ figures: inplace_vs_reload_<share>_median, the median of the rounds' ratios (eac
 close in time, so a burst of load on a shared machine hits both; every round's ratio in
 inplace_vs_reload_runs_<share>); inplace_vs_reload_<share>, the ratio of the two medians; the first round's
 too. Both ways must then give the same greedy tokens and logprobs. After each switch the replica goes back
-to v0 (not timed).
+to v0 (not timed). inplace_load_avg_1min: the machine's load average when the switches began and ended.
 Prints one JSON object as the last line.
 """
 
@@ -115,6 +115,7 @@ def inplace_vs_reload(tmp: Path) -> dict:
         shutil.rmtree(v1)
         stores[key] = (cfg.store, r.published_bytes)
     out: dict = {"inplace_model_gb": round(size_gb, 2), "inplace_rounds": ROUNDS}
+    load = os.getloadavg()[0]
     procs = []
     replica = start(ReplicaConfig(model_path=v0, log_dir=tmp / "logs", max_total_tokens=4096))
     try:
@@ -167,6 +168,8 @@ def inplace_vs_reload(tmp: Path) -> dict:
         for p in procs:
             stop_pid(p.pid)
         replica.stop()
+    # how busy the machine was (1-minute load average at the start and the end of the switches)
+    out["inplace_load_avg_1min"] = [round(load, 1), round(os.getloadavg()[0], 1)]
     return out
 
 

@@ -98,6 +98,7 @@ class PatchFile:
 
     def __init__(self, path: Path | str, entries: list[tuple[str, str, list[int], int | None]]) -> None:
         self.path = Path(path)
+        self._where: dict[str, tuple[int, np.dtype, tuple[int, ...]]]
         specs: dict[str, tuple[str, list[int]]] = {}
         arrays: list[tuple[str, np.dtype, tuple[int, ...]]] = []
         for name, dtype, shape, k in entries:
@@ -121,10 +122,10 @@ class PatchFile:
         arrays.sort(key=lambda a: -a[1].itemsize)
         header: dict = {"__metadata__": wp.encode_meta(specs)}
         at, self._where = 0, {}
-        for key, dt, shape in arrays:
-            size = dt.itemsize * math.prod(shape)
-            header[key] = {"dtype": _ST_DTYPES[dt], "shape": list(shape), "data_offsets": [at, at + size]}
-            self._where[key] = (at, dt, shape)
+        for key, dt, dims in arrays:
+            size = dt.itemsize * math.prod(dims)
+            header[key] = {"dtype": _ST_DTYPES[dt], "shape": list(dims), "data_offsets": [at, at + size]}
+            self._where[key] = (at, dt, dims)
             at += size
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-(8 + len(raw)) % 8)  # the data starts 8-aligned, as safetensors pads it

@@ -21,8 +21,8 @@ chunks (benchmarks.kernels, benchmarks/results/kernels.json: the median of 5 run
 scan 0.6x, dense scatter 0.65x, sparse scatter 0.65x (0.85x at 2% changed, 0.45x at 30%); numpy's chain of
 passes did 0.1-0.15x. Until issue #52 the scan did 0.06-0.16x on AMD Zen 4 CPUs (0.6x elsewhere): its
 positions went out through a compress-store to memory, microcode there; kernels.simd says what changed, with
-the figures. The scan on Zen 4 since: 0.34-0.81x over 10 runs on a machine loaded by two other engineers
-(medians 0.44 and 0.48).
+the figures. The scan on Zen 4 since: medians of 5 runs 0.44, 0.48, 0.55 and 0.54 in four
+benchmark runs (single runs 0.34-1.09x), the machine loaded by two other engineers (load average 4 to 14).
 """
 
 from __future__ import annotations

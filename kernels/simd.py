@@ -14,9 +14,10 @@ elements, best of 7, by share changed 2% / 10% / 30%): compressstore 2.1 / 2.3 /
 into a register and store 0.10 / 0.12 / 0.14 ns; compiled for AVX2 (NUMBA_CPU_NAME=haswell, where LLVM expands
 both calls lane by lane) 2.1 / 2.3 / 2.1 against 0.10 / 0.08 / 0.15 ns. The encoder's scan (benchmarks.kernels,
 64 MB, 10% changed, 5 runs side by side) went from 0.06-0.13x a one-thread memcpy (median 0.086; the issue's
-fresh machines: 0.149x and 0.156x) to 0.34-0.62x (median 0.44), the machine loaded by two other engineers
-both times. The 0.62x recorded before came from a CPU where a compress-store to memory is fast (this docstring
-said 0.07 ns an element for it; the record did not name the CPU, so benchmarks.kernels now writes `cpu`).
+fresh machines: 0.149x and 0.156x) to medians of 0.44, 0.48, 0.55 and 0.54 in four runs of the benchmark
+(single runs 0.34-1.09x), the machine loaded by two other engineers throughout (load average 4 to 14). The
+0.62x recorded before came from a CPU where a compress-store to memory is fast (this docstring said 0.07 ns an
+element for it; the record did not name the CPU, so benchmarks.kernels now writes `cpu`).
 Neither numba's cache nor threads were the cause: the benchmark warms the kernels before it times them (a
 compile on a fresh clone, 2-4 s, or 0.5 s to load them from the cache, is outside the timing), numba keys
 its cache by CPU (another CPU compiles afresh), and the loops are single-threaded (no prange: NUMBA_NUM_THREADS

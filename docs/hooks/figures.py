@@ -93,15 +93,17 @@ def delta_kernels() -> str:
     """The delta codec's passes against a one-thread memcpy of the same bytes (kernels.json: medians of its runs,
     the scan's ratio in every run, the CPU and the machine's load average at the run's start and end)."""
     r = _load("kernels.json")
+    rows = (  # label, the result's name of its pass
+        ("scan (encoder: XOR byte planes, count, positions)", "scan"),
+        ("dense scatter (decoder)", "scatter"),
+        ("sparse scatter (decoder)", "sparse_scatter"),
+        ("numpy's passes (XOR, planes, count)", "xor_split"),
+    )
     lines = [
         "| pass | GB/s | vs memcpy |",
         "|---|---|---|",
         f"| memcpy (np.copyto, one thread) | {_round(r['memcpy_gbps'], 2)} | 1x |",
-        f"| scan (encoder: XOR byte planes, count, positions) | {_round(r['scan_gbps'], 2)} "
-        f"| {_ratio(r['scan_vs_memcpy_median'])} |",
-        f"| dense scatter (decoder) | {_round(r['scatter_gbps'], 2)} | {_ratio(r['scatter_vs_memcpy'])} |",
-        f"| sparse scatter (decoder) | {_round(r['sparse_scatter_gbps'], 2)} | {_ratio(r['sparse_scatter_vs_memcpy'])} |",
-        f"| numpy's passes (XOR, planes, count) | {_round(r['xor_split_gbps'], 2)} | {_ratio(r['xor_split_vs_memcpy'])} |",
+        *(f"| {label} | {_round(r[f'{k}_gbps'], 2)} | {_ratio(r[f'{k}_vs_memcpy'])} |" for label, k in rows),
         "",
         f"Medians of {r['delta_runs']} runs (the scan's ratio in each: "
         f"{', '.join(str(_round(x, 2)) for x in r['scan_vs_memcpy_runs'])}), compiled for `{r['cpu']}`, "

@@ -3,12 +3,15 @@
 One SGLang replica serves the `large` random checkpoint (online_rl.model.random_checkpoint: our Qwen3-MoE shape,
 531M parameters). For each share of changed elements (2%, 30%; every tensor moved by 1 ULP at random
 positions, as a small optimizer step moves them), a delta is published, and the replica switches to it
-ROUNDS times each way: by a fresh agent that applies it in place (after warming the replica's in-place
-path, as an agent does when it starts), and by one that rebuilds the whole checkpoint and reloads it from
-disk (the agent as it was). Switch time: from the agent starting on the version to the replica answering
-with it, fetching and rebuilding included (the store on loopback); the median is the figure, the first
-round is reported too. Both must then give the same greedy tokens and logprobs. Between rounds the
-replica goes back to v0 (not timed).
+in ROUNDS rounds of two switches side by side: by a fresh agent that applies it in place (after warming
+the replica's in-place path, as an agent does when it starts), then by one that rebuilds the whole
+checkpoint and reloads it from disk (the agent as it was). Switch time: from the agent starting on the
+version to the replica answering with it, fetching and rebuilding included (the store on loopback). The
+figures: inplace_vs_reload_<share>_median, the median of the rounds' ratios (each round's two switches
+close in time, so a burst of load on a shared machine hits both; every round's ratio in
+inplace_vs_reload_runs_<share>); inplace_vs_reload_<share>, the ratio of the two medians; the first round's
+too. Both ways must then give the same greedy tokens and logprobs. After each switch the replica goes back
+to v0 (not timed). inplace_load_avg_1min: the machine's load average when the switches began and ended.
 Prints one JSON object as the last line.
 """
 
@@ -30,7 +33,7 @@ from weight_sync.checkpoint import CheckpointReader, CheckpointWriter
 
 PROMPT = "def add(a, b):\n"
 SHARES = (0.02, 0.30)
-ROUNDS = 3  # switches timed per share and way (a fresh agent each): the median is the figure, the first shown
+ROUNDS = 5  # rounds per share, one switch each way (a fresh agent each): the median is the figure, the first shown
 
 
 def _perturbed(src: Path, dst: Path, share: float, seed: int) -> Path:
@@ -70,6 +73,27 @@ def _same(a: list, b: list) -> bool:
     return [t for t, _ in a] == [t for t, _ in b] and all(abs(x - y) < 1e-4 for (_, x), (_, y) in zip(a, b))
 
 
+def switch_figures(key: str, times: dict[str, list[float]]) -> dict:
+    """The figures of one share (`key`, e.g. "2pct") from its rounds' switch seconds, in round order, each way
+    ("in_place", "reload": one of each a round, side by side)."""
+    if not times["in_place"] or len(times["in_place"]) != len(times["reload"]):
+        raise ValueError(f"{len(times['in_place'])} in-place switches and {len(times['reload'])} reloads")
+    first = {how: t[0] for how, t in times.items()}
+    median = {how: statistics.median(t) for how, t in times.items()}
+    ratios = [i / r for i, r in zip(times["in_place"], times["reload"])]
+    return {
+        f"inplace_switch_s_{key}": round(median["in_place"], 2),
+        f"inplace_switch_first_s_{key}": round(first["in_place"], 2),
+        f"reload_switch_s_{key}": round(median["reload"], 2),
+        f"inplace_switch_runs_s_{key}": [round(t, 3) for t in times["in_place"]],
+        f"reload_switch_runs_s_{key}": [round(t, 3) for t in times["reload"]],
+        f"inplace_vs_reload_{key}": round(median["in_place"] / median["reload"], 3),
+        f"inplace_vs_reload_{key}_median": round(statistics.median(ratios), 3),
+        f"inplace_vs_reload_runs_{key}": [round(x, 3) for x in ratios],
+        f"inplace_vs_reload_first_{key}": round(first["in_place"] / first["reload"], 3),
+    }
+
+
 def inplace_vs_reload(tmp: Path) -> dict:
     from benchmarks._store_server import STORE_TOKEN, serve_store
     from online_rl.model.random_checkpoint import random_checkpoint
@@ -90,7 +114,8 @@ def inplace_vs_reload(tmp: Path) -> dict:
         r = publish(v1, cfg)
         shutil.rmtree(v1)
         stores[key] = (cfg.store, r.published_bytes)
-    out: dict = {"inplace_model_gb": round(size_gb, 2)}
+    out: dict = {"inplace_model_gb": round(size_gb, 2), "inplace_rounds": ROUNDS}
+    load = os.getloadavg()[0]
     procs = []
     replica = start(ReplicaConfig(model_path=v0, log_dir=tmp / "logs", max_total_tokens=4096))
     try:
@@ -115,8 +140,8 @@ def inplace_vs_reload(tmp: Path) -> dict:
                 )
 
             answers, times = {}, {"in_place": [], "reload": []}
-            for how in ("in_place", "reload"):
-                for n in range(ROUNDS):
+            for n in range(ROUNDS):
+                for how in ("in_place", "reload"):
                     a = agent(f"{how}-{key}-{n}", how == "in_place")
                     if how == "in_place":  # what the agent does when it starts, off the switch path
                         warm = asyncio.run(a.warm_inplace())
@@ -129,20 +154,12 @@ def inplace_vs_reload(tmp: Path) -> dict:
                     if n == 0:
                         out[f"inplace_report_{key}" if how == "in_place" else f"reload_report_{key}"] = report
                     assert asyncio.run(a.apply(0)) and _same(_greedy(replica.url), base)  # back to v0, untimed
-                    # Each round on a quiet machine: the GB this agent wrote, gone and flushed (dirty pages
-                    # written back during the next round would slow whichever way it measures).
+                    # Each switch on a quiet machine: the GB this agent wrote, gone and flushed (dirty pages
+                    # written back during the next switch would slow whichever way it measures).
                     shutil.rmtree(a.work, ignore_errors=True)
                     os.sync()
-            first, median = (
-                {how: t[0] for how, t in times.items()},
-                {how: statistics.median(t) for how, t in times.items()},
-            )
-            out[f"inplace_switch_s_{key}"] = round(median["in_place"], 2)
-            out[f"inplace_switch_first_s_{key}"] = round(first["in_place"], 2)
+            out.update(switch_figures(key, times))
             out[f"inplace_persist_s_{key}"] = round(out[f"inplace_report_{key}"]["persist_ms"] / 1000, 2)
-            out[f"reload_switch_s_{key}"] = round(median["reload"], 2)
-            out[f"inplace_vs_reload_{key}"] = round(median["in_place"] / median["reload"], 3)
-            out[f"inplace_vs_reload_first_{key}"] = round(first["in_place"] / first["reload"], 3)
             out[f"inplace_same_answers_{key}"] = _same(answers["in_place"], answers["reload"]) and not _same(
                 answers["in_place"], base
             )
@@ -151,6 +168,8 @@ def inplace_vs_reload(tmp: Path) -> dict:
         for p in procs:
             stop_pid(p.pid)
         replica.stop()
+    # how busy the machine was (1-minute load average at the start and the end of the switches)
+    out["inplace_load_avg_1min"] = [round(load, 1), round(os.getloadavg()[0], 1)]
     return out
 
 

@@ -1,8 +1,10 @@
 """kernels/ on this CPU, side by side in one run.
 
 (a) delta coding of a 64 MB bf16 tensor against its base (10% of elements changed), in GB/s of the tensor's
-    bytes against a plain memory copy (np.copyto, one thread) of the same bytes, best of 5 rounds that run
-    every candidate in turn (a burst of load on a shared machine then hits all alike):
+    bytes against a plain memory copy (np.copyto, one thread) of the same bytes: RUNS runs of the best of 5
+    rounds that run every candidate in turn (a burst of load on a shared machine then hits all alike); each
+    figure is the median of the runs' (scan_vs_memcpy_runs: every run's scan ratio), `cpu` the CPU the
+    kernels were compiled for (LLVM's name: what a figure depends on, see kernels.simd):
       xor_split, xor, join_xor   today's whole-array numpy steps (the fallback without numba): the XOR +
                                  byte planes + changed count, the XOR alone, and the inverse (join + XOR);
       scan                       the encoder's one pass as weight_sync.codec runs it (codec.scan_chunk, chunk
@@ -18,13 +20,14 @@
     (online_rl.gpu_check.batch_invariant's 0.11 B-parameter shape, 8 sequences of 128 tokens), router replay off;
 (c) whether the default ops are batch-variant here: the largest difference between a sequence's logprobs
     alone and inside that batch, for both modes (0 for the batch-invariant one, by construction).
-Prints one JSON object as the last line.
+Prints one JSON object as the last line, with the machine's load average at its start and end.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import statistics
 import time
 
 import numpy as np
@@ -34,6 +37,7 @@ from kernels import batch_invariant as bi, delta
 from weight_sync import codec
 
 N_BYTES = 64 * 2**20
+RUNS = 5  # runs of the delta candidates: their median is the figure
 
 
 def _best(fn, reps: int) -> float:
@@ -106,9 +110,10 @@ def delta_throughput() -> dict:
         out[:] = 0
         fn()
         assert np.array_equal(out, new), f"{fn.__name__} did not rebuild the new bits"
-    best = _side_by_side(fns, 5)
-    gbps = lambda name: round(N_BYTES / best[name] / 1e9, 2)  # noqa: E731
-    vs_memcpy = lambda name: round(best["memcpy"] / best[name], 3)  # noqa: E731
+    runs = [_side_by_side(fns, 5) for _ in range(RUNS)]
+    gbps = lambda name: round(statistics.median(N_BYTES / r[name] / 1e9 for r in runs), 2)  # noqa: E731
+    ratios = lambda name: [round(r["memcpy"] / r[name], 3) for r in runs]  # noqa: E731
+    vs_memcpy = lambda name: round(statistics.median(ratios(name)), 3)  # noqa: E731
     return {
         "memcpy_gbps": gbps("memcpy"),
         "xor_split_gbps": gbps("xor_split"),
@@ -117,13 +122,26 @@ def delta_throughput() -> dict:
         "xor_split_vs_memcpy": vs_memcpy("xor_split"),
         "scan_gbps": gbps("scan"),
         "scan_vs_memcpy": vs_memcpy("scan"),
+        "scan_vs_memcpy_median": vs_memcpy("scan"),
+        "scan_vs_memcpy_runs": ratios("scan"),
+        "delta_runs": RUNS,
         "scatter_gbps": gbps("scatter"),
         "scatter_vs_memcpy": vs_memcpy("scatter"),
         "sparse_scatter_gbps": gbps("sparse_scatter"),
         "sparse_scatter_vs_memcpy": vs_memcpy("sparse_scatter"),
         "delta_backend": delta.backend(),
         "delta_cpu_kernels": "numba" if delta.cpu_ops() is not None else "numpy",
+        "cpu": _cpu_name(),
     }
+
+
+def _cpu_name() -> str:
+    """The CPU LLVM compiles the kernels for (e.g. znver4, sapphirerapids), "unknown" without llvmlite."""
+    try:
+        from llvmlite import binding
+    except ImportError:
+        return "unknown"
+    return binding.get_host_cpu_name()
 
 
 def _forward_slowdown(cfg, batch_size: int, seq_len: int, reps: int) -> tuple[float, float]:
@@ -177,7 +195,11 @@ def batch_invariance() -> dict:
 
 def main() -> dict:
     torch.set_num_threads(os.cpu_count() or 1)
-    return {**delta_throughput(), **batch_invariance(), "threads": torch.get_num_threads()}
+    load = os.getloadavg()[0]
+    out = {**delta_throughput(), **batch_invariance(), "threads": torch.get_num_threads()}
+    # how busy the machine was (runnable processes, 1-minute average, at the start and the end): on a
+    # shared machine the figures above are only as steady as this
+    return {**out, "load_avg_1min": [round(load, 1), round(os.getloadavg()[0], 1)]}
 
 
 if __name__ == "__main__":

@@ -17,8 +17,12 @@ Loops run over blocks of BLOCK elements, so that a block of the inputs is still 
 loop reads it again: simple loops are what LLVM vectorises, and one loop doing everything is not. The one
 step no loop vectorises, appending the positions that changed, is an LLVM compress-store (kernels.simd).
 Measured against a one-thread np.copyto of the same bytes on a 64 MB bf16 tensor, 10% changed, in 8 MB
-chunks (benchmarks.kernels): scan 0.6x, dense scatter 0.65x, sparse scatter 0.65x (0.85x at 2% changed,
-0.45x at 30%); numpy's chain of passes did 0.1-0.15x.
+chunks (benchmarks.kernels, benchmarks/results/kernels.json: the median of 5 runs and each run's scan ratio):
+scan 0.6x, dense scatter 0.65x, sparse scatter 0.65x (0.85x at 2% changed, 0.45x at 30%); numpy's chain of
+passes did 0.1-0.15x. Until issue #52 the scan did 0.06-0.16x on AMD Zen 4 CPUs (0.6x elsewhere): its
+positions went out through a compress-store to memory, microcode there; kernels.simd says what changed, with
+the figures. The scan on Zen 4 since: medians of 5 runs 0.44, 0.48, 0.55 and 0.54 in four
+benchmark runs (single runs 0.34-1.09x), the machine loaded by two other engineers (load average 4 to 14).
 """
 
 from __future__ import annotations
@@ -206,15 +210,12 @@ def join_xor(planes: np.ndarray, base: np.ndarray | None, out: np.ndarray) -> No
 
 
 @njit(cache=True, nogil=True)
-def _sparse_batch(body, k, j0, gaps, xs):  # pragma: no cover - compiled
-    # Joins changes j0 .. j0 + m of a sparse payload into gaps (m,) uint32 and xs (m,) of out's dtype. One loop
-    # reading every plane it joins (4x faster than OR-ing plane after plane into the output, measured).
-    m = gaps.size
-    u, t = np.uint32, xs.dtype.type
+def _join_xors(body, k, j0, xs):  # pragma: no cover - compiled
+    # Joins the XORs of changes j0 .. j0 + m of a sparse payload into xs (m,) of out's dtype: one loop reading
+    # every plane for the weight path's widths, else plane after plane OR-ed in.
+    m = xs.size
+    t = xs.dtype.type
     at = lambda b: body[b * k + j0 : b * k + j0 + m]  # noqa: E731  # plane b of this batch
-    g0, g1, g2, g3 = at(0), at(1), at(2), at(3)
-    for i in range(m):
-        gaps[i] = u(g0[i]) | (u(g1[i]) << u(8)) | (u(g2[i]) << u(16)) | (u(g3[i]) << u(24))
     if xs.itemsize == 2:
         x0, x1 = at(4), at(5)
         for i in range(m):
@@ -231,6 +232,19 @@ def _sparse_batch(body, k, j0, gaps, xs):  # pragma: no cover - compiled
             plane, shift = at(4 + b), t(8 * b)
             for i in range(m):
                 xs[i] |= t(plane[i]) << shift
+
+
+@njit(cache=True, nogil=True)
+def _sparse_batch(body, k, j0, gaps, xs):  # pragma: no cover - compiled
+    # Joins changes j0 .. j0 + m of a sparse payload into gaps (m,) uint32 and xs (m,) of out's dtype. One loop
+    # reading every plane it joins (4x faster than OR-ing plane after plane into the output, measured).
+    m = gaps.size
+    u = np.uint32
+    at = lambda b: body[b * k + j0 : b * k + j0 + m]  # noqa: E731  # plane b of this batch
+    g0, g1, g2, g3 = at(0), at(1), at(2), at(3)
+    for i in range(m):
+        gaps[i] = u(g0[i]) | (u(g1[i]) << u(8)) | (u(g2[i]) << u(16)) | (u(g3[i]) << u(24))
+    _join_xors(body, k, j0, xs)
 
 
 @njit(cache=True, nogil=True)
@@ -279,26 +293,29 @@ def sparse_patch(body: np.ndarray, k: int, base: np.ndarray | None, out: np.ndar
 
 
 @njit(cache=True, nogil=True)
-def _sparse_xor(body, k, itemsize, n, offset, idx_out, xor_out):  # pragma: no cover - compiled
-    # body: a sparse payload (see the module's docstring) of a chunk of n elements.
+def _sparse_xor(body, k, n, offset, idx_out, xor_out):  # pragma: no cover - compiled
+    # body: a sparse payload (see the module's docstring) of a chunk of n elements. A batch at a time: its XORs
+    # joined by _sparse_batch's loops (they vectorise), then its gaps joined and summed into positions in
+    # one loop (half the time of joining element by element, byte by byte: 1.6 against 3.1 ns a change).
+    u = np.uint32
     pos = np.int64(-1)
-    for j in range(k):
-        gap = np.int64(body[j]) | (np.int64(body[k + j]) << 8)
-        gap |= (np.int64(body[2 * k + j]) << 16) | (np.int64(body[3 * k + j]) << 24)
-        pos += gap + 1
-        if pos >= n:
+    for j0 in range(0, k, BATCH):
+        m = min(BATCH, k - j0)
+        _join_xors(body, k, j0, xor_out[j0 : j0 + m])
+        g0, g1 = body[j0 : j0 + m], body[k + j0 : k + j0 + m]
+        g2, g3 = body[2 * k + j0 : 2 * k + j0 + m], body[3 * k + j0 : 3 * k + j0 + m]
+        out = idx_out[j0 : j0 + m]
+        for i in range(m):
+            pos += np.int64(u(g0[i]) | (u(g1[i]) << u(8)) | (u(g2[i]) << u(16)) | (u(g3[i]) << u(24))) + 1
+            out[i] = pos + offset
+        if pos >= n:  # positions only grow: the batch's last is its largest
             return -1
-        x = np.uint64(0)
-        for b in range(itemsize):
-            x |= np.uint64(body[(4 + b) * k + j]) << np.uint64(8 * b)
-        idx_out[j] = pos + offset
-        xor_out[j] = x
     return k
 
 
 def sparse_xor(body: np.ndarray, k: int, n: int, offset: int, idx_out: np.ndarray, xor_out: np.ndarray) -> None:
     """See kernels.delta.sparse_xor."""
-    if _sparse_xor(body, k, xor_out.dtype.itemsize, n, offset, idx_out, xor_out) < 0:
+    if _sparse_xor(body, k, n, offset, idx_out, xor_out) < 0:
         raise ValueError("sparse chunk points past its end")
 
 

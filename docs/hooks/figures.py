@@ -89,6 +89,30 @@ def demo() -> str:
     return f"```\n{table(rows)}\n```"
 
 
+def delta_kernels() -> str:
+    """The delta codec's passes against a one-thread memcpy of the same bytes (kernels.json: medians of its runs,
+    the scan's ratio in every run, the CPU and the machine's load average at the run's start and end)."""
+    r = _load("kernels.json")
+    rows = (  # label, the result's name of its pass
+        ("scan (encoder: XOR byte planes, count, positions)", "scan"),
+        ("dense scatter (decoder)", "scatter"),
+        ("sparse scatter (decoder)", "sparse_scatter"),
+        ("numpy's passes (XOR, planes, count)", "xor_split"),
+    )
+    lines = [
+        "| pass | GB/s | vs memcpy |",
+        "|---|---|---|",
+        f"| memcpy (np.copyto, one thread) | {_round(r['memcpy_gbps'], 2)} | 1x |",
+        *(f"| {label} | {_round(r[f'{k}_gbps'], 2)} | {_ratio(r[f'{k}_vs_memcpy'])} |" for label, k in rows),
+        "",
+        f"Medians of {r['delta_runs']} runs (the scan's ratio in each: "
+        f"{', '.join(str(_round(x, 2)) for x in r['scan_vs_memcpy_runs'])}), compiled for `{r['cpu']}`, "
+        f"the machine's load average {r['load_avg_1min'][0]} at the start and {r['load_avg_1min'][1]} at the end "
+        f"(2 cores shared).",
+    ]
+    return "\n".join(lines)
+
+
 def implicit_signals() -> str:
     """Precision and recall of each implicit signal against the simulated users' truth (implicit_signals.json)."""
     r = _load("implicit_signals.json")
@@ -149,16 +173,17 @@ def long_context() -> str:
 
 
 def inplace_switch() -> str:
-    """The in-place switch against a reload from disk, at 2% and 30% of the elements changed: medians, the first
-    switch in brackets (records/delta_inplace_alone.json: benchmarks/_delta_inplace.py run alone)."""
-    r = _load("records/delta_inplace_alone.json")
+    """The in-place switch against a reload from disk, at 2% and 30% of the elements changed: medians of the
+    rounds, the first switch in brackets, the median of the rounds' side-by-side ratios and their range
+    (records/delta_inplace_rounds.json: benchmarks/_delta_inplace.py run alone)."""
+    r = _load("records/delta_inplace_rounds.json")
     lines = [
-        "| changed | delta | in place | reload from disk | ratio | same answers |",
+        "| changed | delta | in place | reload from disk | ratio: median of rounds (range) | same answers |",
         "|---|---|---|---|---|---|",
     ]
     for key in sorted((k.rsplit("_", 1)[1] for k in r if k.startswith("inplace_switch_s_")), key=lambda k: int(k[:-3])):
         rep = r[f"inplace_report_{key}"]
-        if rep["patch_full_elems"]:  # whole tensors sent: the patch is most of it
+        if rep["patch_full_elems"] > rep["patch_sparse_elems"]:  # whole tensors sent: the patch is most of it
             first = f"{_round(r[f'inplace_switch_first_s_{key}'], 2)} s, whole tensors"
         else:
             first = (
@@ -166,11 +191,12 @@ def inplace_switch() -> str:
                 f"engine {_round(rep['load_ms'] / 1000, 2)} s"
             )
         reload_first = _round(r[f"reload_report_{key}"]["serving_ms"] / 1000, 2)
+        runs = r[f"inplace_vs_reload_runs_{key}"]
         lines.append(
             f"| {key[:-3]}% | {_sig(r[f'inplace_delta_mb_{key}'], 3, 1)} MB "
             f"| {_round(r[f'inplace_switch_s_{key}'], 2)} s ({first}) "
             f"| {_round(r[f'reload_switch_s_{key}'], 2)} s ({reload_first} s) "
-            f"| {_round(r[f'inplace_vs_reload_{key}'], 2)} ({_round(r[f'inplace_vs_reload_first_{key}'], 2)}) "
+            f"| {_round(r[f'inplace_vs_reload_{key}_median'], 2)} ({_round(min(runs), 2)}-{_round(max(runs), 2)}) "
             f"| {'yes' if r[f'inplace_same_answers_{key}'] else 'no'} |"
         )
     return "\n".join(lines)
@@ -410,6 +436,7 @@ def prometheus_crosscheck() -> str:
 
 FIGURES: dict[str, Callable[[], str]] = {
     "bench": bench,
+    "delta_kernels": delta_kernels,
     "demo": demo,
     "distill_coef": distill_coef,
     "feedback_modes": feedback_modes,

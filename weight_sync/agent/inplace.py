@@ -2,10 +2,12 @@
 
     1. patch    the chunks of the tensors the manifest says changed are fetched (from a store server, in
                 one request: its pack) and checked against their digests (the manifest is signed); they
-                go into a patch file (weight_patch.format, written by weight_patch.writer) as the positions
-                of the changed elements and their XOR with the base while few changed (the base is not read:
-                a 2% change touches most of its cache lines), else as the whole new tensor. Unchanged tensors
-                are neither fetched nor read: the work follows what changed, not the model's size.
+                are decoded straight into a patch file laid out beforehand (weight_patch.format; its
+                layout by weight_patch.writer.PatchFile, from the changed counts the manifest signs) as the
+                positions of the changed elements and their XOR with the base while few changed (the base
+                is not read: a 2% change touches most of its cache lines), else as the whole new tensor.
+                Unchanged tensors are neither fetched nor read: the work follows what changed, not the
+                model's size.
     2. switch   the replica applies the patch through its custom loader (weight_sync.agent.switch, same modes,
                 same version label and prefix-cache flush as a reload from disk).
     3. persist  the version's checkpoint directory, which restarts and rollbacks load from disk, is the
@@ -56,12 +58,21 @@ def supported(manifest: Manifest) -> bool:
     return all(t.dtype in wp.BIT_DTYPES for t in manifest.tensors)
 
 
-def _tensor_changes(chunks, numel: int, dtype: str, idx_dtype: type) -> tuple[np.ndarray, np.ndarray]:
+def _tensor_changes(
+    chunks, numel: int, dtype: str, idx_dtype: type, out: tuple[np.ndarray, np.ndarray] | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """The positions (idx_dtype) of every element a tensor's delta chunks change and their XOR with the base,
-    decoded straight into arrays as long as the manifest says they change."""
+    decoded straight into arrays as long as the manifest says they change: `out` (idx, xor views of the
+    patch file, weight_patch.writer.PatchFile) or new ones."""
     view = codec.bit_view(dtype)
     total = sum(meta.changed for meta, _ in chunks)
-    idx, xor, at = np.empty(total, idx_dtype), np.empty(total, view), 0
+    if out is None:
+        idx, xor = np.empty(total, idx_dtype), np.empty(total, view)
+    else:
+        idx, xor = out[0], out[1].view(view)
+        if idx.size != total or xor.size != total or idx.dtype != np.dtype(idx_dtype):
+            raise ValueError(f"{total} changes for {idx.size} places in the patch")
+    at = 0
     for meta, frame in chunks:  # frames come from the store client, which checked their digests
         if meta.offset < 0 or meta.elems < 0 or meta.offset + meta.elems > numel:
             raise ValueError(f"chunk at element {meta.offset} (+{meta.elems}) is outside a tensor of {numel}")
@@ -70,10 +81,11 @@ def _tensor_changes(chunks, numel: int, dtype: str, idx_dtype: type) -> tuple[np
     return idx, xor
 
 
-def _with_changes(base_bits: np.ndarray, idx: np.ndarray, xor: np.ndarray) -> np.ndarray:
-    bits = base_bits.copy()
+def _with_changes(base_bits: np.ndarray, idx: np.ndarray, xor: np.ndarray, out: np.ndarray) -> None:
+    """out (a whole entry of the patch file) = the base's bits with the changes XORed in."""
+    bits = out.view(base_bits.dtype)
+    bits[:] = base_bits
     delta_kernels.xor_scatter(bits, idx, xor)
-    return bits
 
 
 async def build_patch(client, manifest: Manifest, base_dir: Path, pool: Executor, out: Path) -> Patch:
@@ -81,17 +93,31 @@ async def build_patch(client, manifest: Manifest, base_dir: Path, pool: Executor
     memory that follow what changed: each chunk's digest is checked (the manifest that lists them is
     signed); the base is read only for a tensor that travels whole, and for the few base bits a sparse one
     carries (weight_patch.format.WAS). The rebuilt tensors' own digests are checked by `persist`, which writes
-    them whole. Raises ValueError (a corrupt chunk) or FetchError."""
+    them whole. The file is laid out first (the manifest says how many elements each tensor changes) and the
+    chunks decoded straight into it; it is removed again when this raises ValueError (a corrupt chunk) or
+    FetchError."""
     patch = Patch(Path(out), digests={t.name: t.digest for t in manifest.tensors})
     changed = manifest.changed_tensors()
     arrived, feeder = _fetch_changed(client, manifest, changed)
+    # the side files (config, tokenizer: only `persist` needs them) while the tensors arrive, not after
+    files = asyncio.ensure_future(_side_files(client, manifest))
     try:
-        return await _build(manifest, changed, arrived, base_dir, pool, patch, client)
+        return await _build(manifest, changed, arrived, base_dir, pool, patch, files)
+    except BaseException:
+        patch.path.unlink(missing_ok=True)
+        raise
     finally:
         feeder.cancel()
+        files.cancel()
         for f in arrived:
             f.cancel()
-        await asyncio.gather(feeder, *arrived, return_exceptions=True)
+        await asyncio.gather(feeder, files, *arrived, return_exceptions=True)
+
+
+async def _side_files(client, manifest: Manifest) -> dict[str, bytes]:
+    names = list(manifest.files)
+    data = await asyncio.gather(*(client.file(manifest.version, n, manifest.files[n]) for n in names))
+    return dict(zip(names, data))
 
 
 def _fetch_changed(client, manifest: Manifest, changed: list[int]) -> tuple[list[asyncio.Future], asyncio.Task]:
@@ -145,12 +171,24 @@ def _fetch_changed(client, manifest: Manifest, changed: list[int]) -> tuple[list
     return [arrived[t] for t in changed], asyncio.ensure_future(feed())
 
 
-async def _build(manifest, changed, fetches, base_dir, pool, patch: Patch, client) -> Patch:
-    loop = asyncio.get_running_loop()
-    writer = patch_writer.PatchWriter()
-    with CheckpointReader(base_dir) as base:
+def _layout(manifest: Manifest, changed: list[int]) -> list[tuple[str, str, list[int], int | None]]:
+    """The patch file's entries: each changed tensor with the elements it changes (the manifest's count) while
+    few changed, else None (it travels whole)."""
+    entries = []
+    for ti in changed:
+        e = manifest.tensors[ti]
+        k = sum(meta.changed for meta in e.chunks)
+        entries.append((e.name, e.dtype, list(e.shape), k if wp.travels_sparse(k, e.numel) else None))
+    return entries
 
-        async def one(ti: int, fetch) -> None:
+
+async def _build(manifest, changed, fetches, base_dir, pool, patch: Patch, files: asyncio.Future) -> Patch:
+    loop = asyncio.get_running_loop()
+    entries = _layout(manifest, changed)
+    out = await loop.run_in_executor(pool, patch_writer.PatchFile, patch.path, entries)
+    with out, CheckpointReader(base_dir) as base:
+
+        async def one(ti: int, fetch, sparse: bool) -> None:
             entry = manifest.tensors[ti]
             frames = await fetch
             base_bits = base.bits(entry.name)
@@ -158,27 +196,30 @@ async def _build(manifest, changed, fetches, base_dir, pool, patch: Patch, clien
                 raise ValueError(f"{entry.name}: {base_bits.size} elements in the base, {entry.numel} in the manifest")
             chunks = list(zip(entry.chunks, frames))
             idx_dtype = patch_writer.index_dtype(entry.numel)
-            idx, xor = await loop.run_in_executor(pool, _tensor_changes, chunks, entry.numel, entry.dtype, idx_dtype)
-            if wp.travels_sparse(idx.size, entry.numel):
-                writer.sparse(entry.name, entry.dtype, entry.shape, idx, xor, base_bits)
+            if sparse:
+                idx, xor, was = out.sparse(entry.name)
+                await loop.run_in_executor(
+                    pool, _tensor_changes, chunks, entry.numel, entry.dtype, idx_dtype, (idx, xor)
+                )
+                was[:] = base_bits[idx[: was.size]].view(was.dtype)  # the loader checks the model holds these
                 patch.sparse_elems += idx.size
             else:
-                bits = await loop.run_in_executor(pool, _with_changes, base_bits, idx, xor)
-                writer.whole(entry.name, entry.dtype, entry.shape, bits)
+                idx, xor = await loop.run_in_executor(
+                    pool, _tensor_changes, chunks, entry.numel, entry.dtype, idx_dtype
+                )
+                await loop.run_in_executor(pool, _with_changes, base_bits, idx, xor, out.whole(entry.name))
                 patch.full_elems += entry.numel
 
         # Tensors in parallel, as many as the pool has threads (zstd and numpy release the GIL); the first
         # failure cancels the rest before the base is closed.
         try:
             async with asyncio.TaskGroup() as group:
-                for ti, f in zip(changed, fetches, strict=True):
-                    group.create_task(one(ti, f))
+                for ti, f, (*_, k) in zip(changed, fetches, entries, strict=True):
+                    group.create_task(one(ti, f, k is not None))
         except ExceptionGroup as e:  # the first failure is the one to report (FetchError, ValueError)
             raise e.exceptions[0] from None
-        for name, want in manifest.files.items():
-            patch.files[name] = await client.file(manifest.version, name, want)
-    patch.bytes = await loop.run_in_executor(None, writer.write, patch.path)
-    patch.tensors = len(writer)
+    patch.files = await files
+    patch.bytes, patch.tensors = out.size, len(entries)
     return patch
 
 

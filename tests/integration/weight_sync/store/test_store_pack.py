@@ -226,3 +226,51 @@ def test_a_pack_from_a_store_that_is_gone_is_a_fetch_error(published, tmp_path):
     with pytest.raises(FetchError) as e:
         asyncio.run(main())
     assert not isinstance(e.value, PackUnsupported)  # a store that is gone is not a store without the pack
+
+
+def test_the_patch_is_decoded_into_its_file_as_the_patch_writer_lays_it_out(published, store, tmp_path):
+    """build_patch lays the file out first and decodes into it: the same file as PatchWriter makes of the changes
+    (positions, XORs, the base's bits at the first of them) and the manifest's changed counts."""
+    from safetensors import safe_open
+
+    from weight_patch import writer as patch_writer
+    from weight_sync.checkpoint import CheckpointReader
+
+    m: Manifest = published["manifest"]
+
+    async def build():
+        async with aiohttp.ClientSession() as s:
+            client = StoreClient(store, s, tmp_path / "dl", token=STORE_TOKEN)
+            with ThreadPoolExecutor(2) as pool:
+                return await inplace.build_patch(client, m, published["v0"], pool, tmp_path / "p.safetensors")
+
+    patch = asyncio.run(build())
+    want = patch_writer.PatchWriter()
+    with CheckpointReader(published["v0"]) as v0, CheckpointReader(published["v1"]) as v1:
+        for t in m.changed_tensors():
+            e = m.tensors[t]
+            base, new = v0.bits(e.name), v1.bits(e.name)
+            idx = np.flatnonzero(base != new).astype(patch_writer.index_dtype(e.numel))
+            assert idx.size == sum(c.changed for c in e.chunks) > 0
+            want.sparse(e.name, e.dtype, e.shape, idx, base[idx] ^ new[idx], base)
+    want.write(tmp_path / "want.safetensors")
+    with safe_open(str(patch.path), "numpy") as a, safe_open(str(tmp_path / "want.safetensors"), "numpy") as b:
+        assert a.metadata() == b.metadata() and set(a.keys()) == set(b.keys())
+        assert all(np.array_equal(a.get_tensor(k), b.get_tensor(k)) for k in a.keys())
+    assert patch.bytes == patch.path.stat().st_size and patch.files.keys() == m.files.keys()
+
+
+def test_a_patch_whose_store_is_gone_leaves_no_file(published, tmp_path):
+    """The file is laid out before anything arrives; a fetch that fails removes it."""
+
+    async def main():
+        async with aiohttp.ClientSession() as s:
+            client = StoreClient(f"http://127.0.0.1:{free_port()}", s, tmp_path / "dl", retries=2, token=STORE_TOKEN)
+            with ThreadPoolExecutor(2) as pool:
+                await inplace.build_patch(
+                    client, published["manifest"], published["v0"], pool, tmp_path / "p.safetensors"
+                )
+
+    with pytest.raises(FetchError):
+        asyncio.run(main())
+    assert not (tmp_path / "p.safetensors").exists()

@@ -49,6 +49,7 @@ class RollbackArgs:
 class GateOverrideArgs:
     reason: str = option(help="why the version goes out although the gate blocked it (recorded, signed)")
     by: str | None = option(None, help="who overrides (None: this login's name)")
+    force: bool = option(False, help="release it although a newer version went out since (the fleet goes back to it)")
 
 
 # PublishConfig's options that only `weights publish` takes; the other commands take its store, key and Kafka.
@@ -221,7 +222,7 @@ def _gate_override(args) -> int:
     from weight_sync.gate import override
 
     what = build(GateOverrideArgs, args)
-    print(json.dumps(override(_cfg(args), args.version, what.reason, what.by)))
+    print(json.dumps(override(_cfg(args), args.version, what.reason, what.by, force=what.force)))
     return 0
 
 

@@ -31,9 +31,10 @@ def decide(cfg: PublishConfig, version: int, verdict: str, reason: str, baseline
     return record
 
 
-def override(cfg: PublishConfig, version: int, reason: str, by: str | None = None) -> dict:
+def override(cfg: PublishConfig, version: int, reason: str, by: str | None = None, force: bool = False) -> dict:
     """An SRE releases a version the gate blocked: a signed gate record saying who and why, then the version's
-    announcement (a canary candidate if the block says it was to be one). Returns the gate record."""
+    announcement (a canary candidate if the block says it was to be one). Returns the gate record. A block older
+    than the newest version sent is refused unless `force`: released for everyone, it would take the fleet back."""
     store = Store(cfg.store)
     if version not in store.versions():
         raise ValueError(f"version {version} is not in the store (have {store.versions()})")
@@ -45,6 +46,12 @@ def override(cfg: PublishConfig, version: int, reason: str, by: str | None = Non
         raise ValueError("an override needs a reason (--reason)")
     who = by or getpass.getuser()
     canary = bool(last.get("canary", cfg.canary))  # announced as the trainer would have, had it passed
+    sent = store.announced()
+    if sent is not None and version < sent and not canary and not force:
+        raise ValueError(
+            f"v{version} is older than v{sent}, the newest version sent to the fleet: releasing it would take every "
+            "replica back to it (to roll back on purpose: flywheel weights rollback; to release it anyway: --force)"
+        )
     record = activate(
         cfg, version, reason, "gate", verdict="override", by=who, stable=last.get("stable", version), canary=canary
     )

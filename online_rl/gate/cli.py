@@ -72,15 +72,16 @@ def serving_version(args: GateArgs, store) -> int:
 
 
 def waiting(store) -> list[int]:
-    """Versions in the store, not announced, without a gate verdict: the gate's queue, oldest first."""
+    """Versions in the store, not announced, without a gate verdict: the gate's queue, oldest first. Never v0: the
+    trainer announces its first version itself (there is nothing to judge it against), also after a restart."""
     judged = store.gate_verdicts()
-    return [v for v in store.unannounced() if v not in judged]
+    return [v for v in store.unannounced() if v > 0 and v not in judged]
 
 
 def released_unsent(store) -> list[int]:
     """Versions passed (or overridden) whose announcement never reached the broker: sent again, not judged again."""
     judged = store.gate_verdicts()
-    return [v for v in store.unannounced() if judged.get(v, {}).get("verdict") in ("pass", "override")]
+    return [v for v in store.unannounced() if v > 0 and judged.get(v, {}).get("verdict") in ("pass", "override")]
 
 
 def _gate(args) -> int:
@@ -99,6 +100,11 @@ def _gate(args) -> int:
         follow(cfg, what, threading.Event())  # until Ctrl-C
         return 0
     store = Store(cfg.publish.store)
+    if cfg.publish.kafka_bootstrap:  # a pass whose announcement failed before: sent now, not judged again
+        from weight_sync.publish import announce, stored_announcement
+
+        for v in released_unsent(store):
+            announce(cfg.publish, stored_announcement(cfg.publish, v))
     cache: BaselineCache = {}  # the serving version's suite runs once for all the versions judged against it
     todo = [args.version] if args.version is not None else waiting(store)
     results = [_one(cfg, v, serving_version(what, store), cache) for v in todo]
@@ -133,11 +139,10 @@ def _one(cfg, version: int, baseline: int, cache: BaselineCache) -> str:
 
 
 def _retried(step, version: int) -> None:
-    """One version's step in --follow: a failure (the broker or the gateway away) is logged and tried again at
-    the next look; the follower lives on."""
-    from kafka.errors import KafkaError
-
+    """One version's step in --follow: a failure (the broker or the gateway away, a baseline not there, a bug) is
+    logged and tried again at the next look, and the versions after it are still judged; the follower lives on.
+    A candidate that fails its own verification is not a failure here: the gate blocks it (online_rl.gate.run)."""
     try:
         step()
-    except (OSError, KafkaError, TimeoutError) as e:
+    except Exception as e:  # noqa: BLE001 - one version's trouble must not stop the gate for every later one
         log.error("gate: v%d not done (%s: %s); trying again in the next round", version, type(e).__name__, e)

@@ -92,9 +92,16 @@ def evaluate(
     work = Path(tempfile.mkdtemp(prefix="flywheel-gate-", dir=cfg.work))
     seconds = {"baseline": 0.0}  # 0: its outcomes from an earlier gate of this process
     try:
-        arms = {"candidate": version} | ({} if key in cache else {"baseline": baseline})
         t = time.monotonic()
-        dirs = {arm: rebuild(store, v, work / f"v{v}", public) for arm, v in arms.items()}
+        try:
+            dirs = {"candidate": rebuild(store, version, work / f"v{version}", public)}
+        except ValueError as e:  # a manifest that does not verify, a chunk that rebuilds wrong: judged, not served
+            seconds["rebuild"] = time.monotonic() - t
+            return Judgement(
+                "block", f"the candidate does not rebuild as signed: {e}", {"verification": str(e)}
+            ), seconds
+        if key not in cache:
+            dirs["baseline"] = rebuild(store, baseline, work / f"v{baseline}", public)
         seconds["rebuild"] = time.monotonic() - t
         outcomes = {}
         for arm, path in dirs.items():

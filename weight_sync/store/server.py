@@ -231,7 +231,9 @@ class Store:
     def decided(self) -> set[int]:
         """Versions the fleet's standing decisions name (folded like an agent folds the weights topic): the
         pinned version while a pin holds, the version last activated or promoted, the stable version a
-        rollback returned to. Retention never deletes these, however old they are."""
+        rollback returned to; and the newest version announced (where agents went when no decision named
+        another since: with the eval gate blocking version after version, it is no longer among the newest in the
+        store). Retention never deletes these, however old they are."""
         pinned, stable = None, set()
         for r in sorted(self.activations(), key=lambda a: seq if isinstance(seq := a.get("seq"), int) else 0):
             kind, v = r.get("type"), r.get("version")
@@ -243,7 +245,9 @@ class Store:
                 stable = {v}
             elif kind == "rollback" and isinstance(r.get("stable"), int):
                 stable = {r["stable"]}
-        return stable | ({pinned} if pinned is not None else set())
+        announced = self.announced()
+        sent = {announced} if announced is not None and announced >= 0 else set()
+        return stable | sent | ({pinned} if pinned is not None else set())
 
     def gate_verdicts(self) -> dict[int, dict]:
         """Each version's last eval-gate record (verdict pass, block or override: weight_sync.gate)."""

@@ -136,3 +136,32 @@ def test_a_version_rebuilds_from_the_store_bit_for_bit(held, tmp_path):
     generate_key(tmp_path / "other.pem", tmp_path / "other.pub")
     with pytest.raises(ManifestError, match="does not verify"):
         rebuild(store, 1, tmp_path / "v1b", load_private(tmp_path / "other.pem").public_key())
+
+
+def test_retention_keeps_the_version_sent_while_the_gate_blocks_the_newer_ones(held, tmp_path):
+    """The fleet serves v0 while the gate blocks v1..v5: with keep=3, v0 must outlive them all (agents that
+    restart fetch it; the gate judges the next candidate against it)."""
+    cfg, store, c1 = held
+    cfg = dataclasses.replace(cfg, keep=3)
+    gate.decide(cfg, 1, "block", "worse", 0, {})
+    prev = c1
+    for v in range(2, 6):
+        prev = _ckpt(tmp_path / f"c{v}", v, base=prev)
+        assert publish(prev, cfg, announce_now=False).version == v
+        gate.decide(cfg, v, "block", "worse", 0, {})
+    assert store.announced() == 0 and 0 in store.decided()
+    assert store.versions()[0] == 0 and store.versions()[-3:] == [3, 4, 5]
+
+
+def test_an_override_of_a_block_older_than_the_version_sent_needs_force(held, tmp_path):
+    cfg, store, c1 = held
+    plain = dataclasses.replace(cfg, canary=False)
+    gate.decide(plain, 1, "block", "worse", 0, {})
+    c2 = _ckpt(tmp_path / "c2", 2, base=c1)
+    publish(c2, plain, announce_now=False)
+    gate.decide(plain, 2, "pass", "fine", 0, {})
+    store.mark_announced(2)  # no broker here: the pass's announcement as sent
+    with pytest.raises(ValueError, match="older than v2.*--force"):
+        gate.override(plain, 1, "go")
+    assert store.gate_blocked() == {1}  # nothing recorded
+    assert gate.override(plain, 1, "go back on purpose", force=True)["verdict"] == "override"

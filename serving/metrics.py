@@ -28,7 +28,7 @@ def _cached_labels(metric):
             child = children[values] = labels(*values)
         return child
 
-    setattr(metric, "labels", cached)
+    metric.labels = cached  # type: ignore[method-assign]
     return metric
 
 
@@ -107,7 +107,8 @@ class GatewayMetrics:
         self.prompt_tokens = _cached_labels(
             Counter(
                 "flywheel_gateway_prompt_tokens",
-                "Prompt tokens of user completions whose replica reported its cache hits, by replica and routing policy",
+                "Prompt tokens of user completions whose replica reported its cache hits, by replica and routing "
+                "policy",
                 ["replica", "policy"],
                 registry=r,
             )

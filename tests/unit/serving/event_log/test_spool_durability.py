@@ -5,6 +5,7 @@ writer's fdatasync calls and the callbacks, and the lag the writer measures."""
 import os
 import threading
 import time
+from functools import partial
 
 import pytest
 
@@ -147,6 +148,10 @@ def test_a_window_writes_in_the_callers_thread_and_the_writer_only_syncs(tmp_pat
     assert [k for _, k, _, _ in _records(tmp_path)] == ["k"]
 
 
+def _note_thread(seen: list) -> None:
+    seen.append(threading.get_ident())
+
+
 def test_strict_and_a_new_segment_go_through_the_writer_thread(tmp_path, timeline):
     """Strict mode never writes in the caller's thread (its answer waits for the sync); nor does a window where the
     event would begin a new segment (the writer seals the full one): both call on_durable from the writer."""
@@ -158,8 +163,8 @@ def test_strict_and_a_new_segment_go_through_the_writer_thread(tmp_path, timelin
         threads: list[int] = []
         try:
             for i in range(3):
-                log.submit("completions", f"k{i}", b"x" * 40, on_durable=lambda: threads.append(threading.get_ident()))
-            assert wait_for(lambda: len(threads) == 3)
+                log.submit("completions", f"k{i}", b"x" * 40, on_durable=partial(_note_thread, threads))
+            assert wait_for(partial(lambda seen: len(seen) == 3, threads))
         finally:
             log.close(timeout=2)
         inline = [t == threading.get_ident() for t in threads]

@@ -28,7 +28,7 @@ def _cached_labels(metric):
             child = children[values] = labels(*values)
         return child
 
-    metric.labels = cached  # type: ignore[method-assign]
+    metric.labels = cached
     return metric
 
 

@@ -1,22 +1,23 @@
 """Gateway overhead, side by side in one run: straight to the replica vs through the gateway, logging on vs off,
-secret scrubbing on vs off, and vs a proxy that only forwards bytes (the floor of any extra HTTP hop here).
+secret scrubbing on vs off, vs SGLang's Rust router (smg) and vs a proxy that only forwards bytes (the floor of
+any extra HTTP hop here).
 
-SGLang replicas (test-preset model), a real Kafka broker, and three gateway processes in front of the
-same replicas: one logging every event to Kafka (its shipper scanning each for secrets, the default), one
-logging without the scan (FLYWHEEL_SCRUB_SECRETS=0), one with `--no-events`, and one logging in the spool's
-strict mode (`--spool-sync-window 0`: each answer waits for its fdatasync; the others sync within the default
-window, serving.event_log.pipeline). Latency: sequential requests,
-interleaved across the paths so that machine noise hits all of them alike, greedy with the same token
-budget (the same engine work). Throughput: concurrent load in paired rounds, each loading every gateway in
-turn (benchmarks._load_rounds): the logging on/off ratio is the median of the rounds' ratios, with its range,
-and each process's CPU per request (gateway loop and other threads, shipper, replica, broker, load generator)
-says where the difference goes, which on these shared cores is what throughput loses. The
-scanner's own throughput (serving.event_log.secret_scrub, in this process: benchmarks._scrub) is measured over
-events shaped like IDE traffic: 2 KB prompts of real code (this repository's), a suffix and an output, 1% holding
-a secret, none of their lines seen before, with its Hyperscan first pass (`scrub_distinct_events_per_s`) and
-without (`..._every_line`); and its `scrub_recall` and `scrub_false_positive_share` on a labelled corpus
-(tests.secret_corpus), both paths. `--quick`: fewer rounds (a check that it runs); `--scrub-only`: only the
-scanner. Prints one JSON object as the last line.
+SGLang replicas (test-preset model), a real Kafka broker, and three gateway processes in front of the same replicas:
+one logging every event to Kafka (its shipper scanning each for secrets, the default), one logging without the scan
+(FLYWHEEL_SCRUB_SECRETS=0), one with `--no-events`, and one logging in the spool's strict mode (`--spool-sync-window
+0`: each answer waits for its fdatasync; the others sync within the default window, serving.event_log.pipeline).
+Latency: sequential requests (straight to a replica, through the null proxy, through smg in front of the same
+replicas, through each gateway), interleaved across the paths so that machine noise hits all of them alike, greedy
+with the same token budget (the same engine work). Throughput: concurrent load in paired rounds, each loading every
+gateway in turn (benchmarks._load_rounds): the logging on/off ratio is the median of the rounds' ratios, with its
+range, and each process's CPU per request (gateway loop and other threads, shipper, replica, broker, load generator)
+says where the difference goes, which on these shared cores is what throughput loses. The scanner's own throughput
+(serving.event_log.secret_scrub, in this process: benchmarks._scrub) is measured over events shaped like IDE
+traffic: 2 KB prompts of real code (this repository's), a suffix and an output, 1% holding a secret, none of their
+lines seen before, with its Hyperscan first pass (`scrub_distinct_events_per_s`) and without (`..._every_line`); and
+its `scrub_recall` and `scrub_false_positive_share` on a labelled corpus (tests.secret_corpus), both paths.
+`--quick`: fewer rounds (a check that it runs); `--scrub-only`: only the scanner. Prints one JSON object as the last
+line.
 
 The replicas are the fleet's shape (flywheel.local_fleet's defaults): two replicas of one torch thread each, their
 OpenMP workers waiting passively (serving.replica.process), which keeps the machine's two cores busy. `--replicas 1
@@ -32,7 +33,6 @@ import asyncio
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -43,8 +43,9 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 
-from benchmarks import _load_rounds as load_rounds
+from benchmarks import _gateway_probes as probes, _load_rounds as load_rounds
 from benchmarks._scrub import scrub_throughput
+from benchmarks.routing import start_smg
 from flywheel.kafka import broker as kafka_broker
 from infra.procs import free_port, stop_pid, wait_until
 from online_rl.model.bootstrap import bootstrap
@@ -93,9 +94,9 @@ async def _via_gateway(s: aiohttp.ClientSession, url: str, prompt: str, max_toke
 
 
 async def _latency(
-    replica_url: str, proxy_url: str, gateways: dict[str, str], prompts: list[str], tok, stop_ids
+    replica_url: str, proxy_url: str, peer_url: str | None, gateways: dict[str, str], prompts: list[str], tok, stop_ids
 ) -> dict:
-    lat = {"direct": [], "null_proxy": [], **{name: [] for name in gateways}}
+    lat = {"direct": [], "null_proxy": [], **({"smg": []} if peer_url else {}), **{name: [] for name in gateways}}
     async with aiohttp.ClientSession() as s:
         for i in range(ROUNDS + 10):
             p = prompts[i % len(prompts)]
@@ -104,6 +105,7 @@ async def _latency(
             order = [
                 ("direct", partial(_direct, s, replica_url, ids, stop_ids, n)),
                 ("null_proxy", partial(_direct, s, proxy_url, ids, stop_ids, n)),
+                *([("smg", partial(_direct, s, peer_url, ids, stop_ids, n))] if peer_url else []),
                 *[(name, partial(_via_gateway, s, url, p, n)) for name, url in gateways.items()],
             ]
             k = i % len(order)
@@ -134,64 +136,11 @@ async def _load(url: str, prompts: list[str], seconds: float) -> int:
 
 
 class _Proc:
-    def __init__(self, popen):
-        self.popen = popen
+    def __init__(self, pid: int):
+        self.pid = pid
 
     def stop(self):
-        return stop_pid(self.popen.pid)
-
-
-def _shipper_cpu_s(pid: int) -> float:
-    """CPU seconds used so far by a gateway's event shipper (its multiprocessing child)."""
-    import psutil
-
-    total = 0.0
-    for child in psutil.Process(pid).children(recursive=True):
-        try:
-            cmd = " ".join(child.cmdline())
-            if "multiprocessing" in cmd and "resource_tracker" not in cmd:
-                t = child.cpu_times()
-                total += t.user + t.system
-        except psutil.Error:
-            pass
-    return total
-
-
-def _produced(url: str) -> int:
-    import urllib.request
-
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith('flywheel_events_total{state="produced"}'):
-                return int(float(line.split()[-1]))
-    return 0
-
-
-def _durability(url: str) -> dict:
-    """The gateway's spool durability from /health: mode, window, the longest sync lag so far, syncs."""
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=10) as r:
-            body = r.read()
-    except urllib.error.HTTPError as e:  # 503: degraded, the same body
-        body = e.read()
-    durability = json.loads(body)["event_log"]["durability"]
-    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:  # the lag histogram, cumulative by bound
-        lines = r.read().decode().splitlines()
-    prefix = "flywheel_event_spool_sync_lag_seconds_bucket{le="
-    durability["sync_lag_buckets"] = {
-        line[len(prefix) + 1 : line.index('"}')]: int(float(line.rsplit(" ", 1)[1]))
-        for line in lines
-        if line.startswith(prefix)
-    }
-    return durability
-
-
-def _port_open(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
+        return stop_pid(self.pid)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -252,8 +201,15 @@ def main(argv: list[str] | None = None) -> dict:
 
         proxy_port = free_port()
         proxy = subprocess.Popen([sys.executable, "-m", "benchmarks._null_proxy", replica.url, str(proxy_port)])
-        started.append(_Proc(proxy))
-        wait_until(lambda: _port_open(proxy_port), 30, what="null proxy")
+        started.append(_Proc(proxy.pid))
+        wait_until(lambda: probes.port_open(proxy_port), 30, what="null proxy")
+        # The Rust router in front of the same replicas, measured in the same rounds (benchmarks.routing's peer).
+        peer_url, peer_error = None, None
+        try:
+            peer_pid, peer_url = start_smg(urls_r, tmp / "smg.log")
+            started.append(_Proc(peer_pid))
+        except Exception as e:  # its wheel may not run here: say why, measure the rest
+            peer_error = f"{type(e).__name__}: {e}"
         gateways = {
             "gateway_logging_on": on.url,
             "gateway_logging_off": off.url,
@@ -261,8 +217,10 @@ def main(argv: list[str] | None = None) -> dict:
             "gateway_spool_strict": strict.url,
         }
         # The shippers' CPU per event, scan or no scan: steadier than throughput on a noisy machine.
-        shipper_at = {g.pid: (_shipper_cpu_s(g.pid), _produced(g.url)) for g in (on, noscrub)}
-        lat = asyncio.run(_latency(replica.url, f"http://127.0.0.1:{proxy_port}", gateways, prompts, tok, stop_ids))
+        shipper_at = {g.pid: (probes.shipper_cpu_s(g.pid), probes.produced(g.url)) for g in (on, noscrub)}
+        lat = asyncio.run(
+            _latency(replica.url, f"http://127.0.0.1:{proxy_port}", peer_url, gateways, prompts, tok, stop_ids)
+        )
         urls = {"on": on.url, "off": off.url, "noscrub": noscrub.url, "strict": strict.url}
         shared = {f"replica_{i}": (r.pid, "tree") for i, r in enumerate(replicas)}
         shared |= {"kafka": (broker.pid, "tree"), "client": (os.getpid(), "proc")}
@@ -287,10 +245,11 @@ def main(argv: list[str] | None = None) -> dict:
         shipper_ms = {}
         for name, g in (("scrub_on", on), ("scrub_off", noscrub)):
             cpu0, n0 = shipper_at[g.pid]
-            shipper_ms[name] = round(1000 * (_shipper_cpu_s(g.pid) - cpu0) / max(1, _produced(g.url) - n0), 3)
+            events = max(1, probes.produced(g.url) - n0)
+            shipper_ms[name] = round(1000 * (probes.shipper_cpu_s(g.pid) - cpu0) / events, 3)
         ratio = rounds.summary("on", "off")
         ratio_strict = rounds.summary("strict", "off")
-        durability = {name: _durability(g.url) for name, g in (("window", on), ("strict", strict))}
+        durability = {name: probes.durability(g.url) for name, g in (("window", on), ("strict", strict))}
         cpu = {k: rounds.cpu_ms_per_request(name) for k, name in (("logging_on", "on"), ("logging_off", "off"))}
         cpu["logging_on_scrub_off"] = rounds.cpu_ms_per_request("noscrub")
         cpu["logging_on_strict"] = rounds.cpu_ms_per_request("strict")
@@ -300,8 +259,22 @@ def main(argv: list[str] | None = None) -> dict:
         direct_p50, direct_p99 = _pct(lat["direct"], 50), _pct(lat["direct"], 99)
         # Paired by round (same prompt, positions rotated): the median of per-round differences.
         paired = lambda name: round(float(np.median(np.subtract(lat[name], lat["direct"]))), 2)  # noqa: E731
+        peer_p50 = round(_pct(lat["smg"], 50) - direct_p50, 2) if peer_url else None
+        added_by = cpu_added_by_logging(cpu)
         result = {
+            # Logging and scrubbing on (the default), vs straight to the replica; smg and a bare aiohttp proxy (the
+            # floor of any Python hop) over the same requests, interleaved.
             "added_p50_ms": round(_pct(lat["gateway_logging_on"], 50) - direct_p50, 2),
+            "peer_added_p50_ms": peer_p50,
+            "peer": "smg --policy cache_aware" if peer_url else f"not measured: {peer_error}",
+            "floor_added_p50_ms": round(_pct(lat["null_proxy"], 50) - direct_p50, 2),
+            "peer_added_median_paired_ms": paired("smg") if peer_url else None,
+            # CPU that logging adds per request: the gateway process (event loop and its threads) and its shipper;
+            # the broker's apart (on this machine it shares the cores too).
+            "logging_cpu_ms_per_request": round(
+                added_by["gateway_loop"] + added_by["gateway_threads"] + added_by["shipper"], 3
+            ),
+            "logging_cpu_ms_per_request_broker": added_by["kafka"],
             "added_p99_ms": round(_pct(lat["gateway_logging_on"], 99) - direct_p99, 2),
             "added_p50_ms_logging_off": round(_pct(lat["gateway_logging_off"], 50) - direct_p50, 2),
             # logging on both: the shipper scanning each event for secrets, or not
@@ -348,9 +321,7 @@ def main(argv: list[str] | None = None) -> dict:
             # (the gateway's event-loop thread, its other threads: the spool writer; its shipper; the replica,
             # the broker, the load generator; "other": the machine's busy time none of them account for).
             "cpu_ms_per_request": cpu,
-            "cpu_ms_per_request_added_by_logging": {
-                k: round(cpu["logging_on"][k] - cpu["logging_off"].get(k, 0.0), 3) for k in cpu["logging_on"]
-            },
+            "cpu_ms_per_request_added_by_logging": added_by,
             "latency_ms": {k: {"p50": _pct(v, 50), "p99": _pct(v, 99), "n": len(v)} for k, v in lat.items()},
             "throughput_rps": {
                 "logging_on": round(counts["on"] / seconds, 1),
@@ -379,6 +350,8 @@ def main(argv: list[str] | None = None) -> dict:
         }
         result["targets_met"] = {
             "added_p50_le_1ms": result["added_p50_ms"] <= 1.0,
+            "added_p50_le_peer": peer_p50 is not None and result["added_p50_ms"] <= peer_p50,
+            "logging_cpu_le_0_15ms": result["logging_cpu_ms_per_request"] <= 0.15,
             "logging_costs_le_5pct": result["throughput_ratio_logging_on_vs_off_median"] >= 0.95,
             "sync_lag_within_window": result["spool_sync_lag_max_ms"] <= 1000 * result["spool_sync_window_s"],
         }
@@ -387,6 +360,11 @@ def main(argv: list[str] | None = None) -> dict:
         for thing in reversed(started):
             thing.stop()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def cpu_added_by_logging(cpu: dict) -> dict:
+    """Each part's CPU per request with logging on less with it off (a part only logging has counts whole)."""
+    return {k: round(cpu["logging_on"][k] - cpu["logging_off"].get(k, 0.0), 3) for k in cpu["logging_on"]}
 
 
 if __name__ == "__main__":

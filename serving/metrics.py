@@ -15,12 +15,29 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
 
 
+def _cached_labels(metric):
+    """`metric.labels(...)` memoized by its label values: prometheus-client's takes a lock and validates and joins
+    the values on every call, several times per request on the gateway's hot path. Only for metrics whose series
+    are never removed (VersionStats removes old versions': not these)."""
+    children: dict = {}
+    labels = metric.labels
+
+    def cached(*values):
+        child = children.get(values)
+        if child is None:
+            child = children[values] = labels(*values)
+        return child
+
+    metric.labels = cached
+    return metric
+
+
 class GatewayMetrics:
     def __init__(self, gateway) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter(
-            "flywheel_gateway_requests", "HTTP requests by route and status", ["route", "status"], registry=r
+        self.requests = _cached_labels(
+            Counter("flywheel_gateway_requests", "HTTP requests by route and status", ["route", "status"], registry=r)
         )
         self.ttft = Histogram(
             "flywheel_gateway_time_to_first_token_seconds",
@@ -36,20 +53,22 @@ class GatewayMetrics:
             buckets=TOKEN_BUCKETS,
             registry=r,
         )
-        self.e2e = Histogram(
-            "flywheel_gateway_e2e_latency_seconds",
-            "Request latency, received to last byte",
-            ["route"],
-            buckets=LATENCY_BUCKETS,
-            registry=r,
+        self.e2e = _cached_labels(
+            Histogram(
+                "flywheel_gateway_e2e_latency_seconds",
+                "Request latency, received to last byte",
+                ["route"],
+                buckets=LATENCY_BUCKETS,
+                registry=r,
+            )
         )
         self.retries = Counter("flywheel_gateway_replica_retries", "Requests retried on another replica", registry=r)
         # User and rollout completions are counted apart: rollouts on borrowed replicas are not user traffic.
-        self.completions = Counter(
-            "flywheel_gateway_completions", "Completion choices generated, by source", ["source"], registry=r
+        self.completions = _cached_labels(
+            Counter("flywheel_gateway_completions", "Completion choices generated, by source", ["source"], registry=r)
         )
-        self.completion_tokens = Counter(
-            "flywheel_gateway_completion_tokens", "Tokens generated, by source", ["source"], registry=r
+        self.completion_tokens = _cached_labels(
+            Counter("flywheel_gateway_completion_tokens", "Tokens generated, by source", ["source"], registry=r)
         )
         self.feedback = Counter(
             "flywheel_gateway_feedback",
@@ -85,17 +104,22 @@ class GatewayMetrics:
             registry=r,
         )
         # SGLang's cached_tokens per completion: the prefix hit rate of each replica under the routing policy.
-        self.prompt_tokens = Counter(
-            "flywheel_gateway_prompt_tokens",
-            "Prompt tokens of user completions whose replica reported its cache hits, by replica and routing policy",
-            ["replica", "policy"],
-            registry=r,
+        self.prompt_tokens = _cached_labels(
+            Counter(
+                "flywheel_gateway_prompt_tokens",
+                "Prompt tokens of user completions whose replica reported its cache hits, by replica and routing "
+                "policy",
+                ["replica", "policy"],
+                registry=r,
+            )
         )
-        self.cached_prompt_tokens = Counter(
-            "flywheel_gateway_cached_prompt_tokens",
-            "Of those, the tokens the replica's prefix cache already held (no prefill paid)",
-            ["replica", "policy"],
-            registry=r,
+        self.cached_prompt_tokens = _cached_labels(
+            Counter(
+                "flywheel_gateway_cached_prompt_tokens",
+                "Of those, the tokens the replica's prefix cache already held (no prefill paid)",
+                ["replica", "policy"],
+                registry=r,
+            )
         )
         self._prefix_tokens: dict[tuple[str, str], list[int]] = {}  # (replica, policy) -> [prompt, cached]
         self.ignored_names: dict[str, set] = {}  # api -> the field names with a series of their own (bounded)

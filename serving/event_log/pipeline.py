@@ -5,11 +5,16 @@
                              shipper process (serving.event_log.shipper) <--'  reads from its cursor
                                    '-> KafkaProducer (idempotent, acks=all, zstd); cursor moves on ack
 
-The request path only does a non-blocking queue put; a caller that needs to know when its event is safe (the
-gateway answers a client only then) passes `on_durable`, called from the writer thread once the event is written
-to the spool: safe from a crash of the process (the kernel holds it), synced to disk aiming at `sync_window_s` (a
-machine crash loses what was not synced yet, as with Kafka, Vector's disk buffers and PostgreSQL's
-`synchronous_commit = off`; serving.event_log.sync_window), or with 0 (strict) only after its fdatasync. The
+A caller that needs to know when its event is safe (the gateway answers a client only then) passes `on_durable`,
+called once the event is written to the spool: safe from a crash of the process (the kernel holds it), synced to
+disk aiming at `sync_window_s` (a machine crash loses what was not synced yet, as with Kafka, Vector's disk buffers
+and PostgreSQL's `synchronous_commit = off`; serving.event_log.sync_window), or with 0 (strict) only after its
+fdatasync. With a window, submit() writes the event itself (one pwrite into the page cache, ~10 us) and calls
+`on_durable` before it returns; the writer thread only syncs, once per window. Handing each event to the thread
+instead cost a wake-up of it and then of the caller's event loop per request (benchmarks.gateway: CPU per request
+and added latency, logging on vs off). Strict mode, a write that would begin a new segment (its seal syncs), and
+events behind a failed write go through the queue to the writer thread, which groups them (one write and one
+fdatasync per batch) and calls `on_durable` from there. The
 shipper may send what is not synced yet: Kafka holding an event a machine crash took from the spool loses nothing.
 A write that fails (disk full, I/O error) is cut back to the last record written and retried after a backoff: the
 queue, then submit(), takes the pressure and /health says so. A shipper that dies is started again from the
@@ -22,6 +27,8 @@ the content of an event whose texts hold a secret (serving.event_log.secret_scru
 records of a tenant forgotten through `forget` (serving.event_log.forget).
 kafka-python runs in its own process: in a thread, its pure-Python work held the GIL often enough to add
 milliseconds to the gateway's p50 (measured in benchmarks.gateway).
+Why one file: the writer's two paths (submit's own write, the thread's group commit) share one lock, head and
+counters, and read as one.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from serving.event_log.spool_writer import SegmentWriter
 from serving.event_log.sync_window import SyncWindow
 
 log = logging.getLogger(__name__)
+_WAKE = None  # queued by submit() after a write of its own that the next sync owes: the writer thread's cue
 
 
 @dataclass
@@ -123,6 +131,7 @@ class EventLog:
         self._write_failures = self._shipper_restarts = 0
         self.writer_error: str | None = None  # the last write error, while writes fail
         self.sync_window = SyncWindow(cfg.sync_window_s)
+        self._inline_ok = not self.sync_window.strict
         self._ctx = ctx
         # Called (writer thread) once after a batch whose events had on_durable callbacks: lets a caller
         # wake its event loop once per fsync rather than once per event.
@@ -143,13 +152,34 @@ class EventLog:
             self._dropped_spool += 1
             self._alarm()
             return False
+        item = (topic, key, value, meta, on_durable)
+        if self._writes_inline():
+            try:
+                first = self._append([item], inline=True)
+            except Exception:  # noqa: BLE001 - disk full, I/O error: queued, the writer retries it and says so
+                pass
+            else:
+                self._written([item], inline=True)
+                if first:
+                    try:
+                        self._q.put_nowait(_WAKE)
+                    except queue.Full:  # the writer has work queued: it wakes anyway
+                        pass
+                return True
         try:
-            self._q.put_nowait((topic, key, value, meta, on_durable))
+            self._q.put_nowait(item)
             return True
         except queue.Full:
             self._dropped_queue += 1
             self._alarm()
             return False
+
+    def _writes_inline(self) -> bool:
+        """Whether submit() may write the event itself: a window, the writer thread running, its writes not failing.
+        An event may so be written ahead of one still queued (for a new segment, or behind a failed write): only
+        events submitted at the same time, whose order nothing depends on (a client hears of its event only once
+        it is written, and so sends what follows from it after)."""
+        return self._inline_ok and self.writer_error is None and self._writer.is_alive() and not self._stop.is_set()
 
     @property
     def pending_bytes(self) -> int:
@@ -309,10 +339,11 @@ class EventLog:
             self._write_batches()
         finally:
             try:
-                self.sync_window.sync_if_due(self._segments, force=True)
+                self.sync_window.sync_if_due(self._segments, self._forget_lock, force=True)
             except OSError as e:
                 log.error("event spool: the last sync failed on close (%r)", e)
-            self._segments.close()
+            with self._forget_lock:
+                self._segments.close()
 
     def _write_batches(self) -> None:
         batch: list = []
@@ -329,7 +360,7 @@ class EventLog:
                     self._append(batch)  # written (strict: and synced), or raises with the head where it was
                     self._written(batch)
                     batch = []
-                self.sync_window.sync_if_due(self._segments)  # window: what was written, once due
+                self.sync_window.sync_if_due(self._segments, self._forget_lock)  # window: what was written, once due
             except Exception as e:  # disk full, I/O error: an unwritten batch is kept, cut back, tried again
                 self._write_failures += 1
                 if self.writer_error is None:
@@ -348,8 +379,8 @@ class EventLog:
             if self._stop.is_set() and self._q.empty():
                 return  # the last sync is _write_loop's
 
-    def _written(self, batch: list) -> None:
-        self._spooled += len(batch)
+    def _written(self, batch: list, inline: bool = False) -> None:
+        """Calls the batch's on_durable callbacks; and (the writer thread's batches) after_sync once."""
         called = False
         for *_, on_durable in batch:
             if on_durable is not None:
@@ -358,15 +389,17 @@ class EventLog:
                     on_durable()
                 except Exception:  # noqa: BLE001 - a caller's callback never stops the writer
                     log.exception("on_durable callback failed")
-        if called and self.after_sync is not None:
+        if called and not inline and self.after_sync is not None:
             try:
                 self.after_sync()
             except Exception:  # noqa: BLE001
                 log.exception("after_sync callback failed")
 
-    def _append(self, batch: list) -> None:
+    def _append(self, batch: list, inline: bool = False) -> bool:
         """Write a batch after the head (strict: and sync it), then show it to the shipper. On any error the head
-        stays where it was (what the attempt left past it is cut before the retry: serving.event_log.spool_writer)."""
+        stays where it was (what the attempt left past it is cut before the retry: serving.event_log.spool_writer).
+        `inline` (submit's own write): raises ValueError, nothing written, where it would begin a new segment (the
+        writer thread seals the full one, an fsync). True when the next sync owes this batch first."""
         with self._forget_lock:  # forget() sees every record written before it, none after it unredacted
             match = self._forgotten_match
             records, redacted = [], 0
@@ -376,13 +409,18 @@ class EventLog:
                     redacted += 1
                 else:
                     records.append(Spool.frame(topic, key, value, meta))
+            size = sum(map(len, records))
+            if inline and self._segments.head[1] >= self.cfg.segment_bytes:  # SegmentWriter.write would rotate
+                raise ValueError("a new segment: the writer thread's")
             head = self._segments.write(records, sync=self.sync_window.strict)  # or raises, the head where it was
-            self.sync_window.wrote()
-            self._written_bytes += sum(map(len, records))
+            first = self.sync_window.wrote()
+            self._spooled += len(batch)
+            self._written_bytes += size
             self._forgotten_on_write += redacted
             self._head = head
             with self._shared.get_lock():  # visible to the shipper once written
                 self._shared[sh.HEAD_SEG], self._shared[sh.HEAD_OFF] = head
+        return first
 
     def _group_commit_batch(self, timeout: float) -> list:
         """The first event (waiting up to `timeout`) and everything queued behind it: one write (strict: one
@@ -397,4 +435,4 @@ class EventLog:
                 batch.append(self._q.get_nowait())
             except queue.Empty:
                 break
-        return batch
+        return [item for item in batch if item is not _WAKE]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import threading
 
 from serving.event_log.pipeline import EventLog
 
@@ -19,10 +20,12 @@ class EventSink:
         self.events, self.enabled, self.durable_wait_s = events, enabled, durable_wait_s
         self._late = answered_before_durable  # a prometheus counter labelled by topic
         self._durable: collections.deque = collections.deque()  # futures on disk, for the loop to resolve
+        self._loop_thread: int | None = None
 
     def start(self) -> None:
         if self.enabled:
             loop = asyncio.get_running_loop()
+            self._loop_thread = threading.get_ident()
             self.events.after_sync = lambda: self._wake(loop)
             self.events.start()
 
@@ -32,13 +35,20 @@ class EventSink:
 
     def submit(self, topic: str, key: str, value: bytes, meta: dict | None = None) -> asyncio.Future | None:
         """Queue an event for the log; the future resolves once it is spooled (None: off, or dropped and
-        counted there). The writer thread only appends the future to a deque; after each write it wakes the
+        counted there). Within a sync window the log writes it before submit returns, and the future is done
+        already. Otherwise the writer thread only appends the future to a deque; after each write it wakes the
         loop once (`after_sync`), which resolves all of them: one wake-up per batch, not per event. `meta`
         (tenant, ts, texts to scan for secrets) stays in the spool: see EventLog.submit."""
         if not self.enabled:
             return None
         fut = asyncio.get_running_loop().create_future()
-        durable = lambda: self._durable.append(fut)  # noqa: E731
+
+        def durable() -> None:
+            if threading.get_ident() == self._loop_thread:  # written by submit itself, on this loop
+                fut.set_result(True)
+            else:
+                self._durable.append(fut)
+
         return fut if self.events.submit(topic, key, value, on_durable=durable, meta=meta) else None
 
     def _wake(self, loop: asyncio.AbstractEventLoop) -> None:  # the writer thread
@@ -54,8 +64,8 @@ class EventSink:
                 fut.set_result(True)
 
     async def wait(self, futures: list, topic: str) -> None:
-        futures = [f for f in futures if f is not None]
-        if not futures:
+        futures = [f for f in futures if f is not None and not f.done()]
+        if not futures:  # written already (a sync window): no wait, no turn of the loop
             return
         # A spool that is failing (disk full) would make every answer wait the whole bound: do not wait.
         timeout = 0 if self.events.writer_error else self.durable_wait_s

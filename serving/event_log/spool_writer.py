@@ -75,13 +75,30 @@ class SegmentWriter:
         return self.head
 
     def sync(self) -> Position:
-        """Make everything written so far durable; returns the synced end. Only the head's segment can hold
-        unsynced bytes (a filled one is synced as it is sealed); after a failed write closed it, it is opened
-        again (cut back to the head, which keeps every record written)."""
-        if self.synced != self.head:
-            os.fdatasync(self._open(*self.head))
-            self.synced = self.head
+        """Make everything written so far durable; returns the synced end."""
+        self.finish_sync(self.begin_sync())
         return self.synced
+
+    def begin_sync(self) -> tuple[int, Position] | None:
+        """What a sync of everything written so far needs, taken under the caller's write lock: a descriptor of its
+        own on the head's segment and the head (None: nothing unsynced). finish_sync then runs without the lock, so
+        that writers go on while the disk syncs; the duplicate stays valid whatever they close meanwhile. Only the
+        head's segment can hold unsynced bytes (a filled one is synced as it is sealed); after a failed write
+        closed it, it is opened again (cut back to the head, which keeps every record written)."""
+        if self.synced == self.head:
+            return None
+        return os.dup(self._open(*self.head)), self.head
+
+    def finish_sync(self, begun: tuple[int, Position] | None) -> None:
+        """fdatasync what begin_sync named; on success the synced end moves up to it (raises otherwise)."""
+        if begun is None:
+            return
+        fd, target = begun
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        self.synced = max(self.synced, target)
 
     def close(self) -> None:
         """Closes the segment, cut back to the head when it is the head's (what was allocated ahead, or what a

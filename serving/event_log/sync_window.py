@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+import threading
 import time
 
 from serving.event_log.spool_writer import SegmentWriter
@@ -40,12 +41,15 @@ class SyncWindow:
     def strict(self) -> bool:
         return self.window_s <= 0
 
-    def wrote(self) -> None:
-        """A batch was written (strict: and synced by the write)."""
+    def wrote(self) -> bool:
+        """A batch was written (strict: and synced by the write), under the writers' lock. True when it is the first
+        the next sync owes (the writer thread should hear of it, if another thread wrote it)."""
         if self.strict:
             self.syncs += 1
         elif self.unsynced_since is None:
             self.unsynced_since = time.monotonic()
+            return True
+        return False
 
     def wait_s(self, idle_s: float) -> float:
         """How long the writer may wait for the next event: `idle_s`, or until the pending sync is due."""
@@ -53,14 +57,21 @@ class SyncWindow:
             return idle_s
         return max(0.0, min(idle_s, self._due_at(self.unsynced_since) - time.monotonic()))
 
-    def sync_if_due(self, segments: SegmentWriter, force: bool = False) -> None:
-        """Sync what was written once its oldest record is half the window old; at once if `force`."""
-        since = self.unsynced_since
-        if since is None or (not force and time.monotonic() < self._due_at(since)):
-            return
+    def sync_if_due(self, segments: SegmentWriter, lock: threading.Lock, force: bool = False) -> None:
+        """Sync what was written once its oldest record is half the window old; at once if `force`. `lock` is the
+        writers' (the event loop appends too, serving.event_log.pipeline): held to note what the sync covers, not
+        across the fdatasync; a record written meanwhile starts the next window."""
+        with lock:
+            since = self.unsynced_since
+            if since is None or (not force and time.monotonic() < self._due_at(since)):
+                return
+            begun = segments.begin_sync()
+            self.unsynced_since = None
         try:
-            segments.sync()
+            segments.finish_sync(begun)
         except OSError as e:
+            with lock:  # still owed a sync, from its oldest record on
+                self.unsynced_since = since if self.unsynced_since is None else min(since, self.unsynced_since)
             self.failures += 1
             log.error("event spool: fdatasync failed (%r): events written since may be lost if the machine crashes", e)
             raise

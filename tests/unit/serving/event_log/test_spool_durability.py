@@ -5,6 +5,7 @@ writer's fdatasync calls and the callbacks, and the lag the writer measures."""
 import os
 import threading
 import time
+from functools import partial
 
 import pytest
 
@@ -130,3 +131,67 @@ def _records(spool_dir):
     cursor = spool.load_cursor()
     records, _, _ = spool.read(cursor, spool.recover_head(cursor), 1000)
     return records
+
+
+def test_a_window_writes_in_the_callers_thread_and_the_writer_only_syncs(tmp_path, timeline):
+    """Within a window submit() writes the event itself and calls on_durable before it returns, from the caller's
+    thread: no wake-up of the writer per event; the writer thread syncs it within the window."""
+    log = EventLog(EventLogConfig(spool_dir=tmp_path, sync_window_s=0.1)).start()
+    me, called = threading.get_ident(), []
+    try:
+        log.submit("completions", "k", b"v", on_durable=lambda: called.append(threading.get_ident()))
+        assert called == [me] and log.stats.spooled == 1 and log._q.qsize() <= 1  # at most the writer's cue
+        assert wait_for(lambda: log.stats.syncs == 1)
+        assert [what for what, _ in timeline] == ["sync"] and log.stats.sync_lag_max_s <= 0.1
+    finally:
+        log.close(timeout=2)
+    assert [k for _, k, _, _ in _records(tmp_path)] == ["k"]
+
+
+def _note_thread(seen: list) -> None:
+    seen.append(threading.get_ident())
+
+
+def test_strict_and_a_new_segment_go_through_the_writer_thread(tmp_path, timeline):
+    """Strict mode never writes in the caller's thread (its answer waits for the sync); nor does a window where the
+    event would begin a new segment (the writer seals the full one): both call on_durable from the writer."""
+    for cfg in (
+        EventLogConfig(spool_dir=tmp_path / "strict", sync_window_s=0),
+        EventLogConfig(spool_dir=tmp_path / "rotate", sync_window_s=0.05, segment_bytes=64),
+    ):
+        log = EventLog(cfg).start()
+        threads: list[int] = []
+        try:
+            for i in range(3):
+                log.submit("completions", f"k{i}", b"x" * 40, on_durable=partial(_note_thread, threads))
+            assert wait_for(partial(lambda seen: len(seen) == 3, threads))
+        finally:
+            log.close(timeout=2)
+        inline = [t == threading.get_ident() for t in threads]
+        assert inline == ([False] * 3 if cfg.sync_window_s == 0 else [True, False, False]), inline
+        assert [k for _, k, _, _ in _records(cfg.spool_dir)] == ["k0", "k1", "k2"]
+
+
+def test_the_sinks_future_is_done_when_submit_wrote_the_event(tmp_path):
+    """EventSink on a window: the future is resolved by submit itself, and wait() returns without a turn of the
+    loop; strict: it resolves once the writer thread has synced."""
+    import asyncio
+
+    from prometheus_client import CollectorRegistry, Counter
+
+    from serving.event_log.sink import EventSink
+
+    async def run(window: float) -> tuple[bool, bool]:
+        late = Counter("late", "answered before durable", ["topic"], registry=CollectorRegistry())
+        sink = EventSink(EventLog(EventLogConfig(spool_dir=tmp_path / str(window), sync_window_s=window)), late)
+        sink.start()
+        try:
+            fut = sink.submit("completions", "k", b"v")
+            done_at_once = fut is not None and fut.done()
+            await sink.wait([fut], "completions")
+            return done_at_once, fut.done()
+        finally:
+            await sink.close(2.0)
+
+    assert asyncio.run(run(0.05)) == (True, True)
+    assert asyncio.run(run(0)) == (False, True)

@@ -11,7 +11,8 @@ canary arm by serving.canary_split; the canary rolls back a confident excess (we
                                       like", "can/could you clarify", "please clarify/confirm"
     test_edit    agent answers        a call edits a test file (test_*.py, *_test.py, *.test.js/ts, a path
                                       under tests/ or test/) or removes `assert` lines (an edit's old text has
-                                      more asserts than its new text)
+                                      more asserts than its new text); of a shell command, the file a
+                                      redirect or tee writes and the files of a `sed -i` / `perl -pi`
     early_stop   answers              it stopped ("stop", no call) with fewer than `SHORT_TOKENS` tokens
     truncated    answers              it ran out of tokens ("length")
 
@@ -43,6 +44,8 @@ _FAILED_RESULT = re.compile(
 )
 _TEST_PATH = re.compile(r"(^|/)(tests?/|test_[^/]*\.py$|[^/]*_test\.(py|go)$|[^/]*\.(test|spec)\.[jt]sx?$)")
 _PATCH_PATH = re.compile(r"^(?:\*\*\* (?:Update|Add|Delete) File: |\+\+\+ (?:b/)?|--- (?:a/)?)(\S+)", re.M)
+_SHELL_TARGET = re.compile(r"(?:(?:^|[^<>0-9&])>>?|\btee\s+(?:-a\s+)?)\s*([\w./-]+)")
+_IN_PLACE = re.compile(r"\b(sed\s+-i|perl\s+-pi)")
 _ASSERT = re.compile(r"^\s*(assert\b|self\.assert\w*\(|expect\()", re.M)
 
 
@@ -73,6 +76,13 @@ def _texts(args: dict, *keys: str) -> str:
     return "\n".join(v for k in keys if isinstance(v := args.get(k), str))
 
 
+def _words(value) -> list[str]:
+    """A shell command's words, given as a string or as an argv list (Codex's shell tool)."""
+    if isinstance(value, str):
+        return value.split()
+    return [w for w in value if isinstance(w, str)] if isinstance(value, list) else []
+
+
 def edits_tests(name: str, arguments: str | dict) -> bool:
     """A call that edits a test file or removes asserts (see the module's table); arguments as the model wrote
     them (a JSON string) or parsed."""
@@ -82,8 +92,10 @@ def edits_tests(name: str, arguments: str | dict) -> bool:
     paths = [p for k in ("path", "file_path", "filename") if isinstance(p := args.get(k), str)]
     patch = _texts(args, "patch", "input", "diff")
     paths += _PATCH_PATH.findall(patch)
-    command = _texts(args, "command", "cmd")
-    paths += [w for w in command.split() if "/" in w or w.endswith((".py", ".js", ".ts", ".go"))]
+    command = " ".join(c for k in ("command", "cmd") for c in _words(args.get(k)))
+    paths += _SHELL_TARGET.findall(command)  # what a shell command writes: a redirect's or tee's file
+    if _IN_PLACE.search(command):  # sed -i / perl -pi: the files it names
+        paths += [w for w in command.replace("'", " ").split() if "/" in w or w.endswith((".py", ".js", ".ts", ".go"))]
     if any(_TEST_PATH.search(p.strip("'\"")) for p in paths):
         return True
     old, new = _texts(args, "old_string", "old_str"), _texts(args, "new_string", "new_str")

@@ -91,7 +91,7 @@ def test_test_edits(name, arguments, flagged):
 @pytest.mark.parametrize(
     "content, is_error, failed",
     [
-        ("Traceback (most recent call last):\n  File \"x.py\", line 1\nNameError: name 'y' is not defined", False, True),
+        ('Traceback (most recent call last):\n  File "x.py", line 1\nNameError: y', False, True),
         ("bash: lsx: command not found\nexit code 127", False, True),
         ("cat: nope.py: No such file or directory", False, True),
         ("Error: file not found: src/missing.py", False, True),

@@ -7,10 +7,12 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import replace
+from functools import partial
 
+from anthropic import AsyncAnthropic
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.fake_engine import gateway_over_fakes
+from tests.fake_engine import gateway_over_fakes, run_with_sdk
 from weight_sync.canary.controller import CanaryConfig
 from weight_sync.canary.judge import MonitorGuard, default_guards, judge
 from weight_sync.publish import PublishConfig
@@ -145,3 +147,29 @@ def test_canary_arms_carry_the_monitors_and_a_questioning_canary_is_rolled_back(
     equal = judge(arms["stable"], arms["stable"], cfg)
     assert equal.decision != "rollback", equal
     assert json.dumps(verdict.figures)  # what the controller records
+
+
+def test_messages_api_turns_are_monitored_and_is_error_marks_a_failed_call(test_model, tmp_path):
+    """Claude Code's shape (the official client): a tool_result the client marks is_error, whatever its text, is a
+    failed call of the version that made it; a question instead of a tool_use is a clarifying answer."""
+    tools = [{"name": "read_file", "input_schema": TOOLS[0]["function"]["parameters"]}]
+
+    async def scenario(client, fakes, sdk):
+        fakes[0].texts = [READ, QUESTION]
+        msgs = [{"role": "user", "content": "fix calc.py"}]
+        first = await sdk.messages.create(model="claude-x", max_tokens=256, messages=msgs, tools=tools)
+        use = first.content[0]
+        result = {"type": "tool_result", "tool_use_id": use.id, "content": "denied by policy", "is_error": True}
+        msgs += [
+            {"role": "assistant", "content": [b.model_dump() for b in first.content]},
+            {"role": "user", "content": [result]},
+        ]
+        await sdk.messages.create(model="claude-x", max_tokens=256, messages=msgs, tools=tools)
+        return await monitor_series(client)
+
+    make = partial(AsyncAnthropic, api_key="key-u0", max_retries=0)
+    series = run_with_sdk(test_model, tmp_path, [4], lambda url: make(base_url=url), scenario)
+    assert series[("flywheel_gateway_hack_monitor_total", "failed_call", "4")] == 1
+    assert series[("flywheel_gateway_hack_monitor_base_total", "failed_call", "4")] == 1
+    assert series[("flywheel_gateway_hack_monitor_total", "clarifying", "4")] == 1
+    assert series[("flywheel_gateway_hack_monitor_base_total", "clarifying", "4")] == 2

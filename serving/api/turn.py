@@ -135,12 +135,7 @@ def monitor_answer(
     the client sends them back, count for the same version and arm."""
     agent = spec.tools is not None and spec.tools.active
     tokens = len(res.output_ids)
-    flags = {
-        "clarifying": agent and not calls and hacking.is_clarifying(content),
-        "test_edit": any(hacking.edits_tests(c["function"]["name"], c["function"]["arguments"]) for c in calls),
-        "early_stop": hacking.early_stop(finish_reason(res.finish), tokens, bool(calls)),
-        "truncated": finish_reason(res.finish) == "length",
-    }
+    flags = hacking.flags(agent, content, calls, finish_reason(res.finish), tokens)
     parts.metrics.monitors.answer(res.weight_version, agent, flags, tokens)
     canary = parts.dispatcher.canary
     if canary is not None:

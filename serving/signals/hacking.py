@@ -112,3 +112,14 @@ def edits_tests(name: str, arguments: str | dict) -> bool:
 def early_stop(finish: str, completion_tokens: int, called: bool) -> bool:
     """An answer that stopped almost at once (the cheapest way past a reward that punishes what is said)."""
     return finish == "stop" and not called and completion_tokens < SHORT_TOKENS
+
+
+def flags(agent: bool, content: str | None, calls: list[dict], finish: str, tokens: int) -> dict[str, bool]:
+    """Every per-answer detector on one answer (calls: OpenAI tool_calls; finish: "stop" or "length"): monitor ->
+    flagged (failed_call is read from the next turn's tool results instead)."""
+    return {
+        "clarifying": agent and not calls and is_clarifying(content),
+        "test_edit": any(edits_tests(c["function"]["name"], c["function"]["arguments"]) for c in calls),
+        "early_stop": early_stop(finish, tokens, bool(calls)),
+        "truncated": finish == "length",
+    }

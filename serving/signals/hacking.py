@@ -4,7 +4,8 @@ canary arm by serving.canary_split; the canary rolls back a confident excess (we
 
     monitor      counted over         an answer / result counts when
     failed_call  tool results         the client's result for a call (the next turn's `tool` message of the
-                                      session) reports an error: a traceback, `Error:`, a non-zero exit, an
+                                      session) reports an error: a traceback, a line starting `Error:` (any
+                                      `...Error:`) or `fatal:`, a non-zero exit, an
                                       `is_error` result; attributed to the version that made the call
     clarifying   agent answers        tools were offered, the answer called none, and its text asks: its last
                                       sentence ends with "?", or it says "should I", "do you want", "would you
@@ -38,7 +39,7 @@ _ASKS = re.compile(
     re.I,
 )
 _FAILED_RESULT = re.compile(
-    r"(\bTraceback \(most recent call last\)|^\s*(\w+)?Error:|\berror:|\bexit(ed with)? (code|status) [1-9]|"
+    r"(\bTraceback \(most recent call last\)|^\s*(\w+)?Error:|^\s*fatal:|\bexit(ed with)? (code|status) [1-9]|"
     r"\bcommand not found\b|\bNo such file or directory\b|\bPermission denied\b)",
     re.I | re.M,
 )

@@ -98,6 +98,8 @@ def test_test_edits(name, arguments, flagged):
         ("Process exited with code 2", False, True),
         ("anything", True, True),  # Anthropic's tool_result is_error
         ("def add(a, b):\n    return a + b\n", False, False),
+        ("try:\n    s.connect(addr)\nexcept socket.error:\n    pass\n", False, False),  # code read, no error
+        ("fatal: not a git repository (or any of the parent directories): .git", False, True),
         ("===== 3 passed in 0.12s =====\nexit code 0", False, False),
         ("", False, False),
     ],

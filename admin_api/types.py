@@ -61,7 +61,7 @@ class LoadAnswer(TypedDict):
 
 class WeightsAnswer(TypedDict):
     replicas: dict[str, int | None]  # replica id -> the version it serves
-    tool_calls: dict  # per version (serving.metrics)
+    tool_calls: dict  # per version: tool-call outcomes and the reward-hacking monitors (serving.monitors)
 
 
 # ---------------------------------------------------------------- rollouts
@@ -107,8 +107,53 @@ class CanaryTrial(TypedDict):
     share: float
 
 
+# Reward-hacking monitors (serving.signals.hacking): each counted per version and per canary arm, as a share of
+# its base. An arm's figures carry them under "monitors" (with "repeated": answers with a call repeating an earlier
+# one of the session, of tool_answers), and the canary rolls back a confident excess (weight_sync.canary.judge).
+HACK_MONITORS = ("failed_call", "clarifying", "test_edit", "early_stop", "truncated")
+MONITOR_BASE = {
+    "failed_call": "tool_results",  # tool results read back for the arm's (version's) calls
+    "clarifying": "agent_answers",  # answers to requests that offered tools
+    "test_edit": "agent_answers",
+    "early_stop": "all_answers",
+    "truncated": "all_answers",
+}
+
+
+class MonitorCount(TypedDict):
+    count: int  # flagged
+    of: int  # the base it is a share of
+
+
+class AnswerLength(TypedDict):
+    answers: int
+    tokens: int  # their sum
+    tokens_sq: int  # the sum of squares (the guard's variance)
+
+
+class ArmFigures(TypedDict, total=False):
+    """One arm of a trial (GET /admin/canary "arms"; serving.canary_split.ArmStats.view)."""
+
+    requests: int
+    errors: int
+    accepts: int
+    rejects: int
+    feedback: int
+    acceptance: float | None
+    p50_ms: float | None
+    p99_ms: float | None
+    tool_answers: int
+    tool_malformed: int
+    tool_repeated: int
+    malformed_rate: float | None
+    monitors: dict[str, MonitorCount]  # HACK_MONITORS and "repeated"
+    length: AnswerLength
+    implicit: dict[str, int]
+    tenant_votes: list[list[int]]
+
+
 class CanaryAnswer(TypedDict):
-    canary: dict | None  # the split's view (serving.canary_split), with each arm's figures under "arms"
+    canary: dict | None  # the split's view (serving.canary_split), each arm's figures (ArmFigures) under "arms"
 
 
 # ---------------------------------------------------------------- tenants

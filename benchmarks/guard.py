@@ -27,6 +27,7 @@ SUITE = {"tasks": 16, "sessions": 4, "samples": 4}
 
 
 def main() -> dict:
+    from benchmarks import _hacked_version
     from loadtests import versions
     from online_rl.gate.run import GateConfig, run_gate
     from online_rl.gate.suite import SuiteConfig
@@ -62,6 +63,7 @@ def main() -> dict:
                 "steps_s": r.record["figures"]["seconds"],
                 "metrics": r.judgement.figures,
             }
+        hacked = _hacked_version.run(model_dir=model)  # #51: a version trained on a hackable reward, monitored
         load_after = os.getloadavg()[0]
         store = Store(pcfg.store)
         later = [r["seconds"] for name, r in runs.items() if name != "equal"]  # the serving version's suite cached
@@ -82,6 +84,7 @@ def main() -> dict:
             "load_average_1m": [round(load_before, 1), round(load_after, 1)],  # the machine's, before and after
             "blocked_unannounced": sorted(store.gate_blocked()),
             "runs": runs,
+            **hacked,  # hacked_version_flagged, its verdict, the early-stop rates (benchmarks._hacked_version)
         }
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

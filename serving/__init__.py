@@ -15,6 +15,8 @@
 - `gateway_process`: Run the gateway as its own process (`flywheel serve`), as the demo and the tests do; stop it by
   PID.
 - `metrics`: Prometheus metrics of one gateway (its own registry, so several gateways can live in one process).
+- `monitors`: Reward-hacking monitors per weight version: tool-call outcomes, repeated calls, and what each detector of
+  serving.signals.hacking flagged, with the answers' length.
 - `protocol/`: The public APIs' request validation and response shapes: OpenAI's completions and chat, the Responses
   and Messages APIs, their function tools and client schemas, and the prompt a replica runs.
 - `replica/`: SGLang replicas: launched (process, launch, with the CPU layer cpu_compat on a CPU-only machine) and
@@ -24,8 +26,8 @@
   state.
 - `routing/`: Which replica serves a user's request: routing policies behind one small interface.
 - `signals/`: What clients say about a completion besides /v1/feedback: Continue's development data, implicit
-  verdicts read from agent sessions, which session and which completion a turn continues, and the first-feedback
-  rule.
+  verdicts read from agent sessions, which session and which completion a turn continues, the first-feedback
+  rule, and the reward-hacking detectors.
 - `tenants/`: Tenants on the gateway: their limits, their privacy policies in effect, and their own namespaces in
   the replicas' prefix caches.
 - `version_stats`: User completions, their latency and their first feedback, by the weight version that served them.

@@ -4,7 +4,8 @@ A trial names a version, the replicas serving it and the share of users sent the
 hash of (version, tenant), so a user stays on one arm for the whole trial and a new trial reshuffles. Each
 arm counts requests, errors, latency, the feedback its completions got (a completion id is remembered
 with its arm until the feedback window closes) and its tool-call answers (those malformed: a call the
-model got wrong or to a tool not offered; those repeating a call of the session); the canary controller
+model got wrong or to a tool not offered; those repeating a call of the session) and what the reward-hacking
+monitors flagged in its answers (serving.signals.hacking: per monitor, flagged and its base); the canary controller
 (weight_sync.canary.controller) reads these through `GET /admin/canary` and decides.
 """
 
@@ -16,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from admin_api.types import MONITOR_BASE
 
 ARMS = ("canary", "stable")
 
@@ -30,6 +33,10 @@ class ArmStats:
     tool_answers: int = 0  # answers (choices) with a tool call in them, well formed or not
     tool_malformed: int = 0  # of those, malformed or calling an unknown tool (returned as text)
     tool_repeated: int = 0  # of those, answers with a call repeating an earlier one of the session
+    # reward-hacking monitors (serving.signals.hacking): flagged counts and their bases (admin_api.types.MONITOR_BASE)
+    monitors: collections.Counter = field(default_factory=collections.Counter)
+    tokens: int = 0  # of all answers (mean length and its variance: the length guard)
+    tokens_sq: int = 0
     signals: collections.Counter = field(default_factory=collections.Counter)  # implicit verdicts, by signal
     votes: dict = field(default_factory=dict)  # tenant name -> [accepts, rejects] (the controller caps each's say)
 
@@ -49,6 +56,14 @@ class ArmStats:
             "tool_malformed": self.tool_malformed,
             "tool_repeated": self.tool_repeated,
             "malformed_rate": self.tool_malformed / self.tool_answers if self.tool_answers else None,
+            "monitors": {
+                **{
+                    name: {"count": self.monitors[name], "of": self.monitors[base]}
+                    for name, base in MONITOR_BASE.items()
+                },
+                "repeated": {"count": self.tool_repeated, "of": self.tool_answers},
+            },
+            "length": {"answers": self.monitors["all_answers"], "tokens": self.tokens, "tokens_sq": self.tokens_sq},
             "implicit": dict(self.signals),
             # Each voting tenant's [accepts, rejects], largest first, without names: weight_sync.canary.controller caps
             # the
@@ -96,6 +111,21 @@ class CanarySplit:
         s.tool_answers += 1
         s.tool_malformed += malformed
         s.tool_repeated += repeated
+
+    def answer(self, replica_id: str, agent: bool, flags: dict[str, bool], tokens: int) -> None:
+        """Any answer of the trial: `agent` when tools were offered; flags: monitor -> flagged."""
+        s = self.stats[self.arm_of_replica(replica_id)]
+        s.monitors["all_answers"] += 1
+        s.monitors["agent_answers"] += agent
+        s.monitors.update({name: int(hit) for name, hit in flags.items()})
+        s.tokens += tokens
+        s.tokens_sq += tokens * tokens
+
+    def tool_result(self, arm: str, failed: bool) -> None:
+        """The result of a call an answer of `arm` made (the arm it was made on, remembered by serving.monitors)."""
+        s = self.stats[arm]
+        s.monitors["tool_results"] += 1
+        s.monitors["failed_call"] += failed
 
     def failed(self, tenant: str) -> None:
         self.stats[self.arm_of(tenant)].errors += 1

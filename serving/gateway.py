@@ -150,7 +150,7 @@ class Gateway:
             self.dispatcher,
             self.prompter,
             self.cfg.limits,
-            self.metrics.tools,
+            self.metrics.monitors,
             tenants,
         )
         app.add_subapp(admin_routes.PREFIX, admin.app())

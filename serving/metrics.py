@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from serving.event_log.sync_window import SYNC_LAG_BUCKETS
-from serving.protocol.tool_calls import MALFORMED, OUTCOMES as TOOL_OUTCOMES
+from serving.monitors import VersionMonitors
 from serving.version_stats import VersionStats
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -95,7 +93,8 @@ class GatewayMetrics:
             registry=r,
         )
         self.versions = VersionStats(r, LATENCY_BUCKETS)  # flywheel_gateway_version_*{version}
-        self.tools = ToolCallStats()  # flywheel_gateway_tool_calls{outcome,version}, ..._repeated{version}
+        # tool-call outcomes and the reward-hacking monitors, by version (flywheel_gateway_tool_calls, ..._hack_monitor)
+        self.monitors = VersionMonitors()
         self.answered_before_durable = Counter(
             "flywheel_gateway_answered_before_durable",
             "Responses sent before their event was on disk (the spool "
@@ -145,7 +144,7 @@ class GatewayMetrics:
             registry=r,
         )
         r.register(_LiveCollector(gateway))
-        r.register(self.tools)
+        r.register(self.monitors)
 
     def count_prompt(self, replica: str, policy: str, prompt_tokens: int, cached_tokens: int | None) -> None:
         if cached_tokens is None:
@@ -159,81 +158,6 @@ class GatewayMetrics:
     def prefix_hit_rate(self) -> dict[tuple[str, str], float]:
         """Cached / prompt tokens since start, per (replica, policy) (also the gauge of that name)."""
         return {key: cached / prompt for key, (prompt, cached) in self._prefix_tokens.items() if prompt}
-
-
-class ToolCallStats:
-    """Tool calls by outcome and by the weight version that wrote them, and calls repeated within an agent
-    session (reward hacking in tool use shows here first: a rising malformed-call rate, calls to tools that
-    were not offered, an agent looping on the same call).
-
-    Counted in calls: a valid answer counts each call it kept, a malformed or unknown_tool answer counts
-    one (it is returned as text; how many calls it meant to make is unknown). `repeated` counts kept calls
-    identical (name and arguments as JSON) to an earlier call of the same session (serving.signals.sessions); such
-    a call is counted under its outcome too, so `repeated` is its own counter and the outcomes stay a
-    partition. Also counted in answers (an answer with a call in it, whatever its outcome), for the
-    per-version rates of GET /admin/weights.
-
-    The `version` label is bounded: the `max_versions` versions most recently seen are kept, an older one
-    is dropped from the exposition (its series ends; a fleet serves one or two versions at a time, a
-    trial three). "unknown" when the replica did not say which version answered.
-    """
-
-    def __init__(self, max_versions: int = 8):
-        self.max_versions = max_versions
-        self._by_version: OrderedDict[str, dict[str, int]] = OrderedDict()
-
-    def count(self, version: int | None, outcome: str, calls: int, repeated: int) -> None:
-        v = "unknown" if version is None else str(version)
-        row = self._by_version.get(v)
-        if row is None:
-            row = self._by_version[v] = {
-                **dict.fromkeys(TOOL_OUTCOMES, 0),
-                "repeated": 0,
-                "answers": 0,
-                "malformed_answers": 0,
-            }
-            while len(self._by_version) > self.max_versions:
-                self._by_version.popitem(last=False)
-        self._by_version.move_to_end(v)
-        row[outcome] = row.get(outcome, 0) + calls
-        row["repeated"] += repeated
-        row["answers"] += 1
-        row["malformed_answers"] += outcome in MALFORMED
-
-    def view(self) -> dict[str, dict]:
-        """Per version: calls by outcome, repeated calls, answers with a call, and the two rates."""
-        out = {}
-        for v, row in self._by_version.items():
-            kept = row["valid"] + row["dropped_parallel"]
-            out[v] = {
-                **row,
-                "malformed_rate": round(row["malformed_answers"] / row["answers"], 4),
-                "repeated_rate": round(row["repeated"] / kept, 4) if kept else None,
-            }
-        return out
-
-    def collect(self):
-        calls = CounterMetricFamily(
-            "flywheel_gateway_tool_calls",
-            "Tool calls read from answers, by outcome and "
-            "by the weight version that wrote them: valid, malformed (returned as text), "
-            "unknown_tool (returned as text), dropped_parallel (parallel_tool_calls=false: "
-            "only the first kept)",
-            labels=["outcome", "version"],
-        )
-        repeated = CounterMetricFamily(
-            "flywheel_gateway_tool_calls_repeated",
-            "Kept tool calls identical (name "
-            "and arguments) to an earlier call of the same agent session, by version "
-            "(also counted under their outcome)",
-            labels=["version"],
-        )
-        for v, row in self._by_version.items():
-            for outcome in TOOL_OUTCOMES:
-                calls.add_metric([outcome, v], row[outcome])
-            repeated.add_metric([v], row["repeated"])
-        yield calls
-        yield repeated
 
 
 class _LiveCollector:

@@ -18,6 +18,7 @@ class FakeReplica:
     def __init__(self, version: int):
         self.version = version
         self.texts: list[str] = ["x = 1"]  # what the next answers say, in order (the last one repeats)
+        self.finish_type = "stop"  # SGLang's finish_reason type of every answer ("length": out of tokens)
         self.fail_status: int | None = None  # answer /generate with this status before any output
         self.break_mid_stream = False  # send one chunk, then drop the connection
         # Bytes that are not an answer: the whole body (plain), or a chunk sent after `garbage_after` good ones.
@@ -49,7 +50,7 @@ class FakeReplica:
             "output_ids": [1] * max(1, len(text) // 4),
             "meta_info": {
                 "weight_version": str(self.version),
-                "finish_reason": {"type": "stop"},
+                "finish_reason": {"type": self.finish_type},
                 "prompt_tokens": 3,
                 "output_token_logprobs": [[-0.1, 1, None]] * max(1, len(text) // 4),
             },

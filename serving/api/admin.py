@@ -29,7 +29,7 @@ from serving.replica import engine
 from serving.routing.pool import HeldByOperator, LastActive, ReplicaState
 
 if TYPE_CHECKING:
-    from serving.metrics import ToolCallStats
+    from serving.monitors import VersionMonitors
     from serving.protocol.limits import Limits
     from serving.protocol.prompts import Prompter
     from serving.routing.dispatcher import Dispatcher
@@ -78,11 +78,11 @@ class AdminApi:
         dispatcher: Dispatcher,
         prompter: Prompter,
         limits: Limits,
-        tools: ToolCallStats,
+        monitors: VersionMonitors,
         tenants: TenantsApi,
     ):
         self.admin_token, self.pool, self.dispatcher, self.prompter = admin_token, pool, dispatcher, prompter
-        self.limits, self.tools, self.tenants = limits, tools, tenants
+        self.limits, self.monitors, self.tenants = limits, monitors, tenants
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[admin_middleware(AdminTokens.from_env(self.admin_token or ""))])
@@ -221,6 +221,6 @@ class AdminApi:
         return json_response(
             {
                 "replicas": {r.id: r.weight_version for r in self.pool.replicas.values()},
-                "tool_calls": self.tools.view(),
+                "tool_calls": self.monitors.view(),
             }
         )

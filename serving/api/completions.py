@@ -135,14 +135,18 @@ class CompletionsApi:
     ) -> dict:
         fr = finish_reason(res.finish)
         if spec.kind == "completion":
+            turn.monitor_answer(self.parts, spec, tenant, res, replica_id, res.text, [])
             return {"index": i, "text": res.text, "logprobs": self.logprobs(spec, res), "finish_reason": fr}
         message: dict[str, object] = {"role": "assistant", "content": res.text}
         if spec.tools is not None and spec.tools.active:
             parsed = await tc.parse_off_loop(spec.prefill + res.text + tc.trimmed_close(res.finish), spec.tools)
             turn.count_tools(self.parts, parsed, spec, tenant, cid, i, res, replica_id)
+            turn.monitor_answer(self.parts, spec, tenant, res, replica_id, parsed.content, parsed.calls)
             message["content"] = parsed.content
             if parsed.calls:
                 message["tool_calls"], fr = parsed.calls, "tool_calls"
             elif parsed.outcome != "none" and fr != "length":
                 fr = "stop"  # a call the model got wrong comes back as its text (a cut-off one says length)
+        else:
+            turn.monitor_answer(self.parts, spec, tenant, res, replica_id, res.text, [])
         return {"index": i, "message": message, "logprobs": self.logprobs(spec, res), "finish_reason": fr}

@@ -118,14 +118,17 @@ async def stream_choices(
             rest, parsed = await split.finish_off_loop()
             rest = tail + rest
             turn.count_tools(parts, parsed, spec, tenant, cid, i, res, replica_id)
+            turn.monitor_answer(parts, spec, tenant, res, replica_id, parsed.content, parsed.calls)
             if rest:
                 await send(chunk(i, rest, None, res))
             await send_calls(i, res, parsed.calls)
             fr = "tool_calls" if parsed.calls else ("stop" if parsed.outcome != "none" and fr != "length" else fr)
             if spec.session is not None:
                 turn.remember_choice(parts, tenant, spec, cid, i, parsed.content, parsed.calls)
-        elif spec.session is not None:
-            turn.remember_choice(parts, tenant, spec, cid, i, res.text, [])
+        else:
+            turn.monitor_answer(parts, spec, tenant, res, replica_id, res.text, [])
+            if spec.session is not None:
+                turn.remember_choice(parts, tenant, spec, cid, i, res.text, [])
         await send(chunk(i, "", fr, res))
         durable.append(parts.dispatcher.log_completion(tenant, spec, cid, i, prompt_ids, res, replica_id, timing))
         return res

@@ -22,6 +22,7 @@ from serving.protocol import tool_calls as tc
 from serving.protocol.openai import GenerationSpec, finish_reason
 from serving.protocol.schema import ApiError
 from serving.replica import engine
+from serving.signals import hacking
 from serving.signals.sessions import MAX_SESSION_ID, Link
 
 if TYPE_CHECKING:
@@ -115,9 +116,48 @@ def count_tools(
     repeated = 0
     if parsed.calls and spec.session is not None:
         repeated = parts.sessions.repeated_calls(tenant.id, spec.session.session_id, parsed.calls, cid, i)
-    parts.metrics.tools.count(res.weight_version, parsed.outcome, max(1, len(parsed.calls)), repeated)
+    parts.metrics.monitors.count(res.weight_version, parsed.outcome, max(1, len(parsed.calls)), repeated)
     if parts.dispatcher.canary is not None:
         parts.dispatcher.canary.tool_answer(replica_id, parsed.outcome in tc.MALFORMED, repeated > 0)
+
+
+def monitor_answer(
+    parts: TurnParts,
+    spec: GenerationSpec,
+    tenant: Tenant,
+    res: engine.EngineResult,
+    replica_id: str,
+    content: str | None,
+    calls: list[dict],
+) -> None:
+    """The reward-hacking detectors (serving.signals.hacking) on any answer (calls: OpenAI tool_calls), counted for
+    the version that wrote it and, during a trial, on its arm; its calls remembered, so that their results, when
+    the client sends them back, count for the same version and arm."""
+    agent = spec.tools is not None and spec.tools.active
+    tokens = len(res.output_ids)
+    flags = hacking.flags(agent, content, calls, finish_reason(res.finish), tokens)
+    parts.metrics.monitors.answer(res.weight_version, agent, flags, tokens)
+    canary = parts.dispatcher.canary
+    if canary is not None:
+        canary.answer(replica_id, agent, flags, tokens)
+    if calls:
+        trial, arm = (canary.version, canary.arm_of_replica(replica_id)) if canary is not None else (None, "")
+        parts.metrics.monitors.calls_made(tenant.id, [c["id"] for c in calls], res.weight_version, trial, arm)
+
+
+def count_results(parts: TurnParts, tenant: Tenant, messages: list[dict]) -> None:
+    """The tool results this request brings (those after its last assistant message): each counted, failed or not,
+    for the version (and trial arm) whose call it answers (serving.monitors: once per call)."""
+    for m in reversed(messages):
+        if m["role"] == "assistant":
+            break
+        if m["role"] != "tool":
+            continue
+        failed = hacking.failed_result(m.get("content"), bool(m.get("is_error")))
+        made = parts.metrics.monitors.tool_result(tenant.id, m.get("tool_call_id") or "", failed)
+        canary = parts.dispatcher.canary
+        if made is not None and canary is not None and made[0] == canary.version:
+            canary.tool_result(made[1], failed)
 
 
 def session_hint(parts: TurnParts, tenant: Tenant, given: str | None) -> str | None:
@@ -156,6 +196,7 @@ def link_session(parts: TurnParts, tenant: Tenant, spec: GenerationSpec, cid: st
     """The turn's session and previous turn, and the verdicts on that turn the client's request carries
     (serving.signals.implicit), logged as feedback."""
     spec.session = link = parts.sessions.link(tenant.id, _messages(spec), spec.session_hint, cid)
+    count_results(parts, tenant, _messages(spec))
     link.logged_id = parts.session_ids.logged(tenant.id, link.session_id, parts.ids.owner(link.session_id) == tenant.id)
     for signal in parts.implicit.observe(tenant.id, link.session_id, link.parent_id, _messages(spec)):
         parts.signal(tenant.id, signal)
@@ -215,6 +256,7 @@ async def run_turn(
     else:
         parsed = tc.Parsed(content=res.text)
     count_tools(parts, parsed, spec, tenant, cid, 0, res, replica_id)
+    monitor_answer(parts, spec, tenant, res, replica_id, parsed.content, parsed.calls)
     if parsed.calls:
         fr = "tool_calls"
     elif parsed.outcome != "none" and fr != "length":

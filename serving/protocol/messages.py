@@ -139,7 +139,10 @@ def _message(m, i: int) -> list[dict]:
         elif kind == "tool_result" and role == "user":
             r = check(ToolResultBlockParam, raw, q)
             content = _text(r.get("content", ""), f"{q}.content")
-            results.append({"role": "tool", "content": content, "tool_call_id": r["tool_use_id"]})
+            result = {"role": "tool", "content": content, "tool_call_id": r["tool_use_id"]}
+            if r.get("is_error"):  # the client's own verdict on the call (serving.signals.hacking)
+                result["is_error"] = True
+            results.append(result)
         elif kind in ("thinking", "redacted_thinking") and role == "assistant":
             continue  # another model's thoughts: nothing this one can read
         else:

@@ -30,7 +30,7 @@ from contracts.events import TOPIC_WEIGHTS
 from infra import kafka_auth
 from infra.config import option
 from infra.dead_letter import DeadLetters
-from weight_sync.canary.judge import Verdict, judge
+from weight_sync.canary.judge import MonitorGuard, Verdict, default_guards, judge
 from weight_sync.manifest import load_private
 from weight_sync.publish import PublishConfig, activate
 
@@ -56,6 +56,8 @@ class CanaryConfig:
     tool_min_answers: int = option(100, help="tool-call answers per arm before the malformed-call rate is judged")
     tool_margin: float = option(0.05, help="malformed-call rate above stable's that rolls back (with confidence)")
     max_tenant_share: float = option(0.5, help="of an arm's votes, the most one tenant's count for (1: no cap)")
+    # the reward-hacking monitors' guards (monitor -> min count, margin; weight_sync.canary.judge)
+    guards: dict[str, MonitorGuard] = field(default_factory=default_guards)
     max_trial_s: float = option(900.0, flag="max-trial", help="seconds before an undecided trial rolls back")
     poll_s: float = 2.0
     switch_timeout_s: float = 240.0

@@ -9,7 +9,7 @@ import json
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from serving.metrics import ToolCallStats
+from serving.monitors import VersionMonitors
 from tests.fake_engine import gateway_over_fakes
 
 ADMIN = {"Authorization": "Bearer admin-secret"}
@@ -125,7 +125,7 @@ def test_canary_arms_count_their_tool_answers(test_model, tmp_path):
 
 
 def test_version_labels_are_bounded():
-    stats = ToolCallStats(max_versions=3)
+    stats = VersionMonitors(max_versions=3)
     for v in range(10):
         stats.count(v, "valid", 2, 1)
     stats.count(7, "malformed", 1, 0)  # seen again: kept over older ones
@@ -143,4 +143,9 @@ def test_version_labels_are_bounded():
         "malformed_answers": 1,
         "malformed_rate": 0.5,
         "repeated_rate": 0.5,
+        **dict.fromkeys(("failed_call", "clarifying", "test_edit", "early_stop", "truncated"), 0),
+        **dict.fromkeys(("tool_results", "agent_answers", "all_answers", "answer_tokens"), 0),
+        **dict.fromkeys(("failed_call_rate", "clarifying_rate", "test_edit_rate", "early_stop_rate"), None),
+        "truncated_rate": None,
+        "mean_answer_tokens": None,
     }

@@ -30,6 +30,7 @@ SECTIONS = (
     "Trainer",
     "Deltas and distribution",
     "Canary (arms by version)",
+    "Reward-hacking monitors (by version)",
 )
 # A metric's constructor and its name: Counter("flywheel_x", ...), Gauge(name="sglang:y", ...), ...
 DEFINITION = re.compile(

@@ -75,9 +75,11 @@ def test_worse_blocked_equal_passes_override_announces(test_model, kafka_bootstr
 
     assert store.gate_blocked() == {worse} and worse in store.versions()
     capsys.readouterr()
-    assert (
-        main(["weights", "gate-override", str(worse), "--reason", "eval flake: trial it", "--by", "sre-bob", *key]) == 0
-    )
+    why = ["--reason", "eval flake: release it", "--by", "sre-bob"]
+    # v{same} went out after it: released for everyone, v{worse} would take the fleet back; only with --force.
+    assert main(["weights", "gate-override", str(worse), *why, *key]) == 1
+    assert f"v{worse} is older than v{same}" in capsys.readouterr().err and store.gate_blocked() == {worse}
+    assert main(["weights", "gate-override", str(worse), *why, "--force", *key]) == 0
     override = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert override["verdict"] == "override" and override["by"] == "sre-bob" and store.gate_blocked() == set()
 

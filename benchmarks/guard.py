@@ -10,12 +10,18 @@ signed gate records go to the store's ledger only (the integration test, tests/i
 them on Kafka). Every figure comes from these runs. As `flywheel gate` does, the served version's suite runs once,
 with the first candidate (gate_seconds_first_version: both suites); gate_seconds_per_version is the median wall time
 of the later gates (rebuilding the candidate from the store, its suite, the verdict, the record), the steady cost of
-one more version; on 2 cores shared with other work (the load average before and after is reported). Prints one
-JSON object last.
+one more version; on 2 cores shared with other work (the load average before and after is reported).
+
+Guarding the delta codec's regime too (issue #51): `preset_identical_share` (the mean share of bf16 weights
+bit-identical between consecutive versions) and `preset_acceptance_gain` (acceptance gained over the run, a
+fraction) come from a run of the trainer's low-change preset (online_rl.config.LOW_CHANGE) in the in-process
+learning loop (benchmarks._change_vs_learning.preset_figures). `--preset-only` runs that part alone and merges its
+keys into the recorded benchmarks/results/guard.json, the gate's keys as they were. Prints one JSON object last.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -24,6 +30,7 @@ import tempfile
 from pathlib import Path
 
 SUITE = {"tasks": 16, "sessions": 4, "samples": 4}
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def main() -> dict:
@@ -87,5 +94,21 @@ def main() -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def run(argv: list[str] | None = None) -> dict:
+    from benchmarks._change_vs_learning import preset_figures
+
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.guard", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset-only", action="store_true", help="only the low-change preset's keys, into guard.json")
+    ap.add_argument("--preset-budget", type=int, default=384, help="judged requests of the preset's run")
+    a = ap.parse_args(argv)
+    if not a.preset_only:
+        return {**main(), **preset_figures(a.preset_budget)}
+    path = RESULTS / "guard.json"
+    recorded = json.loads(path.read_text()) if path.exists() else {}
+    out = {**recorded, **preset_figures(a.preset_budget)}
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    return out
+
+
 if __name__ == "__main__":
-    print(json.dumps(main()))
+    print(json.dumps(run()))

@@ -203,6 +203,12 @@ class OptimConfig:
             raise ValueError(f"epochs and micro_batch must be >= 1, got {self.epochs}, {self.micro_batch}")
 
 
+# The production preset "low-change" (`flywheel train --lr ... --epochs ...`, docs/trainer.md): versions whose bf16
+# weights stay >= 95% bit-identical to the previous version's, while acceptance still rises (the regime the delta
+# codec was built for). Measured by benchmarks/_change_vs_learning.py on the test model (one update a version).
+LOW_CHANGE = OptimConfig(lr=1e-5, epochs=1)
+
+
 @dataclass
 class RolloutConfig:
     gateway_url: str | None = option(

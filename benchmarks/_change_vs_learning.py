@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from benchmarks import learning
-from online_rl.config import LOW_CHANGE
+from online_rl.config import LOW_CHANGE, LOW_CHANGE_BATCH
 from weight_sync import codec
 
 RESULTS = learning.RESULTS
@@ -50,6 +50,8 @@ SETTINGS = (
     (1e-5, 1, 1, 8),
     (5e-6, 2, 1, 8),
 )
+# The production preset's setting in the loop (online_rl.config.low_change): its rate and passes, a version an update.
+PRESET_SETTING = (LOW_CHANGE.lr, LOW_CHANGE.epochs, 1, LOW_CHANGE_BATCH)
 
 
 def bits(t: torch.Tensor) -> np.ndarray:
@@ -157,11 +159,22 @@ def preset_figures(budget: int = 384, seed: int = 0) -> dict:
     """benchmarks.guard's keys from a run of the production preset (online_rl.config.LOW_CHANGE)."""
     work = Path(tempfile.mkdtemp(prefix="flywheel-low-change-"))
     try:
-        r = run_setting(LOW_CHANGE.lr, LOW_CHANGE.epochs, 1, budget, learning._model("test", seed), work, seed)
+        r = run_setting(*PRESET_SETTING[:3], budget, learning._model("test", seed), work, seed, PRESET_SETTING[3])
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    return preset_keys(r, budget)
+
+
+def preset_keys(r: dict, budget: int) -> dict:
+    """The keys of one run of the preset's setting (run_setting's result)."""
     return {
-        "preset": {"name": "low-change", "lr": LOW_CHANGE.lr, "epochs": LOW_CHANGE.epochs, "budget": budget},
+        "preset": {
+            "name": "low-change",
+            "lr": r["lr"],
+            "epochs": r["epochs"],
+            "requests_per_version": r["requests_per_round"] * r["rounds_per_version"],
+            "budget": budget,
+        },
         "preset_identical_share": r["identical_share_mean"],
         "preset_identical_share_min": r["identical_share_min"],
         "preset_delta_ratio_median": r["delta_ratio_median"],
@@ -198,7 +211,8 @@ def plot(runs: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def _key(r: dict) -> tuple:
+def setting(r: dict) -> tuple:
+    """A run's place in SETTINGS: (lr, epochs, rounds per version, requests per round)."""
     return (r["lr"], r["epochs"], r["rounds_per_version"], r.get("requests_per_round", 32))
 
 
@@ -227,10 +241,10 @@ def main(argv: list[str] | None = None) -> dict:
         shutil.rmtree(work, ignore_errors=True)
     path = a.out / RECORD
     if a.merge and path.exists():  # the other settings' runs as recorded, in SETTINGS' order
-        new = {_key(r) for r in runs}
-        old = [r for r in json.loads(path.read_text())["runs"] if _key(r) not in new]
+        new = {setting(r) for r in runs}
+        old = [r for r in json.loads(path.read_text())["runs"] if setting(r) not in new]
         order = {s: i for i, s in enumerate(SETTINGS)}
-        runs = sorted(old + runs, key=lambda r: order.get(_key(r), len(order)))
+        runs = sorted(old + runs, key=lambda r: order.get(setting(r), len(order)))
     out = {"model": "test preset (seed 0)", "variant": VARIANT, "budget_judged_requests": a.budget, "runs": runs}
     (a.out / "records").mkdir(parents=True, exist_ok=True)
     (a.out / RECORD).write_text(json.dumps(out, indent=1) + "\n")

@@ -1,26 +1,29 @@
-"""The trainer's low-change preset (online_rl.config.LOW_CHANGE) is a valid optimizer config that a trainer
-config takes, and its flags (`flywheel train --lr ... --epochs ...`) build the same settings."""
+"""The trainer's low-change preset (online_rl.config.low_change) builds a trainer config, and the flags the manual
+gives for it (`flywheel train --lr ... --epochs 1 --batch-size 8 --min-batch 8 --publish-interval 0`) build the same."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from pathlib import Path
 
 from infra.config import add_flags, build
-from online_rl.config import LOW_CHANGE, OptimConfig, TrainerConfig
+from online_rl.config import LOW_CHANGE, LOW_CHANGE_BATCH, OptimConfig, TrainerConfig, low_change
 
 
-def test_the_preset_is_a_small_step_per_version():
-    assert isinstance(LOW_CHANGE, OptimConfig)
+def test_the_preset_is_one_small_step_a_version():
+    cfg = low_change(Path("m"))
     # one optimizer step an update, at a rate under the trainer's default: most bf16 weights round back unchanged
-    assert LOW_CHANGE.epochs == 1 and LOW_CHANGE.lr < OptimConfig().lr
-    cfg = TrainerConfig(model_dir=Path("m"), optim=dataclasses.replace(LOW_CHANGE))
-    assert cfg.optim == LOW_CHANGE
+    assert cfg.optim.epochs == 1 and cfg.optim.lr == LOW_CHANGE.lr < OptimConfig().lr
+    assert cfg.publish.interval_s == 0.0  # a version after every update
+    assert cfg.batch_size == cfg.min_batch == LOW_CHANGE_BATCH
 
 
-def test_the_preset_s_flags_build_it():
+def test_the_manual_s_flags_build_the_preset():
     ap = argparse.ArgumentParser()
     add_flags(ap, TrainerConfig)
-    args = ap.parse_args(["--lr", repr(LOW_CHANGE.lr), "--epochs", str(LOW_CHANGE.epochs)])
-    assert build(TrainerConfig, args, model_dir=Path("m")).optim == LOW_CHANGE
+    flags = ["--lr", repr(LOW_CHANGE.lr), "--epochs", "1", "--batch-size", "8", "--min-batch", "8"]
+    args = ap.parse_args([*flags, "--publish-interval", "0"])
+    built = build(TrainerConfig, args, model_dir=Path("m"))
+    preset = low_change(Path("m"))
+    assert (built.optim, built.batch_size, built.min_batch) == (preset.optim, preset.batch_size, preset.min_batch)
+    assert built.publish.interval_s == preset.publish.interval_s

@@ -6,7 +6,8 @@ signals) on the test model, with `serve_published`: users and the evaluation get
 the trainer's float32 weights rounded to bf16. The trainer keeps float32 masters (AdamW's steps add up there), so
 an update smaller than half a bf16 ulp of a weight leaves its published bits as they were until the steps since
 add up to a boundary: the regime the delta codec (weight_sync.codec) was built for. A version is published every
-`rounds_per_version` rounds of 32 requests (one update each, `epochs` optimizer steps per update); per version:
+`rounds_per_version` rounds of 32 or 8 requests (one update of that batch each, `epochs` optimizer steps per
+update); per version:
 the share of bf16 weights bit-identical to the previous version and the delta ratio (raw bf16 bytes over the bytes
 weight_sync.codec codes the tensors in against the previous version: tensors only, no manifest). Learning speed:
 the fixed evaluation's acceptance (benchmarks.learning.evaluate) at the start and over the run.
@@ -104,9 +105,10 @@ def run_setting(
     work: Path,
     seed: int = 0,
     requests_per_round: int = 32,
+    threads: int = 2,
 ) -> dict:
     """One setting's run: per version its change, and the acceptance curve."""
-    cfg = dataclasses.replace(base_config(budget, requests_per_round), lr=lr, epochs=epochs, seed=seed)
+    cfg = dataclasses.replace(base_config(budget, requests_per_round), lr=lr, epochs=epochs, seed=seed, threads=threads)
     cfg.rounds_per_version = rounds_per_version
     prev: dict = {}
     versions: list[dict] = []
@@ -222,6 +224,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--only", default=None, help="indices of SETTINGS to run, comma-separated (default: all)")
     ap.add_argument("--merge", action="store_true", help="keep the record's runs of the other settings")
     ap.add_argument("--out", type=Path, default=RESULTS, help="the results folder")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads (1 on a machine shared with other work)")
     a = ap.parse_args(argv)
     chosen = [SETTINGS[int(i)] for i in a.only.split(",")] if a.only else list(SETTINGS)
     model_dir = learning._model("test", 0)
@@ -229,8 +232,9 @@ def main(argv: list[str] | None = None) -> dict:
     runs = []
     try:
         for lr, epochs, k, n in chosen:
-            runs.append(run_setting(lr, epochs, k, a.budget, model_dir, work, requests_per_round=n))
+            runs.append(run_setting(lr, epochs, k, a.budget, model_dir, work, requests_per_round=n, threads=a.threads))
             r = runs[-1]
+            _write(a, runs)  # after each setting: a sweep cut short keeps what it has done
             print(
                 f"lr {lr:g} x{epochs} /{k} per {n}: identical {r['identical_share_mean']}, "
                 f"ratio {r['delta_ratio_median']}, gain {r['acceptance_gain']}, {r['wall_s']} s",
@@ -239,6 +243,13 @@ def main(argv: list[str] | None = None) -> dict:
             )
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    out = _write(a, runs)
+    plot(out["runs"], a.out / "change_vs_learning.png")
+    print(json.dumps(out), flush=True)
+    return out
+
+
+def _write(a: argparse.Namespace, runs: list[dict]) -> dict:
     path = a.out / RECORD
     if a.merge and path.exists():  # the other settings' runs as recorded, in SETTINGS' order
         new = {setting(r) for r in runs}
@@ -247,9 +258,7 @@ def main(argv: list[str] | None = None) -> dict:
         runs = sorted(old + runs, key=lambda r: order.get(setting(r), len(order)))
     out = {"model": "test preset (seed 0)", "variant": VARIANT, "budget_judged_requests": a.budget, "runs": runs}
     (a.out / "records").mkdir(parents=True, exist_ok=True)
-    (a.out / RECORD).write_text(json.dumps(out, indent=1) + "\n")
-    plot(runs, a.out / "change_vs_learning.png")
-    print(json.dumps(out), flush=True)
+    path.write_text(json.dumps(out, indent=1) + "\n")
     return out
 
 

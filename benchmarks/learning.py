@@ -91,6 +91,7 @@ class LearningConfig:
     # move a bf16 weight before they add up.
     serve_published: bool = False
     rounds_per_version: int = 1  # rounds whose updates one version carries (their optimizer steps add up)
+    threads: int = 2  # torch threads of the trainer (1 on a machine shared with other work: no spinning)
 
 
 def published(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -161,7 +162,7 @@ def run_variant(
         batch_size=cfg.batch_size,
         min_batch=cfg.min_batch,
         seed=cfg.seed,
-        threads=2,
+        threads=cfg.threads,
         loss=LossConfig(
             distill_coef=cfg.distill_coef,
             distill_samples=cfg.distill_samples,

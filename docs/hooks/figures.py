@@ -427,13 +427,14 @@ def change_vs_learning() -> str:
     (records/change_vs_learning.json), and the low-change preset's run in guard.json."""
     rec, g = _load("records/change_vs_learning.json"), _load("guard.json")
     lines = [
-        "| lr | optimizer steps / version | versions | bf16 identical per version: mean (min) | delta ratio (median) "
-        "| acceptance at start | gained (last two evaluations) | judged requests to +5 points |",
-        "|---|---|---|---|---|---|---|---|",
+        "| lr | requests / version | optimizer steps / version | versions | bf16 identical per version: mean (min) "
+        "| delta ratio (median) | acceptance at start | gained (last two evaluations) | judged requests to +5 points |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rec["runs"]:
         lines.append(
-            f"| {r['lr']:g} | {r['optimizer_steps_per_version']:g} | {r['versions']} | "
+            f"| {r['lr']:g} | {r['requests_per_round'] * r['rounds_per_version']} | "
+            f"{r['optimizer_steps_per_version']:g} | {r['versions']} | "
             f"{_pct(r['identical_share_mean'])} ({_pct(r['identical_share_min'])}) | {r['delta_ratio_median']:.1f}x | "
             f"{_pct(r['acceptance_start'])} | {100 * r['acceptance_gain']:+.1f} points | "
             f"{r['requests_to_gain_5pts'] if r['requests_to_gain_5pts'] is not None else 'not within the budget'} |"
@@ -441,8 +442,10 @@ def change_vs_learning() -> str:
     p = g["preset"]
     lines.append("")
     lines.append(
-        f"The preset's own run (`python -m benchmarks.guard --preset-only`, lr {p['lr']:g}, {p['epochs']} step per "
-        f"update, {p['budget']} judged requests): {_pct(g['preset_identical_share'])} of bf16 weights bit-identical "
+        f"The preset in guard.json (lr {p['lr']:g}, {p['epochs']} optimizer step a version of "
+        f"{p['requests_per_version']} requests, {p['budget']} judged requests; "
+        f"{'the sweep' + chr(39) + 's run of its setting' if g.get('preset_source') else 'its own run'}): "
+        f"{_pct(g['preset_identical_share'])} of bf16 weights bit-identical "
         f"per version on average (the least {_pct(g['preset_identical_share_min'])}), delta ratio "
         f"{g['preset_delta_ratio_median']:.1f}x, acceptance gained {100 * g['preset_acceptance_gain']:+.1f} points."
     )

@@ -193,10 +193,12 @@ def plot(runs: list[dict], path: Path) -> None:
 
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     for r in runs:
-        label = f"lr {r['lr']:g}, {r['optimizer_steps_per_version']:g} steps/version"
+        n = r.get("requests_per_round", 32) * r["rounds_per_version"]
+        label = f"lr {r['lr']:g}, {r['optimizer_steps_per_version']:g} step(s) a version of {n} requests"
         line = a.plot(*zip(*r["curve"]), marker=".", label=label)[0]
         b.scatter(100 * r["identical_share_mean"], 100 * r["acceptance_gain"], color=line.get_color(), label=label)
-        b.annotate(f"{r['delta_ratio_median']:g}x", (100 * r["identical_share_mean"], 100 * r["acceptance_gain"]))
+        xy = (100 * r["identical_share_mean"], 100 * r["acceptance_gain"])
+        b.annotate(f"{r['delta_ratio_median']:.0f}x", xy, textcoords="offset points", xytext=(-12, 6), fontsize=8)
     a.set_xlabel("judged requests")
     a.set_ylabel("acceptance (evaluation, served bf16 version)")
     a.grid(alpha=0.3)

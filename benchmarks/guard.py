@@ -10,12 +10,20 @@ signed gate records go to the store's ledger only (the integration test, tests/i
 them on Kafka). Every figure comes from these runs. As `flywheel gate` does, the served version's suite runs once,
 with the first candidate (gate_seconds_first_version: both suites); gate_seconds_per_version is the median wall time
 of the later gates (rebuilding the candidate from the store, its suite, the verdict, the record), the steady cost of
-one more version; on 2 cores shared with other work (the load average before and after is reported). Prints one
-JSON object last.
+one more version; on 2 cores shared with other work (the load average before and after is reported).
+
+Guarding the delta codec's regime too (issue #51): `preset_identical_share` (the mean share of bf16 weights
+bit-identical between consecutive versions) and `preset_acceptance_gain` (acceptance gained over the run, a
+fraction) come from a run of the trainer's low-change preset (online_rl.config.LOW_CHANGE) in the in-process
+learning loop (benchmarks._change_vs_learning.preset_figures). `--preset-only` runs that part alone and merges its
+keys into the recorded benchmarks/results/guard.json, the gate's keys as they were; `--preset-from-record` takes
+them from the sweep's run of the preset's setting (records/change_vs_learning.json, the same run_setting) instead
+of running it again. Prints one JSON object last.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -24,6 +32,7 @@ import tempfile
 from pathlib import Path
 
 SUITE = {"tasks": 16, "sessions": 4, "samples": 4}
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def main() -> dict:
@@ -90,5 +99,30 @@ def main() -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def run(argv: list[str] | None = None) -> dict:
+    from benchmarks import _change_vs_learning as change
+
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.guard", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--preset-only", action="store_true", help="only the low-change preset's keys, into guard.json")
+    ap.add_argument("--preset-from-record", action="store_true", help="--preset-only from the sweep's recorded run")
+    ap.add_argument("--preset-budget", type=int, default=384, help="judged requests of the preset's run")
+    a = ap.parse_args(argv)
+    if not (a.preset_only or a.preset_from_record):
+        return {**main(), **change.preset_figures(a.preset_budget)}
+    if a.preset_from_record:
+        sweep = json.loads((RESULTS / change.RECORD).read_text())
+        runs = [r for r in sweep["runs"] if change.setting(r) == change.PRESET_SETTING]
+        if not runs:
+            raise SystemExit(f"{change.RECORD} has no run of the preset's setting {change.PRESET_SETTING}")
+        preset = {**change.preset_keys(runs[0], sweep["budget_judged_requests"]), "preset_source": change.RECORD}
+    else:
+        preset = change.preset_figures(a.preset_budget)
+    path = RESULTS / "guard.json"
+    recorded = json.loads(path.read_text()) if path.exists() else {}
+    out = {**recorded, **preset}
+    path.write_text(json.dumps(out, indent=2) + "\n")
+    return out
+
+
 if __name__ == "__main__":
-    print(json.dumps(main()))
+    print(json.dumps(run()))

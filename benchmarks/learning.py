@@ -21,6 +21,7 @@ last evaluation. Writes the curves to benchmarks/results/learning.png. Prints on
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import heapq
 import json
@@ -29,6 +30,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,6 +85,18 @@ class LearningConfig:
         )
     )
     progress: bool = True
+    # Users and the evaluation get the published version, as the fleet serves it: the trainer's float32 weights
+    # rounded to bf16 (online_rl.trainer.publisher exports bf16) at the end of each round that updated them. Off:
+    # they get the trainer's float32 weights themselves (the recorded runs), which learn from updates too small to
+    # move a bf16 weight before they add up.
+    serve_published: bool = False
+    rounds_per_version: int = 1  # rounds whose updates one version carries (their optimizer steps add up)
+    threads: int = 2  # torch threads of the trainer (1 on a machine shared with other work: no spinning)
+
+
+def published(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's weights as a version carries them: every state-dict entry in bf16."""
+    return {k: v.detach().to(torch.bfloat16) for k, v in model.state_dict().items()}
 
 
 def _model(preset: str, seed: int) -> Path:
@@ -91,12 +105,12 @@ def _model(preset: str, seed: int) -> Path:
     return bootstrap(preset, seed)
 
 
-def evaluate(trainer: Trainer, tok, pool: list, cfg: LearningConfig) -> float:
+def evaluate(model: torch.nn.Module, tok, pool: list, cfg: LearningConfig) -> float:
     """The share of the fixed evaluation's completions that pass their task's hidden tests."""
     pool = pool[: cfg.eval_tasks]
     prompts = [t.prompt for t in pool for _ in range(cfg.eval_samples)]
     gen = torch.Generator().manual_seed(cfg.seed + 10_000)
-    outs = serve(trainer.model, tok, prompts, gen, cfg.max_tokens)
+    outs = serve(model, tok, prompts, gen, cfg.max_tokens)
     cands = [sandbox.candidate_for(pool[i // cfg.eval_samples], tok.decode(o)) for i, (_, o, _, _) in enumerate(outs)]
     return float(np.mean([v.ok for v in sandbox.run(cands)]))
 
@@ -134,7 +148,11 @@ def _events(i: int, t0: float, task, served, passed: bool, reaction, version: in
     return events
 
 
-def run_variant(variant: str, cfg: LearningConfig, model_dir: Path, work: Path) -> dict:
+def run_variant(
+    variant: str, cfg: LearningConfig, model_dir: Path, work: Path, on_version: Callable | None = None
+) -> dict:
+    """on_version(weights, steps, judged): called at the end of each round that updated the weights, with them in
+    bf16 (published()), the optimizer steps since the last call, and the judged requests so far."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
@@ -144,7 +162,7 @@ def run_variant(variant: str, cfg: LearningConfig, model_dir: Path, work: Path) 
         batch_size=cfg.batch_size,
         min_batch=cfg.min_batch,
         seed=cfg.seed,
-        threads=2,
+        threads=cfg.threads,
         loss=LossConfig(
             distill_coef=cfg.distill_coef,
             distill_samples=cfg.distill_samples,
@@ -164,15 +182,19 @@ def run_variant(variant: str, cfg: LearningConfig, model_dir: Path, work: Path) 
     queue: list = []  # (ts, seq, event): the stream, in time order
     seq = judged = served_n = 0
     kept: list[bool] = []  # per judged request: accepted and kept
-    curve = [(0, evaluate(trainer, tok, pool, cfg))]
+    served_model = copy.deepcopy(trainer.model) if cfg.serve_published else trainer.model
+    if cfg.serve_published:
+        served_model.load_state_dict({k: v.float() for k, v in published(trainer.model).items()})
+    curve = [(0, evaluate(served_model, tok, pool, cfg))]
     served_curve: list[tuple[int, float]] = []  # the users' kept share over the last `window` judged
     counts = {"accept": 0, "reject": 0, "ignore": 0, "comment": 0, "persisted": 0, "kept": 0}
     steps, distill_tokens, distill_samples, t_start, rnd = 0, 0, 0, time.monotonic(), 0
+    opt_steps = 0  # since the last version
     bar = progress_bar(total=cfg.budget, desc=f"learning {variant}", unit="req", enabled=cfg.progress)
     while judged < cfg.budget:
         t0 = rnd * cfg.round_s
         batch = [rng.choice(pool) for _ in range(cfg.requests_per_round)]
-        served = serve(trainer.model, tok, [t.prompt for t in batch], gen, cfg.max_tokens)
+        served = serve(served_model, tok, [t.prompt for t in batch], gen, cfg.max_tokens)
         texts = [tok.decode(o) for _, o, _, _ in served]
         verdicts = sandbox.run([sandbox.candidate_for(t, x) for t, x in zip(batch, texts)])
         for k, (task, s, text, v) in enumerate(zip(batch, served, texts, verdicts)):
@@ -201,13 +223,21 @@ def run_variant(variant: str, cfg: LearningConfig, model_dir: Path, work: Path) 
             if m is None:
                 break
             steps += 1
+            opt_steps += int(m["steps"])  # optimizer steps (passes) of the update
             distill_tokens += m.get("distill_tokens", 0)
             distill_samples += m.get("distill_samples", 0)
+        if opt_steps and rnd % cfg.rounds_per_version == 0:  # a new version
+            weights = published(trainer.model)
+            if on_version is not None:
+                on_version(weights, opt_steps, judged)
+            opt_steps = 0
+            if cfg.serve_published:
+                served_model.load_state_dict({k: v.float() for k, v in weights.items()})
         bar.update(min(cfg.budget, judged) - bar.n)
         if len(kept) >= cfg.window:
             served_curve.append((judged, float(np.mean(kept[-cfg.window :]))))
         if rnd % cfg.eval_every == 0 or judged >= cfg.budget:
-            curve.append((judged, evaluate(trainer, tok, pool, cfg)))
+            curve.append((judged, evaluate(served_model, tok, pool, cfg)))
             bar.set_postfix(acceptance=f"{curve[-1][1]:.2f}")
     bar.close()
     reached = next((n for n, acc in curve if acc >= cfg.target), None)

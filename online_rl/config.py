@@ -328,3 +328,23 @@ class TrainerConfig:
 
     def __post_init__(self):
         check_modes(self)
+
+
+# The production preset "low-change" (docs/trainer.md, "Versions that change little"): a version per update of one
+# optimizer step at a small rate, so that most bf16 weights of a version stay bit-identical to the previous one's
+# (the trainer's float32 masters keep the steps too small to move a bf16 weight until they add up): the regime the
+# delta codec was built for. Measured by benchmarks/_change_vs_learning.py on the test model.
+LOW_CHANGE = OptimConfig(lr=1e-5, epochs=1)
+LOW_CHANGE_BATCH = 8  # samples an update, and so a version: small, so that versions come often and learning keeps pace
+
+
+def low_change(model_dir: Path, **overrides) -> TrainerConfig:
+    """The low-change preset: `flywheel train --lr LR --epochs 1 --batch-size 8 --min-batch 8 --publish-interval 0`."""
+    return TrainerConfig(
+        model_dir=model_dir,
+        batch_size=LOW_CHANGE_BATCH,
+        min_batch=LOW_CHANGE_BATCH,
+        optim=OptimConfig(lr=LOW_CHANGE.lr, epochs=LOW_CHANGE.epochs),
+        publish=PublisherConfig(interval_s=0.0),
+        **overrides,
+    )

@@ -422,6 +422,36 @@ def guard() -> str:
     return "\n".join(lines)
 
 
+def change_vs_learning() -> str:
+    """Per-version change against learning speed by learning rate and steps per version
+    (records/change_vs_learning.json), and the low-change preset's run in guard.json."""
+    rec, g = _load("records/change_vs_learning.json"), _load("guard.json")
+    lines = [
+        "| lr | requests / version | optimizer steps / version | versions | bf16 identical per version: mean (min) "
+        "| delta ratio (median) | acceptance at start | gained (last two evaluations) | judged requests to +5 points |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rec["runs"]:
+        lines.append(
+            f"| {r['lr']:g} | {r['requests_per_round'] * r['rounds_per_version']} | "
+            f"{r['optimizer_steps_per_version']:g} | {r['versions']} | "
+            f"{_pct(r['identical_share_mean'])} ({_pct(r['identical_share_min'])}) | {r['delta_ratio_median']:.1f}x | "
+            f"{_pct(r['acceptance_start'])} | {100 * r['acceptance_gain']:+.1f} points | "
+            f"{r['requests_to_gain_5pts'] if r['requests_to_gain_5pts'] is not None else 'not within the budget'} |"
+        )
+    p = g["preset"]
+    lines.append("")
+    lines.append(
+        f"The preset in guard.json (lr {p['lr']:g}, {p['epochs']} optimizer step a version of "
+        f"{p['requests_per_version']} requests, {p['budget']} judged requests; "
+        f"{'the sweep' + chr(39) + 's run of its setting' if g.get('preset_source') else 'its own run'}): "
+        f"{_pct(g['preset_identical_share'])} of bf16 weights bit-identical "
+        f"per version on average (the least {_pct(g['preset_identical_share_min'])}), delta ratio "
+        f"{g['preset_delta_ratio_median']:.1f}x, acceptance gained {100 * g['preset_acceptance_gain']:+.1f} points."
+    )
+    return "\n".join(lines)
+
+
 def prometheus_crosscheck() -> str:
     """The demo's per-version table against PromQL, and the alerts seen, as the demo prints them
     (records/demo_prometheus_crosscheck.json)."""
@@ -436,6 +466,7 @@ def prometheus_crosscheck() -> str:
 
 FIGURES: dict[str, Callable[[], str]] = {
     "bench": bench,
+    "change_vs_learning": change_vs_learning,
     "delta_kernels": delta_kernels,
     "demo": demo,
     "distill_coef": distill_coef,

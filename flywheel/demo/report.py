@@ -6,8 +6,9 @@ judged) of the autocomplete users and of the agent users' sessions (a session co
 first turn; accepted: the file it left passes its hidden tests), the agent's turns by the implicit signals
 the gateway read from its sessions (it sends no feedback: serving.signals.implicit), requests, failed requests
 (counted against the version the fleet served when they failed), p50/p99 latency of the autocomplete requests, the
-user-visible switch pause (max over replicas), time out of rotation, and the delta's size and compression
-ratio.
+user-visible switch pause (max over replicas), time out of rotation, the delta's size and compression ratio, and
+the share of its bf16 weights bit-identical to its base version (from the manifest's chunks; none for a full
+snapshot).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ FIELDS = (
     "out_of_rotation_ms",
     "delta_mb",
     "delta_ratio",
+    "identical_share",
 )
 
 
@@ -93,10 +95,21 @@ def summarize(
                 "out_of_rotation_ms": max((s.get("drain_ms", 0.0) + s.get("load_ms", 0.0) for s in sw), default=None),
                 "delta_mb": round(m.nbytes_compressed / 2**20, 3) if m is not None else None,
                 "delta_ratio": round(m.nbytes_raw / max(1, m.nbytes_compressed), 1) if m is not None else None,
+                "identical_share": identical_share(m),
                 "kind": getattr(m, "kind", None),
             }
         )
     return rows
+
+
+def identical_share(manifest) -> float | None:
+    """The share of a delta version's elements whose bits equal its base version's (each chunk counts what
+    changed); None for a full snapshot or no manifest."""
+    if manifest is None or manifest.kind != "delta":
+        return None
+    total = sum(c.elems for t in manifest.tensors for c in t.chunks)
+    changed = sum(c.changed for t in manifest.tensors for c in t.chunks)
+    return round(1.0 - changed / max(1, total), 4)
 
 
 def _kind(r) -> str:
@@ -117,7 +130,7 @@ def table(rows: list[dict]) -> str:
     head = (
         f"{'version':>7} {'accept':>7} {'kept':>7} {'judged':>6} {'agent':>7} {'sess':>5} {'implicit':>8} {'sig':>4} "
         f"{'reqs':>5} {'failed':>6} "
-        f"{'p50 ms':>7} {'p99 ms':>7} {'pause ms':>8} {'out ms':>7} {'delta MB':>8} {'ratio':>6}"
+        f"{'p50 ms':>7} {'p99 ms':>7} {'pause ms':>8} {'out ms':>7} {'delta MB':>8} {'ratio':>6} {'same':>6}"
     )
     lines = [head, "-" * len(head)]
 
@@ -132,7 +145,8 @@ def table(rows: list[dict]) -> str:
             f"{r['sessions']:>5} {f(r.get('implicit_acceptance') and 100 * r['implicit_acceptance'], '7.1f')}% "
             f"{r.get('implicit_signals', 0):>4} {r['requests']:>5} {r['failed']:>6} {f(r['p50_ms'], '7.0f')} "
             f"{f(r['p99_ms'], '7.0f')} {f(r['switch_pause_ms'], '8.0f')} {f(r['out_of_rotation_ms'], '7.0f')} "
-            f"{f(r['delta_mb'], '8.3f')} {f(r['delta_ratio'], '6.1f')}"
+            f"{f(r['delta_mb'], '8.3f')} {f(r['delta_ratio'], '6.1f')} "
+            f"{f(r.get('identical_share') and 100 * r['identical_share'], '5.1f')}%"
         )
     return "\n".join(lines)
 

@@ -9,6 +9,8 @@ from flywheel.demo import report as demo_report
 from flywheel.demo.population import HiddenTests, HouseStyle, Interaction
 from loadtests.runner import parse_duration
 from online_rl.tasks import synthetic as tasks
+from weight_sync.codec import ChunkMeta
+from weight_sync.manifest import TensorEntry
 
 TASK = next(t for t in tasks.tasks("heldout") if t.family == "add")
 
@@ -53,8 +55,12 @@ def rec(version, outcome, started, latency=0.1):
 
 def test_summary_per_version_and_verdict():
     class M:
-        def __init__(self, raw, comp, kind):
+        def __init__(self, raw, comp, kind, changed=0):
             self.nbytes_raw, self.nbytes_compressed, self.kind = raw, comp, kind
+            # two tensors of 1000 bf16 elements, `changed` of them in the second's second chunk
+            chunks = [[ChunkMeta(0, 1000, "planes", 1, "d", 0)], [ChunkMeta(0, 600, "planes", 1, "d", 0)]]
+            chunks[1].append(ChunkMeta(600, 400, "sparse", 1, "d", changed))
+            self.tensors = [TensorEntry(f"w{i}", "BF16", [1000], c, "d") for i, c in enumerate(chunks)]
 
     records = (
         [rec(0, "accept", 1.0 + i) for i in range(40)]
@@ -73,7 +79,7 @@ def test_summary_per_version_and_verdict():
         {"version": 1, "pause_ms": 15.0, "load_ms": 280.0},
     ]
     rows = demo_report.summarize(
-        records, switches, {0: M(4_000_000, 3_000_000, "full"), 1: M(4_000_000, 100_000, "delta")}
+        records, switches, {0: M(4_000_000, 3_000_000, "full", 2000), 1: M(4_000_000, 100_000, "delta", 30)}
     )
     v0, v1 = rows
     assert (v0["version"], v0["acceptance"], v0["judged"], v0["requests"], v0["failed"]) == (0, 0.4, 100, 101, 1)
@@ -82,6 +88,9 @@ def test_summary_per_version_and_verdict():
     assert v1["p99_ms"] < 1000  # the agent sessions' durations (2 s) are not request latencies
     assert v1["delta_ratio"] == 40.0 and v0["switch_pause_ms"] is None
     assert set(demo_report.FIELDS) <= set(v0)
+    # bit-identical to the base: 1970 of 2000 elements; a full snapshot has no base to compare with
+    assert v1["identical_share"] == 0.985 and v0["identical_share"] is None
+    assert " 98.5%" in demo_report.table(rows).splitlines()[-1]
     v = demo_report.verdict(rows)
     assert v["rise_points"] == 30.0 and v["failed_requests"] == 2 and not v["goal_met"]  # a failure spoils it
     assert "v1" in demo_report.table(rows)

@@ -22,8 +22,10 @@ Importing this package is cheap: Triton loads only when a CUDA tensor (or a test
   trainer's FSDP2 step, the delta codec's GPU path and the batch-invariant forward): correctness of every Triton
   kernel against the numpy / float64 references on the device, batch invariance on the device, and timings against
   the ceilings measured in the same run (device-to-device copy bandwidth; cuBLAS fp32 matmul without TF32).
+- `jit_cache`: Where numba keeps the kernels' machine code: under $FLYWHEEL_HOME/numba, keyed by the content of every
+  module here (a fresh clone loads what an earlier one compiled).
 - `reference`: Float64 references every kernel is checked against (CPU path and Triton alike).
 - `simd`: One SIMD step that numba's loops cannot express, for kernels.cpu_ops: where in 16 consecutive elements two
-  arrays differ, written as packed positions (a stream compaction, LLVM's `masked.compressstore`).
+  arrays differ, written as packed positions (a stream compaction: LLVM's `experimental.vector.compress`).
 - `triton_ops`: Triton kernels: the batch-invariant ops and the delta-coding loops.
 """

@@ -27,6 +27,10 @@ import numpy as np
 import torch
 from numba import njit
 
+from kernels import jit_cache
+
+jit_cache.install()  # before the first @njit: the machine code kept by content (kernels.jit_cache)
+
 _F = np.float32
 _LOG2E = _F(1.4426950408889634)
 _LN2_HI = _F(0.693145751953125)  # ln2's leading 16 bits: n * _LN2_HI is exact for |n| < 2^8

@@ -1,8 +1,8 @@
 """Fused CPU loops (numba) for what numpy can only do as a chain of whole-array passes: the delta codec's scan
 of a tensor against its base, its inverse (rebuilding the new bits from a payload and the base), and what an
 in-place apply needs of a sparse chunk. Each reads its input once, checks every position it writes, and
-releases the GIL. Compiled on first use and cached next to this file (`cache=True`); `warm()` compiles them
-ahead, off any hot path. kernels.delta picks these when numba imports, numpy otherwise.
+releases the GIL. Compiled on first use and cached by content under $FLYWHEEL_HOME (kernels.jit_cache); `warm()`
+compiles them ahead, off any hot path. kernels.delta picks these when numba imports, numpy otherwise.
 
 Single-threaded on purpose (no `parallel=True`/prange): the publisher codes a tensor's chunks on a thread pool
 (weight_sync.publish, codec.encode_tensor) and the agent decodes them on one (weight_sync.agent.loop), so chunks
@@ -30,7 +30,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from kernels import jit_cache
 from kernels.simd import LANES, store_changed_positions
+
+jit_cache.install()  # before the first @njit: the machine code kept by content (kernels.jit_cache)
 
 BLOCK = 4096  # elements: a block of new, base and its planes (4 B elements: 48 KB) stays in L1 between loops
 BATCH = 1024  # sparse changes _sparse_patch joins at a time, into scratch that stays in L1

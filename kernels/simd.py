@@ -23,8 +23,8 @@ compile on a fresh clone, 2-4 s, or 0.5 s to load them from the cache, is outsid
 its cache by CPU (another CPU compiles afresh), and the loops are single-threaded (no prange: NUMBA_NUM_THREADS
 does not apply; torch's threads are idle while they run).
 The whole store writes idx[k : k + LANES] whatever the count: the caller's slack (cpu_ops.POSITIONS_SLACK)
-already covers a full step. numba caches cpu_ops' kernels by cpu_ops.py's own timestamp, not this file's: after
-editing only this file, delete kernels/__pycache__/cpu_ops.*.nb[ic] or the old machine code stays in use.
+already covers a full step. numba's own cache stamped cpu_ops' kernels by cpu_ops.py's timestamp alone, so an
+edit of only this file kept the old machine code; kernels.jit_cache now keys it by the content of every module here.
 """
 
 from __future__ import annotations

@@ -203,7 +203,8 @@ PROBES = {'--port "$GATEWAY_PORT"': ("GATEWAY_PORT", "/health")}  # a daemon's p
 def test_every_runbook_command_runs_and_the_fixes_clear_the_alerts(observed, test_model, tmp_path):
     """After test_alerts_fire_for_real: r1 is dead and the broker stopped. The SRE starts with Kafka (every
     weights command needs it), then follows every page in turn; the last two alerts clear."""
-    from weight_sync.publish import activate
+    from weight_sync import gate
+    from weight_sync.publish import activate, publish
 
     fleet, prom = observed
     dead = fleet.replicas[1]
@@ -249,18 +250,23 @@ def test_every_runbook_command_runs_and_the_fixes_clear_the_alerts(observed, tes
 
     try:
         for alert in alerts:
+            page_env = env
             if alert == "CanaryUndecided":  # a trial whose controller is gone, for its page to end
                 activate(fleet.publish_config(), 0, "test: a trial left undecided", "canary", replicas=["r1"], stable=0)
+            if alert == "GateBlockedVersion":  # a version the eval gate blocked (the same weights), for its override
+                held = publish(test_model, fleet.publish_config(), announce_now=False).version
+                gate.decide(fleet.publish_config(), held, "block", "test: a block to override", 0, {})
+                page_env = {**env, "VERSION": str(held)}
             for cmd in runbook_commands(alert):
                 kind = next((d for d in DAEMONS if cmd.startswith(d)), None)
                 for k in [k for k, d in running.items() if k == kind or d.due()]:
                     d = running.pop(k)
                     judge(d.alert, d.cmd, *d.finish())
-                if kind and not _probe(cmd, env):
+                if kind and not _probe(cmd, page_env):
                     log = tmp_path / f"{alert}-{kind.rsplit(' ', 1)[1]}.log"
-                    running[kind] = _Daemon.start(alert, cmd, env, log)
+                    running[kind] = _Daemon.start(alert, cmd, page_env, log)
                     continue
-                judge(alert, cmd, *_run(cmd, env, tmp_path / f"{alert}.log"))
+                judge(alert, cmd, *_run(cmd, page_env, tmp_path / f"{alert}.log"))
         while running:
             d = running.pop(next(iter(running)))
             judge(d.alert, d.cmd, *d.finish())

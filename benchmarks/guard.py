@@ -106,7 +106,14 @@ def run(argv: list[str] | None = None) -> dict:
     ap.add_argument("--preset-only", action="store_true", help="only the low-change preset's keys, into guard.json")
     ap.add_argument("--preset-from-record", action="store_true", help="--preset-only from the sweep's recorded run")
     ap.add_argument("--preset-budget", type=int, default=384, help="judged requests of the preset's run")
+    ap.add_argument(
+        "--hacked-only", action="store_true", help="only the reward-hacking monitors' run (#51), into guard.json"
+    )
     a = ap.parse_args(argv)
+    if a.hacked_only:
+        from benchmarks import _hacked_version
+
+        return _merge(_hacked_version.run())
     if not (a.preset_only or a.preset_from_record):
         return {**main(), **change.preset_figures(a.preset_budget)}
     if a.preset_from_record:
@@ -117,9 +124,14 @@ def run(argv: list[str] | None = None) -> dict:
         preset = {**change.preset_keys(runs[0], sweep["budget_judged_requests"]), "preset_source": change.RECORD}
     else:
         preset = change.preset_figures(a.preset_budget)
+    return _merge(preset)
+
+
+def _merge(keys: dict) -> dict:
+    """guard.json as recorded, with one part's keys from a fresh run (the other parts' runs kept)."""
     path = RESULTS / "guard.json"
     recorded = json.loads(path.read_text()) if path.exists() else {}
-    out = {**recorded, **preset}
+    out = {**recorded, **keys}
     path.write_text(json.dumps(out, indent=2) + "\n")
     return out
 

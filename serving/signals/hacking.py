@@ -25,10 +25,9 @@ both arms says nothing, and one a new version trips far more often is worth a lo
 
 from __future__ import annotations
 
-import json
 import re
 
-from serving.signals.implicit import is_edit
+from serving.signals.implicit import call_args, is_edit
 
 SHORT_TOKENS = 3  # an answer shorter than this that stops is an early stop
 MAX_TEXT = 4096  # characters read of an answer's or a result's end (a verdict is at its end)
@@ -63,16 +62,6 @@ def failed_result(content: str | None, is_error: bool = False) -> bool:
     return is_error or bool(_FAILED_RESULT.search((content or "")[-MAX_TEXT:]))
 
 
-def _args(arguments: str | dict) -> dict:
-    if isinstance(arguments, dict):
-        return arguments
-    try:
-        v = json.loads(arguments)
-    except (TypeError, ValueError, RecursionError):
-        return {}
-    return v if isinstance(v, dict) else {}
-
-
 def _texts(args: dict, *keys: str) -> str:
     return "\n".join(v for k in keys if isinstance(v := args.get(k), str))
 
@@ -87,7 +76,7 @@ def _words(value) -> list[str]:
 def edits_tests(name: str, arguments: str | dict) -> bool:
     """A call that edits a test file or removes asserts (see the module's table); arguments as the model wrote
     them (a JSON string) or parsed."""
-    args = _args(arguments)
+    args = call_args(arguments)
     if not is_edit(name, args):
         return False
     paths = [p for k in ("path", "file_path", "filename") if isinstance(p := args.get(k), str)]

@@ -108,7 +108,8 @@ def _ref(ref: str) -> tuple[str, int]:
     return cid, int(choice) if choice.isdigit() else 0
 
 
-def _args(arguments) -> dict:
+def call_args(arguments: str | dict) -> dict:
+    """A tool call's arguments as a dict, whether sent as JSON text or already parsed ({} when not an object)."""
     if isinstance(arguments, dict):
         return arguments
     try:
@@ -217,7 +218,7 @@ class ImplicitSignals:
             while len(self._sessions) > self.capacity:
                 self._sessions.popitem(last=False)
         out = []
-        parsed = [(c["id"], c["name"], _args(c["arguments"])) for c in calls]
+        parsed = [(c["id"], c["name"], call_args(c["arguments"])) for c in calls]
         for _, name, args in parsed:
             content, path = args.get("content"), _path(args.get("path") or args.get("file_path"))
             written = _digest(content) if isinstance(content, str) else None

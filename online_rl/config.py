@@ -340,11 +340,10 @@ LOW_CHANGE_BATCH = 8  # samples an update, and so a version: small, so that vers
 
 def low_change(model_dir: Path, **overrides) -> TrainerConfig:
     """The low-change preset: `flywheel train --lr LR --epochs 1 --batch-size 8 --min-batch 8 --publish-interval 0`."""
-    return TrainerConfig(
-        model_dir=model_dir,
+    preset = dict(
         batch_size=LOW_CHANGE_BATCH,
         min_batch=LOW_CHANGE_BATCH,
         optim=OptimConfig(lr=LOW_CHANGE.lr, epochs=LOW_CHANGE.epochs),
         publish=PublisherConfig(interval_s=0.0),
-        **overrides,
     )
+    return TrainerConfig(model_dir=model_dir, **{**preset, **overrides})  # an override wins over the preset

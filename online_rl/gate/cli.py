@@ -104,7 +104,7 @@ def _gate(args) -> int:
         from weight_sync.publish import announce, stored_announcement
 
         for v in released_unsent(store):
-            announce(cfg.publish, stored_announcement(cfg.publish, v))
+            _retried(lambda v=v: announce(cfg.publish, stored_announcement(cfg.publish, v)), v)  # or at the next run
     cache: BaselineCache = {}  # the serving version's suite runs once for all the versions judged against it
     todo = [args.version] if args.version is not None else waiting(store)
     results = [_one(cfg, v, serving_version(what, store), cache) for v in todo]

@@ -25,9 +25,9 @@ from infra.config import nested, option
 from online_rl.gate import suite as S
 from online_rl.gate.verdict import Judgement, Metric, judge
 from weight_sync import gate as wgate
-from weight_sync.manifest import load_private
+from weight_sync.manifest import ManifestError, load_private
 from weight_sync.publish import PublishConfig
-from weight_sync.store.rebuild import rebuild
+from weight_sync.store.rebuild import RebuildError, rebuild
 from weight_sync.store.server import Store
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ def evaluate(
         t = time.monotonic()
         try:
             dirs = {"candidate": rebuild(store, version, work / f"v{version}", public)}
-        except ValueError as e:  # a manifest that does not verify, a chunk that rebuilds wrong: judged, not served
+        except (ManifestError, RebuildError) as e:  # a manifest that does not verify, a chunk that rebuilds wrong
             seconds["rebuild"] = time.monotonic() - t
             return Judgement(
                 "block", f"the candidate does not rebuild as signed: {e}", {"verification": str(e)}

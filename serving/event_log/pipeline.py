@@ -51,6 +51,10 @@ log = logging.getLogger(__name__)
 _WAKE = None  # queued by submit() after a write of its own that the next sync owes: the writer thread's cue
 
 
+class _NotInline(Exception):
+    """submit() leaves this event to the writer thread (the lock busy, no segment open, a new one due, closing)."""
+
+
 @dataclass
 class EventLogConfig:
     spool_dir: Path
@@ -132,6 +136,9 @@ class EventLog:
         self.writer_error: str | None = None  # the last write error, while writes fail
         self.sync_window = SyncWindow(cfg.sync_window_s)
         self._inline_ok = not self.sync_window.strict
+        self._closed = False  # set by the writer thread before its last sync: no write here after it
+        self._inline_failures = 0
+        self._inline_failure_logged = 0.0
         self._ctx = ctx
         # Called (writer thread) once after a batch whose events had on_durable callbacks: lets a caller
         # wake its event loop once per fsync rather than once per event.
@@ -143,8 +150,10 @@ class EventLog:
 
     # ------------------------------------------------------------------ request path
     def submit(self, topic: str, key: str, value: bytes, on_durable=None, meta: dict | None = None) -> bool:
-        """Queue an event; never blocks. False if it had to be dropped (queue or spool full). `on_durable()`
-        is called (from the writer thread) once the event is written to the spool (strict: and fsynced).
+        """Write an event to the spool (within a window: here, into the page cache, when nothing is queued ahead of
+        it and no one holds the spool; else queued for the writer thread); never waits for a lock or a sync. False
+        if it had to be dropped (queue or spool full). `on_durable()` is called once the event is written to the
+        spool (strict: and fsynced): here, or from the writer thread.
         `meta`: {"tenant", "ts", "scan": [texts]} (any may be absent), kept in the spool for the shipper, never
         sent."""
         self._submitted += 1
@@ -156,8 +165,13 @@ class EventLog:
         if self._writes_inline():
             try:
                 first = self._append([item], inline=True)
-            except Exception:  # noqa: BLE001 - disk full, I/O error: queued, the writer retries it and says so
-                pass
+            except _NotInline:
+                pass  # the writer thread's: queued below
+            except Exception as e:  # noqa: BLE001 - disk full, I/O error: queued, the writer retries it
+                self._inline_failures += 1
+                if time.monotonic() - self._inline_failure_logged > 60:
+                    self._inline_failure_logged = time.monotonic()
+                    log.warning("event spool: a write on the request path failed (%r); queued for the writer", e)
             else:
                 self._written([item], inline=True)
                 if first:
@@ -175,11 +189,15 @@ class EventLog:
             return False
 
     def _writes_inline(self) -> bool:
-        """Whether submit() may write the event itself: a window, the writer thread running, its writes not failing.
-        An event may so be written ahead of one still queued (for a new segment, or behind a failed write): only
-        events submitted at the same time, whose order nothing depends on (a client hears of its event only once
-        it is written, and so sends what follows from it after)."""
-        return self._inline_ok and self.writer_error is None and self._writer.is_alive() and not self._stop.is_set()
+        """Whether submit() may write the event itself: a window, the writer thread running, its writes not failing,
+        and nothing queued ahead of it (an event written here never passes one submitted before it)."""
+        return (
+            self._inline_ok
+            and self.writer_error is None
+            and self._q.empty()
+            and self._writer.is_alive()
+            and not self._stop.is_set()
+        )
 
     @property
     def pending_bytes(self) -> int:
@@ -338,6 +356,8 @@ class EventLog:
         try:
             self._write_batches()
         finally:
+            with self._forget_lock:
+                self._closed = True  # no write on the request path after the last sync
             try:
                 self.sync_window.sync_if_due(self._segments, self._forget_lock, force=True)
             except OSError as e:
@@ -398,9 +418,15 @@ class EventLog:
     def _append(self, batch: list, inline: bool = False) -> bool:
         """Write a batch after the head (strict: and sync it), then show it to the shipper. On any error the head
         stays where it was (what the attempt left past it is cut before the retry: serving.event_log.spool_writer).
-        `inline` (submit's own write): raises ValueError, nothing written, where it would begin a new segment (the
-        writer thread seals the full one, an fsync). True when the next sync owes this batch first."""
-        with self._forget_lock:  # forget() sees every record written before it, none after it unredacted
+        `inline` (submit's own write, on the event loop): raises _NotInline, nothing written, where it would wait
+        for the lock (forget() saving, the writer sealing a segment), open a file or begin a new segment (the writer
+        thread seals the full one, an fsync), or after the last sync. True when the next sync owes this batch first."""
+        # forget() sees every record written before it, none after it unredacted
+        if not self._forget_lock.acquire(blocking=not inline):
+            raise _NotInline("the spool is busy")
+        try:
+            if inline and (self._closed or not self._segments.is_open):
+                raise _NotInline("closed, or no segment open")
             match = self._forgotten_match
             records, redacted = [], 0
             for topic, key, value, meta, _ in batch:
@@ -411,7 +437,7 @@ class EventLog:
                     records.append(Spool.frame(topic, key, value, meta))
             size = sum(map(len, records))
             if inline and self._segments.head[1] >= self.cfg.segment_bytes:  # SegmentWriter.write would rotate
-                raise ValueError("a new segment: the writer thread's")
+                raise _NotInline("a new segment: the writer thread's")
             head = self._segments.write(records, sync=self.sync_window.strict)  # or raises, the head where it was
             first = self.sync_window.wrote()
             self._spooled += len(batch)
@@ -420,6 +446,8 @@ class EventLog:
             self._head = head
             with self._shared.get_lock():  # visible to the shipper once written
                 self._shared[sh.HEAD_SEG], self._shared[sh.HEAD_OFF] = head
+        finally:
+            self._forget_lock.release()
         return first
 
     def _group_commit_batch(self, timeout: float) -> list:

@@ -43,6 +43,11 @@ class SegmentWriter:
         self._fd: int | None = None
         self._fd_seg: int | None = None
 
+    @property
+    def is_open(self) -> bool:
+        """Whether the head's segment is open: an append then costs a write, no open, truncate or allocation."""
+        return self._fd is not None and self._fd_seg == self.head[0]
+
     def write(self, records: list[bytes], sync: bool = True) -> Position:
         """Append framed records after the head, on disk before it returns if `sync` (else written: a killed
         process loses nothing, a machine crash what was not synced); returns the new head. On any error the head

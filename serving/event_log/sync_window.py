@@ -75,8 +75,7 @@ class SyncWindow:
             self.failures += 1
             log.error("event spool: fdatasync failed (%r): events written since may be lost if the machine crashes", e)
             raise
-        lag = time.monotonic() - since
-        self.unsynced_since = None
+        lag = time.monotonic() - since  # unsynced_since stays as is: a record written during the sync opened it
         self.syncs += 1
         self.lag_max_s = max(self.lag_max_s, lag)
         self.lag_sum_s += lag

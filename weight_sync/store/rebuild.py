@@ -13,10 +13,15 @@ from weight_sync.manifest import verify
 from weight_sync.store.server import Store, chunk_name
 
 
+class RebuildError(ValueError):
+    """The version's stored bytes are not what its signed manifest says (a corrupt chunk, a tensor that rebuilds to
+    other bytes): the version itself is at fault, not the store's state or this process (as is a ManifestError)."""
+
+
 def rebuild(store: Store, version: int, out: Path, public) -> Path:
     """`out` holding `version` (model.safetensors and its side files); a manifest that does not verify with
-    `public` (the trainer's ed25519 key), or a tensor that rebuilds to other bytes than its manifest says,
-    raises ValueError (ManifestError is one)."""
+    `public` (the trainer's ed25519 key) raises ManifestError; a corrupt chunk, or a tensor that rebuilds to other
+    bytes than its manifest says, RebuildError; a version not in the store, ValueError."""
     if version not in store.versions():
         raise ValueError(f"version {version} is not in the store (have {store.versions()})")
     out = Path(out)
@@ -34,9 +39,12 @@ def rebuild(store: Store, version: int, out: Path, public) -> Path:
             for t, entry in enumerate(manifest.tensors):
                 frames = [(m, (vdir / "chunks" / chunk_name(t, c)).read_bytes()) for c, m in enumerate(entry.chunks)]
                 base_bits = base.bits(entry.name) if base is not None else None
-                bits = codec.decode_tensor(frames, codec.bit_view(entry.dtype), entry.numel, base_bits)
+                try:
+                    bits = codec.decode_tensor(frames, codec.bit_view(entry.dtype), entry.numel, base_bits)
+                except ValueError as e:  # a chunk whose digest or frame is wrong
+                    raise RebuildError(f"v{v}: tensor {entry.name}: {e}") from e
                 if codec.digest(bits) != entry.digest:
-                    raise ValueError(f"v{v}: tensor {entry.name} rebuilds to other bytes than its manifest says")
+                    raise RebuildError(f"v{v}: tensor {entry.name} rebuilds to other bytes than its manifest says")
                 writer.write(entry.name, bits)
             writer.close()
         except BaseException:

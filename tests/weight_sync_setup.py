@@ -1,7 +1,8 @@
 """What the weight sync tests (tests/integration/weight_sync/test_weight_sync*.py) share: a store with v0 (the test
 model)
 and three deltas behind its HTTP server, with the signing keys (`weights`, one per test module), an agent for a
-replica, and how a replica's answers and version are read and compared.
+replica, and how a replica's answers and version are read and compared; and tiny_checkpoint, a two-tensor checkpoint
+for the unit tests of the store and its control records.
 """
 
 from __future__ import annotations
@@ -22,6 +23,25 @@ from weight_sync.publish import PublishConfig, publish
 from weight_sync.store.server import Store
 
 PROMPT = 'def add_three(x):\n    """Return x plus 3."""\n'
+
+
+def tiny_checkpoint(path: Path, seed: int, base: Path | None = None, with_bias: bool = False) -> Path:
+    """A small checkpoint in `path`: a bf16 matrix (and an fp32 bias with `with_bias`), or, given `base`, base's
+    weights with 2% of the matrix's elements moved by one bit (a delta's worth of change)."""
+    path.mkdir(parents=True)
+    g = torch.Generator().manual_seed(seed)
+    if base is None:
+        sd = {"model.w1": torch.randn(64, 32, generator=g).to(torch.bfloat16)}
+        if with_bias:
+            sd["model.b"] = torch.randn(7, generator=g)
+    else:
+        sd = load_file(str(base / "model.safetensors"))
+        m = torch.rand(sd["model.w1"].shape, generator=g) < 0.02
+        bits = sd["model.w1"].view(torch.int16)
+        sd["model.w1"] = torch.where(m, bits + 1, bits).view(torch.bfloat16)
+    save_file(sd, str(path / "model.safetensors"))
+    (path / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "hidden_size": 32}))
+    return path
 
 
 def perturbed(src: Path, dst: Path, seed: int, share: float = 0.02, ulps: int = 1) -> Path:

@@ -9,31 +9,15 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from prometheus_client import CollectorRegistry
-from safetensors.torch import load_file, save_file
 
 from contracts import events as ev
 from online_rl.data.tenants import TenantGate
 from serving import auth
+from tests.weight_sync_setup import tiny_checkpoint
 from weight_sync.manifest import generate_key
 from weight_sync.publish import PublishConfig, activate, announce, publish
 from weight_sync.store.server import Store
-
-
-def _ckpt(path, seed, base=None):
-    path.mkdir(parents=True)
-    g = torch.Generator().manual_seed(seed)
-    if base is None:
-        sd = {"model.w1": torch.randn(64, 32, generator=g).to(torch.bfloat16)}
-    else:
-        sd = load_file(str(base / "model.safetensors"))
-        m = torch.rand(sd["model.w1"].shape, generator=g) < 0.02
-        bits = sd["model.w1"].view(torch.int16)
-        sd["model.w1"] = torch.where(m, bits + 1, bits).view(torch.bfloat16)
-    save_file(sd, str(path / "model.safetensors"))
-    (path / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "hidden_size": 32}))
-    return path
 
 
 @pytest.fixture
@@ -41,9 +25,9 @@ def store(tmp_path):
     """A store with v0 and v1 (no broker: records are numbered, ledgered, not sent) and its publish config."""
     generate_key(tmp_path / "s.pem", tmp_path / "s.pub")
     cfg = PublishConfig(store=tmp_path / "store", private_key=tmp_path / "s.pem")
-    c0 = _ckpt(tmp_path / "c0", 0)
+    c0 = tiny_checkpoint(tmp_path / "c0", 0)
     publish(c0, cfg)
-    publish(_ckpt(tmp_path / "c1", 1, base=c0), cfg)
+    publish(tiny_checkpoint(tmp_path / "c1", 1, base=c0), cfg)
     return cfg, Store(cfg.store), tmp_path
 
 
@@ -84,7 +68,7 @@ def test_a_torn_ledger_tail_is_cut_and_neither_publish_nor_the_trainers_start_fa
     )
     assert pub.enabled
     # Publishing after its commit folds the ledger (retention keeps decided versions): it succeeds.
-    c2 = _ckpt(tmp / "c2", 2, base=tmp / "c1")
+    c2 = tiny_checkpoint(tmp / "c2", 2, base=tmp / "c1")
     assert publish(c2, cfg).version == 2
     # The next decision is a whole line of its own, numbered above the torn one's number (9 may have been used).
     nxt = activate(cfg, 2, "serve v2")

@@ -11,9 +11,10 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from contracts import control
+from tests.weight_sync_setup import tiny_checkpoint
 from weight_sync import gate
 from weight_sync.manifest import ManifestError, generate_key, load_private
 from weight_sync.publish import PublishConfig, publish, stored_announcement, unannounced
@@ -22,30 +23,15 @@ from weight_sync.store.rebuild import rebuild
 from weight_sync.store.server import Store
 
 
-def _ckpt(path, seed, base=None):
-    path.mkdir(parents=True)
-    g = torch.Generator().manual_seed(seed)
-    if base is None:
-        sd = {"model.w1": torch.randn(64, 32, generator=g).to(torch.bfloat16), "model.b": torch.randn(7, generator=g)}
-    else:
-        sd = load_file(str(base / "model.safetensors"))
-        m = torch.rand(sd["model.w1"].shape, generator=g) < 0.02
-        bits = sd["model.w1"].view(torch.int16)
-        sd["model.w1"] = torch.where(m, bits + 1, bits).view(torch.bfloat16)
-    save_file(sd, str(path / "model.safetensors"))
-    (path / "config.json").write_text(json.dumps({"model_type": "qwen3_moe", "hidden_size": 32}))
-    return path
-
-
 @pytest.fixture
 def held(tmp_path):
     """v0 announced; v1 (a delta) published with the gate on: in the store, not announced; a canary publisher."""
     generate_key(tmp_path / "s.pem", tmp_path / "s.pub")
     cfg = PublishConfig(store=tmp_path / "store", private_key=tmp_path / "s.pem", canary=True)
-    c0 = _ckpt(tmp_path / "c0", 0)
+    c0 = tiny_checkpoint(tmp_path / "c0", 0, with_bias=True)
     publish(c0, dataclasses.replace(cfg, canary=False))
     Store(cfg.store).mark_announced(0)
-    c1 = _ckpt(tmp_path / "c1", 1, base=c0)
+    c1 = tiny_checkpoint(tmp_path / "c1", 1, base=c0)
     assert publish(c1, cfg, announce_now=False).kind == "delta"
     return cfg, Store(cfg.store), c1
 
@@ -146,7 +132,7 @@ def test_retention_keeps_the_version_sent_while_the_gate_blocks_the_newer_ones(h
     gate.decide(cfg, 1, "block", "worse", 0, {})
     prev = c1
     for v in range(2, 6):
-        prev = _ckpt(tmp_path / f"c{v}", v, base=prev)
+        prev = tiny_checkpoint(tmp_path / f"c{v}", v, base=prev)
         assert publish(prev, cfg, announce_now=False).version == v
         gate.decide(cfg, v, "block", "worse", 0, {})
     assert store.announced() == 0 and 0 in store.decided()
@@ -157,7 +143,7 @@ def test_an_override_of_a_block_older_than_the_version_sent_needs_force(held, tm
     cfg, store, c1 = held
     plain = dataclasses.replace(cfg, canary=False)
     gate.decide(plain, 1, "block", "worse", 0, {})
-    c2 = _ckpt(tmp_path / "c2", 2, base=c1)
+    c2 = tiny_checkpoint(tmp_path / "c2", 2, base=c1)
     publish(c2, plain, announce_now=False)
     gate.decide(plain, 2, "pass", "fine", 0, {})
     store.mark_announced(2)  # no broker here: the pass's announcement as sent

@@ -65,7 +65,7 @@ class LearningConfig:
     eval_tasks: int | None = None  # the first this many tasks of the pool (None: all)
     window: int = 128  # judged requests the users' own kept share is reported over
     target: float = 0.9
-    max_tokens: int = 40
+    max_tokens: int = 64  # a multi-line body is up to ~50 tokens
     lr: float = 2e-4
     # Passes over each batch (OptimConfig.epochs). One left the policy gradient under-used: measured 2026-12-03
     # (seed 0), 2 passes took base 576 -> 404 (768 requests) and persist 404 -> 231 judged requests to 90%.
@@ -175,7 +175,7 @@ def run_variant(
     )
     trainer = Trainer(tcfg)
     torch.manual_seed(cfg.seed)
-    pool = tasks.tasks(cfg.population.split, cfg.seed)
+    pool = tasks.tasks(cfg.population.split, cfg.seed, families=cfg.population.families)
     pop = dataclasses.replace(cfg.population, feedback=SIGNALS[variant])
     rng = random.Random(f"{cfg.seed}/learning")
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -301,6 +301,7 @@ def main(argv: list[str] | None = None, base: LearningConfig | None = None) -> d
     ap.add_argument("--distill-coef", type=float, default=None, help="the distillation KL's coefficient (gamma)")
     ap.add_argument("--model-seed", type=int, default=None, help="the model's bootstrap seed (default: --seed)")
     ap.add_argument("--epochs", type=int, default=None, help="passes over each batch, one optimizer step each")
+    ap.add_argument("--families", default=None, help="the pool's task families: single, multiline, all")
     ap.add_argument("--distill-step", action="store_true", help="the distillation in an optimizer step of its own")
     a = ap.parse_args(argv)
     cfg = dataclasses.replace(
@@ -316,6 +317,8 @@ def main(argv: list[str] | None = None, base: LearningConfig | None = None) -> d
         cfg.distill_step = True
     if a.comment_rate is not None:
         cfg.population = dataclasses.replace(cfg.population, comment_rate=a.comment_rate)
+    if a.families is not None:
+        cfg.population = dataclasses.replace(cfg.population, families=a.families)
     model_seed = cfg.seed if a.model_seed is None else a.model_seed  # another pool and draws on one model
     model_dir = _model(cfg.preset, model_seed)
     work = Path(tempfile.mkdtemp(prefix="flywheel-learning-"))
@@ -335,6 +338,8 @@ def main(argv: list[str] | None = None, base: LearningConfig | None = None) -> d
         "epochs": cfg.epochs,
         "fooled_rate": cfg.population.fooled_rate,
         "comment_rate": cfg.population.comment_rate,
+        "families": cfg.population.families,
+        "pool_tasks": len(tasks.tasks(cfg.population.split, cfg.seed, families=cfg.population.families)),
         "distill_coef": cfg.distill_coef,
         "distill_samples": cfg.distill_samples,
         "distill_updates": cfg.distill_updates,

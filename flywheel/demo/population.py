@@ -53,10 +53,13 @@ class PopulationConfig:
     # (flywheel.demo.agent_session.UserModel: corrections, repeats, undos, walking away).
     agent_api: Literal["chat", "messages"] = "chat"
     temperature: float = 1.0  # IDE sampling; greedy already passes these tasks, so users see samples
-    max_tokens: int = 40
+    max_tokens: int = 64  # a multi-line body (online_rl.tasks.multiline) is up to ~50 tokens
     ignore_rate: float = 0.1  # share of completions a user neither accepts nor rejects
     think_s: tuple[float, float] = (0.0, 0.4)  # pause between a user's requests
     split: str = "heldout"
+    # The task families users ask about: single (one-line bodies), multiline, or all (the demo model's corpus
+    # has both; the test model has seen only one-line ones).
+    families: str = "single"
     seed: int = 0
     # Which signals users send besides accept/reject: basic (none), persist (+ persisted checks), text (+ comments)
     feedback: Literal["basic", "persist", "text"] = "basic"
@@ -140,7 +143,7 @@ class Population:
         self.url = gateway_url
         self.keys = keys
         self.prefers = preference or HiddenTests()
-        self.tasks = tasks.tasks(cfg.split, cfg.seed)
+        self.tasks = tasks.tasks(cfg.split, cfg.seed, families=cfg.families)
         self.records: list[Interaction] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()

@@ -53,6 +53,9 @@ class DemoConfig:
     # 0 by default: the demo as it was measured (its 20-point goal is on immediate acceptance, which fooled
     # accepts inflate); with persist or text, 0.25 gives the persisted checks something to say.
     fooled_rate: float = option(0.0, help="share of failing completions users accept at a glance (deleted later)")
+    families: Literal["single", "multiline", "all"] = option(
+        "single", help="task families users ask about: single (one-line bodies), multiline, all (the demo model's)"
+    )
     observe: bool = option(True, help="run Prometheus on the fleet and check the per-version table against PromQL")
 
     def __post_init__(self):
@@ -175,6 +178,7 @@ def run(cfg: DemoConfig) -> int:
                 seed=cfg.seed,
                 feedback=cfg.feedback,
                 fooled_rate=cfg.fooled_rate,
+                families=cfg.families,
             ),
             fleet.gateway.url,
             list(fleet.keys.values()),

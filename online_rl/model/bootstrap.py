@@ -8,9 +8,13 @@ and a digest of the code and settings that produced them.
 The corpus holds code documents and agent turns (online_rl.tasks.agent_episodes); the report gives held-out
 pass rates of the code and the rate of well-formed tool calls in held-out agent episodes.
 
-The code that turns a seed into the checkpoint's bytes is hashed into the cache key (`cache_key`, over
-MODEL_CODE: this module, presets, bpe, midtrain, the transformer and its config, the tasks and the corpus, the
-tool format), without its docstrings, comments or imports: a reworded or moved module keeps the key.
+The cache key (`cache_key`) is a digest of the settings, of the code that turns a corpus into the checkpoint's
+bytes (MODEL_CODE: this module, bpe, midtrain, the transformer and its config, the tool format; without
+docstrings, comments or imports: a reworded or moved module keeps the key; the presets are settings, in the key
+as values) and of the corpus itself, its
+documents' bytes: a change to the tasks' code that leaves a preset's corpus as it was (a family the preset does
+not draw) keeps that preset's model. The corpus's digest is remembered by the code and settings that made it
+(`corpus_digests.json` beside the models), so a lookup does not make the corpus again.
 """
 
 from __future__ import annotations
@@ -42,20 +46,26 @@ CHECKPOINT_FILES = (
     "generation_config.json",
 )
 REPORT_FILE = "bootstrap_report.json"  # timings and pass rates: not part of the deterministic bytes
-# The code that turns a preset into bytes (the corpus, the tokenizer, the model, the tool format).
+# The code that turns a corpus into a checkpoint's bytes (the tokenizer, the model, the tool format).
 MODEL_CODE = (
     "online_rl/model/bootstrap.py",
-    "online_rl/model/presets.py",
     "online_rl/model/bpe.py",
     "online_rl/model/midtrain.py",
     "online_rl/model/transformer.py",
     "online_rl/model/config.py",
+    "contracts/tool_format.py",
+)
+# The code that makes the corpus: it keys only the remembered corpus digests (the corpus's bytes key the model).
+CORPUS_CODE = (
+    "online_rl/tasks/family.py",
     "online_rl/tasks/synthetic.py",
+    "online_rl/tasks/multiline.py",
     "online_rl/tasks/corpus.py",
     "online_rl/tasks/agent_episodes.py",
     "online_rl/tasks/agent_clients.py",
     "contracts/tool_format.py",
 )
+CORPUS_DIGESTS = "corpus_digests.json"
 
 
 class _NoImports(ast.NodeTransformer):
@@ -83,12 +93,41 @@ def _code_digest(source: str) -> str:
     return ast.dump(tree)
 
 
-def cache_key(cfg: BootstrapConfig) -> str:
-    """Digest of the settings and of the code that turns them into bytes."""
+def _code_digests(files: tuple[str, ...]) -> bytes:
+    return "".join(_code_digest((REPO_ROOT / rel).read_text()) for rel in files).encode()
+
+
+def corpus_digest(cfg: TC.CorpusConfig) -> str:
+    """sha256 of the corpus's documents, remembered under $FLYWHEEL_HOME/models by a digest of the corpus's
+    code, its settings and this Python (the corpus's prose is this Python's docstrings: agent_clients)."""
+    from infra.paths import flywheel_home
+
     h = hashlib.sha256(json.dumps(dataclasses.asdict(cfg), sort_keys=True).encode())
-    h.update(platform.python_version().encode())  # the corpus's prose is this Python's docstrings (agent_clients)
-    for rel in MODEL_CODE:
-        h.update(_code_digest((REPO_ROOT / rel).read_text()).encode())
+    h.update(platform.python_version().encode())
+    h.update(_code_digests(CORPUS_CODE))
+    made_by = h.hexdigest()
+    memo_path = flywheel_home() / "models" / CORPUS_DIGESTS
+    try:
+        memo = json.loads(memo_path.read_text())
+    except (OSError, ValueError):
+        memo = {}
+    if made_by in memo:
+        return memo[made_by]
+    digest = hashlib.sha256("\x00".join(TC.corpus(cfg)).encode()).hexdigest()
+    memo[made_by] = digest
+    memo_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = memo_path.with_name(f".{CORPUS_DIGESTS}.{os.getpid()}")
+    tmp.write_text(json.dumps(memo, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, memo_path)  # atomic; a concurrent writer's entry may be lost and is made again
+    return digest
+
+
+def cache_key(cfg: BootstrapConfig) -> str:
+    """Digest of the settings, of the code that turns a corpus into bytes, and of the corpus's documents."""
+    settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "corpus"}  # the corpus's digest has them
+    h = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
+    h.update(_code_digests(MODEL_CODE))
+    h.update(corpus_digest(cfg.corpus).encode())
     return h.hexdigest()[:16]
 
 
@@ -145,6 +184,7 @@ def build(cfg: BootstrapConfig, out: Path, progress: bool = True, evaluate_model
         "cache_key": key,
         "parameters": sum(p.numel() for p in model.parameters()),
         "corpus_documents": len(docs),
+        "corpus_sha256": hashlib.sha256("\x00".join(docs).encode()).hexdigest(),
         "corpus_tokens": len(ids),
         "vocab_size": cfg.model.vocab_size,
         "train_steps": cfg.train.steps,

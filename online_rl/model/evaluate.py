@@ -10,14 +10,24 @@ from online_rl.tasks import synthetic as T
 
 
 def evaluate(model, tok, cfg: BootstrapConfig, progress: bool = True) -> dict:
-    """Pass rate on held-out tasks (never in the corpus): greedy, and per sample at temperature 1."""
+    """Pass rate on held-out tasks (never in the corpus): greedy, and per sample at temperature 1; with
+    multi-line families in the corpus, theirs apart (`..._multiline`)."""
+    held = T.tasks("heldout", cfg.seed, cfg.corpus.heldout_share)
+    held = random.Random(cfg.seed).sample(held, min(cfg.eval.tasks, len(held)))
+    out = _pass_rates(model, tok, cfg, held, progress)
+    if cfg.corpus.multiline_share:
+        multi = T.tasks("heldout", cfg.seed, cfg.corpus.heldout_share, families="multiline")
+        multi = random.Random(cfg.seed).sample(multi, min(cfg.eval.tasks, len(multi)))
+        out.update({f"{k}_multiline": v for k, v in _pass_rates(model, tok, cfg, multi, progress).items()})
+    return {**out, **evaluate_agent(model, tok, cfg, held, progress)}
+
+
+def _pass_rates(model, tok, cfg: BootstrapConfig, held: list, progress: bool) -> dict:
     import torch
 
     from infra.progress import bar as progress_bar
     from online_rl.sandbox import judge as sandbox
 
-    held = T.tasks("heldout", cfg.seed, cfg.corpus.heldout_share)
-    held = random.Random(cfg.seed).sample(held, min(cfg.eval.tasks, len(held)))
     gen = torch.Generator().manual_seed(cfg.seed)
     stop = {tok.token_to_id(s) for s in T.SPECIAL_TOKENS}
     by_len: dict[int, list] = {}
@@ -47,7 +57,6 @@ def evaluate(model, tok, cfg: BootstrapConfig, progress: bool = True) -> dict:
         # it must beat pass_rate_t1 for the teacher to have anything to teach.
         "pass_rate_t1_hinted": round(sum(v.ok for v in hinted) / len(hinted), 4),
         "example": greedy[0].code,
-        **evaluate_agent(model, tok, cfg, held, progress),
     }
 
 

@@ -107,7 +107,9 @@ PRESETS: dict[str, BootstrapConfig] = {
     "demo": BootstrapConfig(
         preset="demo",
         vocab_size=768,
-        corpus=TC.CorpusConfig(documents=40_000, agent_share=0.15),
+        # A third of the code documents multi-line (online_rl.tasks.multiline): where a comment can name the
+        # wrong line, text feedback has something to teach that accept/reject does not (#50).
+        corpus=TC.CorpusConfig(documents=40_000, agent_share=0.15, multiline_share=0.3),
         model=ModelConfig(
             hidden_size=128,
             num_hidden_layers=4,
@@ -120,7 +122,8 @@ PRESETS: dict[str, BootstrapConfig] = {
             **LONG_CONTEXT,  # type: ignore[arg-type]  # model code
         ),
         train=TrainConfig(steps=2400, batch_size=8, seq_len=256, lr=2e-3, warmup_steps=100),
-        eval=EvalConfig(tasks=176, samples=8, agent_tasks=48, agent_samples=4),
+        # 64 new tokens: a multi-line body is up to ~50 tokens
+        eval=EvalConfig(tasks=176, samples=8, max_new_tokens=64, agent_tasks=48, agent_samples=4),
     ),
 }
 

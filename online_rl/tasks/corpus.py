@@ -1,8 +1,9 @@
 """The bootstrap corpus: documents made from the train split's tasks (online_rl.tasks.synthetic), each ending
 in EOS, deterministic for a seed. A share of the bodies is deliberately wrong, a share of the documents are test
-functions or fill-in-the-middle, a share are hinted (`# hint: ...` before the reference body: the model learns to
-follow a user's hint, which text-feedback distillation's teacher relies on, online_rl.trainer.loss), and a share
-are turns of agent episodes (read the file, write a body, run the tests, answer: online_rl.tasks.agent_episodes).
+functions or fill-in-the-middle, a share are multi-line tasks (online_rl.tasks.multiline), a share are hinted
+(`# hint: ...` before the reference body: the model learns to follow a user's hint, which text-feedback
+distillation's teacher relies on, online_rl.trainer.loss), and a share are turns of agent episodes (read the
+file, write a body, run the tests, answer: online_rl.tasks.agent_episodes).
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ class CorpusConfig:
     # Documents whose body follows a hint (hint_for on one of the task's wrong bodies): the model learns to
     # use a user's hint, which text-feedback distillation's teacher relies on (online_rl.trainer.loss).
     hint_share: float = 0.1
+    # Code documents drawn from the multi-line families (online_rl.tasks.multiline) instead: bodies of several
+    # lines with one wrong line, where a hint names the line (0: the one-line families only).
+    multiline_share: float = 0.0
     # Of the agent turns: through a client's shell (Codex's exec_command, Claude Code's Bash, variants) rather
     # than Flywheel's three tools; of those, inside a client's context (a system prompt of up to context_chars
     # characters, an environment block, reminders) that the model must read past (online_rl.tasks.agent_clients).
@@ -45,6 +49,7 @@ def corpus(cfg: CorpusConfig) -> list[str]:
     """The bootstrap corpus: documents (each ending in EOS), deterministic for a seed."""
     rng = random.Random(cfg.seed)
     train = tasks("train", cfg.seed, cfg.heldout_share)
+    train_multiline = tasks("train", cfg.seed, cfg.heldout_share, families="multiline")
     docs = []
     for _ in range(cfg.documents):
         t = rng.choice(train)
@@ -61,6 +66,9 @@ def corpus(cfg: CorpusConfig) -> list[str]:
             )
             docs.append(turn.document)
             continue
+        if cfg.multiline_share and rng.random() < cfg.multiline_share:  # no draw at 0: other presets' bytes stay
+            t = rng.choice(train_multiline)
+            t = Task(t.family, t.k, t.arg, rng.randrange(len(t.spec.docs)))
         if cfg.hint_share and rng.random() < cfg.hint_share:
             docs.append(t.prompt + hint_line(hint_for(t, rng.choice(t.wrong_bodies()))) + t.reference + EOS)
             continue

@@ -20,22 +20,15 @@ import random
 import re
 from dataclasses import dataclass
 
+from online_rl.tasks.family import Family
+from online_rl.tasks.multiline import MULTILINE_FAMILIES
+
 NUMBER_WORDS = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight", 9: "nine"}
 ARG_NAMES = {
     "int": ("x", "n", "value", "num", "a"),
     "list": ("values", "items", "nums", "xs", "data"),
     "str": ("s", "text", "word", "name", "line"),
 }
-
-
-@dataclass(frozen=True)
-class Family:
-    key: str
-    kind: str  # argument type: int | list | str
-    name: str  # function name template; {w} is the constant as a word
-    docs: tuple[str, ...]  # docstring phrasings; {a} the argument, {k} the constant
-    body: str  # reference body (one or more lines, no indent); {a}, {k}
-    wrong: tuple[str, ...]  # plausible wrong bodies; {k1} is k + 1
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -220,7 +213,7 @@ FAMILIES: tuple[Family, ...] = (
         ("return {a} + '!' * {k}", "return {a}.upper() + '!' * {k1}", "return {a}.lower() + '!' * {k}"),
     ),
 )
-FAMILY_BY_KEY = {f.key: f for f in FAMILIES}
+FAMILY_BY_KEY = {f.key: f for f in FAMILIES + MULTILINE_FAMILIES}
 CONSTANTS = tuple(NUMBER_WORDS)
 
 
@@ -302,8 +295,12 @@ def _return_expr(body: str) -> str | None:
 
 def hint_for(task: Task, completion: str) -> str:
     """What a user who knows what the function must do says about a body that failed its hidden tests, in
-    the hint language the corpus teaches: the right expression with a wrong constant -> "use 3, not 4";
-    anything else -> "use <the expression it should return>" (e.g. "use x + 3")."""
+    the hint language the corpus teaches: the right code with a wrong constant -> "use 3, not 4"; anything
+    else -> "use <the code it should have>": for a one-line body the expression it should return ("use x + 3"),
+    for a multi-line one the first line that is wrong, as it should read ("use if v > 3:"; a return line
+    without its `return`, as in one-line hints)."""
+    if "\n" in task.spec.body:
+        return _multiline_hint(task, completion)
     want = _return_expr(task.reference)
     got = _return_expr(completion)
     if got is not None and got != want and _NUMBER.sub("#", got) == _NUMBER.sub("#", want):  # type: ignore[arg-type]  # model code
@@ -311,6 +308,21 @@ def hint_for(task: Task, completion: str) -> str:
         if wrong:
             return f"use {task.k}, not {wrong[0]}"
     return f"use {want}"
+
+
+def _multiline_hint(task: Task, completion: str) -> str:
+    want_lines = [line.strip() for line in task.reference.split("\n") if line.strip()]
+    got_lines = [line.strip() for line in completion.split("\n")]
+    # The first line that differs (a body that matches line for line but fails, e.g. by running on past the
+    # function, gets its last line named).
+    i = next((i for i, w in enumerate(want_lines) if i >= len(got_lines) or got_lines[i] != w), len(want_lines) - 1)
+    want = want_lines[i]
+    got = got_lines[i] if i < len(got_lines) else ""
+    if got != want and _NUMBER.sub("#", got) == _NUMBER.sub("#", want):
+        wrong = [(g, w) for g, w in zip(_NUMBER.findall(got), _NUMBER.findall(want)) if g != w]
+        if wrong:
+            return f"use {wrong[0][1]}, not {wrong[0][0]}"
+    return "use " + (want[len("return ") :] if want.startswith("return ") else want)
 
 
 def hint_line(hint: str) -> str:
@@ -341,17 +353,29 @@ class TaskSplit:
         return h < self.heldout_share * 10_000
 
 
-def all_combinations() -> list[tuple[str, int, str]]:
-    return [(f.key, k, a) for f in FAMILIES for k in CONSTANTS for a in ARG_NAMES[f.kind]]
+# Which families a set of tasks draws from: the one-line ones (every preset's corpus), the multi-line ones
+# (online_rl.tasks.multiline: the demo's corpus has them too), or both.
+FAMILY_SETS = {"single": FAMILIES, "multiline": MULTILINE_FAMILIES, "all": FAMILIES + MULTILINE_FAMILIES}
 
 
-def tasks(split: str, seed: int = 0, heldout_share: float = 0.2) -> list[Task]:
-    """Tasks of one split ("train" or "heldout"); held-out tasks use docstring phrasing 0."""
+def all_combinations(families: str = "single") -> list[tuple[str, int, str]]:
+    return [(f.key, k, a) for f in family_set(families) for k in CONSTANTS for a in ARG_NAMES[f.kind]]
+
+
+def family_set(families: str) -> tuple[Family, ...]:
+    if families not in FAMILY_SETS:
+        raise ValueError(f"unknown family set {families!r}; choose from {sorted(FAMILY_SETS)}")
+    return FAMILY_SETS[families]
+
+
+def tasks(split: str, seed: int = 0, heldout_share: float = 0.2, families: str = "single") -> list[Task]:
+    """Tasks of one split ("train" or "heldout") of a family set ("single", "multiline", "all"); held-out
+    tasks use docstring phrasing 0."""
     sp = TaskSplit(seed, heldout_share)
     want = split == "heldout"
     if split not in ("train", "heldout"):
         raise ValueError(f"unknown split {split!r}")
-    return [Task(f, k, a) for f, k, a in all_combinations() if sp.is_heldout(f, k, a) == want]
+    return [Task(f, k, a) for f, k, a in all_combinations(families) if sp.is_heldout(f, k, a) == want]
 
 
 FIM_PREFIX, FIM_SUFFIX, FIM_MIDDLE, EOS = "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|endoftext|>"

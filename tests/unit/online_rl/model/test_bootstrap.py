@@ -1,11 +1,14 @@
 """The model is made here, deterministically: same preset and seed, same bytes."""
 
+import copy
 import dataclasses
+import hashlib
 import json
 
 import pytest
 
 from online_rl.model import bootstrap as B
+from online_rl.tasks import corpus as TC
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -83,3 +86,26 @@ def test_cache_key_follows_the_program_not_its_layout():
     other = "def f(x):\n    return x + 2\n"
     assert B._code_digest(src) == B._code_digest(same)
     assert B._code_digest(src) != B._code_digest(other)
+
+
+def test_cache_key_follows_the_corpus_bytes_not_its_settings(tmp_path, monkeypatch):
+    """Settings that leave the corpus as it was (no agent turns, so no malformed calls among them; no multi-line
+    documents drawn) keep the key: the corpus's bytes key the model, remembered so a lookup does not make them."""
+    monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path))
+    cfg = B.preset("test")
+    cfg.corpus = dataclasses.replace(cfg.corpus, documents=300, agent_share=0.0)
+    same = copy.deepcopy(cfg)
+    same.corpus = dataclasses.replace(cfg.corpus, malformed_call_share=0.9, multiline_share=0.0)
+    other = copy.deepcopy(cfg)
+    other.corpus = dataclasses.replace(cfg.corpus, multiline_share=0.3)
+    assert B.cache_key(cfg) == B.cache_key(same) != B.cache_key(other)
+    docs = TC.corpus(cfg.corpus)
+    assert B.corpus_digest(cfg.corpus) == hashlib.sha256("\x00".join(docs).encode()).hexdigest()
+    memo = json.loads((tmp_path / "models" / B.CORPUS_DIGESTS).read_text())
+    assert len(memo) == 3  # one per corpus setting seen
+
+    def no_corpus(_cfg):
+        raise AssertionError("the corpus was made again")
+
+    monkeypatch.setattr(TC, "corpus", no_corpus)
+    assert B.cache_key(same) == B.cache_key(cfg)  # from the memo

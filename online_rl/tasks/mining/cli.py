@@ -1,9 +1,11 @@
-"""`flywheel tasks mine SOURCE`: feature-deletion tasks from real code, verified in the sandbox.
+"""`flywheel tasks mine SOURCE [--mode body|feature]`: feature-deletion tasks from real code, verified in the sandbox.
 
 SOURCE is a folder (a repository with its tests), `stdlib` (the interpreter's standard library with Debian's test
 suite), `pypi:NAME==VERSION`, or the name of a pinned PyPI package (online_rl.tasks.mining.sources.PINNED). Writes
 OUT/SOURCE/tasks.jsonl (the valid tasks, with provenance), rejected.jsonl (each rejected candidate and why) and
-summary.json (counts by reason, sandbox seconds per task), and prints the summary.
+summary.json (counts by reason, sandbox seconds per task), and prints the summary. --mode body (the default) deletes
+one function's body (online_rl.tasks.mining.verify); --mode feature deletes a function with its call sites
+(online_rl.tasks.mining.verify_feature) and writes to OUT/SOURCE-feature/.
 """
 
 from __future__ import annotations
@@ -38,6 +40,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_mine)
 
 
+def mine(source, cfg, progress: bool = True):
+    """Mine `source` in cfg.mode: a MiningReport."""
+    if cfg.mode == "feature":
+        from online_rl.tasks.mining.verify_feature import mine_features
+
+        return mine_features(source, cfg, progress)
+    from online_rl.tasks.mining.verify import mine as mine_bodies
+
+    return mine_bodies(source, cfg, progress)
+
+
 def summary(report) -> dict:
     """What a mining run reports: candidates, valid tasks, rejections by reason, sandbox seconds per task."""
     from online_rl.tasks.mining import verify
@@ -61,13 +74,13 @@ def summary(report) -> dict:
 def write(report, cfg, out: Path) -> dict:
     from online_rl.tasks.mining import store
 
-    folder = out / re.sub(r"[^A-Za-z0-9_.-]+", "_", report.source)
+    folder = out / (re.sub(r"[^A-Za-z0-9_.-]+", "_", report.source) + ("-feature" if cfg.mode == "feature" else ""))
     store.save(report.tasks, folder / "tasks.jsonl")
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / "rejected.jsonl", "w") as f:
         for r in report.rejected:
             f.write(json.dumps(asdict(r)) + "\n")
-    result = {**summary(report), "config": asdict(cfg), "tasks_file": str(folder / "tasks.jsonl")}
+    result = {**summary(report), "mode": cfg.mode, "config": asdict(cfg), "tasks_file": str(folder / "tasks.jsonl")}
     (folder / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
 
@@ -75,7 +88,7 @@ def write(report, cfg, out: Path) -> dict:
 def _mine(args) -> int:
     from infra.paths import flywheel_home
     from online_rl.tasks.mining import sources
-    from online_rl.tasks.mining.verify import MiningConfig, mine
+    from online_rl.tasks.mining.verify import MiningConfig
 
     cfg = build(MiningConfig, args)
     opts = build(OutArgs, args)

@@ -4,6 +4,13 @@ A MinedTask is one deleted body: its prompt is the file up to the body (everythi
 docstring: what an IDE shows before the cursor), its suffix the rest of the file, its reference the deleted body.
 The tests that judge it (the test file, by path in its source, and the test ids kept) are provenance and judging
 material only: no field the prompt is made of holds them, as the synthetic tasks' hidden tests never reach theirs.
+
+A FeatureTask (`flywheel tasks mine --mode feature`) is one deleted feature: a function's definition and the
+statements that called it (online_rl.tasks.mining.features). It shows the changed files as they are after the
+deletion (`shown`, a marker comment where the definition was) and its answer is each changed file's whole restored
+text (`reference`); `call_sites` says what was removed where. In one completion (ANSWER_FORMAT) each file follows a
+line `### PATH`; with one changed file the header may be left out. Only the changed files are taken from an answer:
+it cannot replace a test.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,11 +78,100 @@ class MinedTask:
         return cls(**raw)
 
 
+ANSWER_FORMAT = "the whole restored text of each changed file, each after a line `### PATH` (one file: no header)"
+
+
+@dataclass(frozen=True)
+class FeatureTask:
+    task_id: str  # source/path::qualname
+    source: str
+    version: str
+    origin: str
+    root: str
+    path: str  # the file the definition was in
+    qualname: str
+    lineno: int
+    shown: dict[str, str]  # shown: every changed file after the deletion
+    reference: dict[str, str]  # the answer: the same files as they were
+    call_sites: tuple[dict, ...]  # provenance: each removal (path, line, kind: definition | call | import, removed)
+    test_path: str  # hidden, as MinedTask's
+    test_module: str
+    test_ids: tuple[str, ...]  # hidden: fail without the feature, with its body empty and with its calls gone
+    paths: tuple[str, ...]
+    fresh: tuple[str, ...]
+    ship_all: bool
+    code_sha256: dict[str, str]  # of each changed file as it was
+    sandbox_s: float
+    mode: str = "feature"
+
+    @property
+    def name(self) -> str:
+        return self.qualname.rsplit(".", 1)[-1]
+
+    @property
+    def ask(self) -> str:
+        where = ", ".join(sorted(self.shown))
+        return (
+            f"The function `{self.qualname}` was deleted from {self.path}, with the statements that called it "
+            f"(in {where}). Restore the feature: write back {ANSWER_FORMAT}."
+        )
+
+    @property
+    def prompt(self) -> str:
+        """The ask, then each changed file as it is now, in the answer's format."""
+        return self.ask + "\n\n" + "".join(f"### {p}\n{t}" for p, t in sorted(self.shown.items()))
+
+    def files_of(self, answer: str | dict[str, str]) -> dict[str, str]:
+        """The changed files an answer restores (a file it leaves out stays as shown; any other file is ignored)."""
+        if isinstance(answer, dict):
+            return {p: answer.get(p, t) for p, t in self.shown.items()}
+        heads = list(re.finditer(r"^### (\S+)[ \t]*\n", answer, re.M))
+        heads = [h for h in heads if h.group(1) in self.shown]
+        if not heads:
+            return {self.path: answer} if len(self.shown) == 1 else dict(self.shown)
+        out = dict(self.shown)
+        for h, nxt in zip(heads, heads[1:] + [None]):
+            out[h.group(1)] = answer[h.end() : nxt.start() if nxt else len(answer)]
+        return out
+
+    def files_without_calls(self) -> dict[str, str]:
+        """The reference with the call sites (and imports) removed and the definition in place."""
+        out = dict(self.reference)
+        for p in out:
+            lines = out[p].splitlines(keepends=True)
+            edits = [e for e in self.call_sites if e["path"] == p and e["kind"] != "definition"]
+            for e in sorted(edits, key=lambda e: -e["line"]):
+                at = e["line"] - 1
+                lines[at : at + len(e["removed"].splitlines())] = [e["text"]] if e["text"] else []
+            out[p] = "".join(lines)
+        return out
+
+    @property
+    def answer(self) -> str:
+        """The reference in the answer's format."""
+        return "".join(f"### {p}\n{t}" for p, t in sorted(self.reference.items()))
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, line: str) -> FeatureTask:
+        raw = json.loads(line)
+        for key in ("test_ids", "paths", "fresh", "call_sites"):
+            raw[key] = tuple(raw[key])
+        return cls(**raw)
+
+
+def from_json(line: str) -> MinedTask | FeatureTask:
+    """A stored task of either mode (a feature task's line says so)."""
+    return FeatureTask.from_json(line) if json.loads(line).get("mode") == "feature" else MinedTask.from_json(line)
+
+
 def sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def save(tasks: Iterable[MinedTask], path: Path) -> int:
+def save(tasks: Iterable[MinedTask | FeatureTask], path: Path) -> int:
     path.parent.mkdir(parents=True, exist_ok=True)
     n = 0
     with open(path.with_suffix(".part"), "w") as f:
@@ -85,9 +182,9 @@ def save(tasks: Iterable[MinedTask], path: Path) -> int:
     return n
 
 
-def load(paths: Iterable[Path]) -> list[MinedTask]:
-    out = []
+def load(paths: Iterable[Path]) -> list[MinedTask | FeatureTask]:
+    out: list[MinedTask | FeatureTask] = []
     for path in paths:
         with open(path) as f:
-            out += [MinedTask.from_json(line) for line in f if line.strip()]
+            out += [from_json(line) for line in f if line.strip()]
     return out

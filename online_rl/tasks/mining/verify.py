@@ -18,13 +18,15 @@ import time
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
+from typing import Literal
 
 from infra.config import option
 from infra.progress import bar
 from online_rl.sandbox import suite
 from online_rl.tasks.mining.candidates import MARKER, Deletion, find
+from online_rl.tasks.mining.features import Feature
 from online_rl.tasks.mining.sources import Source
-from online_rl.tasks.mining.store import MinedTask, sha256
+from online_rl.tasks.mining.store import FeatureTask, MinedTask, sha256
 
 REASONS = (
     "unparsable",  # the code file does not parse
@@ -36,12 +38,20 @@ REASONS = (
     "slow",  # a run past the time limit, or only tests slower than slow_test_s break
     "passes_without_code",  # every test that passed with the body still passes without it
     "flaky",  # the only tests that break are ones whose outcome differs between repeats
+    # feature mode (online_rl.tasks.mining.features, verify_feature)
+    "no_call_sites",  # no code of the repository calls it
+    "used_as_value",  # it is named other than in a call (a callback, a property, a decorator)
+    "unremovable_call_site",  # a call that is no simple statement of its own (`if f(x):`, a decorator, ...)
+    "passes_without_call_sites",  # the kept tests pass with the definition back and its calls still gone
 )
 BROKEN = ("fail", "error")
 
 
 @dataclass
 class MiningConfig:
+    mode: Literal["body", "feature"] = option(
+        "body", help="what is deleted: a function's body, or a whole feature (its definition and its call sites)"
+    )
     max_candidates: int = option(200, help="candidates verified in the sandbox per source, at most (caps its time)")
     max_per_test_file: int = option(25, help="candidates judged by one test file, at most (spreads the draw)")
     min_lines: int = option(3, help="the shortest body mined, in lines of code")
@@ -68,7 +78,7 @@ class MiningReport:
     origin: str
     found: int = 0  # functions with a body worth deleting and a test file to judge them
     candidates: int = 0  # of those, verified in the sandbox (the draw)
-    tasks: list[MinedTask] = field(default_factory=list)
+    tasks: list[MinedTask | FeatureTask] = field(default_factory=list)
     rejected: list[Rejection] = field(default_factory=list)  # drawn candidates, and those no test reaches
     skipped: Counter[str] = field(default_factory=Counter)  # passed over before the sandbox (unparsable, ...)
     sandbox_s: float = 0.0  # wall seconds of every sandbox run
@@ -85,6 +95,7 @@ class _Plan:
     deletion: Deletion
     test: str
     key: tuple[str, str]  # the baseline it shares
+    feature: Feature | None = None  # feature mode: the whole feature the deletion's function is
 
 
 def classify(base: suite.SuiteRun, without: suite.SuiteRun, slow_test_s: float, max_tests: int):
@@ -141,6 +152,17 @@ def hollow(run: suite.SuiteRun, kept: list[str]):
     return None, left, f"{len(left)} tests pass with the body and fail without it or with an empty one"
 
 
+def wiring(run: suite.SuiteRun, kept: list[str]):
+    """(reason or None, the tests kept, why) from the kept tests run with a feature's definition back and its call
+    sites still gone: a test that passes so judges the function alone, not the feature."""
+    if run.timed_out:
+        return "slow", [], "the kept tests ran past the time limit without the call sites"
+    left = [t for t in kept if run.outcomes.get(t) != ["pass"]]
+    if not left:
+        return "passes_without_call_sites", [], "the kept tests pass with the definition back and no call to it"
+    return None, left, f"{len(left)} tests need the definition and its call sites"
+
+
 def empty_body(prefix: str, indent: str, suffix: str) -> str:
     return prefix + indent + "pass\n" + suffix
 
@@ -150,23 +172,27 @@ def runner_digest() -> str:
     return sha256(suite.suite_runner_source())[:16]
 
 
-def recheck(tasks: list[MinedTask], workers: int = 1) -> tuple[list[MinedTask], list[Rejection], float]:
+def recheck(tasks: list, workers: int = 1) -> tuple[list, list[Rejection], float]:
     """Stored tasks verified again as mining does, once each: the kept tests must pass with the reference and fail
-    with the body deleted and with an empty one. (those that hold, with the tests that still judge them, the
-    rejected, sandbox seconds). For tasks mined by an earlier runner or before a check was added."""
+    with the body deleted and with an empty one (a feature task: with the feature deleted, and with its definition
+    back but its call sites gone). (those that hold, with the tests that still judge them, the rejected, sandbox
+    seconds). For tasks mined by an earlier runner or before a check was added."""
     from online_rl.tasks.mining.judge import job_for
 
     jobs = []
     for t in tasks:
-        jobs += [job_for(t, None), job_for(t, t.indent + MARKER + "\n"), job_for(t, t.indent + "pass\n")]
+        if isinstance(t, FeatureTask):
+            jobs += [job_for(t, None), job_for(t, t.shown), job_for(t, t.files_without_calls())]
+        else:
+            jobs += [job_for(t, None), job_for(t, t.indent + MARKER + "\n"), job_for(t, t.indent + "pass\n")]
     runs = suite.run(jobs, suite.SuiteConfig(wall_seconds=60.0, cpu_seconds=61, workers=workers))
     kept, rejected = [], []
     for i, task in enumerate(tasks):
-        ref, gone, empty = runs[3 * i : 3 * i + 3]
+        ref, gone, other = runs[3 * i : 3 * i + 3]
         reason, tests, why = confirm(ref, gone)
         if not reason:
-            reason, tests, why = hollow(empty, tests)
-        spent = ref.wall_s + gone.wall_s + empty.wall_s
+            reason, tests, why = (wiring if isinstance(task, FeatureTask) else hollow)(other, tests)
+        spent = ref.wall_s + gone.wall_s + other.wall_s
         if reason:
             rejected.append(Rejection(task.task_id.split("/", 1)[-1], reason, why))
         else:
@@ -194,9 +220,11 @@ class _Miner:
                     self._shipped[("", "")] = self._shipped[k]
         return self._shipped[k]
 
-    def job(self, code: str, test: str, text: str | None, select=None, repeats=1) -> suite.SuiteJob:
+    def job(self, code: str, test: str, text: str | dict[str, str] | None, select=None, repeats=1) -> suite.SuiteJob:
         files = dict(self.files(code, test))
-        if text is not None:
+        if isinstance(text, dict):  # a feature's changed files
+            files.update(text)
+        elif text is not None:
             files[code] = text
         module, root = self.source.module_of(test)
         paths = list(dict.fromkeys([root, *self.source.paths]))
@@ -229,8 +257,10 @@ def _draw(plans: list[_Plan], cfg: MiningConfig) -> list[_Plan]:
 
 
 def mine(source: Source, cfg: MiningConfig | None = None, progress: bool = True) -> MiningReport:
-    """Mine one source: its tasks, its rejections by reason, and the sandbox time it took."""
+    """Mine one source for deleted bodies: its tasks, its rejections by reason, and the sandbox time it took."""
     cfg = cfg or MiningConfig()
+    if cfg.mode != "body":
+        raise ValueError(f"verify.mine mines bodies; mode {cfg.mode!r} is mined by cli.mine")
     t0 = time.monotonic()
     report = MiningReport(source.name, source.version, source.origin)
     texts = {t: source.read(t) for t in source.tests}
@@ -245,6 +275,58 @@ def mine(source: Source, cfg: MiningConfig | None = None, progress: bool = True)
                 continue
             plans.append(_Plan(d, tests[0], ("", "")))
     miner = _Miner(source, cfg)
+
+    def one(p: _Plan, base: suite.SuiteRun, spent: list[float]) -> MinedTask | Rejection:
+        d, cand = p.deletion, f"{p.deletion.path}::{p.deletion.qualname}"
+        without = miner.run(miner.job(d.path, p.test, d.deleted_source))
+        spent.append(without.wall_s)
+        reason, kept, why = classify(base, without, cfg.slow_test_s, cfg.max_tests)
+        if reason:
+            return Rejection(cand, reason, why)
+        again = miner.run(miner.job(d.path, p.test, None, select=kept, repeats=2))
+        gone = miner.run(miner.job(d.path, p.test, d.deleted_source, select=kept, repeats=2))
+        spent += [again.wall_s, gone.wall_s]
+        reason, kept, why = confirm(again, gone)
+        if reason:
+            return Rejection(cand, reason, why)
+        empty = miner.run(miner.job(d.path, p.test, empty_body(d.prefix, d.indent, d.suffix), select=kept))
+        spent.append(empty.wall_s)
+        reason, kept, why = hollow(empty, kept)
+        if reason:
+            return Rejection(cand, reason, why)
+        job = miner.job(d.path, p.test, None)
+        return MinedTask(
+            task_id=f"{source.name}/{cand}",
+            source=source.name,
+            version=source.version,
+            origin=source.origin,
+            root=str(source.root),
+            path=d.path,
+            qualname=d.qualname,
+            lineno=d.lineno,
+            prefix=d.prefix,
+            suffix=d.suffix,
+            reference=d.body,
+            indent=d.indent,
+            test_path=p.test,
+            test_module=job.module,
+            test_ids=tuple(kept),
+            paths=tuple(job.paths),
+            fresh=tuple(job.fresh),
+            ship_all=source.ship_all,
+            code_sha256=sha256(d.original),
+            sandbox_s=round(sum(spent), 3),
+        )
+
+    run_plans(miner, report, plans, one, progress)
+    report.wall_s = round(time.monotonic() - t0, 2)
+    return report
+
+
+def run_plans(miner: _Miner, report: MiningReport, plans: list[_Plan], one, progress: bool) -> None:
+    """Draw the plans, run one baseline per test file and `one(plan, baseline, spent)` per candidate drawn (a task,
+    or a rejection; `spent` collects its sandbox seconds), into the report."""
+    source, cfg = miner.source, miner.cfg
     for p in plans:
         p.key = miner.key(p.deletion.path, p.test)
     report.found = len(plans)
@@ -266,68 +348,26 @@ def mine(source: Source, cfg: MiningConfig | None = None, progress: bool = True)
                 pb.update()
         report.sandbox_s += sum(b.wall_s for b in baselines.values())
 
-        def one(p: _Plan):
+        def checked(p: _Plan):
             base = baselines[p.key]
-            share = base.wall_s / len(by_key[p.key])
-            spent = [share]
-            d, cand = p.deletion, f"{p.deletion.path}::{p.deletion.qualname}"
+            spent = [base.wall_s / len(by_key[p.key])]
             if base.error or base.timed_out or not base.stable("pass"):
                 reason, _, why = classify(base, base, cfg.slow_test_s, cfg.max_tests)
+                cand = f"{p.deletion.path}::{p.deletion.qualname}"
                 return Rejection(cand, reason or "fails_with_code", why), spent
-            without = miner.run(miner.job(d.path, p.test, d.deleted_source))
-            spent.append(without.wall_s)
-            reason, kept, why = classify(base, without, cfg.slow_test_s, cfg.max_tests)
-            if reason:
-                return Rejection(cand, reason, why), spent
-            again = miner.run(miner.job(d.path, p.test, None, select=kept, repeats=2))
-            gone = miner.run(miner.job(d.path, p.test, d.deleted_source, select=kept, repeats=2))
-            spent += [again.wall_s, gone.wall_s]
-            reason, kept, why = confirm(again, gone)
-            if reason:
-                return Rejection(cand, reason, why), spent
-            empty = miner.run(miner.job(d.path, p.test, empty_body(d.prefix, d.indent, d.suffix), select=kept))
-            spent.append(empty.wall_s)
-            reason, kept, why = hollow(empty, kept)
-            if reason:
-                return Rejection(cand, reason, why), spent
-            job = miner.job(d.path, p.test, None)
-            task = MinedTask(
-                task_id=f"{source.name}/{cand}",
-                source=source.name,
-                version=source.version,
-                origin=source.origin,
-                root=str(source.root),
-                path=d.path,
-                qualname=d.qualname,
-                lineno=d.lineno,
-                prefix=d.prefix,
-                suffix=d.suffix,
-                reference=d.body,
-                indent=d.indent,
-                test_path=p.test,
-                test_module=job.module,
-                test_ids=tuple(kept),
-                paths=tuple(job.paths),
-                fresh=tuple(job.fresh),
-                ship_all=source.ship_all,
-                code_sha256=sha256(d.original),
-                sandbox_s=round(sum(spent), 3),
-            )
-            return task, spent
+            return one(p, base, spent), spent
 
         with bar(total=len(drawn), desc=f"{source.name}: candidates", unit="fn", enabled=progress) as pb:
-            for done in as_completed([pool.submit(one, p) for p in drawn]):
+            for done in as_completed([pool.submit(checked, p) for p in drawn]):
                 outcome, spent = done.result()
                 report.sandbox_s += sum(spent[1:])
-                if isinstance(outcome, MinedTask):
-                    report.tasks.append(outcome)
-                else:
+                if isinstance(outcome, Rejection):
                     report.rejected.append(outcome)
+                else:
+                    report.tasks.append(outcome)
                 pb.update()
                 pb.set_postfix(valid=len(report.tasks))
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
     report.tasks.sort(key=lambda t: t.task_id)
     report.sandbox_s = round(report.sandbox_s, 2)
-    report.wall_s = round(time.monotonic() - t0, 2)
-    return report

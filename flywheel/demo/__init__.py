@@ -4,6 +4,8 @@ per-version report.
 - `agent_session`: One agent session against the gateway, as a coding agent runs it: the model is asked to implement
   a function in a file and works through three tools (read_file, write_file, run_tests: the tool language of
   online_rl.tasks.agent_episodes) until it answers in text or runs out of turns.
+- `house_style`: A cheaper preference than the hidden tests, judged by code in-process (load tests, chaos drills):
+  the house style.
 - `population`: A simulated population of IDE users with a hidden preference.
 - `report`: The demo's per-version summary: what users saw of each weight version, and what each switch cost.
 - `run`: `flywheel demo`: the whole loop on one machine, ending by itself.

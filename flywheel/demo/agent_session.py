@@ -10,6 +10,12 @@ stop the agent and walk away. The gateway reads those as implicit signals (servi
 session records the truth for every turn (`SessionResult.truth`: did the file that turn left pass), so the
 signals' precision and recall can be measured (benchmarks/implicit_signals.py, the demo).
 
+A session may also be on a mined task (online_rl.tasks.mining: code no one here wrote, drawn with the synthetic
+tasks by a mixture, PopulationConfig.mined_share): the workspace then holds the repository's changed file(s) at
+their own paths (a body task: the code file with the function's body deleted; a feature task: each file the
+deletion changed), the agent is asked for the function by name, and run_tests runs the repository's own kept
+tests through the mined tasks' sandbox judge (online_rl.tasks.mining.judge), on the files as the agent left them.
+
 The transport is the caller's (`chat(messages) -> answer`, in the chat API's shapes): the openai client,
 the anthropic client through `messages_transport` (the Messages API, as Claude Code speaks it), locust's
 client in load tests; all drive the same session.
@@ -21,12 +27,20 @@ import dataclasses
 import json
 import random
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from contracts.events import parse_version
 from online_rl.sandbox import judge as sandbox
 from online_rl.tasks import synthetic as tasks
 from online_rl.tasks.agent_episodes import ASKS, PATHS, openai_tools
+from online_rl.tasks.mining import judge as mined_judge
+from online_rl.tasks.mining.candidates import MARKER
+from online_rl.tasks.mining.store import FeatureTask, MinedTask
+
+AnyTask = tasks.Task | MinedTask | FeatureTask
+Code = str | dict[str, str]  # a synthetic task's one file; a mined task's files by path
+# run_tests' judge: (task, its Code) -> (passed, total); Any: a caller's judge of synthetic tasks only takes a str
+Judge = Callable[[Any, Any], tuple[int, int]]
 
 MAX_TURNS = 5  # read, write, test, answer: four when all goes well; one more for a retry
 
@@ -70,18 +84,63 @@ class SessionResult:
     abandoned: bool = False
 
 
-def tests_passed(task: tasks.Task, code: str, cfg: sandbox.SandboxConfig | None = None) -> tuple[int, int]:
-    """The task's hidden tests on a whole file, in the sandbox: (passed, total)."""
+def tests_passed(task: AnyTask, code: Code, cfg: sandbox.SandboxConfig | None = None) -> tuple[int, int]:
+    """The task's hidden tests on a whole file (a mined task's: its files, by its own judge), in the sandbox:
+    (passed, total)."""
+    if isinstance(task, (MinedTask, FeatureTask)):
+        mv = mined_judge.judge([(task, code if isinstance(code, dict) else {task.path: code})])[0]
+        return mv.passed, mv.total
+    assert isinstance(code, str)
     v = sandbox.run([dataclasses.replace(sandbox.candidate_for(task, ""), code=code)], cfg)[0]
     return v.passed, v.total
 
 
-class Repository:
-    """The simulated workspace: one file, the three tools."""
+def workspace(task: AnyTask, path: str) -> dict[str, str]:
+    """The files a session starts with: the task's prompt as `path`, or a mined task's changed files."""
+    if isinstance(task, FeatureTask):
+        return dict(task.shown)
+    if isinstance(task, MinedTask):
+        return {task.path: task.prefix + task.indent + MARKER + "\n" + task.suffix}
+    return {path: task.prompt}
 
-    def __init__(self, task: tasks.Task, path: str, judge: Callable[[tasks.Task, str], tuple[int, int]]):
+
+def ask_for(task: AnyTask, path: str, rng: random.Random) -> str:
+    if isinstance(task, FeatureTask):
+        return task.ask
+    if isinstance(task, MinedTask):
+        return f"Implement `{task.qualname}` in {task.path}: its body was deleted. Make the repository's tests pass."
+    return rng.choice(ASKS).format(p=path)
+
+
+def agent_mixture(cfg, synthetic: list, agent: int):
+    """The mixture agent `agent`'s sessions draw their tasks from (cfg: a PopulationConfig), or None when no share of
+    them is mined: then they draw the synthetic tasks as they always did. Every kind of mined task is drawn (a
+    session writes whole files, a feature's as readily as a body's)."""
+    if cfg.mined_share <= 0:
+        return None
+    from pathlib import Path
+
+    from infra.paths import flywheel_home
+    from online_rl.tasks.mining.mixture import Mixture
+
+    where = Path(cfg.mined_tasks) if cfg.mined_tasks else flywheel_home() / "tasks" / "mined"
+    seed = int.from_bytes(f"{cfg.seed}/agent/{agent}".encode(), "big") % (1 << 63)
+    return Mixture(synthetic, where, cfg.mined_share, seed, modes=("body", "feature"))
+
+
+class Repository:
+    """The simulated workspace: the task's file(s), the three tools."""
+
+    def __init__(self, task: AnyTask, path: str, judge: Judge):
         self.task, self.path, self.judge = task, path, judge
-        self.files = {path: task.prompt}
+        self.files = workspace(task, path)
+        self.start = dict(self.files)
+
+    def code(self) -> Code:
+        """What the hidden tests judge: the one file, or a mined task's files as they are now."""
+        if isinstance(self.task, tasks.Task):
+            return self.files[self.path]
+        return {p: self.files[p] for p in self.start}
 
     def call(self, name: str, arguments: str) -> str:
         try:
@@ -102,18 +161,18 @@ class Repository:
         if name == "run_tests":
             if path not in self.files:
                 return f"error: no such file: {path}"
-            passed, total = self.judge(self.task, self.files[path])
+            passed, total = self.judge(self.task, self.code() if path in self.start else self.files[path])
             return f"{total} passed" if passed == total else f"{total - passed} failed, {passed} passed"
         return f"error: unknown tool {name}"
 
-    def passes(self, code: str) -> bool:
+    def passes(self, code: Code) -> bool:
         passed, total = self.judge(self.task, code)
         return total > 0 and passed == total
 
     def kept(self) -> bool:
-        """The outcome: the file, as the agent left it, passes every hidden test (and was changed)."""
-        code = self.files[self.path]
-        return code != self.task.prompt and self.passes(code)
+        """The outcome: the file(s), as the agent left them, pass every hidden test (and were changed)."""
+        code = self.code()
+        return code != (self.start[self.path] if isinstance(code, str) else self.start) and self.passes(code)
 
 
 def _react(user: UserModel, rng: random.Random, good: bool, ask: str) -> tuple[str, str] | None:
@@ -142,17 +201,17 @@ def _react(user: UserModel, rng: random.Random, good: bool, ask: str) -> tuple[s
 
 def run_session(
     chat: Callable[[list[dict]], dict],
-    task: tasks.Task,
+    task: AnyTask,
     rng: random.Random,
-    judge: Callable[[tasks.Task, str], tuple[int, int]] = tests_passed,
+    judge: Judge = tests_passed,
     max_turns: int = MAX_TURNS,
     user: UserModel | None = None,
 ) -> SessionResult:
     """Drive one session; `chat` posts the conversation (with TOOLS) and returns the gateway's JSON answer
     (raising on any failed request). Returns the result; the caller sends the session's feedback, if any."""
-    path = rng.choice(PATHS)
+    path = rng.choice(PATHS) if isinstance(task, tasks.Task) else task.path
     repo = Repository(task, path, judge)
-    ask = rng.choice(ASKS).format(p=path)
+    ask = ask_for(task, path, rng)
     messages: list[dict] = [{"role": "user", "content": ask}]
     res = SessionResult(session_id=None, outcome="reject", turns=0)
     segment: list[str] = []  # turns since the user last spoke: judged by the file they leave
@@ -189,7 +248,7 @@ def run_session(
         for c in calls:
             result = repo.call(c["function"]["name"], c["function"]["arguments"])
             if c["function"]["name"] == "write_file" and result == "ok":
-                res.truth[answer["id"]] = repo.passes(repo.files[path])  # a write: judged by what it wrote
+                res.truth[answer["id"]] = repo.passes(repo.code())  # a write: judged by what it wrote
                 res.writes.append(answer["id"])
             if c["function"]["name"] == "run_tests":
                 failed_test = "failed" in result

@@ -25,11 +25,11 @@ import random
 import threading
 import time
 import urllib.request
-import warnings
 from dataclasses import asdict, dataclass
 from typing import Literal
 
 from contracts.events import parse_version
+from flywheel.demo.house_style import HouseStyle, parse_model_code  # noqa: F401 - where callers import them from
 from online_rl.sandbox import judge as sandbox
 from online_rl.tasks import synthetic as tasks
 
@@ -52,6 +52,11 @@ class PopulationConfig:
     # Messages API with none (as Claude Code does), their verdicts read by the gateway from what they do next
     # (flywheel.demo.agent_session.UserModel: corrections, repeats, undos, walking away).
     agent_api: Literal["chat", "messages"] = "chat"
+    # Agent sessions on mined tasks (`flywheel tasks mine`, online_rl.tasks.mining.mixture): each session's task is
+    # a mined one with probability mined_share (0: only synthetic tasks, drawn as they always were), drawn from the
+    # tasks.jsonl files under mined_tasks (None: $FLYWHEEL_HOME/tasks/mined), judged by the repository's own tests.
+    mined_share: float = 0.0
+    mined_tasks: str | None = None
     temperature: float = 1.0  # IDE sampling; greedy already passes these tasks, so users see samples
     max_tokens: int = 64  # a multi-line body (online_rl.tasks.multiline) is up to ~50 tokens
     ignore_rate: float = 0.1  # share of completions a user neither accepts nor rejects
@@ -289,7 +294,14 @@ class Population:
             self._stop.wait(rng.uniform(*self.cfg.think_s))
 
     def _agent(self, i: int) -> None:
-        from flywheel.demo.agent_session import UserModel, chat_body, messages_transport, run_session, tests_passed
+        from flywheel.demo.agent_session import (
+            UserModel,
+            agent_mixture,
+            chat_body,
+            messages_transport,
+            run_session,
+            tests_passed,
+        )
 
         rng = random.Random(f"{self.cfg.seed}/agent/{i}")
         key = self.keys[(self.cfg.users + i) % len(self.keys)]
@@ -313,13 +325,14 @@ class Population:
                 body = chat_body(messages, self.cfg.temperature, self.cfg.agent_max_tokens)
                 return client.chat.completions.create(**body, user=f"agent-{i}").model_dump()
 
-        def judge(task: tasks.Task, code: str) -> tuple[int, int]:  # run_tests in the agent's workspace
-            if isinstance(self.prefers, HiddenTests):
-                return tests_passed(task, code, self.prefers.cfg)
+        def judge(task, code) -> tuple[int, int]:  # run_tests in the agent's workspace
+            if isinstance(self.prefers, HiddenTests) or not isinstance(task, tasks.Task):  # a mined task: its tests
+                return tests_passed(task, code, getattr(self.prefers, "cfg", None))
             return int(self.prefers(task, code.removeprefix(task.prompt))), 1  # a binary preference: 1 test
 
+        mixture = agent_mixture(self.cfg, self.tasks, i)
         while not self._stop.is_set():
-            task = rng.choice(self.tasks)
+            task = rng.choice(self.tasks) if mixture is None else mixture.draw(1)[0]
             started, t = time.time(), time.monotonic()
             try:
                 res = run_session(chat, task, rng, judge, user=user)
@@ -361,36 +374,3 @@ class Population:
         with open(path, "w") as f:
             for r in self.snapshot():
                 f.write(json.dumps(asdict(r)) + "\n")
-
-
-def parse_model_code(source: str):
-    """ast.parse of a model's code, quietly: what Python warns about while parsing it ("invalid decimal literal",
-    an invalid escape) is about the model's code, not ours. The filter names only this file name; it is put
-    back when missing (a test harness resets the filters between tests), not at every call: adding a filter
-    clears what the warnings module remembers having shown, and many users' threads parse at once."""
-    import ast
-
-    for category in (SyntaxWarning, DeprecationWarning):
-        if not any(f[0] == "ignore" and f[2] is category and f[3] and f[3].pattern == _QUIET for f in warnings.filters):
-            warnings.filterwarnings("ignore", category=category, module=_QUIET)
-    return ast.parse(source, filename="<completion>")
-
-
-_QUIET = r"<completion>\Z"  # the module name the warnings module gives code parsed under that file name
-
-
-class HouseStyle:
-    """A cheaper preference, judged by code in-process (for load tests, where a sandbox run per completion
-    would load the machine under test): the function, once completed, parses and its body is a single
-    `return` statement (the house style: one-expression helpers)."""
-
-    def __call__(self, task: tasks.Task, completion: str) -> bool:
-        import ast
-
-        body = completion.split("\n\n", 1)[0]  # the function ends at its first blank line
-        try:
-            fn = parse_model_code(task.prompt + body).body[0]
-        except (SyntaxError, IndexError, ValueError):
-            return False
-        stmts = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
-        return len(stmts) == 1 and isinstance(stmts[0], ast.Return)

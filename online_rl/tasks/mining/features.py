@@ -346,8 +346,8 @@ def _feature(d: Deletion, fn, home: _Module, calls, loaded, same_file_only: bool
     for m, stmt, text, kind in removals:
         block = _block(m, stmt)
         if kind != "definition" and block is not None and not text:
-            gone = by_block[id(block)]
-            if len(gone) == len(block) and min(gone, key=lambda r: r[1].lineno)[1] is stmt:
+            emptied = by_block[id(block)]
+            if len(emptied) == len(block) and min(emptied, key=lambda r: r[1].lineno)[1] is stmt:
                 text = _indent(m, stmt) + "pass\n"
         s = start if kind == "definition" else stmt.lineno
         e = stmt.end_lineno or stmt.lineno

@@ -4,7 +4,8 @@
 output) and draws a step's tasks: each is mined with probability `share`. A mined task's prompt is its signature and
 docstring, after as many whole lines above them as fit in `prompt_chars` characters; its completions are judged by
 its hidden tests in the sandbox (online_rl.tasks.mining.judge), a synthetic task's as before
-(online_rl.sandbox.judge). Either way one verdict per completion with `reward` and `ok`.
+(online_rl.sandbox.judge). Either way one verdict per completion with `reward` and `ok`. Only the modes asked for
+are drawn: body tasks by default (the rollouts' short completions); the agent sessions draw feature tasks too.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from online_rl.sandbox import judge as sandbox
 from online_rl.tasks.mining import judge as mined_judge
-from online_rl.tasks.mining.store import MinedTask, load
+from online_rl.tasks.mining.store import FeatureTask, MinedTask, load
 
 
 def task_files(path: Path) -> list[Path]:
@@ -39,17 +40,25 @@ def prompt_of(task: Any, prompt_chars: int = 2000) -> str:
 
 def judge(task: Any, completions: Sequence[str], sandbox_cfg: sandbox.SandboxConfig | None = None) -> list:
     """One verdict per completion (`reward`, `ok`), by the task's own kind of judge."""
-    if isinstance(task, MinedTask):
+    if isinstance(task, (MinedTask, FeatureTask)):
         return mined_judge.judge([(task, c) for c in completions])
     return sandbox.run([sandbox.candidate_for(task, c) for c in completions], sandbox_cfg)
 
 
 class Mixture:
-    def __init__(self, synthetic: Sequence[Any], mined_path: Path | None, share: float, seed: int = 0):
+    def __init__(
+        self,
+        synthetic: Sequence[Any],
+        mined_path: Path | None,
+        share: float,
+        seed: int = 0,
+        modes: tuple[str, ...] = ("body",),
+    ):
         if not 0.0 <= share <= 1.0:
             raise ValueError(f"the mined share must be within [0, 1], got {share}")
         self.synthetic = list(synthetic)
-        self.mined = load(task_files(mined_path)) if mined_path is not None and share > 0 else []
+        found = load(task_files(mined_path)) if mined_path is not None and share > 0 else []
+        self.mined = [t for t in found if (t.mode if isinstance(t, FeatureTask) else "body") in modes]
         if share > 0 and not self.mined:
             raise FileNotFoundError(f"no mined tasks under {mined_path} (make some: flywheel tasks mine SOURCE)")
         self.share = share

@@ -125,13 +125,13 @@ class FeatureTask:
         """The changed files an answer restores (a file it leaves out stays as shown; any other file is ignored)."""
         if isinstance(answer, dict):
             return {p: answer.get(p, t) for p, t in self.shown.items()}
-        heads = list(re.finditer(r"^### (\S+)[ \t]*\n", answer, re.M))
-        heads = [h for h in heads if h.group(1) in self.shown]
+        heads = list(re.finditer(r"^### (\S+\.py)[ \t]*\n", answer, re.M))
         if not heads:
             return {self.path: answer} if len(self.shown) == 1 else dict(self.shown)
         out = dict(self.shown)
         for h, nxt in zip(heads, heads[1:] + [None]):
-            out[h.group(1)] = answer[h.end() : nxt.start() if nxt else len(answer)]
+            if h.group(1) in self.shown:
+                out[h.group(1)] = answer[h.end() : nxt.start() if nxt else len(answer)]
         return out
 
     def files_without_calls(self) -> dict[str, str]:

@@ -1,0 +1,158 @@
+"""Agent sessions on mined tasks against the real sandbox judge: a small repository made here is mined (a body task
+and a feature task, each verified in the bubblewrap sandbox by `flywheel tasks mine`), then scripted sessions read
+the file, write it, and run the repository's own kept tests through the mined tasks' judge (the default judge of
+run_session): a wrong body fails them and the session is rejected; the restored body (or the restored feature, in
+both files) passes them and the session is accepted."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from flywheel.demo.agent_session import run_session, workspace
+from online_rl.tasks.mining import cli, store
+
+pytestmark = pytest.mark.timeout(180)
+
+PRICING = '''\
+"""Prices."""
+
+
+def discount(price, percent):
+    """The price less `percent` per cent, never below zero."""
+    if percent < 0 or percent > 100:
+        raise ValueError("percent")
+    cut = price * percent / 100
+    return max(price - cut, 0)
+
+
+def checkout(prices, percent):
+    """The total of a basket, each price discounted."""
+    total = 0
+    for p in prices:
+        p = discount(p, percent)
+        total += p
+    return round(total, 2)
+'''
+
+CART = '''\
+"""The cart."""
+from shop.pricing import discount
+
+
+def receipt(price, percent):
+    """A receipt line."""
+    now = price
+    now = discount(price, percent)
+    return f"total {now:.2f}"
+'''
+
+TESTS = """\
+import unittest
+
+from shop.cart import receipt
+from shop.pricing import checkout, discount
+
+
+class ShopTest(unittest.TestCase):
+    def test_discount(self):
+        self.assertEqual(discount(10, 10), 9.0)
+
+    def test_checkout(self):
+        self.assertEqual(checkout([10, 20], 50), 15.0)
+
+    def test_receipt(self):
+        self.assertEqual(receipt(40, 25), "total 30.00")
+"""
+
+
+@pytest.fixture(scope="module")
+def tasks(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("shop")
+    (repo / "shop").mkdir()
+    (repo / "shop" / "__init__.py").write_text("")
+    (repo / "shop" / "pricing.py").write_text(PRICING)
+    (repo / "shop" / "cart.py").write_text(CART)
+    (repo / "tests").mkdir()
+    (repo / "tests" / "test_shop.py").write_text(TESTS)
+    out = repo.parent / "out"
+    found = {}
+    for mode in ("body", "feature"):
+        assert cli.main(["tasks", "mine", str(repo), "--mode", mode, "--out", str(out), "--no-progress"]) == 0
+        folder = out / (repo.name + ("-feature" if mode == "feature" else ""))
+        found[mode] = {t.qualname: t for t in store.load([folder / "tasks.jsonl"])}
+    return found
+
+
+def answer(i, calls=None, text=None):
+    msg = {"role": "assistant", "content": text}
+    if calls:
+        msg["tool_calls"] = [
+            {"id": f"call_{i}_{k}", "type": "function", "function": {"name": n, "arguments": json.dumps(a)}}
+            for k, (n, a) in enumerate(calls)
+        ]
+    finish = "tool_calls" if calls else "stop"
+    return {
+        "id": f"cmpl-{i}",
+        "session_id": "s",
+        "model_version": 1,
+        "choices": [{"message": msg, "finish_reason": finish}],
+    }
+
+
+def scripted(answers):
+    seen = []
+
+    def chat(messages):
+        seen.append([dict(m) for m in messages])
+        return answers[len(seen) - 1]
+
+    return chat, seen
+
+
+def test_a_session_on_a_mined_body_is_judged_by_the_repositorys_tests(tasks):
+    task = tasks["body"]["discount"]
+    path = task.path
+    deleted = workspace(task, "")[path]
+    wrong = task.prefix + task.indent + "return price\n" + task.suffix
+    right = task.prefix + task.reference + task.suffix
+    chat, seen = scripted(
+        [
+            answer(0, [("read_file", {"path": path})]),
+            answer(1, [("write_file", {"path": path, "content": wrong})]),
+            answer(2, [("run_tests", {"path": path})]),
+            answer(3, [("write_file", {"path": path, "content": right})]),
+            answer(4, [("run_tests", {"path": path})]),
+            answer(5, text="Done: the tests pass."),
+        ]
+    )
+    res = run_session(chat, task, random.Random(0), max_turns=6)  # the default judge: the sandbox's, mined tasks'
+    results = [m["content"] for m in seen[-1] if m["role"] == "tool"]
+    n = len(task.test_ids)
+    assert results == [deleted, "ok", f"{n} failed, 0 passed", "ok", f"{n} passed"]
+    assert res.outcome == "accept" and res.truth["cmpl-1"] is False and res.truth["cmpl-3"] is True
+    chat, _ = scripted([answer(0, [("write_file", {"path": path, "content": wrong})]), answer(1, text="Done.")])
+    assert run_session(chat, task, random.Random(0)).outcome == "reject"
+
+
+def test_a_session_on_a_mined_feature_restores_both_files(tasks):
+    task = tasks["feature"]["discount"]
+    assert set(task.shown) == {"shop/pricing.py", "shop/cart.py"}
+    chat, seen = scripted(
+        [
+            answer(0, [("read_file", {"path": "shop/cart.py"})]),
+            answer(1, [("write_file", {"path": "shop/pricing.py", "content": task.reference["shop/pricing.py"]})]),
+            answer(2, [("run_tests", {"path": "shop/pricing.py"})]),
+            answer(3, [("write_file", {"path": "shop/cart.py", "content": task.reference["shop/cart.py"]})]),
+            answer(4, [("run_tests", {"path": "shop/cart.py"})]),
+            answer(5, text="Restored."),
+        ]
+    )
+    res = run_session(chat, task, random.Random(0), max_turns=6)
+    results = [m["content"] for m in seen[-1] if m["role"] == "tool"]
+    n = len(task.test_ids)
+    assert seen[0][0]["content"].startswith("The function `discount` was deleted from shop/pricing.py")
+    assert results[0] == task.shown["shop/cart.py"] and results[2] != f"{n} passed" and results[4] == f"{n} passed"
+    assert res.outcome == "accept" and res.truth["cmpl-1"] is False and res.truth["cmpl-3"] is True

@@ -13,6 +13,11 @@ ROLLOUT_SAMPLES temperature-1 completions per task, generated on the CPU in this
 `tiny_model_pass_rate_*` (near zero is the expected figure: it learnt only the synthetic families) and
 `rollouts_per_s` (generation and judging; the off-peak rollouts generate on replicas instead).
 
+`--mode feature` (or FLYWHEEL_MINE_MODE=feature) mines whole features instead (a function with its call sites:
+online_rl.tasks.mining.verify_feature) into $FLYWHEEL_HOME/tasks/mined-feature/SOURCE-feature/, judges the sample
+with the reference files and with the feature deleted, and skips the tiny model (a feature's answer is whole files,
+far past what it writes). Its results go to benchmarks/results/tasks_feature.json.
+
 Environment: FLYWHEEL_MINE_CAP (candidates per PyPI source, default 120), FLYWHEEL_MINE_STDLIB_CAP (default 300),
 FLYWHEEL_MINE_WORKERS (sandbox runs at once, default 2), FLYWHEEL_MINE_SOURCES (comma-separated, default all),
 FLYWHEEL_MINE_REUSE=1 (read each source's summary.json and tasks.jsonl from the last run instead of mining again;
@@ -32,7 +37,8 @@ from infra.paths import flywheel_home
 from online_rl.sandbox import suite
 from online_rl.tasks.mining import cli, sources
 from online_rl.tasks.mining.judge import judge
-from online_rl.tasks.mining.verify import MiningConfig, mine
+from online_rl.tasks.mining.store import FeatureTask
+from online_rl.tasks.mining.verify import MiningConfig
 
 SOURCES = ("stdlib", *sources.PINNED)
 JUDGE_SAMPLE = 60
@@ -88,13 +94,12 @@ def tiny_model_rollouts(tasks: list, workers: int) -> dict:
     }
 
 
-def _reused(name: str, out, workers: int) -> tuple[dict, list]:
+def _reused(folder, workers: int) -> tuple[dict, list]:
     """A source's figures and tasks from the last run's files; tasks verified by another suite runner than this
     checkout's are verified again (verify.recheck), and the files rewritten to match."""
     from online_rl.tasks.mining import store
     from online_rl.tasks.mining.verify import recheck, runner_digest
 
-    folder = out / name
     summary = json.loads((folder / "summary.json").read_text())
     tasks = store.load([folder / "tasks.jsonl"])
     if summary.get("runner") == runner_digest():
@@ -117,26 +122,27 @@ def _reused(name: str, out, workers: int) -> tuple[dict, list]:
     return summary, kept
 
 
-def main() -> dict:
+def main(mode: str = "body") -> dict:
     cap = int(os.environ.get("FLYWHEEL_MINE_CAP", "120"))
     stdlib_cap = int(os.environ.get("FLYWHEEL_MINE_STDLIB_CAP", "300"))
     workers = int(os.environ.get("FLYWHEEL_MINE_WORKERS", "2"))
     names = [s for s in os.environ.get("FLYWHEEL_MINE_SOURCES", ",".join(SOURCES)).split(",") if s]
-    out = flywheel_home() / "tasks" / "mined"
+    out = flywheel_home() / "tasks" / ("mined" if mode == "body" else "mined-feature")
     per_source, tasks, rejected = {}, [], {}
     sandbox_s = 0.0
     reuse = os.environ.get("FLYWHEEL_MINE_REUSE") == "1"
     for name in names:
         if reuse:
-            result, mined = _reused(name, out, workers)
+            result, mined = _reused(out / (name if mode == "body" else f"{name}-feature"), workers)
         else:
             source = sources.resolve(name)
             cfg = MiningConfig(
+                mode=mode,  # type: ignore[arg-type]  # checked by the flag's choices
                 max_candidates=stdlib_cap if name == "stdlib" else cap,
                 max_per_test_file=4 if name == "stdlib" else 40,
                 workers=workers,
             )
-            report = mine(source, cfg, progress=sys.stderr.isatty())
+            report = cli.mine(source, cfg, progress=sys.stderr.isatty())
             result = cli.write(report, cfg, out)
             mined = report.tasks
         print(json.dumps({k: v for k, v in result.items() if k != "config"}), file=sys.stderr, flush=True)
@@ -149,7 +155,8 @@ def main() -> dict:
             rejected[reason] = rejected.get(reason, 0) + n
 
     sample = random.Random(0).sample(tasks, min(JUDGE_SAMPLE, len(tasks)))
-    pairs = [(t, None) for t in sample] + [(t, t.indent + "raise NotImplementedError\n") for t in sample]
+    deleted = [t.shown if isinstance(t, FeatureTask) else t.indent + "raise NotImplementedError\n" for t in sample]
+    pairs = [(t, None) for t in sample] + list(zip(sample, deleted))
     t0 = time.monotonic()
     verdicts = judge(pairs, suite.SuiteConfig(wall_seconds=30.0, cpu_seconds=30, workers=workers))
     judge_s = time.monotonic() - t0
@@ -165,7 +172,8 @@ def main() -> dict:
         "sandbox_s_per_candidate": round(sandbox_s / candidates, 3) if candidates else None,
         "judged_per_s": round(len(pairs) / judge_s, 2) if judge_s else None,
         "judged_note": f"judging only (sandbox, {workers} at once): {len(pairs)} completions of {len(sample)} tasks",
-        **tiny_model_rollouts(tasks, workers),
+        "mode": mode,
+        **(tiny_model_rollouts(tasks, workers) if mode == "body" else {"tiny_model": "not run in feature mode"}),
         "reference_pass_rate": round(sum(v.ok for v in ref) / len(ref), 3) if ref else None,
         "deleted_body_pass_rate": round(sum(v.ok for v in empty) / len(empty), 3) if empty else None,
         "workers": workers,
@@ -174,4 +182,8 @@ def main() -> dict:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main()))
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.tasks")
+    ap.add_argument("--mode", choices=("body", "feature"), default=os.environ.get("FLYWHEEL_MINE_MODE", "body"))
+    print(json.dumps(main(ap.parse_args().mode)))

@@ -384,6 +384,21 @@ def scrub() -> str:
     return "\n".join(lines)
 
 
+def mined_features() -> str:
+    """Feature mode's short run (tasks_feature.json, `python -m benchmarks.tasks --mode feature` with small caps):
+    per source, candidates verified, valid tasks, rejections by reason, sandbox seconds per task."""
+    r = _load("tasks_feature.json")
+    lines = [
+        "| source | candidates verified | valid | rejected (by reason) | sandbox s / task |",
+        "|---|---|---|---|---|",
+    ]
+    for name, s in r["sources"].items():
+        reasons = ", ".join(f"{k} {v:,}" for k, v in sorted(s["rejected"].items(), key=lambda kv: -kv[1]))
+        per = "-" if s["sandbox_s_per_task"] is None else _sig(s["sandbox_s_per_task"], 3)
+        lines.append(f"| {name} {s['version']} | {s['candidates']} | {s['valid']} | {reasons} | {per} |")
+    return "\n".join(lines)
+
+
 def guard() -> str:
     """The eval gate on three candidates against the served test model (guard.json): verdict, each metric
     candidate vs baseline (a regressed one in bold), and what the gate cost."""
@@ -478,6 +493,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     "learning": learning,
     "learning_passes": learning_passes,
     "long_context": long_context,
+    "mined_features": mined_features,
     "prometheus_crosscheck": prometheus_crosscheck,
     "relay": relay,
     "scrub": scrub,

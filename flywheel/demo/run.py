@@ -38,6 +38,12 @@ class DemoConfig:
         help="how agent users talk: messages (the Messages API, no feedback: the gateway reads implicit signals) "
         "or chat (the chat API, with feedback on each whole session)",
     )
+    agent_mined_share: float = option(
+        0.0, help="share of agent sessions on mined tasks (`flywheel tasks mine`), judged by the repository's own tests"
+    )
+    agent_mined_tasks: Path | None = option(
+        None, help="a tasks.jsonl, or a folder of them, for those sessions (None: $FLYWHEEL_HOME/tasks/mined)"
+    )
     versions: int = option(6, help="new versions to publish and serve before stopping")
     minutes: float = option(13.0, help="bound on the loop (setup aside); a first run also builds the model")
     publish_interval_s: float = option(75.0, help="seconds between published versions")
@@ -174,6 +180,8 @@ def run(cfg: DemoConfig) -> int:
                 users=cfg.users,
                 agents=cfg.agents,
                 agent_api=cfg.agent_api,
+                mined_share=cfg.agent_mined_share,
+                mined_tasks=str(cfg.agent_mined_tasks) if cfg.agent_mined_tasks else None,
                 temperature=cfg.temperature,
                 seed=cfg.seed,
                 feedback=cfg.feedback,

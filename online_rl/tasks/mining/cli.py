@@ -5,7 +5,8 @@ suite), `pypi:NAME==VERSION`, or the name of a pinned PyPI package (online_rl.ta
 OUT/SOURCE/tasks.jsonl (the valid tasks, with provenance), rejected.jsonl (each rejected candidate and why) and
 summary.json (counts by reason, sandbox seconds per task), and prints the summary. --mode body (the default) deletes
 one function's body (online_rl.tasks.mining.verify); --mode feature deletes a function with its call sites
-(online_rl.tasks.mining.verify_feature) and writes to OUT/SOURCE-feature/.
+(online_rl.tasks.mining.verify_feature) and writes to OUT/SOURCE-feature/ (OUT by default
+$FLYWHEEL_HOME/tasks/mined-feature: apart from the body tasks the off-peak rollouts read).
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ from infra.config import add_flags, build, option
 
 @dataclass
 class OutArgs:
-    out: Path | None = option(None, help="where the tasks go (None: $FLYWHEEL_HOME/tasks/mined); one folder per source")
+    out: Path | None = option(
+        None, help="where the tasks go (None: $FLYWHEEL_HOME/tasks/mined, or mined-feature); one folder per source"
+    )
     progress: bool = option(True, help="progress bars")
 
 
@@ -94,7 +97,8 @@ def _mine(args) -> int:
     opts = build(OutArgs, args)
     source = sources.resolve(args.source)
     report = mine(source, cfg, progress=opts.progress)
-    result = write(report, cfg, opts.out or flywheel_home() / "tasks" / "mined")
+    default = flywheel_home() / "tasks" / ("mined" if cfg.mode == "body" else "mined-feature")
+    result = write(report, cfg, opts.out or default)
     print(json.dumps(result, indent=2))
     return 0
 

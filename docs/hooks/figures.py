@@ -389,13 +389,15 @@ def mined_features() -> str:
     per source, candidates verified, valid tasks, rejections by reason, sandbox seconds per task."""
     r = _load("tasks_feature.json")
     lines = [
-        "| source | candidates verified | valid | rejected (by reason) | sandbox s / task |",
-        "|---|---|---|---|---|",
+        "| source | features with a test file | verified (the cap) | valid | rejected or passed over (by reason) "
+        "| sandbox s / task |",
+        "|---|---|---|---|---|---|",
     ]
     for name, s in r["sources"].items():
         reasons = ", ".join(f"{k} {v:,}" for k, v in sorted(s["rejected"].items(), key=lambda kv: -kv[1]))
         per = "-" if s["sandbox_s_per_task"] is None else _sig(s["sandbox_s_per_task"], 3)
-        lines.append(f"| {name} {s['version']} | {s['candidates']} | {s['valid']} | {reasons} | {per} |")
+        counts = f"{s['found']:,} | {s['candidates']} | {s['valid']}"
+        lines.append(f"| {name} {s['version']} | {counts} | {reasons} | {per} |")
     return "\n".join(lines)
 
 

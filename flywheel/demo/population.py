@@ -6,8 +6,9 @@ passes that task's hidden tests, run in the sandbox: a criterion the model is ne
 running code, never by comparing with an answer string. Users also ignore some completions (no feedback
 at all), and each types at its own pace. Beside them, agent users run short agent sessions
 (flywheel.demo.agent_session: read the file, write the body, run the tests) whose outcome, judged by the same
-hidden tests, is feedback on the whole session. The official openai client talks to the gateway, one API
-key per user, and every outcome is recorded with the weight version that served it.
+hidden tests, is feedback on the whole session; with `mined_share`, that share of their sessions is on tasks mined
+from real code (online_rl.tasks.mining), judged by the repository's own tests. The official openai client talks
+to the gateway, one API key per user, and every outcome is recorded with the weight version that served it.
 
 Besides accept and reject (`react`): a user glancing at a failing function accepts it now and then
 (`fooled_rate`), and finds out later: with `feedback` persist or text, an accepted function is checked

@@ -156,3 +156,70 @@ def test_a_session_on_a_mined_feature_restores_both_files(tasks):
     assert seen[0][0]["content"].startswith("The function `discount` was deleted from shop/pricing.py")
     assert results[0] == task.shown["shop/cart.py"] and results[2] != f"{n} passed" and results[4] == f"{n} passed"
     assert res.outcome == "accept" and res.truth["cmpl-1"] is False and res.truth["cmpl-3"] is True
+
+
+def test_the_populations_agent_draws_mined_tasks_and_is_judged_by_their_tests(tasks, tmp_path):
+    """The agent user's whole loop (PopulationConfig.mined_share=1) against a stand-in gateway that restores the
+    body: the draw, the workspace, the sandbox judge and the session's feedback, as the demo runs them."""
+    import re
+    import threading
+    import time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from flywheel.demo.population import Population, PopulationConfig
+
+    task = tasks["body"]["discount"]
+    store.save([task], tmp_path / "mined" / "tasks.jsonl")
+    feedback = []
+
+    class Gateway(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.path == "/v1/feedback":
+                feedback.append(body)
+                out = {"ok": True}
+            else:
+                msgs = body["messages"]
+                path = re.search(r"in (\S+\.py)", msgs[0]["content"]).group(1)
+                step = sum(m["role"] == "tool" for m in msgs)
+                right = task.prefix + task.reference + task.suffix
+                calls = [
+                    [("read_file", {"path": path})],
+                    [("write_file", {"path": path, "content": right})],
+                    [("run_tests", {"path": path})],
+                ]
+                out = answer(step, calls[step] if step < 3 else None, None if step < 3 else "Done.")
+                out.update(object="chat.completion", created=0, model="flywheel-coder")
+                out["choices"][0]["index"] = 0
+            data = json.dumps(out).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Gateway)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    cfg = PopulationConfig(
+        users=0, agents=1, agent_api="chat", mined_share=1.0, mined_tasks=str(tmp_path / "mined"), think_s=(0, 0)
+    )
+    pop = Population(cfg, f"http://127.0.0.1:{server.server_address[1]}", ["key"]).start()
+    try:
+        deadline = time.monotonic() + 90
+        while not pop.snapshot() and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        pop.stop()
+        server.shutdown()
+        server.server_close()
+    rec = pop.snapshot()[0]
+    assert (rec.kind, rec.task_id, rec.outcome, rec.error) == ("agent", task.task_id, "accept", None)
+    assert (
+        rec.turns == 4
+        and rec.tool_calls == 3
+        and rec.truth == {"cmpl-0": True, "cmpl-1": True, "cmpl-2": True, "cmpl-3": True}
+    )
+    assert {"session_id": "s", "kind": "accept"} in feedback

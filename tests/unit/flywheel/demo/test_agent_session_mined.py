@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass
 
 import pytest
 
 from flywheel.demo.agent_session import PATHS, Repository, agent_mixture, run_session, workspace
+from flywheel.demo.population import PopulationConfig
 from online_rl.tasks import synthetic
 from online_rl.tasks.mining import candidates, store
 
@@ -108,11 +108,8 @@ def test_a_mined_session_that_leaves_the_file_as_it_was_is_rejected(tmp_path):
     assert run_session(chat, task, random.Random(0), judge).outcome == "reject"
 
 
-@dataclass
-class Cfg:  # a PopulationConfig's fields the draw reads
-    mined_share: float = 0.0
-    mined_tasks: str | None = None
-    seed: int = 0
+def Cfg(share: float = 0.0, where: str | None = None) -> PopulationConfig:
+    return PopulationConfig(agents=1, mined_share=share, mined_tasks=where)
 
 
 def test_the_draw_is_unchanged_without_a_mined_share_and_mixes_with_one(tmp_path):

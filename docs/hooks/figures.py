@@ -439,6 +439,37 @@ def guard() -> str:
     return "\n".join(lines)
 
 
+def demo_gate() -> str:
+    """The eval gate in the demo, test-preset runs side by side (records/demo_gate.json): per version the gate's
+    verdict, wall and CPU seconds (from its signed record) and what users then saw; per run the demo's verdict."""
+    r = _load("records/demo_gate.json")
+    lines = ["| run | version | gate | gate s | gate CPU s | acceptance | judged |", "|---|---|---|---|---|---|---|"]
+    ends = []
+    for run in r["runs"]:
+        for row in run["rows"]:
+            acc = "-" if row["acceptance"] is None else _pct(row["acceptance"])
+            gate_s = "-" if row["gate_s"] is None else str(_round(row["gate_s"], 1))
+            cpu_s = "-" if row["gate_cpu_s"] is None else str(_round(row["gate_cpu_s"], 1))
+            lines.append(
+                f"| {run['name']} | v{row['version']} | {row['gate'] or '-'} | {gate_s} | {cpu_s} | {acc} | "
+                f"{row['judged']} |"
+            )
+        v, g = run["verdict"], run.get("gate")
+        end = (
+            f"{run['name']}: acceptance v0 {_pct(v['base_acceptance'])} -> v{v['final_version']} "
+            f"{_pct(v['final_acceptance'])} ({v['rise_points']:+} points, goal +{v['goal_points']:.0f}), "
+            f"{v['failed_requests']} failed requests: {'goal met' if v['goal_met'] else 'goal missed'}"
+        )
+        if g:
+            end += (
+                f"; gate median {g['seconds_median']} s (max {g['seconds_max']} s) and {g['cpu_seconds_median']} "
+                f"CPU s per version against the {g['publish_interval_s']:.0f} s publish interval, waiting at the "
+                f"end: {', '.join(f'v{x}' for x in g['waiting_at_end']) or 'none'}"
+            )
+        ends.append(end + f" (load average {run['load_average_1m'][0]} before, {run['load_average_1m'][1]} after).")
+    return "\n".join(lines + [""] + ["- " + e for e in ends])
+
+
 def change_vs_learning() -> str:
     """Per-version change against learning speed by learning rate and steps per version
     (records/change_vs_learning.json), and the low-change preset's run in guard.json."""
@@ -486,6 +517,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     "change_vs_learning": change_vs_learning,
     "delta_kernels": delta_kernels,
     "demo": demo,
+    "demo_gate": demo_gate,
     "distill_coef": distill_coef,
     "feedback_modes": feedback_modes,
     "guard": guard,

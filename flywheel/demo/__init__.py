@@ -4,6 +4,9 @@ per-version report.
 - `agent_session`: One agent session against the gateway, as a coding agent runs it: the model is asked to implement
   a function in a file and works through three tools (read_file, write_file, run_tests: the tool language of
   online_rl.tasks.agent_episodes) until it answers in text or runs out of turns.
+- `gate`: The eval gate in the demo: `flywheel gate --follow` beside a trainer started with --gate, on the machine's
+  spare capacity (one torch thread, niced below serving); its verdicts and costs per version read back from the
+  store's signed gate records.
 - `house_style`: A cheaper preference than the hidden tests, judged by code in-process (load tests, chaos drills):
   the house style.
 - `population`: A simulated population of IDE users with a hidden preference.

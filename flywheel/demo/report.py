@@ -8,7 +8,8 @@ the gateway read from its sessions (it sends no feedback: serving.signals.implic
 (counted against the version the fleet served when they failed), p50/p99 latency of the autocomplete requests, the
 user-visible switch pause (max over replicas), time out of rotation, the delta's size and compression ratio, and
 the share of its bf16 weights bit-identical to its base version (from the manifest's chunks; none for a full
-snapshot).
+snapshot), and, with the eval gate on, the gate's verdict on it and what judging it cost (wall and CPU seconds, from
+its signed gate record: flywheel.demo.gate). A version the gate blocked has a row too, with no requests.
 """
 
 from __future__ import annotations
@@ -38,14 +39,23 @@ FIELDS = (
     "delta_mb",
     "delta_ratio",
     "identical_share",
+    "gate",
+    "gate_s",
+    "gate_cpu_s",
 )
 
 
 def summarize(
-    records: list, switches: list[dict], manifests: dict[int, Any], signals: Sequence[tuple[str, str]] = ()
+    records: list,
+    switches: list[dict],
+    manifests: dict[int, Any],
+    signals: Sequence[tuple[str, str]] = (),
+    gates: dict[int, dict] | None = None,
 ) -> list[dict]:
     """records: flywheel.demo.population.Interaction; switches: agents' switches.jsonl rows; manifests by version;
-    signals: (signal, completion id) of the implicit feedback the gateway read from agent sessions."""
+    signals: (signal, completion id) of the implicit feedback the gateway read from agent sessions; gates: the eval
+    gate's verdicts by version (flywheel.demo.gate.verdicts)."""
+    gates = gates or {}
     turn_version = {
         cid.removeprefix("msg_"): v for r in records for cid, v in (getattr(r, "turn_versions", None) or {}).items()
     }
@@ -59,7 +69,7 @@ def summarize(
         if r.version is not None:
             v = r.version
             first_served[v] = min(first_served.get(v, r.started), r.started)
-    versions = sorted(set(first_served) | {int(s["version"]) for s in switches})
+    versions = sorted(set(first_served) | {int(s["version"]) for s in switches} | set(gates))
     rows = []
     for v in versions:
         mine = [r for r in records if r.version == v]
@@ -97,6 +107,9 @@ def summarize(
                 "delta_ratio": round(m.nbytes_raw / max(1, m.nbytes_compressed), 1) if m is not None else None,
                 "identical_share": identical_share(m),
                 "kind": getattr(m, "kind", None),
+                "gate": gates.get(v, {}).get("verdict"),
+                "gate_s": gates.get(v, {}).get("seconds"),
+                "gate_cpu_s": gates.get(v, {}).get("cpu_seconds"),
             }
         )
     return rows
@@ -132,6 +145,8 @@ def table(rows: list[dict]) -> str:
         f"{'reqs':>5} {'failed':>6} "
         f"{'p50 ms':>7} {'p99 ms':>7} {'pause ms':>8} {'out ms':>7} {'delta MB':>8} {'ratio':>6} {'same':>6}"
     )
+    gated = any(r.get("gate") for r in rows)  # the gate's columns only when it ran
+    head += f" {'gate':>8} {'gate s':>6} {'cpu s':>6}" if gated else ""
     lines = [head, "-" * len(head)]
 
     def f(x, spec):
@@ -147,8 +162,13 @@ def table(rows: list[dict]) -> str:
             f"{f(r['p99_ms'], '7.0f')} {f(r['switch_pause_ms'], '8.0f')} {f(r['out_of_rotation_ms'], '7.0f')} "
             f"{f(r['delta_mb'], '8.3f')} {f(r['delta_ratio'], '6.1f')} "
             f"{f(r.get('identical_share') and 100 * r['identical_share'], '5.1f')}%"
+            + (_gate_cells(r, f) if gated else "")
         )
     return "\n".join(lines)
+
+
+def _gate_cells(r: dict, f) -> str:
+    return f" {r.get('gate') or '-':>8} {f(r.get('gate_s'), '6.1f')} {f(r.get('gate_cpu_s'), '6.1f')}"
 
 
 def verdict(rows: list[dict], min_judged: int = 30, goal_points: float = 20.0) -> dict:

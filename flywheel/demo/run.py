@@ -3,9 +3,12 @@
     model      the demo checkpoint (built and cached on first use, ~6 min)
     fleet      Kafka broker, weight store (v0), 2 SGLang replicas on CPU, the gateway, one agent per replica
     trainer    `flywheel train`: learns from the completions + feedback stream, publishes every interval
+    gate       with --gate: `flywheel gate --follow` judges each version before the fleet hears of it
+               (flywheel.demo.gate: one torch thread, niced below serving)
     users      a simulated IDE population with a hidden preference (flywheel.demo.population)
     loop       until `versions` new versions are published and served, or the time bound
-    report     a table per version (acceptance, requests, latency, switch pause, delta), demo_out/summary.json,
+    report     a table per version (acceptance, requests, latency, switch pause, delta, the gate's verdict and
+               seconds), demo_out/summary.json,
                demo_out/acceptance.png; exit 0 when acceptance rose `goal_points` with zero failed requests
 
 Everything started here is stopped here, by PID; the output directory is started afresh each run.
@@ -24,6 +27,10 @@ from pathlib import Path
 from typing import Literal
 
 from infra.config import check_modes, option
+
+# Measured (docs/canary.md, "The eval gate in the demo"): on the 2-core machine, beside the serving fleet, the gate
+# judges a test-preset version in well under the 75 s publish interval.
+GATE_DEFAULT = True
 
 
 @dataclass
@@ -63,6 +70,12 @@ class DemoConfig:
         "single", help="task families users ask about: single (one-line bodies), multiline, all (the demo model's)"
     )
     observe: bool = option(True, help="run Prometheus on the fleet and check the per-version table against PromQL")
+    gate: bool = option(
+        GATE_DEFAULT,
+        help="judge every version on the eval gate's held-out suite before the fleet hears of it (the trainer "
+        "with --gate, `flywheel gate --follow` beside it; a blocked version stays blocked, the next is judged)",
+    )
+    gate_threads: int = option(1, help="torch threads of the gate (it runs niced below serving: spare capacity)")
 
     def __post_init__(self):
         check_modes(self)
@@ -119,6 +132,7 @@ def _trainer(cfg: DemoConfig, fleet, model: Path, out: Path, metrics_port: int) 
         "20",
         "--metrics-port",
         str(metrics_port),
+        *(["--gate"] if cfg.gate else []),  # versions after v0 wait in the store for the gate's verdict
     ]
     env = {**os.environ, **fleet.kafka_env("trainer")}  # it logs in to Kafka as the trainer, not as the operator
     with open(out / "logs" / "trainer.log", "ab") as log:  # the child keeps its own copy of the descriptor
@@ -144,7 +158,7 @@ def _line(t0: float, pop, fleet) -> str:
 
 
 def run(cfg: DemoConfig) -> int:
-    from flywheel.demo import report as demo_report
+    from flywheel.demo import gate as demo_gate, report as demo_report
     from flywheel.demo.population import Population, PopulationConfig
     from flywheel.local_fleet import LocalFleet, LocalFleetConfig
     from flywheel.observe.prometheus import alerts_seen, start_for_fleet
@@ -163,7 +177,7 @@ def run(cfg: DemoConfig) -> int:
         f"model   {model}  ({base['parameters']:,} parameters; held-out pass rate greedy "
         f"{base['eval']['pass_rate_greedy']:.0%}, temperature 1 {base['eval']['pass_rate_t1']:.0%})"
     )
-    trainer = pop = prom = None
+    trainer = gate = pop = prom = None
     checked = alerts = None  # from Prometheus: the per-version table against PromQL, the alerts of the run
     fleet = LocalFleet(
         LocalFleetConfig(model=model, out_dir=out / "fleet", replicas=cfg.replicas, tenants=cfg.users + cfg.agents)
@@ -173,6 +187,12 @@ def run(cfg: DemoConfig) -> int:
         trainer_port = free_port()
         trainer = _trainer(cfg, fleet, model, out, trainer_port)
         print(f"trainer pid {trainer.pid}, publishes every {cfg.publish_interval_s:.0f}s (log {out}/logs/trainer.log)")
+        if cfg.gate:
+            gate = demo_gate.start_follower(fleet, out, cfg.gate_threads)
+            print(
+                f"gate    pid {gate.pid}, judges each version before the fleet hears of it ({cfg.gate_threads} "
+                f"torch thread(s), niceness {demo_gate.NICENESS}; log {out}/logs/gate.log)"
+            )
         if cfg.observe:
             prom = start_for_fleet(fleet, out / "prometheus", f"127.0.0.1:{trainer_port}")
         pop = Population(
@@ -206,13 +226,18 @@ def run(cfg: DemoConfig) -> int:
         while time.monotonic() < deadline:
             if trainer.poll() is not None:
                 raise RuntimeError(f"the trainer exited ({trainer.returncode}); see {out}/logs/trainer.log")
+            if gate is not None and gate.poll() is not None:  # it outlives a version's failure; not its own exit
+                raise RuntimeError(f"the gate exited ({gate.returncode}); see {out}/logs/gate.log")
             if time.monotonic() >= next_line:
                 print(_line(t0, pop, fleet), flush=True)
                 next_line += 15
-            newest = [
+            newest = [  # at or past the last version: the gate may have blocked it, and the next one passed
                 r
                 for r in pop.snapshot()
-                if r.version == cfg.versions and r.outcome in ("accept", "reject") and r.kind == "autocomplete"
+                if r.version is not None
+                and r.version >= cfg.versions
+                and r.outcome in ("accept", "reject")
+                and r.kind == "autocomplete"
             ]
             if len(newest) >= 60:  # the last version has served enough judged requests to measure
                 break
@@ -231,13 +256,17 @@ def run(cfg: DemoConfig) -> int:
                 print(f"prometheus cross-check failed: {type(e).__name__}: {e}")
             finally:
                 prom.stop()
+        if gate is not None:
+            stop_pid(gate.pid, timeout=30)
         if trainer is not None:
             stop_pid(trainer.pid, timeout=60)
         switches = fleet.switch_reports()
         signals = _implicit_signals(fleet)
         fleet.stop()
     store = Store(fleet.store_root)
-    rows = demo_report.summarize(pop.snapshot(), switches, {v: store.manifest(v) for v in store.versions()}, signals)
+    gates = demo_gate.verdicts(fleet.store_root) if cfg.gate else {}
+    manifests = {v: store.manifest(v) for v in store.versions()}
+    rows = demo_report.summarize(pop.snapshot(), switches, manifests, signals, gates)
     verdict = demo_report.verdict(rows, goal_points=cfg.goal_points)
     verdict["feedback"] = cfg.feedback
     verdict["signals_sent"] = pop.signals_sent
@@ -247,6 +276,10 @@ def run(cfg: DemoConfig) -> int:
         verdict["prometheus_crosscheck"] = checked
     if alerts is not None:
         verdict["alerts_seen"] = alerts
+    if cfg.gate:
+        from online_rl.gate.cli import waiting
+
+        verdict["gate"] = demo_gate.summary(gates, waiting(store), cfg.publish_interval_s)
     demo_report.write(rows, verdict, out)
     if (out / "trainer" / "history.json").exists():  # what the trainer learnt from, by version
         from online_rl.plots import reward_by_version
@@ -265,6 +298,8 @@ def run(cfg: DemoConfig) -> int:
     if alerts is not None:
         named = ", ".join(f"{a['alert']} ({a['state']})" for a in alerts) if isinstance(alerts, list) else alerts
         print(f"alerts during the run: {named or 'none'}")
+    if cfg.gate:
+        print(demo_gate.line(verdict["gate"]))
     rise = "-" if verdict["rise_points"] is None else format(verdict["rise_points"], "+")
     print(
         f"\nacceptance v{verdict['base_version']} {_pct(verdict['base_acceptance'])} -> "

@@ -37,6 +37,9 @@ class GateArgs:
     )
     follow: bool = option(False, help="keep judging the versions the trainer publishes (no N)")
     poll_s: float = option(10.0, flag="poll", help="seconds between looks at the store, with --follow")
+    threads: int = option(
+        0, help="torch threads the suite runs on (0: torch's default; 1 beside serving replicas: spare capacity)"
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -96,6 +99,12 @@ def _gate(args) -> int:
     if what.follow and not publish.kafka_bootstrap:
         raise ValueError("--follow announces on the weights topic: give --kafka (or FLYWHEEL_KAFKA_BOOTSTRAP)")
     cfg = build(GateConfig, args, publish=publish)
+    if what.threads < 0:
+        raise ValueError(f"--threads is a count of torch threads (0: torch's default), not {what.threads}")
+    if what.threads:
+        import torch
+
+        torch.set_num_threads(what.threads)
     if what.follow:
         follow(cfg, what, threading.Event())  # until Ctrl-C
         return 0

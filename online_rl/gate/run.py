@@ -8,7 +8,7 @@ store) and announce the version only if it passed.
 
 What a version's evaluation cost (wall and CPU seconds, rebuilding included) is in the record's figures. A gate that
 judges several versions against the same serving version (`flywheel gate --follow`, or its queue) runs the serving
-version's suite once (BaselineCache).
+version's suite once, and a version it judged before needs no second run as the next one's baseline (BaselineCache).
 """
 
 from __future__ import annotations
@@ -112,6 +112,9 @@ def evaluate(
         shutil.rmtree(work, ignore_errors=True)
     if "baseline" in outcomes:
         cache[key] = outcomes["baseline"]
+    # The suite is seeded: a candidate's outcomes are its outcomes as a baseline too, so a gate following a trainer
+    # (the fleet moving to each version that passes) runs one suite per version, not two.
+    cache[(version, repr(cfg.suite))] = outcomes["candidate"]
     return judge(cfg.metrics(), outcomes["candidate"], cache[key], cfg.confidence), seconds
 
 

@@ -443,7 +443,10 @@ def demo_gate() -> str:
     """The eval gate in the demo, test-preset runs side by side (records/demo_gate.json): per version the gate's
     verdict, wall and CPU seconds (from its signed record) and what users then saw; per run the demo's verdict."""
     r = _load("records/demo_gate.json")
-    lines = ["| run | version | gate | gate s | gate CPU s | acceptance | judged |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| run | version | gate | gate s | gate CPU s | acceptance | judged | p99 ms |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     ends = []
     for run in r["runs"]:
         for row in run["rows"]:
@@ -452,7 +455,7 @@ def demo_gate() -> str:
             cpu_s = "-" if row["gate_cpu_s"] is None else str(_round(row["gate_cpu_s"], 1))
             lines.append(
                 f"| {run['name']} | v{row['version']} | {row['gate'] or '-'} | {gate_s} | {cpu_s} | {acc} | "
-                f"{row['judged']} |"
+                f"{row['judged']} | {'-' if row['p99_ms'] is None else _round(row['p99_ms'], 0)} |"
             )
         v, g = run["verdict"], run.get("gate")
         end = (
@@ -467,6 +470,12 @@ def demo_gate() -> str:
                 f"end: {', '.join(f'v{x}' for x in g['waiting_at_end']) or 'none'}"
             )
         ends.append(end + f" (load average {run['load_average_1m'][0]} before, {run['load_average_1m'][1]} after).")
+    alone = r["suite_alone"]
+    ends.append(
+        "one suite alone, one torch thread, not niced: "
+        + ", ".join(f"{p} preset {alone[p]['wall_s']} s ({alone[p]['cpu_s']} CPU s)" for p in ("test", "demo"))
+        + f" (load average {alone['test']['load']:.1f})."
+    )
     return "\n".join(lines + [""] + ["- " + e for e in ends])
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from flywheel.demo import gate as demo_gate, report as demo_report
 from flywheel.demo.population import Interaction
+from flywheel.demo.run import DemoConfig
 from tests.weight_sync_setup import tiny_checkpoint
 from weight_sync import gate as wgate
 from weight_sync.manifest import generate_key
@@ -29,6 +30,9 @@ def test_the_follower_command_is_flywheel_gate_niced_on_one_thread(tmp_path):
     assert (pub.store, pub.private_key, pub.kafka_bootstrap) == (tmp_path / "store", tmp_path / "k.pem", cmd[-3])
     with pytest.raises(ValueError, match="at least one torch thread"):
         demo_gate.follower_command(tmp_path, tmp_path, "b", "g", 0)
+    with pytest.raises(ValueError, match="--gate-threads"):  # refused before anything starts
+        DemoConfig(gate_threads=0)
+    assert "--gateway" not in demo_gate.follower_command(tmp_path, tmp_path, "b", None, 1)  # the newest announced
 
 
 def test_rows_and_summary_come_from_the_signed_gate_records(tmp_path):

@@ -81,7 +81,12 @@ class LearningConfig:
     join: JoinConfig = field(default_factory=lambda: JoinConfig(delayed_window_s=600.0, comment_wait_s=120.0))
     population: PopulationConfig = field(
         default_factory=lambda: PopulationConfig(
-            fooled_rate=0.3, comment_rate=0.5, persist_after_s=(60.0, 150.0), comment_after_s=5.0, ignore_rate=0.1
+            fooled_rate=0.3,
+            comment_rate=0.5,
+            persist_after_s=(60.0, 150.0),
+            comment_after_s=5.0,
+            ignore_rate=0.1,
+            families="all",  # the demo model's tasks: one-line and multi-line (online_rl.tasks.multiline)
         )
     )
     progress: bool = True
@@ -302,6 +307,10 @@ def main(argv: list[str] | None = None, base: LearningConfig | None = None) -> d
     ap.add_argument("--model-seed", type=int, default=None, help="the model's bootstrap seed (default: --seed)")
     ap.add_argument("--epochs", type=int, default=None, help="passes over each batch, one optimizer step each")
     ap.add_argument("--families", default=None, help="the pool's task families: single, multiline, all")
+    ap.add_argument("--eval-samples", type=int, default=None, help="samples per pool task in each evaluation")
+    ap.add_argument("--eval-every", type=int, default=None, help="rounds between evaluations")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (1 when runs share the cores)")
+    ap.add_argument("--plot", type=Path, default=None, help="where the curves go (default results/learning.png)")
     ap.add_argument("--distill-step", action="store_true", help="the distillation in an optimizer step of its own")
     a = ap.parse_args(argv)
     cfg = dataclasses.replace(
@@ -317,6 +326,12 @@ def main(argv: list[str] | None = None, base: LearningConfig | None = None) -> d
         cfg.distill_step = True
     if a.comment_rate is not None:
         cfg.population = dataclasses.replace(cfg.population, comment_rate=a.comment_rate)
+    if a.threads is not None:
+        cfg.threads = a.threads
+    if a.eval_every is not None:
+        cfg.eval_every = a.eval_every
+    if a.eval_samples is not None:
+        cfg.eval_samples = a.eval_samples
     if a.families is not None:
         cfg.population = dataclasses.replace(cfg.population, families=a.families)
     model_seed = cfg.seed if a.model_seed is None else a.model_seed  # another pool and draws on one model
@@ -327,7 +342,7 @@ def main(argv: list[str] | None = None, base: LearningConfig | None = None) -> d
     finally:
         shutil.rmtree(work, ignore_errors=True)
     RESULTS.mkdir(exist_ok=True)
-    plot(results, cfg, RESULTS / "learning.png")
+    plot(results, cfg, a.plot or RESULTS / "learning.png")
     out: dict = {
         "preset": cfg.preset,
         "seed": cfg.seed,
@@ -336,6 +351,9 @@ def main(argv: list[str] | None = None, base: LearningConfig | None = None) -> d
         "target": cfg.target,
         "lr": cfg.lr,
         "epochs": cfg.epochs,
+        "eval_samples": cfg.eval_samples,
+        "eval_every_rounds": cfg.eval_every,
+        "threads": cfg.threads,
         "fooled_rate": cfg.population.fooled_rate,
         "comment_rate": cfg.population.comment_rate,
         "families": cfg.population.families,

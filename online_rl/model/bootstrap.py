@@ -53,8 +53,12 @@ MODEL_CODE = (
     "online_rl/model/midtrain.py",
     "online_rl/model/transformer.py",
     "online_rl/model/config.py",
+    "online_rl/model/loss_mask.py",
     "contracts/tool_format.py",
 )
+# What the tokenizer and mid-training read from the tasks' module besides the corpus: keyed by value, so that a
+# change elsewhere in that module (a new family) keys only the corpus.
+TASK_SYMBOLS = ("EOS", "SPECIAL_TOKENS")
 # The code that makes the corpus: it keys only the remembered corpus digests (the corpus's bytes key the model).
 CORPUS_CODE = (
     "online_rl/tasks/family.py",
@@ -127,6 +131,7 @@ def cache_key(cfg: BootstrapConfig) -> str:
     settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "corpus"}  # the corpus's digest has them
     h = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
     h.update(_code_digests(MODEL_CODE))
+    h.update(json.dumps([getattr(T, name) for name in TASK_SYMBOLS]).encode())
     h.update(corpus_digest(cfg.corpus).encode())
     return h.hexdigest()[:16]
 

@@ -11,11 +11,11 @@ from online_rl.tasks import synthetic as T
 
 def packed_stream(tok, docs: list[str], seq_len: int | None = None):
     """The training stream (EOS, then every document) and per token whether it is a target: all are,
-    except the newline after a call inside an agent document's history (agent_episodes.history_breaks) and
+    except the newline after a call inside an agent document's history (loss_mask.history_breaks) and
     a client's system prompt (prose to read past, not to write). Documents longer than `seq_len` tokens (an
     agent turn inside a long client context) are kept out of the stream, whole: ([(ids, learn)] each, EOS
     first), for training steps of their own; a window of the stream would cut their context off."""
-    from online_rl.tasks.agent_episodes import history_breaks, system_spans
+    from online_rl.model.loss_mask import history_breaks, system_spans
 
     eos_id = tok.token_to_id(T.EOS)
     ids, learn, long = [eos_id], [True], []

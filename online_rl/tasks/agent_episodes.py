@@ -20,7 +20,7 @@ required argument, an unknown tool), so the base model makes malformed calls som
 
 In a later turn's document the earlier calls are history, followed by "\\n<tool_response>"; as a target
 that newline would teach the model to run on past its call into a result it invented (which serving
-counts as malformed), so bootstrap does not train on it (`history_breaks`).
+counts as malformed), so bootstrap does not train on it (online_rl.model.loss_mask.history_breaks).
 """
 
 from __future__ import annotations
@@ -206,28 +206,6 @@ def sample_turn(
         at = messages.index(first_call) + 2 * i
         turn = malformed(turn, messages[at]["calls"][0]["arguments"], rng)
     return turn
-
-
-def system_spans(doc: str) -> list[tuple[int, int]]:
-    """(start, end) offsets of a document's `# system:` lines: a client's prose, read past, never a target."""
-    out, at = [], 0  # type: ignore[var-annotated]  # model code
-    for line in doc.splitlines(keepends=True):
-        if line.startswith("# system:"):
-            if out and out[-1][1] == at:
-                out[-1] = (out[-1][0], at + len(line))
-            else:
-                out.append((at, at + len(line)))
-        at += len(line)
-    return out
-
-
-def history_breaks(doc: str) -> list[int]:
-    """Offsets of the newlines that follow a call inside a document: history, never the end of a turn."""
-    out, at = [], doc.find(tf.CALL_CLOSE + "\n")
-    while at >= 0:
-        out.append(at + len(tf.CALL_CLOSE))
-        at = doc.find(tf.CALL_CLOSE + "\n", at + 1)
-    return out
 
 
 # ----------------------------------------------------------------------------- judging calls

@@ -109,3 +109,43 @@ def test_cache_key_follows_the_corpus_bytes_not_its_settings(tmp_path, monkeypat
 
     monkeypatch.setattr(TC, "corpus", no_corpus)
     assert B.cache_key(same) == B.cache_key(cfg)  # from the memo
+
+
+def test_everything_the_build_reads_besides_the_corpus_is_in_the_key():
+    """The modules that turn a corpus into bytes import only keyed code: a module in MODEL_CODE, from the tasks'
+    module only the names keyed by value (TASK_SYMBOLS), the corpus (keyed by its bytes), the presets (settings,
+    keyed as values) and the report's evaluation (not bytes). A new import of unkeyed code fails here, not in a
+    stale cache. kernels.batch_invariant is off while a model is built (bi.enabled() is False unless set)."""
+    import ast
+
+    from infra.paths import REPO_ROOT
+    from kernels import batch_invariant as bi
+
+    assert not bi.enabled()
+    keyed = {rel.removesuffix(".py").replace("/", ".") for rel in B.MODEL_CODE}
+    allowed = keyed | {
+        "online_rl.model.presets",
+        "online_rl.model.evaluate",
+        "online_rl.tasks.corpus",
+        "kernels.batch_invariant",
+    }
+    for rel in B.MODEL_CODE:
+        tree = ast.parse((REPO_ROOT / rel).read_text())
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.ImportFrom) and node.module):
+                continue
+            if node.module.split(".")[0] not in ("online_rl", "contracts", "kernels"):
+                continue
+            for alias in node.names:
+                name = f"{node.module}.{alias.name}"
+                module = name if name in allowed | {"online_rl.tasks.synthetic"} else node.module
+                if module == "online_rl.tasks.synthetic":  # `synthetic as T`: only keyed names may be read
+                    local = alias.asname or alias.name
+                    used = {
+                        n.attr
+                        for n in ast.walk(tree)
+                        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == local
+                    }
+                    assert used <= set(B.TASK_SYMBOLS), (rel, used - set(B.TASK_SYMBOLS))
+                else:
+                    assert module in allowed, f"{rel} imports {name}, which the cache key does not cover"

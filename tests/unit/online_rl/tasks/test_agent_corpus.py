@@ -9,6 +9,7 @@ import re
 import pytest
 
 from online_rl.model import bootstrap as B, bpe, midtrain
+from online_rl.model.loss_mask import system_spans
 from online_rl.tasks import agent_episodes as A, corpus as TC, synthetic as T
 from serving.protocol import tool_calls as tc
 from serving.protocol.openai import Limits, parse_chat, render_chat
@@ -244,6 +245,6 @@ def test_a_clients_system_prompt_is_read_not_learnt_and_long_turns_stay_whole():
     for doc, (seq, mask) in zip(longer, long):
         enc = tok.encode(doc, add_special_tokens=False)
         assert seq == [tok.token_to_id(T.EOS)] + enc.ids and mask[0]
-        spans = A.system_spans(doc)
+        spans = system_spans(doc)
         learnt = [start for (start, _), keep in zip(enc.offsets, mask[1:]) if keep]
         assert learnt and not any(a <= start < b for start in learnt for a, b in spans)

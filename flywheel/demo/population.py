@@ -59,7 +59,7 @@ class PopulationConfig:
     mined_share: float = 0.0
     mined_tasks: str | None = None
     temperature: float = 1.0  # IDE sampling; greedy already passes these tasks, so users see samples
-    max_tokens: int = 64  # a multi-line body (online_rl.tasks.multiline) is up to ~50 tokens
+    max_tokens: int | None = None  # None: 40 for one-line bodies, 64 with multi-line ones (up to ~50 tokens)
     ignore_rate: float = 0.1  # share of completions a user neither accepts nor rejects
     think_s: tuple[float, float] = (0.0, 0.4)  # pause between a user's requests
     split: str = "heldout"
@@ -73,6 +73,11 @@ class PopulationConfig:
     comment_rate: float = 0.5  # share of failing completions a user comments on (text)
     persist_after_s: tuple[float, float] = (20.0, 40.0)  # when the persisted check follows an accept
     comment_after_s: float = 2.0  # a comment follows a reject this soon (a deleted one: with its check)
+
+    def completion_tokens(self) -> int:
+        if self.max_tokens is not None:
+            return self.max_tokens
+        return 40 if self.families == "single" else 64
 
 
 @dataclass
@@ -254,7 +259,7 @@ class Population:
                 r = client.completions.create(
                     model="flywheel-coder",
                     prompt=task.prompt,
-                    max_tokens=self.cfg.max_tokens,
+                    max_tokens=self.cfg.completion_tokens(),
                     temperature=self.cfg.temperature,
                     user=f"user-{i}",
                 )

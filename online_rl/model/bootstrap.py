@@ -101,28 +101,58 @@ def _code_digests(files: tuple[str, ...]) -> bytes:
     return "".join(_code_digest((REPO_ROOT / rel).read_text()) for rel in files).encode()
 
 
-def corpus_digest(cfg: TC.CorpusConfig) -> str:
-    """sha256 of the corpus's documents, remembered under $FLYWHEEL_HOME/models by a digest of the corpus's
-    code, its settings and this Python (the corpus's prose is this Python's docstrings: agent_clients)."""
-    from infra.paths import flywheel_home
+class StaleCorpusDigest(RuntimeError):
+    """The remembered digest of a corpus is not the digest of the corpus made now (corpus code outside
+    CORPUS_CODE changed, or the memo was edited): the entry is corrected, and the model must be keyed again."""
 
+
+def _corpus_made_by(cfg: TC.CorpusConfig) -> str:
     h = hashlib.sha256(json.dumps(dataclasses.asdict(cfg), sort_keys=True).encode())
     h.update(platform.python_version().encode())
     h.update(_code_digests(CORPUS_CODE))
-    made_by = h.hexdigest()
-    memo_path = flywheel_home() / "models" / CORPUS_DIGESTS
+    return h.hexdigest()
+
+
+def _memo_path() -> Path:
+    from infra.paths import flywheel_home
+
+    return flywheel_home() / "models" / CORPUS_DIGESTS
+
+
+def _remember(made_by: str, digest: str) -> None:
+    """Best effort: a home that cannot be written costs only making the corpus again next time."""
+    path = _memo_path()
     try:
-        memo = json.loads(memo_path.read_text())
+        memo = json.loads(path.read_text())
+    except (OSError, ValueError):
+        memo = {}
+    memo[made_by] = digest
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{CORPUS_DIGESTS}.", dir=path.parent)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(memo, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, path)  # atomic; a concurrent writer's entry may be lost and is made again
+    except OSError:
+        pass
+
+
+def _documents_digest(docs: list[str]) -> str:
+    return hashlib.sha256("\x00".join(docs).encode()).hexdigest()
+
+
+def corpus_digest(cfg: TC.CorpusConfig) -> str:
+    """sha256 of the corpus's documents, remembered under $FLYWHEEL_HOME/models by a digest of the corpus's
+    code, its settings and this Python (the corpus's prose is this Python's docstrings: agent_clients)."""
+    made_by = _corpus_made_by(cfg)
+    try:
+        memo = json.loads(_memo_path().read_text())
     except (OSError, ValueError):
         memo = {}
     if made_by in memo:
         return memo[made_by]
-    digest = hashlib.sha256("\x00".join(TC.corpus(cfg)).encode()).hexdigest()
-    memo[made_by] = digest
-    memo_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = memo_path.with_name(f".{CORPUS_DIGESTS}.{os.getpid()}")
-    tmp.write_text(json.dumps(memo, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, memo_path)  # atomic; a concurrent writer's entry may be lost and is made again
+    digest = _documents_digest(TC.corpus(cfg))
+    _remember(made_by, digest)
     return digest
 
 
@@ -157,6 +187,10 @@ def build(cfg: BootstrapConfig, out: Path, progress: bool = True, evaluate_model
     t0 = time.monotonic()
     key = cache_key(cfg)
     docs = TC.corpus(cfg.corpus)
+    actual = _documents_digest(docs)
+    if actual != corpus_digest(cfg.corpus):  # the key was made from a stale memo: never file bytes under it
+        _remember(_corpus_made_by(cfg.corpus), actual)
+        raise StaleCorpusDigest(f"the remembered digest of the {cfg.preset} corpus was stale (now corrected)")
     tok = train_tokenizer(docs, cfg.vocab_size)
     eos_id = tok.token_to_id(T.EOS)
     # The trained vocabulary decides the embedding size; the caller's config stays as given.
@@ -189,7 +223,7 @@ def build(cfg: BootstrapConfig, out: Path, progress: bool = True, evaluate_model
         "cache_key": key,
         "parameters": sum(p.numel() for p in model.parameters()),
         "corpus_documents": len(docs),
-        "corpus_sha256": hashlib.sha256("\x00".join(docs).encode()).hexdigest(),
+        "corpus_sha256": actual,
         "corpus_tokens": len(ids),
         "vocab_size": cfg.model.vocab_size,
         "train_steps": cfg.train.steps,
@@ -235,6 +269,13 @@ def bootstrap(
 ) -> Path:
     """The checkpoint for a preset and seed: from the cache, or built once and cached. Returns its dir."""
     cfg = preset(preset_name, seed)
+    try:
+        return _bootstrap(cfg, out, progress, force)
+    except StaleCorpusDigest:  # corrected: the key is right now
+        return _bootstrap(cfg, out, progress, force)
+
+
+def _bootstrap(cfg: BootstrapConfig, out: Path | None, progress: bool, force: bool) -> Path:
     cache = cached_dir(cfg)
     if force or not (cache / ".complete").exists():
         cache.parent.mkdir(parents=True, exist_ok=True)

@@ -312,7 +312,7 @@ def hint_for(task: Task, completion: str) -> str:
 
 def _multiline_hint(task: Task, completion: str) -> str:
     want_lines = [line.strip() for line in task.reference.split("\n") if line.strip()]
-    got_lines = [line.strip() for line in completion.split("\n")]
+    got_lines = [line.strip() for line in completion.split("\n") if line.strip()]  # blank lines say nothing
     # The first line that differs (a body that matches line for line but fails, e.g. by running on past the
     # function, gets its last line named).
     i = next((i for i, w in enumerate(want_lines) if i >= len(got_lines) or got_lines[i] != w), len(want_lines) - 1)

@@ -149,3 +149,22 @@ def test_everything_the_build_reads_besides_the_corpus_is_in_the_key():
                     assert used <= set(B.TASK_SYMBOLS), (rel, used - set(B.TASK_SYMBOLS))
                 else:
                     assert module in allowed, f"{rel} imports {name}, which the cache key does not cover"
+
+
+def test_a_stale_remembered_digest_is_corrected_and_never_keys_a_build(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path))
+    cfg = _short()
+    right = B.corpus_digest(cfg.corpus)
+    memo_path = tmp_path / "models" / B.CORPUS_DIGESTS
+    memo = json.loads(memo_path.read_text())
+    memo = {k: "0" * 64 for k in memo}  # as if corpus code outside CORPUS_CODE had changed the documents
+    memo_path.write_text(json.dumps(memo))
+    with pytest.raises(B.StaleCorpusDigest):
+        B.build(cfg, tmp_path / "out", progress=False, evaluate_model=False)
+    assert B.corpus_digest(cfg.corpus) == right  # corrected
+    B.build(cfg, tmp_path / "out2", progress=False, evaluate_model=False)
+    memo_path.chmod(0o444)
+    monkeypatch.setattr(B, "_memo_path", lambda: tmp_path / "read-only" / B.CORPUS_DIGESTS)
+    (tmp_path / "read-only").mkdir(mode=0o555)
+    other = dataclasses.replace(cfg.corpus, documents=200)
+    assert len(B.corpus_digest(other)) == 64  # a home it cannot write costs only the memo

@@ -44,6 +44,8 @@ def test_a_hint_names_the_first_wrong_line_in_the_one_line_hint_language():
     assert T.hint_for(sum_to, sum_to.render_body(sum_to.spec.wrong[2])) == "use total * 2"  # a return: no `return`
     assert T.hint_for(t, "    pass\n") == "use total = 0"  # nothing right: the first line
     assert T.hint_for(t, t.reference + "    print(1)\n") == "use total"  # every line right: the last
+    spaced = t.reference.replace("    for v", "\n    for v")  # a blank line moves no line
+    assert T.hint_for(t, spaced.replace("total += v", "total += 1")) == "use total += v"
     # One-line families keep their hints as they were
     assert T.hint_for(T.Task("tail", 3, "xs"), "    return xs[-4:]\n") == "use 3, not 4"
 

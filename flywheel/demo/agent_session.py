@@ -123,7 +123,8 @@ def agent_mixture(cfg, synthetic: list, agent: int):
     from infra.paths import flywheel_home
     from online_rl.tasks.mining.mixture import Mixture
 
-    where = Path(cfg.mined_tasks) if cfg.mined_tasks else flywheel_home() / "tasks" / "mined"
+    # Every tasks.jsonl under $FLYWHEEL_HOME/tasks: body tasks (tasks/mined) and feature tasks (tasks/mined-feature).
+    where = Path(cfg.mined_tasks) if cfg.mined_tasks else flywheel_home() / "tasks"
     seed = int.from_bytes(f"{cfg.seed}/agent/{agent}".encode(), "big") % (1 << 63)
     return Mixture(synthetic, where, cfg.mined_share, seed, modes=("body", "feature"))
 

@@ -204,7 +204,13 @@ def test_the_populations_agent_draws_mined_tasks_and_is_judged_by_their_tests(ta
     server = ThreadingHTTPServer(("127.0.0.1", 0), Gateway)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     cfg = PopulationConfig(
-        users=0, agents=1, agent_api="chat", mined_share=1.0, mined_tasks=str(tmp_path / "mined"), think_s=(0, 0)
+        users=0,
+        agents=1,
+        agent_api="chat",
+        mined_share=1.0,
+        mined_tasks=str(tmp_path / "mined"),
+        think_s=(0, 0),
+        mined_rewards_forgeable_ok=True,
     )
     pop = Population(cfg, f"http://127.0.0.1:{server.server_address[1]}", ["key"]).start()
     try:

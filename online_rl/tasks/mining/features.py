@@ -27,7 +27,7 @@ import ast
 from collections import Counter
 from dataclasses import dataclass, field
 
-from online_rl.tasks.mining.candidates import Deletion, _functions, find as find_bodies
+from online_rl.tasks.mining.candidates import Deletion, _functions, find as find_bodies, source_lines
 
 REMOVABLE = (ast.Expr, ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Return, ast.Assert)
 COMPOUND = (
@@ -73,7 +73,7 @@ class Feature:
         """The changed files with the definition's edit and/or the call sites' (and imports') applied."""
         out = dict(self.originals)
         for p in out:
-            lines = out[p].splitlines(keepends=True)
+            lines = source_lines(out[p])
             for e in sorted((e for e in self.edits if e.path == p), key=lambda e: -e.start):
                 if (e.kind == "definition" and definition) or (e.kind != "definition" and calls):
                     lines[e.start - 1 : e.end] = [e.text] if e.text else []
@@ -124,7 +124,7 @@ def _load(path: str, name: str, text: str, known: set[str]) -> _Module | None:
         return None
     parents = {c: p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
     funcs = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    m = _Module(path, name, tree, text.splitlines(keepends=True), parents, funcs, set())
+    m = _Module(path, name, tree, source_lines(text), parents, funcs, set())
     m.classes = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):

@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from online_rl.tasks.mining.candidates import source_lines
 from online_rl.tasks.synthetic import fim_prompt
 
 
@@ -81,6 +82,12 @@ class MinedTask:
 ANSWER_FORMAT = "the whole restored text of each changed file, each after a line `### PATH` (one file: no header)"
 
 
+def as_sections(files: dict[str, str]) -> str:
+    """Files in the answer's format, by path: a file that does not end with a newline gets one, so the next header
+    starts a line of its own (and reads back with it, as an editor saves the file)."""
+    return "".join(f"### {p}\n{t}" + ("" if not t or t.endswith("\n") else "\n") for p, t in sorted(files.items()))
+
+
 @dataclass(frozen=True)
 class FeatureTask:
     task_id: str  # source/path::qualname
@@ -119,7 +126,7 @@ class FeatureTask:
     @property
     def prompt(self) -> str:
         """The ask, then each changed file as it is now, in the answer's format."""
-        return self.ask + "\n\n" + "".join(f"### {p}\n{t}" for p, t in sorted(self.shown.items()))
+        return self.ask + "\n\n" + as_sections(self.shown)
 
     def files_of(self, answer: str | dict[str, str]) -> dict[str, str]:
         """The changed files an answer restores (a file it leaves out stays as shown; any other file is ignored)."""
@@ -138,18 +145,18 @@ class FeatureTask:
         """The reference with the call sites (and imports) removed and the definition in place."""
         out = dict(self.reference)
         for p in out:
-            lines = out[p].splitlines(keepends=True)
+            lines = source_lines(out[p])
             edits = [e for e in self.call_sites if e["path"] == p and e["kind"] != "definition"]
             for e in sorted(edits, key=lambda e: -e["line"]):
                 at = e["line"] - 1
-                lines[at : at + len(e["removed"].splitlines())] = [e["text"]] if e["text"] else []
+                lines[at : at + len(source_lines(e["removed"]))] = [e["text"]] if e["text"] else []
             out[p] = "".join(lines)
         return out
 
     @property
     def answer(self) -> str:
         """The reference in the answer's format."""
-        return "".join(f"### {p}\n{t}" for p, t in sorted(self.reference.items()))
+        return as_sections(self.reference)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)

@@ -84,11 +84,19 @@ class SessionResult:
     abandoned: bool = False
 
 
+class JudgeError(Exception):
+    """A mined task's judge could not run its tests (its repository changed since it was mined): the population records
+    the session as `judge_error`, not as a failed request (serving answered)."""
+
+
 def tests_passed(task: AnyTask, code: Code, cfg: sandbox.SandboxConfig | None = None) -> tuple[int, int]:
     """The task's hidden tests on a whole file (a mined task's: its files, by its own judge), in the sandbox:
     (passed, total)."""
     if isinstance(task, (MinedTask, FeatureTask)):
-        mv = mined_judge.judge([(task, code if isinstance(code, dict) else {task.path: code})])[0]
+        try:
+            mv = mined_judge.judge([(task, code if isinstance(code, dict) else {task.path: code})])[0]
+        except Exception as e:  # noqa: BLE001 - whatever stopped the judge, it is not the session's answer
+            raise JudgeError(f"{type(e).__name__}: {e}"[:300]) from e
         return mv.passed, mv.total
     assert isinstance(code, str)
     v = sandbox.run([dataclasses.replace(sandbox.candidate_for(task, ""), code=code)], cfg)[0]

@@ -125,7 +125,7 @@ class Interaction:
     started: float  # time.time()
     latency_s: float
     version: int | None  # weight version that served the completion
-    outcome: str  # accept | reject | ignore | failed
+    outcome: str  # accept | reject | ignore | failed | judge_error (an agent session's tests could not run)
     error: str | None = None
     completion_id: str | None = None  # what the gateway issued (its events carry it)
     kind: str = "autocomplete"  # autocomplete | agent (one record per session: its first turn's version)
@@ -319,6 +319,7 @@ class Population:
 
     def _agent(self, i: int) -> None:
         from flywheel.demo.agent_session import (
+            JudgeError,
             UserModel,
             chat_body,
             messages_transport,
@@ -385,7 +386,7 @@ class Population:
                     started,
                     time.monotonic() - t,
                     None,
-                    "failed",
+                    "judge_error" if isinstance(e, JudgeError) else "failed",
                     _why(e),
                     kind="agent",
                 )

@@ -233,12 +233,11 @@ def main():
     for i in range(job["repeats"]):
         suite = unittest.TestSuite(tests if i == 0 else collect())  # fresh test instances each repeat
         result = Record()
+        aborted = None
         try:
             suite.run(result)
         except BaseException as e:  # noqa: BLE001 - a test that exits the process still gets its repeat reported
             aborted = type(e).__name__
-        else:
-            aborted = None
         tampered = _changed(bound, guarded)
         if tampered:
             send({"error": f"tampered: repeat {i} rebound {', '.join(tampered)[:300]}"})

@@ -25,6 +25,15 @@ def source_lines(text: str) -> list[str]:
     return io.StringIO(text, newline="").readlines()
 
 
+def apply_edits(text: str, edits: list[tuple[int, int, str]]) -> str:
+    """`text` with each (first line, last line, replacement) applied, lines numbered as ast numbers them (an empty
+    replacement removes the lines); the edits do not overlap."""
+    lines = source_lines(text)
+    for start, end, new in sorted(edits, key=lambda e: -e[0]):
+        lines[start - 1 : end] = [new] if new else []
+    return "".join(lines)
+
+
 @dataclass(frozen=True)
 class Deletion:
     path: str  # the file, relative to its source's root

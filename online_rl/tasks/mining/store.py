@@ -22,13 +22,29 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
-from online_rl.tasks.mining.candidates import source_lines
+from online_rl.tasks.mining.candidates import apply_edits, source_lines
 from online_rl.tasks.synthetic import fim_prompt
 
 
+class _Stored:
+    """One JSON line per task (either kind, a dataclass): its fields, the tuple ones read back as tuples."""
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_json(cls, line: str) -> Self:
+        raw = json.loads(line)
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            if str(f.type).startswith("tuple") and f.name in raw:
+                raw[f.name] = tuple(raw[f.name])
+        return cls(**raw)
+
+
 @dataclass(frozen=True)
-class MinedTask:
+class MinedTask(_Stored):
     task_id: str  # source/path::qualname
     source: str  # e.g. "stdlib", "toolz"
     version: str  # release, Debian version or commit
@@ -68,16 +84,6 @@ class MinedTask:
         """The code file with `body` (a completion) where the reference was."""
         return self.prefix + body + ("" if body.endswith("\n") else "\n") + self.suffix
 
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, line: str) -> MinedTask:
-        raw = json.loads(line)
-        for key in ("test_ids", "paths", "fresh"):
-            raw[key] = tuple(raw[key])
-        return cls(**raw)
-
 
 ANSWER_FORMAT = "the whole restored text of each changed file, each after a line `### PATH` (one file: no header)"
 
@@ -89,7 +95,7 @@ def as_sections(files: dict[str, str]) -> str:
 
 
 @dataclass(frozen=True)
-class FeatureTask:
+class FeatureTask(_Stored):
     task_id: str  # source/path::qualname
     source: str
     version: str
@@ -143,30 +149,22 @@ class FeatureTask:
 
     def files_without_calls(self) -> dict[str, str]:
         """The reference with the call sites (and imports) removed and the definition in place."""
-        out = dict(self.reference)
-        for p in out:
-            lines = source_lines(out[p])
-            edits = [e for e in self.call_sites if e["path"] == p and e["kind"] != "definition"]
-            for e in sorted(edits, key=lambda e: -e["line"]):
-                at = e["line"] - 1
-                lines[at : at + len(source_lines(e["removed"]))] = [e["text"]] if e["text"] else []
-            out[p] = "".join(lines)
-        return out
+        return {
+            p: apply_edits(
+                t,
+                [
+                    (e["line"], e["line"] + len(source_lines(e["removed"])) - 1, e["text"])
+                    for e in self.call_sites
+                    if e["path"] == p and e["kind"] != "definition"
+                ],
+            )
+            for p, t in self.reference.items()
+        }
 
     @property
     def answer(self) -> str:
         """The reference in the answer's format."""
         return as_sections(self.reference)
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, line: str) -> FeatureTask:
-        raw = json.loads(line)
-        for key in ("test_ids", "paths", "fresh", "call_sites"):
-            raw[key] = tuple(raw[key])
-        return cls(**raw)
 
 
 def from_json(line: str) -> MinedTask | FeatureTask:

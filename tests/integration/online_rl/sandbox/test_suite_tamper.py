@@ -53,6 +53,7 @@ def test_honest_code_is_judged_as_it_is():
         "unittest.case._Outcome.testPartExecutor = lambda *a, **k: __import__('contextlib').nullcontext()",
         "unittest.TestCase._callTestMethod = lambda s, m: None",
         "unittest.TestResult.addFailure = lambda *a: None",
+        "unittest.TestCase.assertEqual = lambda *a, **k: None",  # docs/sandbox.md's example
     ],
 )
 def test_code_that_rebinds_the_test_machinery_passes_nothing(attack):

@@ -84,11 +84,19 @@ class SessionResult:
     abandoned: bool = False
 
 
+class JudgeError(Exception):
+    """A mined task's judge could not run its tests (its repository changed since it was mined): the population records
+    the session as `judge_error`, not as a failed request (serving answered)."""
+
+
 def tests_passed(task: AnyTask, code: Code, cfg: sandbox.SandboxConfig | None = None) -> tuple[int, int]:
     """The task's hidden tests on a whole file (a mined task's: its files, by its own judge), in the sandbox:
     (passed, total)."""
     if isinstance(task, (MinedTask, FeatureTask)):
-        mv = mined_judge.judge([(task, code if isinstance(code, dict) else {task.path: code})])[0]
+        try:
+            mv = mined_judge.judge([(task, code if isinstance(code, dict) else {task.path: code})])[0]
+        except Exception as e:  # noqa: BLE001 - whatever stopped the judge, it is not the session's answer
+            raise JudgeError(f"{type(e).__name__}: {e}"[:300]) from e
         return mv.passed, mv.total
     assert isinstance(code, str)
     v = sandbox.run([dataclasses.replace(sandbox.candidate_for(task, ""), code=code)], cfg)[0]
@@ -123,7 +131,8 @@ def agent_mixture(cfg, synthetic: list, agent: int):
     from infra.paths import flywheel_home
     from online_rl.tasks.mining.mixture import Mixture
 
-    where = Path(cfg.mined_tasks) if cfg.mined_tasks else flywheel_home() / "tasks" / "mined"
+    # Every tasks.jsonl under $FLYWHEEL_HOME/tasks: body tasks (tasks/mined) and feature tasks (tasks/mined-feature).
+    where = Path(cfg.mined_tasks) if cfg.mined_tasks else flywheel_home() / "tasks"
     seed = int.from_bytes(f"{cfg.seed}/agent/{agent}".encode(), "big") % (1 << 63)
     return Mixture(synthetic, where, cfg.mined_share, seed, modes=("body", "feature"))
 

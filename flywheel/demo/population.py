@@ -55,9 +55,12 @@ class PopulationConfig:
     agent_api: Literal["chat", "messages"] = "chat"
     # Agent sessions on mined tasks (`flywheel tasks mine`, online_rl.tasks.mining.mixture): each session's task is
     # a mined one with probability mined_share (0: only synthetic tasks, drawn as they always were), drawn from the
-    # tasks.jsonl files under mined_tasks (None: $FLYWHEEL_HOME/tasks/mined), judged by the repository's own tests.
+    # tasks.jsonl files under mined_tasks (None: $FLYWHEEL_HOME/tasks, body and feature tasks both), judged by the
+    # repository's own tests. Those tests run in the agent's code's own process, so a session can forge their reward
+    # (as off-peak rollouts can: online_rl.config.RolloutConfig): a mined share is asked for by name.
     mined_share: float = 0.0
     mined_tasks: str | None = None
+    mined_rewards_forgeable_ok: bool = False
     temperature: float = 1.0  # IDE sampling; greedy already passes these tasks, so users see samples
     max_tokens: int | None = None  # None: 40 for one-line bodies, 64 with multi-line ones (up to ~50 tokens)
     ignore_rate: float = 0.1  # share of completions a user neither accepts nor rejects
@@ -73,6 +76,16 @@ class PopulationConfig:
     comment_rate: float = 0.5  # share of failing completions a user comments on (text)
     persist_after_s: tuple[float, float] = (20.0, 40.0)  # when the persisted check follows an accept
     comment_after_s: float = 2.0  # a comment follows a reject this soon (a deleted one: with its check)
+
+    def __post_init__(self):
+        if not 0.0 <= self.mined_share <= 1.0:
+            raise ValueError(f"the agents' mined share must be within [0, 1], got {self.mined_share}")
+        if self.mined_share > 0 and not self.mined_rewards_forgeable_ok:
+            raise ValueError(
+                "agent sessions on mined tasks (mined_share, the demo's --agent-mined-share) are judged by tests "
+                "that run in the agent's code's own process, which it can game; say --mined-rewards-forgeable-ok "
+                "(mined_rewards_forgeable_ok) to train on them anyway (docs/sandbox.md)"
+            )
 
     def completion_tokens(self) -> int:
         if self.max_tokens is not None:
@@ -117,7 +130,7 @@ class Interaction:
     started: float  # time.time()
     latency_s: float
     version: int | None  # weight version that served the completion
-    outcome: str  # accept | reject | ignore | failed
+    outcome: str  # accept | reject | ignore | failed | judge_error (an agent session's tests could not run)
     error: str | None = None
     completion_id: str | None = None  # what the gateway issued (its events carry it)
     kind: str = "autocomplete"  # autocomplete | agent (one record per session: its first turn's version)
@@ -155,6 +168,9 @@ class Population:
         self.keys = keys
         self.prefers = preference or HiddenTests()
         self.tasks = tasks.tasks(cfg.split, cfg.seed, families=cfg.families)
+        # Each agent's mixture, made here: a missing or empty mined tasks path is an error now, not in the agents'
+        # threads, where it would end them unseen and leave a run with no agent sessions.
+        self._mixtures = self._agent_mixtures()
         self.records: list[Interaction] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -164,6 +180,13 @@ class Population:
         self._later_seq = 0
         self.signals_sent = {"comment": 0, "persisted": 0}
         self.signals_dropped = 0  # delayed signals still due when the population stopped
+
+    def _agent_mixtures(self) -> list:
+        if self.cfg.agents <= 0 or self.cfg.mined_share <= 0:
+            return [None] * self.cfg.agents
+        from flywheel.demo.agent_session import agent_mixture
+
+        return [agent_mixture(self.cfg, self.tasks, i) for i in range(self.cfg.agents)]
 
     def start(self) -> "Population":
         # The openai package imports its resources lazily, on a client's first use: users starting together
@@ -301,8 +324,8 @@ class Population:
 
     def _agent(self, i: int) -> None:
         from flywheel.demo.agent_session import (
+            JudgeError,
             UserModel,
-            agent_mixture,
             chat_body,
             messages_transport,
             run_session,
@@ -336,7 +359,7 @@ class Population:
                 return tests_passed(task, code, getattr(self.prefers, "cfg", None))
             return int(self.prefers(task, code.removeprefix(task.prompt))), 1  # a binary preference: 1 test
 
-        mixture = agent_mixture(self.cfg, self.tasks, i)
+        mixture = self._mixtures[i]
         while not self._stop.is_set():
             task = rng.choice(self.tasks) if mixture is None else mixture.draw(1)[0]
             started, t = time.time(), time.monotonic()
@@ -368,7 +391,7 @@ class Population:
                     started,
                     time.monotonic() - t,
                     None,
-                    "failed",
+                    "judge_error" if isinstance(e, JudgeError) else "failed",
                     _why(e),
                     kind="agent",
                 )

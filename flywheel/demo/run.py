@@ -50,7 +50,13 @@ class DemoConfig:
         0.0, help="share of agent sessions on mined tasks (`flywheel tasks mine`), judged by the repository's own tests"
     )
     agent_mined_tasks: Path | None = option(
-        None, help="a tasks.jsonl, or a folder of them, for those sessions (None: $FLYWHEEL_HOME/tasks/mined)"
+        None,
+        help="a tasks.jsonl, or a folder of them, for those sessions (None: $FLYWHEEL_HOME/tasks: body and feature)",
+    )
+    mined_rewards_forgeable_ok: bool = option(
+        False,
+        help="run agent sessions on mined tasks although an agent can forge their reward (their tests share its "
+        "process); required with --agent-mined-share",
     )
     versions: int = option(6, help="new versions to publish and serve before stopping")
     minutes: float = option(13.0, help="bound on the loop (setup aside); a first run also builds the model")
@@ -80,6 +86,12 @@ class DemoConfig:
 
     def __post_init__(self):
         check_modes(self)
+        if self.agent_mined_share > 0 and not self.mined_rewards_forgeable_ok:
+            raise ValueError(
+                "agent sessions on mined tasks (--agent-mined-share) are judged by tests that run in the agent's "
+                "code's own process, which it can game; say --mined-rewards-forgeable-ok to train on them anyway "
+                "(docs/sandbox.md)"
+            )
         if self.gate_threads < 1:
             raise ValueError(f"--gate-threads: the gate needs at least one torch thread, not {self.gate_threads}")
 
@@ -205,6 +217,7 @@ def run(cfg: DemoConfig) -> int:
                 agent_api=cfg.agent_api,
                 mined_share=cfg.agent_mined_share,
                 mined_tasks=str(cfg.agent_mined_tasks) if cfg.agent_mined_tasks else None,
+                mined_rewards_forgeable_ok=cfg.mined_rewards_forgeable_ok,
                 temperature=cfg.temperature,
                 seed=cfg.seed,
                 feedback=cfg.feedback,

@@ -79,6 +79,15 @@ def _cpu_seconds() -> float:
 # (baseline version, the suite's settings) -> its outcomes: a gate judging version after version against the same
 # serving version runs its suite once (a published version never changes, and the suite is seeded).
 BaselineCache = dict[tuple[int, str], dict[str, list]]
+CACHE_VERSIONS = 4  # the most recent kept: a follower judges each version against the one before, or the serving one
+
+
+def remember(cache: BaselineCache, key: tuple[int, str], outcomes: dict[str, list]) -> None:
+    """Keep `outcomes` as the most recent entry, dropping the oldest beyond CACHE_VERSIONS (a follower runs long)."""
+    cache.pop(key, None)
+    cache[key] = outcomes
+    while len(cache) > CACHE_VERSIONS:
+        del cache[next(iter(cache))]
 
 
 def evaluate(
@@ -110,12 +119,12 @@ def evaluate(
             seconds[arm] = time.monotonic() - t
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    if "baseline" in outcomes:
-        cache[key] = outcomes["baseline"]
+    base = outcomes["baseline"] if "baseline" in outcomes else cache[key]
+    remember(cache, key, base)
     # The suite is seeded: a candidate's outcomes are its outcomes as a baseline too, so a gate following a trainer
     # (the fleet moving to each version that passes) runs one suite per version, not two.
-    cache[(version, repr(cfg.suite))] = outcomes["candidate"]
-    return judge(cfg.metrics(), outcomes["candidate"], cache[key], cfg.confidence), seconds
+    remember(cache, (version, repr(cfg.suite)), outcomes["candidate"])
+    return judge(cfg.metrics(), outcomes["candidate"], base, cfg.confidence), seconds
 
 
 def run_gate(cfg: GateConfig, version: int, baseline: int, cache: BaselineCache | None = None) -> GateResult:

@@ -10,6 +10,8 @@ evaluation) or randomly initialised at larger sizes.
   the model).
 - `evaluate`: The base model's report card: held-out pass rates (greedy and sampled, hinted), and the agent turns'
   valid tool calls, judged in the sandbox.
+- `loss_mask`: What mid-training does not learn in a document: a client's system prose and the newline after a call
+  inside a turn's history.
 - `midtrain`: Mid-training the base model on the corpus: documents packed into fixed-length rows (the long-context
   presets also train on whole long documents), then AdamW steps with progress.
 - `presets`: The base model's presets: what the bootstrap builds (corpus, model, training, evaluation), one

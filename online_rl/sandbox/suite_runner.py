@@ -12,7 +12,12 @@ earlier run of it left behind is seen as flaky.
 
 Tests are unittest's (TestCase classes, with their class and module fixtures) and pytest-style plain `test*`
 functions and `Test*` classes whose test methods take no argument (no fixtures: pytest is not in the sandbox).
-An outcome is pass, fail, error or skip; an expected failure counts as pass, an unexpected success as fail.
+An outcome is pass, fail, error or skip; an expected failure counts as pass, an unexpected success as fail. A test
+passes only when unittest reports its success (addSuccess): one that started and stopped with no outcome is an error.
+The code under test runs in this process, so it could rebind the machinery that runs and records tests (a
+`TestCase.run` that only starts and stops each test): the runner keeps what that machinery is bound to before it
+imports anything of the work dir, and checks it again after the imports and after each repeat; any change is reported
+as one `{"error": "tampered: ..."}` and no outcomes.
 """
 
 import importlib
@@ -86,6 +91,40 @@ def _flatten(suite):
             yield t
 
 
+# What runs and records tests, and what reports them: rebinding any of these from the code under test is tampering.
+_GUARDED_MODULES = ("unittest", "unittest.case", "unittest.suite", "unittest.result", "unittest.loader", "json")
+_UNBOUND = object()
+
+
+def _guarded(extra):
+    """The runner's own modules (kept as objects: a `fresh` module imported again from the work dir is another one)
+    and classes whose bindings are guarded."""
+    mods = [sys.modules[name] for name in _GUARDED_MODULES] + [sys.modules["json.encoder"]]
+    return mods, list(extra)
+
+
+def _bindings(guarded):
+    """Name -> the object it is bound to now, for the guarded modules' globals, their classes' attributes and the
+    extra classes' attributes (compared by identity: a rebinding shows, a list appended to does not)."""
+    mods, classes = guarded[0], list(guarded[1])
+    seen = {}
+    for mod in mods:
+        for attr, value in list(vars(mod).items()):
+            if attr != "__warningregistry__":  # a warning issued from the module's code adds it
+                seen[f"{mod.__name__}:{attr}"] = value
+            if inspect.isclass(value) and value.__module__ == mod.__name__:
+                classes.append(value)
+    for cls in classes:
+        for attr, value in list(vars(cls).items()):
+            seen[f"{cls.__module__}.{cls.__qualname__}.{attr}"] = value
+    return seen
+
+
+def _changed(before, guarded):
+    now = _bindings(guarded)
+    return sorted(k for k in before.keys() | now.keys() if before.get(k, _UNBOUND) is not now.get(k, _UNBOUND))
+
+
 def main():
     job = json.loads(sys.stdin.buffer.read())
     channel = os.dup(1)
@@ -111,32 +150,12 @@ def main():
     ):
         resource.setrlimit(which, value)
 
-    def send(message):
-        data = (json.dumps(message) + "\n").encode()
+    def send(message, dumps=json.dumps, write=os.write):  # bound now, before any code of the work dir runs
+        data = (dumps(message) + "\n").encode()
         while data:
-            data = data[os.write(channel, data) :]
+            data = data[write(channel, data) :]
 
-    for p in reversed(job["paths"]):
-        sys.path.insert(0, os.path.join(work, p) if p else work)
-    for name in job["fresh"]:
-        for loaded in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
-            del sys.modules[loaded]
-
-    def collect():
-        found = list(_flatten(unittest.defaultTestLoader.loadTestsFromModule(module)))
-        found += _plain_tests(module)
-        select = job.get("select")
-        return found if select is None else [t for t in found if t.id() in set(select)]
-
-    try:
-        module = importlib.import_module(job["module"])
-        tests = collect()
-    except BaseException as e:  # noqa: BLE001 - any failure to import is the job's answer
-        send({"error": f"import {job['module']}: {type(e).__name__}: {str(e)[:300]}"})
-        return
-    send({"tests": [t.id() for t in tests]})
-
-    rank = {"pass": 0, "skip": 1, "fail": 2, "error": 3}
+    rank = {"started": -1, "pass": 0, "skip": 1, "fail": 2, "error": 3}  # started: no outcome yet
 
     class Record(unittest.TestResult):
         def __init__(self):
@@ -146,19 +165,24 @@ def main():
 
         def _set(self, test, outcome):
             tid = test.id()
-            prev = self.outcomes.get(tid, ["pass", 0.0])
+            prev = self.outcomes.get(tid, ["started", 0.0])
             if rank[outcome] >= rank[prev[0]]:
                 self.outcomes[tid] = [outcome, prev[1]]
 
         def startTest(self, test):
             super().startTest(test)
             self._t0 = time.perf_counter()
-            self.outcomes[test.id()] = ["pass", 0.0]
+            self.outcomes[test.id()] = ["started", 0.0]
 
         def stopTest(self, test):
             super().stopTest(test)
             if test.id() in self.outcomes:
                 self.outcomes[test.id()][1] = round(time.perf_counter() - self._t0, 4)
+                if self.outcomes[test.id()][0] == "started":  # stopped with no outcome: not a pass
+                    self.outcomes[test.id()][0] = "error"
+
+        def addSuccess(self, test):
+            self._set(test, "pass")
 
         def addFailure(self, test, err):
             self._set(test, "fail")
@@ -179,13 +203,47 @@ def main():
             if err is not None:
                 self._set(test, "fail" if issubclass(err[0], test.failureException) else "error")
 
+    guarded = _guarded([Record])
+    bound = _bindings(guarded)
+
+    for p in reversed(job["paths"]):
+        sys.path.insert(0, os.path.join(work, p) if p else work)
+    for name in job["fresh"]:
+        for loaded in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+            del sys.modules[loaded]
+
+    def collect():
+        found = list(_flatten(unittest.defaultTestLoader.loadTestsFromModule(module)))
+        found += _plain_tests(module)
+        select = job.get("select")
+        return found if select is None else [t for t in found if t.id() in set(select)]
+
+    try:
+        module = importlib.import_module(job["module"])
+        tests = collect()
+    except BaseException as e:  # noqa: BLE001 - any failure to import is the job's answer
+        send({"error": f"import {job['module']}: {type(e).__name__}: {str(e)[:300]}"})
+        return
+    tampered = _changed(bound, guarded)
+    if tampered:
+        send({"error": f"tampered: importing {job['module']} rebound {', '.join(tampered)[:300]}"})
+        return
+    send({"tests": [t.id() for t in tests]})
+
     for i in range(job["repeats"]):
         suite = unittest.TestSuite(tests if i == 0 else collect())  # fresh test instances each repeat
         result = Record()
+        aborted = None
         try:
             suite.run(result)
         except BaseException as e:  # noqa: BLE001 - a test that exits the process still gets its repeat reported
-            send({"repeat": i, "outcomes": result.outcomes, "aborted": type(e).__name__})
+            aborted = type(e).__name__
+        tampered = _changed(bound, guarded)
+        if tampered:
+            send({"error": f"tampered: repeat {i} rebound {', '.join(tampered)[:300]}"})
+            return
+        if aborted is not None:
+            send({"repeat": i, "outcomes": result.outcomes, "aborted": aborted})
             return
         send({"repeat": i, "outcomes": result.outcomes})
 

@@ -11,10 +11,27 @@ trivial (a body that is only pass, `...`, a raise or a bare return).
 from __future__ import annotations
 
 import ast
+import io
 from collections import Counter
 from dataclasses import dataclass
 
 MARKER = "raise NotImplementedError"
+
+
+def source_lines(text: str) -> list[str]:
+    """The lines of a source as ast numbers them, ends kept: broken at \\n, \\r\\n and \\r only (str.splitlines also
+    breaks at a form feed, \\x1c-\\x1e, \\x85, \\u2028..., which Python source may hold: edits by ast's line numbers
+    would land on the wrong lines)."""
+    return io.StringIO(text, newline="").readlines()
+
+
+def apply_edits(text: str, edits: list[tuple[int, int, str]]) -> str:
+    """`text` with each (first line, last line, replacement) applied, lines numbered as ast numbers them (an empty
+    replacement removes the lines); the edits do not overlap."""
+    lines = source_lines(text)
+    for start, end, new in sorted(edits, key=lambda e: -e[0]):
+        lines[start - 1 : end] = [new] if new else []
+    return "".join(lines)
 
 
 @dataclass(frozen=True)
@@ -46,7 +63,7 @@ class Deletion:
 
 
 def _code_lines(text: str) -> int:
-    return sum(1 for line in text.splitlines() if line.strip() and not line.strip().startswith("#"))
+    return sum(1 for line in source_lines(text) if line.strip() and not line.strip().startswith("#"))
 
 
 def _trivial(stmts: list[ast.stmt]) -> bool:
@@ -79,7 +96,7 @@ def find(text: str, path: str, min_lines: int = 3, max_lines: int = 60) -> tuple
     except (SyntaxError, ValueError):
         skipped["unparsable"] += 1
         return [], skipped
-    lines = text.splitlines(keepends=True)
+    lines = source_lines(text)
     found = []
     for qualname, fn in _functions(tree):
         stmts = list(fn.body)

@@ -27,7 +27,7 @@ import ast
 from collections import Counter
 from dataclasses import dataclass, field
 
-from online_rl.tasks.mining.candidates import Deletion, _functions, find as find_bodies
+from online_rl.tasks.mining.candidates import Deletion, _functions, apply_edits, find as find_bodies, source_lines
 
 REMOVABLE = (ast.Expr, ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Return, ast.Assert)
 COMPOUND = (
@@ -71,14 +71,11 @@ class Feature:
 
     def files(self, definition: bool = True, calls: bool = True) -> dict[str, str]:
         """The changed files with the definition's edit and/or the call sites' (and imports') applied."""
-        out = dict(self.originals)
-        for p in out:
-            lines = out[p].splitlines(keepends=True)
-            for e in sorted((e for e in self.edits if e.path == p), key=lambda e: -e.start):
-                if (e.kind == "definition" and definition) or (e.kind != "definition" and calls):
-                    lines[e.start - 1 : e.end] = [e.text] if e.text else []
-            out[p] = "".join(lines)
-        return out
+        wanted = [e for e in self.edits if (definition if e.kind == "definition" else calls)]
+        return {
+            p: apply_edits(t, [(e.start, e.end, e.text) for e in wanted if e.path == p])
+            for p, t in self.originals.items()
+        }
 
     @property
     def shown(self) -> dict[str, str]:
@@ -124,7 +121,7 @@ def _load(path: str, name: str, text: str, known: set[str]) -> _Module | None:
         return None
     parents = {c: p for p in ast.walk(tree) for c in ast.iter_child_nodes(p)}
     funcs = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    m = _Module(path, name, tree, text.splitlines(keepends=True), parents, funcs, set())
+    m = _Module(path, name, tree, source_lines(text), parents, funcs, set())
     m.classes = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):

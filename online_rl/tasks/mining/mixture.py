@@ -17,6 +17,7 @@ from typing import Any
 
 from online_rl.sandbox import judge as sandbox
 from online_rl.tasks.mining import judge as mined_judge
+from online_rl.tasks.mining.candidates import source_lines
 from online_rl.tasks.mining.store import FeatureTask, MinedTask, load
 
 
@@ -29,7 +30,7 @@ def prompt_of(task: Any, prompt_chars: int = 2000) -> str:
     """What the model is given: a synthetic task's prompt, or the end of a mined task's prefix."""
     if not isinstance(task, MinedTask):
         return task.prompt
-    lines = task.prefix.splitlines(keepends=True)
+    lines = source_lines(task.prefix)
     start = task.lineno - 1  # the def line: the signature and docstring are always kept whole
     used = sum(len(line) for line in lines[start:])
     while start > 0 and used + len(lines[start - 1]) <= prompt_chars:

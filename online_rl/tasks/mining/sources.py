@@ -88,13 +88,15 @@ class Source:
             folder = folder.parent
         return ".".join(parts), "" if folder == Path(".") else str(folder)
 
-    def tests_for(self, code_rel: str, name: str, texts: dict[str, str], limit: int = 1) -> list[str]:
-        """The test files that may judge `name` of `code_rel`: the pair's, else those that mention the function
-        most, else those that mention its module; at most `limit`."""
+    def tests_for(
+        self, code_rel: str, name: str, texts: dict[str, str], limit: int = 1, callers: tuple[str, ...] = ()
+    ) -> list[str]:
+        """The test files that may judge `name` of `code_rel`: the pair's, else those that mention the function (and
+        `callers`: a feature's) most, else those that mention its module; at most `limit`."""
         if self.pairs is not None:
             return self.pairs.get(code_rel, [])[:limit]
-        word = re.compile(rf"\b{re.escape(name)}\b")
-        scored = sorted(((len(word.findall(texts[t])), t) for t in self.tests), reverse=True)
+        words = [re.compile(rf"\b{re.escape(w)}\b") for w in {name, *callers}]
+        scored = sorted(((sum(len(w.findall(texts[t])) for w in words), t) for t in self.tests), reverse=True)
         hits = [t for n, t in scored if n]
         if not hits and not name.startswith("_"):
             return []

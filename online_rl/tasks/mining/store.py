@@ -22,12 +22,29 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Self
 
+from online_rl.tasks.mining.candidates import apply_edits, source_lines
 from online_rl.tasks.synthetic import fim_prompt
 
 
+class _Stored:
+    """One JSON line per task (either kind, a dataclass): its fields, the tuple ones read back as tuples."""
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_json(cls, line: str) -> Self:
+        raw = json.loads(line)
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            if str(f.type).startswith("tuple") and f.name in raw:
+                raw[f.name] = tuple(raw[f.name])
+        return cls(**raw)
+
+
 @dataclass(frozen=True)
-class MinedTask:
+class MinedTask(_Stored):
     task_id: str  # source/path::qualname
     source: str  # e.g. "stdlib", "toolz"
     version: str  # release, Debian version or commit
@@ -67,22 +84,18 @@ class MinedTask:
         """The code file with `body` (a completion) where the reference was."""
         return self.prefix + body + ("" if body.endswith("\n") else "\n") + self.suffix
 
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, line: str) -> MinedTask:
-        raw = json.loads(line)
-        for key in ("test_ids", "paths", "fresh"):
-            raw[key] = tuple(raw[key])
-        return cls(**raw)
-
 
 ANSWER_FORMAT = "the whole restored text of each changed file, each after a line `### PATH` (one file: no header)"
 
 
+def as_sections(files: dict[str, str]) -> str:
+    """Files in the answer's format, by path: a file that does not end with a newline gets one, so the next header
+    starts a line of its own (and reads back with it, as an editor saves the file)."""
+    return "".join(f"### {p}\n{t}" + ("" if not t or t.endswith("\n") else "\n") for p, t in sorted(files.items()))
+
+
 @dataclass(frozen=True)
-class FeatureTask:
+class FeatureTask(_Stored):
     task_id: str  # source/path::qualname
     source: str
     version: str
@@ -119,7 +132,7 @@ class FeatureTask:
     @property
     def prompt(self) -> str:
         """The ask, then each changed file as it is now, in the answer's format."""
-        return self.ask + "\n\n" + "".join(f"### {p}\n{t}" for p, t in sorted(self.shown.items()))
+        return self.ask + "\n\n" + as_sections(self.shown)
 
     def files_of(self, answer: str | dict[str, str]) -> dict[str, str]:
         """The changed files an answer restores (a file it leaves out stays as shown; any other file is ignored)."""
@@ -136,30 +149,22 @@ class FeatureTask:
 
     def files_without_calls(self) -> dict[str, str]:
         """The reference with the call sites (and imports) removed and the definition in place."""
-        out = dict(self.reference)
-        for p in out:
-            lines = out[p].splitlines(keepends=True)
-            edits = [e for e in self.call_sites if e["path"] == p and e["kind"] != "definition"]
-            for e in sorted(edits, key=lambda e: -e["line"]):
-                at = e["line"] - 1
-                lines[at : at + len(e["removed"].splitlines())] = [e["text"]] if e["text"] else []
-            out[p] = "".join(lines)
-        return out
+        return {
+            p: apply_edits(
+                t,
+                [
+                    (e["line"], e["line"] + len(source_lines(e["removed"])) - 1, e["text"])
+                    for e in self.call_sites
+                    if e["path"] == p and e["kind"] != "definition"
+                ],
+            )
+            for p, t in self.reference.items()
+        }
 
     @property
     def answer(self) -> str:
         """The reference in the answer's format."""
-        return "".join(f"### {p}\n{t}" for p, t in sorted(self.reference.items()))
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, line: str) -> FeatureTask:
-        raw = json.loads(line)
-        for key in ("test_ids", "paths", "fresh", "call_sites"):
-            raw[key] = tuple(raw[key])
-        return cls(**raw)
+        return as_sections(self.reference)
 
 
 def from_json(line: str) -> MinedTask | FeatureTask:

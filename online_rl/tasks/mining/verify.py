@@ -142,25 +142,39 @@ def confirm(with_body: suite.SuiteRun, without: suite.SuiteRun):
     return None, kept, f"{len(kept)} tests pass with the body and fail without it, every time"
 
 
-def hollow(run: suite.SuiteRun, kept: list[str]):
-    """(reason or None, the tests kept, why) from the kept tests run with an empty body (`pass`)."""
+def _needed(run: suite.SuiteRun, kept: list[str], without: str, reason: str, why_none: str, why_kept: str):
+    """(reason or None, the kept tests that fail `without` something, why): none failing is `reason`."""
     if run.timed_out:
-        return "slow", [], "the kept tests ran past the time limit with an empty body"
+        return "slow", [], f"the kept tests ran past the time limit {without}"
     left = [t for t in kept if run.outcomes.get(t) != ["pass"]]
     if not left:
-        return "passes_without_code", [], "the kept tests pass with an empty body (the function returning None)"
-    return None, left, f"{len(left)} tests pass with the body and fail without it or with an empty one"
+        return reason, [], why_none
+    return None, left, f"{len(left)} tests {why_kept}"
+
+
+def hollow(run: suite.SuiteRun, kept: list[str]):
+    """(reason or None, the tests kept, why) from the kept tests run with an empty body (`pass`)."""
+    return _needed(
+        run,
+        kept,
+        "with an empty body",
+        "passes_without_code",
+        "the kept tests pass with an empty body (the function returning None)",
+        "pass with the body and fail without it or with an empty one",
+    )
 
 
 def wiring(run: suite.SuiteRun, kept: list[str]):
     """(reason or None, the tests kept, why) from the kept tests run with a feature's definition back and its call
     sites still gone: a test that passes so judges the function alone, not the feature."""
-    if run.timed_out:
-        return "slow", [], "the kept tests ran past the time limit without the call sites"
-    left = [t for t in kept if run.outcomes.get(t) != ["pass"]]
-    if not left:
-        return "passes_without_call_sites", [], "the kept tests pass with the definition back and no call to it"
-    return None, left, f"{len(left)} tests need the definition and its call sites"
+    return _needed(
+        run,
+        kept,
+        "without the call sites",
+        "passes_without_call_sites",
+        "the kept tests pass with the definition back and no call to it",
+        "need the definition and its call sites",
+    )
 
 
 def empty_body(prefix: str, indent: str, suffix: str) -> str:

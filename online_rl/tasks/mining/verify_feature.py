@@ -14,7 +14,6 @@ through its callers); a stdlib module's is its pair's.
 
 from __future__ import annotations
 
-import re
 import time
 
 from online_rl.sandbox import suite
@@ -35,18 +34,6 @@ from online_rl.tasks.mining.verify import (
 )
 
 
-def tests_for(source: Source, feature: features.Feature, texts: dict[str, str]) -> list[str]:
-    """The test file that may judge a feature: its pair's (stdlib), else the one naming the function and its callers
-    most, else the function's own (Source.tests_for)."""
-    if source.pairs is not None:
-        return source.pairs.get(feature.path, [])[:1]
-    words = [re.compile(rf"\b{re.escape(w)}\b") for w in {feature.deletion.name, *feature.callers}]
-    scored = sorted(((sum(len(w.findall(texts[t])) for w in words), t) for t in source.tests), reverse=True)
-    if scored and scored[0][0]:
-        return [scored[0][1]]
-    return source.tests_for(feature.path, feature.deletion.name, texts)
-
-
 def mine_features(source: Source, cfg: MiningConfig | None = None, progress: bool = True) -> MiningReport:
     """Mine one source for whole features: its tasks, its rejections by reason, and the sandbox time it took."""
     cfg = cfg or MiningConfig(mode="feature")
@@ -62,7 +49,7 @@ def mine_features(source: Source, cfg: MiningConfig | None = None, progress: boo
     report.rejected += [Rejection(*r) for r in rejected]
     plans = []
     for f in found:
-        tests = tests_for(source, f, texts)
+        tests = source.tests_for(f.path, f.deletion.name, texts, callers=f.callers)
         if not tests:
             report.rejected.append(Rejection(f"{f.path}::{f.qualname}", "no_tests_reach", "no test file names it"))
             continue

@@ -6,11 +6,14 @@ both files) passes them and the session is accepted."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
+import shutil
 
 import pytest
 
+from flywheel.demo import report
 from flywheel.demo.agent_session import run_session, workspace
 from online_rl.tasks.mining import cli, store
 
@@ -203,19 +206,37 @@ def test_the_populations_agent_draws_mined_tasks_and_is_judged_by_their_tests(ta
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Gateway)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    cfg = PopulationConfig(
-        users=0, agents=1, agent_api="chat", mined_share=1.0, mined_tasks=str(tmp_path / "mined"), think_s=(0, 0)
-    )
-    pop = Population(cfg, f"http://127.0.0.1:{server.server_address[1]}", ["key"]).start()
+
+    def first_record(where):
+        cfg = PopulationConfig(
+            users=0,
+            agents=1,
+            agent_api="chat",
+            mined_share=1.0,
+            mined_tasks=str(where),
+            think_s=(0, 0),
+            mined_rewards_forgeable_ok=True,
+        )
+        pop = Population(cfg, f"http://127.0.0.1:{server.server_address[1]}", ["key"]).start()
+        try:
+            deadline = time.monotonic() + 90
+            while not pop.snapshot() and time.monotonic() < deadline:
+                time.sleep(0.2)
+        finally:
+            pop.stop()
+        return pop.snapshot()[0]
+
+    # The repository changed since mining: its judge refuses the task, which is no failed request (serving answered).
+    stale = tmp_path / "stale-root"
+    shutil.copytree(task.root, stale)
+    (stale / task.path).write_text((stale / task.path).read_text() + "\n# edited\n")
+    store.save([dataclasses.replace(task, root=str(stale))], tmp_path / "stale" / "tasks.jsonl")
     try:
-        deadline = time.monotonic() + 90
-        while not pop.snapshot() and time.monotonic() < deadline:
-            time.sleep(0.2)
+        rec = first_record(tmp_path / "mined")
+        refused = first_record(tmp_path / "stale")
     finally:
-        pop.stop()
         server.shutdown()
         server.server_close()
-    rec = pop.snapshot()[0]
     assert (rec.kind, rec.task_id, rec.outcome, rec.error) == ("agent", task.task_id, "accept", None)
     assert (
         rec.turns == 4
@@ -223,3 +244,8 @@ def test_the_populations_agent_draws_mined_tasks_and_is_judged_by_their_tests(ta
         and rec.truth == {"cmpl-0": True, "cmpl-1": True, "cmpl-2": True, "cmpl-3": True}
     )
     assert {"session_id": "s", "kind": "accept"} in feedback
+    assert refused.outcome == "judge_error" and "changed since it was mined" in refused.error, refused
+    rows = report.summarize([rec, refused], [{"version": 1}], {})
+    assert rows[0]["failed"] == 0 and report.verdict(rows, min_judged=0)["failed_requests"] == 0
+    failed = dataclasses.replace(refused, outcome="failed")
+    assert report.summarize([rec, failed], [{"version": 1}], {})[0]["failed"] == 1

@@ -109,7 +109,7 @@ def test_a_mined_session_that_leaves_the_file_as_it_was_is_rejected(tmp_path):
 
 
 def Cfg(share: float = 0.0, where: str | None = None) -> PopulationConfig:
-    return PopulationConfig(agents=1, mined_share=share, mined_tasks=where)
+    return PopulationConfig(agents=1, mined_share=share, mined_tasks=where, mined_rewards_forgeable_ok=share > 0)
 
 
 def test_the_draw_is_unchanged_without_a_mined_share_and_mixes_with_one(tmp_path):
@@ -127,3 +127,45 @@ def test_the_draw_is_unchanged_without_a_mined_share_and_mixes_with_one(tmp_path
         agent_mixture(Cfg(0.5, str(tmp_path / "none")), held, 0)
     # A synthetic task's session is the one it always was: its file one of PATHS, holding the task's prompt.
     assert workspace(held[0], PATHS[0]) == {PATHS[0]: held[0].prompt}
+
+
+def test_a_mined_share_is_asked_for_by_name():
+    """Agent sessions on mined tasks train on rewards an agent can forge: opted into as the rollouts' mined share is."""
+    from flywheel.demo.run import DemoConfig
+
+    with pytest.raises(ValueError, match="--mined-rewards-forgeable-ok"):
+        PopulationConfig(agents=1, mined_share=0.3)
+    with pytest.raises(ValueError, match="--mined-rewards-forgeable-ok"):
+        DemoConfig(agent_mined_share=0.3)
+    with pytest.raises(ValueError, match="within"):
+        PopulationConfig(agents=1, mined_share=1.5, mined_rewards_forgeable_ok=True)
+    assert PopulationConfig(agents=1, mined_share=0.3, mined_rewards_forgeable_ok=True).mined_share == 0.3
+    assert DemoConfig(agent_mined_share=0.3, mined_rewards_forgeable_ok=True).agent_mined_share == 0.3
+    assert PopulationConfig(agents=1).mined_share == DemoConfig().agent_mined_share == 0.0  # no share: nothing to ask
+
+
+def test_a_missing_mined_tasks_path_is_an_error_before_any_agent_runs(tmp_path):
+    from flywheel.demo.population import Population
+
+    cfg = PopulationConfig(
+        agents=2, mined_share=0.5, mined_tasks=str(tmp_path / "typo"), mined_rewards_forgeable_ok=True
+    )
+    with pytest.raises(FileNotFoundError, match="typo"):
+        Population(cfg, "http://127.0.0.1:9", ["key"])
+    store.save([mined_task(tmp_path)], tmp_path / "m" / "tasks.jsonl")
+    pop = Population(PopulationConfig(**{**cfg.__dict__, "mined_tasks": str(tmp_path)}), "http://127.0.0.1:9", ["k"])
+    assert len(pop._mixtures) == 2 and all(m is not None and m.mined for m in pop._mixtures)
+
+
+def test_agents_draw_body_and_feature_folders_by_default(tmp_path, monkeypatch):
+    """`flywheel tasks mine` writes body tasks to $FLYWHEEL_HOME/tasks/mined, feature tasks to tasks/mined-feature:
+    the agents' default draws both."""
+    import dataclasses
+
+    monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path / "home"))
+    body = mined_task(tmp_path)
+    other = dataclasses.replace(body, task_id="y/geo/shapes.py::area", source="y")
+    store.save([body], tmp_path / "home" / "tasks" / "mined" / "x" / "tasks.jsonl")
+    store.save([other], tmp_path / "home" / "tasks" / "mined-feature" / "y-feature" / "tasks.jsonl")
+    mix = agent_mixture(PopulationConfig(agents=1, mined_share=1.0, mined_rewards_forgeable_ok=True), [], 0)
+    assert sorted(t.task_id for t in mix.mined) == sorted([body.task_id, other.task_id])

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ast
 
-from online_rl.tasks.mining import features, store
+from online_rl.tasks.mining import candidates, features, store
 
 CORE = '''\
 """Core."""
@@ -146,3 +146,39 @@ def test_a_feature_task_reads_an_answer_and_rebuilds_its_variants(tmp_path):
     assert only_core == {"pkg/core.py": CORE, "pkg/user.py": task.shown["pkg/user.py"]}  # a test is never replaced
     assert task.files_of("no headers") == task.shown  # two files changed: an answer names each
     assert "test_core" not in task.prompt and task.prompt.startswith("The function `scale` was deleted")
+
+
+def test_a_form_feed_line_does_not_move_the_edits():
+    """str.splitlines breaks at a form feed too; ast's line numbers count only newlines: the edits land where ast says
+    (before, the deletion removed the statement above the call instead of the call)."""
+    core = "\x0c\n" + CORE.replace('"""Core."""\n', '"""Core."""\n\x0c\n', 1)
+    (f,) = features.find({**TEXTS, "pkg/core.py": core}, MODULES, ["pkg/core.py"])[0]
+    shown = f.shown["pkg/core.py"]
+    assert "def scale" not in shown and "scale(" not in shown and "\x0c\n" in shown
+    assert "    s = 0\n    for x in xs:\n        pass\n    return s" in shown  # the call went, the rest stayed
+    assert f.files(definition=False, calls=False)["pkg/core.py"] == core
+    kept = f.files(definition=False)["pkg/core.py"]
+    assert "def scale(x, k):\n" in kept and "s += scale" not in kept and "    s = 0\n" in kept
+    for text in f.shown.values():
+        ast.parse(text)
+    (body,), _ = candidates.find("\x0c\ndef area(w, h):\n    \x0c\n    a = w * h\n    b = a\n    return b\n", "g.py")
+    assert body.body == "    a = w * h\n    b = a\n    return b\n" and body.lineno == 2
+    assert body.prefix == "\x0c\ndef area(w, h):\n    \x0c\n" and body.suffix == ""
+
+
+def test_files_without_a_last_newline_read_back_from_the_answer(tmp_path):
+    """The `### PATH` format: a file that does not end with a newline gets one, so the next header starts a line."""
+    (f,) = features.find(TEXTS, MODULES, ["pkg/core.py"])[0]
+    reference = {"pkg/core.py": CORE.rstrip("\n"), "pkg/user.py": USER.rstrip("\n")}
+    task = store.FeatureTask(
+        task_id="x/pkg/core.py::scale", source="x", version="1", origin="local", root=str(tmp_path), path=f.path,
+        qualname="scale", lineno=4, shown={p: t.rstrip("\n") for p, t in f.shown.items()}, reference=reference,
+        call_sites=tuple(e.provenance() for e in f.edits), test_path="tests/test_core.py", test_module="test_core",
+        test_ids=("test_core.T.test_total",), paths=("", "tests"), fresh=("pkg.core",), ship_all=True,
+        code_sha256={p: store.sha256(t) for p, t in reference.items()}, sandbox_s=1.0,
+    )  # fmt: skip
+    assert "\n### pkg/user.py\n" in task.answer and "\n### pkg/user.py\n" in task.prompt
+    assert task.files_of(task.answer) == {p: t + "\n" for p, t in reference.items()}
+    assert store.FeatureTask.from_json(task.to_json()).files_of(task.answer)["pkg/user.py"] == USER
+    assert store.as_sections({"a.py": "", "b.py": "x = 1"}) == "### a.py\n### b.py\nx = 1\n"
+    assert task.files_of(store.as_sections({"pkg/core.py": ""}))["pkg/core.py"] == ""

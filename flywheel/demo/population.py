@@ -66,9 +66,7 @@ class PopulationConfig:
     ignore_rate: float = 0.1  # share of completions a user neither accepts nor rejects
     think_s: tuple[float, float] = (0.0, 0.4)  # pause between a user's requests
     split: str = "heldout"
-    # The task families users ask about: single (one-line bodies), multiline, or all (the demo model's corpus
-    # has both; the test model has seen only one-line ones).
-    families: str = "single"
+    families: str = "single"  # users' tasks: single (one-line bodies), multiline or all (the demo model knows both)
     seed: int = 0
     # Which signals users send besides accept/reject: basic (none), persist (+ persisted checks), text (+ comments)
     feedback: Literal["basic", "persist", "text"] = "basic"
@@ -82,15 +80,12 @@ class PopulationConfig:
             raise ValueError(f"the agents' mined share must be within [0, 1], got {self.mined_share}")
         if self.mined_share > 0 and not self.mined_rewards_forgeable_ok:
             raise ValueError(
-                "agent sessions on mined tasks (mined_share, the demo's --agent-mined-share) are judged by tests "
-                "that run in the agent's code's own process, which it can game; say --mined-rewards-forgeable-ok "
-                "(mined_rewards_forgeable_ok) to train on them anyway (docs/sandbox.md)"
+                "agent sessions on mined tasks (mined_share, the demo's --agent-mined-share) are judged by tests in the "
+                "agent's code's own process, which it can game; say --mined-rewards-forgeable-ok to train on them anyway"
             )
 
     def completion_tokens(self) -> int:
-        if self.max_tokens is not None:
-            return self.max_tokens
-        return 40 if self.families == "single" else 64
+        return self.max_tokens if self.max_tokens is not None else 40 if self.families == "single" else 64
 
 
 @dataclass

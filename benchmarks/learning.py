@@ -65,7 +65,10 @@ class LearningConfig:
     eval_tasks: int | None = None  # the first this many tasks of the pool (None: all)
     window: int = 128  # judged requests the users' own kept share is reported over
     target: float = 0.9
-    max_tokens: int = 64  # a multi-line body is up to ~50 tokens
+    max_tokens: int | None = None  # None: 40 for one-line bodies, 64 with multi-line ones (up to ~50 tokens)
+    # The pool's task families (online_rl.tasks.synthetic.FAMILY_SETS); None: the model's own, those its preset's
+    # corpus draws (all for demo: one-line and multi-line; single for the others)
+    families: str | None = None
     lr: float = 2e-4
     # Passes over each batch (OptimConfig.epochs). One left the policy gradient under-used: measured 2026-12-03
     # (seed 0), 2 passes took base 576 -> 404 (768 requests) and persist 404 -> 231 judged requests to 90%.
@@ -86,7 +89,6 @@ class LearningConfig:
             persist_after_s=(60.0, 150.0),
             comment_after_s=5.0,
             ignore_rate=0.1,
-            families="all",  # the demo model's tasks: one-line and multi-line (online_rl.tasks.multiline)
         )
     )
     progress: bool = True
@@ -104,6 +106,20 @@ def published(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().to(torch.bfloat16) for k, v in model.state_dict().items()}
 
 
+def pool_families(cfg: LearningConfig) -> str:
+    if cfg.families is not None:
+        return cfg.families
+    from online_rl.model.presets import preset
+
+    return "all" if preset(cfg.preset).corpus.multiline_share else "single"
+
+
+def completion_tokens(cfg: LearningConfig) -> int:
+    if cfg.max_tokens is not None:
+        return cfg.max_tokens
+    return 40 if pool_families(cfg) == "single" else 64
+
+
 def _model(preset: str, seed: int) -> Path:
     from online_rl.model.bootstrap import bootstrap
 
@@ -115,7 +131,7 @@ def evaluate(model: torch.nn.Module, tok, pool: list, cfg: LearningConfig) -> fl
     pool = pool[: cfg.eval_tasks]
     prompts = [t.prompt for t in pool for _ in range(cfg.eval_samples)]
     gen = torch.Generator().manual_seed(cfg.seed + 10_000)
-    outs = serve(model, tok, prompts, gen, cfg.max_tokens)
+    outs = serve(model, tok, prompts, gen, completion_tokens(cfg))
     cands = [sandbox.candidate_for(pool[i // cfg.eval_samples], tok.decode(o)) for i, (_, o, _, _) in enumerate(outs)]
     return float(np.mean([v.ok for v in sandbox.run(cands)]))
 
@@ -180,8 +196,8 @@ def run_variant(
     )
     trainer = Trainer(tcfg)
     torch.manual_seed(cfg.seed)
-    pool = tasks.tasks(cfg.population.split, cfg.seed, families=cfg.population.families)
-    pop = dataclasses.replace(cfg.population, feedback=SIGNALS[variant])
+    pool = tasks.tasks(cfg.population.split, cfg.seed, families=pool_families(cfg))
+    pop = dataclasses.replace(cfg.population, feedback=SIGNALS[variant], families=pool_families(cfg))
     rng = random.Random(f"{cfg.seed}/learning")
     gen = torch.Generator().manual_seed(cfg.seed)
     queue: list = []  # (ts, seq, event): the stream, in time order
@@ -199,7 +215,7 @@ def run_variant(
     while judged < cfg.budget:
         t0 = rnd * cfg.round_s
         batch = [rng.choice(pool) for _ in range(cfg.requests_per_round)]
-        served = serve(served_model, tok, [t.prompt for t in batch], gen, cfg.max_tokens)
+        served = serve(served_model, tok, [t.prompt for t in batch], gen, completion_tokens(cfg))
         texts = [tok.decode(o) for _, o, _, _ in served]
         verdicts = sandbox.run([sandbox.candidate_for(t, x) for t, x in zip(batch, texts)])
         for k, (task, s, text, v) in enumerate(zip(batch, served, texts, verdicts)):
@@ -294,6 +310,21 @@ def plot(results: dict, cfg: LearningConfig, path: Path) -> None:
     plt.close(fig)
 
 
+def ratios(out: dict) -> dict:
+    """`<variant>_vs_base_requests_ratio` (the target for text: at most 0.6). Where accept/reject alone never
+    reached the target within the budget the ratio is below variant / budget: that bound is written instead
+    (`..._ratio_below`), never a ratio against a figure that was not measured."""
+    base, budget = out.get("requests_to_90_base"), out["budget_judged_requests"]
+    got = {}
+    for v in ("persist", "text"):
+        n = out.get(f"requests_to_90_{v}")
+        if n and base:
+            got[f"{v}_vs_base_requests_ratio"] = round(n / base, 3)
+        elif n and base is None and "requests_to_90_base" in out:
+            got[f"{v}_vs_base_requests_ratio_below"] = round(n / budget, 3)
+    return got
+
+
 def main(argv: list[str] | None = None, base: LearningConfig | None = None) -> dict:
     """base: the settings the flags override (the test's short version)."""
     ap = argparse.ArgumentParser(prog="python -m benchmarks.learning", description=__doc__.split("\n\n")[0])
@@ -306,7 +337,9 @@ def main(argv: list[str] | None = None, base: LearningConfig | None = None) -> d
     ap.add_argument("--distill-coef", type=float, default=None, help="the distillation KL's coefficient (gamma)")
     ap.add_argument("--model-seed", type=int, default=None, help="the model's bootstrap seed (default: --seed)")
     ap.add_argument("--epochs", type=int, default=None, help="passes over each batch, one optimizer step each")
-    ap.add_argument("--families", default=None, help="the pool's task families: single, multiline, all")
+    ap.add_argument(
+        "--families", default=None, help="the pool's task families: single, multiline, all (default: the model's)"
+    )
     ap.add_argument("--eval-samples", type=int, default=None, help="samples per pool task in each evaluation")
     ap.add_argument("--eval-every", type=int, default=None, help="rounds between evaluations")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (1 when runs share the cores)")
@@ -316,24 +349,13 @@ def main(argv: list[str] | None = None, base: LearningConfig | None = None) -> d
     cfg = dataclasses.replace(
         base or LearningConfig(), preset=a.preset, budget=a.budget, seed=a.seed, progress=sys.stderr.isatty()
     )
-    if a.distill_updates is not None:
-        cfg.distill_updates = a.distill_updates
-    if a.distill_coef is not None:
-        cfg.distill_coef = a.distill_coef
-    if a.epochs is not None:
-        cfg.epochs = a.epochs
+    for name in ("distill_updates", "distill_coef", "epochs", "threads", "eval_every", "eval_samples", "families"):
+        if getattr(a, name) is not None:  # a flag given overrides the base settings
+            setattr(cfg, name, getattr(a, name))
     if a.distill_step:
         cfg.distill_step = True
     if a.comment_rate is not None:
         cfg.population = dataclasses.replace(cfg.population, comment_rate=a.comment_rate)
-    if a.threads is not None:
-        cfg.threads = a.threads
-    if a.eval_every is not None:
-        cfg.eval_every = a.eval_every
-    if a.eval_samples is not None:
-        cfg.eval_samples = a.eval_samples
-    if a.families is not None:
-        cfg.population = dataclasses.replace(cfg.population, families=a.families)
     model_seed = cfg.seed if a.model_seed is None else a.model_seed  # another pool and draws on one model
     model_dir = _model(cfg.preset, model_seed)
     work = Path(tempfile.mkdtemp(prefix="flywheel-learning-"))
@@ -356,8 +378,8 @@ def main(argv: list[str] | None = None, base: LearningConfig | None = None) -> d
         "threads": cfg.threads,
         "fooled_rate": cfg.population.fooled_rate,
         "comment_rate": cfg.population.comment_rate,
-        "families": cfg.population.families,
-        "pool_tasks": len(tasks.tasks(cfg.population.split, cfg.seed, families=cfg.population.families)),
+        "families": pool_families(cfg),
+        "pool_tasks": len(tasks.tasks(cfg.population.split, cfg.seed, families=pool_families(cfg))),
         "distill_coef": cfg.distill_coef,
         "distill_samples": cfg.distill_samples,
         "distill_updates": cfg.distill_updates,
@@ -367,12 +389,7 @@ def main(argv: list[str] | None = None, base: LearningConfig | None = None) -> d
     for v, r in results.items():
         out[f"requests_to_90_{v}"] = r["requests_to_target"]
         out[f"final_acceptance_{v}"] = r["acceptance_final"]
-    base, text = out.get("requests_to_90_base"), out.get("requests_to_90_text")
-    if base and text:
-        out["text_vs_base_requests_ratio"] = round(text / base, 3)  # the target: at most 0.6
-    persist = out.get("requests_to_90_persist")
-    if base and persist:
-        out["persist_vs_base_requests_ratio"] = round(persist / base, 3)
+    out.update(ratios(out))
     out["variants"] = results
     for v, r in results.items():
         print(

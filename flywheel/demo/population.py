@@ -80,8 +80,8 @@ class PopulationConfig:
             raise ValueError(f"the agents' mined share must be within [0, 1], got {self.mined_share}")
         if self.mined_share > 0 and not self.mined_rewards_forgeable_ok:
             raise ValueError(
-                "agent sessions on mined tasks (mined_share, the demo's --agent-mined-share) are judged by tests in the "
-                "agent's code's own process, which it can game; say --mined-rewards-forgeable-ok to train on them anyway"
+                "agent sessions on mined tasks (--agent-mined-share) are judged by tests in the agent's code's own "
+                "process, which it can game; say --mined-rewards-forgeable-ok to train on them anyway"
             )
 
     def completion_tokens(self) -> int:

@@ -18,7 +18,7 @@ import time
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypedDict
 
 from infra.config import option
 from infra.progress import bar
@@ -214,6 +214,21 @@ def recheck(tasks: list, workers: int = 1) -> tuple[list, list[Rejection], float
     return kept, rejected, sum(r.wall_s for r in runs)
 
 
+class _Provenance(TypedDict):
+    task_id: str
+    source: str
+    version: str
+    origin: str
+    root: str
+    path: str
+    qualname: str
+    test_path: str
+    test_module: str
+    paths: tuple[str, ...]
+    fresh: tuple[str, ...]
+    ship_all: bool
+
+
 class _Miner:
     def __init__(self, source: Source, cfg: MiningConfig):
         self.source, self.cfg = source, cfg
@@ -244,6 +259,15 @@ class _Miner:
         paths = list(dict.fromkeys([root, *self.source.paths]))
         fresh = [self.source.module_of(code)[0]]
         return suite.SuiteJob(files, module, paths, select, fresh, repeats)
+
+    def provenance(self, code: str, qualname: str, test: str) -> _Provenance:
+        """The fields both kinds of task (MinedTask, FeatureTask) take from the source and the test's jail."""
+        job, src = self.job(code, test, None), self.source
+        return _Provenance(
+            task_id=f"{src.name}/{code}::{qualname}", source=src.name, version=src.version, origin=src.origin,
+            root=str(src.root), path=code, qualname=qualname, test_path=test, test_module=job.module,
+            paths=tuple(job.paths), fresh=tuple(job.fresh), ship_all=src.ship_all,
+        )  # fmt: skip
 
     def run(self, job: suite.SuiteJob) -> suite.SuiteRun:
         (out,) = suite.run([job], self.suite_cfg)
@@ -308,26 +332,14 @@ def mine(source: Source, cfg: MiningConfig | None = None, progress: bool = True)
         reason, kept, why = hollow(empty, kept)
         if reason:
             return Rejection(cand, reason, why)
-        job = miner.job(d.path, p.test, None)
         return MinedTask(
-            task_id=f"{source.name}/{cand}",
-            source=source.name,
-            version=source.version,
-            origin=source.origin,
-            root=str(source.root),
-            path=d.path,
-            qualname=d.qualname,
+            **miner.provenance(d.path, d.qualname, p.test),
+            test_ids=tuple(kept),
             lineno=d.lineno,
             prefix=d.prefix,
             suffix=d.suffix,
             reference=d.body,
             indent=d.indent,
-            test_path=p.test,
-            test_module=job.module,
-            test_ids=tuple(kept),
-            paths=tuple(job.paths),
-            fresh=tuple(job.fresh),
-            ship_all=source.ship_all,
             code_sha256=sha256(d.original),
             sandbox_s=round(sum(spent), 3),
         )

@@ -81,25 +81,13 @@ def mine_features(source: Source, cfg: MiningConfig | None = None, progress: boo
         reason, kept, why = wiring(run(f.files(definition=False), kept), kept)
         if reason:
             return Rejection(cand, reason, why)
-        job = miner.job(f.path, p.test, None)
         return FeatureTask(
-            task_id=f"{source.name}/{cand}",
-            source=source.name,
-            version=source.version,
-            origin=source.origin,
-            root=str(source.root),
-            path=f.path,
-            qualname=f.qualname,
+            **miner.provenance(f.path, f.qualname, p.test),
             lineno=f.deletion.lineno,
             shown=shown,
             reference=dict(f.originals),
             call_sites=tuple(e.provenance() for e in f.edits),
-            test_path=p.test,
-            test_module=job.module,
             test_ids=tuple(kept[: cfg.max_tests]),
-            paths=tuple(job.paths),
-            fresh=tuple(job.fresh),
-            ship_all=source.ship_all,
             code_sha256={path: sha256(text) for path, text in f.originals.items()},
             sandbox_s=round(sum(spent), 3),
         )

@@ -16,41 +16,14 @@ import pytest
 from flywheel.demo import report
 from flywheel.demo.agent_session import run_session, workspace
 from online_rl.tasks.mining import cli, store
+from tests import mined_repo, scripted_agent
+from tests.scripted_agent import scripted
 
 pytestmark = pytest.mark.timeout(180)
 
-PRICING = '''\
-"""Prices."""
+PRICING = mined_repo.PRICING
 
-
-def discount(price, percent):
-    """The price less `percent` per cent, never below zero."""
-    if percent < 0 or percent > 100:
-        raise ValueError("percent")
-    cut = price * percent / 100
-    return max(price - cut, 0)
-
-
-def checkout(prices, percent):
-    """The total of a basket, each price discounted."""
-    total = 0
-    for p in prices:
-        p = discount(p, percent)
-        total += p
-    return round(total, 2)
-'''
-
-CART = '''\
-"""The cart."""
-from shop.pricing import discount
-
-
-def receipt(price, percent):
-    """A receipt line."""
-    now = price
-    now = discount(price, percent)
-    return f"total {now:.2f}"
-'''
+CART = '"""The cart."""\nfrom shop.pricing import discount\n\n\n' + mined_repo.RECEIPT
 
 TESTS = """\
 import unittest
@@ -73,13 +46,8 @@ class ShopTest(unittest.TestCase):
 
 @pytest.fixture(scope="module")
 def tasks(tmp_path_factory):
-    repo = tmp_path_factory.mktemp("shop")
-    (repo / "shop").mkdir()
-    (repo / "shop" / "__init__.py").write_text("")
-    (repo / "shop" / "pricing.py").write_text(PRICING)
-    (repo / "shop" / "cart.py").write_text(CART)
-    (repo / "tests").mkdir()
-    (repo / "tests" / "test_shop.py").write_text(TESTS)
+    shop = {"shop/__init__.py": "", "shop/pricing.py": PRICING, "shop/cart.py": CART, "tests/test_shop.py": TESTS}
+    repo = mined_repo.write_repo(tmp_path_factory.mktemp("shop"), shop)
     out = repo.parent / "out"
     found = {}
     for mode in ("body", "feature"):
@@ -89,30 +57,8 @@ def tasks(tmp_path_factory):
     return found
 
 
-def answer(i, calls=None, text=None):
-    msg = {"role": "assistant", "content": text}
-    if calls:
-        msg["tool_calls"] = [
-            {"id": f"call_{i}_{k}", "type": "function", "function": {"name": n, "arguments": json.dumps(a)}}
-            for k, (n, a) in enumerate(calls)
-        ]
-    finish = "tool_calls" if calls else "stop"
-    return {
-        "id": f"cmpl-{i}",
-        "session_id": "s",
-        "model_version": 1,
-        "choices": [{"message": msg, "finish_reason": finish}],
-    }
-
-
-def scripted(answers):
-    seen = []
-
-    def chat(messages):
-        seen.append([dict(m) for m in messages])
-        return answers[len(seen) - 1]
-
-    return chat, seen
+def answer(i, calls=None, text=None):  # the session id the feedback check below expects
+    return scripted_agent.answer(i, calls, text, session_id="s", model_version=1)
 
 
 def test_a_session_on_a_mined_body_is_judged_by_the_repositorys_tests(tasks):
@@ -196,7 +142,6 @@ def test_the_populations_agent_draws_mined_tasks_and_is_judged_by_their_tests(ta
                 ]
                 out = answer(step, calls[step] if step < 3 else None, None if step < 3 else "Done.")
                 out.update(object="chat.completion", created=0, model="flywheel-coder")
-                out["choices"][0]["index"] = 0
             data = json.dumps(out).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")

@@ -11,7 +11,6 @@ provenance (the repository's commit) and the rejections with why.
 from __future__ import annotations
 
 import json
-import subprocess
 import textwrap
 
 import pytest
@@ -20,6 +19,7 @@ from online_rl.tasks import synthetic
 from online_rl.tasks.mining import cli, mixture, store
 from online_rl.tasks.mining.judge import judge
 from online_rl.tasks.mining.verify import recheck
+from tests import mined_repo
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -108,18 +108,10 @@ def test_total_wrong():
 
 @pytest.fixture(scope="module")
 def mined(tmp_path_factory):
-    repo = tmp_path_factory.mktemp("repo")
-    (repo / "shapes").mkdir()
-    (repo / "shapes" / "__init__.py").write_text("")
-    (repo / "shapes" / "geometry.py").write_text(GEOMETRY)
-    (repo / "tests").mkdir()
-    (repo / "tests" / "test_geometry.py").write_text(TESTS)
-    (repo / "tests" / "test_total.py").write_text(TOTAL_TESTS)
-    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
-    subprocess.run([*git, "init", "-q"], check=True)
-    subprocess.run([*git, "add", "."], check=True)
-    subprocess.run([*git, "commit", "-qm", "shapes"], check=True)
-    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    files = {"shapes/__init__.py": "", "shapes/geometry.py": GEOMETRY}
+    files |= {"tests/test_geometry.py": TESTS, "tests/test_total.py": TOTAL_TESTS}
+    repo = mined_repo.write_repo(tmp_path_factory.mktemp("repo"), files)
+    commit = mined_repo.commit(repo, "shapes")
     out = repo.parent / "out"
     assert cli.main(["tasks", "mine", str(repo), "--out", str(out), "--no-progress"]) == 0
     folder = out / repo.name

@@ -10,36 +10,19 @@ passes_without_call_sites; `is_cheap` is called in an `if` header: rejected as u
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 
 from online_rl.tasks.mining import cli, store
 from online_rl.tasks.mining.judge import judge
 from online_rl.tasks.mining.verify import recheck
+from tests import mined_repo
 
 pytestmark = pytest.mark.timeout(180)
 
-PRICING = '''\
-"""Prices."""
-
-
-def discount(price, percent):
-    """The price less `percent` per cent, never below zero."""
-    if percent < 0 or percent > 100:
-        raise ValueError("percent")
-    cut = price * percent / 100
-    return max(price - cut, 0)
-
-
-def checkout(prices, percent):
-    """The total of a basket, each price discounted."""
-    total = 0
-    for p in prices:
-        p = discount(p, percent)
-        total += p
-    return round(total, 2)
-
+PRICING = (
+    mined_repo.PRICING
+    + '''
 
 def is_cheap(price):
     """Under ten."""
@@ -56,22 +39,13 @@ def shelf(prices):
             out.append(p)
     return out
 '''
+)
 
-CART = '''\
-"""The cart."""
-from shop.pricing import checkout, discount
-
-
-def receipt(price, percent):
-    """A receipt line."""
-    now = price
-    now = discount(price, percent)
-    return f"total {now:.2f}"
-
-
-def basket(prices):
-    return checkout(prices, 0)
-'''
+CART = (
+    '"""The cart."""\nfrom shop.pricing import checkout, discount\n\n\n'
+    + mined_repo.RECEIPT
+    + "\n\ndef basket(prices):\n    return checkout(prices, 0)\n"
+)
 
 TESTS = """\
 import unittest
@@ -95,17 +69,9 @@ class ShopTest(unittest.TestCase):
 
 @pytest.fixture(scope="module")
 def mined(tmp_path_factory):
-    repo = tmp_path_factory.mktemp("shop")
-    (repo / "shop").mkdir()
-    (repo / "shop" / "__init__.py").write_text("")
-    (repo / "shop" / "pricing.py").write_text(PRICING)
-    (repo / "shop" / "cart.py").write_text(CART)
-    (repo / "tests").mkdir()
-    (repo / "tests" / "test_shop.py").write_text(TESTS)
-    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
-    subprocess.run([*git, "init", "-q"], check=True)
-    subprocess.run([*git, "add", "."], check=True)
-    subprocess.run([*git, "commit", "-qm", "shop"], check=True)
+    shop = {"shop/__init__.py": "", "shop/pricing.py": PRICING, "shop/cart.py": CART, "tests/test_shop.py": TESTS}
+    repo = mined_repo.write_repo(tmp_path_factory.mktemp("shop"), shop)
+    mined_repo.commit(repo, "shop")
     out = repo.parent / "out"
     assert cli.main(["tasks", "mine", str(repo), "--mode", "feature", "--out", str(out), "--no-progress"]) == 0
     folder = out / f"{repo.name}-feature"

@@ -6,37 +6,13 @@ import random
 
 from flywheel.demo.agent_session import PATHS, Repository, run_session
 from online_rl.tasks import synthetic as tasks
+from tests.scripted_agent import answer, scripted
 
 TASK = tasks.tasks("heldout")[0]
 
 
 def judge(task, code):  # one test: the file is the reference implementation
     return int(code == task.prompt + task.reference), 1
-
-
-def answer(i, calls=None, text=None):
-    msg = {"role": "assistant", "content": text}
-    if calls:
-        msg["tool_calls"] = [
-            {"id": f"call_{i}_{k}", "type": "function", "function": {"name": n, "arguments": json.dumps(a)}}
-            for k, (n, a) in enumerate(calls)
-        ]
-    return {
-        "id": f"cmpl-{i}",
-        "session_id": "cmpl-0",
-        "model_version": 3,
-        "choices": [{"index": 0, "message": msg, "finish_reason": "tool_calls" if calls else "stop"}],
-    }
-
-
-def scripted(answers):
-    seen = []
-
-    def chat(messages):
-        seen.append([dict(m) for m in messages])
-        return answers[len(seen) - 1]
-
-    return chat, seen
 
 
 def test_a_session_that_writes_passing_code_is_kept():

@@ -14,33 +14,7 @@ from flywheel.demo.agent_session import PATHS, Repository, agent_mixture, run_se
 from flywheel.demo.population import PopulationConfig
 from online_rl.tasks import synthetic
 from online_rl.tasks.mining import candidates, store
-
-
-def answer(i, calls=None, text=None):  # the gateway's JSON, as tests/unit/flywheel/demo/test_agent_session.py has it
-    msg = {"role": "assistant", "content": text}
-    if calls:
-        msg["tool_calls"] = [
-            {"id": f"call_{i}_{k}", "type": "function", "function": {"name": n, "arguments": json.dumps(a)}}
-            for k, (n, a) in enumerate(calls)
-        ]
-    finish = "tool_calls" if calls else "stop"
-    return {
-        "id": f"cmpl-{i}",
-        "session_id": "cmpl-0",
-        "model_version": 3,
-        "choices": [{"message": msg, "finish_reason": finish}],
-    }
-
-
-def scripted(answers):
-    seen = []
-
-    def chat(messages):
-        seen.append([dict(m) for m in messages])
-        return answers[len(seen) - 1]
-
-    return chat, seen
-
+from tests.scripted_agent import answer, scripted
 
 CODE = 'def area(w, h):\n    """The area."""\n    if w < 0:\n        raise ValueError\n    a = w * h\n    return a\n'
 

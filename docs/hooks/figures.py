@@ -293,9 +293,9 @@ def learning() -> str:
     }
     for key, label in labels.items():
         v = r["variants"][key]
-        requests = str(r[f"requests_to_90_{key}"])
+        requests = str(r[f"requests_to_90_{key}"] or f"not in {r['budget_judged_requests']}")
         if key != "base":
-            requests += f" ({_ratio(r[f'{key}_vs_base_requests_ratio'])})"
+            requests += f" ({_vs_base(r, key)})"
         users = next(
             (str(n) for n, kept in v["users_kept_curve"] if kept >= r["target"]),
             f"not in {r['budget_judged_requests']}",
@@ -304,17 +304,48 @@ def learning() -> str:
     return "\n".join(lines)
 
 
+def learning_pools() -> str:
+    """Judged requests to 90% per variant, by task pool and seed, on the demo model with multi-line families:
+    learning.json (seed 0), records/learning_seed1.json, records/learning_multiline.json (multi-line tasks only)."""
+    lines = [
+        "| pool | seed | budget | eval every | accept/reject | + persistence | + text | text / accept-reject |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name in ("learning.json", "records/learning_seed1.json", "records/learning_multiline.json"):
+        r = _load(name)
+        cells = [str(r.get(f"requests_to_90_{v}") or f"not in {r['budget_judged_requests']}") for v in VARIANT_KEYS]
+        lines.append(
+            f"| {r['families']} ({r['pool_tasks']} tasks) | {r['seed']} | {r['budget_judged_requests']} "
+            f"| {r['eval_every_rounds']} rounds | {' | '.join(cells)} | {_vs_base(r, 'text')} |"
+        )
+    return "\n".join(lines)
+
+
+VARIANT_KEYS = ("base", "persist", "text")
+
+
+def _vs_base(r: dict, variant: str) -> str:
+    """A variant's requests to 90% against accept/reject's: a ratio, or a bound where accept/reject never got
+    there within the budget (benchmarks.learning.ratios)."""
+    if f"{variant}_vs_base_requests_ratio" in r:
+        return _ratio(r[f"{variant}_vs_base_requests_ratio"])
+    if f"{variant}_vs_base_requests_ratio_below" in r:
+        return f"< {_ratio(r[f'{variant}_vs_base_requests_ratio_below'])}"
+    return "-"
+
+
 def _requests_mean(requests: int | None, mean: float, budget: int = 460) -> str:
     return f"{requests if requests is not None else f'not in {budget}'} / {_round(mean, 3)}"
 
 
 def learning_passes() -> str:
-    """Requests to 90% / mean evaluation 59-459 by passes per update (seed 0): base from learning.json (two passes)
+    """Requests to 90% / mean evaluation 59-459 by passes per update (seed 0; the demo model before the multi-line
+    families): base from records/learning_previous_demo_model.json (two passes)
     and records/learning_one_pass.json (one), the rest from records/learning_epochs_and_distill_step.json, and
     one pass's persist and text (0.03) from records/learning_distill_coef_sweep.json."""
     runs = _load("records/learning_epochs_and_distill_step.json")["landed_code_runs"]["runs"]
     sweep = _load("records/learning_distill_coef_sweep.json")["runs"]
-    one_pass, two_pass = _load("records/learning_one_pass.json"), _load("learning.json")
+    one_pass, two_pass = _load("records/learning_one_pass.json"), _load("records/learning_previous_demo_model.json")
     cells: dict[tuple[int, str], str] = {}
     for epochs, r in ((1, one_pass), (2, two_pass)):  # 768 requests; the mean over the same 59-459 evaluations
         base = r["variants"]["base"]
@@ -534,6 +565,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     "inplace_switch": inplace_switch,
     "kafka_security": kafka_security,
     "learning": learning,
+    "learning_pools": learning_pools,
     "learning_passes": learning_passes,
     "long_context": long_context,
     "mined_features": mined_features,

@@ -66,8 +66,7 @@ class LearningConfig:
     window: int = 128  # judged requests the users' own kept share is reported over
     target: float = 0.9
     max_tokens: int | None = None  # None: 40 for one-line bodies, 64 with multi-line ones (up to ~50 tokens)
-    # The pool's task families (online_rl.tasks.synthetic.FAMILY_SETS); None: the model's own, those its preset's
-    # corpus draws (all for demo: one-line and multi-line; single for the others)
+    # The pool's task families (synthetic.FAMILY_SETS); None: those its preset's corpus draws (demo: all)
     families: str | None = None
     lr: float = 2e-4
     # Passes over each batch (OptimConfig.epochs). One left the policy gradient under-used: measured 2026-12-03
@@ -107,17 +106,13 @@ def published(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def pool_families(cfg: LearningConfig) -> str:
-    if cfg.families is not None:
-        return cfg.families
     from online_rl.model.presets import preset
 
-    return "all" if preset(cfg.preset).corpus.multiline_share else "single"
+    return cfg.families or ("all" if preset(cfg.preset).corpus.multiline_share else "single")
 
 
 def completion_tokens(cfg: LearningConfig) -> int:
-    if cfg.max_tokens is not None:
-        return cfg.max_tokens
-    return 40 if pool_families(cfg) == "single" else 64
+    return cfg.max_tokens or (40 if pool_families(cfg) == "single" else 64)
 
 
 def _model(preset: str, seed: int) -> Path:

@@ -24,3 +24,12 @@ def test_a_site_only_the_baseline_has_is_subtracted_and_negative_noise_stays_out
     assert out["profiled_us_per_request"] == 9000.0  # 10 ms in aiohttp less 1 ms only the baseline spent
     assert out["routing_policy_us"] == -1000.0
     assert out["by_family_us"] == {"aiohttp": 10000.0}
+
+
+def test_the_event_loops_idle_wait_is_not_a_cost():
+    """The baseline waits in its selector while the measured gateway works: that wait is no request's cost."""
+    poll = ("~", 0, "<method 'poll' of 'select.epoll' objects>")
+    served = {(AIOHTTP, 438, "data_received"): 0.2, poll: 1.0}
+    base = {(AIOHTTP, 438, "data_received"): 0.1, poll: 3.0}
+    out = per_request(served, base, requests=10)
+    assert out["profiled_us_per_request"] == 10000.0 and out["by_family_us"] == {"aiohttp": 10000.0}

@@ -112,7 +112,7 @@ def pool_families(cfg: LearningConfig) -> str:
 
 
 def completion_tokens(cfg: LearningConfig) -> int:
-    return cfg.max_tokens or (40 if pool_families(cfg) == "single" else 64)
+    return cfg.max_tokens or tasks.completion_tokens(pool_families(cfg))
 
 
 def _model(preset: str, seed: int) -> Path:

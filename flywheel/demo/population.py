@@ -85,7 +85,7 @@ class PopulationConfig:
             )
 
     def completion_tokens(self) -> int:
-        return self.max_tokens if self.max_tokens is not None else 40 if self.families == "single" else 64
+        return self.max_tokens if self.max_tokens is not None else tasks.completion_tokens(self.families)
 
 
 @dataclass

@@ -358,6 +358,12 @@ class TaskSplit:
 FAMILY_SETS = {"single": FAMILIES, "multiline": MULTILINE_FAMILIES, "all": FAMILIES + MULTILINE_FAMILIES}
 
 
+def completion_tokens(families: str) -> int:
+    """New tokens a completion of this family set needs: a one-line body ends within 40, a multi-line one is up
+    to ~50 tokens."""
+    return 40 if family_set(families) is FAMILIES else 64
+
+
 def all_combinations(families: str = "single") -> list[tuple[str, int, str]]:
     return [(f.key, k, a) for f in family_set(families) for k in CONSTANTS for a in ARG_NAMES[f.kind]]
 

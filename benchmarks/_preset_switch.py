@@ -33,6 +33,7 @@ from benchmarks._delta_inplace import greedy, same, switch_agent, timed_switch
 from weight_sync.checkpoint import SIDE_FILES, CheckpointReader, CheckpointWriter
 
 VERSIONS = 4  # consecutive versions published and switched to, per setting
+EVAL_TASKS = 16  # the loop's evaluation: its acceptance is not a figure here (benchmarks._change_vs_learning's is)
 # key prefix -> (lr, optimizer steps per update, rounds per version, requests per round), as in change.SETTINGS
 SETTINGS = {"preset": change.PRESET_SETTING, "learning_setting": change.SETTINGS[0]}
 
@@ -101,12 +102,15 @@ def make_versions(
     return v
 
 
-def whole_tensors(old: Path, new: Path) -> list[str]:
-    """The tensors of `new` that changed too much over `old` to travel sparse in an in-place patch (they go whole)."""
+def whole_tensors(old: Path, new: Path) -> tuple[int, int]:
+    """How many tensors of `new` changed too much over `old` to travel sparse in an in-place patch (they go whole:
+    over weight_patch.format.SPARSE_MAX_SHARE of their elements), of how many."""
     from weight_patch.format import travels_sparse
 
     with CheckpointReader(old) as a, CheckpointReader(new) as b:
-        return [n for n in b.names() if not travels_sparse(int((a.bits(n) != b.bits(n)).sum()), b.bits(n).size)]
+        names = b.names()
+        whole = sum(not travels_sparse(int((a.bits(n) != b.bits(n)).sum()), b.bits(n).size) for n in names)
+    return whole, len(names)
 
 
 async def put_back(replica_url: str, checkpoint: Path, version: int) -> None:
@@ -138,6 +142,7 @@ def switch_versions(v: Versions, replica_url: str, store_url: str, public_key: P
             answers[how] = greedy(replica_url)
             shutil.rmtree(agent.work, ignore_errors=True)
         p = reports["in_place"]
+        whole, tensors = whole_tensors(v.checkpoints[k - 1], v.checkpoints[k])
         rows.append(
             {
                 "version": k,
@@ -148,7 +153,8 @@ def switch_versions(v: Versions, replica_url: str, store_url: str, public_key: P
                 "patch_bytes": p["patch_bytes"],
                 "patch_sparse_elems": p["patch_sparse_elems"],
                 "patch_full_elems": p["patch_full_elems"],
-                "whole_tensors": whole_tensors(v.checkpoints[k - 1], v.checkpoints[k]),
+                "tensors_whole": whole,
+                "tensors": tensors,
             }
         )
     return {"times": times, "rows": rows}
@@ -202,7 +208,9 @@ def figures(versions: int = VERSIONS, preset: str = "demo", seed: int = 0, threa
         generate_key(tmp / "k.pem", tmp / "k.pub")
         # the learning loops first, the replica not yet loaded: they do not share the cores with it
         runs = {
-            p: make_versions(s, versions, model_dir, tmp / p, tmp / "k.pem", preset, seed, threads)
+            p: make_versions(
+                s, versions, model_dir, tmp / p, tmp / "k.pem", preset, seed, threads, eval_tasks=EVAL_TASKS
+            )
             for p, s in SETTINGS.items()
         }
         out: dict = {

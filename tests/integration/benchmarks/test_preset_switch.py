@@ -39,4 +39,4 @@ def test_a_preset_version_is_a_sparse_delta_switched_in_place_that_answers_as_a_
     assert min(out["preset_switch_identical_shares"]) > 0.9 and out["preset_switch_delta_ratio_median"] > 5
     # what changed travels as positions and values; a tensor with over 5% of it changed travels whole
     for r in switched["rows"]:
-        assert r["patch_sparse_elems"] > 0 and (r["patch_full_elems"] > 0) == bool(r["whole_tensors"]), r
+        assert r["patch_sparse_elems"] > 0 and (r["patch_full_elems"] > 0) == (r["tensors_whole"] > 0), r

@@ -553,8 +553,9 @@ def preset_switch() -> str:
     for prefix, name in (("preset", "low-change preset"), ("learning_setting", "learning benchmark's")):
         s = g["preset_switch_settings"][prefix]
         runs = g[f"{prefix}_switch_versions"]
+        lr = f"{s['lr']:.0e}".replace("e-0", "e-")  # 1e-5, as the manual writes it
         lines.append(
-            f"| {name}: lr {s['lr']:g}, {s['epochs']} step(s) a version of "
+            f"| {name}: lr {lr}, {s['epochs']} optimizer step{'s' * (s['epochs'] > 1)} a version of "
             f"{s['requests_per_round'] * s['rounds_per_version']} requests | {len(runs)} | "
             f"{_pct(g[f'{prefix}_switch_identical_share'])} | {_sig(g[f'{prefix}_delta_mb_median'] * 1024, 3)} KiB | "
             f"{g[f'{prefix}_switch_delta_ratio_median']:.1f}x | "

@@ -26,6 +26,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -80,9 +81,9 @@ def delta_ratio(old: dict[str, torch.Tensor], new: dict[str, torch.Tensor]) -> f
     return raw / max(1, coded)
 
 
-def base_config(budget: int, requests_per_round: int = 32) -> learning.LearningConfig:
+def base_config(budget: int, requests_per_round: int = 32, preset: str = "test") -> learning.LearningConfig:
     return learning.LearningConfig(
-        preset="test",
+        preset=preset,
         budget=budget,
         requests_per_round=requests_per_round,
         batch_size=requests_per_round,
@@ -106,9 +107,16 @@ def run_setting(
     seed: int = 0,
     requests_per_round: int = 32,
     threads: int = 2,
+    preset: str = "test",
+    on_weights: Callable[[dict], None] | None = None,
+    **loop,
 ) -> dict:
-    """One setting's run: per version its change, and the acceptance curve."""
-    cfg = dataclasses.replace(base_config(budget, requests_per_round), lr=lr, epochs=epochs, seed=seed, threads=threads)
+    """One setting's run: per version its change, and the acceptance curve. `preset`: the model's (its task
+    pool); on_weights(weights): each version's bf16 weights, after its change was measured (to publish them);
+    `loop`: other LearningConfig fields (eval_tasks=8: a cheaper, rougher curve)."""
+    cfg = dataclasses.replace(
+        base_config(budget, requests_per_round, preset), lr=lr, epochs=epochs, seed=seed, threads=threads, **loop
+    )
     cfg.rounds_per_version = rounds_per_version
     prev: dict = {}
     versions: list[dict] = []
@@ -129,6 +137,8 @@ def run_setting(
             }
         )
         prev["w"] = weights
+        if on_weights is not None:
+            on_weights(weights)
 
     name = f"{lr:g}-{epochs}-{rounds_per_version}-{requests_per_round}"
     r = learning.run_variant(VARIANT, cfg, model_dir, work / name, on_version)

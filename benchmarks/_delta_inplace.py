@@ -25,11 +25,15 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from infra.procs import stop_pid
 from weight_sync.checkpoint import CheckpointReader, CheckpointWriter
+
+if TYPE_CHECKING:
+    from weight_sync.agent.loop import Agent
 
 PROMPT = "def add(a, b):\n"
 SHARES = (0.02, 0.30)
@@ -56,21 +60,63 @@ def _perturbed(src: Path, dst: Path, share: float, seed: int) -> Path:
     return dst
 
 
-def _greedy(url: str) -> list:
+def greedy(url: str, prompt: str = PROMPT) -> list:
+    """The replica's greedy tokens and their logprobs for `prompt` (with the inference key, where it has one)."""
     import urllib.request
 
-    body = {"text": PROMPT, "return_logprob": True, "sampling_params": {"max_new_tokens": 8, "temperature": 0.0}}
-    req = urllib.request.Request(
-        f"{url}/generate", json.dumps(body).encode(), {"Content-Type": "application/json"}, method="POST"
-    )
+    from contracts import replica_keys
+
+    body = {"text": prompt, "return_logprob": True, "sampling_params": {"max_new_tokens": 8, "temperature": 0.0}}
+    headers = {"Content-Type": "application/json", **replica_keys.inference_headers()}
+    req = urllib.request.Request(f"{url}/generate", json.dumps(body).encode(), headers, method="POST")
     with urllib.request.urlopen(req, timeout=120) as r:
         out = json.loads(r.read())
     return [(t, lp) for lp, t, _ in out["meta_info"]["output_token_logprobs"]]
 
 
-def _same(a: list, b: list) -> bool:
+def same(a: list, b: list) -> bool:
     """Same tokens, logprobs equal up to float32 reduction noise."""
     return [t for t, _ in a] == [t for t, _ in b] and all(abs(x - y) < 1e-4 for (_, x), (_, y) in zip(a, b))
+
+
+def switch_agent(
+    name: str, replica_url: str, store_url: str, public_key: Path, work: Path, base: Path, base_version: int, how: str
+) -> Agent:
+    """A fresh agent of a replica that serves `base` (a checkpoint directory, version `base_version`), applying
+    versions in place (`how` "in_place") or reloading them whole from disk ("reload"), without pausing."""
+    if how not in ("in_place", "reload"):
+        raise ValueError(f"how is in_place or reload, not {how!r}")
+    from benchmarks._store_server import STORE_TOKEN
+    from weight_sync.agent.loop import Agent, AgentConfig
+
+    return Agent(
+        AgentConfig(
+            name=name,
+            replica_url=replica_url,
+            store_url=store_url,
+            public_key=public_key,
+            work_dir=work / f"agent-{name}",
+            initial_model=base,
+            initial_version=base_version,
+            switch_mode="no_pause",
+            inplace=how == "in_place",
+            store_token=STORE_TOKEN,
+        )
+    )
+
+
+def timed_switch(agent: Agent, version: int) -> tuple[dict, dict | None]:
+    """The agent's switch to `version`, the way it was made for (an in-place one warms the replica's in-place path
+    first, as an agent does when it starts, off the switch path): its report (serving_ms: from the agent starting
+    on the version to the replica answering with it) and the warm-up's outcome (None for a reload)."""
+    warm = None
+    how = "in_place" if agent.cfg.inplace else "reload"
+    if how == "in_place":
+        warm = asyncio.run(agent.warm_inplace())
+        assert warm and warm["ok"], warm
+    report = asyncio.run(agent.apply(version))
+    assert report and report["apply"] == how, report
+    return report, warm
 
 
 def switch_figures(key: str, times: dict[str, list[float]]) -> dict:
@@ -95,10 +141,9 @@ def switch_figures(key: str, times: dict[str, list[float]]) -> dict:
 
 
 def inplace_vs_reload(tmp: Path) -> dict:
-    from benchmarks._store_server import STORE_TOKEN, serve_store
+    from benchmarks._store_server import serve_store
     from online_rl.model.random_checkpoint import random_checkpoint
     from serving.replica.process import ReplicaConfig, start
-    from weight_sync.agent.loop import Agent, AgentConfig
     from weight_sync.manifest import generate_key
     from weight_sync.publish import PublishConfig, publish
 
@@ -119,48 +164,30 @@ def inplace_vs_reload(tmp: Path) -> dict:
     procs = []
     replica = start(ReplicaConfig(model_path=v0, log_dir=tmp / "logs", max_total_tokens=4096))
     try:
-        base = _greedy(replica.url)
+        base = greedy(replica.url)
         for key, (store, delta_bytes) in stores.items():
             proc, url = serve_store(store)
             procs.append(proc)
 
-            def agent(name: str, inplace: bool, url=url) -> Agent:
-                return Agent(
-                    AgentConfig(
-                        name=name,
-                        replica_url=replica.url,
-                        store_url=url,
-                        public_key=tmp / "k.pub",
-                        work_dir=tmp / f"agent-{name}",
-                        initial_model=v0,
-                        switch_mode="no_pause",
-                        inplace=inplace,
-                        store_token=STORE_TOKEN,
-                    )
-                )
-
             answers, times = {}, {"in_place": [], "reload": []}
             for n in range(ROUNDS):
                 for how in ("in_place", "reload"):
-                    a = agent(f"{how}-{key}-{n}", how == "in_place")
-                    if how == "in_place":  # what the agent does when it starts, off the switch path
-                        warm = asyncio.run(a.warm_inplace())
-                        assert warm and warm["ok"], warm
+                    a = switch_agent(f"{how}-{key}-{n}", replica.url, url, tmp / "k.pub", tmp, v0, 0, how)
+                    report, warm = timed_switch(a, 1)
+                    if warm:
                         out.setdefault(f"inplace_warmup_s_{key}", warm["warm_s"])
-                    report = asyncio.run(a.apply(1))
-                    assert report and report["apply"] == how, report
                     times[how].append(report["serving_ms"] / 1000)  # from the agent starting on v1 to the replica on it
-                    answers[how] = _greedy(replica.url)
+                    answers[how] = greedy(replica.url)
                     if n == 0:
                         out[f"inplace_report_{key}" if how == "in_place" else f"reload_report_{key}"] = report
-                    assert asyncio.run(a.apply(0)) and _same(_greedy(replica.url), base)  # back to v0, untimed
+                    assert asyncio.run(a.apply(0)) and same(greedy(replica.url), base)  # back to v0, untimed
                     # Each switch on a quiet machine: the GB this agent wrote, gone and flushed (dirty pages
                     # written back during the next switch would slow whichever way it measures).
                     shutil.rmtree(a.work, ignore_errors=True)
                     os.sync()
             out.update(switch_figures(key, times))
             out[f"inplace_persist_s_{key}"] = round(out[f"inplace_report_{key}"]["persist_ms"] / 1000, 2)
-            out[f"inplace_same_answers_{key}"] = _same(answers["in_place"], answers["reload"]) and not _same(
+            out[f"inplace_same_answers_{key}"] = same(answers["in_place"], answers["reload"]) and not same(
                 answers["in_place"], base
             )
             out[f"inplace_delta_mb_{key}"] = round(delta_bytes / 2**20, 1)

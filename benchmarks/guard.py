@@ -18,7 +18,11 @@ fraction) come from a run of the trainer's low-change preset (online_rl.config.L
 learning loop (benchmarks._change_vs_learning.preset_figures). `--preset-only` runs that part alone and merges its
 keys into the recorded benchmarks/results/guard.json, the gate's keys as they were; `--preset-from-record` takes
 them from the sweep's run of the preset's setting (records/change_vs_learning.json, the same run_setting) instead
-of running it again. Prints one JSON object last.
+of running it again. The preset's switch time (benchmarks._preset_switch: consecutive versions of the preset, and of
+the learning benchmark's setting for comparison, published as signed deltas and switched to by the agent on one
+SGLang replica, in place and by a reload side by side): `preset_switch_s_median`, `preset_reload_s_median`,
+`preset_delta_mb_median` and the rest of `preset_switch_*`, `learning_setting_*` the comparison's; `--preset-switch`
+runs that part alone and merges its keys into the recorded guard.json. Prints one JSON object last.
 """
 
 from __future__ import annotations
@@ -109,13 +113,22 @@ def run(argv: list[str] | None = None) -> dict:
     ap.add_argument(
         "--hacked-only", action="store_true", help="only the reward-hacking monitors' run (#51), into guard.json"
     )
+    ap.add_argument(
+        "--preset-switch",
+        action="store_true",
+        help="only the preset's switch time (in place and reload), into guard.json",
+    )
+    ap.add_argument("--switch-versions", type=int, default=4, help="versions per setting of the switch measurement")
+    ap.add_argument("--switch-model", default="demo", help="the model preset of the switch measurement")
     a = ap.parse_args(argv)
     if a.hacked_only:
         from benchmarks import _hacked_version
 
         return _merge(_hacked_version.run())
+    if a.preset_switch:
+        return _merge(_switch(a))
     if not (a.preset_only or a.preset_from_record):
-        return {**main(), **change.preset_figures(a.preset_budget)}
+        return {**main(), **change.preset_figures(a.preset_budget), **_switch(a)}
     if a.preset_from_record:
         sweep = json.loads((RESULTS / change.RECORD).read_text())
         runs = [r for r in sweep["runs"] if change.setting(r) == change.PRESET_SETTING]
@@ -125,6 +138,12 @@ def run(argv: list[str] | None = None) -> dict:
     else:
         preset = change.preset_figures(a.preset_budget)
     return _merge(preset)
+
+
+def _switch(a: argparse.Namespace) -> dict:
+    from benchmarks import _preset_switch
+
+    return _preset_switch.figures(a.switch_versions, a.switch_model)
 
 
 def _merge(keys: dict) -> dict:

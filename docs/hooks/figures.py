@@ -540,6 +540,45 @@ def change_vs_learning() -> str:
     return "\n".join(lines)
 
 
+def preset_switch() -> str:
+    """The low-change preset's versions switched to on one replica, in place and by a reload, against the learning
+    benchmark's setting (guard.json's preset_switch keys: benchmarks._preset_switch)."""
+    g = _load("guard.json")
+    lines = [
+        "| setting | versions | bf16 identical per version (mean) | delta in the store (median) | delta ratio "
+        "(median) | in-place switch (median; each version) | reload (median; each version) | in place / reload "
+        "(median) | answers as a reload |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for prefix, name in (("preset", "low-change preset"), ("learning_setting", "learning benchmark's")):
+        s = g["preset_switch_settings"][prefix]
+        runs = g[f"{prefix}_switch_versions"]
+        lr = f"{s['lr']:.0e}".replace("e-0", "e-")  # 1e-5, as the manual writes it
+        lines.append(
+            f"| {name}: lr {lr}, {s['epochs']} optimizer step{'s' * (s['epochs'] > 1)} a version of "
+            f"{s['requests_per_round'] * s['rounds_per_version']} requests | {len(runs)} | "
+            f"{_pct(g[f'{prefix}_switch_identical_share'])} | {_sig(g[f'{prefix}_delta_mb_median'] * 1024, 3)} KiB | "
+            f"{g[f'{prefix}_switch_delta_ratio_median']:.1f}x | "
+            f"{g[f'{prefix}_switch_s_median']:.2f} s ({', '.join(f'{t:.2f}' for t in g[f'{prefix}_switch_runs_s'])}) | "
+            f"{g[f'{prefix}_reload_s_median']:.2f} s ({', '.join(f'{t:.2f}' for t in g[f'{prefix}_reload_runs_s'])}) | "
+            f"{_ratio(g[f'{prefix}_switch_vs_reload_median'])} | "
+            f"{'yes, every version' if g[f'{prefix}_switch_same_answers'] else 'NO'} |"
+        )
+
+    def whole(prefix: str) -> str:
+        rows = g[f"{prefix}_switch_versions"]
+        return f"{', '.join(str(r['tensors_whole']) for r in rows)} of {rows[0]['tensors']}"
+
+    lines.append("")
+    lines.append(
+        f"{g['preset_switch_model']}; the machine's load average {g['preset_switch_load_avg_1min'][0]} when the "
+        f"switches began and {g['preset_switch_load_avg_1min'][1]} when they ended. Tensors over 5% changed, sent "
+        f"whole in the in-place patch, each version: the preset's {whole('preset')}, the learning benchmark's "
+        f"setting's {whole('learning_setting')}."
+    )
+    return "\n".join(lines)
+
+
 def prometheus_crosscheck() -> str:
     """The demo's per-version table against PromQL, and the alerts seen, as the demo prints them
     (records/demo_prometheus_crosscheck.json)."""
@@ -569,6 +608,7 @@ FIGURES: dict[str, Callable[[], str]] = {
     "learning_passes": learning_passes,
     "long_context": long_context,
     "mined_features": mined_features,
+    "preset_switch": preset_switch,
     "prometheus_crosscheck": prometheus_crosscheck,
     "relay": relay,
     "scrub": scrub,

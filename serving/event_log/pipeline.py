@@ -7,10 +7,11 @@
 
 A caller that needs to know when its event is safe (the gateway answers a client only then) passes `on_durable`,
 called once the event is written to the spool: safe from a crash of the process (the kernel holds it), synced to
-disk aiming at `sync_window_s` (a machine crash loses what was not synced yet, as with Kafka, Vector's disk buffers
-and PostgreSQL's `synchronous_commit = off`; serving.event_log.sync_window), or with 0 (strict) only after its
-fdatasync. With a window, submit() writes the event itself (one pwrite into the page cache, ~10 us) and calls
-`on_durable` before it returns; the writer thread only syncs, once per window. Handing each event to the thread
+disk within `sync_window_s` (a machine crash loses what was not synced yet, as with Kafka, Vector's disk buffers
+and PostgreSQL's `synchronous_commit = off`; by the writer thread, or by submit() itself when the writer is late:
+serving.event_log.sync_window says what is promised), or with 0 (strict) only after its fdatasync. With a window,
+submit() writes the event itself (one pwrite into the page cache, ~10 us) and calls `on_durable` before it returns;
+the writer thread only syncs, once per window. Handing each event to the thread
 instead cost a wake-up of it and then of the caller's event loop per request (benchmarks.gateway: CPU per request
 and added latency, logging on vs off). Strict mode, a write that would begin a new segment (its seal syncs), and
 events behind a failed write go through the queue to the writer thread, which groups them (one write and one
@@ -46,9 +47,9 @@ from serving.event_log import forget as fg, shipper as sh
 from serving.event_log.spool import Spool
 from serving.event_log.spool_writer import SegmentWriter
 from serving.event_log.sync_window import SyncWindow
+from serving.event_log.writer_queue import WAKE, WriterQueue
 
 log = logging.getLogger(__name__)
-_WAKE = None  # queued by submit() after a write of its own that the next sync owes: the writer thread's cue
 
 
 class _NotInline(Exception):
@@ -113,7 +114,7 @@ class EventLog:
     def __init__(self, cfg: EventLogConfig):
         self.cfg = cfg
         self.spool = Spool(cfg.spool_dir)
-        self._q: queue.Queue = queue.Queue(maxsize=cfg.queue_max)
+        self._q = WriterQueue(cfg.queue_max)
         self._stop = threading.Event()
         ctx = multiprocessing.get_context("spawn")
         self._shared = ctx.Array("q", sh.SLOTS)  # int64 slots, see serving.event_log.shipper
@@ -179,13 +180,13 @@ class EventLog:
             else:
                 self.sync_if_late(answering=True)  # before anyone is answered: the writer thread may be late
                 self._written([item], inline=True)
-                if first:
+                if first and self._q.cues == 0:
                     try:
-                        self._q.put_nowait(_WAKE)
+                        self._q.put_nowait(WAKE)
                     except queue.Full:  # the writer has work queued: it wakes anyway
                         pass
                 return True
-        self.sync_if_late(answering=True)
+        self.sync_if_late()  # this event is answered once the writer thread wrote it (EventSink checks again then)
         try:
             self._q.put_nowait(item)
             return True
@@ -220,7 +221,7 @@ class EventLog:
         return (
             self._inline_ok
             and self.writer_error is None
-            and self._q.empty()
+            and self._q.holds_only_cues()
             and self._writer.is_alive()
             and not self._stop.is_set()
         )
@@ -489,4 +490,4 @@ class EventLog:
                 batch.append(self._q.get_nowait())
             except queue.Empty:
                 break
-        return [item for item in batch if item is not _WAKE]
+        return [item for item in batch if item is not WAKE]

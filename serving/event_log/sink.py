@@ -82,6 +82,8 @@ class EventSink:
             pass
 
     def _resolve(self) -> None:
+        if self._durable:  # answers about to be released: not while a late record is unsynced
+            self.events.sync_if_late(answering=True)
         while self._durable:
             fut = self._durable.popleft()
             if not fut.done():

@@ -9,7 +9,8 @@ switch interval or 0.5 ms. For the writer thread's own syncs the lag is split in
 time to the writer running in sync_if_due), the lock and descriptor work before the fdatasync, and the fdatasync
 call including taking the GIL back after it (the bare fdatasync, measured on the same file with no load, beside it).
 Reported per variant, medians over `--repeats` rotated runs: the max lag and the lag histogram of answered records,
-requests/s, the event loop's CPU per request. Prints one JSON object as the last line
+requests/s, the event loop's CPU per request, and how late the loop runs a 2 ms timer (the request path cannot
+sync before its loop runs). Prints one JSON object as the last line
 (`python -m benchmarks._sync_lag`)."""
 
 from __future__ import annotations
@@ -106,15 +107,24 @@ async def _serve(spool: Path, enforce: bool, seconds: float, concurrency: int) -
             await sink.wait([sink.submit("completions", f"u{u}", VALUE)], "completions")
             served[0] += 1
 
+    loop_late: list[float] = []  # how late the loop runs a 2 ms timer: when it can sync at all
+
+    async def ticker() -> None:
+        while time.monotonic() < stop:
+            due = time.monotonic() + 0.002
+            await asyncio.sleep(0.002)
+            loop_late.append(time.monotonic() - due)
+
     syncs0, lag0 = log.sync_window.syncs, list(log.sync_window.lag_counts)
     cpu0, t0 = time.thread_time(), time.monotonic()
-    await asyncio.gather(*(user(u) for u in range(concurrency)))
+    await asyncio.gather(ticker(), *(user(u) for u in range(concurrency)))
     cpu, wall = time.thread_time() - cpu0, time.monotonic() - t0
     await sink.close(5.0)
     w = log.sync_window
     lag = [n - n0 for n, n0 in zip(w.lag_counts, lag0)]
     parts = np.array(writer_syncs) if writer_syncs else np.zeros((0, 4))
     split = {
+        "loop_timer_late_ms": np.array(loop_late),
         "writer_wakeup_ms": parts[:, 1] - parts[:, 0],
         "writer_before_fdatasync_ms": parts[:, 2] - parts[:, 1],
         "writer_fdatasync_with_gil_ms": parts[:, 3] - parts[:, 2],
@@ -167,7 +177,13 @@ def _median(runs: list[dict]) -> dict:
                 "p50": round(float(np.median([h["p50"] for h in have])), 3),
                 "max": round(max(h["max"] for h in have), 3),
             }
-    for k in ("writer_wakeup_ms", "writer_before_fdatasync_ms", "writer_fdatasync_with_gil_ms", "bare_fdatasync_ms"):
+    for k in (
+        "loop_timer_late_ms",
+        "writer_wakeup_ms",
+        "writer_before_fdatasync_ms",
+        "writer_fdatasync_with_gil_ms",
+        "bare_fdatasync_ms",
+    ):
         have = [r[k] for r in runs if k in r]
         if have:
             out[k] = {q: round(float(np.median([h[q] for h in have])), 3) for q in have[0]}

@@ -7,8 +7,8 @@ written, and the fdatasync that covers them is owed within the window. Two threa
 - the thread that writes (the event loop: EventLog.submit, and a loop timer, serving.event_log.sink) syncs inline,
   before it answers anything more, once the oldest record not on disk is 3/4 of a window old: the writer thread is
   late. It is a Python thread: on saturated cores its wake-up, and each time it takes the GIL back from the busy event
-  loop (up to the 5 ms switch interval, and longer when the loop's thread is preempted holding it), came tens of ms
-  late (benchmarks._sync_lag: the lag was the writer's wake-up and GIL waits, not the fdatasync's ~0.2 ms).
+  loop, came 5-18 ms late at the median (benchmarks._sync_lag, records/spool_sync_lag_split.json: the fdatasync
+  itself took 0.17-0.45 ms; the event loop ran its own timers 5-19 ms late, up to 0.45 s, the process starved).
 
 What that guarantees: no answer leaves the gateway while a record written more than 3/4 of the window before it is
 still unsynced (the request path syncs first). What it does not: a record answered just before the process stops

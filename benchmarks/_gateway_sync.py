@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from benchmarks import _gateway_probes as probes, _load_rounds as load_rounds
@@ -35,9 +36,18 @@ def _tree_at(commit: str, into: Path) -> Path:
     return into
 
 
-def run(replicas_n: int, replica_threads: int, rounds: int, round_s: float, slices: int, before: str) -> dict:
-    from benchmarks.gateway import KEY, _load
-
+def run(
+    load: Callable[[str, list[str], float], Awaitable[int]],
+    key: str,
+    replicas_n: int,
+    replica_threads: int,
+    rounds: int,
+    round_s: float,
+    slices: int,
+    before: str,
+) -> dict:
+    """`load(url, prompts, seconds)`: benchmarks.gateway's concurrent load on one gateway (requests served), its
+    requests authorized by `key`."""
     model = bootstrap("test", 0, progress=False)
     prompts = [t.prompt for t in tasks.tasks("heldout")]
     tmp = Path(tempfile.mkdtemp(prefix="bench-gateway-sync-"))
@@ -53,17 +63,17 @@ def run(replicas_n: int, replica_threads: int, rounds: int, round_s: float, slic
             started.append(replicas[-1])
         urls_r = [r.url for r in replicas]
         gw = {
-            "window": gateway_process.start(urls_r, model, tmp / "gw-window", kafka=broker.bootstrap, keys={"b": KEY}),
+            "window": gateway_process.start(urls_r, model, tmp / "gw-window", kafka=broker.bootstrap, keys={"b": key}),
             # the old tree first on the path: PYTHONSAFEPATH keeps `-m` from putting the working directory before it
             "window_before": gateway_process.start(
                 urls_r,
                 model,
                 tmp / "gw-before",
                 kafka=broker.bootstrap,
-                keys={"b": KEY},
+                keys={"b": key},
                 env={"PYTHONPATH": str(old_tree), "PYTHONSAFEPATH": "1"},
             ),
-            "off": gateway_process.start(urls_r, model, tmp / "gw-off", keys={"b": KEY}, extra_args=["--no-events"]),
+            "off": gateway_process.start(urls_r, model, tmp / "gw-off", keys={"b": key}, extra_args=["--no-events"]),
         }
         started += list(gw.values())
         if "syncs_on_request_path" in probes.durability(gw["window_before"].url):
@@ -76,10 +86,10 @@ def run(replicas_n: int, replica_threads: int, rounds: int, round_s: float, slic
             for name, g in gw.items()
         }
         for g in gw.values():  # warm-up: first connections, the replicas' first batches
-            asyncio.run(_load(g.url, prompts, 1.0))
+            asyncio.run(load(g.url, prompts, 1.0))
         res = load_rounds.run(
             parts,
-            lambda name, secs: asyncio.run(_load(gw[name].url, prompts, secs)),
+            lambda name, secs: asyncio.run(load(gw[name].url, prompts, secs)),
             rounds,
             round_s,
             settle_s=0.6,

@@ -166,7 +166,14 @@ def main(argv: list[str] | None = None) -> dict:
         from benchmarks import _gateway_sync
 
         return _gateway_sync.run(
-            a.replicas, a.replica_threads, 2 if a.quick else 4, LOAD_ROUND_S, LOAD_SLICES, _gateway_sync.BEFORE
+            _load,
+            KEY,
+            a.replicas,
+            a.replica_threads,
+            2 if a.quick else 4,
+            LOAD_ROUND_S,
+            LOAD_SLICES,
+            _gateway_sync.BEFORE,
         )
     scrub = scrub_throughput(300 if a.quick else 2000)
     if a.scrub_only:

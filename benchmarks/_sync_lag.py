@@ -196,6 +196,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--hogs", type=int, default=2, help="processes spinning beside it (0: the machine as it is)")
+    ap.add_argument("--hog-nice", type=int, default=0, help="the spinning processes' nice value")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--spool", help=argparse.SUPPRESS)
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> dict:
     if unknown := set(names) - set(VARIANTS):
         ap.error(f"unknown variants {sorted(unknown)}; known: {list(VARIANTS)}")
     tmp = Path(tempfile.mkdtemp(prefix="bench-sync-lag-"))
-    spin = "while True: pass"
+    spin = f"import os; os.nice({a.hog_nice})\nwhile True: pass"
     hogs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(a.hogs)]
     runs: dict[str, list[dict]] = {n: [] for n in names}
     try:
@@ -236,6 +237,7 @@ def main(argv: list[str] | None = None) -> dict:
         "repeats": a.repeats,
         "concurrency": a.concurrency,
         "hogs": a.hogs,
+        "hog_nice": a.hog_nice,
         "runs": runs,
     }
 

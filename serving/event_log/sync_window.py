@@ -10,12 +10,14 @@ written, and the fdatasync that covers them is owed within the window. Two threa
   loop, came 5-18 ms late at the median (benchmarks._sync_lag, records/spool_sync_lag_split.json: the fdatasync
   itself took 0.17-0.45 ms; the event loop ran its own timers 5-19 ms late, up to 0.45 s, the process starved).
 
-What that guarantees: no answer leaves the gateway while a record written more than 3/4 of the window before it is
-still unsynced (the request path syncs first). What it does not: a record answered just before the process stops
-running (preempted, stopped, swapped) or before the disk's fdatasync stalls waits as long as that lasts; no code in
-the process runs meanwhile, and no answer either. The lag kept per sync is honest about it: its oldest record's, from
-the write to the end of the fdatasync that covered it (read when the syncing thread runs again), whoever synced;
-syncs past the window are counted, and so are the request path's own syncs (what enforcing it cost the loop).
+What that guarantees: no answer is released while a record written more than the window before it is still unsynced
+(the request path syncs from 3/4 of it on, first; a breach, its sync failed or the lock held a whole window, is
+counted in answered_past_window); and while the process runs, no record waits past the window. What it does not: a
+record answered just before the process stops running (preempted, stopped, swapped) or before the disk's fdatasync
+stalls waits as long as that lasts; no code in the process runs meanwhile, and no answer either. The lag kept per
+sync is honest about it: its oldest record's, from the write to the end of the fdatasync that covered it (read when
+the syncing thread runs again), whoever synced; syncs past the window are counted, and so are the request path's own
+syncs (what enforcing it cost the loop).
 
 A failed fdatasync is counted and raised (the writer retries after its backoff). Linux reports a writeback error
 once and may drop the pages it could not write, so a retry that succeeds does not prove the records reached the

@@ -116,9 +116,11 @@ class GatewayConfig:
     durable_wait_s: float = option(
         2.0, flag="durable-wait", help="seconds a response waits for its event to be spooled before it goes out anyway"
     )
-    # The spool's durability (serving.event_log.sync_window): a response waits for its event's write, and the writer
-    # aims to sync it to disk within this window; a killed gateway loses nothing, a machine crash what was not synced
-    # (the window, or more when the cores are saturated: counted). 0: strict, a response waits for the fdatasync too.
+    # The spool's durability (serving.event_log.sync_window): a response waits for its event's write; the writer
+    # thread syncs it within this window, and the request path itself when the writer is late, so no response is
+    # released while an event older than the window is unsynced. A killed gateway loses nothing, a machine crash what
+    # was not synced: the window, more only for as long as the gateway process got no CPU (counted: /health).
+    # 0: strict, a response waits for the fdatasync too.
     spool_sync_window_s: float = option(
         0.01,
         flag="spool-sync-window",

@@ -275,7 +275,8 @@ class _LiveCollector:
         window = self.gw.events.sync_window
         yield GaugeMetricFamily(
             "flywheel_event_spool_sync_window_seconds",
-            "The target for how long a spooled event waits for its fdatasync (0: strict, synced before answering)",
+            "How long a spooled event may wait for its fdatasync while the gateway runs (0: strict, synced before "
+            "answering)",
             value=window.window_s,
         )
         lag = HistogramMetricFamily(
@@ -288,6 +289,16 @@ class _LiveCollector:
             buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
         lag.add_metric([], buckets, sum_value=window.lag_sum_s)
         yield lag
+        yield CounterMetricFamily(
+            "flywheel_event_spool_syncs_on_request_path",
+            "Spool syncs the event loop ran itself, the writer thread late (3/4 of the window)",
+            value=window.inline_syncs,
+        )
+        yield CounterMetricFamily(
+            "flywheel_event_spool_answered_past_window",
+            "Events answered while a record older than the sync window was unsynced (the window's promise broken)",
+            value=window.answered_past_window,
+        )
 
 
 def _canary_families(canary):

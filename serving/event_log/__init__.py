@@ -1,7 +1,7 @@
 """The event log off the request path: the gateway builds each completion's event (completion) and submits every
-event to an on-disk spool (sink, spool, spool_writer, sync_window), a child process ships the spool to Kafka
-(shipper) after scanning its text for secrets (scan, secret_scrub, secret_prefilter, secret_patterns), and a
-tenant's records can be forgotten before they leave (forget).
+event to an on-disk spool (sink, spool, spool_writer, sync_window, writer_queue), a child process ships the spool
+to Kafka (shipper) after scanning its text for secrets (scan, secret_scrub, secret_prefilter, secret_patterns), and
+a tenant's records can be forgotten before they leave (forget).
 
 - `completion`: The completion event (contracts.events.CompletionEvent) built from what the gateway knows once a
   choice is served: the request, the replica's result, who asked, and where it was routed; with the meta the spool
@@ -28,6 +28,7 @@ tenant's records can be forgotten before they leave (forget).
 - `spool`: The on-disk event spool: numbered segment files of CRC-framed msgpack records, and a delivery cursor.
 - `spool_writer`: Appending to the spool's head segment: one open descriptor, one write per batch, and an
   fdatasync per batch (strict) or per sync window.
-- `sync_window`: The spool's durability window: when the writer thread syncs what it wrote, and how long records
-  waited.
+- `sync_window`: The spool's durability window: who syncs what was written, when, and how long records waited.
+- `writer_queue`: The spool writer thread's queue: events for it to write, and cues (WAKE) that a write of the
+  request path's own opened a group the next sync owes (serving.event_log.pipeline).
 """

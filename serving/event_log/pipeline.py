@@ -7,10 +7,11 @@
 
 A caller that needs to know when its event is safe (the gateway answers a client only then) passes `on_durable`,
 called once the event is written to the spool: safe from a crash of the process (the kernel holds it), synced to
-disk aiming at `sync_window_s` (a machine crash loses what was not synced yet, as with Kafka, Vector's disk buffers
-and PostgreSQL's `synchronous_commit = off`; serving.event_log.sync_window), or with 0 (strict) only after its
-fdatasync. With a window, submit() writes the event itself (one pwrite into the page cache, ~10 us) and calls
-`on_durable` before it returns; the writer thread only syncs, once per window. Handing each event to the thread
+disk within `sync_window_s` (a machine crash loses what was not synced yet, as with Kafka, Vector's disk buffers
+and PostgreSQL's `synchronous_commit = off`; by the writer thread, or by submit() itself when the writer is late:
+serving.event_log.sync_window says what is promised), or with 0 (strict) only after its fdatasync. With a window,
+submit() writes the event itself (one pwrite into the page cache, ~10 us) and calls `on_durable` before it returns;
+the writer thread only syncs, once per window. Handing each event to the thread
 instead cost a wake-up of it and then of the caller's event loop per request (benchmarks.gateway: CPU per request
 and added latency, logging on vs off). Strict mode, a write that would begin a new segment (its seal syncs), and
 events behind a failed write go through the queue to the writer thread, which groups them (one write and one
@@ -46,9 +47,9 @@ from serving.event_log import forget as fg, shipper as sh
 from serving.event_log.spool import Spool
 from serving.event_log.spool_writer import SegmentWriter
 from serving.event_log.sync_window import SyncWindow
+from serving.event_log.writer_queue import WAKE, WriterQueue
 
 log = logging.getLogger(__name__)
-_WAKE = None  # queued by submit() after a write of its own that the next sync owes: the writer thread's cue
 
 
 class _NotInline(Exception):
@@ -65,6 +66,10 @@ class EventLogConfig:
     # Longest an event written to the spool waits for its fdatasync (the window a machine crash may lose; a killed
     # process loses nothing). 0: strict, every answer waits for the sync that covers its event.
     sync_window_s: float = 0.01
+    # The request path syncs inline, before it answers, once the oldest unsynced record is 3/4 of the window old (the
+    # writer thread is late: serving.event_log.sync_window). False: the writer thread alone, the window a target
+    # only (as before #52; benchmarks._sync_lag measures both).
+    sync_on_request_path: bool = True
     queue_max: int = 20_000  # events waiting for the writer thread
     send_batch: int = 2000
     ship_interval_s: float = 0.5  # the shipper sends at most this often unless a full batch is waiting
@@ -109,7 +114,7 @@ class EventLog:
     def __init__(self, cfg: EventLogConfig):
         self.cfg = cfg
         self.spool = Spool(cfg.spool_dir)
-        self._q: queue.Queue = queue.Queue(maxsize=cfg.queue_max)
+        self._q = WriterQueue(cfg.queue_max)
         self._stop = threading.Event()
         ctx = multiprocessing.get_context("spawn")
         self._shared = ctx.Array("q", sh.SLOTS)  # int64 slots, see serving.event_log.shipper
@@ -173,13 +178,15 @@ class EventLog:
                     self._inline_failure_logged = time.monotonic()
                     log.warning("event spool: a write on the request path failed (%r); queued for the writer", e)
             else:
+                self.sync_if_late(answering=True)  # before anyone is answered: the writer thread may be late
                 self._written([item], inline=True)
-                if first:
+                if first and self._q.cues == 0:
                     try:
-                        self._q.put_nowait(_WAKE)
+                        self._q.put_nowait(WAKE)
                     except queue.Full:  # the writer has work queued: it wakes anyway
                         pass
                 return True
+        self.sync_if_late()  # this event is answered once the writer thread wrote it (EventSink checks again then)
         try:
             self._q.put_nowait(item)
             return True
@@ -188,13 +195,33 @@ class EventLog:
             self._alarm()
             return False
 
+    def sync_if_late(self, answering: bool = False) -> None:
+        """The request path's share of the window: fdatasync here (~0.2 ms, without the GIL) when the oldest record
+        not on disk is 3/4 of the window old, the writer thread late (serving.event_log.sync_window). Called by
+        submit() (`answering`: its caller answers next; if a record older than the window is still unsynced then, it
+        is counted) and by the caller's timer (serving.event_log.sink); a failure is the writer thread's to retry."""
+        window = self.sync_window
+        if not self.syncs_on_request_path or not window.late() or self._closed:
+            return
+        try:
+            window.sync_if_due(self._segments, self._forget_lock, inline=True)
+        except OSError:  # logged and counted there; the writer thread retries after its backoff
+            pass
+        if answering and window.past_window():
+            window.answered_past_window += 1
+
+    @property
+    def syncs_on_request_path(self) -> bool:
+        """Whether the request path enforces the window (a window, not strict, and the setting on)."""
+        return self.cfg.sync_on_request_path and not self.sync_window.strict
+
     def _writes_inline(self) -> bool:
         """Whether submit() may write the event itself: a window, the writer thread running, its writes not failing,
         and nothing queued ahead of it (an event written here never passes one submitted before it)."""
         return (
             self._inline_ok
             and self.writer_error is None
-            and self._q.empty()
+            and self._q.holds_only_cues()
             and self._writer.is_alive()
             and not self._stop.is_set()
         )
@@ -439,7 +466,7 @@ class EventLog:
             if inline and self._segments.head[1] >= self.cfg.segment_bytes:  # SegmentWriter.write would rotate
                 raise _NotInline("a new segment: the writer thread's")
             head = self._segments.write(records, sync=self.sync_window.strict)  # or raises, the head where it was
-            first = self.sync_window.wrote()
+            first = self.sync_window.wrote(head)
             self._spooled += len(batch)
             self._written_bytes += size
             self._forgotten_on_write += redacted
@@ -463,4 +490,4 @@ class EventLog:
                 batch.append(self._q.get_nowait())
             except queue.Empty:
                 break
-        return [item for item in batch if item is not _WAKE]
+        return [item for item in batch if item is not WAKE]

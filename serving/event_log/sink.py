@@ -4,6 +4,9 @@ A response waits until its completion or feedback event is written to the spool,
 loses an event its client was answered for (a machine crash: at most the spool's sync window, or nothing in strict
 mode: serving.event_log.pipeline); past `durable_wait_s` (disk full, failing) the response goes out anyway,
 counted: serving does not stop for the spool.
+
+Within a window the loop also keeps a timer for when the oldest unsynced record turns late (3/4 of the window): were
+the writer thread late and no event submitted meanwhile, the loop syncs it then (serving.event_log.sync_window).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import threading
+import time
 
 from serving.event_log.pipeline import EventLog
 
@@ -21,6 +25,7 @@ class EventSink:
         self._late = answered_before_durable  # a prometheus counter labelled by topic
         self._durable: collections.deque = collections.deque()  # futures on disk, for the loop to resolve
         self._loop_thread: int | None = None
+        self._late_timer: asyncio.TimerHandle | None = None  # the loop's check for a late writer thread
 
     def start(self) -> None:
         if self.enabled:
@@ -30,6 +35,9 @@ class EventSink:
             self.events.start()
 
     async def close(self, timeout_s: float = 10.0) -> None:
+        if self._late_timer is not None:
+            self._late_timer.cancel()
+            self._late_timer = None
         if self.enabled:
             await asyncio.get_running_loop().run_in_executor(None, self.events.close, timeout_s)
 
@@ -49,7 +57,23 @@ class EventSink:
             else:
                 self._durable.append(fut)
 
-        return fut if self.events.submit(topic, key, value, on_durable=durable, meta=meta) else None
+        if not self.events.submit(topic, key, value, on_durable=durable, meta=meta):
+            return None
+        if self._late_timer is None:
+            self._arm_late_check()
+        return fut
+
+    def _arm_late_check(self) -> None:
+        """A loop timer for when what is unsynced now turns late, were no submit() to check it first."""
+        at = self.events.sync_window.late_at() if self.events.syncs_on_request_path else None
+        if at is not None:  # a lock busy at the last check (its holder is syncing): look again shortly
+            delay = max(at - time.monotonic(), 0.0005)
+            self._late_timer = asyncio.get_running_loop().call_later(delay, self._late_check)
+
+    def _late_check(self) -> None:
+        self._late_timer = None
+        self.events.sync_if_late()
+        self._arm_late_check()
 
     def _wake(self, loop: asyncio.AbstractEventLoop) -> None:  # the writer thread
         try:
@@ -58,6 +82,8 @@ class EventSink:
             pass
 
     def _resolve(self) -> None:
+        if self._durable:  # answers about to be released: not while a late record is unsynced
+            self.events.sync_if_late(answering=True)
         while self._durable:
             fut = self._durable.popleft()
             if not fut.done():

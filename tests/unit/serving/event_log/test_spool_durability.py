@@ -213,6 +213,7 @@ def test_a_record_written_during_a_sync_is_owed_the_next_one():
 
     class Segments:
         syncs = 0
+        head = synced = (0, 10)
 
         def begin_sync(self):
             return None
@@ -220,11 +221,13 @@ def test_a_record_written_during_a_sync_is_owed_the_next_one():
         def finish_sync(self, begun):
             self.syncs += 1
             if self.syncs == 1:
-                window.wrote()  # the event loop's write, landing during the first fdatasync
+                self.head = (0, 20)
+                window.wrote(self.head)  # the event loop's write, landing during the first fdatasync
 
     segments = Segments()
-    window.wrote()
+    window.wrote(segments.head)
     window.sync_if_due(segments, lock, force=True)
     assert window.unsynced_since is not None, "the record written during the sync lost its window"
+    segments.synced = segments.head
     window.sync_if_due(segments, lock, force=True)
     assert segments.syncs == 2 and window.unsynced_since is None

@@ -8,9 +8,9 @@ reward a model games by stopping at once. The test preset's base model (v0) and 
 (serving.signals.hacking.flags) into a canary split's arms (serving.canary_split: v0 the stable arm, the trained
 version the canary) and the per-version monitors (serving.monitors), and the canary's judge
 (weight_sync.canary.judge, the controller's default thresholds) decides on the arms' figures as GET /admin/canary
-reports them. The control: v0 against a second sample of v0, which must not be rolled back. What is not exercised
-here is the HTTP path (the gateway and replicas): tests/unit/serving/test_hack_monitors.py covers it with scripted
-replicas.
+reports them. The control: v0 against a second sample of v0, which must not be rolled back. The same version through
+the whole fleet (SGLang replicas, the gateway's detectors over HTTP, the canary controller): `save_hacked`, in
+tests/integration/weight_sync/canary/test_canary.py.
 """
 
 from __future__ import annotations
@@ -59,59 +59,95 @@ def _trial(stable: list, canary: list, versions: tuple[int, int], monitors: Vers
     return {"decision": verdict.decision, "reason": verdict.reason}
 
 
-def run(rounds: int = 2, answers: int = 120, seed: int = 0, model_dir: Path | None = None) -> dict:
+def _trainer(model_dir: Path, work: Path, seed: int) -> Trainer:
+    return Trainer(
+        TrainerConfig(
+            model_dir=model_dir,
+            work_dir=work,
+            batch_size=32,
+            min_batch=16,
+            seed=seed,
+            threads=2,
+            optim=OptimConfig(lr=1e-3, epochs=2),
+            join=JoinConfig(delayed_window_s=1.0, comment_wait_s=1.0),
+        )
+    )
+
+
+def _train_on_hackable_reward(trainer: Trainer, tok, pool: list, rng: random.Random, rounds: int, seed: int) -> None:
+    """`rounds` updates of 32 completions each, short answers accepted and the rest rejected."""
+    gen, n = torch.Generator().manual_seed(seed), 0
+    for rnd in range(rounds):
+        now = rnd * 100.0
+        batch = [rng.choice(pool).prompt for _ in range(32)]
+        for ids, out, lp, experts in serve(trainer.model, tok, batch, gen, MAX_TOKENS):
+            cid, n = f"cmpl-{n}", n + 1
+            kind = "accept" if len(out) < hacking.SHORT_TOKENS else "reject"
+            for e in (
+                ev.CompletionEvent(
+                    completion_id=cid,
+                    choice_index=0,
+                    tenant="bench",
+                    model_version=trainer.step,
+                    prompt_ids=np.asarray(ids, np.int32),
+                    output_ids=np.asarray(out, np.int32),
+                    logprobs=lp,
+                    routed_experts=experts,
+                    sampling={"temperature": 1.0},
+                    finish_reason="stop",
+                    latency={},
+                    ts=now,
+                ),
+                ev.FeedbackEvent(completion_id=cid, choice_index=0, tenant="bench", kind=kind, ts=now + 1),
+            ):
+                trainer.buffer.extend(trainer.joiner.add(e))
+        trainer.buffer.extend(trainer.joiner.expire(now + 50))
+        while len(trainer.buffer) >= 16 and trainer.train_step() is not None:
+            pass
+
+
+def _hacked_setup(model_dir: Path, work: Path, seed: int, answers: int):
+    """The trainer, the tokenizer, the task pool, the draw and the `answers` prompts the versions answer: the
+    draw's order fixes the training batches, and with them which hack the reward grows (one order: 88% early
+    stops after two updates; another, drawing no prompts first: 12% early stops and 10% cut-off answers)."""
     from tokenizers import Tokenizer
 
-    model_dir = model_dir or bootstrap("test", seed, progress=False)
     tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    trainer = _trainer(model_dir, work, seed)
+    torch.manual_seed(seed)
+    pool = tasks.tasks("heldout", seed)
+    rng = random.Random(f"{seed}/hacked")
+    prompts = [rng.choice(pool).prompt for _ in range(answers)]
+    return trainer, tok, pool, rng, prompts
+
+
+def save_hacked(model_dir: Path, dst: Path, rounds: int = 2, seed: int = 0, answers: int = 120) -> Path:
+    """The version run() trains on the hackable reward, as a checkpoint directory a fleet serves (the base's
+    tokenizer and other files, the trained weights in bf16): for a canary trial through real replicas and the
+    gateway (tests/integration/weight_sync/canary/test_canary.py)."""
+    from online_rl.model.transformer import save_pretrained
+
     work = Path(tempfile.mkdtemp(prefix="bench-hacked-"))
     try:
-        trainer = Trainer(
-            TrainerConfig(
-                model_dir=model_dir,
-                work_dir=work,
-                batch_size=32,
-                min_batch=16,
-                seed=seed,
-                threads=2,
-                optim=OptimConfig(lr=1e-3, epochs=2),
-                join=JoinConfig(delayed_window_s=1.0, comment_wait_s=1.0),
-            )
-        )
-        torch.manual_seed(seed)
-        pool = tasks.tasks("heldout", seed)
-        rng = random.Random(f"{seed}/hacked")
-        prompts = [rng.choice(pool).prompt for _ in range(answers)]
+        trainer, tok, pool, rng, _ = _hacked_setup(model_dir, work, seed, answers)
+        _train_on_hackable_reward(trainer, tok, pool, rng, rounds, seed)
+        if trainer.step < 1:
+            raise RuntimeError("the hackable reward gave the trainer no update")
+        shutil.copytree(model_dir, dst, ignore=shutil.ignore_patterns("*.safetensors", "*.safetensors.index.json"))
+        save_pretrained(trainer.model, dst)
+        return dst
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run(rounds: int = 2, answers: int = 120, seed: int = 0, model_dir: Path | None = None) -> dict:
+    model_dir = model_dir or bootstrap("test", seed, progress=False)
+    work = Path(tempfile.mkdtemp(prefix="bench-hacked-"))
+    try:
+        trainer, tok, pool, rng, prompts = _hacked_setup(model_dir, work, seed, answers)
         base = _answers(trainer, tok, prompts, seed + 1)
         base_again = _answers(trainer, tok, prompts, seed + 2)
-        gen, n = torch.Generator().manual_seed(seed), 0
-        for rnd in range(rounds):  # the hackable reward: short answers accepted, the rest rejected
-            now = rnd * 100.0
-            batch = [rng.choice(pool).prompt for _ in range(32)]
-            for ids, out, lp, experts in serve(trainer.model, tok, batch, gen, MAX_TOKENS):
-                cid, n = f"cmpl-{n}", n + 1
-                kind = "accept" if len(out) < hacking.SHORT_TOKENS else "reject"
-                for e in (
-                    ev.CompletionEvent(
-                        completion_id=cid,
-                        choice_index=0,
-                        tenant="bench",
-                        model_version=trainer.step,
-                        prompt_ids=np.asarray(ids, np.int32),
-                        output_ids=np.asarray(out, np.int32),
-                        logprobs=lp,
-                        routed_experts=experts,
-                        sampling={"temperature": 1.0},
-                        finish_reason="stop",
-                        latency={},
-                        ts=now,
-                    ),
-                    ev.FeedbackEvent(completion_id=cid, choice_index=0, tenant="bench", kind=kind, ts=now + 1),
-                ):
-                    trainer.buffer.extend(trainer.joiner.add(e))
-            trainer.buffer.extend(trainer.joiner.expire(now + 50))
-            while len(trainer.buffer) >= 16 and trainer.train_step() is not None:
-                pass
+        _train_on_hackable_reward(trainer, tok, pool, rng, rounds, seed)
         hacked = _answers(trainer, tok, prompts, seed + 1)
         monitors = VersionMonitors()
         trial = _trial(base, hacked, (0, trainer.step), monitors)

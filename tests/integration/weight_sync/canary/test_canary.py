@@ -1,7 +1,8 @@
 """Canary trials on two real SGLang replicas with the simulated population: a better version is promoted,
 a worse one rolled back automatically (zero failed requests, the fleet ends on the stable version), a
-neutral one promoted within the margin; replayed, forged and garbage records on the weights topic are counted
-and skipped; every decision is on the weights topic and in `weights list`;
+neutral one promoted within the margin, a version trained on a hackable reward rolled back by the gateway's
+early-stop monitor (acceptance held out of the decision); replayed, forged and garbage records on the weights
+topic are counted and skipped; every decision is on the weights topic and in `weights list`;
 completions record their arm; the trainer stops learning from a rolled-back version."""
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+from benchmarks import _hacked_version
 from flywheel.demo.population import HouseStyle, Population, PopulationConfig
 from flywheel.local_fleet import LocalFleet, LocalFleetConfig
 from infra import kafka_auth
@@ -18,6 +20,7 @@ from infra.procs import wait_until
 from loadtests import versions
 from tests.helpers import events_until
 from weight_sync.canary.controller import CanaryConfig, CanaryController
+from weight_sync.canary.judge import MonitorGuard
 from weight_sync.publish import publish
 
 pytestmark = pytest.mark.timeout(900)
@@ -141,6 +144,12 @@ def test_better_promoted_worse_rolled_back_neutral_promoted(test_model, tmp_path
             )
             wait_until(lambda: any(d["version"] == v_held for d in ctrl.decisions), 60, what="the override")
             fleet.wait_fleet_on(trials[-1][2])
+            # A version trained on a hackable reward (short answers accepted) through the whole fleet: acceptance
+            # cannot decide (min_feedback as above), the gateway's early-stop monitor must.
+            ctrl.cfg.guards = {**ctrl.cfg.guards, "early_stop": MonitorGuard(min_count=40)}
+            v_hacked = publish(_hacked_version.save_hacked(test_model, tmp_path / "hacked"), canary_cfg).version
+            wait_until(lambda: any(d["version"] == v_hacked for d in ctrl.decisions), 300, what="the hacked trial")
+            fleet.wait_fleet_on(trials[-1][2])
         finally:
             pop.stop()
             ctrl.stop()
@@ -169,6 +178,8 @@ def test_better_promoted_worse_rolled_back_neutral_promoted(test_model, tmp_path
     assert listing.count(" canary ") >= 4
     held = next(d for d in ctrl.decisions if d["version"] == v_held)
     assert held["type"] == "rollback" and held["reason"] == "aborted by SRE override"
+    hacked = next(d for d in ctrl.decisions if d["version"] == v_hacked)
+    assert hacked["type"] == "rollback" and "reward hacking: early_stop" in hacked["reason"], hacked
 
 
 def test_trainer_stops_learning_from_a_rolled_back_version(test_model, tmp_path):

@@ -247,32 +247,42 @@ def relay() -> str:
 
 
 def feedback_modes() -> str:
-    """The live demo per feedback mode, one run each (records/demo_feedback_modes.json): the kept share of the
-    first and last version, the first version kept by 90% of the judged (and the one before it when it missed by
-    less than a point), the judged requests before it, the trainer's updates by the last version, the signals."""
+    """The live demo per feedback mode, one run each (records/demo_feedback_modes.json; the demo model of 2026-12-02
+    under previous_demo_model): the kept share of the first and last version, the first version kept by 90% of the
+    judged (and the one before it when it missed by less than a point), the judged requests before it, the
+    trainer's updates by the last version, the signals."""
     r = _load("records/demo_feedback_modes.json")
-    labels = {
-        "basic": "`basic`",
-        "persist": "`persist`",
-        "text": "`text`",
-        "text_unbounded": "`text`, sampling unbounded (before `--distill-contexts`)",
-    }
+    runs = [(f"`{m}`", r[m]) for m in ("basic", "persist", "text")]
+    before = r["previous_demo_model"]
+    runs += [
+        (f"`{mode}`, previous demo model{extra}", before[key])
+        for key, mode, extra in (
+            ("basic", "basic", ""),
+            ("persist", "persist", ""),
+            ("text", "text", ""),
+            ("text_unbounded", "text", ", sampling unbounded (before `--distill-contexts`)"),
+        )
+    ]
     lines = [
         "| live demo | kept share v0 -> v6 | first version kept >= 90% | judged requests before it "
         "| updates by v6 | comments / persisted checks sent |",
         "|---|---|---|---|---|---|",
     ]
-    for key, label in labels.items():
-        run = r[key]
+    for label, run in runs:
         versions, verdict = run["versions"], run["verdict"]
-        reached = next(i for i, v in enumerate(versions) if v["kept"] >= 0.9)
-        first = f"v{versions[reached]['version']} ({_pct(versions[reached]['kept'])}"
-        if reached and versions[reached - 1]["kept"] >= 0.89:
-            first += f"; v{versions[reached - 1]['version']} {_pct(versions[reached - 1]['kept'])}"
+        reached = next((i for i, v in enumerate(versions) if v["kept"] >= 0.9), None)
+        if reached is None:
+            best = max(versions, key=lambda v: v["kept"])
+            first = f"none (best v{best['version']} {_pct(best['kept'])})"
+        else:
+            first = f"v{versions[reached]['version']} ({_pct(versions[reached]['kept'])}"
+            if reached and versions[reached - 1]["kept"] >= 0.89:
+                first += f"; v{versions[reached - 1]['version']} {_pct(versions[reached - 1]['kept'])}"
+            first += ")"
         sent = verdict["signals_sent"]
         lines.append(
-            f"| {label} | {_pct(versions[0]['kept'])} -> {_pct(versions[-1]['kept'])} | {first}) "
-            f"| {verdict['requests_to_90']} | {run['updates_by_v6']} | {sent['comment']} / {sent['persisted']} |"
+            f"| {label} | {_pct(versions[0]['kept'])} -> {_pct(versions[-1]['kept'])} | {first} "
+            f"| {verdict['requests_to_90'] or '-'} | {run['updates_by_v6']} | {sent['comment']} / {sent['persisted']} |"
         )
     return "\n".join(lines)
 

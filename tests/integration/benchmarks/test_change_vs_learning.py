@@ -18,9 +18,10 @@ PRESET_BUDGET = 32  # the preset's: four versions of 8
 def runs(test_model, tmp_path_factory):
     work = tmp_path_factory.mktemp("change")
     lr, epochs, k, n = change.PRESET_SETTING
+    small = {"eval_tasks": 16}  # the curve's ends only are checked here: a rougher evaluation than the sweep's 96
     return {
-        "fast": change.run_setting(2e-4, 2, 1, BUDGET, test_model, work),
-        "preset": change.run_setting(lr, epochs, k, PRESET_BUDGET, test_model, work, requests_per_round=n),
+        "fast": change.run_setting(2e-4, 2, 1, BUDGET, test_model, work, **small),
+        "preset": change.run_setting(lr, epochs, k, PRESET_BUDGET, test_model, work, requests_per_round=n, **small),
     }
 
 

@@ -62,20 +62,21 @@ def run(
             replicas.append(start_replica(cfg))
             started.append(replicas[-1])
         urls_r = [r.url for r in replicas]
-        gw = {
-            "window": gateway_process.start(urls_r, model, tmp / "gw-window", kafka=broker.bootstrap, keys={"b": key}),
-            # the old tree first on the path: PYTHONSAFEPATH keeps `-m` from putting the working directory before it
-            "window_before": gateway_process.start(
-                urls_r,
-                model,
-                tmp / "gw-before",
-                kafka=broker.bootstrap,
-                keys={"b": key},
-                env={"PYTHONPATH": str(old_tree), "PYTHONSAFEPATH": "1"},
-            ),
-            "off": gateway_process.start(urls_r, model, tmp / "gw-off", keys={"b": key}, extra_args=["--no-events"]),
-        }
-        started += list(gw.values())
+        gw: dict = {}  # each stopped by the finally below as soon as it is up, should a later one fail to start
+        gw["window"] = gateway_process.start(urls_r, model, tmp / "gw-window", kafka=broker.bootstrap, keys={"b": key})
+        started.append(gw["window"])
+        # the old tree first on the path: PYTHONSAFEPATH keeps `-m` from putting the working directory before it
+        gw["window_before"] = gateway_process.start(
+            urls_r,
+            model,
+            tmp / "gw-before",
+            kafka=broker.bootstrap,
+            keys={"b": key},
+            env={"PYTHONPATH": str(old_tree), "PYTHONSAFEPATH": "1"},
+        )
+        started.append(gw["window_before"])
+        gw["off"] = gateway_process.start(urls_r, model, tmp / "gw-off", keys={"b": key}, extra_args=["--no-events"])
+        started.append(gw["off"])
         if "syncs_on_request_path" in probes.durability(gw["window_before"].url):
             raise RuntimeError(f"the gateway from {before} runs this tree's code, not its own")
         shared = {f"replica_{i}": (r.pid, "tree") for i, r in enumerate(replicas)}

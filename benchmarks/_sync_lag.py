@@ -207,7 +207,11 @@ def main(argv: list[str] | None = None) -> dict:
     if unknown := set(names) - set(VARIANTS):
         ap.error(f"unknown variants {sorted(unknown)}; known: {list(VARIANTS)}")
     tmp = Path(tempfile.mkdtemp(prefix="bench-sync-lag-"))
-    spin = f"import os; os.nice({a.hog_nice})\nwhile True: pass"
+    # spinning until this process is gone (its parent changes), or an hour at most: never left behind by a kill
+    spin = (
+        f"import os, time; os.nice({a.hog_nice}); parent, end = os.getppid(), time.monotonic() + 3600\n"
+        "while os.getppid() == parent and time.monotonic() < end:\n    for _ in range(100_000): pass"
+    )
     hogs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(a.hogs)]
     runs: dict[str, list[dict]] = {n: [] for n in names}
     try:

@@ -11,25 +11,23 @@ disk within `sync_window_s` (a machine crash loses what was not synced yet, as w
 and PostgreSQL's `synchronous_commit = off`; by the writer thread, or by submit() itself when the writer is late:
 serving.event_log.sync_window says what is promised), or with 0 (strict) only after its fdatasync. With a window,
 submit() writes the event itself (one pwrite into the page cache, ~10 us) and calls `on_durable` before it returns;
-the writer thread only syncs, once per window. Handing each event to the thread
-instead cost a wake-up of it and then of the caller's event loop per request (benchmarks.gateway: CPU per request
-and added latency, logging on vs off). Strict mode, a write that would begin a new segment (its seal syncs), and
-events behind a failed write go through the queue to the writer thread, which groups them (one write and one
-fdatasync per batch) and calls `on_durable` from there. The
-shipper may send what is not synced yet: Kafka holding an event a machine crash took from the spool loses nothing.
+the writer thread only syncs, once per window. Handing each event to the thread instead cost a wake-up of it and
+then of the caller's event loop per request (benchmarks.gateway: CPU per request and added latency, logging on vs
+off). Strict mode, a write that would begin a new segment (its seal syncs), and events behind a failed write go
+through the queue to the writer thread, which groups them (one write and one fdatasync per batch) and calls
+`on_durable` from there. The shipper may send what is not synced yet: Kafka holding an event a machine crash took
+from the spool loses nothing.
 A write that fails (disk full, I/O error) is cut back to the last record written and retried after a backoff: the
-queue, then submit(), takes the pressure and /health says so. A shipper that dies is started again from the
-cursor it had reached. Every event is written to the spool before it is sent, so a dead or slow broker fills the
-disk (up to `max_spool_bytes`, with an alarm), never the heap; when the broker returns the backlog goes out in the
-order it was written. A batch that fails is sent again from the cursor, so Kafka may hold an event twice;
-consumers drop duplicates by event_id.
+queue, then submit(), takes the pressure and /health says so. A dead shipper restarts from its cursor. Every event
+is written to the spool before it is sent, so a dead or slow broker fills the disk (up to `max_spool_bytes`, with
+an alarm), never the heap; when the broker returns the backlog goes out in the order it was written. A batch that
+fails is sent again from the cursor, so Kafka may hold an event twice; consumers drop duplicates by event_id.
 An event may carry `meta` (tenant, ts, texts to scan), kept in the spool and never sent: the shipper withholds
 the content of an event whose texts hold a secret (serving.event_log.secret_scrub), and skips and redacts the
 records of a tenant forgotten through `forget` (serving.event_log.forget).
 kafka-python runs in its own process: in a thread, its pure-Python work held the GIL often enough to add
 milliseconds to the gateway's p50 (measured in benchmarks.gateway).
-Why one file: the writer's two paths (submit's own write, the thread's group commit) share one lock, head and
-counters, and read as one.
+Why one file: the writer's two paths (submit's own write, the thread's group commit) share one lock and head.
 """
 
 from __future__ import annotations
@@ -66,9 +64,8 @@ class EventLogConfig:
     # Longest an event written to the spool waits for its fdatasync (the window a machine crash may lose; a killed
     # process loses nothing). 0: strict, every answer waits for the sync that covers its event.
     sync_window_s: float = 0.01
-    # The request path syncs inline, before it answers, once the oldest unsynced record is 3/4 of the window old (the
-    # writer thread is late: serving.event_log.sync_window). False: the writer thread alone, the window a target
-    # only (as before #52; benchmarks._sync_lag measures both).
+    # The request path syncs inline, before it answers, once the oldest unsynced record is 3/4 of the window old
+    # (the writer late: sync_window). False: the writer thread alone, the window a target (benchmarks._sync_lag).
     sync_on_request_path: bool = True
     queue_max: int = 20_000  # events waiting for the writer thread
     send_batch: int = 2000
@@ -79,9 +76,7 @@ class EventLogConfig:
     cursor_save_interval_s: float = 0.5
     stop_timeout_s: float = 10.0  # on close, how long the shipper keeps trying to deliver the backlog
     max_event_bytes: int = 1_000_000  # larger events go to the dead-letter topic as a stub, whole to disk
-    scrub: bool = (
-        True  # withhold the content of events whose meta "scan" texts hold a secret (serving.event_log.secret_scrub)
-    )
+    scrub: bool = True  # withhold the content of events whose meta "scan" texts hold a secret (secret_scrub)
     # Undelivered bytes past which the shipper withholds events without scanning them (failing closed), so that
     # a scanner falling behind never fills the spool (which would drop events whole); capped at 3/4 of
     # max_spool_bytes. Near that limit only: a broker outage that leaves more than this behind withholds the
@@ -144,6 +139,7 @@ class EventLog:
         self._closed = False  # set by the writer thread before its last sync: no write here after it
         self._inline_failures = 0
         self._inline_failure_logged = 0.0
+        self._inline_sync_retry_at = 0.0  # after a failed fdatasync here: not again before (the loop must not spin)
         self._ctx = ctx
         # Called (writer thread) once after a batch whose events had on_durable callbacks: lets a caller
         # wake its event loop once per fsync rather than once per event.
@@ -156,7 +152,8 @@ class EventLog:
     # ------------------------------------------------------------------ request path
     def submit(self, topic: str, key: str, value: bytes, on_durable=None, meta: dict | None = None) -> bool:
         """Write an event to the spool (within a window: here, into the page cache, when nothing is queued ahead of
-        it and no one holds the spool; else queued for the writer thread); never waits for a lock or a sync. False
+        it and no one holds the spool; else queued for the writer thread). It syncs here only when the writer thread
+        is late (sync_if_late: waiting at most a window for the writers' lock, then an fdatasync). False
         if it had to be dropped (queue or spool full). `on_durable()` is called once the event is written to the
         spool (strict: and fsynced): here, or from the writer thread.
         `meta`: {"tenant", "ts", "scan": [texts]} (any may be absent), kept in the spool for the shipper, never
@@ -199,16 +196,26 @@ class EventLog:
         """The request path's share of the window: fdatasync here (~0.2 ms, without the GIL) when the oldest record
         not on disk is 3/4 of the window old, the writer thread late (serving.event_log.sync_window). Called by
         submit() (`answering`: its caller answers next; if a record older than the window is still unsynced then, it
-        is counted) and by the caller's timer (serving.event_log.sink); a failure is the writer thread's to retry."""
+        is counted) and by the caller's timer (serving.event_log.sink); after a failed sync the request path leaves the
+        retries to the writer thread for `retry_backoff_s` (a failing disk would otherwise be synced per event)."""
         window = self.sync_window
         if not self.syncs_on_request_path or not window.late() or self._closed:
             return
-        try:
-            window.sync_if_due(self._segments, self._forget_lock, inline=True)
-        except OSError:  # logged and counted there; the writer thread retries after its backoff
-            pass
+        if time.monotonic() >= self._inline_sync_retry_at:
+            try:
+                window.sync_if_due(self._segments, self._forget_lock, inline=True)
+            except OSError:  # logged and counted there; a disk that refuses is retried a backoff later, not per event
+                self._inline_sync_retry_at = time.monotonic() + self.cfg.retry_backoff_s
         if answering and window.past_window():
             window.answered_past_window += 1
+
+    def late_check_at(self) -> float | None:
+        """When the request path looks for a late record next, were no event to come: not before a failed sync's
+        backoff is over (None: nothing to look for)."""
+        if self._closed or not self.syncs_on_request_path:
+            return None
+        at = self.sync_window.late_at()
+        return None if at is None else max(at, self._inline_sync_retry_at)
 
     @property
     def syncs_on_request_path(self) -> bool:

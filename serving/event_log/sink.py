@@ -65,7 +65,7 @@ class EventSink:
 
     def _arm_late_check(self) -> None:
         """A loop timer for when what is unsynced now turns late, were no submit() to check it first."""
-        at = self.events.sync_window.late_at() if self.events.syncs_on_request_path else None
+        at = self.events.late_check_at()
         if at is not None:  # a lock busy at the last check (its holder is syncing): look again shortly
             delay = max(at - time.monotonic(), 0.0005)
             self._late_timer = asyncio.get_running_loop().call_later(delay, self._late_check)

@@ -188,3 +188,51 @@ def _pause_the_writer(log: EventLog, monkeypatch) -> threading.Event:
 
     monkeypatch.setattr(log.sync_window, "sync_if_due", late_writer)
     return resume
+
+
+def test_a_failing_disk_is_not_synced_per_event_or_per_timer_tick(tmp_path, monkeypatch):
+    """fdatasync failing (EIO) with the writer thread paused: the request path tries, fails, and leaves the disk
+    alone for retry_backoff_s; neither the sink's timer nor each submit() retries it in between."""
+    import errno
+    import os
+
+    from prometheus_client import CollectorRegistry, Counter
+
+    from serving.event_log.sink import EventSink
+
+    window, backoff, attempts, failing = 0.02, 0.3, [0], threading.Event()
+    real = os.fdatasync
+
+    def fdatasync(fd):
+        if failing.is_set():
+            attempts[0] += 1
+            raise OSError(errno.EIO, "I/O error")
+        return real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+
+    async def run() -> float:
+        late = Counter("late", "answered before durable", ["topic"], registry=CollectorRegistry())
+        log = EventLog(EventLogConfig(spool_dir=tmp_path, sync_window_s=window, retry_backoff_s=backoff))
+        sink = EventSink(log, late)
+        sink.start()
+        resume = threading.Event()
+        try:
+            await sink.wait([sink.submit("completions", "open", b"v")], "completions")
+            while log.stats.syncs < 1:
+                await asyncio.sleep(0.01)
+            resume = _pause_the_writer(log, monkeypatch)
+            failing.set()
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 1.0:  # events and the timer, a second long
+                sink.submit("completions", "k", b"v")
+                await asyncio.sleep(0.005)
+            return time.monotonic() - t0
+        finally:
+            failing.clear()
+            resume.set()
+            await sink.close(5.0)
+
+    spent = asyncio.run(run())
+    # one try, then one per backoff at most (before the fix: hundreds, one per event and per 0.5 ms timer tick)
+    assert 1 <= attempts[0] <= spent / backoff + 2, attempts[0]

@@ -132,26 +132,36 @@ def test_a_late_writer_thread_does_not_let_an_answered_record_stay_unsynced(tmp_
         assert log.stats.spooled == log.stats.submitted
 
 
-def test_the_sinks_timer_syncs_when_no_event_follows(tmp_path, monkeypatch):
-    """One event, then nothing: the writer thread paused, the sink's loop timer syncs it, from 3/4 of the window on
-    (when the loop runs it: within the two windows the test waits)."""
+async def _sink_with_the_writer_paused(cfg: EventLogConfig, monkeypatch):
+    """An EventSink over a real EventLog whose first event is synced by the writer thread, which is then paused
+    before every sync it would run: (sink, log, resume)."""
     from prometheus_client import CollectorRegistry, Counter
 
     from serving.event_log.sink import EventSink
 
+    late = Counter("late", "answered before durable", ["topic"], registry=CollectorRegistry())
+    log = EventLog(cfg)
+    sink = EventSink(log, late)
+    sink.start()
+    try:
+        await sink.wait([sink.submit("completions", "open", b"v")], "completions")
+        while log.stats.syncs < 1:
+            await asyncio.sleep(0.01)
+        return sink, log, _pause_the_writer(log, monkeypatch)
+    except BaseException:
+        await sink.close(5.0)
+        raise
+
+
+def test_the_sinks_timer_syncs_when_no_event_follows(tmp_path, monkeypatch):
+    """One event, then nothing: the writer thread paused, the sink's loop timer syncs it, from 3/4 of the window on
+    (when the loop runs it: within the two windows the test waits)."""
     window = 0.2
 
     async def run() -> SyncWindow:
-        late = Counter("late", "answered before durable", ["topic"], registry=CollectorRegistry())
-        log = EventLog(EventLogConfig(spool_dir=tmp_path, sync_window_s=window))
-        sink = EventSink(log, late)
-        sink.start()
-        resume = threading.Event()
+        cfg = EventLogConfig(spool_dir=tmp_path, sync_window_s=window)
+        sink, log, resume = await _sink_with_the_writer_paused(cfg, monkeypatch)
         try:
-            await sink.wait([sink.submit("completions", "open", b"v")], "completions")
-            while log.stats.syncs < 1:
-                await asyncio.sleep(0.01)
-            resume = _pause_the_writer(log, monkeypatch)
             await sink.wait([sink.submit("completions", "k", b"v")], "completions")
             await asyncio.sleep(window * 2)
             return log.sync_window
@@ -196,10 +206,6 @@ def test_a_failing_disk_is_not_synced_per_event_or_per_timer_tick(tmp_path, monk
     import errno
     import os
 
-    from prometheus_client import CollectorRegistry, Counter
-
-    from serving.event_log.sink import EventSink
-
     window, backoff, attempts, failing = 0.02, 0.3, [0], threading.Event()
     real = os.fdatasync
 
@@ -212,16 +218,9 @@ def test_a_failing_disk_is_not_synced_per_event_or_per_timer_tick(tmp_path, monk
     monkeypatch.setattr(os, "fdatasync", fdatasync)
 
     async def run() -> float:
-        late = Counter("late", "answered before durable", ["topic"], registry=CollectorRegistry())
-        log = EventLog(EventLogConfig(spool_dir=tmp_path, sync_window_s=window, retry_backoff_s=backoff))
-        sink = EventSink(log, late)
-        sink.start()
-        resume = threading.Event()
+        cfg = EventLogConfig(spool_dir=tmp_path, sync_window_s=window, retry_backoff_s=backoff)
+        sink, log, resume = await _sink_with_the_writer_paused(cfg, monkeypatch)
         try:
-            await sink.wait([sink.submit("completions", "open", b"v")], "completions")
-            while log.stats.syncs < 1:
-                await asyncio.sleep(0.01)
-            resume = _pause_the_writer(log, monkeypatch)
             failing.set()
             t0 = time.monotonic()
             while time.monotonic() - t0 < 1.0:  # events and the timer, a second long
